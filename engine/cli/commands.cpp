@@ -1,0 +1,262 @@
+#include "cli/commands.hpp"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "common/torch_setup.hpp"
+#include "dot.hpp"
+#include "executor.hpp"
+#include "log.hpp"
+#include "plugin.hpp"
+#include "progress.hpp"
+#include "registry.hpp"
+#include "spec.hpp"
+#include "trace.hpp"
+
+namespace flowrun::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const auto& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+// FILE, then KEY=VALUE overrides and --flags.
+struct FileArgs {
+  std::string file;
+  std::vector<std::string> overrides;
+  std::vector<std::string> flags;
+  std::string error;
+};
+
+FileArgs split_args(const std::vector<std::string>& args) {
+  FileArgs f;
+  for (const auto& a : args) {
+    if (a.rfind("--", 0) == 0)
+      f.flags.push_back(a);
+    else if (f.file.empty() && a.find('=') == std::string::npos)
+      f.file = a;
+    else if (a.find('=') != std::string::npos)
+      f.overrides.push_back(a);
+    else
+      f.error = "unexpected argument '" + a + "' (overrides are KEY=VALUE)";
+  }
+  if (f.file.empty() && f.error.empty()) f.error = "no graph file given";
+  return f;
+}
+
+bool has_flag(const FileArgs& f, const std::string& flag) {
+  for (const auto& x : f.flags)
+    if (x == flag) return true;
+  return false;
+}
+
+int usage_error(const std::string& cmd, const std::string& msg, const char* usage) {
+  std::fprintf(stderr, "flowrun %s: %s\n%s", cmd.c_str(), msg.c_str(), usage);
+  return 2;
+}
+
+// Loads and checks; prints every diagnostic on failure.
+bool load(const std::string& file, const std::vector<std::string>& overrides, GraphSpec& out) {
+  try {
+    out = load_graph(file, overrides, Registry::global());
+    return true;
+  } catch (const GraphError& e) {
+    std::fputs(e.diagnostics().str().c_str(), stderr);
+    std::fprintf(stderr, "%s: %zu error%s\n", file.c_str(), e.diagnostics().size(), e.diagnostics().size() == 1 ? "" : "s");
+    return false;
+  }
+}
+
+// The resolved file: overrides and ${...} applied, every run key and parameter filled in.
+YAML::Node resolved(const GraphSpec& g) {
+  YAML::Node r = YAML::Clone(g.root);
+  r["run"] = g.run;
+  for (const auto& n : g.nodes) r["nodes"][n.name]["with"] = n.params;
+  return r;
+}
+
+std::atomic<int> g_sigint{0};
+
+extern "C" void on_sigint(int) {
+  if (g_sigint.fetch_add(1) >= 1) {
+    const char msg[] = "\nflowrun: second Ctrl-C, exiting now\n";
+    ssize_t rc = write(2, msg, sizeof msg - 1);
+    (void)rc;
+    _exit(130);
+  }
+  const char msg[] = "\nflowrun: Ctrl-C: stopping after the steps in flight (again to exit now)\n";
+  ssize_t rc = write(2, msg, sizeof msg - 1);
+  (void)rc;
+}
+
+const char* kRunUsage =
+    "usage: flowrun [run] FILE [KEY=VALUE...] [--print-config]\n"
+    "  KEY=VALUE   run.KEY=V sets a run setting (run.steps=50); NODE.PARAM=V a node parameter\n"
+    "              (opt.lr=1e-3, model.lora.rank=8); NODE.every=N a node's schedule\n"
+    "  --print-config  print the resolved file (overrides, substitutions and defaults applied) and exit\n";
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& args) {
+  if (wants_help(args)) return std::fputs(kRunUsage, stdout), 0;
+  FileArgs f = split_args(args);
+  if (!f.error.empty()) return usage_error("run", f.error, kRunUsage);
+  for (const auto& fl : f.flags)
+    if (fl != "--print-config") return usage_error("run", "unknown option " + fl, kRunUsage);
+  GraphSpec g;
+  if (!load(f.file, f.overrides, g)) return 2;
+  if (has_flag(f, "--print-config")) {
+    std::cout << to_yaml(resolved(g));
+    return 0;
+  }
+  const YAML::Node& run = g.run;
+  RunInfo info;
+  info.out_dir = run["out_dir"].as<std::string>();
+  info.first_step = 1;
+  info.last_step = run["steps"].as<int64_t>();
+  info.seed = run["seed"].as<uint64_t>();
+  info.log_every = run["log_every"].as<int>();
+  configure_torch(run["threads"].as<int>(), info.seed);
+  std::error_code ec;
+  fs::create_directories(info.out_dir, ec);
+  if (ec) {
+    spdlog::error("cannot create out_dir {}: {}", info.out_dir, ec.message());
+    return 1;
+  }
+  Tracer tracer(info.rank);
+  const std::string trace_file = run["trace"].as<std::string>();
+  tracer.enable(!trace_file.empty());
+
+  spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, out_dir {}", g.file, g.nodes.size(), info.first_step,
+               info.last_step, run["prefetch"].as<int>(), info.out_dir);
+  std::signal(SIGINT, on_sigint);
+  int code = 0;
+  try {
+    Executor ex(g, Registry::global(), info);
+    Progress progress(info.first_step, info.last_step, info.log_every, run["progress"].as<std::string>());
+    RunOptions opt;
+    opt.prefetch = run["prefetch"].as<int>();
+    opt.workers = run["workers"].as<int>();
+    opt.tracer = &tracer;
+    opt.stop = &g_sigint;
+    opt.on_step_done = [&](int64_t s) { progress.step_done(s); };
+    RunStats st = ex.run(opt);
+    progress.close();
+    const int64_t n = st.last_step_done - st.first_step + 1;
+    spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s)", st.stopped ? "stopped after" : "done:", n, st.seconds,
+                 st.seconds > 0 ? n / st.seconds : 0.0);
+    if (st.stopped) code = 130;
+  } catch (const NodeError& e) {
+    spdlog::error("{}", e.what());
+    code = 1;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    code = 1;
+  }
+  std::signal(SIGINT, SIG_DFL);
+  if (tracer.enabled()) {
+    try {
+      tracer.write(trace_file);
+      spdlog::info("trace written to {} (open it in https://ui.perfetto.dev)", trace_file);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+    }
+  }
+  return code;
+}
+
+int cmd_validate(const std::vector<std::string>& args) {
+  const char* usage = "usage: flowrun validate FILE... [KEY=VALUE...]\n  check each file (with the overrides), report every error, run nothing; exit 2 if any is invalid\n";
+  if (wants_help(args)) return std::fputs(usage, stdout), 0;
+  std::vector<std::string> files, overrides;
+  for (const auto& a : args) (a.find('=') != std::string::npos ? overrides : files).push_back(a);
+  if (files.empty()) return usage_error("validate", "no graph file given", usage);
+  int bad = 0;
+  for (const auto& file : files) {
+    GraphSpec g;
+    if (load(file, overrides, g))
+      std::printf("%s: ok (%zu nodes)\n", file.c_str(), g.nodes.size());
+    else
+      ++bad;
+  }
+  return bad ? 2 : 0;
+}
+
+int cmd_dot(const std::vector<std::string>& args) {
+  const char* usage = "usage: flowrun dot FILE [KEY=VALUE...]   e.g. flowrun dot graphs/gpt.yaml | dot -Tsvg > gpt.svg\n";
+  if (wants_help(args)) return std::fputs(usage, stdout), 0;
+  FileArgs f = split_args(args);
+  if (!f.error.empty()) return usage_error("dot", f.error, usage);
+  GraphSpec g;
+  if (!load(f.file, f.overrides, g)) return 2;
+  std::cout << to_dot(g, Registry::global());
+  return 0;
+}
+
+int cmd_nodes(const std::vector<std::string>& args) {
+  const char* usage =
+      "usage: flowrun nodes [TYPE] [--plugin LIB.so]...\n  without TYPE: every registered node type with its one-line doc;\n"
+      "  with TYPE: its ports and parameters (from its schema). 'flowrun nodes graph' documents the graph file itself.\n";
+  if (wants_help(args)) return std::fputs(usage, stdout), 0;
+  Registry& reg = Registry::global();
+  std::string type;
+  std::vector<std::string> plugins;
+  if (const char* env = std::getenv("FLOWRUN_PLUGIN_PATH"); env && *env) plugins = plugin_path_entries(env);
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--plugin" && i + 1 < args.size())
+      plugins.push_back(args[++i]);
+    else if (args[i].rfind("--", 0) == 0)
+      return usage_error("nodes", "unknown option " + args[i], usage);
+    else
+      type = args[i];
+  }
+  for (const auto& p : plugins) {
+    try {
+      load_plugin(p, reg);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+  }
+  if (type.empty()) {
+    for (const auto& t : reg.types()) {
+      const NodeSchema& s = reg.find(t)->schema;
+      std::printf("%-22s %s%s\n", t.c_str(), s.doc.c_str(), s.origin == "built-in" ? "" : ("  [plugin " + s.origin + "]").c_str());
+    }
+    return 0;
+  }
+  if (type == "graph") {
+    NodeSchema s;
+    s.type = "graph";
+    s.doc = "the graph file itself: top-level keys (run: holds the run settings)";
+    s.params = graph_schema().top;
+    std::cout << describe(s);
+    std::cout << "\nkeys of each node entry (nodes: NAME: {...}):\n";
+    NodeSchema n;
+    n.params = graph_schema().node_keys;
+    std::string d = describe(n);
+    std::cout << d.substr(d.find("parameters (with:):\n") + 20);
+    return 0;
+  }
+  const NodeType* t = reg.find(type);
+  if (!t) {
+    std::fprintf(stderr, "flowrun nodes: unknown node type '%s'%s; registered: %s\n", type.c_str(),
+                 did_you_mean(type, reg.types()).c_str(), join(reg.types()).c_str());
+    return 2;
+  }
+  std::cout << describe(t->schema);
+  return 0;
+}
+
+}  // namespace flowrun::cli

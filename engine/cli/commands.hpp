@@ -1,0 +1,14 @@
+// The flowrun subcommands. Each returns the process exit code:
+// 0 ok, 1 a node failed, 2 an invalid graph file or bad usage, 130 stopped by SIGINT.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace flowrun::cli {
+
+int cmd_run(const std::vector<std::string>& args);
+int cmd_validate(const std::vector<std::string>& args);
+int cmd_dot(const std::vector<std::string>& args);
+int cmd_nodes(const std::vector<std::string>& args);
+
+}  // namespace flowrun::cli

@@ -1,0 +1,508 @@
+// The executor. How it works, in short (docs/executor.md has the long form):
+//
+// A source (input_node) emits step numbers; a limiter_node lets at most run.prefetch + 1
+// steps in flight; a serial "admit" function_node then walks the step's nodes in file order
+// and derives, like the sequential program would, what each node instance (node, step)
+// waits for: the producers of its values, its own previous step (serial nodes), and for each
+// state access the last earlier write (reads) or every access since it (writes). Periodic
+// nodes that are not due contribute nothing. This is the dependency analysis of sequential
+// task-flow runtimes (StarPU, OmpSs), done once per step in O(accesses).
+//
+// Each instance counts its unmet dependencies; the one whose count reaches zero is put into
+// its node's function_node, which runs Node::run and then releases its waiters. Steps retire
+// in order: when all instances of the lowest step are done, its values are freed and the
+// limiter lets one more step in. Stream inputs are delivered item by item to a per-node serial
+// function_node while the producer still runs; the consumer's run() follows the last item.
+#include "executor.hpp"
+
+#include <spdlog/spdlog.h>
+#include <tbb/flow_graph.h>
+#include <tbb/global_control.h>
+#include <tbb/info.h>
+#include <tbb/task_arena.h>
+
+#include <chrono>
+#include <deque>
+#include <mutex>
+
+#include "registry.hpp"
+#include "runtime.hpp"
+#include "trace.hpp"
+
+namespace flowrun {
+
+NodeError::NodeError(std::string n, std::string t, int64_t s, const std::string& what)
+    : std::runtime_error(what), node(std::move(n)), type(std::move(t)), step(s) {}
+
+namespace {
+
+struct DepRef {
+  int node = -1;
+  int64_t step = -1;
+};
+
+struct Item {
+  std::string port;
+  Value v;
+  int index = 0, count = 0;
+};
+
+struct Instance {
+  std::mutex mu;
+  int node = -1;
+  int64_t step = -1;
+  bool active = false, done = false;
+  std::vector<std::pair<Instance*, bool>> waiters;  // (waiter, waits for my stream to end)
+  std::atomic<int> pending{0};                      // unmet dependencies (+1 while being admitted)
+  // Stream consumers only (guarded by mu):
+  int stream_pending = 0;  // stream producers not yet done
+  bool open = false, in_item = false, fired = false;
+  std::deque<Item> items;
+};
+
+struct StepSlot {
+  std::atomic<int> remaining{0};
+  bool done = false;  // guarded by the retire mutex
+  Frame frame;
+};
+
+struct StateTrack {
+  DepRef last_write;
+  std::vector<DepRef> reads;  // since last_write
+};
+
+}  // namespace
+
+struct Executor::Impl : ExecutorCore {
+  const GraphSpec& g;
+  RunInfo info;
+  std::vector<std::unique_ptr<NodeRuntime>> rts;
+  std::vector<Value> states;
+  std::vector<std::string> state_names;
+  std::vector<std::vector<std::pair<int, Access>>> accesses;  // per node, in port order
+  int nslots = 0;
+
+  // ---- per run ----
+  int R = 0;  // ring size (steps that can be alive at once + 1)
+  std::vector<std::unique_ptr<Instance[]>> ring;
+  std::unique_ptr<StepSlot[]> steps;
+  std::atomic<int64_t> lo{0};  // lowest step not yet retired
+  int64_t last_admitted = 0;
+  std::mutex retire_mu;
+  std::vector<StateTrack> tracks;  // touched by admission only (serial)
+  std::vector<int64_t> last_active;
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  std::unique_ptr<NodeError> error;
+  Tracer* tracer = nullptr;
+  const RunOptions* opt = nullptr;
+  std::vector<std::unique_ptr<tbb::flow::function_node<Instance*>>> fn;
+  std::vector<std::unique_ptr<tbb::flow::function_node<Instance*>>> item_fn;
+  tbb::flow::limiter_node<int64_t>* limiter = nullptr;
+
+  Impl(const GraphSpec& gs, const Registry& reg, RunInfo ri) : g(gs), info(std::move(ri)) {
+    info.graph = &g;
+    build(reg);
+  }
+
+  Instance& inst(int node, int64_t step) { return ring[node][step % R]; }
+  StepSlot& slot(int64_t step) { return steps[step % R]; }
+
+  void build(const Registry& reg) {
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const NodeSpec& ns = g.nodes[i];
+      const NodeType* t = reg.find(ns.type);
+      if (!t) throw std::logic_error("node type '" + ns.type + "' vanished from the registry");
+      auto rt = std::make_unique<NodeRuntime>();
+      rt->index = static_cast<int>(i);
+      rt->spec = &ns;
+      rt->schema = &t->schema;
+      rt->params = Params(ns.params, ns.name);
+      rt->info = &info;
+      rt->who = "node '" + ns.name + "' (" + ns.type + ")";
+      rt->stateless = t->schema.stateless;
+      rt->states = &states;
+      rt->core = this;
+      std::vector<std::pair<int, Access>> acc;
+      for (const auto& in : ns.inputs) {
+        InputBinding b;
+        b.port = in.port;
+        b.kind = in.schema->kind;
+        b.access = in.schema->access;
+        for (const auto& ref : in.refs) {
+          NodeRuntime& p = *rts[ref.node_index];
+          b.producers.push_back(ref.node_index);
+          if (b.kind == PortKind::Value) {
+            b.slots.push_back(p.out_slot.at(ref.port));
+          } else if (b.kind == PortKind::State) {
+            int sid = p.owned_state.at(ref.port);
+            b.slots.push_back(sid);
+            acc.push_back({sid, b.access});
+          } else {
+            p.stream_consumers[ref.port].push_back({rt->index, in.port});
+            rt->has_stream_inputs = true;
+          }
+        }
+        rt->inputs.push_back(std::move(b));
+      }
+      for (const auto& o : t->schema.outputs) {
+        if (o.kind == PortKind::Value) {
+          rt->out_slot[o.name] = nslots++;
+        } else if (o.kind == PortKind::State) {
+          int sid = static_cast<int>(states.size());
+          states.emplace_back();
+          state_names.push_back(ns.name + "." + o.name);
+          rt->owned_state[o.name] = sid;
+          rt->owned_access[o.name] = o.access;
+          if (o.access == Access::Write) acc.push_back({sid, Access::Write});
+        } else {
+          rt->stream_consumers[o.name];
+        }
+      }
+      accesses.push_back(std::move(acc));
+      rt->node = t->factory();
+      rts.push_back(std::move(rt));
+    }
+    // setup() in file order: a node's state inputs were created by earlier nodes' setup().
+    for (auto& rt : rts) {
+      SetupContext ctx(rt.get());
+      try {
+        rt->node->setup(ctx);
+      } catch (const std::exception& e) {
+        throw NodeError(rt->spec->name, rt->spec->type, 0, rt->who + " failed in setup: " + e.what());
+      }
+      for (const auto& [port, sid] : rt->owned_state)
+        if (states[sid].empty())
+          throw NodeError(rt->spec->name, rt->spec->type, 0,
+                          rt->who + ": setup() did not create its state output '" + port + "' (call ctx.own_state)");
+    }
+  }
+
+  // ---- failure ----
+  void fail(NodeRuntime& rt, int64_t step, const std::string& what) {
+    std::lock_guard<std::mutex> l(err_mu);
+    if (!error)
+      error = std::make_unique<NodeError>(rt.spec->name, rt.spec->type, step,
+                                          rt.who + " failed at step " + std::to_string(step) + ": " + what);
+    failed.store(true);
+  }
+
+  template <class F>
+  void guarded(NodeRuntime& rt, int64_t step, F&& f) {
+    if (failed.load(std::memory_order_relaxed)) return;  // stopping: drain without work
+    try {
+      f();
+    } catch (const std::exception& e) {
+      fail(rt, step, e.what());
+    } catch (...) {
+      fail(rt, step, "unknown exception");
+    }
+  }
+
+  // ---- running instances ----
+  void fire(Instance* i) { fn[i->node]->try_put(i); }
+
+  void execute(Instance* i) {
+    NodeRuntime& rt = *rts[i->node];
+    double t0 = tracer ? tracer->now_us() : 0;
+    guarded(rt, i->step, [&] {
+      StepContext ctx(&rt, i->step, &slot(i->step).frame);
+      rt.node->run(ctx);
+    });
+    if (tracer) tracer->span(rt.spec->name, rt.spec->type, t0, tracer->now_us(), i->step, rt.spec->stream);
+    complete(i);
+  }
+
+  void complete(Instance* i) {
+    std::vector<std::pair<Instance*, bool>> ws;
+    {
+      std::lock_guard<std::mutex> l(i->mu);
+      i->done = true;
+      ws.swap(i->waiters);
+    }
+    for (auto [w, stream] : ws) {
+      if (stream)
+        stream_dep_done(w);
+      else
+        dep_done(w);
+    }
+    const int64_t step = i->step;  // i may be reused once the step retires
+    if (slot(step).remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) step_done(step);
+  }
+
+  void dep_done(Instance* w) {
+    if (w->pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (!rts[w->node]->has_stream_inputs) return fire(w);
+    bool kick, go;
+    {
+      std::lock_guard<std::mutex> l(w->mu);
+      w->open = true;
+      kick = !w->items.empty();
+      go = finish_ready(w);
+    }
+    if (kick) item_fn[w->node]->try_put(w);
+    if (go) fire(w);
+  }
+
+  void stream_dep_done(Instance* w) {
+    bool go;
+    {
+      std::lock_guard<std::mutex> l(w->mu);
+      --w->stream_pending;
+      go = finish_ready(w);
+    }
+    if (go) fire(w);
+  }
+
+  // Under w->mu: all items in and handled, other inputs ready, not yet fired.
+  static bool finish_ready(Instance* w) {
+    if (w->open && w->stream_pending == 0 && w->items.empty() && !w->in_item && !w->fired) {
+      w->fired = true;
+      return true;
+    }
+    return false;
+  }
+
+  void deliver_item(int producer, int64_t step, const std::string& port, Value v, int index, int count) override {
+    const auto& consumers = rts[producer]->stream_consumers.at(port);
+    for (const auto& [c, cport] : consumers) {
+      Instance& w = inst(c, step);
+      bool kick;
+      {
+        std::lock_guard<std::mutex> l(w.mu);
+        w.items.push_back(Item{cport, v, index, count});
+        kick = w.open;
+      }
+      if (kick) item_fn[c]->try_put(&w);
+    }
+  }
+
+  void run_items(Instance* w) {
+    NodeRuntime& rt = *rts[w->node];
+    for (;;) {
+      Item it;
+      {
+        std::lock_guard<std::mutex> l(w->mu);
+        if (w->items.empty() || !w->open) {
+          bool go = finish_ready(w);
+          if (go) break;  // fire outside the lock
+          return;
+        }
+        it = std::move(w->items.front());
+        w->items.pop_front();
+        w->in_item = true;
+      }
+      double t0 = tracer ? tracer->now_us() : 0;
+      guarded(rt, w->step, [&] {
+        StepContext ctx(&rt, w->step, &slot(w->step).frame);
+        rt.node->on_item(ctx, it.port, it.v, it.index, it.count);
+      });
+      if (tracer)
+        tracer->span(rt.spec->name + " item " + std::to_string(it.index), rt.spec->type, t0, tracer->now_us(), w->step,
+                     rt.spec->stream);
+      std::lock_guard<std::mutex> l(w->mu);
+      w->in_item = false;
+    }
+    fire(w);
+  }
+
+  // ---- admission: derive what each instance of step s waits for ----
+  void admit(int64_t s) {
+    last_admitted = s;
+    const int n = static_cast<int>(rts.size());
+    int active = 0;
+    // Pass 1: reset every instance of step s before any of them can fire or receive items.
+    for (int i = 0; i < n; ++i) {
+      Instance& x = inst(i, s);
+      x.node = i;
+      x.step = s;
+      x.active = g.nodes[i].schedule.active(s, info.first_step, info.last_step);
+      x.done = !x.active;
+      x.waiters.clear();
+      x.pending.store(1);  // guard: released after registration
+      x.stream_pending = 0;
+      x.open = x.in_item = x.fired = false;
+      x.items.clear();
+      active += x.active;
+    }
+    StepSlot& ss = slot(s);
+    ss.remaining.store(active + 1);  // +1: guard released at the end of admission
+    if (tracer) tracer->counter("steps in flight", static_cast<double>(s - lo.load() + 1));
+
+    std::vector<std::pair<DepRef, bool>> deps;
+    for (int i = 0; i < n; ++i) {
+      Instance& x = inst(i, s);
+      if (!x.active) continue;
+      NodeRuntime& rt = *rts[i];
+      deps.clear();
+      auto add = [&](DepRef d, bool stream) {
+        if (d.node < 0 || (d.node == i && d.step == s)) return;
+        for (auto& [e, st] : deps)
+          if (e.node == d.node && e.step == d.step && st == stream) return;
+        deps.push_back({d, stream});
+      };
+      for (const auto& b : rt.inputs)
+        if (b.kind != PortKind::State)
+          for (int p : b.producers) add({p, s}, b.kind == PortKind::Stream);
+      if (!rt.stateless && last_active[i] >= 0) add({i, last_active[i]}, false);
+      last_active[i] = s;
+      for (auto [sid, acc] : accesses[i]) {
+        StateTrack& t = tracks[sid];
+        if (acc == Access::Read) {
+          add(t.last_write, false);
+          t.reads.push_back({i, s});
+        } else {
+          add(t.last_write, false);
+          for (const auto& r : t.reads) add(r, false);
+          t.last_write = {i, s};
+          t.reads.clear();
+        }
+      }
+      const int64_t low = lo.load(std::memory_order_acquire);
+      for (auto& [d, stream] : deps) {
+        if (d.step < low) continue;  // retired: done
+        Instance& p = inst(d.node, d.step);
+        if (stream) {
+          std::lock_guard<std::mutex> l2(x.mu);
+          ++x.stream_pending;
+        } else {
+          x.pending.fetch_add(1, std::memory_order_relaxed);
+        }
+        bool done;
+        {
+          std::lock_guard<std::mutex> l(p.mu);
+          done = p.done;
+          if (!done) p.waiters.push_back({&x, stream});
+        }
+        if (done) {
+          if (stream) {
+            std::lock_guard<std::mutex> l2(x.mu);
+            --x.stream_pending;
+          } else {
+            x.pending.fetch_sub(1, std::memory_order_relaxed);
+          }
+        }
+      }
+      dep_done(&x);  // release the guard
+    }
+    if (ss.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) step_done(s);
+  }
+
+  // ---- retiring steps in order ----
+  void step_done(int64_t s) {
+    int released = 0;
+    {
+      std::lock_guard<std::mutex> l(retire_mu);
+      slot(s).done = true;
+      int64_t low = lo.load();
+      while (low <= last_admitted && slot(low).done) {
+        StepSlot& ss = slot(low);
+        ss.done = false;
+        for (auto& v : ss.frame.values) v = Value();
+        lo.store(low + 1, std::memory_order_release);
+        if (opt->on_step_done && !failed.load()) opt->on_step_done(low);
+        ++low;
+        ++released;
+      }
+    }
+    for (int k = 0; k < released; ++k) limiter->decrementer().try_put(tbb::flow::continue_msg());
+  }
+
+  RunStats run(const RunOptions& o) {
+    opt = &o;
+    tracer = (o.tracer && o.tracer->enabled()) ? o.tracer : nullptr;
+    for (auto& rt : rts) rt->tracer = tracer;
+    const int window = std::max(1, o.prefetch + 1);
+    R = window + 1;
+    const int n = static_cast<int>(rts.size());
+    ring.clear();
+    for (int i = 0; i < n; ++i) ring.emplace_back(new Instance[R]);
+    steps.reset(new StepSlot[R]);
+    for (int k = 0; k < R; ++k) steps[k].frame.values.resize(nslots);
+    tracks.assign(states.size(), StateTrack{});
+    last_active.assign(n, -1);
+    lo.store(info.first_step);
+    last_admitted = info.first_step - 1;
+    failed.store(false);
+    error.reset();
+
+    RunStats stats;
+    stats.first_step = info.first_step;
+    const auto t0 = std::chrono::steady_clock::now();
+    const int workers = o.workers > 0 ? o.workers : tbb::info::default_concurrency();
+    // More workers than cores is useful when nodes wait (I/O, sleeps, device syncs); TBB caps
+    // its pool at the core count unless told otherwise.
+    tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
+                              std::max<size_t>(workers, tbb::info::default_concurrency()));
+    tbb::task_arena arena(workers);
+    arena.execute([&] {
+      tbb::flow::graph graph;
+      int64_t next = info.first_step;
+      tbb::flow::input_node<int64_t> source(graph, [&](tbb::flow_control& fc) -> int64_t {
+        if (next > info.last_step || failed.load() || (o.stop && o.stop->load() > 0)) {
+          fc.stop();
+          return 0;
+        }
+        return next++;
+      });
+      tbb::flow::limiter_node<int64_t> lim(graph, static_cast<size_t>(window));
+      limiter = &lim;
+      tbb::flow::function_node<int64_t> admitter(graph, tbb::flow::serial, [&](int64_t s) { admit(s); });
+      tbb::flow::make_edge(source, lim);
+      tbb::flow::make_edge(lim, admitter);
+      fn.clear();
+      item_fn.clear();
+      for (int i = 0; i < n; ++i) {
+        size_t conc = rts[i]->stateless ? tbb::flow::unlimited : tbb::flow::serial;
+        fn.emplace_back(new tbb::flow::function_node<Instance*>(graph, conc, [this](Instance* x) { execute(x); }));
+        item_fn.emplace_back(rts[i]->has_stream_inputs
+                                 ? new tbb::flow::function_node<Instance*>(graph, tbb::flow::serial,
+                                                                           [this](Instance* x) { run_items(x); })
+                                 : nullptr);
+      }
+      source.activate();
+      graph.wait_for_all();
+      fn.clear();
+      item_fn.clear();
+      limiter = nullptr;
+    });
+    stats.last_step_done = lo.load() - 1;
+    stats.stopped = !failed.load() && stats.last_step_done < info.last_step;
+    // finish() in file order, also after a failure: background writers must be joined.
+    for (auto& rt : rts) {
+      SetupContext ctx(rt.get());
+      try {
+        rt->node->finish(ctx);
+      } catch (const std::exception& e) {
+        fail(*rt, stats.last_step_done, std::string("in finish: ") + e.what());
+      }
+    }
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (error) throw *error;
+    return stats;
+  }
+};
+
+Executor::Executor(const GraphSpec& g, const Registry& reg, RunInfo info)
+    : impl_(std::make_unique<Impl>(g, reg, std::move(info))) {}
+Executor::~Executor() = default;
+RunStats Executor::run(const RunOptions& opt) { return impl_->run(opt); }
+const RunInfo& Executor::info() const { return impl_->info; }
+
+Node& Executor::node(const std::string& name) {
+  for (auto& rt : impl_->rts)
+    if (rt->spec->name == name) return *rt->node;
+  throw std::out_of_range("no node '" + name + "'");
+}
+
+Value& Executor::state(const std::string& node, const std::string& port) {
+  for (auto& rt : impl_->rts)
+    if (rt->spec->name == node) {
+      auto it = rt->owned_state.find(port);
+      if (it == rt->owned_state.end()) throw std::out_of_range("node '" + node + "' owns no state '" + port + "'");
+      return impl_->states[it->second];
+    }
+  throw std::out_of_range("no node '" + node + "'");
+}
+
+}  // namespace flowrun

@@ -1,0 +1,70 @@
+// Executor: runs a checked GraphSpec as a tbb::flow::graph, keeping the semantics of the
+// sequential program (file order = program order, repeated run.steps times):
+//   - a value is produced once per step and read by later nodes of the same step;
+//   - a state access waits for what the sequential program orders before it: a write for
+//     every earlier read and write, a read for the last earlier write;
+//   - serial nodes run one step at a time in step order; stateless nodes in parallel;
+//   - periodic nodes exist only on their steps (accesses too);
+//   - at most run.prefetch + 1 steps are in flight (a limiter_node), so value-only chains
+//     (data, frozen encoders) run ahead of training by up to run.prefetch steps.
+// See docs/executor.md for how the dependencies are derived.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "node.hpp"
+#include "spec.hpp"
+
+namespace flowrun {
+
+class Registry;
+class Tracer;
+
+struct RunOptions {
+  int prefetch = 2;
+  int workers = 0;                          // executor threads; 0 = cores
+  Tracer* tracer = nullptr;                 // optional
+  const std::atomic<int>* stop = nullptr;   // > 0: start no new steps (SIGINT)
+  std::function<void(int64_t step)> on_step_done;  // called in step order
+};
+
+struct RunStats {
+  int64_t first_step = 0, last_step_done = 0;
+  double seconds = 0;
+  bool stopped = false;  // by `stop`
+};
+
+// An exception in a node, with where it happened.
+class NodeError : public std::runtime_error {
+ public:
+  NodeError(std::string node, std::string type, int64_t step, const std::string& what);
+  std::string node, type;
+  int64_t step;
+};
+
+class Executor {
+ public:
+  // Creates every node and runs setup() in file order. `info.first_step/last_step` bound the run.
+  Executor(const GraphSpec& g, const Registry& reg, RunInfo info);
+  ~Executor();
+  Executor(const Executor&) = delete;
+  Executor& operator=(const Executor&) = delete;
+
+  // Runs steps info.first_step..info.last_step; then every node's finish(). Throws NodeError.
+  RunStats run(const RunOptions& opt);
+
+  Node& node(const std::string& name);
+  // The object behind NODE's owned state output PORT (for tests, checkpoints).
+  Value& state(const std::string& node, const std::string& port);
+  const RunInfo& info() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flowrun

@@ -1,0 +1,151 @@
+// The node API: what a node type implements and what the engine gives it.
+//
+// A node is created once per graph node, set up once (in file order, so the state of earlier
+// nodes already exists), then run once per step on which it is active. The executor decides
+// when; a node never waits on another node itself.
+//
+//   class Scale : public flowrun::Node {
+//     double k_;
+//    public:
+//     void setup(flowrun::SetupContext& c) override { k_ = c.params().get<double>("k"); }
+//     void run(flowrun::StepContext& c) override {
+//       c.out("y", c.in<torch::Tensor>("x") * k_);
+//     }
+//   };
+//   FLOWRUN_NODE(scale, Scale)   // schema: schemas/scale.yaml
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "schema.hpp"
+#include "value.hpp"
+
+namespace flowrun {
+
+struct GraphSpec;
+struct NodeSpec;
+
+// A node's parameters (its `with:` after checking, defaults filled in).
+class Params {
+ public:
+  Params() = default;
+  Params(YAML::Node n, std::string node_name) : n_(std::move(n)), node_(std::move(node_name)) {}
+  bool has(const std::string& key) const { return n_[key] && !n_[key].IsNull(); }
+  template <class T>
+  T get(const std::string& key) const {
+    YAML::Node v = n_[key];
+    if (!v || v.IsNull()) throw std::runtime_error("node '" + node_ + "': parameter '" + key + "' is not set");
+    try {
+      return v.as<T>();
+    } catch (const YAML::Exception& e) {
+      throw std::runtime_error("node '" + node_ + "': parameter '" + key + "': " + e.what());
+    }
+  }
+  template <class T>
+  T get(const std::string& key, T fallback) const { return has(key) ? get<T>(key) : fallback; }
+  YAML::Node node() const { return n_; }
+  YAML::Node operator[](const std::string& key) const { return n_[key]; }
+
+ private:
+  YAML::Node n_;
+  std::string node_;
+};
+
+// What every context knows: which node, the run's settings, where to write.
+struct RunInfo {
+  const GraphSpec* graph = nullptr;
+  std::string out_dir;
+  int64_t first_step = 1;  // first step this process runs (> 1 after resume)
+  int64_t last_step = 0;   // run.steps
+  uint64_t seed = 0;
+  int log_every = 10;
+  int rank = 0, world = 1;
+};
+
+class NodeRuntime;  // executor-side state of one node (hidden)
+
+class ContextBase {
+ public:
+  const std::string& name() const;
+  const std::string& type() const;
+  const Params& params() const;
+  const RunInfo& run() const;
+  // "node 'opt' (optimizer)", for messages.
+  std::string who() const;
+
+ protected:
+  explicit ContextBase(NodeRuntime* rt) : rt_(rt) {}
+  NodeRuntime* rt_;
+};
+
+class SetupContext : public ContextBase {
+ public:
+  explicit SetupContext(NodeRuntime* rt) : ContextBase(rt) {}
+  // Create the object behind one of this node's state output ports.
+  void own_state(const std::string& port, Value v);
+  // The object behind a state input port (created by an earlier node's setup); it may be kept,
+  // but touched only inside run(), where the executor orders the accesses.
+  Value& state(const std::string& port);
+  template <class T>
+  T& state_as(const std::string& port) { return *state(port).as<std::shared_ptr<T>>(what(port)); }
+  bool connected(const std::string& port) const;
+  // Names of the connected input ports (for wildcard "*" ports), in file order.
+  std::vector<std::string> input_ports() const;
+
+ private:
+  std::string what(const std::string& port) const;
+};
+
+class StepContext : public ContextBase {
+ public:
+  StepContext(NodeRuntime* rt, int64_t step, void* frame) : ContextBase(rt), step_(step), frame_(frame) {}
+  int64_t step() const { return step_; }  // 1-based
+
+  // Value inputs produced this step.
+  const Value& in(const std::string& port) const;
+  template <class T>
+  const T& in(const std::string& port) const { return in(port).as<T>(what(port)); }
+  // A `many` input: one value per ref, in the order written.
+  std::vector<const Value*> in_all(const std::string& port) const;
+  bool connected(const std::string& port) const;
+  std::vector<std::string> input_ports() const;
+
+  // State inputs and owned state outputs, under the access the schema declared.
+  Value& state(const std::string& port);
+  template <class T>
+  T& state_as(const std::string& port) { return *state(port).as<std::shared_ptr<T>>(what(port)); }
+
+  // Value outputs: set once per step.
+  void out(const std::string& port, Value v);
+  // Stream outputs: item `index` of `count`; consumers receive it while this node still runs.
+  void emit(const std::string& port, Value v, int index, int count);
+
+  // Executor trace: record a sub-span inside this node's step (e.g. "bucket 3").
+  void trace_mark(const std::string& what, double t0_us, double t1_us) const;
+
+ private:
+  std::string what(const std::string& port) const;
+  int64_t step_;
+  void* frame_;
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  virtual void setup(SetupContext&) {}
+  virtual void run(StepContext& ctx) = 0;
+  // One item of a stream input; called in arrival order, serially, after the node's other
+  // inputs of that step are ready and before run(), which is called once all items arrived.
+  virtual void on_item(StepContext&, const std::string& /*port*/, const Value&, int /*index*/, int /*count*/) {}
+  // After the last step (also after a stop): flush and join background work.
+  virtual void finish(ContextBase&) {}
+};
+
+using NodeFactory = std::function<std::unique_ptr<Node>()>;
+
+}  // namespace flowrun

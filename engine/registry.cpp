@@ -1,0 +1,82 @@
+#include "registry.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace flowrun {
+
+namespace detail {
+const std::map<std::string, std::string>& embedded_schemas();  // generated (schemas_embedded.cpp)
+
+Registrar::Registrar(const char* type, NodeFactory f) {
+  const std::string& text = builtin_schema(type);
+  if (text.empty()) {
+    // A built-in without schemas/TYPE.yaml is a build mistake; say it loudly at start-up.
+    spdlog::error("built-in node type '{}' has no schemas/{}.yaml; it is not registered", type, type);
+    return;
+  }
+  Registry::global().add(text, std::move(f), "built-in");
+}
+}  // namespace detail
+
+Registry& Registry::global() {
+  static Registry r;
+  return r;
+}
+
+void Registry::add(const std::string& schema_yaml, NodeFactory factory, const std::string& origin) {
+  add(parse_node_schema(schema_yaml, origin), std::move(factory));
+}
+
+void Registry::add(NodeSchema schema, NodeFactory factory) {
+  std::string name = schema.type;
+  auto it = types_.find(name);
+  if (it != types_.end())
+    spdlog::info("node type '{}' from {} replaces the one from {}", name, schema.origin, it->second.schema.origin);
+  types_[name] = NodeType{std::move(schema), std::move(factory)};
+}
+
+const NodeType* Registry::find(const std::string& type) const {
+  auto it = types_.find(type);
+  return it == types_.end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> Registry::types() const {
+  std::vector<std::string> v;
+  for (const auto& [k, _] : types_) v.push_back(k);
+  return v;
+}
+
+const std::string& builtin_schema(const std::string& type) {
+  static const std::string none;
+  const auto& m = detail::embedded_schemas();
+  auto it = m.find(type);
+  return it == m.end() ? none : it->second;
+}
+
+const ParamSchema* GraphFileSchema::run() const {
+  for (const auto& p : top)
+    if (p.name == "run") return &p;
+  return nullptr;
+}
+
+const GraphFileSchema& graph_schema() {
+  static const GraphFileSchema s = [] {
+    GraphFileSchema g;
+    const std::string& text = builtin_schema("graph");
+    NodeSchema ns = parse_node_schema(text, "schemas/graph.yaml");
+    g.top = ns.params;
+    YAML::Node root = YAML::Load(text);
+    Diagnostics d;
+    for (auto it = root["node"].begin(); it != root["node"].end(); ++it) {
+      std::string k = it->first.as<std::string>();
+      g.node_keys.push_back(parse_param_schema(k, it->second, "schemas/graph.yaml", "node." + k, d));
+    }
+    if (!d.empty()) throw GraphError(d);
+    return g;
+  }();
+  return s;
+}
+
+}  // namespace flowrun

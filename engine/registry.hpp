@@ -1,0 +1,62 @@
+// Registry: node type name -> schema + factory. Built-in node types register themselves at
+// load time with FLOWRUN_NODE (their schema is schemas/TYPE.yaml, embedded at build time);
+// plugins register theirs from their entry point (plugin_api.hpp).
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "node.hpp"
+#include "schema.hpp"
+
+namespace flowrun {
+
+struct NodeType {
+  NodeSchema schema;
+  NodeFactory factory;
+};
+
+class Registry {
+ public:
+  // The process-wide registry that FLOWRUN_NODE and plugins fill.
+  static Registry& global();
+
+  // Register a type; the schema's `type:` is its name. A second registration of the same
+  // name replaces the first (a plugin may override a built-in) and is logged.
+  void add(const std::string& schema_yaml, NodeFactory factory, const std::string& origin);
+  void add(NodeSchema schema, NodeFactory factory);
+  const NodeType* find(const std::string& type) const;
+  std::vector<std::string> types() const;  // sorted
+  std::vector<std::string> plugins() const { return plugins_; }
+  void note_plugin(const std::string& path) { plugins_.push_back(path); }
+
+ private:
+  std::map<std::string, NodeType> types_;
+  std::vector<std::string> plugins_;
+};
+
+// The schema text of a built-in type, embedded from schemas/TYPE.yaml ("" if none).
+const std::string& builtin_schema(const std::string& type);
+// The graph file's own schema (schemas/graph.yaml), parsed once.
+struct GraphFileSchema {
+  std::vector<ParamSchema> top;        // flowrun, name, run (with its fields), plugins, nodes
+  std::vector<ParamSchema> node_keys;  // type, in, with, every, at, stream, doc
+  const ParamSchema* run() const;
+};
+const GraphFileSchema& graph_schema();
+
+namespace detail {
+struct Registrar {
+  Registrar(const char* type, NodeFactory f);
+};
+}  // namespace detail
+
+}  // namespace flowrun
+
+#define FLOWRUN_CONCAT_(a, b) a##b
+#define FLOWRUN_CONCAT(a, b) FLOWRUN_CONCAT_(a, b)
+// Register built-in node type TYPE implemented by CLASS; its schema is schemas/TYPE.yaml.
+#define FLOWRUN_NODE(TYPE, CLASS)                                                    \
+  static ::flowrun::detail::Registrar FLOWRUN_CONCAT(flowrun_registrar_, TYPE)(     \
+      #TYPE, [] { return std::unique_ptr<::flowrun::Node>(new CLASS()); });

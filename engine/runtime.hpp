@@ -1,0 +1,66 @@
+// Executor-side state of one graph node: its Node object and how its ports are bound to
+// frame slots (values), state objects and stream consumers. Internal to engine/.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "node.hpp"
+#include "spec.hpp"
+
+namespace flowrun {
+
+class Tracer;
+
+struct InputBinding {
+  std::string port;
+  PortKind kind = PortKind::Value;
+  Access access = Access::None;
+  std::vector<int> producers;  // node index per ref
+  std::vector<int> slots;      // value: frame slot per ref; state: state id per ref
+};
+
+// Per-step values, indexed by slot (one per value output port of the graph).
+struct Frame {
+  std::vector<Value> values;
+};
+
+class ExecutorCore;
+
+class NodeRuntime {
+ public:
+  int index = -1;
+  const NodeSpec* spec = nullptr;
+  const NodeSchema* schema = nullptr;
+  std::unique_ptr<Node> node;
+  Params params;
+  const RunInfo* info = nullptr;
+  std::string who;  // "node 'opt' (optimizer)"
+  bool stateless = false;
+  bool has_stream_inputs = false;
+
+  std::vector<InputBinding> inputs;
+  std::map<std::string, int> out_slot;     // value output port -> frame slot
+  std::map<std::string, int> owned_state;  // state output port -> state id
+  std::map<std::string, Access> owned_access;
+  std::map<std::string, std::vector<std::pair<int, std::string>>> stream_consumers;  // port -> (node, their port)
+  std::vector<Value>* states = nullptr;
+  ExecutorCore* core = nullptr;
+  Tracer* tracer = nullptr;
+
+  const InputBinding* input(const std::string& port) const {
+    for (const auto& b : inputs)
+      if (b.port == port) return &b;
+    return nullptr;
+  }
+};
+
+// What StepContext needs from the executor (stream delivery).
+class ExecutorCore {
+ public:
+  virtual ~ExecutorCore() = default;
+  virtual void deliver_item(int producer, int64_t step, const std::string& port, Value v, int index, int count) = 0;
+};
+
+}  // namespace flowrun

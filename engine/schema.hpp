@@ -1,0 +1,107 @@
+// Node type schemas: the ports and parameters of a node type, read from schemas/TYPE.yaml
+// (built-ins, embedded at build time) or from a string a plugin registers. The checker
+// validates graph files against them and `flowrun nodes TYPE` prints them as docs.
+//
+// Format (see docs/schemas.md):
+//   type: optimizer
+//   doc: One line that says what the node does.
+//   stateless: false          # true: may run several steps at once (no per-step order)
+//   inputs:
+//     grads: { kind: value, type: grads, doc: ... }
+//     model: { kind: state, access: write, type: params }
+//     "*":   { kind: value, type: any }        # any port name (e.g. metrics)
+//   outputs:
+//     lr:    { kind: value, type: scalar }
+//     state: { kind: state, access: write, type: optimizer_state }  # owned, written each step
+//   params:
+//     lr:    { type: float, default: 1e-3, min: 0, doc: ... }
+//     kind:  { type: enum, values: [adamw, sgd], default: adamw }
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "diag.hpp"
+
+namespace flowrun {
+
+enum class PortKind { Value, State, Stream };
+// State access. Inputs: read or write. Outputs (owned state): none (created once, only
+// others access it) or write (the owner updates it every step it runs, e.g. a data cursor).
+enum class Access { None, Read, Write };
+
+const char* to_string(PortKind k);
+const char* to_string(Access a);
+
+struct PortSchema {
+  std::string name;  // "*" matches any name
+  PortKind kind = PortKind::Value;
+  Access access = Access::None;
+  std::string type = "any";  // what travels: tensor, scalar, batch, params, grads, ... ("any" matches all)
+  std::string dtype;         // optional, e.g. float32; "" = unknown
+  int rank = -1;             // optional tensor rank; -1 = unknown
+  bool optional = false;     // inputs: may be left unconnected
+  bool many = false;         // inputs: takes a list of refs, e.g. [model.params, opt.state]
+  std::string doc;
+};
+
+enum class ParamType { Int, Float, Bool, String, Enum, List, Map, Any };
+const char* to_string(ParamType t);
+
+struct ParamSchema {
+  std::string name;
+  ParamType type = ParamType::Any;
+  YAML::Node default_value;  // IsDefined() && !IsNull() when there is a default
+  bool has_default = false;
+  bool required = false;
+  bool nullable = false;  // null is a valid value (e.g. weights: null = random init)
+  std::optional<double> min, max;
+  std::vector<std::string> values;     // enum choices
+  std::shared_ptr<ParamSchema> items;  // list: schema of each item
+  std::vector<ParamSchema> fields;     // map: known keys; empty = any keys
+  std::string doc;
+
+  const ParamSchema* field(const std::string& n) const;
+  std::vector<std::string> field_names() const;
+  std::string type_str() const;  // "float in [0, 1]", "enum {adamw, sgd}", "list of string"
+};
+
+struct NodeSchema {
+  std::string type;
+  std::string doc;
+  bool stateless = false;
+  std::vector<PortSchema> inputs, outputs;
+  std::vector<ParamSchema> params;
+  std::string origin = "built-in";  // or the plugin file it came from
+
+  const PortSchema* input(const std::string& name) const;   // honours "*"
+  const PortSchema* output(const std::string& name) const;
+  const ParamSchema* param(const std::string& name) const;
+  std::vector<std::string> input_names() const;
+  std::vector<std::string> output_names() const;
+  std::vector<std::string> param_names() const;
+};
+
+// Parse a schema document. `origin` names where it came from in error messages.
+// Throws GraphError listing every problem in the schema itself.
+NodeSchema parse_node_schema(const std::string& text, const std::string& origin);
+ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, const std::string& origin,
+                               const std::string& path, Diagnostics& diags);
+
+// Check `value` against `ps`; report problems under `path`; return the value with defaults of
+// map fields filled in (so nodes read every documented parameter without re-stating defaults).
+YAML::Node check_param(const ParamSchema& ps, const YAML::Node& value, const std::string& file,
+                       const std::string& path, Diagnostics& diags);
+// Check a map of parameters (a node's `with:`, the graph's `run:`) and fill defaults.
+YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node& map, const Mark& where,
+                        const std::string& file, const std::string& path, Diagnostics& diags);
+
+Mark mark_of(const YAML::Node& n, const std::string& file);
+
+// The schema as human docs (for `flowrun nodes TYPE`).
+std::string describe(const NodeSchema& s);
+
+}  // namespace flowrun

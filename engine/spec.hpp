@@ -1,0 +1,86 @@
+// GraphSpec: a checked graph file. Built by load_graph() (parse.cpp: file, overrides and
+// substitution; check.cpp: schema and wiring rules). Pure data; the executor builds from it.
+#pragma once
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "diag.hpp"
+#include "schema.hpp"
+
+namespace flowrun {
+
+class Registry;
+
+// One `node.port` an input names.
+struct PortRef {
+  std::string node, port;
+  int node_index = -1;  // index into GraphSpec::nodes
+  Mark mark;
+  std::string str() const { return node + "." + port; }
+};
+
+struct InputSpec {
+  std::string port;           // the consumer's port name
+  std::vector<PortRef> refs;  // one, or several for a `many` port
+  const PortSchema* schema = nullptr;  // the consumer's port (into NodeType::schema, owned by the registry)
+  Mark mark;
+};
+
+// When a periodic node runs: every N steps (steps N, 2N, ...) and/or at the start/end.
+struct Schedule {
+  int64_t every = 0;  // 0: not by period
+  bool at_start = false, at_end = false;
+  bool periodic() const { return every > 0 || at_start || at_end; }
+  // Steps are 1-based; first/last are the first and last step of this run.
+  bool active(int64_t step, int64_t first, int64_t last) const {
+    if (!periodic()) return true;
+    return (every > 0 && step % every == 0) || (at_start && step == first) || (at_end && step == last);
+  }
+  std::string str() const;  // "every 500, at end"
+};
+
+struct NodeSpec {
+  std::string name, type;
+  Mark mark;
+  std::vector<InputSpec> inputs;  // file order
+  YAML::Node params;              // `with:` checked, defaults filled
+  Schedule schedule;
+  std::string stream;             // "" = default stream
+  std::string origin;             // "built-in" or plugin path
+  const InputSpec* input(const std::string& port) const;
+};
+
+struct GraphSpec {
+  std::string file;  // as given
+  std::string dir;   // the file's folder (plugin paths are relative to it)
+  std::string name;
+  YAML::Node root;   // the resolved document (overrides and substitutions applied)
+  YAML::Node run;    // run: checked, defaults filled
+  std::vector<std::string> plugins;  // resolved paths
+  std::vector<NodeSpec> nodes;       // file order = program order
+  std::vector<std::string> overrides;
+
+  int index_of(const std::string& node) const;
+  int64_t steps() const { return run["steps"].as<int64_t>(); }
+};
+
+// Read FILE, apply `key.path=value` overrides, substitute ${ENV:-default} and ${run.x}.
+// Bad overrides and unset variables go to `diags` (so the checker can add its own); throws
+// GraphError only when there is no document to check (unreadable file, YAML syntax error).
+YAML::Node parse_graph_file(const std::string& file, const std::vector<std::string>& overrides, Diagnostics& diags);
+
+// Check a parsed document against the graph schema and the registry's node schemas, loading
+// the plugins it names into `reg` first. Every error is collected; throws GraphError if any.
+GraphSpec check_graph(const YAML::Node& root, const std::string& file, const std::vector<std::string>& overrides,
+                      Registry& reg);
+
+// parse_graph_file + check_graph.
+GraphSpec load_graph(const std::string& file, const std::vector<std::string>& overrides, Registry& reg);
+
+// The resolved document as YAML text (--print-config; saved next to checkpoints).
+std::string to_yaml(const YAML::Node& root);
+
+}  // namespace flowrun

@@ -1,0 +1,78 @@
+#include "trace.hpp"
+
+#include <tbb/task_arena.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+namespace flowrun {
+
+Tracer::Tracer(int pid) : pid_(pid), t0_(std::chrono::steady_clock::now()) {}
+
+double Tracer::now_us() const {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
+}
+
+static int thread_id() {
+  int i = tbb::this_task_arena::current_thread_index();
+  return i < 0 ? 999 : i;  // 999: a thread outside the executor's arena (main, background writers)
+}
+
+void Tracer::span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int64_t step,
+                  const std::string& stream) {
+  if (!enabled_) return;
+  std::lock_guard<std::mutex> l(mu_);
+  events_.push_back({'X', name, cat, stream, t0_us, t1_us - t0_us, thread_id(), step, 0});
+}
+
+void Tracer::counter(const std::string& name, double value) {
+  if (!enabled_) return;
+  double t = now_us();
+  std::lock_guard<std::mutex> l(mu_);
+  events_.push_back({'C', name, "counter", "", t, 0, 0, -1, value});
+}
+
+static std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    o += c;
+  }
+  return o;
+}
+
+void Tracer::write(const std::string& path) const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream o(tmp);
+    if (!o) throw std::runtime_error("trace: cannot write " + tmp);
+    o << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+    bool first = true;
+    for (const auto& e : events_) {
+      if (!first) o << ",\n";
+      first = false;
+      char buf[96];
+      if (e.ph == 'X') {
+        std::snprintf(buf, sizeof buf, "\"ts\":%.3f,\"dur\":%.3f", e.ts, e.dur);
+        o << "{\"ph\":\"X\",\"name\":\"" << esc(e.name) << "\",\"cat\":\"" << esc(e.cat) << "\",\"pid\":" << pid_
+          << ",\"tid\":" << e.tid << "," << buf << ",\"args\":{\"step\":" << e.step;
+        if (!e.stream.empty()) o << ",\"stream\":\"" << esc(e.stream) << "\"";
+        o << "}}";
+      } else {
+        std::snprintf(buf, sizeof buf, "\"ts\":%.3f", e.ts);
+        o << "{\"ph\":\"C\",\"name\":\"" << esc(e.name) << "\",\"pid\":" << pid_ << "," << buf
+          << ",\"args\":{\"value\":" << e.value << "}}";
+      }
+    }
+    o << "\n]}\n";
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+}  // namespace flowrun

@@ -1,0 +1,226 @@
+// Checker: one test per kind of error, asserting the message and its position.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "registry.hpp"
+#include "spec.hpp"
+#include "support/run_graph.hpp"
+#include "support/test_nodes.hpp"
+
+using namespace flowrun;
+
+namespace {
+
+struct Loaded {
+  bool ok = false;
+  std::vector<Diagnostic> diags;
+  GraphSpec spec;
+  std::string file;
+};
+
+Loaded load_text(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  test::register_test_nodes();
+  Loaded l;
+  l.file = test::temp_dir("check") + "/g.yaml";
+  std::ofstream(l.file) << yaml;
+  try {
+    l.spec = load_graph(l.file, overrides, Registry::global());
+    l.ok = true;
+  } catch (const GraphError& e) {
+    l.diags = e.diagnostics().list();
+  }
+  return l;
+}
+
+// The one diagnostic whose message contains `needle`, or fail.
+const Diagnostic& find(const Loaded& l, const std::string& needle) {
+  for (const auto& d : l.diags)
+    if (d.message.find(needle) != std::string::npos) return d;
+  std::string all;
+  for (const auto& d : l.diags) all += d.str() + "\n";
+  ADD_FAILURE() << "no diagnostic containing '" << needle << "'; got:\n" << all;
+  static Diagnostic none;
+  return none;
+}
+
+const char* kGood = R"(flowrun: 1
+name: good
+run: { steps: 5 }
+nodes:
+  src: { type: t_source, with: { k: 3 } }
+  cell: { type: t_cell }
+  a: { type: t_op, in: { in: [src.out] } }
+  w: { type: t_write, in: { s: cell.cell, in: [a.out] } }
+  r: { type: t_read, every: 2, in: { s: cell.cell } }
+)";
+
+}  // namespace
+
+TEST(Check, GoodFileBuildsSpecWithDefaults) {
+  Loaded l = load_text(kGood);
+  ASSERT_TRUE(l.ok);
+  EXPECT_EQ(l.spec.name, "good");
+  ASSERT_EQ(l.spec.nodes.size(), 5u);
+  EXPECT_EQ(l.spec.nodes[0].params["k"].as<int>(), 3);
+  EXPECT_EQ(l.spec.nodes[0].params["sleep_ms"].as<int>(), 0);  // default filled
+  EXPECT_EQ(l.spec.run["prefetch"].as<int>(), 2);
+  EXPECT_EQ(l.spec.run["out_dir"].as<std::string>(), "runs/good");
+  EXPECT_EQ(l.spec.nodes[4].schedule.every, 2);
+  EXPECT_EQ(l.spec.nodes[3].inputs[0].refs[0].node_index, 1);
+}
+
+TEST(Check, MisspeltTopKeyAndRunKey) {
+  Loaded l = load_text("flowrun: 1\nrun: { stesp: 5 }\nnodz: {}\nnodes:\n  s: { type: t_source }\n");
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "unknown parameter 'stesp'");
+  EXPECT_NE(d.message.find("did you mean 'steps'"), std::string::npos);
+  EXPECT_EQ(d.mark.line, 2);
+  EXPECT_EQ(d.mark.col, 8);
+  EXPECT_EQ(d.path, "run.stesp");
+  const auto& d2 = find(l, "unknown parameter 'nodz'");
+  EXPECT_NE(d2.message.find("did you mean 'nodes'"), std::string::npos);
+  EXPECT_EQ(d2.mark.line, 3);
+  EXPECT_EQ(l.diags.size(), 2u);  // all errors at once
+}
+
+TEST(Check, UnknownNodeTypeListsRegisteredTypes) {
+  Loaded l = load_text("flowrun: 1\nnodes:\n  s: { type: t_sorce }\n");
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "unknown node type 't_sorce'");
+  EXPECT_NE(d.message.find("did you mean 't_source'"), std::string::npos);
+  EXPECT_NE(d.message.find("registered: "), std::string::npos);
+  EXPECT_EQ(d.path, "nodes.s.type");
+  EXPECT_EQ(d.mark.line, 3);
+  EXPECT_EQ(d.mark.col, 14);
+}
+
+TEST(Check, WrongParamTypeAndRange) {
+  Loaded l = load_text("flowrun: 1\nnodes:\n  s: { type: t_source, with: { k: abc, sleep_ms: -4 } }\n");
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "expected int, got 'abc'");
+  EXPECT_EQ(d.path, "nodes.s.with.k");
+  EXPECT_EQ(d.mark.line, 3);
+  const auto& r = find(l, "out of range");
+  EXPECT_EQ(r.path, "nodes.s.with.sleep_ms");
+}
+
+TEST(Check, UnknownParamDidYouMean) {
+  Loaded l = load_text("flowrun: 1\nnodes:\n  s: { type: t_source, with: { sleep_mss: 1 } }\n");
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "unknown parameter 'sleep_mss'");
+  EXPECT_NE(d.message.find("did you mean 'sleep_ms'"), std::string::npos);
+}
+
+TEST(Check, InputMustNameEarlierNode) {
+  Loaded l = load_text(R"(flowrun: 1
+nodes:
+  a: { type: t_op, in: { in: [src.out] } }
+  src: { type: t_source }
+)");
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "declared after 'a'");
+  EXPECT_NE(d.message.find("file order is program order"), std::string::npos);
+  EXPECT_EQ(d.mark.line, 3);
+}
+
+TEST(Check, UnknownNodeAndPortDidYouMean) {
+  Loaded l = load_text(R"(flowrun: 1
+nodes:
+  src: { type: t_source }
+  a: { type: t_op, in: { in: [srx.out] } }
+  b: { type: t_op, in: { in: [src.outt] } }
+  c: { type: t_op, in: { inn: [src.out] } }
+)");
+  ASSERT_FALSE(l.ok);
+  EXPECT_NE(find(l, "no node 'srx'").message.find("did you mean 'src'"), std::string::npos);
+  EXPECT_NE(find(l, "has no output 'outt'").message.find("did you mean 'out'"), std::string::npos);
+  EXPECT_NE(find(l, "has no input 'inn'").message.find("did you mean 'in'"), std::string::npos);
+  EXPECT_EQ(l.diags.size(), 3u);
+}
+
+TEST(Check, PortKindAndTypeMismatch) {
+  Loaded l = load_text(R"(flowrun: 1
+nodes:
+  src: { type: t_source }
+  cell: { type: t_cell }
+  w: { type: t_write, in: { s: src.out } }
+  x: { type: t_op, in: { in: [cell.cell] } }
+)");
+  ASSERT_FALSE(l.ok);
+  EXPECT_EQ(find(l, "src.out is a value port but input 's'").path, "nodes.w.in.s");
+  find(l, "cell.cell is a state port but input 'in'");
+}
+
+TEST(Check, MissingRequiredInput) {
+  Loaded l = load_text("flowrun: 1\nnodes:\n  w: { type: t_write }\n");
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "missing input 's'");
+  EXPECT_EQ(d.path, "nodes.w.in.s");
+  EXPECT_EQ(d.mark.line, 3);
+}
+
+TEST(Check, PeriodicProducerNeedsPeriodicConsumer) {
+  Loaded l = load_text(R"(flowrun: 1
+nodes:
+  src: { type: t_source, every: 2 }
+  a: { type: t_op, in: { in: [src.out] } }
+  b: { type: t_op, every: 4, in: { in: [src.out] } }
+  c: { type: t_op, every: 3, in: { in: [src.out] } }
+)");
+  ASSERT_FALSE(l.ok);
+  EXPECT_EQ(l.diags.size(), 2u);  // a and c; b (every 4 within every 2) is fine
+  EXPECT_EQ(find(l, "produced only every 2, but 'a' runs every step").path, "nodes.a.in.in");
+}
+
+TEST(Check, ListToSinglePortAndBadRef) {
+  Loaded l = load_text(R"(flowrun: 1
+nodes:
+  cell: { type: t_cell }
+  w: { type: t_write, in: { s: [cell.cell] } }
+  r: { type: t_read, in: { s: cellcell } }
+)");
+  ASSERT_FALSE(l.ok);
+  find(l, "takes one NODE.PORT, not a list");
+  find(l, "'cellcell' is not NODE.PORT");
+}
+
+TEST(Check, DuplicateNodeAndBadNodeKey) {
+  Loaded l = load_text(R"(flowrun: 1
+nodes:
+  a: { type: t_source }
+  a: { type: t_source }
+  b: { type: t_source, evry: 3 }
+)");
+  ASSERT_FALSE(l.ok);
+  EXPECT_EQ(find(l, "duplicate key 'a'").mark.line, 4);
+  EXPECT_NE(find(l, "unknown parameter 'evry'").message.find("did you mean 'every'"), std::string::npos);
+}
+
+TEST(Check, MissingVersionAndSyntaxError) {
+  Loaded l = load_text("nodes:\n  a: { type: t_source }\n");
+  ASSERT_FALSE(l.ok);
+  EXPECT_EQ(find(l, "missing required parameter 'flowrun'").path, "flowrun");
+  Loaded s = load_text("flowrun: 1\nnodes:\n  a: { type: t_source\n");
+  ASSERT_FALSE(s.ok);
+  const auto& d = find(s, "YAML syntax error");
+  EXPECT_GT(d.mark.line, 0);
+}
+
+TEST(Check, MissingFileIsOneError) {
+  try {
+    load_graph("/nonexistent/g.yaml", {}, Registry::global());
+    FAIL();
+  } catch (const GraphError& e) {
+    ASSERT_EQ(e.diagnostics().size(), 1u);
+    EXPECT_NE(e.diagnostics().list()[0].str().find("/nonexistent/g.yaml: cannot open the graph file: no such file"),
+              std::string::npos);
+  }
+}
+
+TEST(Check, DiagnosticFormat) {
+  Loaded l = load_text("flowrun: 1\nrun: { stesp: 5 }\nnodes:\n  s: { type: t_source }\n");
+  ASSERT_EQ(l.diags.size(), 1u);
+  EXPECT_EQ(l.diags[0].str(), l.file + ":2:8: run.stesp: unknown parameter 'stesp' (did you mean 'steps'?); known: " +
+                                  "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, trace, progress, resume");
+}

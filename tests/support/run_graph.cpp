@@ -1,0 +1,61 @@
+#include "support/run_graph.hpp"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+
+#include "registry.hpp"
+#include "spec.hpp"
+#include "support/test_nodes.hpp"
+
+namespace flowrun::test {
+
+namespace fs = std::filesystem;
+
+std::string temp_dir(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  fs::path base = fs::temp_directory_path() / "flowrun-tests";
+  fs::path d = base / (prefix + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d.string();
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+RunResult run_graph_text(const std::string& yaml, const std::vector<std::string>& overrides, const RunOptions& opt) {
+  register_test_nodes();
+  RunResult r;
+  r.dir = temp_dir("graph");
+  const std::string file = r.dir + "/graph.yaml";
+  std::ofstream(file) << yaml;
+  std::vector<std::string> ov = {"run.out_dir=" + r.dir + "/out", "run.progress=off"};
+  ov.insert(ov.end(), overrides.begin(), overrides.end());
+  GraphSpec g = load_graph(file, ov, Registry::global());
+  RunInfo info;
+  info.out_dir = g.run["out_dir"].as<std::string>();
+  info.first_step = 1;
+  info.last_step = g.steps();
+  info.seed = g.run["seed"].as<uint64_t>();
+  info.log_every = g.run["log_every"].as<int>();
+  fs::create_directories(info.out_dir);
+  r.out_dir = info.out_dir;
+  Executor ex(g, Registry::global(), info);
+  RunOptions o = opt;
+  o.prefetch = g.run["prefetch"].as<int>();  // set them in the graph (or overrides), not here
+  o.workers = g.run["workers"].as<int>();
+  r.stats = ex.run(o);
+  r.metrics = read_jsonl(info.out_dir + "/metrics.jsonl");
+  return r;
+}
+
+}  // namespace flowrun::test

@@ -1,0 +1,30 @@
+// Run a graph given as YAML text, for tests: written to a fresh temporary folder, run with
+// run.out_dir there and the progress line off; returns what a test wants to look at.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "executor.hpp"
+
+namespace flowrun::test {
+
+struct RunResult {
+  std::string dir;      // the temporary folder (graph.yaml is in it)
+  std::string out_dir;  // run.out_dir
+  std::vector<nlohmann::json> metrics;  // lines of OUT_DIR/metrics.jsonl
+  RunStats stats;
+};
+
+// A new empty folder under the build's temporary area.
+std::string temp_dir(const std::string& prefix = "t");
+
+// `opt` gives the tracer, stop flag and callbacks; prefetch and workers come from the graph.
+RunResult run_graph_text(const std::string& yaml, const std::vector<std::string>& overrides = {},
+                         const RunOptions& opt = {});
+
+// Read a JSON-lines file.
+std::vector<nlohmann::json> read_jsonl(const std::string& path);
+
+}  // namespace flowrun::test
