@@ -1,5 +1,6 @@
 #include "dot.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "registry.hpp"
@@ -30,7 +31,8 @@ std::string to_dot(const GraphSpec& g, const Registry& reg) {
       attrs += ", peripheries=2";
     }
     if (!n.stream.empty() && n.stream != "default") label += "\\nstream " + n.stream;
-    if (n.origin != "built-in") {
+    const auto plugins = reg.plugins();
+    if (std::find(plugins.begin(), plugins.end(), n.origin) != plugins.end()) {
       label += "\\nplugin";
       attrs += ", style=\"rounded,filled\", fillcolor=\"#ffe9c7\", tooltip=" + q(n.origin);
     }

@@ -432,7 +432,7 @@ static void describe_params(std::ostringstream& o, const std::vector<ParamSchema
 
 std::string describe(const NodeSchema& s) {
   std::ostringstream o;
-  o << s.type << (s.origin == "built-in" ? "" : "  [plugin: " + s.origin + "]") << "\n";
+  o << s.type << (s.origin == "built-in" ? "" : "  [from " + s.origin + "]") << "\n";
   if (!s.doc.empty()) o << "  " << s.doc << "\n";
   o << "  scheduling: " << (s.stateless ? "stateless (steps may run in parallel)" : "serial (one step at a time, in order)")
     << "\n";
