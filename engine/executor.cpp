@@ -200,10 +200,18 @@ struct Executor::Impl : ExecutorCore {
   }
 
   // ---- running instances ----
-  void fire(Instance* i) { fn[i->node]->try_put(i); }
+  // Instances whose inputs are ready but that no worker runs yet (a trace counter: when it
+  // stays above zero, more workers would help).
+  std::atomic<int> ready{0};
+
+  void fire(Instance* i) {
+    if (tracer) tracer->counter("nodes ready", ready.fetch_add(1) + 1);
+    fn[i->node]->try_put(i);
+  }
 
   void execute(Instance* i) {
     NodeRuntime& rt = *rts[i->node];
+    if (tracer) tracer->counter("nodes ready", ready.fetch_sub(1) - 1);
     double t0 = tracer ? tracer->now_us() : 0;
     guarded(rt, i->step, [&] {
       StepContext ctx(&rt, i->step, &slot(i->step).frame);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <set>
 #include <random>
 #include <sstream>
 
@@ -299,14 +300,16 @@ nodes:
   std::ifstream in(path);
   nlohmann::json j = nlohmann::json::parse(in);
   int spans = 0, counters = 0;
+  std::set<std::string> counter_names;
   for (const auto& e : j["traceEvents"]) {
     if (e["ph"] == "X") {
       ++spans;
       EXPECT_TRUE(e["args"].contains("step"));
       EXPECT_TRUE(e.contains("tid"));
     }
-    if (e["ph"] == "C") ++counters;
+    if (e["ph"] == "C") ++counters, counter_names.insert(e["name"].get<std::string>());
   }
   EXPECT_EQ(spans, 8);
-  EXPECT_EQ(counters, 4);
+  EXPECT_EQ(counters, 4 + 2 * 8);  // steps in flight per step; nodes ready up and down per node-step
+  EXPECT_EQ(counter_names, (std::set<std::string>{"steps in flight", "nodes ready"}));
 }
