@@ -132,6 +132,7 @@ struct Executor::Impl : ExecutorCore {
         for (const auto& ref : in.refs) {
           NodeRuntime& p = *rts[ref.node_index];
           b.producers.push_back(ref.node_index);
+          b.refs.push_back(ref.str());
           if (b.kind == PortKind::Value) {
             b.slots.push_back(p.out_slot.at(ref.port));
           } else if (b.kind == PortKind::State) {

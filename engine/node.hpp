@@ -110,8 +110,12 @@ class StepContext : public ContextBase {
   const Value& in(const std::string& port) const;
   template <class T>
   const T& in(const std::string& port) const { return in(port).as<T>(what(port)); }
-  // A `many` input: one value per ref, in the order written.
+  // A `many` input: one value per ref, in the order written. For a state port these are the
+  // state objects (under the port's access).
   std::vector<const Value*> in_all(const std::string& port) const;
+  std::vector<Value*> states_all(const std::string& port);
+  // The refs an input names, as written ("model.params"), in order.
+  std::vector<std::string> refs(const std::string& port) const;
   bool connected(const std::string& port) const;
   std::vector<std::string> input_ports() const;
 

@@ -19,6 +19,7 @@ struct InputBinding {
   Access access = Access::None;
   std::vector<int> producers;  // node index per ref
   std::vector<int> slots;      // value: frame slot per ref; state: state id per ref
+  std::vector<std::string> refs;  // "node.port" per ref, as written
 };
 
 // Per-step values, indexed by slot (one per value output port of the graph).

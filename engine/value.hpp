@@ -23,6 +23,7 @@ class Value {
 
   template <class T>
   bool is() const { return a_.type() == typeid(T); }
+  const std::type_info& type() const { return a_.type(); }
 
   // The held T, or an error saying what was expected and what is there; `what` names the
   // port for the message ("input 'batch' of node 'fb'").

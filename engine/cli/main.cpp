@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "data/prep.hpp"
 #include "log.hpp"
 
 static const char* kUsage =
@@ -12,6 +13,7 @@ static const char* kUsage =
     "       flowrun validate FILE...                            check graph files, report every error, run nothing\n"
     "       flowrun dot FILE [KEY=VALUE...]                     the graph as Graphviz dot\n"
     "       flowrun nodes [TYPE] [--plugin LIB.so]              list node types, or one type's ports and parameters\n"
+    "       flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text files\n"
     "       flowrun COMMAND --help                              help for one command\n"
     "\n"
     "environment: FLOWRUN_PLUGIN_PATH (':'-separated plugin files or folders), FLOWRUN_LOG (debug, info, warn)\n"
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   if (cmd == "validate") return flowrun::cli::cmd_validate(rest);
   if (cmd == "dot") return flowrun::cli::cmd_dot(rest);
   if (cmd == "nodes") return flowrun::cli::cmd_nodes(rest);
+  if (cmd == "prep") return flowrun::prep_command(rest);
   if (cmd.size() > 5 && (cmd.rfind(".yaml") == cmd.size() - 5 || cmd.rfind(".yml") == cmd.size() - 4))
     return flowrun::cli::cmd_run(args);
   if (cmd.find('/') != std::string::npos || cmd.find('.') != std::string::npos) return flowrun::cli::cmd_run(args);

@@ -1,0 +1,32 @@
+// Seeds: derive independent, reproducible random streams from (seed, tag, step, ...) without
+// touching torch's global generator (nodes run on several threads at once).
+#pragma once
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstdint>
+#include <initializer_list>
+
+namespace flowrun {
+
+// SplitMix64 finalizer: a bijective mix, so distinct inputs give unrelated outputs.
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// One seed from several parts, order-sensitive: mix_seed({seed, step}) != mix_seed({step, seed}).
+inline uint64_t mix_seed(std::initializer_list<uint64_t> parts) {
+  uint64_t h = 0x243F6A8885A308D3ull;
+  for (uint64_t p : parts) h = splitmix64(h ^ splitmix64(p));
+  return h;
+}
+
+// A CPU generator of its own (thread-safe to use from one node; independent of torch's global one).
+inline at::Generator make_cpu_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
+
+// Tags that keep the streams of different uses of one seed apart.
+enum : uint64_t { kSeedTagTeacher = 0x7465616368ull, kSeedTagBatch = 0x6261746368ull, kSeedTagInit = 0x696e6974ull };
+
+}  // namespace flowrun

@@ -1,0 +1,15 @@
+// `flowrun prep KIND ...`: make training data files from raw inputs. Torch-free on purpose:
+// engine/cli/main.cpp includes it.
+//   flowrun prep text ...   token shards (Megatron .bin/.idx) from text files: prep_text.hpp
+#pragma once
+#include <string>
+#include <vector>
+
+namespace flowrun {
+
+// args: what follows "prep" on the command line. Prints help or a summary; returns the exit
+// code: 0 done, 2 bad usage or unusable input (missing files, bad options), 1 a failure while
+// writing.
+int prep_command(const std::vector<std::string>& args);
+
+}  // namespace flowrun

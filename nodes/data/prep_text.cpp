@@ -1,0 +1,281 @@
+// `flowrun prep text`: see prep_text.hpp. Two passes over the inputs, so memory stays at one
+// file whatever the corpus size: the first counts documents (the val split is drawn from the
+// count), the second tokenizes and writes each document to its split.
+#include "data/prep_text.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <stdexcept>
+
+#include "data/indexed_dataset.hpp"
+#include "data/shuffle.hpp"
+#include "data/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+
+namespace flowrun {
+namespace {
+
+const char* kTextUsage =
+    "usage: flowrun prep text --tokenizer byte|gpt2 [--vocab vocab.json --merges merges.txt]\n"
+    "                         [--val-fraction 0.05] [--seed 1] [--split-on %] --out PREFIX FILE_OR_DIR...\n"
+    "\n"
+    "Tokenizes text files into token shards for the token_shards node:\n"
+    "  PREFIX.train.{bin,idx}, PREFIX.val.{bin,idx}  Megatron indexed datasets, one sequence per document\n"
+    "  PREFIX.json                                   tokenizer, vocab_size, documents and tokens per split\n"
+    "\n"
+    "  --tokenizer byte|gpt2   byte: id = byte (vocab 256); gpt2: GPT-2's BPE (vocab 50257, needs the two files)\n"
+    "  --vocab, --merges       GPT-2's vocab.json and merges.txt (scripts/data.sh puts them in data/gpt2/)\n"
+    "  --val-fraction F        share of documents held out for val, chosen by a seeded shuffle (default 0.05)\n"
+    "  --seed N                seed of that shuffle (default 1)\n"
+    "  --split-on S            a line that is exactly S separates documents (fortune files: %);\n"
+    "                          default: each file is one document\n"
+    "  --out PREFIX            output prefix (folders are created)\n"
+    "  FILE_OR_DIR...          text files; folders are read recursively (regular files, sorted, no hidden)\n"
+    "\n"
+    "gpt2 appends its end-of-text token (50256) to every document. Exit codes: 0 done, 2 bad usage\n"
+    "or input, 1 a write failed.\n";
+
+std::string read_whole(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::invalid_argument(path + ": cannot read");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// Input paths -> files, in a fixed order.
+std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    if (fs::is_directory(in, ec)) {
+      std::vector<std::string> found;
+      for (auto it = fs::recursive_directory_iterator(in, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (!name.empty() && name[0] == '.') {
+          if (it->is_directory()) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_regular_file()) found.push_back(it->path().string());
+      }
+      if (ec) throw std::invalid_argument(in + ": cannot list: " + ec.message());
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (fs::is_regular_file(in, ec)) {
+      files.push_back(in);
+    } else {
+      throw std::invalid_argument(in + ": no such file or folder");
+    }
+  }
+  if (files.empty()) throw std::invalid_argument("no input files (the folders given hold none)");
+  return files;
+}
+
+bool blank(std::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; });
+}
+
+// Calls fn(document) for each non-blank document of a file's text.
+void for_each_document(std::string_view text, const std::optional<std::string>& split_on,
+                       const std::function<void(std::string_view)>& fn) {
+  if (!split_on) {
+    if (!blank(text)) fn(text);
+    return;
+  }
+  size_t doc_start = 0, pos = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    const size_t next = eol == std::string_view::npos ? text.size() : eol + 1;
+    std::string_view line = text.substr(pos, (eol == std::string_view::npos ? text.size() : eol) - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line == *split_on) {
+      std::string_view doc = text.substr(doc_start, pos - doc_start);
+      if (!blank(doc)) fn(doc);
+      doc_start = next;
+    }
+    pos = next;
+  }
+  std::string_view doc = text.substr(doc_start);
+  if (!blank(doc)) fn(doc);
+}
+
+void write_json_atomically(const std::string& path, const nlohmann::json& j) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump(2) << "\n";
+    if (!out) throw std::runtime_error(tmp + ": write failed");
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": cannot rename into place");
+}
+
+}  // namespace
+
+PrepTextSummary prep_text(const PrepTextOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.out.empty()) throw std::invalid_argument("--out PREFIX is required");
+  if (opt.inputs.empty()) throw std::invalid_argument("no input files given");
+  if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
+    throw std::invalid_argument("--val-fraction must be in [0, 1), got " + std::to_string(opt.val_fraction));
+  if (opt.split_on && opt.split_on->empty()) throw std::invalid_argument("--split-on needs a non-empty separator line");
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = make_tokenizer(opt.tokenizer, opt.vocab, opt.merges);
+  } catch (const std::exception& e) {
+    throw std::invalid_argument(e.what());
+  }
+  const std::vector<std::string> files = expand_inputs(opt.inputs);
+
+  // Pass 1: count documents, then choose the val ones.
+  int64_t n_docs = 0;
+  for (const std::string& f : files) for_each_document(read_whole(f), opt.split_on, [&](std::string_view) { ++n_docs; });
+  if (n_docs == 0) throw std::invalid_argument("the inputs hold no documents (all empty or blank)");
+  int64_t n_val = 0;
+  if (opt.val_fraction > 0) {
+    if (n_docs < 2)
+      throw std::invalid_argument("only 1 document: nothing left to train on after holding out val (use --split-on, more files, "
+                                  "or --val-fraction 0)");
+    n_val = std::clamp<int64_t>(std::llround(opt.val_fraction * static_cast<double>(n_docs)), 1, n_docs - 1);
+  }
+  std::vector<bool> is_val(static_cast<size_t>(n_docs), false);
+  const std::vector<int64_t> perm = seeded_permutation(n_docs, mix_seed({opt.seed, 0x76616c73706c6974ull /* "valsplit" */}));
+  for (int64_t k = 0; k < n_val; ++k) is_val[static_cast<size_t>(perm[static_cast<size_t>(k)])] = true;
+
+  // Pass 2: tokenize each document into its split.
+  const fs::path parent = fs::path(opt.out).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    fs::create_directories(parent, ec);
+    if (ec) throw std::runtime_error(parent.string() + ": cannot create: " + ec.message());
+  }
+  const TokenDtype dtype = dtype_for_vocab(tok->vocab_size());
+  IndexedDatasetWriter train(opt.out + ".train", dtype), val(opt.out + ".val", dtype);
+  PrepTextSummary s;
+  s.files = static_cast<int64_t>(files.size());
+  s.vocab_size = tok->vocab_size();
+  std::vector<int32_t> ids;
+  int64_t doc = 0;
+  for (const std::string& f : files) {
+    const std::string text = read_whole(f);
+    s.bytes += static_cast<int64_t>(text.size());
+    for_each_document(text, opt.split_on, [&](std::string_view d) {
+      ids.clear();
+      tok->encode(d, ids);
+      if (auto eot = tok->eot()) ids.push_back(*eot);
+      (is_val[static_cast<size_t>(doc++)] ? val : train).add_document(ids);
+    });
+  }
+  train.finish();
+  val.finish();
+  s.documents[0] = train.documents(), s.documents[1] = val.documents();
+  s.tokens[0] = train.tokens(), s.tokens[1] = val.tokens();
+
+  nlohmann::json j;
+  j["tokenizer"] = tok->name();
+  j["vocab_size"] = tok->vocab_size();
+  j["eot"] = tok->eot() ? nlohmann::json(*tok->eot()) : nlohmann::json(nullptr);
+  j["dtype"] = dtype_name(dtype);
+  j["documents"] = s.documents[0] + s.documents[1];
+  j["tokens"] = s.tokens[0] + s.tokens[1];
+  j["splits"] = {{"train", {{"documents", s.documents[0]}, {"tokens", s.tokens[0]}}},
+                 {"val", {{"documents", s.documents[1]}, {"tokens", s.tokens[1]}}}};
+  j["seed"] = opt.seed;
+  j["val_fraction"] = opt.val_fraction;
+  j["split_on"] = opt.split_on ? nlohmann::json(*opt.split_on) : nlohmann::json(nullptr);
+  j["files"] = s.files;
+  write_json_atomically(opt.out + ".json", j);
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+int prep_text_command(const std::vector<std::string>& args) {
+  PrepTextOptions opt;
+  bool have_tokenizer = false;
+  try {
+    for (size_t i = 0; i < args.size(); ++i) {
+      std::string a = args[i], value;
+      if (a == "--help" || a == "-h") {
+        std::fputs(kTextUsage, stdout);
+        return 0;
+      }
+      if (a.rfind("--", 0) != 0) {
+        opt.inputs.push_back(a);
+        continue;
+      }
+      bool inline_value = false;
+      if (size_t eq = a.find('='); eq != std::string::npos) value = a.substr(eq + 1), a = a.substr(0, eq), inline_value = true;
+      auto take = [&]() -> std::string {
+        if (inline_value) return value;
+        if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+        return args[++i];
+      };
+      auto number = [&](const std::string& v) {
+        size_t used = 0;
+        double d = 0;
+        try {
+          d = std::stod(v, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != v.size() || v.empty()) throw std::invalid_argument(a + ": '" + v + "' is not a number");
+        return d;
+      };
+      if (a == "--tokenizer") {
+        opt.tokenizer = take(), have_tokenizer = true;
+      } else if (a == "--vocab") {
+        opt.vocab = take();
+      } else if (a == "--merges") {
+        opt.merges = take();
+      } else if (a == "--val-fraction") {
+        opt.val_fraction = number(take());
+      } else if (a == "--seed") {
+        const std::string v = take();
+        const double d = number(v);
+        if (d < 0 || d != std::floor(d) || v.find_first_not_of("0123456789") != std::string::npos)
+          throw std::invalid_argument("--seed: '" + v + "' is not a non-negative integer");
+        opt.seed = std::stoull(v);
+      } else if (a == "--split-on") {
+        opt.split_on = take();
+      } else if (a == "--out") {
+        opt.out = take();
+      } else {
+        throw std::invalid_argument("unknown option " + a);
+      }
+    }
+    if (!have_tokenizer) throw std::invalid_argument("--tokenizer byte|gpt2 is required");
+    if (opt.tokenizer != "byte" && opt.tokenizer != "gpt2")
+      throw std::invalid_argument("--tokenizer: unknown tokenizer '" + opt.tokenizer + "' (known: byte, gpt2)");
+    if (opt.tokenizer == "gpt2" && (opt.vocab.empty() || opt.merges.empty()))
+      throw std::invalid_argument("--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt (scripts/data.sh puts them in data/gpt2/)");
+    if (opt.tokenizer == "byte" && (!opt.vocab.empty() || !opt.merges.empty()))
+      throw std::invalid_argument("--vocab/--merges are for --tokenizer gpt2 only");
+
+    const PrepTextSummary s = prep_text(opt);
+    std::printf("prep text: %lld files, %.1f MB -> %lld documents; tokenizer %s (vocab %lld); %.2f s\n",
+                static_cast<long long>(s.files), s.bytes / 1e6, static_cast<long long>(s.documents[0] + s.documents[1]),
+                opt.tokenizer.c_str(), static_cast<long long>(s.vocab_size), s.seconds);
+    const char* names[2] = {"train", "val"};
+    for (int k = 0; k < 2; ++k)
+      std::printf("  %s.%s.{bin,idx}: %lld documents, %lld tokens\n", opt.out.c_str(), names[k],
+                  static_cast<long long>(s.documents[k]), static_cast<long long>(s.tokens[k]));
+    std::printf("  %s.json\n", opt.out.c_str());
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "flowrun prep text: %s\n(flowrun prep text --help for usage)\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flowrun prep text: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace flowrun

@@ -1,0 +1,170 @@
+// token_shards: batches of token windows from Megatron indexed-dataset shards (made by
+// `flowrun prep text`). Schema: schemas/token_shards.yaml. Test: tests/nodes/token_shards_test.cpp.
+// Window and order rules: token_shards.hpp.
+#include "data/token_shards.hpp"
+
+#include <filesystem>
+#include <stdexcept>
+
+#include "common/seed.hpp"
+#include "data/cursor.hpp"
+#include "data/shuffle.hpp"
+#include "registry.hpp"
+
+namespace flowrun {
+
+namespace {
+constexpr uint64_t kSeedTagEpoch = 0x65706f6368ull;  // "epoch"
+}
+
+// ---- windows -------------------------------------------------------------------------------
+
+TokenWindows::TokenWindows(std::shared_ptr<const IndexedDataset> data, int64_t seq_len)
+    : data_(std::move(data)), seq_len_(seq_len), count_(0) {
+  if (seq_len < 1) throw std::invalid_argument("seq_len must be >= 1");
+  if (!dtype_is_integer(data_->dtype()))
+    throw std::runtime_error(data_->prefix() + ".idx: dtype " + dtype_name(data_->dtype()) + " holds no token ids");
+  // The last window needs seq_len + 1 tokens from its start.
+  count_ = data_->num_tokens() > seq_len ? (data_->num_tokens() - 1) / seq_len : 0;
+}
+
+TensorMap TokenWindows::batch(const std::vector<int64_t>& ids) const {
+  const auto rows = static_cast<int64_t>(ids.size()), cols = seq_len_ + 1;
+  torch::Tensor t = torch::empty({rows, cols}, torch::kInt64);
+  int64_t* out = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows; ++i) {
+    if (ids[i] < 0 || ids[i] >= count_)
+      throw std::out_of_range(data_->prefix() + ": no window " + std::to_string(ids[i]) + " (" + std::to_string(count_) + " windows)");
+    read(ids[i], out + i * cols);
+  }
+  return {{"tokens", t}};
+}
+
+// ---- training order ------------------------------------------------------------------------
+
+TokenShardSampler::TokenShardSampler(TokenWindows windows, int64_t batch, uint64_t seed)
+    : windows_(std::move(windows)), batch_(batch), seed_(seed) {
+  if (batch < 1) throw std::invalid_argument("batch must be >= 1");
+}
+
+int64_t TokenShardSampler::steps_per_epoch(int world) const {
+  const int64_t per_step = batch_ * world, n = windows_.count();
+  if (n < per_step)
+    throw std::runtime_error(windows_.data().prefix() + ".{bin,idx}: " + std::to_string(windows_.data().num_tokens()) +
+                             " tokens make " + std::to_string(n) + " windows of seq_len+1 = " + std::to_string(windows_.seq_len() + 1) +
+                             " tokens, but one step needs world x batch = " + std::to_string(world) + " x " + std::to_string(batch_) +
+                             " = " + std::to_string(per_step) + ": use a smaller seq_len or batch, or more text");
+  return n / per_step;
+}
+
+std::vector<int64_t> TokenShardSampler::windows_for_step(int64_t step, int rank, int world) const {
+  if (step < 1) throw std::invalid_argument("steps are 1-based; got " + std::to_string(step));
+  if (world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world));
+  const int64_t spe = steps_per_epoch(world);
+  const int64_t epoch = (step - 1) / spe, k = (step - 1) % spe;
+  const int64_t first = k * world * batch_ + static_cast<int64_t>(rank) * batch_;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch != cached_epoch_) {
+    perm_ = seeded_permutation(windows_.count(), mix_seed({seed_, kSeedTagEpoch, static_cast<uint64_t>(epoch)}));
+    cached_epoch_ = epoch;
+  }
+  return std::vector<int64_t>(perm_.begin() + first, perm_.begin() + first + batch_);
+}
+
+// ---- dataset state -------------------------------------------------------------------------
+
+std::vector<std::string> TokenShardsDataset::splits() const {
+  std::vector<std::string> names;
+  for (const auto& [name, w] : splits_) names.push_back(name);
+  return names;
+}
+
+const TokenWindows& TokenShardsDataset::find(const std::string& split) const {
+  for (const auto& [name, w] : splits_)
+    if (name == split) return w;
+  std::string have;
+  for (const auto& [name, w] : splits_) have += (have.empty() ? "" : ", ") + name;
+  throw std::invalid_argument("token_shards dataset: no split '" + split + "' (have: " + have +
+                              "; a split is there when PREFIX." + split + ".{bin,idx} exist)");
+}
+
+int64_t TokenShardsDataset::num_batches(const std::string& split, int64_t batch, int rank, int world) const {
+  if (batch < 1 || world < 1 || rank < 0 || rank >= world) throw std::invalid_argument("token_shards dataset: bad batch/rank/world");
+  return find(split).count() / (batch * world);
+}
+
+TensorMap TokenShardsDataset::batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
+  const int64_t n = num_batches(split, batch, rank, world);
+  if (index < 0 || index >= n)
+    throw std::out_of_range("token_shards dataset: split '" + split + "' has " + std::to_string(n) + " batches of " +
+                            std::to_string(batch) + " for world " + std::to_string(world) + "; no batch " + std::to_string(index));
+  std::vector<int64_t> ids(static_cast<size_t>(batch));
+  const int64_t first = index * world * batch + static_cast<int64_t>(rank) * batch;
+  for (int64_t j = 0; j < batch; ++j) ids[static_cast<size_t>(j)] = first + j;
+  return find(split).batch(ids);
+}
+
+// ---- the node ------------------------------------------------------------------------------
+
+namespace {
+
+bool shard_exists(const std::string& prefix) {
+  std::error_code ec;
+  return std::filesystem::exists(prefix + ".idx", ec) && std::filesystem::exists(prefix + ".bin", ec);
+}
+
+std::shared_ptr<const IndexedDataset> open_split(const std::string& path, const std::string& split) {
+  const std::string prefix = path + "." + split;
+  if (!shard_exists(prefix))
+    throw std::runtime_error("no token shards at " + prefix + ".{bin,idx} (path is relative to the current folder; make them with "
+                             "`flowrun prep text --out " + path + " ...`, or scripts/data.sh for data/text/fortunes_*)");
+  return std::make_shared<const IndexedDataset>(prefix);  // validates; errors name the file
+}
+
+class TokenShardsNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    const std::string path = p.get<std::string>("path"), split = p.get<std::string>("split");
+    const int64_t seq_len = p.get<int64_t>("seq_len"), batch = p.get<int64_t>("batch");
+    const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
+    rank_ = ctx.run().rank, world_ = ctx.run().world;
+
+    TokenWindows own(open_split(path, split), seq_len);
+    sampler_ = std::make_unique<TokenShardSampler>(own, batch, seed);
+    sampler_->steps_per_epoch(world_);  // fail now, not at step 1, if the split is too small
+
+    // The dataset state: this split, and the other one if its files exist.
+    std::vector<std::pair<std::string, TokenWindows>> splits;
+    for (const char* name : {"train", "val"}) {
+      if (name == split)
+        splits.emplace_back(name, own);
+      else if (shard_exists(path + "." + name))
+        splits.emplace_back(name, TokenWindows(open_split(path, name), seq_len));
+    }
+    ctx.own_state("dataset", std::shared_ptr<Dataset>(std::make_shared<TokenShardsDataset>(std::move(splits))));
+    ctx.own_state("cursor", std::make_shared<DataCursor>());
+  }
+
+  void run(StepContext& ctx) override {
+    // The batch is a pure function of the step; the cursor only records how far we got. It
+    // must agree: a cursor restored from a checkpoint of step k is followed by step k + 1.
+    DataCursor& cursor = ctx.state_as<DataCursor>("cursor");
+    if (cursor.batches != ctx.step() - 1)
+      throw std::runtime_error("data cursor says " + std::to_string(cursor.batches) + " batches were drawn, but this is step " +
+                               std::to_string(ctx.step()) + " (expected " + std::to_string(ctx.step() - 1) +
+                               "): the cursor was restored from another step than the run resumes at");
+    ctx.out("batch", sampler_->batch(ctx.step(), rank_, world_));
+    cursor.batches = ctx.step();
+  }
+
+ private:
+  std::unique_ptr<TokenShardSampler> sampler_;
+  int rank_ = 0, world_ = 1;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(token_shards, flowrun::TokenShardsNode)

@@ -1,0 +1,111 @@
+// metrics: logs named scalars to OUT_DIR/metrics.jsonl and the console.
+// Schema: schemas/metrics.yaml. Test: tests/nodes/metrics_test.cpp.
+#include <torch/torch.h>
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "registry.hpp"
+
+namespace flowrun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A scalar input as JSON. Tensors are read from the device here, and only here.
+nlohmann::ordered_json scalar_json(const Value& v, const std::string& what) {
+  if (const auto* t = v.get_if<torch::Tensor>()) {
+    if (!t->defined()) return nullptr;
+    if (t->numel() != 1)
+      throw std::runtime_error(what + ": expected a scalar, got a tensor of shape " + c10::str(t->sizes()));
+    if (t->scalar_type() == torch::kBool) return t->item<bool>();
+    if (at::isIntegralType(t->scalar_type(), /*includeBool=*/false)) return t->item<int64_t>();
+    return t->item<double>();
+  }
+  if (const auto* d = v.get_if<double>()) return *d;
+  if (const auto* f = v.get_if<float>()) return static_cast<double>(*f);
+  if (const auto* i = v.get_if<int64_t>()) return *i;
+  if (const auto* i = v.get_if<int>()) return *i;
+  if (const auto* b = v.get_if<bool>()) return *b;
+  if (const auto* s = v.get_if<std::string>()) return *s;
+  throw std::runtime_error(what + ": cannot log a " + v.type_name() +
+                           " (metrics takes 0-d tensors, double, float, int64, int, bool or string)");
+}
+
+std::string text(const nlohmann::ordered_json& j) {
+  if (j.is_number_float()) return fmt::format("{:.4g}", j.get<double>());
+  if (j.is_string()) return j.get<std::string>();
+  return j.dump();
+}
+
+class MetricsNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const RunInfo& run = ctx.run();
+    ports_ = ctx.input_ports();
+    for (const auto& p : ports_)
+      if (p == "step" || p == "time" || p == "steps_per_s")
+        throw std::runtime_error(ctx.who() + ": input name '" + p + "' is taken by a field metrics writes itself");
+    log_every_ = run.log_every;
+    last_ = run.last_step;
+    rank0_ = run.rank == 0;
+    t0_ = last_time_ = Clock::now();
+    last_logged_ = run.first_step - 1;
+    if (!rank0_) return;
+    std::filesystem::path dir = run.out_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(run.out_dir);
+    std::filesystem::create_directories(dir);
+    path_ = (dir / "metrics.jsonl").string();
+    file_.open(path_, std::ios::out | std::ios::app);
+    if (!file_) throw std::runtime_error(ctx.who() + ": cannot open " + path_ + " for writing");
+  }
+
+  void run(StepContext& ctx) override {
+    if (!rank0_) return;
+    const int64_t s = ctx.step();
+    if (!((log_every_ > 0 && s % log_every_ == 0) || s == last_)) return;
+    const auto now = Clock::now();
+    const double since_start = std::chrono::duration<double>(now - t0_).count();
+    const double window = std::chrono::duration<double>(now - last_time_).count();
+    const double rate = window > 0 ? static_cast<double>(s - last_logged_) / window : 0.0;
+    last_time_ = now;
+    last_logged_ = s;
+
+    nlohmann::ordered_json j;  // keys in the order written: step, time, steps_per_s, ports
+    j["step"] = s;
+    j["time"] = since_start;
+    j["steps_per_s"] = rate;
+    std::string line = fmt::format("step {}/{}", s, last_);
+    for (const auto& port : ports_) {
+      nlohmann::ordered_json v = scalar_json(ctx.in(port), "input '" + port + "' of " + ctx.who());
+      line += " " + port + " " + text(v);
+      j[port] = std::move(v);
+    }
+    line += fmt::format(" ({:.1f} steps/s)", rate);
+    file_ << j.dump() << '\n';
+    file_.flush();
+    if (!file_) throw std::runtime_error(ctx.who() + ": writing " + path_ + " failed");
+    spdlog::info("{}", line);
+  }
+
+  void finish(ContextBase&) override {
+    if (file_.is_open()) file_.close();
+  }
+
+ private:
+  std::vector<std::string> ports_;
+  int64_t log_every_ = 10, last_ = 0, last_logged_ = 0;
+  bool rank0_ = true;
+  Clock::time_point t0_, last_time_;
+  std::string path_;
+  std::ofstream file_;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(metrics, flowrun::MetricsNode)

@@ -1,0 +1,132 @@
+// ModelState: the object behind a model node's `params` state port (port type `params`),
+// held in a Value as std::shared_ptr<ModelState>.
+//
+// It is a libtorch module plus how to run it on a batch. Model nodes (mlp; later gpt, dit,
+// ...) create one in setup() and own it; forward_backward reads it, optimizer writes it, ema
+// keeps a deep copy. A model either passes a ForwardFn or derives from ModelState and
+// overrides forward() (and clone(), if its module is not torch::nn::Cloneable).
+//
+// Trainable parameters are the module's parameters with requires_grad() set, in module
+// registration order (torch's named_parameters order). Gradients (common/grads.hpp) and
+// optimizer moments are aligned with that order. LoRA-style models freeze the base weights
+// (requires_grad(false)) and leave only the adapters trainable.
+//
+// Concurrency: the executor orders accesses (a write waits for earlier reads and writes; a
+// read waits for the last earlier write), so a node touches parameter data only inside run()
+// and only as its port's access allows: readers (forward_backward, ema) never write
+// parameter data; forward_backward writes only the parameters' .grad().
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/tensor_map.hpp"
+
+namespace flowrun {
+
+struct ModelState {
+  using ForwardFn = std::function<torch::Tensor(torch::nn::Module&, const TensorMap&)>;
+  using Named = std::vector<std::pair<std::string, torch::Tensor>>;
+
+  std::shared_ptr<torch::nn::Module> module;
+  ForwardFn forward_fn;
+  std::string kind;  // model type ("mlp"), for messages
+
+  ModelState() = default;
+  ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)
+      : module(std::move(m)), forward_fn(std::move(f)), kind(std::move(k)) {}
+  ModelState(const ModelState&) = default;
+  ModelState& operator=(const ModelState&) = default;
+  virtual ~ModelState() = default;
+
+  // The model's output for a batch (autograd follows if grad mode is on).
+  virtual torch::Tensor forward(const TensorMap& batch) {
+    if (!module || !forward_fn) throw std::runtime_error("model state '" + kind + "' has no module or forward");
+    return forward_fn(*module, batch);
+  }
+
+  // A deep copy: new parameter and buffer tensors (same values, device and requires_grad),
+  // same forward. Default: torch::nn::Cloneable's clone(); a model whose module is not
+  // Cloneable overrides this.
+  virtual std::shared_ptr<ModelState> clone() const {
+    if (!module) throw std::runtime_error("model state '" + kind + "' has no module to clone");
+    torch::NoGradGuard no_grad;
+    auto copy = std::make_shared<ModelState>(*this);
+    copy->module = module->clone();
+    // clone() copies values; keep each parameter's trainable flag as in the source.
+    auto src = module->named_parameters(true);
+    auto dst = copy->module->named_parameters(true);
+    for (const auto& item : src) {
+      torch::Tensor* d = dst.find(item.key());
+      if (!d) throw std::runtime_error("model state '" + kind + "': clone lacks parameter '" + item.key() + "'");
+      d->set_requires_grad(item.value().requires_grad());
+    }
+    return copy;
+  }
+
+  // Parameters by name (module order); trainable_only: those with requires_grad().
+  Named named_parameters(bool trainable_only = false) const {
+    Named out;
+    if (!module) return out;
+    for (const auto& item : module->named_parameters(true))
+      if (!trainable_only || item.value().requires_grad()) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+  // The trainable parameters, in the order gradients travel (common/grads.hpp).
+  std::vector<torch::Tensor> trainable_parameters() const {
+    std::vector<torch::Tensor> out;
+    if (!module) return out;
+    for (const auto& p : module->parameters(true))
+      if (p.requires_grad()) out.push_back(p);
+    return out;
+  }
+  Named named_buffers() const {
+    Named out;
+    if (!module) return out;
+    for (const auto& item : module->named_buffers(true)) out.emplace_back(item.key(), item.value());
+    return out;
+  }
+
+  // Every parameter and buffer by name (a state dict; aliases, not copies): for checkpoints.
+  std::map<std::string, torch::Tensor> tensors() const {
+    std::map<std::string, torch::Tensor> out;
+    for (auto& [k, v] : named_parameters()) out[k] = v;
+    for (auto& [k, v] : named_buffers()) out[k] = v;
+    return out;
+  }
+  // Copy values in by name (shapes must match). strict: every tensor of the model must be
+  // given and no unknown names; otherwise missing ones keep their values.
+  void load(const std::map<std::string, torch::Tensor>& in, bool strict = true) {
+    torch::NoGradGuard no_grad;
+    auto mine = tensors();
+    for (const auto& [k, v] : in) {
+      auto it = mine.find(k);
+      if (it == mine.end()) {
+        if (strict) throw std::runtime_error("model '" + kind + "': unknown tensor '" + k + "'");
+        continue;
+      }
+      if (!it->second.sizes().equals(v.sizes()))
+        throw std::runtime_error("model '" + kind + "': tensor '" + k + "' has shape " + shape(it->second) +
+                                 ", the one given has " + shape(v));
+      it->second.copy_(v);
+    }
+    if (strict)
+      for (const auto& [k, _] : mine)
+        if (!in.count(k)) throw std::runtime_error("model '" + kind + "': tensor '" + k + "' is missing");
+  }
+
+ private:
+  static std::string shape(const torch::Tensor& t) {
+    std::string s = "[";
+    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+    return s + "]";
+  }
+};
+
+}  // namespace flowrun

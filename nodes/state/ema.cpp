@@ -1,0 +1,73 @@
+// ema: an exponential moving average of a model's parameters.
+// Schema: schemas/ema.yaml. Test: tests/nodes/ema_test.cpp.
+#include "state/ema.hpp"
+
+#include <map>
+
+#include "registry.hpp"
+
+namespace flowrun {
+
+EmaModel::EmaModel(const ModelState& source) {
+  torch::NoGradGuard no_grad;
+  ema_ = source.clone();
+  std::map<std::string, torch::Tensor> mine;
+  for (auto& [name, t] : ema_->named_parameters()) {
+    t.set_requires_grad(false);
+    mine[name] = t;
+  }
+  for (const auto& [name, p] : source.named_parameters(/*trainable_only=*/true)) {
+    auto it = mine.find(name);
+    if (it == mine.end()) throw std::runtime_error("ema: the copy of the model lacks parameter '" + name + "'");
+    params_.push_back(it->second);
+  }
+  std::map<std::string, torch::Tensor> my_buffers;
+  for (auto& [name, t] : ema_->named_buffers()) my_buffers[name] = t;
+  for (const auto& [name, b] : source.named_buffers()) {
+    auto it = my_buffers.find(name);
+    if (it == my_buffers.end()) throw std::runtime_error("ema: the copy of the model lacks buffer '" + name + "'");
+    buffers_.push_back(it->second);
+  }
+}
+
+void EmaModel::update(const ModelState& source, double decay) {
+  torch::NoGradGuard no_grad;
+  const std::vector<torch::Tensor> src = source.trainable_parameters();
+  if (src.size() != params_.size())
+    throw std::runtime_error("ema: the model has " + std::to_string(src.size()) +
+                             " trainable parameters, the average was made for " + std::to_string(params_.size()));
+  const double w = 1.0 - decay;
+  for (size_t i = 0; i < src.size(); ++i) params_[i].mul_(decay).add_(src[i], w);
+  if (!buffers_.empty()) {
+    const ModelState::Named bufs = source.named_buffers();
+    for (size_t i = 0; i < bufs.size() && i < buffers_.size(); ++i) buffers_[i].copy_(bufs[i].second);
+  }
+}
+
+namespace {
+
+class EmaNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    decay_ = ctx.params().get<double>("decay");
+    // Setup runs before any step, so copying the model here reads its initial parameters.
+    const ModelState& source = ctx.state_as<ModelState>("model");
+    ema_ = std::make_unique<EmaModel>(source);
+    ctx.own_state("params", ema_->model());
+  }
+
+  void run(StepContext& ctx) override {
+    // Runs after this step's optimizer (a read waits for the last earlier write) and
+    // concurrently with the next step's forward (another read); never writes the model.
+    ema_->update(ctx.state_as<ModelState>("model"), decay_);
+  }
+
+ private:
+  double decay_ = 0.999;
+  std::unique_ptr<EmaModel> ema_;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(ema, flowrun::EmaNode)

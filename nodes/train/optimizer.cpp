@@ -1,0 +1,167 @@
+// optimizer: AdamW or SGD with momentum, decoupled weight decay, grad-norm clipping and a
+// learning-rate schedule. Schema: schemas/optimizer.yaml. Test: tests/nodes/optimizer_test.cpp.
+#include "train/optimizer.hpp"
+
+#include <cmath>
+
+#include "registry.hpp"
+
+namespace flowrun {
+
+double LrSchedule::at(int64_t step, int64_t last_step) const {
+  if (warmup > 0 && step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
+  if (kind == "constant" || last_step <= warmup) return lr;
+  double progress = static_cast<double>(step - warmup) / static_cast<double>(last_step - warmup);
+  progress = std::min(1.0, std::max(0.0, progress));
+  if (kind == "cosine") return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  if (kind == "linear") return lr - (lr - min_lr) * progress;
+  throw std::runtime_error("unknown lr schedule '" + kind + "'");
+}
+
+std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
+  std::map<std::string, torch::Tensor> out;
+  for (const Slot& s : slots) {
+    if (s.exp_avg.defined()) out[s.name + ".exp_avg"] = s.exp_avg;
+    if (s.exp_avg_sq.defined()) out[s.name + ".exp_avg_sq"] = s.exp_avg_sq;
+    if (s.momentum.defined()) out[s.name + ".momentum_buffer"] = s.momentum;
+    out[s.name + ".step"] = torch::tensor(s.step, torch::kInt64);
+  }
+  out["updates"] = torch::tensor(updates, torch::kInt64);
+  return out;
+}
+
+namespace {
+
+void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tensor>& t) {
+  auto get = [&](const std::string& suffix, torch::Tensor& dst) {
+    auto it = t.find(s.name + suffix);
+    if (it != t.end()) dst = it->second.detach().clone();
+  };
+  get(".exp_avg", s.exp_avg);
+  get(".exp_avg_sq", s.exp_avg_sq);
+  get(".momentum_buffer", s.momentum);
+  auto it = t.find(s.name + ".step");
+  if (it != t.end()) s.step = it->second.item<int64_t>();
+}
+
+}  // namespace
+
+void OptimizerState::load(const std::map<std::string, torch::Tensor>& t) {
+  auto it = t.find("updates");
+  if (it != t.end()) updates = it->second.item<int64_t>();
+  if (slots.empty()) {
+    // Copies now: the given tensors may be aliases that their owner goes on changing.
+    pending.clear();
+    for (const auto& [k, v] : t) pending[k] = v.detach().clone();
+    return;
+  }
+  for (Slot& s : slots) load_slot(s, t);
+}
+
+torch::Tensor global_norm(const Grads& grads) {
+  std::vector<torch::Tensor> norms;
+  norms.reserve(grads.size());
+  for (const auto& g : grads)
+    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, torch::kFloat));
+  if (norms.empty()) return torch::zeros({}, torch::kFloat);
+  return at::linalg_vector_norm(torch::stack(norms), 2);
+}
+
+torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& params, const Grads& grads,
+                               const OptimConfig& cfg, double lr) {
+  torch::NoGradGuard no_grad;
+  if (grads.size() != params.size())
+    throw std::runtime_error("got " + std::to_string(grads.size()) + " grads for " + std::to_string(params.size()) +
+                             " trainable parameters");
+  if (st.slots.empty()) {
+    st.kind = cfg.kind;
+    st.slots.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i) st.slots[i].name = params[i].first;
+    if (!st.pending.empty()) {
+      for (auto& s : st.slots) load_slot(s, st.pending);
+      st.pending.clear();
+    }
+  } else if (st.slots.size() != params.size()) {
+    throw std::runtime_error("the model has " + std::to_string(params.size()) + " trainable parameters, the optimizer " +
+                             "state was made for " + std::to_string(st.slots.size()));
+  }
+
+  torch::Tensor norm = global_norm(grads);
+  torch::Tensor coef;  // clip factor, kept on the device (no host sync)
+  if (cfg.clip > 0) coef = torch::clamp_max(cfg.clip / (norm + 1e-6), 1.0);
+
+  const bool adamw = cfg.kind == "adamw";
+  if (!adamw && cfg.kind != "sgd") throw std::runtime_error("unknown optimizer kind '" + cfg.kind + "'");
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& g0 = grads[i];
+    if (!g0.defined()) continue;
+    torch::Tensor p = params[i].second;
+    OptimizerState::Slot& s = st.slots[i];
+    if (!g0.sizes().equals(p.sizes()))
+      throw std::runtime_error("grad " + std::to_string(i) + " (" + s.name + ") has shape " + c10::str(g0.sizes()) +
+                               ", the parameter " + c10::str(p.sizes()));
+    torch::Tensor g = coef.defined() ? g0 * coef.to(g0.dtype()) : g0;
+    s.step += 1;
+    if (cfg.weight_decay > 0 && decays(p)) p.mul_(1.0 - lr * cfg.weight_decay);
+    if (adamw) {
+      if (!s.exp_avg.defined()) s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
+      if (!s.exp_avg_sq.defined()) s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Preserve);
+      s.exp_avg.mul_(cfg.beta1).add_(g, 1.0 - cfg.beta1);
+      s.exp_avg_sq.mul_(cfg.beta2).addcmul_(g, g, 1.0 - cfg.beta2);
+      const double t = static_cast<double>(s.step);
+      const double bc1 = 1.0 - std::pow(cfg.beta1, t), bc2 = 1.0 - std::pow(cfg.beta2, t);
+      torch::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bc2)).add_(cfg.eps);
+      p.addcdiv_(s.exp_avg, denom, -lr / bc1);
+    } else if (cfg.momentum > 0) {
+      if (!s.momentum.defined())
+        s.momentum = g.detach().clone();
+      else
+        s.momentum.mul_(cfg.momentum).add_(g);
+      p.add_(s.momentum, -lr);
+    } else {
+      p.add_(g, -lr);
+    }
+  }
+  st.updates += 1;
+  return norm;
+}
+
+namespace {
+
+class OptimizerNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    cfg_.kind = p.get<std::string>("kind");
+    cfg_.momentum = p.get<double>("momentum");
+    cfg_.beta1 = p.get<double>("beta1");
+    cfg_.beta2 = p.get<double>("beta2");
+    cfg_.eps = p.get<double>("eps");
+    cfg_.weight_decay = p.get<double>("weight_decay");
+    cfg_.clip = p.get<double>("clip");
+    sched_.lr = p.get<double>("lr");
+    sched_.warmup = p.get<int64_t>("warmup");
+    sched_.kind = p.get<std::string>("schedule");
+    sched_.min_lr = p.get<double>("min_lr");
+    ctx.own_state("state", std::make_shared<OptimizerState>());
+  }
+
+  void run(StepContext& ctx) override {
+    const Grads& grads = ctx.in<Grads>("grads");
+    ModelState& model = ctx.state_as<ModelState>("model");
+    OptimizerState& st = ctx.state_as<OptimizerState>("state");
+    const double lr = sched_.at(ctx.step(), ctx.run().last_step);
+    torch::Tensor norm = optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
+    ctx.out("lr", lr);
+    ctx.out("grad_norm", norm);
+  }
+
+ private:
+  OptimConfig cfg_;
+  LrSchedule sched_;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(optimizer, flowrun::OptimizerNode)

@@ -1,0 +1,72 @@
+// The computation behind the optimizer node, usable on its own (tests, benches), and the
+// object behind its `state` port.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/grads.hpp"
+#include "models/model_state.hpp"
+
+namespace flowrun {
+
+struct OptimConfig {
+  std::string kind = "adamw";  // adamw | sgd
+  double momentum = 0.9;       // sgd; 0 = plain SGD
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  double weight_decay = 0.0;   // decoupled (p -= lr * wd * p), only where decays(p)
+  double clip = 0.0;           // max global grad norm; 0 = off
+};
+
+// Weight decay applies to matrices and higher (Linear/conv weights, embeddings), never to
+// biases, norm gains or other 1-D / 0-D parameters (the GPT-2 / nanoGPT rule).
+inline bool decays(const torch::Tensor& p) { return p.dim() >= 2; }
+
+// Learning rate schedule: linear warmup over `warmup` steps (step/warmup * lr), then constant,
+// cosine or linear decay from lr to min_lr at the run's last step.
+struct LrSchedule {
+  double lr = 1e-3;
+  int64_t warmup = 0;
+  std::string kind = "constant";  // constant | cosine | linear
+  double min_lr = 0.0;
+  double at(int64_t step, int64_t last_step) const;
+};
+
+// The object behind the optimizer's `state` port (std::shared_ptr<OptimizerState>): per
+// trainable parameter (in module order) its moments and update count. Tensors are created on
+// the first update, like the parameters they follow (same shape, dtype and device).
+struct OptimizerState {
+  struct Slot {
+    std::string name;          // the parameter's name in the model
+    torch::Tensor exp_avg;     // adamw: first moment
+    torch::Tensor exp_avg_sq;  // adamw: second moment
+    torch::Tensor momentum;    // sgd: momentum buffer
+    int64_t step = 0;          // updates applied to this parameter (bias correction)
+  };
+  std::string kind;
+  std::vector<Slot> slots;
+  int64_t updates = 0;  // optimizer steps taken
+  std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
+
+  // Every tensor by name, for checkpoints: "NAME.exp_avg", "NAME.exp_avg_sq",
+  // "NAME.momentum_buffer", "NAME.step" (0-d int64), and "updates" (0-d int64). Aliases.
+  std::map<std::string, torch::Tensor> tensors() const;
+  // Restore from tensors(); before the first update it is kept and applied then.
+  void load(const std::map<std::string, torch::Tensor>& t);
+};
+
+// One optimizer step on `params` (the model's trainable parameters, named, in module order)
+// with `grads` (aligned with them; undefined entries are skipped) at learning rate lr; runs
+// under NoGradGuard. Returns the global L2 norm of the grads before clipping (0-d float32).
+// Clipping scales the grads used for the update by min(1, clip / (norm + 1e-6)) without
+// modifying the grad tensors (other readers may hold them).
+torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& params, const Grads& grads,
+                               const OptimConfig& cfg, double lr);
+
+// The global L2 norm of the defined tensors (0-d float32; 0 if none).
+torch::Tensor global_norm(const Grads& grads);
+
+}  // namespace flowrun

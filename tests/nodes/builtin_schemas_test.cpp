@@ -1,0 +1,61 @@
+// The built-in node types of nodes/: registered from their schemas/TYPE.yaml, constructible,
+// and documented (every port and parameter has a doc line, `flowrun nodes TYPE` prints them).
+#include <gtest/gtest.h>
+
+#include "registry.hpp"
+#include "schema.hpp"
+
+namespace flowrun {
+namespace {
+
+const char* kTypes[] = {"synthetic_regression", "mlp", "forward_backward", "optimizer", "ema", "metrics"};
+
+void expect_documented(const std::string& type, const std::vector<ParamSchema>& params, const std::string& path) {
+  for (const auto& p : params) {
+    EXPECT_FALSE(p.doc.empty()) << type << ": parameter " << path << p.name << " has no doc";
+    expect_documented(type, p.fields, path + p.name + ".");
+  }
+}
+
+TEST(BuiltinSchemas, EveryTypeIsRegisteredAndDocumented) {
+  for (const char* type : kTypes) {
+    const NodeType* t = Registry::global().find(type);
+    ASSERT_NE(t, nullptr) << type << " is not registered";
+    EXPECT_EQ(t->schema.type, type);
+    EXPECT_EQ(t->schema.origin, "built-in");
+    EXPECT_FALSE(t->schema.doc.empty()) << type;
+    for (const auto* ports : {&t->schema.inputs, &t->schema.outputs})
+      for (const auto& p : *ports) EXPECT_FALSE(p.doc.empty()) << type << ": port " << p.name << " has no doc";
+    expect_documented(type, t->schema.params, "");
+    for (const auto& p : t->schema.params)
+      EXPECT_TRUE(p.has_default || p.required) << type << ": parameter " << p.name << " has neither default nor required";
+    ASSERT_TRUE(t->factory) << type;
+    EXPECT_NE(t->factory(), nullptr) << type;
+    EXPECT_NE(describe(t->schema).find(type), std::string::npos);
+  }
+}
+
+TEST(BuiltinSchemas, StateAndValuePortsAsDocumented) {
+  auto* fb = Registry::global().find("forward_backward");
+  ASSERT_NE(fb, nullptr);
+  const PortSchema* model = fb->schema.input("model");
+  ASSERT_NE(model, nullptr);
+  EXPECT_EQ(model->kind, PortKind::State);
+  EXPECT_EQ(model->access, Access::Read);  // forward_backward never writes parameters
+  auto* opt = Registry::global().find("optimizer");
+  ASSERT_NE(opt, nullptr);
+  EXPECT_EQ(opt->schema.input("model")->access, Access::Write);
+  EXPECT_EQ(opt->schema.output("state")->access, Access::Write);
+  auto* ema = Registry::global().find("ema");
+  ASSERT_NE(ema, nullptr);
+  EXPECT_EQ(ema->schema.input("model")->access, Access::Read);
+  auto* metrics = Registry::global().find("metrics");
+  ASSERT_NE(metrics, nullptr);
+  const PortSchema* any = metrics->schema.input("whatever_name");
+  ASSERT_NE(any, nullptr);
+  EXPECT_TRUE(any->optional);
+  EXPECT_EQ(any->kind, PortKind::Value);
+}
+
+}  // namespace
+}  // namespace flowrun

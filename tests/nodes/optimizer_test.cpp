@@ -1,0 +1,217 @@
+// optimizer: AdamW and SGD match torch.optim's updates; weight decay skips biases; clipping;
+// learning-rate schedules; the state lists its tensors and can be restored.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "node_test_helpers.hpp"
+#include "train/optimizer.hpp"
+
+namespace flowrun {
+namespace {
+
+struct Toy {
+  std::shared_ptr<ModelState> model;
+  torch::nn::Linear lin{nullptr};
+};
+
+Toy toy(uint64_t seed = 0) {
+  torch::manual_seed(seed);
+  Toy t;
+  t.lin = torch::nn::Linear(4, 3);
+  t.model = std::make_shared<ModelState>(
+      t.lin.ptr(), [](torch::nn::Module& m, const TensorMap& b) { return m.as<torch::nn::LinearImpl>()->forward(b.at("x")); },
+      "toy");
+  return t;
+}
+
+Grads random_grads(const ModelState& m, int64_t step) {
+  torch::manual_seed(1000 + step);
+  Grads g;
+  for (const auto& p : m.trainable_parameters()) g.push_back(torch::randn_like(p));
+  return g;
+}
+
+TEST(Optimizer, AdamwMatchesTorchAdamw) {
+  // torch's AdamW decays every parameter of a group; give it the weight in a group with weight
+  // decay and the bias in one without, which is what flowrun's rule does for a Linear.
+  Toy ours = toy(), ref = toy();
+  OptimizerState st;
+  OptimConfig cfg;
+  cfg.kind = "adamw";
+  cfg.beta1 = 0.8;
+  cfg.beta2 = 0.95;
+  cfg.eps = 1e-6;
+  cfg.weight_decay = 0.1;
+  const double lr = 0.05;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto o_decay = std::make_unique<torch::optim::AdamWOptions>(lr);
+  o_decay->betas({0.8, 0.95}).eps(1e-6).weight_decay(0.1);
+  auto o_plain = std::make_unique<torch::optim::AdamWOptions>(lr);
+  o_plain->betas({0.8, 0.95}).eps(1e-6).weight_decay(0.0);
+  groups.emplace_back(std::vector<torch::Tensor>{ref.lin->weight}, std::move(o_decay));
+  groups.emplace_back(std::vector<torch::Tensor>{ref.lin->bias}, std::move(o_plain));
+  torch::optim::AdamW torch_opt(groups, torch::optim::AdamWOptions(lr));
+
+  for (int64_t step = 1; step <= 6; ++step) {
+    Grads g = random_grads(*ours.model, step);
+    optimizer_update(st, ours.model->named_parameters(true), g, cfg, lr);
+    ref.lin->weight.mutable_grad() = g[0].clone();
+    ref.lin->bias.mutable_grad() = g[1].clone();
+    torch_opt.step();
+  }
+  EXPECT_TRUE(torch::allclose(ours.lin->weight, ref.lin->weight, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(ours.lin->bias, ref.lin->bias, 1e-6, 1e-7));
+  EXPECT_EQ(st.updates, 6);
+  EXPECT_EQ(st.slots[0].step, 6);
+}
+
+TEST(Optimizer, SgdMomentumMatchesTorchSgd) {
+  Toy ours = toy(), ref = toy();
+  OptimizerState st;
+  OptimConfig cfg;
+  cfg.kind = "sgd";
+  cfg.momentum = 0.9;
+  const double lr = 0.1;
+  torch::optim::SGD torch_opt(ref.model->trainable_parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+  for (int64_t step = 1; step <= 5; ++step) {
+    Grads g = random_grads(*ours.model, step);
+    optimizer_update(st, ours.model->named_parameters(true), g, cfg, lr);
+    ref.lin->weight.mutable_grad() = g[0].clone();
+    ref.lin->bias.mutable_grad() = g[1].clone();
+    torch_opt.step();
+  }
+  EXPECT_TRUE(torch::allclose(ours.lin->weight, ref.lin->weight, 1e-6, 1e-7));
+  EXPECT_TRUE(torch::allclose(ours.lin->bias, ref.lin->bias, 1e-6, 1e-7));
+}
+
+TEST(Optimizer, UndefinedGradsAreSkipped) {
+  Toy t = toy();
+  torch::Tensor bias0 = t.lin->bias.detach().clone();
+  OptimizerState st;
+  OptimConfig cfg;
+  Grads g = random_grads(*t.model, 1);
+  g[1] = torch::Tensor();
+  optimizer_update(st, t.model->named_parameters(true), g, cfg, 0.1);
+  EXPECT_TRUE(torch::equal(t.lin->bias, bias0));
+  EXPECT_EQ(st.slots[1].step, 0);
+  EXPECT_EQ(st.slots[0].step, 1);
+}
+
+TEST(Optimizer, ClippingScalesTheUpdateNotTheGrads) {
+  Toy t = toy();
+  torch::Tensor w0 = t.lin->weight.detach().clone();
+  OptimizerState st;
+  OptimConfig cfg;
+  cfg.kind = "sgd";
+  cfg.momentum = 0;
+  cfg.clip = 0.5;
+  Grads g = random_grads(*t.model, 1);
+  std::vector<torch::Tensor> g0 = {g[0].clone(), g[1].clone()};
+  const double norm = std::sqrt(g[0].pow(2).sum().item<double>() + g[1].pow(2).sum().item<double>());
+  ASSERT_GT(norm, 0.5);
+  torch::Tensor got = optimizer_update(st, t.model->named_parameters(true), g, cfg, 1.0);
+  EXPECT_NEAR(got.item<double>(), norm, 1e-4);  // reported before clipping
+  EXPECT_TRUE(torch::allclose(t.lin->weight, w0 - g0[0] * (0.5 / (norm + 1e-6)), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::equal(g[0], g0[0]));  // the grad tensors themselves are untouched
+  // Below the threshold nothing is scaled.
+  Toy u = toy();
+  OptimizerState st2;
+  cfg.clip = 10 * norm;
+  torch::Tensor u0 = u.lin->weight.detach().clone();
+  optimizer_update(st2, u.model->named_parameters(true), g, cfg, 1.0);
+  EXPECT_TRUE(torch::allclose(u.lin->weight, u0 - g0[0], 1e-6, 1e-7));
+}
+
+TEST(Optimizer, StateListsItsTensorsAndRestores) {
+  Toy a = toy(), b = toy();
+  OptimizerState sa;
+  OptimConfig cfg;
+  for (int64_t s = 1; s <= 3; ++s) optimizer_update(sa, a.model->named_parameters(true), random_grads(*a.model, s), cfg, 0.01);
+  auto t = sa.tensors();
+  for (const char* k : {"weight.exp_avg", "weight.exp_avg_sq", "weight.step", "bias.exp_avg", "bias.exp_avg_sq",
+                        "bias.step", "updates"})
+    EXPECT_TRUE(t.count(k)) << k;
+  EXPECT_EQ(t.at("weight.step").item<int64_t>(), 3);
+  // A fresh state loaded from the tensors (before its first update) continues like the original.
+  OptimizerState sb;
+  sb.load(t);
+  b.model->load(a.model->tensors());
+  for (int64_t s = 4; s <= 5; ++s) {
+    optimizer_update(sa, a.model->named_parameters(true), random_grads(*a.model, s), cfg, 0.01);
+    optimizer_update(sb, b.model->named_parameters(true), random_grads(*b.model, s), cfg, 0.01);
+  }
+  EXPECT_TRUE(torch::equal(a.lin->weight, b.lin->weight));
+  EXPECT_TRUE(torch::equal(a.lin->bias, b.lin->bias));
+  EXPECT_EQ(sb.updates, 5);
+}
+
+TEST(Optimizer, LearningRateSchedules) {
+  LrSchedule s;
+  s.lr = 1.0;
+  EXPECT_DOUBLE_EQ(s.at(1, 100), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(100, 100), 1.0);
+  s.warmup = 10;
+  EXPECT_DOUBLE_EQ(s.at(1, 100), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(10, 100), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(50, 100), 1.0);
+  s.kind = "cosine";
+  s.min_lr = 0.1;
+  EXPECT_DOUBLE_EQ(s.at(10, 110), 1.0);
+  EXPECT_NEAR(s.at(60, 110), 0.55, 1e-12);  // half way: (1 + 0.1) / 2
+  EXPECT_NEAR(s.at(110, 110), 0.1, 1e-12);
+  s.kind = "linear";
+  EXPECT_NEAR(s.at(35, 110), 1.0 - 0.9 * 0.25, 1e-12);
+  EXPECT_NEAR(s.at(110, 110), 0.1, 1e-12);
+}
+
+TEST(OptimizerNode, WeightDecaySkipsBiases) {
+  // Zero gradients: AdamW's step is 0 / (0 + eps) = 0, so only the decoupled decay moves the
+  // parameters: weights shrink by (1 - lr * wd) per step; biases (1-D) stay as they were.
+  auto g = test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 5, seed: 2 }
+nodes:
+  model: { type: mlp, with: { in_dim: 3, hidden: 4, layers: 1, out_dim: 2 } }
+  zero: { type: t_zero_grads, in: { model: model.params } }
+  opt: { type: optimizer, in: { grads: zero.grads, model: model.params },
+         with: { kind: adamw, lr: 0.1, weight_decay: 0.5 } }
+  log: { type: metrics, in: { lr: opt.lr, grad_norm: opt.grad_norm } }
+)");
+  ModelState& m = g->state<ModelState>("model", "params");
+  auto before = test::snapshot(m);
+  g->run();
+  const double shrink = std::pow(1.0 - 0.1 * 0.5, 5);
+  for (const auto& [k, v] : m.named_parameters()) {
+    if (v.dim() >= 2)
+      EXPECT_TRUE(torch::allclose(v, before.at(k) * shrink, 1e-6, 1e-7)) << k;
+    else
+      EXPECT_TRUE(torch::equal(v, before.at(k))) << k << " is a bias: no decay";
+  }
+  // The state's step counts and the logged outputs.
+  auto& st = g->state<OptimizerState>("opt", "state");
+  EXPECT_EQ(st.updates, 5);
+  auto metrics = g->metrics();
+  ASSERT_FALSE(metrics.empty());
+  EXPECT_DOUBLE_EQ(metrics.back()["lr"].get<double>(), 0.1);
+  EXPECT_DOUBLE_EQ(metrics.back()["grad_norm"].get<double>(), 0.0);
+}
+
+TEST(OptimizerNode, WarmupInAGraph) {
+  auto g = test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 4, seed: 2, log_every: 1 }
+nodes:
+  model: { type: mlp, with: { in_dim: 3, hidden: 4, layers: 1, out_dim: 2 } }
+  zero: { type: t_zero_grads, in: { model: model.params } }
+  opt: { type: optimizer, in: { grads: zero.grads, model: model.params }, with: { lr: 0.2, warmup: 4 } }
+  log: { type: metrics, in: { lr: opt.lr } }
+)");
+  g->run();
+  auto metrics = g->metrics();
+  ASSERT_EQ(metrics.size(), 4u);
+  for (int s = 1; s <= 4; ++s) EXPECT_NEAR(metrics[s - 1]["lr"].get<double>(), 0.05 * s, 1e-12);
+}
+
+}  // namespace
+}  // namespace flowrun
