@@ -11,6 +11,7 @@ const std::string& ContextBase::type() const { return rt_->spec->type; }
 const Params& ContextBase::params() const { return rt_->params; }
 const RunInfo& ContextBase::run() const { return *rt_->info; }
 std::string ContextBase::who() const { return rt_->who; }
+const Schedule& ContextBase::schedule() const { return rt_->spec->schedule; }
 
 // ---- setup ------------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "schema.hpp"
+#include "spec.hpp"
 #include "value.hpp"
 
 namespace flowrun {
@@ -77,6 +78,8 @@ class ContextBase {
   const RunInfo& run() const;
   // "node 'opt' (optimizer)", for messages.
   std::string who() const;
+  // The node's schedule (every / at); !periodic() for a node that runs every step.
+  const Schedule& schedule() const;
 
  protected:
   explicit ContextBase(NodeRuntime* rt) : rt_(rt) {}

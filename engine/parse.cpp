@@ -90,7 +90,7 @@ void apply_override(YAML::Node& root, const std::string& ov, Diagnostics& diags)
       std::vector<std::string> names;
       for (auto it = root["nodes"].begin(); it != root["nodes"].end(); ++it) names.push_back(it->first.as<std::string>());
       diags.error(where, path,
-                  "no node '" + node + "' in the file" + did_you_mean(node, names) + "; overrides are run.KEY=V, NODE.PARAM=V or NODE.every=N");
+                  "no node '" + node + "' in the file" + did_you_mean(node, names) + "; overrides are run.KEY=V, NODE.PARAM=V, NODE.every=N or NODE.in.PORT=NODE.PORT");
       return;
     }
     if (keys.size() < 2) {
@@ -98,7 +98,8 @@ void apply_override(YAML::Node& root, const std::string& ov, Diagnostics& diags)
       return;
     }
     walk = {"nodes", node};
-    if (!is_node_entry_key(keys[1])) walk.push_back("with");
+    // NODE.every=N, NODE.in.PORT=other.port, NODE.with.P=V; anything else is a parameter.
+    if (!is_node_entry_key(keys[1]) && keys[1] != "in" && keys[1] != "with") walk.push_back("with");
     walk.insert(walk.end(), keys.begin() + 1, keys.end());
   }
   YAML::Node cur(root);

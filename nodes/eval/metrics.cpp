@@ -4,7 +4,9 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +54,12 @@ class MetricsNode : public Node {
       if (p == "step" || p == "time" || p == "steps_per_s")
         throw std::runtime_error(ctx.who() + ": input name '" + p + "' is taken by a field metrics writes itself");
     log_every_ = run.log_every;
+    every_run_ = ctx.schedule().periodic();  // a periodic metrics node logs each time it runs
+    for (const auto& name : ctx.params().get<std::vector<std::string>>("per_second")) {
+      if (std::find(ports_.begin(), ports_.end(), name) == ports_.end())
+        throw std::runtime_error(ctx.who() + ": per_second names '" + name + "', which is not one of its inputs");
+      sums_[name] = 0.0;
+    }
     last_ = run.last_step;
     rank0_ = run.rank == 0;
     t0_ = last_time_ = Clock::now();
@@ -67,7 +75,12 @@ class MetricsNode : public Node {
   void run(StepContext& ctx) override {
     if (!rank0_) return;
     const int64_t s = ctx.step();
-    if (!((log_every_ > 0 && s % log_every_ == 0) || s == last_)) return;
+    // Counters (tokens, images) are summed every step; they are host numbers, no device read.
+    for (auto& [name, sum] : sums_) {
+      nlohmann::ordered_json v = scalar_json(ctx.in(name), "input '" + name + "' of " + ctx.who());
+      if (v.is_number()) sum += v.get<double>();
+    }
+    if (!every_run_ && !((log_every_ > 0 && s % log_every_ == 0) || s == last_)) return;
     const auto now = Clock::now();
     const double since_start = std::chrono::duration<double>(now - t0_).count();
     const double window = std::chrono::duration<double>(now - last_time_).count();
@@ -85,6 +98,12 @@ class MetricsNode : public Node {
       line += " " + port + " " + text(v);
       j[port] = std::move(v);
     }
+    for (auto& [name, sum] : sums_) {
+      const double per_s = window > 0 ? sum / window : 0.0;
+      j[name + "_per_s"] = per_s;
+      line += fmt::format(" {}/s {:.4g}", name, per_s);
+      sum = 0.0;
+    }
     line += fmt::format(" ({:.1f} steps/s)", rate);
     file_ << j.dump() << '\n';
     file_.flush();
@@ -99,6 +118,8 @@ class MetricsNode : public Node {
  private:
   std::vector<std::string> ports_;
   int64_t log_every_ = 10, last_ = 0, last_logged_ = 0;
+  bool every_run_ = false;
+  std::map<std::string, double> sums_;  // per_second inputs, summed since the last log
   bool rank0_ = true;
   Clock::time_point t0_, last_time_;
   std::string path_;

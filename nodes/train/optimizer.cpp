@@ -2,6 +2,8 @@
 // learning-rate schedule. Schema: schemas/optimizer.yaml. Test: tests/nodes/optimizer_test.cpp.
 #include "train/optimizer.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <cmath>
 
 #include "registry.hpp"
@@ -87,6 +89,11 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
   }
 
   torch::Tensor norm = global_norm(grads);
+  if (!std::isfinite(norm.item<double>())) {
+    if (cfg.skip_nonfinite) return norm;  // the caller counts and reports skipped steps
+    throw NonFiniteGrads("the gradients are not finite (global norm " + std::to_string(norm.item<double>()) +
+                         "): the loss diverged or overflowed; lower the lr, add clip, or set skip_nonfinite: true");
+  }
   torch::Tensor coef;  // clip factor, kept on the device (no host sync)
   if (cfg.clip > 0) coef = torch::clamp_max(cfg.clip / (norm + 1e-6), 1.0);
 
@@ -143,6 +150,7 @@ class OptimizerNode : public Node {
     sched_.warmup = p.get<int64_t>("warmup");
     sched_.kind = p.get<std::string>("schedule");
     sched_.min_lr = p.get<double>("min_lr");
+    cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
     ctx.own_state("state", std::make_shared<OptimizerState>());
   }
 
@@ -152,6 +160,9 @@ class OptimizerNode : public Node {
     OptimizerState& st = ctx.state_as<OptimizerState>("state");
     const double lr = sched_.at(ctx.step(), ctx.run().last_step);
     torch::Tensor norm = optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
+    if (cfg_.skip_nonfinite && !std::isfinite(norm.item<double>()))
+      spdlog::warn("{}: step {}: gradients not finite, update skipped ({} skipped so far)", ctx.who(), ctx.step(),
+                   ++skipped_);
     ctx.out("lr", lr);
     ctx.out("grad_norm", norm);
   }
@@ -159,6 +170,7 @@ class OptimizerNode : public Node {
  private:
   OptimConfig cfg_;
   LrSchedule sched_;
+  int64_t skipped_ = 0;
 };
 
 }  // namespace

@@ -19,6 +19,14 @@ struct OptimConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   double weight_decay = 0.0;   // decoupled (p -= lr * wd * p), only where decays(p)
   double clip = 0.0;           // max global grad norm; 0 = off
+  // A non-finite grad norm (NaN or inf, e.g. from a diverged loss) either stops the run with
+  // the step (false) or skips this update, leaving parameters and moments untouched (true).
+  bool skip_nonfinite = false;
+};
+
+// Thrown by optimizer_update when the grads are not finite and skip_nonfinite is off.
+struct NonFiniteGrads : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Weight decay applies to matrices and higher (Linear/conv weights, embeddings), never to

@@ -47,6 +47,18 @@ TEST(Overrides, RunKeyNodeParamAndSchedule) {
   EXPECT_EQ(g.nodes[1].schedule.every, 5);
 }
 
+TEST(Overrides, RewireAnInput) {
+  std::string f = write(R"(flowrun: 1
+nodes:
+  a: { type: t_source }
+  b: { type: t_source, with: { k: 1 } }
+  op: { type: t_op, in: { in: [a.out] } }
+)");
+  GraphSpec g = load_graph(f, {"op.in.in=[b.out]", "op.with.sleep_us=3"}, Registry::global());
+  EXPECT_EQ(g.nodes[2].inputs[0].refs[0].node, "b");
+  EXPECT_EQ(g.nodes[2].params["sleep_us"].as<int>(), 3);
+}
+
 TEST(Overrides, TypedBySchema) {
   std::string f = write(kFile);
   std::string e = errors_of(f, {"run.steps=many"});

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "node_test_helpers.hpp"
 #include "train/optimizer.hpp"
@@ -83,6 +84,42 @@ TEST(Optimizer, SgdMomentumMatchesTorchSgd) {
   }
   EXPECT_TRUE(torch::allclose(ours.lin->weight, ref.lin->weight, 1e-6, 1e-7));
   EXPECT_TRUE(torch::allclose(ours.lin->bias, ref.lin->bias, 1e-6, 1e-7));
+}
+
+TEST(Optimizer, NonFiniteGradsStopOrSkip) {
+  Toy t = toy();
+  torch::Tensor w0 = t.lin->weight.detach().clone();
+  OptimizerState st;
+  OptimConfig cfg;
+  Grads g = random_grads(*t.model, 1);
+  g[0][0][0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(optimizer_update(st, t.model->named_parameters(true), g, cfg, 0.1), NonFiniteGrads);
+  EXPECT_TRUE(torch::equal(t.lin->weight, w0));
+  cfg.skip_nonfinite = true;
+  torch::Tensor norm = optimizer_update(st, t.model->named_parameters(true), g, cfg, 0.1);
+  EXPECT_TRUE(std::isnan(norm.item<double>()));
+  EXPECT_TRUE(torch::equal(t.lin->weight, w0));  // skipped: untouched
+  EXPECT_EQ(st.slots[0].step, 0);
+}
+
+TEST(OptimizerNode, DivergedRunStopsWithTheStep) {
+  try {
+    test::run_graph_text(R"(flowrun: 1
+run: { steps: 50 }
+nodes:
+  data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 16 } }
+  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 2, out_dim: 1 } }
+  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 1.0e+30 } }
+)");
+    FAIL() << "a diverging run must stop";
+  } catch (const NodeError& e) {
+    EXPECT_EQ(e.node, "opt");
+    EXPECT_GT(e.step, 1);
+    EXPECT_NE(std::string(e.what()).find("failed at step " + std::to_string(e.step) + ": the gradients are not finite"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Optimizer, UndefinedGradsAreSkipped) {

@@ -1,0 +1,40 @@
+// StateIO: how checkpoint and resume save and restore a state object they know nothing about.
+// A Value holds its object by exact type (std::shared_ptr<ModelState>, ...), so each state type
+// registers how to list its tensors by name and how to load them back, keyed by that type.
+// Built-in state types are registered in state_io.cpp; a plugin registers its own with
+// FLOWRUN_STATE_TYPE(MyState) (MyState needs tensors() and load(map)).
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <typeindex>
+
+#include <torch/torch.h>
+
+#include "value.hpp"
+
+namespace flowrun {
+
+using NamedTensors = std::map<std::string, torch::Tensor>;
+
+struct StateIO {
+  std::function<NamedTensors(const Value&)> tensors;            // aliases of the live tensors
+  std::function<void(Value&, const NamedTensors&)> load;         // copy values in
+};
+
+void register_state_io(std::type_index type, StateIO io);
+// The StateIO for the object a Value holds, or nullptr.
+const StateIO* find_state_io(const Value& v);
+
+template <class T>
+void register_state_type() {
+  register_state_io(std::type_index(typeid(std::shared_ptr<T>)),
+                    StateIO{[](const Value& v) { return NamedTensors(v.as<std::shared_ptr<T>>()->tensors()); },
+                            [](Value& v, const NamedTensors& t) { v.as_mut<std::shared_ptr<T>>()->load(t); }});
+}
+
+}  // namespace flowrun
+
+#define FLOWRUN_STATE_TYPE(T) \
+  static const bool FLOWRUN_CONCAT(flowrun_state_io_, __LINE__) = (::flowrun::register_state_type<T>(), true);

@@ -1,0 +1,153 @@
+// checkpoint: snapshot state fast, write it in the background (schemas/checkpoint.yaml).
+//
+// run() copies every saved tensor to CPU memory (the "snapshot") and returns; the next write of
+// that state (the optimizer's) waits only for this copy, like big_vision's async checkpoints.
+// A background thread writes the files; one write is in flight at a time (the next run()
+// waits for the previous write: memory stays bounded). Layout: state/checkpoint_io.hpp.
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "common/safetensors.hpp"
+#include "common/state_io.hpp"
+#include "registry.hpp"
+#include "spec.hpp"
+#include "state/checkpoint_io.hpp"
+
+namespace flowrun {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Snapshot {
+  int64_t step = 0;
+  std::vector<std::pair<std::string, NamedTensors>> states;  // ref -> CPU copies
+  NamedTensors rng;
+};
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+class Checkpoint : public Node {
+  std::string dir_, graph_file_, name_, config_;
+  int keep_ = 3;
+  int delay_ms_ = 0;
+  bool writer_rank_ = true;
+  std::future<void> pending_;
+
+ public:
+  void setup(SetupContext& c) override {
+    dir_ = (fs::path(c.run().out_dir) / c.params().get<std::string>("dir")).string();
+    keep_ = c.params().get<int>("keep_last");
+    delay_ms_ = c.params().get<int>("write_delay_ms");
+    writer_rank_ = c.run().rank == 0;
+    if (const GraphSpec* g = c.run().graph) {
+      graph_file_ = g->file;
+      name_ = g->name;
+      YAML::Node resolved = YAML::Clone(g->root);
+      resolved["run"] = g->run;
+      for (const auto& n : g->nodes) resolved["nodes"][n.name]["with"] = n.params;
+      config_ = to_yaml(resolved);
+    }
+    if (writer_rank_) {
+      fs::create_directories(dir_);
+      // Folders a killed run left half-written; `latest` never names them.
+      for (const auto& e : fs::directory_iterator(dir_))
+        if (e.path().filename().string().rfind(".step_", 0) == 0) fs::remove_all(e.path());
+    }
+  }
+
+  void run(StepContext& c) override {
+    Snapshot snap;
+    snap.step = c.step();
+    const auto refs = c.refs("state");
+    const auto values = c.states_all("state");
+    for (size_t i = 0; i < values.size(); ++i) {
+      const StateIO* io = find_state_io(*values[i]);
+      if (!io)
+        throw std::runtime_error("state '" + refs[i] + "' holds a " + values[i]->type_name() +
+                                 ", which registers no way to save it (FLOWRUN_STATE_TYPE in common/state_io.hpp)");
+      NamedTensors copy;
+      for (const auto& [k, t] : io->tensors(*values[i]))
+        copy[k] = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+      snap.states.emplace_back(refs[i], std::move(copy));
+    }
+    snap.rng["cpu"] = torch::globalContext().defaultGenerator(torch::kCPU).get_state();
+    wait();  // the previous write; rethrows its error
+    if (!writer_rank_) return;
+    pending_ = std::async(std::launch::async, [this, s = std::move(snap)]() { write(s); });
+  }
+
+  void finish(ContextBase&) override { wait(); }
+
+ private:
+  void wait() {
+    if (pending_.valid()) pending_.get();
+  }
+
+  void pause() const {
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
+  }
+
+  void write(const Snapshot& s) const {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string name = ckpt::step_folder(s.step);
+    const std::string final_dir = dir_ + "/" + name;
+    const std::string tmp = dir_ + "/." + name + ".tmp";
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    ckpt::Manifest m;
+    m.step = s.step;
+    m.graph = graph_file_;
+    m.name = name_;
+    m.config = config_;
+    for (const auto& [ref, tensors] : s.states) {
+      pause();
+      const std::string file = ref + ".safetensors";
+      safetensors::save(tmp + "/" + file, tensors, {{"ref", ref}, {"step", std::to_string(s.step)}});
+      m.states[ref] = file;
+    }
+    pause();
+    safetensors::save(tmp + "/rng.safetensors", s.rng);
+    m.rng_file = "rng.safetensors";
+    ckpt::write_manifest(tmp, m);  // last: a folder with a manifest is complete
+    fsync_dir(tmp);
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a rerun over an old run's folder
+    fs::rename(tmp, final_dir);
+    fsync_dir(dir_);
+    ckpt::set_latest(dir_, name);
+    prune(name);
+    spdlog::info("checkpoint {} written ({:.2f} s)", final_dir,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+
+  // Keep the newest keep_last step folders (never the one just written).
+  void prune(const std::string& newest) const {
+    std::vector<std::string> folders;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && n.rfind("step_", 0) == 0) folders.push_back(n);
+    }
+    std::sort(folders.begin(), folders.end());
+    const int extra = static_cast<int>(folders.size()) - keep_;
+    for (int i = 0; i < extra; ++i)
+      if (folders[i] != newest) fs::remove_all(dir_ + "/" + folders[i]);
+  }
+};
+
+}  // namespace
+
+FLOWRUN_NODE(checkpoint, Checkpoint)
+
+}  // namespace flowrun

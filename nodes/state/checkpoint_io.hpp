@@ -1,0 +1,39 @@
+// The checkpoint folder layout, shared by the checkpoint node (writes) and resume (reads):
+//
+//   OUT_DIR/checkpoints/
+//     step_00000500/
+//       model.params.safetensors   one file per saved state, named by its ref
+//       opt.state.safetensors
+//       rng.safetensors            torch's global CPU generator state
+//       manifest.json              written last: step, states -> files, resolved config
+//     latest                       "step_00000500\n": moved (renamed) only once a folder is complete
+//
+// A folder is written as .step_00000500.tmp and renamed when complete.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace flowrun::ckpt {
+
+std::string step_folder(int64_t step);  // "step_00000500"
+
+struct Manifest {
+  int64_t step = 0;
+  std::string graph, name, config;
+  std::map<std::string, std::string> states;  // ref -> file in the folder
+  std::string rng_file;
+};
+
+void write_manifest(const std::string& folder, const Manifest& m);
+Manifest read_manifest(const std::string& folder);  // throws with the file named
+
+// The folder `latest` names under `dir`, or "" if there is none.
+std::string latest(const std::string& dir);
+void set_latest(const std::string& dir, const std::string& folder_name);
+
+// Write `text` to PATH.tmp, fsync, rename over PATH.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace flowrun::ckpt

@@ -1,0 +1,184 @@
+// checkpoint + run.resume, through the flowrun binary as a user runs it:
+//   - 20 steps straight == 10 steps, then resume to 20: bit-identical parameters, optimizer
+//     moments, EMA and losses (CPU);
+//   - a run killed with SIGKILL while writing checkpoints resumes from the last complete one,
+//     and ends bit-identical to the uninterrupted run;
+//   - layout: manifest, latest, keep_last.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/safetensors.hpp"
+#include "state/checkpoint_io.hpp"
+#include "support/run_graph.hpp"
+
+namespace fs = std::filesystem;
+using namespace flowrun;
+
+extern char** environ;
+
+namespace {
+
+const std::string kFlowrun = std::string(FLOWRUN_BINARY_DIR) + "/engine/flowrun";
+
+const char* kGraph = R"(flowrun: 1
+name: ckpt_regression
+run: { steps: 20, seed: 3, prefetch: 2, log_every: 1, progress: off }
+nodes:
+  data:  { type: synthetic_regression, with: { in_dim: 8, out_dim: 1, batch: 64, hidden: 16, noise: 0.01 } }
+  model: { type: mlp, with: { in_dim: 8, hidden: 32, layers: 2, out_dim: 1 } }
+  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params }, with: { objective: mse } }
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: adamw, lr: 1.0e-2, weight_decay: 0.01 } }
+  ema:   { type: ema, in: { model: model.params }, with: { decay: 0.9 } }
+  log:   { type: metrics, in: { loss: fb.loss } }
+  ckpt:  { type: checkpoint, every: 5, at: [end], in: { state: [model.params, opt.state, ema.params, data.cursor] },
+           with: { keep_last: 2 } }
+)";
+
+std::string write_graph(const std::string& dir) {
+  std::ofstream(dir + "/g.yaml") << kGraph;
+  return dir + "/g.yaml";
+}
+
+int run_flowrun(const std::vector<std::string>& args, const std::string& log) {
+  std::string cmd = kFlowrun;
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " > '" + log + "' 2>&1";
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::map<int64_t, double> losses(const std::string& out_dir) {
+  std::map<int64_t, double> m;
+  for (const auto& j : test::read_jsonl(out_dir + "/metrics.jsonl")) m[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  return m;
+}
+
+// Every tensor of every state file in a checkpoint folder, keyed "file/tensor".
+std::map<std::string, torch::Tensor> checkpoint_tensors(const std::string& folder) {
+  std::map<std::string, torch::Tensor> all;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    if (e.path().extension() != ".safetensors" || e.path().filename() == "rng.safetensors") continue;
+    for (const auto& [k, t] : safetensors::load(e.path().string()).tensors) all[e.path().filename().string() + "/" + k] = t;
+  }
+  return all;
+}
+
+void expect_identical(const std::string& a, const std::string& b) {
+  auto ta = checkpoint_tensors(a), tb = checkpoint_tensors(b);
+  ASSERT_EQ(ta.size(), tb.size());
+  ASSERT_GT(ta.size(), 10u);
+  for (const auto& [k, t] : ta) {
+    ASSERT_TRUE(tb.count(k)) << k;
+    EXPECT_TRUE(torch::equal(t, tb.at(k))) << k << " differs";
+  }
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
+  const std::string dir = test::temp_dir("ckpt");
+  const std::string g = write_graph(dir);
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/straight"}, dir + "/a.log"), 0) << slurp(dir + "/a.log");
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/split", "run.steps=10"}, dir + "/b1.log"), 0) << slurp(dir + "/b1.log");
+  EXPECT_EQ(ckpt::latest(dir + "/split/checkpoints"), "step_00000010");
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/split", "run.resume=auto"}, dir + "/b2.log"), 0) << slurp(dir + "/b2.log");
+  EXPECT_NE(slurp(dir + "/b2.log").find("resumed from " + dir + "/split/checkpoints/step_00000010 (step 10)"), std::string::npos)
+      << slurp(dir + "/b2.log");
+  expect_identical(dir + "/straight/checkpoints/step_00000020", dir + "/split/checkpoints/step_00000020");
+  auto la = losses(dir + "/straight"), lb = losses(dir + "/split");
+  ASSERT_EQ(la.size(), 20u);
+  ASSERT_EQ(lb.size(), 20u);  // 1..10 from the first part, 11..20 appended by the resumed run
+  for (int64_t s = 1; s <= 20; ++s) EXPECT_EQ(la[s], lb[s]) << "loss at step " << s;
+  // Nothing left to do: a second resume exits 0 without running.
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/split", "run.resume=auto"}, dir + "/b3.log"), 0);
+  EXPECT_NE(slurp(dir + "/b3.log").find("nothing to do"), std::string::npos);
+}
+
+TEST(Checkpoint, LayoutManifestAndKeepLast) {
+  const std::string dir = test::temp_dir("ckpt");
+  const std::string g = write_graph(dir);
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o"}, dir + "/a.log"), 0) << slurp(dir + "/a.log");
+  std::vector<std::string> folders;
+  for (const auto& e : fs::directory_iterator(dir + "/o/checkpoints")) folders.push_back(e.path().filename().string());
+  std::sort(folders.begin(), folders.end());
+  EXPECT_EQ(folders, (std::vector<std::string>{"latest", "step_00000015", "step_00000020"}));  // keep_last: 2
+  ckpt::Manifest m = ckpt::read_manifest(dir + "/o/checkpoints/step_00000020");
+  EXPECT_EQ(m.step, 20);
+  EXPECT_EQ(m.name, "ckpt_regression");
+  EXPECT_EQ(m.states.size(), 4u);
+  EXPECT_EQ(m.states["model.params"], "model.params.safetensors");
+  EXPECT_NE(m.config.find("keep_last: 2"), std::string::npos);
+  auto cursor = safetensors::load(dir + "/o/checkpoints/step_00000020/data.cursor.safetensors");
+  EXPECT_EQ(cursor.tensors.at("batches").item<int64_t>(), 20);
+  EXPECT_EQ(cursor.metadata.at("ref"), "data.cursor");
+}
+
+TEST(Checkpoint, ResumeFromAnotherGraphIsAClearError) {
+  const std::string dir = test::temp_dir("ckpt");
+  const std::string g = write_graph(dir);
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "run.steps=5"}, dir + "/a.log"), 0);
+  // Same folder, but the graph's model is bigger now.
+  EXPECT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "run.resume=auto", "model.hidden=48"}, dir + "/b.log"), 1);
+  const std::string b = slurp(dir + "/b.log");
+  EXPECT_NE(b.find("restoring '"), std::string::npos) << b;
+  EXPECT_NE(b.find("tensor '0.bias' has shape [48], the one given has [32]"), std::string::npos) << b;
+  EXPECT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "run.resume=" + dir + "/nope"}, dir + "/c.log"), 2);
+  EXPECT_NE(slurp(dir + "/c.log").find("run.resume: no checkpoint folder " + dir + "/nope"), std::string::npos);
+}
+
+TEST(Checkpoint, SigkillWhileWritingResumesFromThePreviousCheckpoint) {
+  const std::string dir = test::temp_dir("ckpt");
+  const std::string g = write_graph(dir);
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/straight", "run.steps=30"}, dir + "/a.log"), 0);
+  // Slow steps and slow checkpoint writes (5 files x 40 ms): a kill lands mid-write often.
+  const std::string out = dir + "/killed";
+  std::vector<std::string> args = {kFlowrun, g, "run.out_dir=" + out, "run.steps=30", "run.resume=auto", "data.delay_ms=15",
+                                   "ckpt.write_delay_ms=40"};
+  int kills = 0, resumed_from_complete = 0;
+  for (int attempt = 0; attempt < 6; ++attempt) {
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, (dir + "/kill.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    ASSERT_EQ(posix_spawn(&pid, kFlowrun.c_str(), &fa, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&fa);
+    // Start-up (loading libtorch) takes ~0.5 s; the first checkpoint is written ~0.3 s later.
+    std::this_thread::sleep_for(std::chrono::milliseconds(800 + 120 * attempt));
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (WIFSIGNALED(status)) ++kills;
+    // Whatever `latest` names is complete.
+    const std::string name = ckpt::latest(out + "/checkpoints");
+    if (!name.empty()) {
+      ckpt::Manifest m = ckpt::read_manifest(out + "/checkpoints/" + name);  // throws if incomplete
+      EXPECT_EQ(ckpt::step_folder(m.step), name);
+      ++resumed_from_complete;
+    }
+  }
+  EXPECT_GE(kills, 3) << slurp(dir + "/kill.log");
+  EXPECT_GE(resumed_from_complete, 2);
+  // Finish the run; it must end exactly where the uninterrupted one did.
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + out, "run.steps=30", "run.resume=auto"}, dir + "/final.log"), 0)
+      << slurp(dir + "/final.log");
+  expect_identical(dir + "/straight/checkpoints/step_00000030", out + "/checkpoints/step_00000030");
+}

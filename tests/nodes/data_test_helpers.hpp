@@ -1,0 +1,72 @@
+// Helpers for the data tests (tokenizer, indexed_dataset, prep_text, token_shards): where the
+// files made by scripts/data.sh are, the fortunes text, small file utilities.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace flowrun::test {
+
+inline std::string data_dir() { return std::string(FLOWRUN_SOURCE_DIR) + "/data"; }
+inline std::string gpt2_vocab() { return data_dir() + "/gpt2/vocab.json"; }
+inline std::string gpt2_merges() { return data_dir() + "/gpt2/merges.txt"; }
+
+// GPT-2's files must be there: a test that needs them fails (never skips) without them.
+inline ::testing::AssertionResult have_gpt2_files() {
+  for (const std::string& f : {gpt2_vocab(), gpt2_merges()})
+    if (!std::filesystem::exists(f)) return ::testing::AssertionFailure() << f << " is missing: run scripts/data.sh";
+  return ::testing::AssertionSuccess();
+}
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// The plain-text fortune files of Debian's `fortunes` package (not the .dat indexes, not the
+// .u8 links), sorted: what scripts/data.sh tokenizes.
+inline std::vector<std::string> fortune_files() {
+  std::vector<std::string> files;
+  const std::string dir = "/usr/share/games/fortunes";
+  if (!std::filesystem::is_directory(dir)) return files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_symlink() || !e.is_regular_file() || e.path().extension() == ".dat" || e.path().extension() == ".u8") continue;
+    files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Every fortune (the text between "%" lines) of every fortune file, in order.
+inline std::vector<std::string> all_fortunes() {
+  std::vector<std::string> out;
+  for (const std::string& f : fortune_files()) {
+    std::istringstream in(read_text(f));
+    std::string line, cur;
+    while (std::getline(in, line)) {
+      if (line == "%") {
+        if (!cur.empty()) out.push_back(cur);
+        cur.clear();
+      } else {
+        cur += line + "\n";
+      }
+    }
+    if (!cur.empty()) out.push_back(cur);
+  }
+  return out;
+}
+
+}  // namespace flowrun::test
