@@ -1,5 +1,8 @@
 // flowrun: run training graphs written in YAML.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,7 +22,17 @@ static const char* kUsage =
     "environment: FLOWRUN_PLUGIN_PATH (':'-separated plugin files or folders), FLOWRUN_LOG (debug, info, warn)\n"
     "exit codes: 0 ok, 1 a node failed, 2 invalid graph file or usage, 130 stopped by Ctrl-C\n";
 
+// OpenMP threads (tensor math) spin while idle by default; with TBB workers and a data reader
+// sharing the cores that spinning made a training step up to 12x slower here. The OpenMP
+// runtime reads OMP_WAIT_POLICY when it is loaded, before main(), so set it and start again.
+static void passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY")) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv("/proc/self/exe", argv);  // on failure, carry on as we are
+}
+
 int main(int argc, char** argv) {
+  passive_openmp(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   flowrun::setup_logging(0, 1);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {

@@ -3,6 +3,9 @@
 // Window and order rules: token_shards.hpp.
 #include "data/token_shards.hpp"
 
+#include <chrono>
+#include <thread>
+
 #include <filesystem>
 #include <stdexcept>
 
@@ -128,6 +131,7 @@ class TokenShardsNode : public Node {
     const Params& p = ctx.params();
     const std::string path = p.get<std::string>("path"), split = p.get<std::string>("split");
     const int64_t seq_len = p.get<int64_t>("seq_len"), batch = p.get<int64_t>("batch");
+    delay_ms_ = p.get<int64_t>("delay_ms");
     const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
     rank_ = ctx.run().rank, world_ = ctx.run().world;
 
@@ -148,6 +152,7 @@ class TokenShardsNode : public Node {
   }
 
   void run(StepContext& ctx) override {
+    if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));  // slow on purpose
     // The batch is a pure function of the step; the cursor only records how far we got. It
     // must agree: a cursor restored from a checkpoint of step k is followed by step k + 1.
     DataCursor& cursor = ctx.state_as<DataCursor>("cursor");
@@ -162,6 +167,7 @@ class TokenShardsNode : public Node {
  private:
   std::unique_ptr<TokenShardSampler> sampler_;
   int rank_ = 0, world_ = 1;
+  int64_t delay_ms_ = 0;
 };
 
 }  // namespace

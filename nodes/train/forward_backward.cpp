@@ -2,9 +2,14 @@
 // Schema: schemas/forward_backward.yaml. Test: tests/nodes/forward_backward_test.cpp.
 #include "train/forward_backward.hpp"
 
+#include <spdlog/spdlog.h>
+
 #include <map>
 
+#include "common/seed.hpp"
+#include "models/dropout.hpp"
 #include "registry.hpp"
+#include "train/cross_entropy.hpp"
 
 namespace flowrun {
 
@@ -31,18 +36,52 @@ torch::Tensor mse(ModelState& model, const TensorMap& batch) {
   return torch::mse_loss(pred, y.to(pred.dtype()));
 }
 
-const std::map<std::string, Objective>& objectives() {
-  static const std::map<std::string, Objective> m = {
-      {"mse", &mse},
+int64_t mse_targets(const TensorMap& batch) { return batch_rows(batch); }
+
+// Next-token cross-entropy of a language model: the model maps batch["tokens"] [B, T+1] to
+// logits [B, T, vocab] for tokens[:, :-1] (models/gpt.hpp); the targets are tokens[:, 1:].
+// Mean over the B*T targets. The softmax over the vocabulary runs in fp32 whatever precision
+// the model computed its logits in, fused (train/cross_entropy.hpp: with a 50k vocabulary the
+// loss is a large part of a small model's step).
+torch::Tensor lm(ModelState& model, const TensorMap& batch) {
+  const torch::Tensor& tokens = need(batch, "tokens", "lm");
+  if (tokens.dim() != 2 || tokens.size(1) < 2)
+    throw std::runtime_error("objective lm: batch 'tokens' must be [batch, T+1] with T >= 1, got " +
+                             std::string(c10::str(tokens.sizes())));
+  const int64_t B = tokens.size(0), T = tokens.size(1) - 1;
+  torch::Tensor logits = model.forward(batch);
+  if (logits.dim() != 3 || logits.size(0) != B || logits.size(1) != T)
+    throw std::runtime_error("objective lm: the model returned " + std::string(c10::str(logits.sizes())) +
+                             " for tokens " + std::string(c10::str(tokens.sizes())) + "; expected [" +
+                             std::to_string(B) + ", " + std::to_string(T) + ", vocab]");
+  const int64_t V = logits.size(2);
+  torch::Tensor targets = tokens.narrow(1, 1, T).reshape({B * T}).to(torch::kLong);
+  return cross_entropy_mean(logits.reshape({B * T, V}).to(torch::kFloat), targets);
+}
+
+int64_t lm_targets(const TensorMap& batch) {
+  const torch::Tensor& tokens = need(batch, "tokens", "lm");
+  return tokens.dim() == 2 && tokens.size(1) >= 2 ? tokens.size(0) * (tokens.size(1) - 1) : 0;
+}
+
+const std::map<std::string, ObjectiveDef>& objectives() {
+  static const std::map<std::string, ObjectiveDef> m = {
+      {"mse", {&mse, &mse_targets}},
+      {"lm", {&lm, &lm_targets}},
   };
   return m;
 }
 
 }  // namespace
 
-const Objective* find_objective(const std::string& name) {
+const ObjectiveDef* find_objective_def(const std::string& name) {
   auto it = objectives().find(name);
   return it == objectives().end() ? nullptr : &it->second;
+}
+
+const Objective* find_objective(const std::string& name) {
+  const ObjectiveDef* d = find_objective_def(name);
+  return d ? &d->loss : nullptr;
 }
 
 int64_t batch_rows(const TensorMap& batch) {
@@ -80,7 +119,10 @@ std::vector<TensorMap> split_batch(const TensorMap& batch, int64_t n) {
   return parts;
 }
 
-FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective, int64_t accumulate) {
+FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,
+                              const FwdBwdOptions& options) {
+  const int64_t accumulate = options.accumulate;
+  const c10::Device device = model_device(model);
   std::vector<torch::Tensor> params = model.trainable_parameters();
   if (params.empty()) throw std::runtime_error("the model has no trainable parameters");
   // Fresh grads each step (like zero_grad(set_to_none=True)): the previous step's grads, still
@@ -92,9 +134,16 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objecti
   std::vector<TensorMap> parts =
       accumulate == 1 ? std::vector<TensorMap>{batch} : split_batch(batch, accumulate);
   torch::Tensor loss_sum;
-  for (const TensorMap& part : parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TensorMap& part = parts[i];
     const double w = static_cast<double>(batch_rows(part)) / static_cast<double>(total);
-    torch::Tensor loss = objective(model, part);
+    torch::Tensor loss;
+    {
+      std::optional<TrainingScope> training;
+      if (options.dropout_seed) training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(i)}));
+      AutocastScope autocast(options.precision, device);
+      loss = objective(model, part);
+    }
     if (loss.dim() != 0) throw std::runtime_error("the objective returned a non-scalar loss");
     if (!loss.requires_grad()) throw std::runtime_error("the loss does not depend on any trainable parameter");
     (loss * w).backward();
@@ -114,23 +163,39 @@ class ForwardBackwardNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const std::string name = ctx.params().get<std::string>("objective");
-    const Objective* o = find_objective(name);
-    if (!o) throw std::runtime_error(ctx.who() + ": unknown objective '" + name + "'");
-    objective_ = *o;
-    accumulate_ = ctx.params().get<int64_t>("accumulate");
+    objective_ = find_objective_def(name);
+    if (!objective_) throw std::runtime_error(ctx.who() + ": unknown objective '" + name + "'");
+    options_.accumulate = ctx.params().get<int64_t>("accumulate");
+    options_.precision = run_precision(ctx.run());
+    // Refuse an unsupported precision now rather than at step 1 (reading the model's device
+    // in setup touches no parameter data).
+    const c10::Device device = model_device(ctx.state_as<ModelState>("model"));
+    check_precision(options_.precision, device, ctx.who());
+    if (options_.precision == Precision::bf16 && device.is_cpu() && ctx.run().rank == 0)
+      spdlog::warn("{}: run.precision bf16 on the CPU runs matrix products in bf16, which is much slower than fp32 "
+                   "on CPUs without bf16 matrix instructions (about 17x on the 2-core CI machine)",
+                   ctx.who());
+    seed_ = ctx.run().seed;
+    rank_ = ctx.run().rank;
   }
 
   void run(StepContext& ctx) override {
     const TensorMap& batch = ctx.in<TensorMap>("batch");
     ModelState& model = ctx.state_as<ModelState>("model");
-    FwdBwdResult r = forward_backward(model, batch, objective_, accumulate_);
+    // Dropout masks of step s depend only on (run seed, s, rank): reproducible and resumable.
+    FwdBwdOptions o = options_;
+    o.dropout_seed = mix_seed({seed_, kSeedTagDropout, static_cast<uint64_t>(ctx.step()), static_cast<uint64_t>(rank_)});
+    FwdBwdResult r = forward_backward(model, batch, objective_->loss, o);
     ctx.out("loss", r.loss);
     ctx.out("grads", std::move(r.grads));
+    ctx.out("tokens", objective_->targets(batch));
   }
 
  private:
-  Objective objective_ = nullptr;
-  int64_t accumulate_ = 1;
+  const ObjectiveDef* objective_ = nullptr;
+  FwdBwdOptions options_;
+  uint64_t seed_ = 0;
+  int rank_ = 0;
 };
 
 }  // namespace

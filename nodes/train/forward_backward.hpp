@@ -2,12 +2,14 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/grads.hpp"
 #include "common/tensor_map.hpp"
 #include "models/model_state.hpp"
+#include "train/precision.hpp"
 
 namespace flowrun {
 
@@ -15,7 +17,16 @@ namespace flowrun {
 // Adding one is a function and a line in objectives() (forward_backward.cpp) plus its name
 // in schemas/forward_backward.yaml.
 using Objective = torch::Tensor (*)(ModelState& model, const TensorMap& batch);
-const Objective* find_objective(const std::string& name);
+// How many targets the objective's mean loss averages over in a batch (lm: B*T tokens; mse:
+// rows): forward_backward's `tokens` output (throughput) and the evaluator's weights (the
+// mean over several batches is sum(loss_i * targets_i) / sum(targets_i)).
+using TargetCount = int64_t (*)(const TensorMap& batch);
+struct ObjectiveDef {
+  Objective loss;
+  TargetCount targets;
+};
+const ObjectiveDef* find_objective_def(const std::string& name);
+const Objective* find_objective(const std::string& name);  // &find_objective_def(name)->loss
 
 // Split a batch along dim 0 into n micro-batches (sizes differ by at most one). Every tensor
 // with dim >= 1 must share its first dimension; 0-d tensors are given to every part.
@@ -27,9 +38,25 @@ struct FwdBwdResult {
   Grads grads;         // aliases of the trainable parameters' .grad() (common/grads.hpp)
 };
 
+struct FwdBwdOptions {
+  int64_t accumulate = 1;
+  // The objective (forward and loss) runs under this precision's autocast; backward does not.
+  Precision precision = Precision::fp32;
+  // Set: each micro-batch's forward runs in a TrainingScope (models/dropout.hpp: dropout on),
+  // micro-batch i seeded by mix_seed({*dropout_seed, i}). Unset: no dropout.
+  std::optional<uint64_t> dropout_seed;
+};
+
 // Set the trainable parameters' grads to undefined, then for each of `accumulate` micro-batches
 // run forward + backward of loss * rows/total, so the grads equal those of the whole batch's
 // mean loss. Writes only .grad(), never parameter data.
-FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective, int64_t accumulate);
+FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,
+                              const FwdBwdOptions& options);
+inline FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,
+                                     int64_t accumulate) {
+  FwdBwdOptions o;
+  o.accumulate = accumulate;
+  return forward_backward(model, batch, objective, o);
+}
 
 }  // namespace flowrun

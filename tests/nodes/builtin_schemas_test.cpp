@@ -8,7 +8,7 @@
 namespace flowrun {
 namespace {
 
-const char* kTypes[] = {"synthetic_regression", "mlp", "forward_backward", "optimizer", "ema", "metrics"};
+const char* kTypes[] = {"synthetic_regression", "token_shards", "mlp", "gpt", "forward_backward", "optimizer", "ema", "metrics", "evaluator", "checkpoint"};
 
 void expect_documented(const std::string& type, const std::vector<ParamSchema>& params, const std::string& path) {
   for (const auto& p : params) {

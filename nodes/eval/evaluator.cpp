@@ -1,0 +1,107 @@
+// evaluator: a model's mean loss on fixed batches of a held-out split.
+// Schema: schemas/evaluator.yaml. Test: tests/nodes/evaluator_test.cpp.
+#include "eval/evaluator.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "registry.hpp"
+
+namespace flowrun {
+
+EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& objective, const EvalOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  // Eval mode = no TrainingScope (models/dropout.hpp). module->eval() is not called: the
+  // module is shared with forward_backward, which may be reading it at the same time.
+  torch::NoGradGuard no_grad;
+  const int64_t available = data.num_batches(o.split, o.batch, o.rank, o.world);
+  const int64_t n = std::min(o.batches, available);
+  if (n <= 0)
+    throw std::runtime_error("split '" + o.split + "' holds no batch of " + std::to_string(o.batch) +
+                             " rows for this process; lower `batch` or add data");
+  const c10::Device device = model_device(model);
+  // Sum of loss * targets, kept on the model's device: read back once at the end.
+  torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
+  int64_t targets = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const TensorMap batch = data.batch(o.split, i, o.batch, o.rank, o.world);
+    const int64_t t = objective.targets(batch);
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(o.precision, device);
+      loss = objective.loss(model, batch);
+    }
+    sum += loss.detach().to(torch::kDouble) * static_cast<double>(t);
+    targets += t;
+  }
+  EvalResult r;
+  r.batches = n;
+  r.targets = targets;
+  r.loss = targets > 0 ? sum.item<double>() / static_cast<double>(targets) : std::numeric_limits<double>::quiet_NaN();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return r;
+}
+
+namespace {
+
+class EvaluatorNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    objective_name_ = p.get<std::string>("objective");
+    objective_ = find_objective_def(objective_name_);
+    if (!objective_) throw std::runtime_error(ctx.who() + ": unknown objective '" + objective_name_ + "'");
+    opts_.split = p.get<std::string>("split");
+    opts_.batches = p.get<int64_t>("batches");
+    opts_.batch = p.get<int64_t>("batch");
+    opts_.rank = ctx.run().rank;
+    opts_.world = ctx.run().world;
+    opts_.precision = run_precision(ctx.run());
+    // With several processes each rank scores its shard; the mean needs an all-reduce of
+    // (sum of loss * targets, targets) across ranks, which the comm layer does not offer yet.
+    if (opts_.world > 1)
+      throw std::runtime_error(ctx.who() + ": evaluating with more than one process (world " +
+                               std::to_string(opts_.world) + ") is not supported yet (needs an all-reduce)");
+    check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());
+    const Dataset& data = ctx.state_as<Dataset>("data");
+    std::string have;
+    bool found = false;
+    for (const auto& s : data.splits()) {
+      found = found || s == opts_.split;
+      have += (have.empty() ? "" : ", ") + s;
+    }
+    if (!found)
+      throw std::runtime_error(ctx.who() + ": the dataset has no split '" + opts_.split + "'; it has {" + have + "}");
+  }
+
+  void run(StepContext& ctx) override {
+    ModelState& model = ctx.state_as<ModelState>("model");
+    const Dataset& data = ctx.state_as<Dataset>("data");
+    EvalResult r = evaluate(model, data, *objective_, opts_);
+    // Perplexity is a language-model number; other objectives output NaN.
+    const double ppl = objective_name_ == "lm" ? std::exp(r.loss) : std::numeric_limits<double>::quiet_NaN();
+    if (ctx.run().rank == 0) {
+      if (objective_name_ == "lm")
+        spdlog::info("{} step {}: {} loss {:.4g} ppl {:.4g} ({} batches, {:.1f} s)", ctx.name(), ctx.step(),
+                     opts_.split, r.loss, ppl, r.batches, r.seconds);
+      else
+        spdlog::info("{} step {}: {} loss {:.4g} ({} batches, {:.1f} s)", ctx.name(), ctx.step(), opts_.split,
+                     r.loss, r.batches, r.seconds);
+    }
+    ctx.out("loss", r.loss);
+    ctx.out("ppl", ppl);
+  }
+
+ private:
+  std::string objective_name_;
+  const ObjectiveDef* objective_ = nullptr;
+  EvalOptions opts_;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(evaluator, flowrun::EvaluatorNode)

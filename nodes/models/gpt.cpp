@@ -1,0 +1,323 @@
+// gpt: a GPT-2 language model (Hugging Face GPT2LMHeadModel layout; owns its parameters).
+// Schema: schemas/gpt.yaml. Test: tests/nodes/gpt_test.cpp. Module and names: gpt.hpp.
+#include "models/gpt.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <limits>
+#include <regex>
+#include <sstream>
+
+#include "common/safetensors.hpp"
+#include "common/seed.hpp"
+#include "models/dropout.hpp"
+#include "registry.hpp"
+
+namespace flowrun::gpt {
+
+namespace {
+
+std::string shape_str(const torch::Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+std::string describe(const Config& c) {
+  std::ostringstream s;
+  s << "layers=" << c.layers << " dim=" << c.dim << " heads=" << c.heads << " vocab=" << c.vocab
+    << " context=" << c.context;
+  return s.str();
+}
+
+}  // namespace
+
+void Config::check() const {
+  if (layers < 1 || dim < 1 || heads < 1 || vocab < 1 || context < 1)
+    throw std::runtime_error("gpt: layers, dim, heads, vocab and context must be >= 1 (" + describe(*this) + ")");
+  if (dim % heads != 0)
+    throw std::runtime_error("gpt: dim " + std::to_string(dim) + " is not a multiple of heads " +
+                             std::to_string(heads) + " (each head gets dim/heads channels)");
+  if (!(dropout >= 0.0 && dropout < 1.0))
+    throw std::runtime_error("gpt: dropout must be in [0, 1), got " + std::to_string(dropout));
+}
+
+// ---- leaf modules: reset() allocates without initialising (init_weights or a load fills
+// them), so that clone() — which calls reset() on the copy — costs no random draws.
+
+void Conv1DImpl::reset() {
+  weight = register_parameter("weight", torch::empty({in_, out_}));
+  bias = register_parameter("bias", torch::empty({out_}));
+}
+
+void LayerNormImpl::reset() {
+  weight = register_parameter("weight", torch::ones({dim_}));
+  bias = register_parameter("bias", torch::zeros({dim_}));
+}
+
+void EmbeddingImpl::reset() { weight = register_parameter("weight", torch::empty({rows_, dim_})); }
+
+torch::Tensor CausalMaskCache::get(int64_t T, const torch::TensorOptions& opts) {
+  const std::string key = std::string(c10::toString(opts.dtype())) + "/" + opts.device().str();
+  std::lock_guard<std::mutex> lock(mu_);
+  torch::Tensor& m = masks_[key];
+  if (!m.defined() || m.size(0) < T) {
+    torch::NoGradGuard no_grad;
+    // -inf strictly above the diagonal (future positions), 0 elsewhere.
+    m = torch::full({T, T}, -std::numeric_limits<double>::infinity(), opts.requires_grad(false)).triu_(1);
+  }
+  return m.narrow(0, 0, T).narrow(1, 0, T);
+}
+
+// ---- blocks
+
+void AttentionImpl::reset() {
+  c_attn = register_module("c_attn", Conv1D(dim_, 3 * dim_));
+  c_proj = register_module("c_proj", Conv1D(dim_, dim_));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
+  const int64_t H = heads_, D = dim_ / heads_;
+  // The fused projection's columns are q | k | v, each split into heads. One copy turns
+  // [B*T, 3*dim] = [B, T, 3, H, D] into [3, B, H, T, D], so q, k and v are each contiguous
+  // [B*H, T, D] for bmm (one copy instead of one per tensor; same in backward).
+  torch::Tensor qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous();
+  torch::Tensor q = qkv[0].view({B * H, T, D});
+  torch::Tensor k = qkv[1].view({B * H, T, D});
+  torch::Tensor v = qkv[2].view({B * H, T, D});
+  // scores = mask + (q @ k^T) / sqrt(D) in one call; the [T, T] mask broadcasts over B*H.
+  // (libtorch 1.13 has no public scaled_dot_product_attention; its private
+  // _scaled_dot_product_attention rebuilds the mask on every call and drops out with the
+  // global generator.)
+  torch::Tensor mask = masks_->get(T, q.options());
+  torch::Tensor att = torch::baddbmm(mask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(double(D)));
+  att = torch::softmax(att, -1);
+  att = flowrun::dropout(att, dropout_);
+  torch::Tensor y = torch::bmm(att, v);                                   // [B*H, T, D]
+  y = y.view({B, H, T, D}).permute({0, 2, 1, 3}).reshape({B * T, dim_});  // heads side by side
+  return flowrun::dropout(c_proj(y), dropout_);
+}
+
+void MlpImpl::reset() {
+  c_fc = register_module("c_fc", Conv1D(dim_, 4 * dim_));
+  c_proj = register_module("c_proj", Conv1D(4 * dim_, dim_));
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  // GPT-2's "gelu_new" is the tanh approximation.
+  return flowrun::dropout(c_proj(torch::gelu(c_fc(x), "tanh")), dropout_);
+}
+
+void BlockImpl::reset() {
+  ln_1 = register_module("ln_1", LayerNorm(dim_));
+  attn = register_module("attn", Attention(dim_, heads_, dropout_, masks_));
+  ln_2 = register_module("ln_2", LayerNorm(dim_));
+  mlp = register_module("mlp", Mlp(dim_, dropout_));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
+  torch::Tensor r = x + attn(ln_1(x), B, T);
+  return r + mlp(ln_2(r));
+}
+
+// ---- the model
+
+GptImpl::GptImpl(Config cfg) : cfg_(cfg), masks_(std::make_shared<CausalMaskCache>()) {
+  cfg_.check();
+  reset();
+}
+
+void GptImpl::reset() {
+  wte = register_module("wte", Embedding(cfg_.vocab, cfg_.dim));
+  wpe = register_module("wpe", Embedding(cfg_.context, cfg_.dim));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg_.layers; ++i) h->push_back(Block(cfg_.dim, cfg_.heads, cfg_.dropout, masks_));
+  ln_f = register_module("ln_f", LayerNorm(cfg_.dim));
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+  if (idx.dim() != 2) throw std::runtime_error("gpt: token ids must be [batch, T], got " + shape_str(idx));
+  const int64_t B = idx.size(0), T = idx.size(1), C = cfg_.dim;
+  if (T > cfg_.context)
+    throw std::runtime_error("gpt: " + std::to_string(T) + " input tokens per row but the model's context is " +
+                             std::to_string(cfg_.context) + " positions; raise `context` or shorten the data's seq_len");
+  if (idx.is_cpu() && idx.numel() > 0) {  // a clear message instead of index_select's (CPU only: no device sync)
+    auto [lo, hi] = torch::aminmax(idx);
+    if (lo.item<int64_t>() < 0 || hi.item<int64_t>() >= cfg_.vocab)
+      throw std::runtime_error("gpt: token ids range over [" + std::to_string(lo.item<int64_t>()) + ", " +
+                               std::to_string(hi.item<int64_t>()) + "] but the vocabulary has " +
+                               std::to_string(cfg_.vocab) + " tokens");
+  }
+  // The residual stream is kept as [B*T, C] so every projection is one addmm.
+  torch::Tensor x = torch::embedding(wte->weight, idx) + wpe->weight.narrow(0, 0, T);
+  x = flowrun::dropout(x, cfg_.dropout).view({B * T, C});
+  // Iterate the ModuleList itself, never a cached vector of blocks: clone() replaces its items.
+  for (const auto& m : *h) x = m->as<BlockImpl>()->forward(x, B, T);
+  x = ln_f(x);
+  // Tied head: logits = x @ wte^T (BLAS reads the transpose in place).
+  return torch::mm(x, wte->weight.t()).view({B, T, cfg_.vocab});
+}
+
+void init_weights(GptImpl& model, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator g = make_cpu_generator(mix_seed({seed, kSeedTagInit}));
+  const double std = 0.02;
+  // GPT-2 scales the projections that write into the residual stream by 1/sqrt(2*layers), so
+  // the stream's variance does not grow with depth (2 such writes per block).
+  const double std_resid = std / std::sqrt(2.0 * static_cast<double>(model.config().layers));
+  auto ends_with = [](const std::string& s, const std::string& end) {
+    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  };
+  for (auto& item : model.named_parameters(true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    if (ends_with(name, ".bias")) {
+      p.zero_();
+    } else if (name.find("ln_") != std::string::npos) {
+      p.fill_(1.0);
+    } else if (ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight")) {
+      p.normal_(0.0, std_resid, g);
+    } else {
+      p.normal_(0.0, std, g);
+    }
+  }
+}
+
+void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tensor>& tensors,
+                        const std::string& source) {
+  // HF's non-parameter buffers: the causal mask (h.N.attn.bias) and its fill value.
+  static const std::regex kHfBuffer(R"(h\.\d+\.attn\.(bias|masked_bias))");
+  const std::string prefix = "transformer.";
+
+  auto mine = model.named_parameters(true);
+  std::map<std::string, torch::Tensor> given;  // by the model's names
+  std::vector<std::string> missing, unexpected, misshaped;
+  torch::Tensor lm_head;
+  for (const auto& [raw, t] : tensors) {
+    const std::string name = raw.rfind(prefix, 0) == 0 ? raw.substr(prefix.size()) : raw;
+    if (name == "lm_head.weight") {
+      lm_head = t;
+      continue;
+    }
+    if (std::regex_match(name, kHfBuffer)) continue;
+    const torch::Tensor* p = mine.find(name);
+    if (!p) {
+      unexpected.push_back(raw + " " + shape_str(t));
+    } else if (given.count(name)) {
+      unexpected.push_back(raw + " " + shape_str(t) + " (given twice, with and without '" + prefix + "')");
+    } else if (!p->sizes().equals(t.sizes())) {
+      misshaped.push_back(raw + ": " + shape_str(t) + " in the file, the model's is " + shape_str(*p));
+      given[name] = torch::Tensor();  // present, but wrong: not "missing"
+    } else if (!t.is_floating_point()) {
+      misshaped.push_back(raw + ": dtype " + std::string(c10::toString(t.scalar_type())) + " is not a float type");
+      given[name] = torch::Tensor();
+    } else {
+      given[name] = t;
+    }
+  }
+  for (const auto& item : mine)
+    if (!given.count(item.key())) missing.push_back(item.key() + " " + shape_str(item.value()));
+  if (lm_head.defined()) {
+    auto wte = given.find("wte.weight");
+    if (wte != given.end() && wte->second.defined() &&
+        !(lm_head.sizes().equals(wte->second.sizes()) && torch::equal(lm_head.to(wte->second.dtype()), wte->second)))
+      misshaped.push_back("lm_head.weight " + shape_str(lm_head) +
+                          ": differs from wte.weight, but this model ties its LM head to wte (an untied head "
+                          "cannot be loaded)");
+  }
+
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+    std::ostringstream msg;
+    msg << "gpt: cannot load " << source << " into a model with " << describe(model.config()) << ": "
+        << missing.size() << " missing, " << unexpected.size() << " unexpected, " << misshaped.size()
+        << " mis-shaped tensor(s)";
+    auto list = [&](const char* what, const std::vector<std::string>& items) {
+      for (const auto& s : items) msg << "\n  " << what << ": " << s;
+    };
+    list("missing", missing);
+    list("unexpected", unexpected);
+    list("mis-shaped", misshaped);
+    // What the file looks like, so a wrong `layers`/`dim`/... is obvious.
+    auto find = [&](const std::string& n) {
+      auto it = tensors.find(n);
+      if (it == tensors.end()) it = tensors.find(prefix + n);
+      return it == tensors.end() ? torch::Tensor() : it->second;
+    };
+    torch::Tensor fwte = find("wte.weight"), fwpe = find("wpe.weight");
+    int64_t flayers = 0;
+    static const std::regex kLayer(R"((?:transformer\.)?h\.(\d+)\..*)");
+    for (const auto& [raw, _] : tensors) {
+      std::smatch m;
+      if (std::regex_match(raw, m, kLayer)) flayers = std::max<int64_t>(flayers, std::stoll(m[1].str()) + 1);
+    }
+    if (fwte.defined() && fwte.dim() == 2 && fwpe.defined() && fwpe.dim() == 2)
+      msg << "\n  (the file looks like layers=" << flayers << " dim=" << fwte.size(1) << " vocab=" << fwte.size(0)
+          << " context=" << fwpe.size(0) << ")";
+    throw std::runtime_error(msg.str());
+  }
+
+  torch::NoGradGuard no_grad;
+  for (auto& item : mine) item.value().copy_(given.at(item.key()));  // converts fp16/bf16 files
+}
+
+void load_hf_safetensors(GptImpl& model, const std::string& path) {
+  safetensors::File f = safetensors::load(path);
+  load_hf_state_dict(model, f.tensors, path);
+}
+
+std::shared_ptr<ModelState> make_state(Gpt model) {
+  ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
+    auto it = batch.find("tokens");
+    if (it == batch.end()) throw std::runtime_error("gpt: the batch has no 'tokens'");
+    const torch::Tensor& tokens = it->second;
+    if (tokens.dim() != 2 || tokens.size(1) < 2 || !at::isIntegralType(tokens.scalar_type(), false))
+      throw std::runtime_error("gpt: batch 'tokens' must be integer [batch, T+1] with T >= 1, got " +
+                               std::string(c10::toString(tokens.scalar_type())) + " " + shape_str(tokens));
+    auto* gpt = m.as<GptImpl>();
+    if (!gpt) throw std::runtime_error("gpt: the model's module is not a GPT");
+    // Inputs are every token but the last; the targets (tokens[:, 1:]) are the objective's.
+    return gpt->forward(tokens.narrow(1, 0, tokens.size(1) - 1));
+  };
+  return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");
+}
+
+namespace {
+
+class GptNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    Config cfg;
+    cfg.layers = p.get<int64_t>("layers");
+    cfg.dim = p.get<int64_t>("dim");
+    cfg.heads = p.get<int64_t>("heads");
+    cfg.vocab = p.get<int64_t>("vocab");
+    cfg.context = p.get<int64_t>("context");
+    cfg.dropout = p.get<double>("dropout");
+    const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
+
+    Gpt model(cfg);
+    std::string from;
+    if (p.has("weights")) {
+      const std::string path = p.get<std::string>("weights");
+      load_hf_safetensors(*model, path);
+      from = "weights from " + path;
+    } else {
+      init_weights(*model, seed);
+      from = "GPT-2 init, seed " + std::to_string(seed);
+    }
+    int64_t n = 0;
+    for (const auto& t : model->parameters()) n += t.numel();
+    if (ctx.run().rank == 0)
+      spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(cfg), from);
+    ctx.own_state("params", make_state(model));
+  }
+
+  void run(StepContext&) override {}  // parameters change only through the optimizer
+};
+
+}  // namespace
+}  // namespace flowrun::gpt
+
+FLOWRUN_NODE(gpt, flowrun::gpt::GptNode)

@@ -1,0 +1,179 @@
+// GPT-2 as a libtorch module, laid out exactly like Hugging Face transformers' GPT2LMHeadModel
+// so that its model.safetensors loads by name. Used by the gpt node (gpt.cpp) and directly by
+// tests and benchmarks.
+//
+//   wte.weight [vocab, dim]          token embedding; also the LM head (tied, no lm_head.weight)
+//   wpe.weight [context, dim]        learned position embedding
+//   h.N.ln_1.weight/bias [dim]       pre-attention LayerNorm (eps 1e-5)
+//   h.N.attn.c_attn.weight [dim, 3*dim], .bias [3*dim]   fused q|k|v projection
+//   h.N.attn.c_proj.weight [dim, dim], .bias [dim]
+//   h.N.ln_2.weight/bias [dim]
+//   h.N.mlp.c_fc.weight [dim, 4*dim], .bias [4*dim]      GELU tanh approximation ("gelu_new")
+//   h.N.mlp.c_proj.weight [4*dim, dim], .bias [dim]
+//   ln_f.weight/bias [dim]
+//
+// Linear layers are HF's Conv1D: weight [in, out] and y = x @ W + b (the transpose of
+// torch.nn.Linear), so HF tensors are stored and loaded as they are. The module has no
+// buffers: HF's h.N.attn.bias / masked_bias are a causal mask, kept here in a cache outside
+// the state dict.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "models/model_state.hpp"
+
+namespace flowrun::gpt {
+
+struct Config {
+  int64_t layers = 12, dim = 768, heads = 12, vocab = 50257, context = 1024;
+  double dropout = 0.0;  // HF's embd_pdrop = attn_pdrop = resid_pdrop (see models/dropout.hpp)
+  void check() const;    // throws on dim % heads != 0, non-positive sizes, dropout outside [0, 1)
+};
+
+// ---- leaf modules (own their parameters; reset() only allocates, init is separate) ----
+
+// HF Conv1D: weight [in, out], y = x @ W + b on x [N, in].
+class Conv1DImpl : public torch::nn::Cloneable<Conv1DImpl> {
+ public:
+  Conv1DImpl(int64_t in, int64_t out) : in_(in), out_(out) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x) { return torch::addmm(bias, x, weight); }
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t in_, out_;
+};
+TORCH_MODULE(Conv1D);
+
+class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
+ public:
+  explicit LayerNormImpl(int64_t dim) : dim_(dim) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, bias, 1e-5); }
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t dim_;
+};
+TORCH_MODULE(LayerNorm);
+
+// A table of rows (wte, wpe): one parameter `weight` [rows, dim].
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+ public:
+  EmbeddingImpl(int64_t rows, int64_t dim) : rows_(rows), dim_(dim) { reset(); }
+  void reset() override;
+  torch::Tensor weight;
+
+ private:
+  int64_t rows_, dim_;
+};
+TORCH_MODULE(Embedding);
+
+// The causal masks the attention adds to its scores: [T, T], 0 on and below the diagonal,
+// -inf above. One per (dtype, device), for the largest T asked so far; a smaller T takes its
+// top-left corner (a view). Shared by a model and its clones; thread-safe, because two
+// readers of one model (forward_backward, an evaluator) may run its forward at once.
+class CausalMaskCache {
+ public:
+  torch::Tensor get(int64_t T, const torch::TensorOptions& opts);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, torch::Tensor> masks_;  // key: dtype + device
+};
+
+// ---- blocks ----
+
+class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
+ public:
+  AttentionImpl(int64_t dim, int64_t heads, double dropout, std::shared_ptr<CausalMaskCache> masks)
+      : dim_(dim), heads_(heads), dropout_(dropout), masks_(std::move(masks)) { reset(); }
+  void reset() override;
+  // x: [B*T, dim] (rows in batch-major order) -> [B*T, dim]
+  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
+  Conv1D c_attn{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t dim_, heads_;
+  double dropout_;
+  std::shared_ptr<CausalMaskCache> masks_;
+};
+TORCH_MODULE(Attention);
+
+class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
+ public:
+  MlpImpl(int64_t dim, double dropout) : dim_(dim), dropout_(dropout) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  Conv1D c_fc{nullptr}, c_proj{nullptr};
+
+ private:
+  int64_t dim_;
+  double dropout_;
+};
+TORCH_MODULE(Mlp);
+
+class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
+ public:
+  BlockImpl(int64_t dim, int64_t heads, double dropout, std::shared_ptr<CausalMaskCache> masks)
+      : dim_(dim), heads_(heads), dropout_(dropout), masks_(std::move(masks)) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
+  LayerNorm ln_1{nullptr}, ln_2{nullptr};
+  Attention attn{nullptr};
+  Mlp mlp{nullptr};
+
+ private:
+  int64_t dim_, heads_;
+  double dropout_;
+  std::shared_ptr<CausalMaskCache> masks_;
+};
+TORCH_MODULE(Block);
+
+// ---- the model ----
+
+class GptImpl : public torch::nn::Cloneable<GptImpl> {
+ public:
+  explicit GptImpl(Config cfg);
+  void reset() override;
+  // idx: integer token ids [B, T] with T <= context -> logits [B, T, vocab].
+  torch::Tensor forward(const torch::Tensor& idx);
+  const Config& config() const { return cfg_; }
+
+  Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::ModuleList h{nullptr};
+  LayerNorm ln_f{nullptr};
+
+ private:
+  Config cfg_;
+  std::shared_ptr<CausalMaskCache> masks_;
+};
+TORCH_MODULE(Gpt);
+
+// GPT-2's initialisation (HF GPT2PreTrainedModel._init_weights): every weight ~ N(0, 0.02),
+// the residual projections (attn.c_proj.weight, mlp.c_proj.weight) ~ N(0, 0.02/sqrt(2*layers)),
+// biases 0, LayerNorm gains 1. Drawn in parameter order from a generator seeded by `seed`
+// alone (never torch's global one).
+void init_weights(GptImpl& model, uint64_t seed);
+
+// Copy a Hugging Face GPT-2 state dict into the model. Names may carry the "transformer."
+// prefix or not; HF's buffers (h.N.attn.bias, h.N.attn.masked_bias) are ignored; lm_head.weight,
+// if present, must equal wte.weight (the head is tied). Every parameter must be given with
+// its exact shape (any float dtype; converted). All problems — missing, unexpected and
+// mis-shaped tensors — are reported in one error that starts with `source` (the file name).
+void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tensor>& tensors,
+                        const std::string& source);
+// Reads a model.safetensors file (nodes/common/safetensors.hpp) and loads it as above.
+void load_hf_safetensors(GptImpl& model, const std::string& path);
+
+// The ModelState of the gpt node: forward(batch) reads batch["tokens"], integer [B, T+1],
+// and returns the logits [B, T, vocab] for the inputs tokens[:, :-1] (the targets are
+// tokens[:, 1:]: see the lm objective in train/forward_backward.cpp).
+std::shared_ptr<ModelState> make_state(Gpt model);
+
+}  // namespace flowrun::gpt

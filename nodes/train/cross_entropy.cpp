@@ -1,0 +1,69 @@
+// Fused cross-entropy: see cross_entropy.hpp.
+#include "train/cross_entropy.hpp"
+
+#include <algorithm>
+
+namespace flowrun {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::tensor_list;
+
+// Rows per chunk: about 1M elements (4 MB of fp32) on the CPU; one chunk elsewhere (on a GPU
+// each chunk would cost kernel launches, and the bandwidth argument does not apply).
+int64_t chunk_rows(const torch::Tensor& logits) {
+  const int64_t N = logits.size(0), V = std::max<int64_t>(1, logits.size(1));
+  if (!logits.is_cpu()) return std::max<int64_t>(1, N);
+  return std::max<int64_t>(1, (int64_t{1} << 20) / V);
+}
+
+struct CrossEntropyMean : torch::autograd::Function<CrossEntropyMean> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+    const int64_t N = logits.size(0), R = chunk_rows(logits);
+    torch::Tensor lse = torch::empty({N}, logits.options());
+    for (int64_t r = 0; r < N; r += R) {
+      const int64_t n = std::min(R, N - r);
+      torch::Tensor x = logits.narrow(0, r, n);
+      torch::Tensor m = std::get<0>(x.max(1, /*keepdim=*/true));  // for a stable exp
+      lse.narrow(0, r, n).copy_((x - m).exp_().sum(1).log_().add_(m.squeeze(1)));
+    }
+    torch::Tensor picked = logits.gather(1, targets.unsqueeze(1)).squeeze(1);
+    ctx->save_for_backward({logits, targets, lse});
+    return (lse - picked).mean();
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& logits = saved[0];
+    const torch::Tensor& targets = saved[1];
+    const torch::Tensor& lse = saved[2];
+    const int64_t N = logits.size(0), R = chunk_rows(logits);
+    // d(mean_i(lse_i - x_i,t_i)) / dx = (softmax(x) - one_hot(t)) / N
+    torch::Tensor grad = torch::empty_like(logits, at::MemoryFormat::Contiguous);
+    for (int64_t r = 0; r < N; r += R) {
+      const int64_t n = std::min(R, N - r);
+      torch::Tensor out = grad.narrow(0, r, n);
+      at::sub_out(out, logits.narrow(0, r, n), lse.narrow(0, r, n).unsqueeze(1));
+      out.exp_();
+    }
+    grad.scatter_add_(1, targets.unsqueeze(1), torch::full({N, 1}, -1.0, grad.options()));
+    grad.mul_(grad_out[0] / static_cast<double>(N));
+    return {grad, torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets) {
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
+    throw std::runtime_error("cross_entropy_mean: logits must be [N, V] and targets [N], got " +
+                             std::string(c10::str(logits.sizes())) + " and " + std::string(c10::str(targets.sizes())));
+  if (!logits.is_floating_point() || logits.element_size() < 4)
+    throw std::runtime_error("cross_entropy_mean: logits must be fp32 or wider (cast bf16/fp16 logits first)");
+  if (targets.scalar_type() != torch::kLong) throw std::runtime_error("cross_entropy_mean: targets must be int64");
+  if (logits.size(0) == 0) throw std::runtime_error("cross_entropy_mean: no rows");
+  return CrossEntropyMean::apply(logits, targets);
+}
+
+}  // namespace flowrun

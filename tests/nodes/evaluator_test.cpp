@@ -1,0 +1,156 @@
+// evaluator: the token-weighted mean loss over the first N fixed batches of a split, without
+// gradients or dropout; ppl = exp(loss); in a graph it feeds a periodic metrics node.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/seed.hpp"
+#include "eval/evaluator.hpp"
+#include "models/gpt.hpp"
+#include "node_test_helpers.hpp"
+
+namespace flowrun {
+namespace {
+
+// A tiny in-memory dataset: split "val" holds 4 batches whose rows have different lengths
+// (batch i has T = 3 + i targets per row), so a token-weighted mean differs from the mean of
+// the batches' means; "train" holds 1.
+class TinyDataset : public Dataset {
+ public:
+  explicit TinyDataset(int64_t vocab) : vocab_(vocab) {}
+  std::vector<std::string> splits() const override { return {"train", "val"}; }
+  int64_t num_batches(const std::string& split, int64_t, int, int) const override { return split == "val" ? 4 : 1; }
+  TensorMap batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const override {
+    if (index >= num_batches(split, batch, rank, world)) throw std::runtime_error("batch index out of range");
+    at::Generator g = make_cpu_generator(mix_seed({split == "val" ? 1u : 2u, static_cast<uint64_t>(index)}));
+    return {{"tokens", torch::randint(vocab_, {batch, 3 + index + 1}, g, torch::kLong)}};
+  }
+
+ private:
+  int64_t vocab_;
+};
+
+// A bigram "language model": logits[b, t] = table[tokens[b, t]].
+std::shared_ptr<ModelState> bigram_model(int64_t vocab) {
+  auto m = std::make_shared<torch::nn::Module>();
+  at::Generator g = make_cpu_generator(7);
+  m->register_parameter("table", torch::randn({vocab, vocab}, g));
+  return std::make_shared<ModelState>(
+      m,
+      [](torch::nn::Module& mod, const TensorMap& b) {
+        const torch::Tensor& tok = b.at("tokens");
+        return torch::embedding(mod.named_parameters()["table"], tok.narrow(1, 0, tok.size(1) - 1));
+      },
+      "bigram");
+}
+
+// Sum over (b, t) of -log softmax(table[tokens[b, t]])[tokens[b, t+1]] and the count, by loops.
+std::pair<double, int64_t> nll_by_hand(const torch::Tensor& table, const torch::Tensor& tokens) {
+  const torch::Tensor table64 = table.to(torch::kDouble);
+  auto tab = table64.accessor<double, 2>();
+  auto tok = tokens.accessor<int64_t, 2>();
+  double sum = 0;
+  int64_t n = 0;
+  for (int64_t b = 0; b < tokens.size(0); ++b)
+    for (int64_t t = 0; t + 1 < tokens.size(1); ++t) {
+      double z = 0;
+      for (int64_t v = 0; v < table.size(1); ++v) z += std::exp(tab[tok[b][t]][v]);
+      sum += std::log(z) - tab[tok[b][t]][tok[b][t + 1]];
+      ++n;
+    }
+  return {sum, n};
+}
+
+TEST(Evaluator, TokenWeightedMeanOverTheFirstBatches) {
+  const int64_t V = 9;
+  TinyDataset data(V);
+  auto model = bigram_model(V);
+  const torch::Tensor table = model->named_parameters()[0].second.detach();
+  for (int64_t n : {1, 3, 50}) {  // 50: more than the split has, so all 4
+    EvalOptions o;
+    o.batches = n;
+    o.batch = 5;
+    EvalResult r = evaluate(*model, data, *find_objective_def("lm"), o);
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < std::min<int64_t>(n, 4); ++i) {
+      auto [s, c] = nll_by_hand(table, data.batch("val", i, 5, 0, 1).at("tokens"));
+      sum += s;
+      count += c;
+    }
+    EXPECT_EQ(r.batches, std::min<int64_t>(n, 4));
+    EXPECT_EQ(r.targets, count);
+    EXPECT_NEAR(r.loss, sum / static_cast<double>(count), 1e-5) << n;
+  }
+  // No gradients were recorded.
+  EXPECT_FALSE(table.grad().defined());
+  EXPECT_FALSE(model->named_parameters()[0].second.grad().defined());
+}
+
+// A node that owns a TinyDataset (what token_shards' `dataset` port provides).
+class TinyDataNode : public Node {
+ public:
+  void setup(SetupContext& c) override {
+    c.own_state("dataset", std::shared_ptr<Dataset>(std::make_shared<TinyDataset>(c.params().get<int64_t>("vocab"))));
+  }
+  void run(StepContext&) override {}
+};
+
+void register_tiny_data() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Registry::global().add(R"(type: t_tiny_dataset
+doc: a tiny in-memory Dataset
+outputs: { dataset: { kind: state, access: none, type: dataset, doc: the dataset } }
+params: { vocab: { type: int, default: 50, doc: vocabulary } })",
+                           [] { return std::make_unique<TinyDataNode>(); }, "tests");
+  });
+}
+
+TEST(EvaluatorNode, LossAndPplInAGraph) {
+  register_tiny_data();
+  auto g = test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 4, seed: 2, log_every: 1 }
+nodes:
+  data: { type: t_tiny_dataset, with: { vocab: 50 } }
+  model: { type: gpt, with: { layers: 1, dim: 32, heads: 2, vocab: 50, context: 16, dropout: 0.1 } }
+  eval: { type: evaluator, every: 2, in: { model: model.params, data: data.dataset }, with: { batches: 3, batch: 2 } }
+  log: { type: metrics, every: 2, in: { val_loss: eval.loss, val_ppl: eval.ppl } }
+)");
+  g->run();
+  auto m = g->metrics();
+  ASSERT_EQ(m.size(), 2u);  // steps 2 and 4
+  EXPECT_EQ(m[0]["step"].get<int64_t>(), 2);
+  const double loss = m[0]["val_loss"].get<double>();
+  EXPECT_NEAR(m[0]["val_ppl"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+  // Same as evaluating directly (dropout is off: no TrainingScope), and about chance at init.
+  EvalOptions o;
+  o.batches = 3;
+  o.batch = 2;
+  TinyDataset data(50);
+  EvalResult r = evaluate(g->state<ModelState>("model", "params"), data, *find_objective_def("lm"), o);
+  EXPECT_NEAR(loss, r.loss, 1e-9);
+  EXPECT_NEAR(loss, std::log(50.0), 0.3);
+  EXPECT_EQ(m[1]["val_loss"].get<double>(), loss);  // nothing trains the model
+}
+
+TEST(EvaluatorNode, UnknownSplitIsAClearError) {
+  register_tiny_data();
+  try {
+    test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 1 }
+nodes:
+  data: { type: t_tiny_dataset }
+  model: { type: gpt, with: { layers: 1, dim: 32, heads: 2, vocab: 50, context: 16 } }
+  eval: { type: evaluator, in: { model: model.params, data: data.dataset }, with: { split: test } }
+)");
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("no split 'test'; it has {train, val}"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flowrun
