@@ -109,6 +109,45 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
   EXPECT_NE(slurp(dir + "/b3.log").find("nothing to do"), std::string::npos);
 }
 
+// The same guarantee on graphs/gpt.yaml itself (token shards, gpt, AdamW with warmup + cosine,
+// EMA), shrunk by overrides: 20 steps straight == 10 + resume + 10, bit for bit.
+TEST(Checkpoint, GptGraphResumesBitIdentically) {
+  const std::string src = FLOWRUN_SOURCE_DIR;
+  const std::string shards = src + "/data/text/fortunes_byte";
+  ASSERT_TRUE(fs::exists(shards + ".train.bin")) << "run scripts/data.sh";
+  const std::string dir = test::temp_dir("ckpt_gpt");
+  const std::vector<std::string> tiny = {src + "/graphs/gpt.yaml", "data.path=" + shards, "data.seq_len=16", "data.batch=4",
+                                         "model.layers=1", "model.dim=32", "model.heads=2", "model.vocab=256",
+                                         "model.context=16", "opt.warmup=5", "ckpt.every=10", "run.log_every=1",
+                                         "run.progress=off"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = tiny;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ASSERT_EQ(run_flowrun(with({"run.out_dir=" + dir + "/straight", "run.steps=20"}), dir + "/a.log"), 0) << slurp(dir + "/a.log");
+  // The interrupted run: same run.steps (the cosine schedule depends on it); we keep only its
+  // checkpoint of step 10, as if it had died after writing it, and resume from there.
+  ASSERT_EQ(run_flowrun(with({"run.out_dir=" + dir + "/split", "run.steps=20", "ckpt.every=10"}), dir + "/b1.log"), 0);
+  fs::remove_all(dir + "/split/checkpoints/step_00000020");
+  ckpt::set_latest(dir + "/split/checkpoints", "step_00000010");
+  // Forget what the first part logged after step 10: the resumed run must produce it again.
+  {
+    auto lines = test::read_jsonl(dir + "/split/metrics.jsonl");
+    std::ofstream o(dir + "/split/metrics.jsonl", std::ios::trunc);
+    for (const auto& j : lines)
+      if (j["step"].get<int64_t>() <= 10) o << j.dump() << "\n";
+  }
+  ASSERT_EQ(run_flowrun(with({"run.out_dir=" + dir + "/split", "run.steps=20", "run.resume=auto"}), dir + "/b2.log"), 0)
+      << slurp(dir + "/b2.log");
+  EXPECT_NE(slurp(dir + "/b2.log").find("(step 10)"), std::string::npos);
+  expect_identical(dir + "/straight/checkpoints/step_00000020", dir + "/split/checkpoints/step_00000020");
+  auto la = losses(dir + "/straight"), lb = losses(dir + "/split");
+  ASSERT_EQ(la.size(), 20u);
+  ASSERT_EQ(lb.size(), 20u);
+  for (int64_t s = 1; s <= 20; ++s) EXPECT_EQ(la[s], lb[s]) << "loss at step " << s;
+}
+
 TEST(Checkpoint, LayoutManifestAndKeepLast) {
   const std::string dir = test::temp_dir("ckpt");
   const std::string g = write_graph(dir);
