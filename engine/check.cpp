@@ -153,16 +153,12 @@ struct Checker {
   void check_port_match(const PortSchema& in, const PortRef& ref, const std::string& path, const NodeSpec& self) {
     const NodeSpec& prod = g.nodes[ref.node_index];
     const PortSchema& out = *reg.find(prod.type)->schema.output(ref.port);
-    auto kind_name = [](const PortSchema& p) {
-      return std::string(to_string(p.kind)) + (p.kind == PortKind::State ? " (" + std::string(to_string(p.access)) + ")" : "");
-    };
     if (in.kind != out.kind) {
       diags.error(ref.mark, path,
                   ref.str() + " is a " + to_string(out.kind) + " port but input '" + in.name + "' of " + self.type +
                       " takes a " + to_string(in.kind) + " port");
       return;
     }
-    (void)kind_name;
     if (in.type != "any" && out.type != "any" && in.type != out.type)
       diags.error(ref.mark, path,
                   "type mismatch: " + ref.str() + " gives '" + out.type + "' but input '" + in.name + "' takes '" + in.type + "'");

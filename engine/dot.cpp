@@ -42,8 +42,6 @@ std::string to_dot(const GraphSpec& g, const Registry& reg) {
   for (const auto& n : g.nodes) {
     for (const auto& in : n.inputs) {
       for (const auto& r : in.refs) {
-        const NodeType* pt = reg.find(g.nodes[r.node_index].type);
-        const PortSchema* out = pt ? pt->schema.output(r.port) : nullptr;
         std::string label = r.port == in.port ? in.port : r.port + " → " + in.port;
         o << "  " << q(r.node) << " -> " << q(n.name) << " [";
         if (in.schema->kind == PortKind::State) {
@@ -56,7 +54,6 @@ std::string to_dot(const GraphSpec& g, const Registry& reg) {
         } else {
           o << "label=" << q(label);
         }
-        (void)out;
         o << "];\n";
       }
     }

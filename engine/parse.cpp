@@ -223,6 +223,13 @@ GraphSpec load_graph(const std::string& file, const std::vector<std::string>& ov
   }
 }
 
+YAML::Node resolved_config(const GraphSpec& g) {
+  YAML::Node r = YAML::Clone(g.root);
+  r["run"] = g.run;
+  for (const auto& n : g.nodes) r["nodes"][n.name]["with"] = n.params;
+  return r;
+}
+
 std::string to_yaml(const YAML::Node& root) {
   YAML::Emitter e;
   e << root;

@@ -80,7 +80,9 @@ GraphSpec check_graph(const YAML::Node& root, const std::string& file, const std
 // parse_graph_file + check_graph.
 GraphSpec load_graph(const std::string& file, const std::vector<std::string>& overrides, Registry& reg);
 
-// The resolved document as YAML text (--print-config; saved next to checkpoints).
+// The resolved document: overrides and substitutions applied, every run key and node parameter
+// filled in with its default (--print-config prints it; checkpoints save it).
+YAML::Node resolved_config(const GraphSpec& g);
 std::string to_yaml(const YAML::Node& root);
 
 }  // namespace flowrun

@@ -79,14 +79,6 @@ bool load(const std::string& file, const std::vector<std::string>& overrides, Gr
   }
 }
 
-// The resolved file: overrides and ${...} applied, every run key and parameter filled in.
-YAML::Node resolved(const GraphSpec& g) {
-  YAML::Node r = YAML::Clone(g.root);
-  r["run"] = g.run;
-  for (const auto& n : g.nodes) r["nodes"][n.name]["with"] = n.params;
-  return r;
-}
-
 std::atomic<int> g_sigint{0};
 
 extern "C" void on_sigint(int) {
@@ -118,7 +110,7 @@ int cmd_run(const std::vector<std::string>& args) {
   GraphSpec g;
   if (!load(f.file, f.overrides, g)) return 2;
   if (has_flag(f, "--print-config")) {
-    std::cout << to_yaml(resolved(g));
+    std::cout << to_yaml(resolved_config(g));
     return 0;
   }
   const YAML::Node& run = g.run;

@@ -55,10 +55,7 @@ class Checkpoint : public Node {
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
       name_ = g->name;
-      YAML::Node resolved = YAML::Clone(g->root);
-      resolved["run"] = g->run;
-      for (const auto& n : g->nodes) resolved["nodes"][n.name]["with"] = n.params;
-      config_ = to_yaml(resolved);
+      config_ = to_yaml(resolved_config(*g));
     }
     if (writer_rank_) {
       fs::create_directories(dir_);
