@@ -198,14 +198,26 @@ TEST(Checkpoint, SigkillWhileWritingResumesFromThePreviousCheckpoint) {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, (dir + "/kill.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    const auto spawned = fs::file_time_type::clock::now();
     ASSERT_EQ(posix_spawn(&pid, kFlowrun.c_str(), &fa, nullptr, argv.data(), environ), 0);
     posix_spawn_file_actions_destroy(&fa);
-    // Start-up (loading libtorch) takes ~0.5 s; the first checkpoint is written ~0.3 s later.
-    std::this_thread::sleep_for(std::chrono::milliseconds(800 + 120 * attempt));
+    // Kill it while a checkpoint folder is being written: a .step_*.tmp folder made by this
+    // process (a killed one's leftover is older; the next start removes it).
+    bool mid_write = false;
+    for (int i = 0; i < 4000 && !mid_write; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(out + "/checkpoints", ec))
+        if (e.path().filename().string().rfind(".step_", 0) == 0 && fs::last_write_time(e.path(), ec) > spawned &&
+            !ckpt::latest(out + "/checkpoints").empty())  // a complete one exists to fall back to
+          mid_write = true;
+      if (waitpid(pid, nullptr, WNOHANG) == pid) break;  // finished before we could kill it
+    }
+    if (!mid_write) break;
     kill(pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
-    if (WIFSIGNALED(status)) ++kills;
+    if (WIFSIGNALED(status)) ++kills;  // killed mid-write
     // Whatever `latest` names is complete.
     const std::string name = ckpt::latest(out + "/checkpoints");
     if (!name.empty()) {
@@ -215,9 +227,11 @@ TEST(Checkpoint, SigkillWhileWritingResumesFromThePreviousCheckpoint) {
     }
   }
   EXPECT_GE(kills, 3) << slurp(dir + "/kill.log");
-  EXPECT_GE(resumed_from_complete, 2);
+  EXPECT_GE(resumed_from_complete, 2);  // later attempts found a complete checkpoint to resume
   // Finish the run; it must end exactly where the uninterrupted one did.
   ASSERT_EQ(run_flowrun({g, "run.out_dir=" + out, "run.steps=30", "run.resume=auto"}, dir + "/final.log"), 0)
       << slurp(dir + "/final.log");
   expect_identical(dir + "/straight/checkpoints/step_00000030", out + "/checkpoints/step_00000030");
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints"))  // leftovers were cleaned up
+    EXPECT_NE(e.path().filename().string().rfind(".step_", 0), 0u) << e.path();
 }
