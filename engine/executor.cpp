@@ -492,6 +492,24 @@ struct Executor::Impl : ExecutorCore {
   }
 };
 
+RunInfo run_info(const GraphSpec& g) {
+  RunInfo info;
+  info.graph = &g;
+  info.out_dir = g.run["out_dir"].as<std::string>();
+  info.first_step = 1;
+  info.last_step = g.steps();
+  info.seed = g.run["seed"].as<uint64_t>();
+  info.log_every = g.run["log_every"].as<int>();
+  return info;
+}
+
+RunOptions run_options(const GraphSpec& g) {
+  RunOptions o;
+  o.prefetch = g.run["prefetch"].as<int>();
+  o.workers = g.run["workers"].as<int>();
+  return o;
+}
+
 Executor::Executor(const GraphSpec& g, const Registry& reg, RunInfo info)
     : impl_(std::make_unique<Impl>(g, reg, std::move(info))) {}
 Executor::~Executor() = default;

@@ -46,6 +46,11 @@ class NodeError : public std::runtime_error {
   int64_t step;
 };
 
+// The run settings of a checked graph (its `run:` section): steps 1..run.steps, seed,
+// log_every, out_dir; and the executor options it sets (prefetch, workers).
+RunInfo run_info(const GraphSpec& g);
+RunOptions run_options(const GraphSpec& g);
+
 class Executor {
  public:
   // Creates every node and runs setup() in file order. `info.first_step/last_step` bound the run.

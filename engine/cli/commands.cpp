@@ -114,12 +114,7 @@ int cmd_run(const std::vector<std::string>& args) {
     return 0;
   }
   const YAML::Node& run = g.run;
-  RunInfo info;
-  info.out_dir = run["out_dir"].as<std::string>();
-  info.first_step = 1;
-  info.last_step = run["steps"].as<int64_t>();
-  info.seed = run["seed"].as<uint64_t>();
-  info.log_every = run["log_every"].as<int>();
+  RunInfo info = run_info(g);
   configure_torch(run["threads"].as<int>(), info.seed);
   std::error_code ec;
   fs::create_directories(info.out_dir, ec);
@@ -153,9 +148,7 @@ int cmd_run(const std::vector<std::string>& args) {
     Executor ex(g, Registry::global(), info);
     if (resume) restore(ex, g, *resume);
     Progress progress(info.first_step, info.last_step, info.log_every, run["progress"].as<std::string>());
-    RunOptions opt;
-    opt.prefetch = run["prefetch"].as<int>();
-    opt.workers = run["workers"].as<int>();
+    RunOptions opt = run_options(g);
     opt.tracer = &tracer;
     opt.stop = &g_sigint;
     opt.on_step_done = [&](int64_t s) { progress.step_done(s); };

@@ -121,10 +121,7 @@ struct GraphRun {
   RunStats stats;
 
   void run() {
-    RunOptions o;
-    o.prefetch = spec->run["prefetch"].as<int>();
-    o.workers = spec->run["workers"].as<int>();
-    stats = ex->run(o);
+    stats = ex->run(run_options(*spec));
   }
   template <class T>
   T& state(const std::string& node, const std::string& port) {
@@ -142,13 +139,7 @@ inline std::unique_ptr<GraphRun> load_graph_text(const std::string& yaml, const 
   std::vector<std::string> ov = {"run.out_dir=" + r->dir + "/out", "run.progress=off"};
   ov.insert(ov.end(), overrides.begin(), overrides.end());
   r->spec = std::make_unique<GraphSpec>(load_graph(file, ov, Registry::global()));
-  RunInfo info;
-  info.graph = r->spec.get();
-  info.out_dir = r->spec->run["out_dir"].as<std::string>();
-  info.first_step = 1;
-  info.last_step = r->spec->steps();
-  info.seed = r->spec->run["seed"].as<uint64_t>();
-  info.log_every = r->spec->run["log_every"].as<int>();
+  RunInfo info = run_info(*r->spec);
   r->out_dir = info.out_dir;
   r->ex = std::make_unique<Executor>(*r->spec, Registry::global(), info);
   return r;

@@ -52,12 +52,8 @@ std::unique_ptr<test::GraphRun> load_graph(const std::string& yaml, int rank = 0
   std::ofstream(r->dir + "/graph.yaml") << yaml;
   r->spec = std::make_unique<GraphSpec>(
       flowrun::load_graph(r->dir + "/graph.yaml", {"run.out_dir=" + r->dir + "/out", "run.progress=off"}, Registry::global()));
-  RunInfo info;
-  info.graph = r->spec.get();
-  info.out_dir = r->spec->run["out_dir"].as<std::string>();
+  RunInfo info = run_info(*r->spec);
   info.first_step = first_step;
-  info.last_step = r->spec->steps();
-  info.seed = r->spec->run["seed"].as<uint64_t>();
   info.rank = rank, info.world = world;
   r->out_dir = info.out_dir;
   r->ex = std::make_unique<Executor>(*r->spec, Registry::global(), info);

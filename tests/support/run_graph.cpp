@@ -41,18 +41,14 @@ RunResult run_graph_text(const std::string& yaml, const std::vector<std::string>
   std::vector<std::string> ov = {"run.out_dir=" + r.dir + "/out", "run.progress=off"};
   ov.insert(ov.end(), overrides.begin(), overrides.end());
   GraphSpec g = load_graph(file, ov, Registry::global());
-  RunInfo info;
-  info.out_dir = g.run["out_dir"].as<std::string>();
-  info.first_step = 1;
-  info.last_step = g.steps();
-  info.seed = g.run["seed"].as<uint64_t>();
-  info.log_every = g.run["log_every"].as<int>();
+  RunInfo info = run_info(g);
   fs::create_directories(info.out_dir);
   r.out_dir = info.out_dir;
   Executor ex(g, Registry::global(), info);
   RunOptions o = opt;
-  o.prefetch = g.run["prefetch"].as<int>();  // set them in the graph (or overrides), not here
-  o.workers = g.run["workers"].as<int>();
+  const RunOptions from_graph = run_options(g);  // set them in the graph (or overrides), not here
+  o.prefetch = from_graph.prefetch;
+  o.workers = from_graph.workers;
   r.stats = ex.run(o);
   r.metrics = read_jsonl(info.out_dir + "/metrics.jsonl");
   return r;
