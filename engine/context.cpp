@@ -109,8 +109,10 @@ void StepContext::emit(const std::string& port, Value v, int index, int count) {
   rt_->core->deliver_item(rt_->index, step_, port, std::move(v), index, count);
 }
 
-void StepContext::trace_mark(const std::string& what, double t0_us, double t1_us) const {
-  if (rt_->tracer && rt_->tracer->enabled()) rt_->tracer->span(rt_->spec->name + ": " + what, "mark", t0_us, t1_us, step_);
+void StepContext::trace_mark(const std::string& what, std::chrono::steady_clock::time_point t0,
+                             std::chrono::steady_clock::time_point t1) const {
+  if (rt_->tracer && rt_->tracer->enabled())
+    rt_->tracer->span(rt_->spec->name + ": " + what, "mark", rt_->tracer->us(t0), rt_->tracer->us(t1), step_);
 }
 
 std::string StepContext::what(const std::string& port) const { return rt_->who + " port '" + port + "'"; }

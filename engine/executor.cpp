@@ -25,6 +25,7 @@
 #include <deque>
 #include <mutex>
 
+#include "comm.hpp"
 #include "registry.hpp"
 #include "runtime.hpp"
 #include "trace.hpp"
@@ -181,11 +182,15 @@ struct Executor::Impl : ExecutorCore {
 
   // ---- failure ----
   void fail(NodeRuntime& rt, int64_t step, const std::string& what) {
-    std::lock_guard<std::mutex> l(err_mu);
-    if (!error)
-      error = std::make_unique<NodeError>(rt.spec->name, rt.spec->type, step,
-                                          rt.who + " failed at step " + std::to_string(step) + ": " + what);
+    std::unique_lock<std::mutex> l(err_mu);
+    if (error) return;  // the first failure is the one reported
+    error = std::make_unique<NodeError>(rt.spec->name, rt.spec->type, step,
+                                        rt.who + " failed at step " + std::to_string(step) + ": " + what);
     failed.store(true);
+    const NodeError first = *error;
+    l.unlock();
+    // Now, not after draining: in a multi-process run the other ranks wait for this one.
+    if (opt && opt->on_error) opt->on_error(first);
   }
 
   template <class F>
@@ -500,6 +505,8 @@ RunInfo run_info(const GraphSpec& g) {
   info.last_step = g.steps();
   info.seed = g.run["seed"].as<uint64_t>();
   info.log_every = g.run["log_every"].as<int>();
+  info.rank = comm::rank();
+  info.world = comm::size();
   return info;
 }
 

@@ -23,6 +23,7 @@ namespace flowrun {
 
 class Registry;
 class Tracer;
+class NodeError;
 
 struct RunOptions {
   int prefetch = 2;
@@ -30,6 +31,9 @@ struct RunOptions {
   Tracer* tracer = nullptr;                 // optional
   const std::atomic<int>* stop = nullptr;   // > 0: start no new steps (SIGINT)
   std::function<void(int64_t step)> on_step_done;  // called in step order
+  // Called once, on the failing node's thread, as soon as the first node fails (before the
+  // steps in flight drain). The CLI ends a multi-process job from here (comm::abort_job).
+  std::function<void(const NodeError&)> on_error;
 };
 
 struct RunStats {

@@ -16,6 +16,7 @@
 #pragma once
 #include <yaml-cpp/yaml.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -132,8 +133,10 @@ class StepContext : public ContextBase {
   // Stream outputs: item `index` of `count`; consumers receive it while this node still runs.
   void emit(const std::string& port, Value v, int index, int count);
 
-  // Executor trace: record a sub-span inside this node's step (e.g. "bucket 3").
-  void trace_mark(const std::string& what, double t0_us, double t1_us) const;
+  // Executor trace: record a sub-span of this node's step (e.g. "bucket 3"), by steady_clock
+  // times (work done on another thread, like a collective on the communication thread).
+  void trace_mark(const std::string& what, std::chrono::steady_clock::time_point t0,
+                  std::chrono::steady_clock::time_point t1) const;
 
  private:
   std::string what(const std::string& port) const;

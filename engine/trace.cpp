@@ -15,6 +15,10 @@ double Tracer::now_us() const {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0_).count();
 }
 
+double Tracer::us(std::chrono::steady_clock::time_point t) const {
+  return std::chrono::duration<double, std::micro>(t - t0_).count();
+}
+
 static int thread_id() {
   int i = tbb::this_task_arena::current_thread_index();
   return i < 0 ? 999 : i;  // 999: a thread outside the executor's arena (main, background writers)

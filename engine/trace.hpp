@@ -18,6 +18,7 @@ class Tracer {
   bool enabled() const { return enabled_; }
   void enable(bool on) { enabled_ = on; }
   double now_us() const;  // microseconds since the tracer was made
+  double us(std::chrono::steady_clock::time_point t) const;  // the same, for a given time
   void span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int64_t step,
             const std::string& stream = "");
   void counter(const std::string& name, double value);

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <iostream>
 
+#include "comm.hpp"
+#include "comm/startup.hpp"
 #include "common/torch_setup.hpp"
 #include "dot.hpp"
 #include "executor.hpp"
@@ -67,6 +69,38 @@ int usage_error(const std::string& cmd, const std::string& msg, const char* usag
   return 2;
 }
 
+// Every rank must run the same graph: compare a hash of the resolved file (overrides applied)
+// across ranks. A rank whose file did not load takes part too (ok = false), so the others
+// learn of it at once instead of waiting for it in their first collective.
+bool same_graph_everywhere(comm::Channel& ch, bool ok, const std::string& resolved) {
+  if (!comm::distributed()) return ok;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : resolved) h = (h ^ c) * 1099511628211ull;
+  struct Mine {
+    uint64_t hash;
+    int64_t ok;
+  } mine{h, ok ? 1 : 0};
+  std::vector<Mine> all(static_cast<size_t>(comm::size()));
+  ch.allgather(&mine, all.data(), sizeof mine, "comparing graph files").wait();
+  std::string bad, differ;
+  for (int r = 0; r < comm::size(); ++r) {
+    if (!all[r].ok) bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+    else if (all[r].hash != all[0].hash) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (!bad.empty()) {
+    if (ok) spdlog::error("the graph file did not load on rank(s) {}; see their errors", bad);
+    return false;
+  }
+  if (!differ.empty()) {
+    spdlog::error("the resolved graph (file, substitutions and overrides) of rank(s) {} differs from rank 0's: "
+                  "start every rank with the same file and the same KEY=VALUE overrides "
+                  "(compare `flowrun run FILE ... --print-config` on each machine)",
+                  differ);
+    return false;
+  }
+  return true;
+}
+
 // Loads and checks; prints every diagnostic on failure.
 bool load(const std::string& file, const std::vector<std::string>& overrides, GraphSpec& out) {
   try {
@@ -108,10 +142,20 @@ int cmd_run(const std::vector<std::string>& args) {
   for (const auto& fl : f.flags)
     if (fl != "--print-config") return usage_error("run", "unknown option " + fl, kRunUsage);
   GraphSpec g;
-  if (!load(f.file, f.overrides, g)) return 2;
-  if (has_flag(f, "--print-config")) {
+  const bool loaded = load(f.file, f.overrides, g);
+  if (loaded && has_flag(f, "--print-config")) {
     std::cout << to_yaml(resolved_config(g));
     return 0;
+  }
+  // Before any node makes its own channel: every rank creates its channels in the same order.
+  std::shared_ptr<comm::Channel> startup;
+  try {
+    startup = comm::Channel::create("startup");
+    if (loaded) comm::set_timeout(g.run["comm_timeout_s"].as<double>());
+    if (!same_graph_everywhere(*startup, loaded, loaded ? to_yaml(resolved_config(g)) : "")) return 2;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return 2;
   }
   const YAML::Node& run = g.run;
   RunInfo info = run_info(g);
@@ -123,7 +167,11 @@ int cmd_run(const std::vector<std::string>& args) {
     return 1;
   }
   Tracer tracer(info.rank);
-  const std::string trace_file = run["trace"].as<std::string>();
+  std::string trace_file = run["trace"].as<std::string>();
+  if (!trace_file.empty() && info.rank > 0) {  // one trace per rank: run.json, run.rank1.json, ...
+    const fs::path p(trace_file);
+    trace_file = (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(info.rank) + p.extension().string())).string();
+  }
   tracer.enable(!trace_file.empty());
 
   std::optional<ResumePoint> resume;
@@ -147,11 +195,16 @@ int cmd_run(const std::vector<std::string>& args) {
   try {
     Executor ex(g, Registry::global(), info);
     if (resume) restore(ex, g, *resume);
-    Progress progress(info.first_step, info.last_step, info.log_every, run["progress"].as<std::string>());
+    sync_start_state(ex, g, *startup);
+    Progress progress(info.first_step, info.last_step, info.log_every,
+                      info.rank == 0 ? run["progress"].as<std::string>() : "off");
     RunOptions opt = run_options(g);
     opt.tracer = &tracer;
     opt.stop = &g_sigint;
     opt.on_step_done = [&](int64_t s) { progress.step_done(s); };
+    // With other ranks waiting on this one, a failure ends the job now, naming rank and node.
+    if (comm::distributed())
+      opt.on_error = [](const NodeError& e) { comm::abort_job(comm::where() + ": " + e.what()); };
     RunStats st = ex.run(opt);
     progress.close();
     const int64_t n = st.last_step_done - st.first_step + 1;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "comm.hpp"
 #include "data/prep.hpp"
 #include "log.hpp"
 
@@ -31,10 +32,30 @@ static void passive_openmp(char** argv) {
   execv("/proc/self/exe", argv);  // on failure, carry on as we are
 }
 
+static int dispatch(const std::vector<std::string>& args);
+
 int main(int argc, char** argv) {
   passive_openmp(argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   flowrun::setup_logging(0, 1);
+  // Under mpirun/srun: join the MPI world (every log line then carries the rank).
+  try {
+    flowrun::comm::init(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flowrun: %s\n", e.what());
+    return 2;
+  }
+  flowrun::setup_logging(flowrun::comm::rank(), flowrun::comm::size());
+  const int rc = dispatch(args);
+  // A rank that fails alone would leave the others waiting in their next collective: end the
+  // whole job (node failures already did this the moment they happened, see cmd_run).
+  if (rc != 0 && flowrun::comm::distributed())
+    flowrun::comm::abort_job(flowrun::comm::where() + ": flowrun exited with code " + std::to_string(rc), rc);
+  flowrun::comm::finalize();
+  return rc;
+}
+
+static int dispatch(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::fputs(kUsage, args.empty() ? stderr : stdout);
     return args.empty() ? 2 : 0;

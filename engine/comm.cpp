@@ -1,0 +1,541 @@
+// MPI world and the communication thread (comm.hpp says why it is built this way).
+#include "comm.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#ifdef FLOWRUN_MPI
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace flowrun::comm {
+
+namespace {
+
+// Environment variables an MPI launcher sets in every process it starts.
+const char* launcher_variable() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v)) return v;
+  return nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+}  // namespace
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::bf16: return 2;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::u8: return 1;
+  }
+  return 1;
+}
+
+enum class Kind { allreduce, broadcast, allgather, barrier, dup };
+
+struct Pending {
+  Kind kind = Kind::barrier;
+  std::string what;  // "'sync': all-reduce of bucket 3 (step 5)"
+  void* data = nullptr;
+  const void* in = nullptr;
+  size_t count = 0, bytes = 0;
+  DType type = DType::f32;
+  Op op = Op::sum;
+  int root = 0;
+#ifdef FLOWRUN_MPI
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Comm* out_comm = nullptr;  // dup
+  std::vector<MPI_Request> reqs;
+#endif
+  std::mutex mu;
+  std::condition_variable cv;
+  bool complete = false;
+  std::string error;
+  Clock::time_point submitted = Clock::now(), started_at = submitted, finished_at = submitted;
+};
+
+// ---- the world ------------------------------------------------------------------------------
+
+namespace {
+
+struct World {
+  int rank = 0, size = 1;
+  bool mpi = false;
+  std::atomic<double> timeout_s{60.0};
+  // Communication thread.
+  std::thread thread;
+  std::thread::id thread_id;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<Pending>> queue;
+  bool stop = false;
+  // Abort: the first abort_job() fills these; the thread sends and aborts.
+  std::atomic<bool> aborting{false};  // abort_job() was called (first caller wins)
+  bool abort_requested = false;        // under mu, once abort_message is set
+  std::string abort_message;
+  int abort_code = 1;
+#ifdef FLOWRUN_MPI
+  MPI_Comm control = MPI_COMM_NULL;  // failure notices between ranks
+  MPI_Request control_req = MPI_REQUEST_NULL;
+  char control_buf[4096] = {};
+  MPI_Op bf16_sum = MPI_OP_NULL;
+#endif
+};
+
+World& world() {
+  static World w;
+  return w;
+}
+
+constexpr int kTagFailure = 7;
+
+[[noreturn]] void sleep_forever() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+void complete(Pending& p, std::string error = "") {
+  std::lock_guard<std::mutex> l(p.mu);
+  p.error = std::move(error);
+  p.finished_at = Clock::now();
+  p.complete = true;
+  p.cv.notify_all();
+}
+
+#ifdef FLOWRUN_MPI
+
+// bf16 sum for MPI: add in fp32, round to nearest even (what a bf16 all-reduce on NCCL does).
+float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint16_t float_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+void bf16_sum_fn(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::bf16: return MPI_UINT16_T;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    case DType::u8: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+MPI_Op mpi_op(Op op, DType t) {
+  if (t == DType::bf16) return world().bf16_sum;  // checked at submit: sum only
+  switch (op) {
+    case Op::sum: return MPI_SUM;
+    case Op::max: return MPI_MAX;
+    case Op::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+std::string mpi_error(int rc) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int n = 0;
+  MPI_Error_string(rc, buf, &n);
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// MPI counts are ints: large buffers go in pieces of at most this many elements.
+constexpr size_t kMaxPiece = size_t{1} << 30;
+
+// On the communication thread: post the non-blocking MPI calls of `p`.
+void start(Pending& p) {
+  p.started_at = Clock::now();
+  int rc = MPI_SUCCESS;
+  auto post = [&](int r, const MPI_Request& q) {  // q by reference: read after the call set it
+    if (r != MPI_SUCCESS) rc = r;
+    else p.reqs.push_back(q);
+  };
+  MPI_Request q = MPI_REQUEST_NULL;
+  switch (p.kind) {
+    case Kind::allreduce: {
+      const size_t es = dtype_size(p.type);
+      for (size_t off = 0; off < p.count; off += kMaxPiece) {
+        const int n = static_cast<int>(std::min(kMaxPiece, p.count - off));
+        post(MPI_Iallreduce(MPI_IN_PLACE, static_cast<char*>(p.data) + off * es, n, mpi_type(p.type),
+                            mpi_op(p.op, p.type), p.comm, &q), q);
+      }
+      break;
+    }
+    case Kind::broadcast:
+      for (size_t off = 0; off < p.bytes; off += kMaxPiece) {
+        const int n = static_cast<int>(std::min(kMaxPiece, p.bytes - off));
+        post(MPI_Ibcast(static_cast<char*>(p.data) + off, n, MPI_BYTE, p.root, p.comm, &q), q);
+      }
+      break;
+    case Kind::allgather:
+      post(MPI_Iallgather(p.in, static_cast<int>(p.bytes), MPI_BYTE, p.data, static_cast<int>(p.bytes), MPI_BYTE,
+                          p.comm, &q), q);
+      break;
+    case Kind::barrier:
+      post(MPI_Ibarrier(p.comm, &q), q);
+      break;
+    case Kind::dup:
+      post(MPI_Comm_idup(MPI_COMM_WORLD, p.out_comm, &q), q);
+      break;
+  }
+  if (rc != MPI_SUCCESS) {
+    for (auto& r : p.reqs) MPI_Request_free(&r);
+    p.reqs.clear();
+    complete(p, p.what + ": " + mpi_error(rc));
+  } else if (p.reqs.empty()) {
+    complete(p);  // nothing to move (count 0)
+  }
+}
+
+// True once every piece of `p` finished.
+bool test(Pending& p) {
+  int flag = 0;
+  const int rc = MPI_Testall(static_cast<int>(p.reqs.size()), p.reqs.data(), &flag, MPI_STATUSES_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    complete(p, p.what + ": " + mpi_error(rc));
+    return true;
+  }
+  if (flag) complete(p);
+  return flag != 0;
+}
+
+[[noreturn]] void mpi_abort(int code) {
+  spdlog::default_logger()->flush();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+// On the communication thread: tell the others why, then end the job.
+[[noreturn]] void do_abort() {
+  World& w = world();
+  std::string text = w.abort_message.substr(0, sizeof w.control_buf - 1);
+  std::vector<MPI_Request> sends;
+  for (int r = 0; r < w.size; ++r) {
+    if (r == w.rank) continue;
+    MPI_Request q = MPI_REQUEST_NULL;
+    if (MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, r, kTagFailure, w.control, &q) == MPI_SUCCESS)
+      sends.push_back(q);
+  }
+  // Give the notices up to 2 s to leave (a dead peer never takes its message).
+  const auto until = Clock::now() + std::chrono::seconds(2);
+  int flag = 0;
+  while (!flag && Clock::now() < until) {
+    MPI_Testall(static_cast<int>(sends.size()), sends.data(), &flag, MPI_STATUSES_IGNORE);
+    if (!flag) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  mpi_abort(w.abort_code);
+}
+
+// On the communication thread: another rank failed and said why.
+[[noreturn]] void peer_failed(int source, int length) {
+  World& w = world();
+  const std::string text(w.control_buf, static_cast<size_t>(std::max(0, length)));
+  spdlog::error("rank {} failed, so the job ends here too. Its error: {}", source, text);
+  mpi_abort(1);
+}
+
+void loop() {
+  World& w = world();
+  std::vector<std::shared_ptr<Pending>> active;
+  int idle = 0;
+  for (;;) {
+    std::deque<std::shared_ptr<Pending>> fresh;
+    bool stopping = false, abort = false;
+    {
+      std::unique_lock<std::mutex> l(w.mu);
+      if (active.empty() && w.queue.empty() && !w.stop && !w.abort_requested)
+        w.cv.wait_for(l, std::chrono::milliseconds(5));  // idle: still look at failure notices below
+      fresh.swap(w.queue);
+      stopping = w.stop;
+      abort = w.abort_requested;
+    }
+    if (abort) do_abort();
+    bool progress = !fresh.empty();
+    for (auto& p : fresh) {
+      start(*p);
+      if (!p->complete) active.push_back(std::move(p));
+    }
+    for (size_t i = 0; i < active.size();) {
+      if (test(*active[i])) {
+        active.erase(active.begin() + static_cast<long>(i));
+        progress = true;
+      } else {
+        ++i;
+      }
+    }
+    int flag = 0;
+    MPI_Status st;
+    MPI_Test(&w.control_req, &flag, &st);
+    if (flag) {
+      int n = 0;
+      MPI_Get_count(&st, MPI_CHAR, &n);
+      peer_failed(st.MPI_SOURCE, n);
+    }
+    if (stopping && active.empty()) return;
+    // Non-blocking collectives progress only inside MPI calls, so poll while any is active;
+    // back off when nothing moved, so the thread does not take a core from the compute.
+    if (!active.empty()) {
+      if (progress) {
+        idle = 0;
+        std::this_thread::yield();
+      } else {
+        idle = std::min(idle + 1, 5);
+        std::this_thread::sleep_for(std::chrono::microseconds(10 << idle));  // 20..320 us
+      }
+    }
+  }
+}
+
+#endif  // FLOWRUN_MPI
+
+std::shared_ptr<Pending> submit(std::shared_ptr<Pending> p) {
+  World& w = world();
+  std::lock_guard<std::mutex> l(w.mu);
+  if (w.stop) throw CommError(p->what + ": the communication thread has stopped");
+  w.queue.push_back(p);
+  w.cv.notify_one();
+  return p;
+}
+
+}  // namespace
+
+// ---- init / finalize ------------------------------------------------------------------------
+
+void init(int* argc, char*** argv) {
+  World& w = world();
+  const char* var = launcher_variable();
+  const int slurm_tasks = env_int("SLURM_STEP_NUM_TASKS", 1);
+#ifdef FLOWRUN_MPI
+  if (!var && slurm_tasks <= 1) return;
+  int provided = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+    throw CommError("MPI_Init_thread failed");
+  if (provided < MPI_THREAD_SERIALIZED)
+    throw CommError("this MPI library offers thread level " + std::to_string(provided) +
+                    "; flowrun needs MPI_THREAD_SERIALIZED (its communication thread makes the MPI calls)");
+  MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &w.size);
+  w.mpi = true;
+  if (slurm_tasks > 1 && w.size == 1)
+    throw CommError("srun started " + std::to_string(slurm_tasks) +
+                    " tasks but MPI sees a world of one process: start them with `srun --mpi=pmix` (or pmi2) so MPI "
+                    "can find the others");
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_dup(MPI_COMM_WORLD, &w.control);
+  MPI_Comm_set_errhandler(w.control, MPI_ERRORS_RETURN);
+  MPI_Irecv(w.control_buf, sizeof w.control_buf, MPI_CHAR, MPI_ANY_SOURCE, kTagFailure, w.control, &w.control_req);
+  MPI_Op_create(&bf16_sum_fn, /*commute=*/1, &w.bf16_sum);
+  w.thread = std::thread(loop);
+  w.thread_id = w.thread.get_id();
+#else
+  (void)argc;
+  (void)argv;
+  if (var || slurm_tasks > 1)
+    throw CommError(std::string("started by an MPI launcher (") + (var ? var : "SLURM_STEP_NUM_TASKS") +
+                    " is set) but this flowrun was built without MPI: install libopenmpi-dev and rebuild");
+#endif
+}
+
+void finalize() {
+  World& w = world();
+  if (!w.mpi) return;
+#ifdef FLOWRUN_MPI
+  {
+    std::lock_guard<std::mutex> l(w.mu);
+    w.stop = true;
+    w.cv.notify_one();
+  }
+  if (w.thread.joinable()) w.thread.join();
+  MPI_Cancel(&w.control_req);
+  MPI_Wait(&w.control_req, MPI_STATUS_IGNORE);
+  MPI_Finalize();
+  w.mpi = false;
+#endif
+}
+
+int rank() { return world().rank; }
+int size() { return world().size; }
+std::string where() {
+  return size() > 1 ? "rank " + std::to_string(rank()) + " of " + std::to_string(size()) : "single process";
+}
+
+void set_timeout(double seconds) { world().timeout_s.store(seconds > 0 ? seconds : 60.0); }
+double timeout() { return world().timeout_s.load(); }
+
+// ---- requests -------------------------------------------------------------------------------
+
+void Request::wait() {
+  if (!p_) return;
+  std::unique_lock<std::mutex> l(p_->mu);
+  const double t = timeout();
+  if (!p_->cv.wait_for(l, std::chrono::duration<double>(t), [&] { return p_->complete; }))
+    throw CommError(p_->what + ": no answer from the other ranks in " + fmt::format("{:g}", t) +
+                    " s (run.comm_timeout_s): a rank has died or is stuck");
+  if (!p_->error.empty()) throw CommError(p_->error);
+}
+
+bool Request::done() const {
+  if (!p_) return true;
+  std::lock_guard<std::mutex> l(p_->mu);
+  return p_->complete;
+}
+
+Clock::time_point Request::started() const {
+  if (!p_) return Clock::now();
+  std::lock_guard<std::mutex> l(p_->mu);
+  return p_->started_at;
+}
+
+Clock::time_point Request::finished() const {
+  if (!p_) return Clock::now();
+  std::lock_guard<std::mutex> l(p_->mu);
+  return p_->finished_at;
+}
+
+// ---- channels -------------------------------------------------------------------------------
+
+struct Channel::Impl {
+#ifdef FLOWRUN_MPI
+  MPI_Comm comm = MPI_COMM_NULL;
+#endif
+};
+
+Channel::Channel(std::string name, std::unique_ptr<Impl> impl) : name_(std::move(name)), impl_(std::move(impl)) {}
+Channel::~Channel() = default;  // communicators are freed by MPI_Finalize
+
+std::shared_ptr<Channel> Channel::create(const std::string& name) {
+  auto impl = std::make_unique<Impl>();
+#ifdef FLOWRUN_MPI
+  if (world().mpi && world().size > 1) {
+    auto p = std::make_shared<Pending>();
+    p->kind = Kind::dup;
+    p->what = "'" + name + "': creating its communicator";
+    p->out_comm = &impl->comm;
+    Request(submit(p)).wait();
+  }
+#endif
+  return std::shared_ptr<Channel>(new Channel(name, std::move(impl)));
+}
+
+namespace {
+std::shared_ptr<Pending> make(Kind k, const std::string& channel, const std::string& what) {
+  auto p = std::make_shared<Pending>();
+  p->kind = k;
+  p->what = "'" + channel + "': " + what;
+  return p;
+}
+}  // namespace
+
+Request Channel::allreduce(void* data, size_t count, DType type, Op op, const std::string& what) {
+  if (type == DType::bf16 && op != Op::sum) throw CommError("'" + name_ + "': " + what + ": bf16 all-reduce supports only sum");
+  if (size() == 1) return Request();
+#ifdef FLOWRUN_MPI
+  auto p = make(Kind::allreduce, name_, what);
+  p->data = data, p->count = count, p->type = type, p->op = op, p->comm = impl_->comm;
+  return Request(submit(p));
+#else
+  return Request();
+#endif
+}
+
+Request Channel::broadcast(void* data, size_t bytes, int root, const std::string& what) {
+  if (size() == 1) return Request();
+#ifdef FLOWRUN_MPI
+  auto p = make(Kind::broadcast, name_, what);
+  p->data = data, p->bytes = bytes, p->root = root, p->comm = impl_->comm;
+  return Request(submit(p));
+#else
+  return Request();
+#endif
+}
+
+Request Channel::allgather(const void* mine, void* all, size_t bytes_each, const std::string& what) {
+  if (size() == 1) {
+    std::memcpy(all, mine, bytes_each);
+    return Request();
+  }
+  if (bytes_each > static_cast<size_t>(INT_MAX)) throw CommError("'" + name_ + "': " + what + ": allgather of more than 2 GB");
+#ifdef FLOWRUN_MPI
+  auto p = make(Kind::allgather, name_, what);
+  p->in = mine, p->data = all, p->bytes = bytes_each, p->comm = impl_->comm;
+  return Request(submit(p));
+#else
+  return Request();
+#endif
+}
+
+Request Channel::barrier(const std::string& what) {
+  if (size() == 1) return Request();
+#ifdef FLOWRUN_MPI
+  auto p = make(Kind::barrier, name_, what);
+  p->comm = impl_->comm;
+  return Request(submit(p));
+#else
+  return Request();
+#endif
+}
+
+void allreduce(Channel& ch, double* data, size_t count, Op op, const std::string& what) {
+  ch.allreduce(data, count, DType::f64, op, what).wait();
+}
+
+void broadcast(Channel& ch, void* data, size_t bytes, int root, const std::string& what) {
+  ch.broadcast(data, bytes, root, what).wait();
+}
+
+// ---- failure --------------------------------------------------------------------------------
+
+void abort_job(const std::string& message, int code) {
+  World& w = world();
+  if (!w.mpi || w.size == 1) return;
+#ifdef FLOWRUN_MPI
+  if (w.aborting.exchange(true)) sleep_forever();  // someone else is ending the job
+  spdlog::error("{}; ending the job on all {} ranks", message, w.size);
+  {
+    std::lock_guard<std::mutex> l(w.mu);
+    w.abort_message = message;
+    w.abort_code = code;
+    w.abort_requested = true;
+    w.cv.notify_one();
+  }
+  if (std::this_thread::get_id() == w.thread_id) do_abort();
+  if (!w.thread.joinable()) do_abort();  // the thread is gone (after finalize began)
+  sleep_forever();                         // the communication thread ends the process
+#else
+  (void)message;
+  (void)code;
+#endif
+}
+
+}  // namespace flowrun::comm

@@ -1,0 +1,113 @@
+// The world of processes a run spans, and collectives between them (MPI).
+//
+// Launched by mpirun or srun, every process is a rank of one MPI world; launched plainly,
+// the world is this process alone and nothing here ever calls MPI (no MPI on the hot path).
+//
+// Threading: after init(), one communication thread makes every MPI call (MPI_THREAD_SERIALIZED),
+// and only non-blocking ones (MPI_Iallreduce, MPI_Ibcast, ...), polling them all. Nodes on
+// executor threads submit operations and get a Request to wait on. Because the thread never
+// blocks inside MPI, a collective that the other ranks have not joined yet never stops the
+// others from progressing, and a failure message from another rank is always noticed.
+//
+// Ordering: MPI matches collectives on a communicator by their order, but the executor runs
+// nodes of different steps concurrently, so a metrics all-reduce and a gradient all-reduce may
+// be issued in different orders on different ranks. Each user therefore gets its own Channel
+// (a duplicated communicator); within a channel, every rank issues the same collectives in the
+// same order (a node runs its steps one at a time, in step order).
+//
+// Faults: a wait longer than timeout() throws CommError (the job is hung: a rank died or is
+// stuck). abort_job() tells every other rank why (they log it, naming this rank) and ends the
+// whole job with MPI_Abort, so one failing rank never leaves the others waiting forever.
+#pragma once
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace flowrun::comm {
+
+using Clock = std::chrono::steady_clock;
+
+// Start MPI if this process was started by an MPI launcher (mpirun, mpiexec, srun: their
+// environment variables), else the world is this process alone. Call once, early in main().
+// Throws when launched by a launcher but flowrun was built without MPI.
+void init(int* argc, char*** argv);
+// After a run that ended normally on this rank: stop the communication thread, MPI_Finalize.
+void finalize();
+
+int rank();
+int size();
+inline bool distributed() { return size() > 1; }
+// "rank 1 of 4" (or "single process"), for messages.
+std::string where();
+
+// How long a collective may wait for the other ranks (run.comm_timeout_s; default 60 s).
+void set_timeout(double seconds);
+double timeout();
+
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class DType { f32, f64, bf16, i32, i64, u8 };
+enum class Op { sum, max, min };
+size_t dtype_size(DType t);
+
+struct Pending;  // comm.cpp
+
+// A submitted operation. The buffers it names must stay alive and untouched until wait()
+// returns. A default-constructed Request (or one of a single-process world) is already done.
+class Request {
+ public:
+  Request() = default;
+  explicit Request(std::shared_ptr<Pending> p) : p_(std::move(p)) {}
+  // Block until done. Throws CommError after timeout() (naming the operation) or when the
+  // operation failed.
+  void wait();
+  bool done() const;
+  // When the communication thread started it and saw it complete (for traces); both equal
+  // to the submit time for a request that needed no communication.
+  Clock::time_point started() const;
+  Clock::time_point finished() const;
+
+ private:
+  std::shared_ptr<Pending> p_;
+};
+
+class Channel {
+ public:
+  // Collective over all ranks: every rank must create its channels in the same order (nodes do
+  // it in setup(), which runs in file order). `name` appears in error messages.
+  static std::shared_ptr<Channel> create(const std::string& name);
+  ~Channel();
+  const std::string& name() const { return name_; }
+
+  // In place: data[i] = op over ranks of data[i]. bf16 supports only sum (added in fp32).
+  Request allreduce(void* data, size_t count, DType type, Op op, const std::string& what);
+  // bytes of data from `root` to every rank.
+  Request broadcast(void* data, size_t bytes, int root, const std::string& what);
+  // all[r * bytes_each ...] = rank r's `mine`. `all` holds size() * bytes_each bytes.
+  Request allgather(const void* mine, void* all, size_t bytes_each, const std::string& what);
+  Request barrier(const std::string& what);
+
+  struct Impl;
+
+ private:
+  Channel(std::string name, std::unique_ptr<Impl> impl);
+  std::string name_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// End the whole job because this rank failed: log `message`, send it to every other rank (each
+// logs "rank R failed: MESSAGE" and ends too), then MPI_Abort(code). In a single-process world
+// it only logs and returns (the caller exits as usual). Safe from any thread; only the first
+// call acts, later ones wait for the end.
+void abort_job(const std::string& message, int code = 1);
+
+// Blocking helpers over a channel (submit + wait).
+void allreduce(Channel& ch, double* data, size_t count, Op op, const std::string& what);
+void broadcast(Channel& ch, void* data, size_t bytes, int root, const std::string& what);
+
+}  // namespace flowrun::comm
