@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <mutex>
 
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
@@ -125,9 +126,40 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objecti
   const c10::Device device = model_device(model);
   std::vector<torch::Tensor> params = model.trainable_parameters();
   if (params.empty()) throw std::runtime_error("the model has no trainable parameters");
-  // Fresh grads each step (like zero_grad(set_to_none=True)): the previous step's grads, still
-  // held by their consumers, are never overwritten.
-  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  const size_t n = params.size();
+
+  // With a buffer or on_ready, hooks on the grad accumulators say which parameters got a
+  // gradient (any micro-batch: `used`) and report each once during the last backward.
+  const bool track = options.buffer || options.on_ready;
+  std::shared_ptr<GradHooks> hooks = options.hooks;
+  if (track && !hooks) hooks = std::make_shared<GradHooks>(params);
+  if (track && !hooks->covers(params))
+    throw std::runtime_error("forward_backward: the gradient hooks were made for other parameters than the model's");
+  std::mutex mu;  // hooks may run on autograd's device threads (CUDA)
+  std::vector<char> used(n, 0), reported(n, 0);
+  bool last = false;  // in the last micro-batch's backward
+  std::optional<GradHooks::Armed> armed;
+  if (track)
+    armed.emplace(*hooks, [&](int i) {
+      std::lock_guard<std::mutex> l(mu);
+      const size_t k = static_cast<size_t>(i);
+      used[k] = 1;
+      if (last && options.on_ready && !reported[k]) {
+        reported[k] = 1;
+        options.on_ready(i, true);
+      }
+    });
+
+  if (options.buffer) {
+    // Zeroed grads that autograd adds into in place (AccumulateGrad: grad += new, grad mode
+    // being off in backward); 0 + g is g exactly, so the result equals the fresh-tensor path.
+    options.buffer->zero();
+    options.buffer->attach(params);
+  } else {
+    // Fresh grads each step (like zero_grad(set_to_none=True)): the previous step's grads,
+    // still held by their consumers, are never overwritten.
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  }
 
   torch::AutoGradMode grad_on(true);
   const int64_t total = batch_rows(batch);
@@ -146,14 +178,26 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objecti
     }
     if (loss.dim() != 0) throw std::runtime_error("the objective returned a non-scalar loss");
     if (!loss.requires_grad()) throw std::runtime_error("the loss does not depend on any trainable parameter");
+    {
+      std::lock_guard<std::mutex> l(mu);
+      last = i + 1 == parts.size();
+    }
     (loss * w).backward();
     torch::Tensor l = loss.detach() * w;
     loss_sum = loss_sum.defined() ? loss_sum + l : l;
   }
+  armed.reset();
+  // The parameters backward did not reach in the last micro-batch, in reverse module order
+  // (the buffer's order): all at once, now that backward is over.
+  if (options.on_ready)
+    for (size_t k = n; k-- > 0;)
+      if (!reported[k]) options.on_ready(static_cast<int>(k), used[k] != 0);
+
   FwdBwdResult r;
   r.loss = loss_sum;
-  r.grads.reserve(params.size());
-  for (const auto& p : params) r.grads.push_back(p.grad());
+  r.grads.reserve(n);
+  for (size_t k = 0; k < n; ++k)
+    r.grads.push_back(!track || used[k] ? params[k].grad() : torch::Tensor());
   return r;
 }
 
@@ -185,6 +229,22 @@ class ForwardBackwardNode : public Node {
     // Dropout masks of step s depend only on (run seed, s, rank): reproducible and resumable.
     FwdBwdOptions o = options_;
     o.dropout_seed = mix_seed({seed_, kSeedTagDropout, static_cast<uint64_t>(ctx.step()), static_cast<uint64_t>(rank_)});
+
+    const std::vector<torch::Tensor> params = model.trainable_parameters();
+    if (!hooks_ || !hooks_->covers(params)) {
+      // First step, or the model's parameter tensors changed: new hooks, new buffers.
+      hooks_.reset();
+      pool_.clear();
+      if (!params.empty()) hooks_ = std::make_shared<GradHooks>(params);
+    }
+    o.hooks = hooks_;
+    o.buffer = params.empty() ? nullptr : take_buffer(params);
+    // Each parameter once, as its gradient becomes final: allreduce reduces buckets meanwhile.
+    const int count = static_cast<int>(params.size());
+    int index = 0;
+    o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
+      ctx.emit("ready", GradReady{param, used, buffer}, index++, count);
+    };
     FwdBwdResult r = forward_backward(model, batch, objective_->loss, o);
     ctx.out("loss", r.loss);
     ctx.out("grads", std::move(r.grads));
@@ -192,10 +252,31 @@ class ForwardBackwardNode : public Node {
   }
 
  private:
+  // A buffer nobody holds any more, else a new one. Step s's grads stay held (by the step's
+  // values until the step retires, by a slow reader) while step s+1 runs its backward, so one
+  // buffer would not do; two usually do. The pool keeps at most kPool buffers: a buffer dropped
+  // from it lives on only as long as its holders.
+  std::shared_ptr<GradBuffer> take_buffer(const std::vector<torch::Tensor>& params) {
+    for (size_t i = 0; i < pool_.size(); ++i)
+      if (pool_[i]->reusable()) {
+        std::shared_ptr<GradBuffer> b = pool_[i];
+        pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(i));
+        pool_.push_back(b);  // most recently used last
+        return b;
+      }
+    std::shared_ptr<GradBuffer> b = GradBuffer::make(params);
+    if (pool_.size() >= kPool) pool_.erase(pool_.begin());
+    pool_.push_back(b);
+    return b;
+  }
+
+  static constexpr size_t kPool = 2;
   const ObjectiveDef* objective_ = nullptr;
   FwdBwdOptions options_;
   uint64_t seed_ = 0;
   int rank_ = 0;
+  std::shared_ptr<GradHooks> hooks_;
+  std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +11,8 @@
 #include "common/grads.hpp"
 #include "common/tensor_map.hpp"
 #include "models/model_state.hpp"
+#include "train/grad_buffer.hpp"
+#include "train/grad_hooks.hpp"
 #include "train/precision.hpp"
 
 namespace flowrun {
@@ -35,7 +39,9 @@ int64_t batch_rows(const TensorMap& batch);
 
 struct FwdBwdResult {
   torch::Tensor loss;  // 0-d, detached: the mean loss over the batch
-  Grads grads;         // aliases of the trainable parameters' .grad() (common/grads.hpp)
+  // Aliases of the trainable parameters' .grad() (common/grads.hpp): with a buffer, its views;
+  // undefined for a parameter that got no gradient (whose view stays zero).
+  Grads grads;
 };
 
 struct FwdBwdOptions {
@@ -45,11 +51,27 @@ struct FwdBwdOptions {
   // Set: each micro-batch's forward runs in a TrainingScope (models/dropout.hpp: dropout on),
   // micro-batch i seeded by mix_seed({*dropout_seed, i}). Unset: no dropout.
   std::optional<uint64_t> dropout_seed;
+
+  // Set: the grads live in this buffer (train/grad_buffer.hpp), made for the model's trainable
+  // parameters: it is zeroed and attached (.grad() = its views) first, and autograd accumulates
+  // into it in place. The caller makes sure nobody still holds it (GradBuffer::reusable()).
+  // Unset: fresh grad tensors each step. The grads are bit-identical either way.
+  std::shared_ptr<GradBuffer> buffer;
+  // Set: on_ready(i, true) is called from inside the LAST micro-batch's backward the moment
+  // trainable parameter i's gradient is final, and after that backward, on_ready(i, used) once
+  // for each parameter not reported yet (used: it got a gradient in an earlier micro-batch).
+  // So each parameter is reported exactly once, in the order its gradient became final. Calls
+  // are serialized.
+  std::function<void(int param, bool used)> on_ready;
+  // Hooks on the parameters' grad accumulators, made once and kept across steps by the caller
+  // (the node). Unset while a buffer or on_ready needs them: made for this call only.
+  std::shared_ptr<GradHooks> hooks;
 };
 
-// Set the trainable parameters' grads to undefined, then for each of `accumulate` micro-batches
-// run forward + backward of loss * rows/total, so the grads equal those of the whole batch's
-// mean loss. Writes only .grad(), never parameter data.
+// Clear the trainable parameters' grads (undefined; with options.buffer: zero the buffer and
+// attach it), then for each of `accumulate` micro-batches run forward + backward of
+// loss * rows/total, so the grads equal those of the whole batch's mean loss. Writes only
+// .grad() (and the buffer), never parameter data.
 FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,
                               const FwdBwdOptions& options);
 inline FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,

@@ -1,15 +1,21 @@
 // forward_backward: the loss and grads of the objective; micro-batches give the grads of the
-// whole batch; grads are the parameters' own .grad() tensors, fresh each step.
+// whole batch; grads are the parameters' own .grad() tensors, fresh each step. With a gradient
+// buffer (train/grad_buffer.hpp): the same grads bit for bit, as views of the buffer, and the
+// `ready` reports (on_ready) each parameter once, from inside the last backward.
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <thread>
 
 #include "common/seed.hpp"
 #include "models/gpt.hpp"
 #include "node_test_helpers.hpp"
 #include "train/cross_entropy.hpp"
 #include "train/forward_backward.hpp"
+#include "train/grad_buffer.hpp"
 
 namespace flowrun {
 namespace {
@@ -258,6 +264,296 @@ nodes:
   auto pa = test::snapshot(a->state<ModelState>("model", "params"));
   auto pb = test::snapshot(b->state<ModelState>("model", "params"));
   for (const auto& [k, v] : pa) EXPECT_TRUE(torch::allclose(v, pb.at(k), 1e-5, 1e-6)) << k;
+}
+
+// ---- gradient buffer, hooks and the ready stream ----
+
+TEST(GradBuffer, LayoutIsReverseModuleOrderPerDtypeGroup) {
+  // Module order: f32 [2,3], f32 [4], f64 [5], f32 [1].
+  std::vector<torch::Tensor> ps = {torch::randn({2, 3}), torch::randn({4}), torch::randn({5}, torch::kDouble),
+                                   torch::randn({1})};
+  auto b = GradBuffer::make(ps);
+  ASSERT_EQ(b->flats.size(), 2u);  // float, then double (order of first appearance)
+  EXPECT_EQ(b->flats[0].numel(), 11);
+  EXPECT_EQ(b->flats[0].scalar_type(), torch::kFloat);
+  EXPECT_EQ(b->flats[1].numel(), 5);
+  EXPECT_EQ(b->flats[1].scalar_type(), torch::kDouble);
+  // Reverse module order within each group: float 3, 1, 0; then double 2.
+  EXPECT_EQ(b->order, (std::vector<int>{3, 1, 0, 2}));
+  EXPECT_EQ(b->position, (std::vector<int>{2, 1, 3, 0}));
+  const std::vector<int64_t> offset = {5, 1, 0, 0}, group = {0, 0, 1, 0};
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_EQ(b->slots[i].group, group[i]) << i;
+    EXPECT_EQ(b->slots[i].offset, offset[i]) << i;
+    EXPECT_EQ(b->slots[i].numel, ps[i].numel()) << i;
+    // A view shaped like the parameter, at its offset in the flat buffer.
+    EXPECT_TRUE(b->views[i].sizes().equals(ps[i].sizes())) << i;
+    EXPECT_EQ(b->views[i].scalar_type(), ps[i].scalar_type()) << i;
+    const auto& flat = b->flats[static_cast<size_t>(group[i])];
+    EXPECT_EQ(static_cast<char*>(b->views[i].data_ptr()),
+              static_cast<char*>(flat.data_ptr()) + offset[i] * flat.element_size())
+        << i;
+  }
+  for (const auto& f : b->flats) EXPECT_EQ(f.abs().sum().item<double>(), 0.0);
+  b->views[0].fill_(2);
+  b->zero();
+  EXPECT_EQ(b->flats[0].abs().sum().item<double>(), 0.0);
+}
+
+TEST(GradBuffer, ReusableOnlyWhenNobodyElseHoldsItsViews) {
+  std::vector<torch::Tensor> ps = {torch::randn({3}).requires_grad_(), torch::randn({2, 2}).requires_grad_()};
+  auto a = GradBuffer::make(ps);
+  auto b = GradBuffer::make(ps);
+  EXPECT_TRUE(a->reusable());
+  a->attach(ps);  // the parameters' .grad() now hold a's views: that does not count
+  EXPECT_EQ(ps[0].grad().data_ptr(), a->views[0].data_ptr());
+  EXPECT_TRUE(a->reusable());
+  {
+    Grads held = {ps[0].grad(), torch::Tensor()};  // a consumer holding one of last step's grads
+    EXPECT_FALSE(a->reusable());
+    b->attach(ps);  // the next step moved the .grad()s on; the consumer still holds a's view
+    EXPECT_FALSE(a->reusable());
+    EXPECT_TRUE(b->reusable());
+  }
+  EXPECT_TRUE(a->reusable());
+  {
+    torch::Tensor copy = b->views[1];  // any extra handle of a view counts
+    EXPECT_FALSE(b->reusable());
+  }
+  EXPECT_TRUE(b->reusable());
+  EXPECT_THROW(a->attach({ps[0]}), std::runtime_error);
+  EXPECT_THROW(a->attach({ps[1], ps[0]}), std::runtime_error);  // shapes differ
+}
+
+// An MLP with a parameter the loss never touches.
+std::shared_ptr<ModelState> model_with_unused_param() {
+  torch::manual_seed(0);
+  struct Net : torch::nn::Module {
+    torch::nn::Linear l1{nullptr}, l2{nullptr};
+    torch::Tensor unused;
+    Net() {
+      l1 = register_module("l1", torch::nn::Linear(3, 5));
+      unused = register_parameter("unused", torch::randn({4}));
+      l2 = register_module("l2", torch::nn::Linear(5, 2));
+    }
+  };
+  auto net = std::make_shared<Net>();
+  return std::make_shared<ModelState>(
+      net,
+      [](torch::nn::Module& m, const TensorMap& b) {
+        auto& n = static_cast<Net&>(m);
+        return n.l2->forward(torch::tanh(n.l1->forward(b.at("x"))));
+      },
+      "unused");
+}
+
+// Equal bit for bit, except that -0 and +0 count as the same (0 + g turns a -0 into +0).
+::testing::AssertionResult same_bits(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.defined() != b.defined()) return ::testing::AssertionFailure() << "one is undefined";
+  if (!a.defined()) return ::testing::AssertionSuccess();
+  if (!a.sizes().equals(b.sizes()) || a.scalar_type() != b.scalar_type())
+    return ::testing::AssertionFailure() << "shape or dtype differ";
+  const torch::Tensor x = (a + 0.0).contiguous().view(torch::kInt32), y = (b + 0.0).contiguous().view(torch::kInt32);
+  if (torch::equal(x, y)) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "max difference " << (a - b).abs().max().item<double>();
+}
+
+TEST(ForwardBackward, BufferGivesBitIdenticalGradsAsViews) {
+  auto m = small_model();
+  TensorMap batch = {{"x", torch::randn({9, 3})}, {"y", torch::randn({9, 2})}};
+  for (int64_t acc : {1, 3}) {
+    FwdBwdOptions plain;
+    plain.accumulate = acc;
+    FwdBwdResult r0 = forward_backward(*m, batch, *find_objective("mse"), plain);
+    std::vector<torch::Tensor> want;
+    for (const auto& g : r0.grads) want.push_back(g.clone());
+
+    FwdBwdOptions o = plain;
+    auto params = m->trainable_parameters();
+    o.buffer = GradBuffer::make(params);
+    o.buffer->flats[0].fill_(7);  // stale values: forward_backward zeroes the buffer first
+    FwdBwdResult r = forward_backward(*m, batch, *find_objective("mse"), o);
+    EXPECT_EQ(r.loss.item<double>(), r0.loss.item<double>());
+    ASSERT_EQ(r.grads.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(same_bits(r.grads[i], want[i])) << "accumulate " << acc << ", grad " << i;
+      // Views of the buffer: same storage, at the slot's place; and the parameter's own .grad().
+      EXPECT_TRUE(r.grads[i].is_alias_of(o.buffer->flats[0])) << i;
+      EXPECT_EQ(r.grads[i].data_ptr(), o.buffer->views[i].data_ptr()) << i;
+      EXPECT_EQ(params[i].grad().unsafeGetTensorImpl(), o.buffer->views[i].unsafeGetTensorImpl()) << i;
+    }
+  }
+}
+
+struct ReadyCall {
+  int param;
+  bool used;
+  torch::Tensor grad_then;  // a copy of the parameter's gradient when it was reported
+  bool first_layer_zero;    // parameter 0's gradient (the first layer's weight) still all zero
+};
+
+std::vector<ReadyCall> run_with_ready(ModelState& m, const TensorMap& batch, int64_t acc, FwdBwdResult& r,
+                                      std::shared_ptr<GradBuffer>& buffer) {
+  auto params = m.trainable_parameters();
+  buffer = GradBuffer::make(params);
+  std::vector<ReadyCall> calls;
+  FwdBwdOptions o;
+  o.accumulate = acc;
+  o.buffer = buffer;
+  o.on_ready = [&](int i, bool used) {
+    calls.push_back({i, used, buffer->views[static_cast<size_t>(i)].clone(),
+                     buffer->views[0].abs().sum().item<double>() == 0.0});
+  };
+  r = forward_backward(m, batch, *find_objective("mse"), o);
+  return calls;
+}
+
+TEST(ForwardBackward, ReadyReportsEachParameterOnceWithItsFinalGrad) {
+  auto m = model_with_unused_param();
+  const ModelState::Named named = m->named_parameters(/*trainable_only=*/true);
+  const int n = static_cast<int>(named.size());
+  ASSERT_EQ(n, 5);
+  int unused = -1;  // libtorch lists a module's own parameters before its children's: 0
+  for (int i = 0; i < n; ++i)
+    if (named[static_cast<size_t>(i)].first == "unused") unused = i;
+  ASSERT_GE(unused, 0);
+  TensorMap batch = {{"x", torch::randn({6, 3})}, {"y", torch::randn({6, 2})}};
+  for (int64_t acc : {1, 3}) {
+    FwdBwdResult r;
+    std::shared_ptr<GradBuffer> buffer;
+    std::vector<ReadyCall> calls = run_with_ready(*m, batch, acc, r, buffer);
+    // Exactly n calls: the earlier micro-batches reported nothing.
+    ASSERT_EQ(calls.size(), static_cast<size_t>(n)) << acc;
+    std::vector<int> seen(static_cast<size_t>(n), 0);
+    for (const auto& c : calls) {
+      ASSERT_GE(c.param, 0);
+      ASSERT_LT(c.param, n);
+      ++seen[static_cast<size_t>(c.param)];
+      EXPECT_EQ(c.used, c.param != unused) << c.param;
+      // Reported when final: the gradient then is the gradient returned, so no earlier
+      // micro-batch reported it.
+      if (c.used) EXPECT_TRUE(torch::equal(c.grad_then, r.grads[static_cast<size_t>(c.param)])) << acc << " " << c.param;
+    }
+    for (int i = 0; i < n; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], 1) << "parameter " << i;
+    // The unused parameter is reported after backward, and its grad is undefined (its view zero).
+    EXPECT_EQ(calls.back().param, unused);
+    EXPECT_FALSE(r.grads[unused].defined());
+    EXPECT_EQ(buffer->views[unused].abs().sum().item<double>(), 0.0);
+    for (int i = 0; i < n; ++i)
+      if (i != unused) EXPECT_TRUE(r.grads[static_cast<size_t>(i)].defined()) << i;
+    // Same grads as without the buffer and hooks.
+    FwdBwdResult plain = forward_backward(*m, batch, *find_objective("mse"), acc);
+    for (int i = 0; i < n; ++i)
+      EXPECT_TRUE(same_bits(r.grads[static_cast<size_t>(i)], plain.grads[static_cast<size_t>(i)])) << i;
+  }
+}
+
+TEST(ForwardBackward, ReadyFiresWhileBackwardIsStillRunning) {
+  // Backward reaches l2 before l1: when the first parameter is reported, the first layer's
+  // weight gradient (parameter 0) is still all zero, so backward had not returned yet; after
+  // the call it is not zero.
+  auto m = small_model();
+  TensorMap batch = {{"x", torch::randn({6, 3})}, {"y", torch::randn({6, 2})}};
+  FwdBwdResult r;
+  std::shared_ptr<GradBuffer> buffer;
+  std::vector<ReadyCall> calls = run_with_ready(*m, batch, 1, r, buffer);
+  ASSERT_EQ(calls.size(), 4u);
+  EXPECT_GE(calls.front().param, 2);  // a parameter of the last layer comes first
+  EXPECT_TRUE(calls.front().first_layer_zero);
+  EXPECT_GT(r.grads[0].abs().sum().item<double>(), 0.0);
+  // Parameter 0 is reported after its own gradient is in.
+  for (const auto& c : calls)
+    if (c.param == 0) EXPECT_FALSE(c.first_layer_zero);
+}
+
+TEST(ForwardBackward, HooksKeptAcrossCallsReportEveryStep) {
+  // The node keeps one GradHooks for all steps; the accumulators it holds keep the hooks alive.
+  auto m = small_model();
+  auto params = m->trainable_parameters();
+  FwdBwdOptions o;
+  o.hooks = std::make_shared<GradHooks>(params);
+  o.buffer = GradBuffer::make(params);
+  int calls = 0;
+  o.on_ready = [&](int, bool used) { calls += used ? 1 : 0; };
+  for (int step = 0; step < 3; ++step) {
+    TensorMap batch = {{"x", torch::randn({4, 3})}, {"y", torch::randn({4, 2})}};
+    forward_backward(*m, batch, *find_objective("mse"), o);
+  }
+  EXPECT_EQ(calls, 12);
+  // Without on_ready nothing is called, and grads still come out right.
+  o.on_ready = nullptr;
+  TensorMap batch = {{"x", torch::randn({4, 3})}, {"y", torch::randn({4, 2})}};
+  FwdBwdResult r = forward_backward(*m, batch, *find_objective("mse"), o);
+  EXPECT_EQ(calls, 12);
+  std::vector<torch::Tensor> got;
+  for (const auto& g : r.grads) got.push_back(g.clone());
+  FwdBwdResult plain = forward_backward(*m, batch, *find_objective("mse"), 1);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], plain.grads[i])) << i;
+  // Hooks made for other parameters are refused.
+  FwdBwdOptions other = o;
+  other.hooks = std::make_shared<GradHooks>(small_model()->trainable_parameters());
+  EXPECT_THROW(forward_backward(*m, batch, *find_objective("mse"), other), std::runtime_error);
+}
+
+// A consumer that holds step s's grads while step s+1's backward runs must not see them change.
+// t_grads_copy (a write access to the model, so the next forward_backward waits for it) copies
+// the grads as produced; t_grads_slow holds the grads themselves for a while, then compares.
+class GradsCopyNode : public Node {
+ public:
+  void run(StepContext& c) override {
+    Grads copy;
+    for (const auto& g : c.in<Grads>("grads")) copy.push_back(g.defined() ? g.clone() : g);
+    c.out("copy", std::move(copy));
+  }
+};
+
+std::atomic<int> slow_mismatches{0}, slow_runs{0};
+
+class GradsSlowNode : public Node {
+ public:
+  void run(StepContext& c) override {
+    const Grads& held = c.in<Grads>("grads");
+    std::this_thread::sleep_for(std::chrono::milliseconds(15));  // the next step's backward runs meanwhile
+    const Grads& copy = c.in<Grads>("copy");
+    for (size_t i = 0; i < held.size(); ++i)
+      if (!torch::equal(held[i], copy[i])) ++slow_mismatches;
+    ++slow_runs;
+  }
+};
+
+TEST(ForwardBackwardNode, GradsHeldByAConsumerAreNeverOverwritten) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Registry::global().add(R"(type: t_grads_copy
+doc: copies grads; writes the model (only to order the next forward_backward after it)
+inputs:
+  grads: { kind: value, type: grads, doc: grads }
+  model: { kind: state, access: write, type: params, doc: the model (not written) }
+outputs: { copy: { kind: value, type: grads, doc: copies } })",
+                           [] { return std::make_unique<GradsCopyNode>(); }, "tests");
+    Registry::global().add(R"(type: t_grads_slow
+doc: holds grads for a while, then compares them with a copy
+inputs:
+  grads: { kind: value, type: grads, doc: grads }
+  copy: { kind: value, type: grads, doc: the copy })",
+                           [] { return std::make_unique<GradsSlowNode>(); }, "tests");
+  });
+  slow_mismatches = 0;
+  slow_runs = 0;
+  auto g = test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 6, seed: 3, prefetch: 4 }
+nodes:
+  data: { type: synthetic_regression, with: { in_dim: 4, batch: 16 } }
+  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
+  fb: { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  copy: { type: t_grads_copy, in: { grads: fb.grads, model: model.params } }
+  slow: { type: t_grads_slow, in: { grads: fb.grads, copy: copy.copy } }
+  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 0.1 } }
+)");
+  g->run();
+  EXPECT_EQ(slow_runs.load(), 6);
+  EXPECT_EQ(slow_mismatches.load(), 0);
 }
 
 }  // namespace
