@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
 #include <thread>
 
 #include "common/seed.hpp"
@@ -28,14 +29,22 @@ torch::Tensor SyntheticRegression::teacher(const torch::Tensor& x) const {
   return torch::addmm(b2_, torch::tanh(torch::addmm(b1_, x, w1_)), w2_);
 }
 
-TensorMap SyntheticRegression::batch(int64_t step, int64_t batch_size, int rank) const {
+TensorMap SyntheticRegression::batch(int64_t step, int64_t batch_size, int rank, int world) const {
+  if (world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument("synthetic_regression: rank " + std::to_string(rank) + " is not in a world of " +
+                                std::to_string(world));
   torch::NoGradGuard no_grad;
-  at::Generator g = make_cpu_generator(
-      mix_seed({seed_, kSeedTagBatch, static_cast<uint64_t>(step), static_cast<uint64_t>(rank)}));
-  torch::Tensor x = torch::randn({batch_size, in_dim_}, g, torch::kFloat);
+  // The global batch of the step. The literal 0 is where the rank used to go into the seed:
+  // kept so that a single process draws exactly the batches it always has.
+  const int64_t rows = world * batch_size;
+  at::Generator g = make_cpu_generator(mix_seed({seed_, kSeedTagBatch, static_cast<uint64_t>(step), uint64_t{0}}));
+  torch::Tensor x = torch::randn({rows, in_dim_}, g, torch::kFloat);
   torch::Tensor y = teacher(x);
-  if (noise_ > 0) y = y + noise_ * torch::randn({batch_size, out_dim_}, g, torch::kFloat);
-  return {{"x", x}, {"y", y}};
+  if (noise_ > 0) y = y + noise_ * torch::randn({rows, out_dim_}, g, torch::kFloat);
+  if (world == 1) return {{"x", x}, {"y", y}};
+  // This rank's rows, copied: a view would keep the whole global batch alive downstream.
+  const int64_t first = static_cast<int64_t>(rank) * batch_size;
+  return {{"x", x.narrow(0, first, batch_size).clone()}, {"y", y.narrow(0, first, batch_size).clone()}};
 }
 
 namespace {
@@ -55,7 +64,7 @@ class SyntheticRegressionNode : public Node {
 
   void run(StepContext& ctx) override {
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    ctx.out("batch", gen_->batch(ctx.step(), batch_, ctx.run().rank));
+    ctx.out("batch", gen_->batch(ctx.step(), batch_, ctx.run().rank, ctx.run().world));
     ctx.state_as<DataCursor>("cursor").batches = ctx.step();
   }
 

@@ -1,5 +1,9 @@
 // evaluator: a model's mean loss on fixed batches of a held-out split.
 // Schema: schemas/evaluator.yaml. Test: tests/nodes/evaluator_test.cpp.
+//
+// Several ranks: each scores its own shard (Dataset::batch shards by rank), then one
+// all-reduce of (sum of loss * targets, targets, batches) on the node's channel gives every
+// rank the same global token-weighted mean.
 #include "eval/evaluator.hpp"
 
 #include <spdlog/spdlog.h>
@@ -8,6 +12,7 @@
 #include <cmath>
 #include <limits>
 
+#include "comm.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -40,7 +45,8 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& 
   EvalResult r;
   r.batches = n;
   r.targets = targets;
-  r.loss = targets > 0 ? sum.item<double>() / static_cast<double>(targets) : std::numeric_limits<double>::quiet_NaN();
+  r.loss_sum = sum.item<double>();
+  r.loss = targets > 0 ? r.loss_sum / static_cast<double>(targets) : std::numeric_limits<double>::quiet_NaN();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -60,11 +66,7 @@ class EvaluatorNode : public Node {
     opts_.rank = ctx.run().rank;
     opts_.world = ctx.run().world;
     opts_.precision = run_precision(ctx.run());
-    // With several processes each rank scores its shard; the mean needs an all-reduce of
-    // (sum of loss * targets, targets) across ranks, which the comm layer does not offer yet.
-    if (opts_.world > 1)
-      throw std::runtime_error(ctx.who() + ": evaluating with more than one process (world " +
-                               std::to_string(opts_.world) + ") is not supported yet (needs an all-reduce)");
+    ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());
     const Dataset& data = ctx.state_as<Dataset>("data");
     std::string have;
@@ -75,23 +77,34 @@ class EvaluatorNode : public Node {
     }
     if (!found)
       throw std::runtime_error(ctx.who() + ": the dataset has no split '" + opts_.split + "'; it has {" + have + "}");
+    // Now rather than at the first evaluation, where a rank with an empty shard would fail
+    // alone while the others wait for it in the all-reduce.
+    if (data.num_batches(opts_.split, opts_.batch, opts_.rank, opts_.world) <= 0)
+      throw std::runtime_error(ctx.who() + ": split '" + opts_.split + "' holds no batch of " + std::to_string(opts_.batch) +
+                               " rows per rank for " + (opts_.world > 1 ? std::to_string(opts_.world) + " ranks" : "one process") +
+                               "; lower `batch` or add data");
   }
 
   void run(StepContext& ctx) override {
     ModelState& model = ctx.state_as<ModelState>("model");
     const Dataset& data = ctx.state_as<Dataset>("data");
-    EvalResult r = evaluate(model, data, *objective_, opts_);
+    const EvalResult r = evaluate(model, data, *objective_, opts_);
+    // Every rank's sums, added up: the mean over every target that any rank scored.
+    double sums[3] = {r.loss_sum, static_cast<double>(r.targets), static_cast<double>(r.batches)};
+    comm::allreduce(*ch_, sums, 3, comm::Op::sum, "evaluation sums of step " + std::to_string(ctx.step()));
+    const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();
+    const auto batches = static_cast<int64_t>(sums[2]);
     // Perplexity is a language-model number; other objectives output NaN.
-    const double ppl = objective_name_ == "lm" ? std::exp(r.loss) : std::numeric_limits<double>::quiet_NaN();
-    if (ctx.run().rank == 0) {
+    const double ppl = objective_name_ == "lm" ? std::exp(loss) : std::numeric_limits<double>::quiet_NaN();
+    if (ctx.run().rank == 0) {  // batches: of all ranks; seconds: rank 0's
       if (objective_name_ == "lm")
         spdlog::info("{} step {}: {} loss {:.4g} ppl {:.4g} ({} batches, {:.1f} s)", ctx.name(), ctx.step(),
-                     opts_.split, r.loss, ppl, r.batches, r.seconds);
+                     opts_.split, loss, ppl, batches, r.seconds);
       else
         spdlog::info("{} step {}: {} loss {:.4g} ({} batches, {:.1f} s)", ctx.name(), ctx.step(), opts_.split,
-                     r.loss, r.batches, r.seconds);
+                     loss, batches, r.seconds);
     }
-    ctx.out("loss", r.loss);
+    ctx.out("loss", loss);
     ctx.out("ppl", ppl);
   }
 
@@ -99,6 +112,7 @@ class EvaluatorNode : public Node {
   std::string objective_name_;
   const ObjectiveDef* objective_ = nullptr;
   EvalOptions opts_;
+  std::shared_ptr<comm::Channel> ch_;
 };
 
 }  // namespace

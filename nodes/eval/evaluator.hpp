@@ -12,21 +12,25 @@ namespace flowrun {
 
 struct EvalOptions {
   std::string split = "val";
-  int64_t batches = 50;  // the first N batches of the split's fixed order (all, if it has fewer)
-  int64_t batch = 16;    // rows per batch
+  int64_t batches = 50;  // the first N batches of this rank's shard of the split (all, if fewer)
+  int64_t batch = 16;    // rows per batch (per rank)
   int rank = 0, world = 1;
   Precision precision = Precision::fp32;
 };
 
+// What this rank scored. The sums are what ranks add up for the global mean:
+// sum(loss_sum) / sum(targets) (the evaluator node all-reduces them).
 struct EvalResult {
-  double loss = 0;      // mean over all targets of the batches read (token-weighted for lm)
+  double loss = 0;      // loss_sum / targets: mean over all targets of the batches read (token-weighted for lm)
+  double loss_sum = 0;  // sum over the batches of (the batch's mean loss * its targets)
   int64_t batches = 0;  // batches read
   int64_t targets = 0;  // targets scored (tokens for lm, rows for mse)
   double seconds = 0;
 };
 
-// The objective's mean loss over fixed batches, under NoGradGuard and in eval mode (outside
-// any TrainingScope: no dropout). Only reads the model.
+// The objective's mean loss over fixed batches of this rank's shard (options.rank/world), under
+// NoGradGuard and in eval mode (outside any TrainingScope: no dropout). Only reads the model.
+// Throws when the shard holds no batch.
 EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& objective, const EvalOptions& options);
 
 }  // namespace flowrun

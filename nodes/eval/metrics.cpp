@@ -1,5 +1,10 @@
 // metrics: logs named scalars to OUT_DIR/metrics.jsonl and the console.
 // Schema: schemas/metrics.yaml. Test: tests/nodes/metrics_test.cpp.
+//
+// Several ranks: every rank runs the node and reads its inputs at the same log points; one
+// all-reduce per log point (on the node's own channel) sums the numeric values and the
+// per_second counters, so the line rank 0 writes holds the mean over ranks of each value and
+// the job-wide rate of each counter. Strings and bools are rank 0's.
 #include <torch/torch.h>
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
@@ -12,6 +17,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "comm.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -39,6 +45,9 @@ nlohmann::ordered_json scalar_json(const Value& v, const std::string& what) {
                            " (metrics takes 0-d tensors, double, float, int64, int, bool or string)");
 }
 
+// A value that takes part in the mean over ranks: numbers, not bools or strings (nor null).
+bool averaged(const nlohmann::ordered_json& j) { return j.is_number(); }
+
 std::string text(const nlohmann::ordered_json& j) {
   if (j.is_number_float()) return fmt::format("{:.4g}", j.get<double>());
   if (j.is_string()) return j.get<std::string>();
@@ -64,6 +73,7 @@ class MetricsNode : public Node {
     rank0_ = run.rank == 0;
     t0_ = last_time_ = Clock::now();
     last_logged_ = run.first_step - 1;
+    ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     if (!rank0_) return;
     std::filesystem::path dir = run.out_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(run.out_dir);
     std::filesystem::create_directories(dir);
@@ -73,13 +83,13 @@ class MetricsNode : public Node {
   }
 
   void run(StepContext& ctx) override {
-    if (!rank0_) return;
     const int64_t s = ctx.step();
     // Counters (tokens, images) are summed every step; they are host numbers, no device read.
     for (auto& [name, sum] : sums_) {
       nlohmann::ordered_json v = scalar_json(ctx.in(name), "input '" + name + "' of " + ctx.who());
       if (v.is_number()) sum += v.get<double>();
     }
+    // Log points are the same steps on every rank, so every rank joins the all-reduce below.
     if (!every_run_ && !((log_every_ > 0 && s % log_every_ == 0) || s == last_)) return;
     const auto now = Clock::now();
     const double since_start = std::chrono::duration<double>(now - t0_).count();
@@ -88,18 +98,27 @@ class MetricsNode : public Node {
     last_time_ = now;
     last_logged_ = s;
 
+    std::vector<nlohmann::ordered_json> values;
+    values.reserve(ports_.size());
+    for (const auto& port : ports_) values.push_back(scalar_json(ctx.in(port), "input '" + port + "' of " + ctx.who()));
+    std::vector<double> totals = reduce_over_ranks(values, s);  // counter sums of all ranks, in sums_ order
+    if (!rank0_) {
+      for (auto& [name, sum] : sums_) sum = 0.0;
+      return;
+    }
+
     nlohmann::ordered_json j;  // keys in the order written: step, time, steps_per_s, ports
     j["step"] = s;
     j["time"] = since_start;
     j["steps_per_s"] = rate;
     std::string line = fmt::format("step {}/{}", s, last_);
-    for (const auto& port : ports_) {
-      nlohmann::ordered_json v = scalar_json(ctx.in(port), "input '" + port + "' of " + ctx.who());
-      line += " " + port + " " + text(v);
-      j[port] = std::move(v);
+    for (size_t i = 0; i < ports_.size(); ++i) {
+      line += " " + ports_[i] + " " + text(values[i]);
+      j[ports_[i]] = std::move(values[i]);
     }
+    size_t k = 0;
     for (auto& [name, sum] : sums_) {
-      const double per_s = window > 0 ? sum / window : 0.0;
+      const double per_s = window > 0 ? totals[k++] / window : 0.0;
       j[name + "_per_s"] = per_s;
       line += fmt::format(" {}/s {:.4g}", name, per_s);
       sum = 0.0;
@@ -116,6 +135,33 @@ class MetricsNode : public Node {
   }
 
  private:
+  // One f64 sum over ranks of [value_0, count_0, value_1, count_1, ..., counter sums...]:
+  // count_i = 1 where port i holds a number on that rank. Replaces each numeric value by its
+  // mean over the ranks that logged a number; returns the counters' job-wide sums. With one
+  // rank (count 1) the value is left as it was, so a single process writes it unchanged
+  // (an int64 stays an integer, bit for bit).
+  std::vector<double> reduce_over_ranks(std::vector<nlohmann::ordered_json>& values, int64_t step) {
+    const size_t n = values.size();
+    std::vector<double> buf(2 * n + sums_.size(), 0.0);
+    for (size_t i = 0; i < n; ++i)
+      if (averaged(values[i])) buf[2 * i] = values[i].get<double>(), buf[2 * i + 1] = 1.0;
+    size_t k = 2 * n;
+    for (const auto& [name, sum] : sums_) buf[k++] = sum;
+    comm::allreduce(*ch_, buf.data(), buf.size(), comm::Op::sum, "metrics of step " + std::to_string(step));
+    for (size_t i = 0; i < n; ++i) {
+      const double count = buf[2 * i + 1];
+      if (!averaged(values[i]) || count <= 1) continue;  // rank 0's own value (string, bool, or world 1)
+      const double mean = buf[2 * i] / count;
+      // An integer (a token count) stays one when the ranks' mean is whole.
+      if (values[i].is_number_integer() && std::floor(mean) == mean && std::fabs(mean) < 9.0e15)
+        values[i] = static_cast<int64_t>(mean);
+      else
+        values[i] = mean;
+    }
+    return std::vector<double>(buf.begin() + static_cast<std::ptrdiff_t>(2 * n), buf.end());
+  }
+
+  std::shared_ptr<comm::Channel> ch_;
   std::vector<std::string> ports_;
   int64_t log_every_ = 10, last_ = 0, last_logged_ = 0;
   bool every_run_ = false;

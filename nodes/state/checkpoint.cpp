@@ -4,6 +4,11 @@
 // that state (the optimizer's) waits only for this copy, like big_vision's async checkpoints.
 // A background thread writes the files; one write is in flight at a time (the next run()
 // waits for the previous write: memory stays bounded). Layout: state/checkpoint_io.hpp.
+//
+// Several ranks: the saved state is replicated (data cursors count global batches; params,
+// optimizer moments and EMA weights are equal after every all-reduced step; the start-up sync
+// makes them equal before step 1), so rank 0 alone snapshots and writes; the other ranks'
+// run() returns at once. `latest` therefore moves only when that one writer has finished.
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -66,6 +71,7 @@ class Checkpoint : public Node {
   }
 
   void run(StepContext& c) override {
+    if (!writer_rank_) return;  // rank 0 writes the replicated state; a copy here would be wasted
     Snapshot snap;
     snap.step = c.step();
     const auto refs = c.refs("state");
@@ -82,7 +88,6 @@ class Checkpoint : public Node {
     }
     snap.rng["cpu"] = torch::globalContext().defaultGenerator(torch::kCPU).get_state();
     wait();  // the previous write; rethrows its error
-    if (!writer_rank_) return;
     pending_ = std::async(std::launch::async, [this, s = std::move(snap)]() { write(s); });
   }
 

@@ -81,10 +81,57 @@ TEST(Evaluator, TokenWeightedMeanOverTheFirstBatches) {
     EXPECT_EQ(r.batches, std::min<int64_t>(n, 4));
     EXPECT_EQ(r.targets, count);
     EXPECT_NEAR(r.loss, sum / static_cast<double>(count), 1e-5) << n;
+    EXPECT_NEAR(r.loss_sum, sum, 1e-5 * sum) << n;  // what ranks add up
+    EXPECT_EQ(r.loss, r.loss_sum / static_cast<double>(r.targets));
   }
   // No gradients were recorded.
   EXPECT_FALSE(table.grad().defined());
   EXPECT_FALSE(model->named_parameters()[0].second.grad().defined());
+}
+
+// Rows from a fixed pool, sharded like token_shards' dataset: batch i of rank r in a world of
+// W holds rows i*W*B + r*B + [0, B).
+class ShardedPool : public Dataset {
+ public:
+  explicit ShardedPool(int64_t vocab) : vocab_(vocab) {}
+  std::vector<std::string> splits() const override { return {"val"}; }
+  int64_t num_batches(const std::string&, int64_t batch, int, int world) const override { return kRows / (batch * world); }
+  TensorMap batch(const std::string&, int64_t index, int64_t batch, int rank, int world) const override {
+    std::vector<torch::Tensor> rows;
+    for (int64_t j = 0; j < batch; ++j) {
+      at::Generator g = make_cpu_generator(mix_seed({3u, static_cast<uint64_t>(index * world * batch + rank * batch + j)}));
+      rows.push_back(torch::randint(vocab_, {1, 6}, g, torch::kLong));
+    }
+    return {{"tokens", torch::cat(rows)}};
+  }
+
+ private:
+  static constexpr int64_t kRows = 48;
+  int64_t vocab_;
+};
+
+TEST(Evaluator, RanksSumsGiveTheMeanOfOneProcessOverTheSameRows) {
+  // What the node does with 2 ranks: each evaluates its shard with batch B, the sums are added.
+  // It equals one process with batch 2B: the same rows.
+  const int64_t V = 11;
+  ShardedPool data(V);
+  auto model = bigram_model(V);
+  EvalOptions one;
+  one.batches = 3, one.batch = 8;
+  const EvalResult whole = evaluate(*model, data, *find_objective_def("lm"), one);
+  EvalOptions part = one;
+  part.batch = 4, part.world = 2;
+  double loss_sum = 0;
+  int64_t targets = 0, batches = 0;
+  for (int r = 0; r < 2; ++r) {
+    part.rank = r;
+    const EvalResult x = evaluate(*model, data, *find_objective_def("lm"), part);
+    loss_sum += x.loss_sum, targets += x.targets, batches += x.batches;
+  }
+  EXPECT_EQ(targets, whole.targets);
+  EXPECT_EQ(batches, 2 * whole.batches);
+  EXPECT_NEAR(loss_sum / static_cast<double>(targets), whole.loss, 1e-5);
+  EXPECT_NE(whole.loss, evaluate(*model, data, *find_objective_def("lm"), part).loss);  // one shard alone differs
 }
 
 // A node that owns a TinyDataset (what token_shards' `dataset` port provides).

@@ -1,5 +1,6 @@
 // synthetic_regression: the batch of a step depends only on (seed, step), so a resumed run
-// reads exactly the batches it would have read.
+// reads exactly the batches it would have read; ranks take disjoint slices of the step's
+// global batch, so N ranks with batch B/N read what one process with batch B reads.
 #include <gtest/gtest.h>
 
 #include "data/cursor.hpp"
@@ -31,9 +32,30 @@ TEST(SyntheticRegression, OtherStepSeedOrRankGiveOtherBatches) {
   torch::Tensor x5 = a.batch(5, 32).at("x");
   EXPECT_FALSE(torch::equal(x5, a.batch(6, 32).at("x")));
   EXPECT_FALSE(torch::equal(x5, b.batch(5, 32).at("x")));
-  EXPECT_FALSE(torch::equal(x5, a.batch(5, 32, /*rank=*/1).at("x")));
+  EXPECT_FALSE(torch::equal(a.batch(5, 32, /*rank=*/0, /*world=*/2).at("x"), a.batch(5, 32, 1, 2).at("x")));
   // Another seed is another teacher too.
   EXPECT_FALSE(torch::allclose(a.teacher(x5), b.teacher(x5)));
+}
+
+TEST(SyntheticRegression, RanksSliceTheStepsGlobalBatch) {
+  // batch(step, 2B, rank 0, world 1) == cat(batch(step, B, 0, 2), batch(step, B, 1, 2)), noise
+  // included, for several steps; and 4 ranks of B/2 the same again.
+  SyntheticRegression a(5, 3, 8, /*seed=*/21, /*noise=*/0.3);
+  const int64_t B = 6;
+  for (int64_t step : {1, 2, 17}) {
+    const TensorMap whole = a.batch(step, 2 * B);
+    const TensorMap r0 = a.batch(step, B, 0, 2), r1 = a.batch(step, B, 1, 2);
+    for (const char* k : {"x", "y"}) {
+      EXPECT_EQ(r0.at(k).size(0), B) << k;
+      EXPECT_TRUE(r0.at(k).is_contiguous()) << k;
+      EXPECT_TRUE(torch::equal(torch::cat({r0.at(k), r1.at(k)}), whole.at(k))) << k << " step " << step;
+      std::vector<torch::Tensor> quarters;
+      for (int r = 0; r < 4; ++r) quarters.push_back(a.batch(step, B / 2, r, 4).at(k));
+      EXPECT_TRUE(torch::equal(torch::cat(quarters), whole.at(k))) << k << " step " << step;
+    }
+  }
+  EXPECT_THROW(a.batch(1, B, 2, 2), std::invalid_argument);
+  EXPECT_THROW(a.batch(1, B, 0, 0), std::invalid_argument);
 }
 
 TEST(SyntheticRegression, TargetsAreTheTeacherPlusNoise) {

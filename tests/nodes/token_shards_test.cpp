@@ -139,6 +139,17 @@ TEST(TokenShardSampler, RanksReadDisjointSlicesThatCoverTheStep) {
   EXPECT_THROW(per_rank.windows_for_step(1, 2, 2), std::invalid_argument);
 }
 
+TEST(TokenShardSampler, TwoRanksOfBatchBReadOneProcessesBatch2BRowForRow) {
+  // Data parallel equivalence: rank 0's rows then rank 1's are world 1's batch of 2B, in order.
+  const std::string p = shards(3000, 0);
+  const int64_t B = 4;
+  TokenShardSampler per_rank(windows(p + ".train", 16), B, 5), whole(windows(p + ".train", 16), 2 * B, 5);
+  for (int64_t step : {1, 3, 23, 24, 47}) {  // 23 steps per epoch: the second and third epochs too
+    const torch::Tensor both = torch::cat({per_rank.batch(step, 0, 2).at("tokens"), per_rank.batch(step, 1, 2).at("tokens")});
+    EXPECT_TRUE(torch::equal(both, whole.batch(step, 0, 1).at("tokens"))) << "step " << step;
+  }
+}
+
 TEST(TokenShardSampler, TooFewWindowsForOneStepIsAnErrorNamingTheFile) {
   const std::string p = shards(100, 0);
   TokenShardSampler s(windows(p + ".train", 16), 4, 1);  // 6 windows
@@ -243,6 +254,11 @@ TEST(TokenShardsDataset, FixedValBatchesInFileOrderShardedByRank) {
   EXPECT_TRUE(torch::equal(ds.batch("val", 3, 5, 1, 2).at("tokens"), t));  // the same every time
   EXPECT_THROW(ds.batch("val", 5, 5, 1, 2), std::out_of_range);
   EXPECT_THROW(ds.num_batches("test", 5, 0, 1), std::invalid_argument);
+  // Rank 0's then rank 1's batch i of 5 rows are batch i of 10 rows of one process.
+  for (int64_t i : {0, 2, 4})
+    EXPECT_TRUE(torch::equal(torch::cat({ds.batch("val", i, 5, 0, 2).at("tokens"), ds.batch("val", i, 5, 1, 2).at("tokens")}),
+                             ds.batch("val", i, 10, 0, 1).at("tokens")))
+        << "batch " << i;
   // Without val files, the dataset has train only.
   auto g2 = load_graph(graph_yaml(shards(2000, 0), 1));
   EXPECT_EQ(g2->state<Dataset>("data", "dataset").splits(), (std::vector<std::string>{"train"}));

@@ -1,0 +1,103 @@
+// NCCL communicators bootstrapped over MPI (nccl.hpp).
+#include "comm/nccl.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <thread>
+
+namespace flowrun::nccl {
+
+namespace {
+
+void check_cuda(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess) throw comm::CommError(what + ": CUDA error: " + cudaGetErrorString(e));
+}
+
+void check_nccl(ncclResult_t r, const std::string& what) {
+  if (r != ncclSuccess) throw comm::CommError(what + ": NCCL error: " + ncclGetErrorString(r));
+}
+
+ncclDataType_t nccl_type(comm::DType t) {
+  switch (t) {
+    case comm::DType::f32: return ncclFloat32;
+    case comm::DType::f64: return ncclFloat64;
+    case comm::DType::bf16: return ncclBfloat16;
+    case comm::DType::i32: return ncclInt32;
+    case comm::DType::i64: return ncclInt64;
+    case comm::DType::u8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+}  // namespace
+
+std::unique_ptr<Communicator> Communicator::create(comm::Channel& bootstrap, int device) {
+  std::unique_ptr<Communicator> c(new Communicator());
+  c->device_ = device;
+  const std::string what = "'" + bootstrap.name() + "': NCCL set-up";
+  check_cuda(cudaSetDevice(device), what);
+  ncclUniqueId id{};
+  if (comm::rank() == 0) check_nccl(ncclGetUniqueId(&id), what);
+  comm::broadcast(bootstrap, &id, sizeof id, 0, what + " (sending the NCCL id)");
+  // Non-blocking init, so a rank that never joins ends in a timeout instead of a hang.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, comm::size(), id, comm::rank(), &config);
+  if (r != ncclSuccess && r != ncclInProgress) check_nccl(r, what);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(comm::timeout());
+  ncclResult_t state = ncclInProgress;
+  while (state == ncclInProgress) {
+    check_nccl(ncclCommGetAsyncError(comm, &state), what);
+    if (state == ncclInProgress && std::chrono::steady_clock::now() > until) {
+      ncclCommAbort(comm);
+      throw comm::CommError(what + ": the other ranks did not join within run.comm_timeout_s");
+    }
+    if (state == ncclInProgress) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  check_nccl(state, what);
+  c->comm_ = comm;
+  cudaStream_t s = nullptr;
+  check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), what);
+  c->stream_ = s;
+  return c;
+}
+
+Communicator::~Communicator() {
+  if (comm_) ncclCommDestroy(static_cast<ncclComm_t>(comm_));
+  if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+void Communicator::allreduce(void* data, size_t count, comm::DType type, Event ready, Event done,
+                             const std::string& what) {
+  auto s = static_cast<cudaStream_t>(stream_);
+  check_cuda(cudaSetDevice(device_), what);
+  if (ready) check_cuda(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(ready), 0), what);
+  ncclResult_t r = ncclAllReduce(data, data, count, nccl_type(type), ncclSum, static_cast<ncclComm_t>(comm_), s);
+  if (r != ncclSuccess && r != ncclInProgress) check_nccl(r, what);
+  if (done) check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(done), s), what);
+}
+
+void Communicator::wait(Event done, const std::string& what) {
+  auto e = static_cast<cudaEvent_t>(done);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(comm::timeout());
+  for (;;) {
+    const cudaError_t q = cudaEventQuery(e);
+    if (q == cudaSuccess) return;
+    if (q != cudaErrorNotReady) check_cuda(q, what);
+    ncclResult_t state = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(static_cast<ncclComm_t>(comm_), &state), what);
+    if (state != ncclSuccess && state != ncclInProgress) check_nccl(state, what);
+    if (std::chrono::steady_clock::now() > until) {
+      ncclCommAbort(static_cast<ncclComm_t>(comm_));
+      comm_ = nullptr;
+      throw comm::CommError(what + ": no answer from the other ranks in " + std::to_string(comm::timeout()) +
+                            " s (run.comm_timeout_s): a rank has died or is stuck");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace flowrun::nccl

@@ -1,0 +1,46 @@
+// NCCL all-reduce for CUDA tensors (built only with FLOWRUN_CUDA; CPU tensors use MPI through
+// engine/comm.hpp). Torch-free and CUDA-header-free interface: streams and events are passed
+// as the runtime's opaque handles (cudaStream_t / cudaEvent_t are pointers).
+//
+// Bootstrap: NCCL needs every rank to hold the same ncclUniqueId; rank 0 makes it and the
+// node's MPI channel broadcasts it (the only MPI traffic; tensors never go through MPI).
+// Each communicator owns a CUDA stream, so reductions overlap the compute stream: the producer
+// records an event after backward wrote a bucket, the communicator's stream waits on it (not
+// the host), reduces, and records `done`; the consumer's stream waits on `done`.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "comm.hpp"
+
+namespace flowrun::nccl {
+
+using Stream = void*;  // cudaStream_t
+using Event = void*;   // cudaEvent_t
+
+class Communicator {
+ public:
+  // Collective over all ranks (call it in setup, like Channel::create). `device`: the CUDA
+  // device this rank's tensors live on.
+  static std::unique_ptr<Communicator> create(comm::Channel& bootstrap, int device);
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  Stream stream() const { return stream_; }
+  // Enqueue on stream(): wait for `ready` (if any), sum `count` elements of `data` in place
+  // over the ranks, record `done`. Returns at once; the host never waits here.
+  void allreduce(void* data, size_t count, comm::DType type, Event ready, Event done, const std::string& what);
+  // Host wait for `done`, polling NCCL's asynchronous error state; after comm::timeout() the
+  // communicator is aborted and CommError names `what` (a rank died or hangs).
+  void wait(Event done, const std::string& what);
+
+ private:
+  Communicator() = default;
+  void* comm_ = nullptr;  // ncclComm_t
+  Stream stream_ = nullptr;
+  int device_ = 0;
+};
+
+}  // namespace flowrun::nccl
