@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Multi-process end-to-end tests: flowrun under mpirun -np 2.
+# Usage: mpi_test.sh CASE FLOWRUN SRC BUILD TESTTOOL
+set -u
+case_name=$1 flowrun=$2 src=$3 build=$4 tool=$5
+tmp=$(mktemp -d /tmp/flowrun-mpi.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+export FLOWRUN_BUILD=$build
+cd "$src"
+graph=tests/mpi/ddp.yaml
+
+# Two ranks on a 2-core machine: no core binding; as root Open MPI wants to be told it is fine;
+# containers often forbid the cross-memory-attach copy mechanism, so do not use it.
+mpi=(mpirun --oversubscribe -np 2 --bind-to none)
+[ "$(id -u)" = 0 ] && mpi+=(--allow-run-as-root)
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+
+fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+# run_code WANT CMD...: run with output in $tmp/out; WANT is a code or "nonzero"
+run_code() {
+  local want=$1; shift
+  "$@" >"$tmp/out" 2>&1
+  got=$?
+  if [ "$want" = nonzero ]; then
+    [ "$got" != 0 ] && [ "$got" != 124 ] || { cat "$tmp/out" >&2; fail "'$*' exited $got, expected a failure (not a timeout)"; }
+  else
+    [ "$got" = "$want" ] || { cat "$tmp/out" >&2; fail "'$*' exited $got, expected $want"; }
+  fi
+}
+expect_out() { grep -qF -- "$1" "$tmp/out" || { cat "$tmp/out" >&2; fail "output lacks: $1"; }; }
+# The "loss" column of a metrics.jsonl, one per line.
+losses() { grep -o '"loss":[0-9.eE+-]*' "$1" | cut -d: -f2; }
+# same_numbers A B TOL: two files of numbers, line by line, |a-b| <= TOL * max(1, |a|)
+same_numbers() {
+  paste "$1" "$2" | awk -v tol="$3" 'BEGIN{bad=0; n=0} {n++; d=$1-$2; if (d<0) d=-d; m=$1<0?-$1:$1; if (m<1) m=1;
+    if (d > tol*m) {bad++; print "line " n ": " $1 " vs " $2}} END{if (n==0) {print "no numbers"; exit 1} exit bad>0}'
+}
+params() { echo "$1/checkpoints/step_$(printf %08d "$2")/model.params.safetensors"; }
+
+case $case_name in
+equivalence)
+  # DDP's guarantee: 2 ranks with batch B/2 each end where 1 rank with batch B ends.
+  run_code 0 "$flowrun" $graph run.out_dir="$tmp/one" data.batch=16
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/two" data.batch=8
+  expect_out "[rank 1]"
+  "$tool" tensor-diff "$(params "$tmp/one" 10)" "$(params "$tmp/two" 10)" 1e-5 || fail "parameters differ"
+  # The logged loss is the mean over ranks: the loss of the whole batch.
+  losses "$tmp/one/metrics.jsonl" > "$tmp/l1"; losses "$tmp/two/metrics.jsonl" > "$tmp/l2"
+  [ "$(wc -l < "$tmp/l1")" = 10 ] && [ "$(wc -l < "$tmp/l2")" = 10 ] || fail "expected 10 logged losses each"
+  same_numbers "$tmp/l1" "$tmp/l2" 1e-5 || fail "logged losses differ"
+  ;;
+overlap_trace)
+  # A model with several buckets and a backward long enough to see: bucket all-reduces must
+  # start while forward_backward (backward) is still running.
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/o" run.steps=6 run.trace="$tmp/trace.json" \
+    model.hidden=512 model.layers=4 data.batch=256 sync.bucket_mb=0.5 sync.first_bucket_mb=0.25
+  [ -f "$tmp/trace.json" ] && [ -f "$tmp/trace.rank1.json" ] || fail "expected one trace per rank"
+  "$tool" trace-overlap "$tmp/trace.json" fb sync || fail "no bucket started before backward ended"
+  ;;
+throw_ends_job)
+  start=$(date +%s)
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/t" run.steps=50 fault.rank=1 fault.step=5 fault.mode=throw
+  expect_out "rank 1 of 2: node 'fault' (t_fault) failed at step 5: deliberate failure on rank 1"
+  expect_out "rank 1 failed, so the job ends here too"   # rank 0 learned why
+  [ $(( $(date +%s) - start )) -lt 30 ] || fail "the job took longer than the comm timeout to end"
+  ;;
+sigkill_ends_job)
+  start=$(date +%s)
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/k" run.steps=50 fault.rank=1 fault.step=5 fault.mode=kill
+  grep -qE "rank 1 .*(exited on signal 9|Killed)|process rank 1" "$tmp/out" || { cat "$tmp/out" >&2; fail "the killed rank is not named"; }
+  [ $(( $(date +%s) - start )) -lt 30 ] || fail "the job took longer than the comm timeout to end"
+  ;;
+hang_times_out)
+  # Rank 1 hangs (alive, silent): rank 0's all-reduce times out and ends the job.
+  start=$(date +%s)
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/h" run.steps=50 run.comm_timeout_s=3 \
+    fault.rank=1 fault.step=5 fault.mode=hang
+  expect_out "no answer from the other ranks in 3 s (run.comm_timeout_s)"
+  expect_out "rank 0 of 2: node 'sync' (allreduce) failed at step"
+  [ $(( $(date +%s) - start )) -lt 60 ] || fail "the job did not end within a bounded time"
+  ;;
+resume_identical)
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/straight" run.steps=20
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/split" run.steps=10
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/split" run.steps=20 run.resume=auto
+  expect_out "resumed from"
+  losses "$tmp/straight/metrics.jsonl" > "$tmp/a"; losses "$tmp/split/metrics.jsonl" > "$tmp/b"
+  [ "$(wc -l < "$tmp/b")" = 20 ] || fail "expected 20 logged losses after the resume"
+  cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b" >&2; fail "losses after the resume differ"; }
+  "$tool" tensor-diff "$(params "$tmp/straight" 20)" "$(params "$tmp/split" 20)" 0 || fail "parameters differ"
+  ;;
+graph_mismatch)
+  # The ranks disagree on the graph: both say so and the job ends without training.
+  mm=(mpirun --oversubscribe --bind-to none); [ "$(id -u)" = 0 ] && mm+=(--allow-run-as-root)
+  run_code nonzero timeout 60 "${mm[@]}" -np 1 "$flowrun" $graph run.out_dir="$tmp/m" : -np 1 "$flowrun" $graph run.out_dir="$tmp/m" opt.lr=0.5
+  expect_out "the resolved graph (file, substitutions and overrides) of rank(s) 1 differs from rank 0's"
+  [ ! -f "$tmp/m/metrics.jsonl" ] || [ ! -s "$tmp/m/metrics.jsonl" ] || fail "it trained anyway"
+  ;;
+*) fail "unknown case" ;;
+esac
+echo "PASS [$case_name]"
