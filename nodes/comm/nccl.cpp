@@ -100,4 +100,28 @@ void Communicator::wait(Event done, const std::string& what) {
   }
 }
 
+Events::Events(size_t n, int device) {
+  check_cuda(cudaSetDevice(device), "CUDA events");
+  events_.resize(n, nullptr);
+  for (auto& e : events_) {
+    cudaEvent_t ev = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "CUDA events");
+    e = ev;
+  }
+}
+
+Events::~Events() {
+  for (Event e : events_)
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+void Events::record(size_t i, Stream on) {
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(at(i)), static_cast<cudaStream_t>(on)), "CUDA event record");
+}
+
+void Events::make_wait(Stream who, size_t i) {
+  check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(who), static_cast<cudaEvent_t>(at(i)), 0),
+             "CUDA stream wait");
+}
+
 }  // namespace flowrun::nccl

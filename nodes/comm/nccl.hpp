@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm.hpp"
 
@@ -41,6 +42,23 @@ class Communicator {
   void* comm_ = nullptr;  // ncclComm_t
   Stream stream_ = nullptr;
   int device_ = 0;
+};
+
+// Reusable CUDA events (timing off), one per bucket: recorded on one stream, waited on by
+// another, so streams order each other without the host waiting.
+class Events {
+ public:
+  Events(size_t n, int device);
+  ~Events();
+  Events(const Events&) = delete;
+  Events& operator=(const Events&) = delete;
+  size_t size() const { return events_.size(); }
+  Event at(size_t i) const { return events_.at(i); }
+  void record(size_t i, Stream on);          // cudaEventRecord(at(i), on)
+  void make_wait(Stream who, size_t i);      // cudaStreamWaitEvent(who, at(i))
+
+ private:
+  std::vector<Event> events_;
 };
 
 }  // namespace flowrun::nccl

@@ -7,6 +7,13 @@
 // their order, so every rank must submit the same buckets in the same order whatever order its
 // backward finished the parameters in (DDP's Reducer does the same with next_bucket_). run(),
 // called after the last item, launches what is left, waits for all, and outputs the views.
+//
+// CUDA gradients (FLOWRUN_CUDA builds) go through NCCL on the communicator's own stream
+// (comm/nccl.hpp): a bucket's all-reduce waits on an event the compute stream recorded after
+// backward wrote it, and the compute stream waits on the all-reduce's `done` event before the
+// optimizer reads the gradients, so the host never blocks on a reduction. Failures still end
+// within run.comm_timeout_s: each step first checks (on the host, with the timeout) that the
+// previous step's reductions finished, one step behind, when they are long done normally.
 #include "train/allreduce.hpp"
 
 #include <spdlog/spdlog.h>
@@ -18,6 +25,12 @@
 #include "comm.hpp"
 #include "common/grads.hpp"
 #include "registry.hpp"
+
+#if FLOWRUN_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "comm/nccl.hpp"
+#endif
 
 namespace flowrun {
 
@@ -146,6 +159,14 @@ class AllreduceNode : public Node {
     launch_ready(ctx);  // all of them when overlap is off; else what waited on earlier buckets
     for (size_t k = 0; k < requests_.size(); ++k) {
       comm::Request& req = requests_[k];
+#if FLOWRUN_CUDA
+      if (cuda_) {
+        done_ev_->make_wait(compute_stream(), k);  // the optimizer's kernels queue behind the reduction
+        if (compressed_[k].defined()) slice(k).copy_(compressed_[k]);
+        previous_ = k + 1;
+        continue;
+      }
+#endif
       req.wait();
       if (compressed_[k].defined()) {
         torch::NoGradGuard no_grad;
@@ -175,17 +196,14 @@ class AllreduceNode : public Node {
     if (count != n)
       throw std::runtime_error(ctx.who() + ": the 'ready' stream announces " + std::to_string(count) +
                                " items, its gradient buffer holds " + std::to_string(n) + " parameters");
+#if FLOWRUN_CUDA
+    if (cuda_) finish_previous_step(ctx);
+#endif
     if (plan_.bucket_of.empty() || !plan_.fits(*buffer)) {
       plan_ = plan_buckets(*buffer, first_bucket_mb_, bucket_mb_);
       if (ctx.run().rank == 0)
         spdlog::debug("{}: {} parameters in {} buckets", ctx.who(), n, plan_.buckets.size());
-      if (world_ > 1)
-        for (const auto& f : buffer->flats) {
-          if (!f.device().is_cpu())
-            throw std::runtime_error(ctx.who() + ": gradients on " + f.device().str() +
-                                     ": only CPU gradients are all-reduced for now (MPI)");
-          comm_dtype(f.scalar_type(), ctx.who());
-        }
+      if (world_ > 1) choose_transport(ctx, *buffer);
     }
     buffer_ = buffer;
     ready_.assign(static_cast<size_t>(n), 0);
@@ -196,6 +214,44 @@ class AllreduceNode : public Node {
     next_ = 0;
     step_ = ctx.step();
   }
+
+  // MPI for CPU gradients, NCCL for CUDA ones; never a mix.
+  void choose_transport(StepContext& ctx, const GradBuffer& buffer) {
+    const torch::Device device = buffer.flats.front().device();
+    for (const auto& f : buffer.flats) {
+      comm_dtype(f.scalar_type(), ctx.who());
+      if (f.device() != device)
+        throw std::runtime_error(ctx.who() + ": gradients on both " + device.str() + " and " + f.device().str() +
+                                 "; keep the model on one device");
+    }
+    if (device.is_cpu()) return;
+#if FLOWRUN_CUDA
+    if (!device.is_cuda())
+      throw std::runtime_error(ctx.who() + ": cannot all-reduce gradients on " + device.str());
+    cuda_ = true;
+    device_ = device.index() < 0 ? 0 : device.index();
+    if (!nccl_) nccl_ = nccl::Communicator::create(*channel_, device_);
+    ready_ev_ = std::make_unique<nccl::Events>(plan_.buckets.size(), device_);
+    done_ev_ = std::make_unique<nccl::Events>(plan_.buckets.size(), device_);
+    previous_ = 0;
+#else
+    throw std::runtime_error(ctx.who() + ": gradients on " + device.str() +
+                             ": this flowrun was built without CUDA (FLOWRUN_CUDA), so only CPU gradients can be "
+                             "all-reduced; rebuild against a CUDA libtorch");
+#endif
+  }
+
+#if FLOWRUN_CUDA
+  void* compute_stream() const { return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream(); }
+
+  // Host check, bounded by run.comm_timeout_s, that last step's reductions ended (see top).
+  void finish_previous_step(StepContext& ctx) {
+    for (size_t k = 0; k < previous_; ++k)
+      nccl_->wait(done_ev_->at(k), ctx.who() + ": all-reduce of bucket " + std::to_string(k) + " (step " +
+                                       std::to_string(ctx.step() - 1) + ")");
+    previous_ = 0;
+  }
+#endif
 
   void end_step() {
     buffer_.reset();
@@ -228,6 +284,16 @@ class AllreduceNode : public Node {
     // DDP's default communication hook does.
     s.div_(world_);
     const std::string what = "all-reduce of bucket " + std::to_string(k) + " (step " + std::to_string(step_) + ")";
+#if FLOWRUN_CUDA
+    if (cuda_) {
+      torch::Tensor data = s;
+      if (compress_bf16_ && s.scalar_type() != torch::kBFloat16) data = compressed_.back() = s.to(torch::kBFloat16);
+      ready_ev_->record(k, compute_stream());
+      nccl_->allreduce(data.data_ptr(), static_cast<size_t>(data.numel()), comm_dtype(data.scalar_type(), ctx.who()),
+                       ready_ev_->at(k), done_ev_->at(k), ctx.who() + ": " + what);
+      return;
+    }
+#endif
     if (compress_bf16_ && s.scalar_type() != torch::kBFloat16) {
       compressed_.back() = s.to(torch::kBFloat16);
       requests_.back() = channel_->allreduce(compressed_.back().data_ptr(), static_cast<size_t>(s.numel()),
@@ -243,6 +309,13 @@ class AllreduceNode : public Node {
   std::shared_ptr<comm::Channel> channel_;
   int world_ = 1;
   BucketPlan plan_;
+#if FLOWRUN_CUDA
+  bool cuda_ = false;
+  int device_ = 0;
+  std::unique_ptr<nccl::Communicator> nccl_;
+  std::unique_ptr<nccl::Events> ready_ev_, done_ev_;  // per bucket
+  size_t previous_ = 0;  // buckets of the previous step to check in finish_previous_step()
+#endif
 
   // This step's state (reset by end_step()).
   std::shared_ptr<GradBuffer> buffer_;
