@@ -9,6 +9,11 @@
 #      one document per fortune, 5% of them held out for val:
 #        data/text/fortunes_byte.{train,val}.{bin,idx} + .json   byte tokenizer (vocab 256)
 #        data/text/fortunes_gpt2.{train,val}.{bin,idx} + .json   GPT-2 BPE (vocab 50257)
+#   3. The shapes demo sets of the DiT graphs (flowrun prep shapes: rendered circles, squares,
+#      triangles, diamonds with exact captions), packed by flowrun prep images:
+#        data/shapes/base-png/, data/shapes/base.{train,val}-NNNNNN.tar   3000 images, no purple
+#        data/shapes/lora-png/, data/shapes/lora.{train,val}-NNNNNN.tar   1000 purple shapes
+#        data/shapes/vocab.txt                                           BERT WordPiece vocabulary
 # Usage: scripts/data.sh [--force] [FLOWRUN_BINARY]   (default: ${BUILD_DIR:-build}/engine/flowrun)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -66,3 +71,19 @@ for tok in byte gpt2; do
   echo "== $out: flowrun prep text --tokenizer $tok ... (${#fortune_files[@]} fortune files)"
   "$flowrun" prep text "${args[@]}" --split-on % --val-fraction 0.05 --seed 1 --out "$out" "${fortune_files[@]}"
 done
+
+# ---- 3. the shapes demo sets (graphs/dit_base.yaml, graphs/hydit_lora.yaml) --------------------
+mkdir -p data/shapes
+for spec in base:3000 lora:1000; do
+  set=${spec%%:*} count=${spec##*:}
+  if [ $force = 0 ] && ls data/shapes/$set.train-*.tar > /dev/null 2>&1; then
+    echo "== data/shapes/$set.*: already there"
+    continue
+  fi
+  [ -x "$flowrun" ] || die "$flowrun not found: build it first, or pass its path"
+  echo "== data/shapes/$set: flowrun prep shapes ($count images, 32x32) + prep images"
+  rm -rf data/shapes/$set-png data/shapes/$set.*.tar
+  "$flowrun" prep shapes data/shapes/$set-png --set $set --count $count --size 32 --seed 1
+  "$flowrun" prep images data/shapes/$set-png data/shapes/$set --val-fraction 0.05 --seed 1
+done
+[ -f data/shapes/vocab.txt ] || cp data/shapes/base-png/vocab.txt data/shapes/vocab.txt

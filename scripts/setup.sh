@@ -19,6 +19,7 @@ packages=(
   g++ cmake make ccache pkg-config
   libtorch-dev libopenblas0-openmp          # tensors; OpenBLAS or matmuls run ~20x slower
   libtbb-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libicu-dev
+  libpng-dev libjpeg-dev                    # images: prep images/shapes, image_text_shards
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   graphviz                                  # flowrun dot | dot -Tsvg, and its test

@@ -3,12 +3,16 @@
 
 #include <cstdio>
 
+#include "data/prep_images.hpp"
 #include "data/prep_text.hpp"
+#include "data/shapes.hpp"
 
 namespace flowrun {
 
 static const char* kPrepUsage =
     "usage: flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text\n"
+    "       flowrun prep images DIR OUT_PREFIX [--shard-size N] [--val-fraction F]   WebDataset tar shards from image+caption pairs\n"
+    "       flowrun prep shapes OUT_DIR [--count N] [--size S] [--set base|lora]     the DiT demo's colored-shapes image set\n"
     "       flowrun prep KIND --help                                                 options of one kind\n";
 
 int prep_command(const std::vector<std::string>& args) {
@@ -18,7 +22,9 @@ int prep_command(const std::vector<std::string>& args) {
   }
   const std::vector<std::string> rest(args.begin() + 1, args.end());
   if (args[0] == "text") return prep_text_command(rest);
-  std::fprintf(stderr, "flowrun prep: unknown kind '%s' (known: text)\n\n%s", args[0].c_str(), kPrepUsage);
+  if (args[0] == "images") return prep_images_command(rest);
+  if (args[0] == "shapes") return prep_shapes_command(rest);
+  std::fprintf(stderr, "flowrun prep: unknown kind '%s' (known: text, images, shapes)\n\n%s", args[0].c_str(), kPrepUsage);
   return 2;
 }
 

@@ -153,7 +153,7 @@ TEST(PrepTextCommand, BadUsageAndMissingInputsExit2) {
   const std::string a = dir + "/a.txt", b = dir + "/b.txt";
   std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{}, "usage: flowrun prep"},
-      {{"images"}, "unknown kind 'images'"},
+      {{"video"}, "unknown kind 'video'"},
       {{"text", "--out", out, a}, "--tokenizer byte|gpt2 is required"},
       {{"text", "--tokenizer", "bpe", "--out", out, a}, "unknown tokenizer 'bpe'"},
       {{"text", "--tokenizer", "gpt2", "--out", out, a}, "needs --vocab"},

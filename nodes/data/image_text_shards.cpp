@@ -1,0 +1,477 @@
+// image_text_shards: batches of images and captions from WebDataset tar shards (made by
+// `flowrun prep images`). Schema: schemas/image_text_shards.yaml. Test:
+// tests/nodes/image_text_shards_test.cpp. Indexing, bad samples, buckets and order: image_text_shards.hpp.
+#include "data/image_text_shards.hpp"
+
+#include <spdlog/spdlog.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "common/seed.hpp"
+#include "data/cursor.hpp"
+#include "data/shuffle.hpp"
+#include "registry.hpp"
+
+namespace fs = std::filesystem;
+
+namespace flowrun {
+
+namespace {
+constexpr uint64_t kSeedTagEpoch = 0x65706f6368ull;      // "epoch"
+constexpr uint64_t kSeedTagBuckets = 0x6275636b6574ull;  // "bucket"
+constexpr uint64_t kSeedTagFlip = 0x666c6970ull;         // "flip"
+constexpr uint64_t kProbeBytes = 64 * 1024;
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+std::string trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+bool is_image_ext(const std::string& e) { return e == "png" || e == "jpg" || e == "jpeg"; }
+}  // namespace
+
+// ---- tensors <-> images ----------------------------------------------------------------------
+
+torch::Tensor image_to_tensor(const Image& img) {
+  if (img.c != 3) throw std::invalid_argument("image_to_tensor: needs an RGB image, got " + std::to_string(img.c) + " channels");
+  torch::Tensor t = torch::empty({3, img.h, img.w}, torch::kFloat32);
+  float* out = t.data_ptr<float>();
+  const size_t plane = static_cast<size_t>(img.h) * img.w;
+  for (size_t p = 0; p < plane; ++p)
+    for (int k = 0; k < 3; ++k) out[k * plane + p] = img.px[p * 3 + k] / 127.5f - 1.f;
+  return t;
+}
+
+Image tensor_to_image(const torch::Tensor& t_in) {
+  torch::Tensor t = t_in.detach().to(torch::kCPU);
+  if (t.scalar_type() == torch::kUInt8) {
+    if (t.dim() != 3 || t.size(2) != 3) throw std::invalid_argument("tensor_to_image: a uint8 image is [H, W, 3]");
+  } else {
+    if (t.dim() != 3 || t.size(0) != 3) throw std::invalid_argument("tensor_to_image: a float image is [3, H, W] in [-1, 1]");
+    t = ((t.to(torch::kFloat32).clamp(-1, 1) + 1) * 127.5).round().to(torch::kUInt8).permute({1, 2, 0});
+  }
+  t = t.contiguous();
+  Image img(static_cast<int>(t.size(1)), static_cast<int>(t.size(0)), 3);
+  std::memcpy(img.px.data(), t.data_ptr<uint8_t>(), img.px.size());
+  return img;
+}
+
+Image image_grid(const torch::Tensor& images, int cols, int pad, uint8_t pad_value) {
+  if (images.dim() != 4 || images.size(1) != 3) throw std::invalid_argument("image_grid: images are [N, 3, H, W]");
+  const int n = static_cast<int>(images.size(0)), h = static_cast<int>(images.size(2)), w = static_cast<int>(images.size(3));
+  if (n < 1 || cols < 1) throw std::invalid_argument("image_grid: no images, or cols < 1");
+  cols = std::min(cols, n);
+  const int rows = (n + cols - 1) / cols;
+  Image grid(cols * w + (cols + 1) * pad, rows * h + (rows + 1) * pad, 3, pad_value);
+  for (int i = 0; i < n; ++i) {
+    const Image tile = tensor_to_image(images[i]);
+    const int x0 = pad + (i % cols) * (w + pad), y0 = pad + (i / cols) * (h + pad);
+    for (int y = 0; y < h; ++y) std::memcpy(grid.at(x0, y0 + y), tile.at(0, y), static_cast<size_t>(w) * 3);
+  }
+  return grid;
+}
+
+// ---- buckets ---------------------------------------------------------------------------------
+
+std::vector<ImageBucket> image_buckets(int size, bool multi_res) {
+  if (size < 1) throw std::invalid_argument("image size must be >= 1");
+  std::vector<ImageBucket> out = {{size, size}};
+  if (!multi_res) return out;
+  auto align = [](double v) { return std::max(16, static_cast<int>(std::lround(v / 16.0)) * 16); };
+  for (double r : {4.0 / 3.0, 3.0 / 4.0, 16.0 / 9.0, 9.0 / 16.0}) {
+    const ImageBucket b{align(size * std::sqrt(r)), align(size / std::sqrt(r))};
+    if (std::none_of(out.begin(), out.end(), [&](const ImageBucket& o) { return o.w == b.w && o.h == b.h; })) out.push_back(b);
+  }
+  return out;
+}
+
+int nearest_bucket(const std::vector<ImageBucket>& buckets, int w, int h) {
+  const double lr = std::log(static_cast<double>(w) / h);
+  int best = 0;
+  double best_d = 1e300;
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    const double d = std::abs(lr - std::log(static_cast<double>(buckets[i].w) / buckets[i].h));
+    if (d < best_d - 1e-12) best_d = d, best = static_cast<int>(i);
+  }
+  return best;
+}
+
+// ---- shards ----------------------------------------------------------------------------------
+
+std::vector<std::string> ImageTextShards::shard_paths(const std::string& prefix, const std::string& split) {
+  const fs::path p(prefix);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string head = p.filename().string() + "." + split + "-";
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= head.size() + 4 || name.compare(0, head.size(), head) != 0 || name.compare(name.size() - 4, 4, ".tar") != 0) continue;
+    const std::string mid = name.substr(head.size(), name.size() - head.size() - 4);
+    if (mid.find_first_not_of("0123456789") != std::string::npos) continue;
+    out.push_back((p.has_parent_path() ? (dir / name).string() : name));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void ImageTextShards::add_bad(BadSample b, bool at_setup) const {
+  if (on_bad_ == OnBad::Error)
+    throw std::runtime_error("image_text_shards: " + b.message() + " (on_bad: error; on_bad: skip leaves such samples out)");
+  const int64_t n = ++bad_count_;
+  if (log_)
+    spdlog::warn("image_text_shards: {}: {}: {}; skipped ({} bad sample{} so far{})", b.shard, b.member, b.reason, n, n == 1 ? "" : "s",
+                 at_setup ? "" : ", replaced by the next good one");
+  std::lock_guard<std::mutex> lock(mu_);
+  bad_.push_back(std::move(b));
+}
+
+std::vector<BadSample> ImageTextShards::bad() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bad_;
+}
+
+ImageTextShards::ImageTextShards(const std::string& prefix, const std::string& split, OnBad on_bad, bool log)
+    : split_(split), on_bad_(on_bad), log_(log) {
+  paths_ = shard_paths(prefix, split);
+  if (paths_.empty())
+    throw std::runtime_error("no image-text shards at " + prefix + "." + split + "-*.tar (path is relative to the current folder; make them "
+                             "with `flowrun prep images DIR " + prefix + "`)");
+  for (size_t s = 0; s < paths_.size(); ++s) {
+    files_.push_back(std::make_unique<TarFile>(paths_[s]));
+    const TarFile& f = *files_.back();
+    const TarIndex& idx = f.index();
+    // Members -> samples by key, in order of first appearance.
+    struct Group {
+      std::string key;
+      std::vector<const TarMember*> images, captions;
+    };
+    std::vector<Group> groups;
+    std::unordered_map<std::string, size_t> by_key;
+    for (const TarMember& m : idx.members) {
+      const std::string key = tar_key(m.name), ext = lower(tar_ext(m.name));
+      auto [it, fresh] = by_key.emplace(key, groups.size());
+      if (fresh) groups.push_back({key, {}, {}});
+      Group& g = groups[it->second];
+      if (is_image_ext(ext)) g.images.push_back(&m);
+      else if (ext == "txt") g.captions.push_back(&m);
+    }
+    const std::string truncated_key = idx.truncated.empty() ? "" : tar_key(idx.truncated);
+    bool truncated_reported = false;
+    for (const Group& g : groups) {
+      const std::string first = g.images.empty() ? (g.captions.empty() ? g.key : g.captions[0]->name) : g.images[0]->name;
+      if (!truncated_key.empty() && g.key == truncated_key) {
+        add_bad({paths_[s], idx.truncated, "member cut short (the file ends inside it)"}, true);
+        truncated_reported = true;
+      } else if (g.images.empty()) {
+        add_bad({paths_[s], first, "no image (png, jpg or jpeg) with this key"}, true);
+      } else if (g.images.size() > 1) {
+        add_bad({paths_[s], first, "more than one image with this key"}, true);
+      } else if (g.captions.size() != 1) {
+        add_bad({paths_[s], first, g.captions.empty() ? "no caption (" + g.key + ".txt)" : "more than one caption"}, true);
+      } else {
+        ImageTextSample smp;
+        smp.shard = static_cast<int>(s), smp.key = g.key, smp.image = *g.images[0], smp.caption = *g.captions[0];
+        std::string head = f.read_prefix(smp.image, kProbeBytes);
+        bool ok = probe_image_size(head, &smp.w, &smp.h);
+        if (!ok && smp.image.size > kProbeBytes && !sniff_image_format(head).empty())
+          head = f.read(smp.image), ok = probe_image_size(head, &smp.w, &smp.h);  // a JPEG with big metadata first
+        if (!ok) {
+          add_bad({paths_[s], smp.image.name, "not a PNG or JPEG image (bad header)"}, true);
+          continue;
+        }
+        samples_.push_back(std::move(smp));
+      }
+    }
+    if (!idx.truncated.empty() && !truncated_reported)
+      add_bad({paths_[s], idx.truncated, "member cut short (the file ends inside it)"}, true);
+    if (!idx.error.empty()) add_bad({paths_[s], "(the rest of the shard)", idx.error}, true);
+  }
+  if (samples_.empty())
+    throw std::runtime_error("image_text_shards: " + prefix + "." + split + "-*.tar (" + std::to_string(paths_.size()) +
+                             " shards) hold no good image+caption sample (" + std::to_string(bad_count()) + " bad)");
+  if (log_ && bad_count() > 0)
+    spdlog::warn("image_text_shards: {}.{}: {} bad sample{} left out, {} good", prefix, split, bad_count(), bad_count() == 1 ? "" : "s",
+                 samples_.size());
+}
+
+std::string ImageTextShards::caption(int64_t i) const {
+  const ImageTextSample& s = sample(i);
+  return trim(files_[static_cast<size_t>(s.shard)]->read(s.caption));
+}
+
+std::string ImageTextShards::image_bytes(int64_t i) const {
+  const ImageTextSample& s = sample(i);
+  return files_[static_cast<size_t>(s.shard)]->read(s.image);
+}
+
+Image ImageTextShards::decode(int64_t i) const {
+  const ImageTextSample& s = sample(i);
+  std::string bytes;
+  try {
+    bytes = image_bytes(i);
+  } catch (const std::runtime_error& e) {
+    throw ImageError(e.what());
+  }
+  return decode_image(bytes, paths_[static_cast<size_t>(s.shard)] + ": " + s.image.name);
+}
+
+int64_t ImageTextShards::load(int64_t i, const std::vector<int64_t>& pool, Image* img) const {
+  const auto it = std::lower_bound(pool.begin(), pool.end(), i);
+  if (it == pool.end() || *it != i) throw std::logic_error("image_text_shards: sample not in its pool");
+  const size_t start = static_cast<size_t>(it - pool.begin()), n = pool.size();
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t j = pool[(start + k) % n];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (bad_at_decode_.count(j)) continue;
+    }
+    try {
+      *img = decode(j);
+      return j;
+    } catch (const ImageError& e) {
+      const ImageTextSample& s = sample(j);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!bad_at_decode_.insert(j).second) continue;  // another thread found it first
+      }
+      std::string reason = e.what();
+      const std::string head = paths_[static_cast<size_t>(s.shard)] + ": " + s.image.name + ": ";
+      if (reason.rfind(head, 0) == 0) reason = reason.substr(head.size());
+      add_bad({paths_[static_cast<size_t>(s.shard)], s.image.name, reason}, false);  // throws with on_bad: error
+    }
+  }
+  throw std::runtime_error("image_text_shards: every image of a bucket of split '" + split_ + "' failed to decode");
+}
+
+TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_t>& ids, const std::vector<int64_t>& pool, int w, int h,
+                           const std::vector<char>& flips, std::vector<std::string>* captions) {
+  const auto n = static_cast<int64_t>(ids.size());
+  torch::Tensor out = torch::empty({n, 3, h, w}, torch::kFloat32);
+  std::vector<int64_t> used(ids.size());
+  tbb::parallel_for(int64_t(0), n, [&](int64_t j) {
+    Image img;
+    used[static_cast<size_t>(j)] = data.load(ids[static_cast<size_t>(j)], pool, &img);
+    img = resize_center_crop(img, w, h);
+    if (!flips.empty() && flips[static_cast<size_t>(j)]) img = hflip(img);
+    out[j].copy_(image_to_tensor(img));
+  });
+  if (captions) {
+    captions->clear();
+    for (int64_t id : used) captions->push_back(data.caption(id));
+  }
+  return {{"image", out}};
+}
+
+// ---- training order --------------------------------------------------------------------------
+
+ImageTextSampler::ImageTextSampler(std::vector<int> bucket_of, int buckets, int64_t batch, uint64_t seed)
+    : bucket_of_(std::move(bucket_of)), pools_(static_cast<size_t>(std::max(buckets, 1))), batch_(batch), seed_(seed) {
+  if (batch < 1) throw std::invalid_argument("batch must be >= 1");
+  for (size_t i = 0; i < bucket_of_.size(); ++i) {
+    const int b = bucket_of_[i];
+    if (b < 0 || b >= static_cast<int>(pools_.size())) throw std::invalid_argument("sample bucket out of range");
+    pools_[static_cast<size_t>(b)].push_back(static_cast<int64_t>(i));
+  }
+}
+
+int64_t ImageTextSampler::steps_per_epoch(int world) const {
+  const int64_t per_step = batch_ * world;
+  int64_t steps = 0;
+  std::string counts;
+  for (const auto& p : pools_) {
+    steps += static_cast<int64_t>(p.size()) / per_step;
+    counts += (counts.empty() ? "" : ", ") + std::to_string(p.size());
+  }
+  if (steps == 0)
+    throw std::runtime_error("image_text_shards: " + std::to_string(bucket_of_.size()) + " good samples (per bucket: " + counts +
+                             ") but one step needs world x batch = " + std::to_string(world) + " x " + std::to_string(batch_) + " = " +
+                             std::to_string(per_step) + " of one bucket: use a smaller batch, or more images");
+  return steps;
+}
+
+std::pair<int, std::vector<int64_t>> ImageTextSampler::for_step(int64_t step, int rank, int world) const {
+  if (step < 1) throw std::invalid_argument("steps are 1-based; got " + std::to_string(step));
+  if (world < 1 || rank < 0 || rank >= world)
+    throw std::invalid_argument("rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world));
+  const int64_t spe = steps_per_epoch(world), epoch = (step - 1) / spe, k = (step - 1) % spe;
+  const int64_t per_step = batch_ * world;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (epoch != cached_epoch_ || world != cached_world_) {
+    const std::vector<int64_t> perm =
+        seeded_permutation(static_cast<int64_t>(bucket_of_.size()), mix_seed({seed_, kSeedTagEpoch, static_cast<uint64_t>(epoch)}));
+    std::vector<std::vector<int64_t>> by_bucket(pools_.size());
+    for (int64_t i : perm) by_bucket[static_cast<size_t>(bucket_of_[static_cast<size_t>(i)])].push_back(i);
+    global_.clear();
+    for (size_t b = 0; b < by_bucket.size(); ++b)
+      for (size_t first = 0; first + static_cast<size_t>(per_step) <= by_bucket[b].size(); first += static_cast<size_t>(per_step))
+        global_.emplace_back(static_cast<int>(b), std::vector<int64_t>(by_bucket[b].begin() + static_cast<int64_t>(first),
+                                                                        by_bucket[b].begin() + static_cast<int64_t>(first) + per_step));
+    if (pools_.size() > 1) {
+      const std::vector<int64_t> order =
+          seeded_permutation(static_cast<int64_t>(global_.size()), mix_seed({seed_, kSeedTagBuckets, static_cast<uint64_t>(epoch)}));
+      std::vector<std::pair<int, std::vector<int64_t>>> shuffled;
+      shuffled.reserve(global_.size());
+      for (int64_t o : order) shuffled.push_back(std::move(global_[static_cast<size_t>(o)]));
+      global_ = std::move(shuffled);
+    }
+    cached_epoch_ = epoch, cached_world_ = world;
+  }
+  const auto& g = global_.at(static_cast<size_t>(k));
+  const int64_t first = static_cast<int64_t>(rank) * batch_;
+  return {g.first, std::vector<int64_t>(g.second.begin() + first, g.second.begin() + first + batch_)};
+}
+
+bool ImageTextSampler::flip(int64_t step, int64_t row) const {
+  return (mix_seed({seed_, kSeedTagFlip, static_cast<uint64_t>(step), static_cast<uint64_t>(row)}) >> 11) & 1;
+}
+
+// ---- dataset state ---------------------------------------------------------------------------
+
+ImageTextDataset::ImageTextDataset(std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits, int size)
+    : splits_(std::move(splits)), size_(size) {
+  for (const auto& [name, s] : splits_) {
+    std::vector<int64_t> all(static_cast<size_t>(s->size()));
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
+    all_.push_back(std::move(all));
+  }
+}
+
+std::vector<std::string> ImageTextDataset::splits() const {
+  std::vector<std::string> names;
+  for (const auto& [name, s] : splits_) names.push_back(name);
+  return names;
+}
+
+size_t ImageTextDataset::find(const std::string& split) const {
+  for (size_t i = 0; i < splits_.size(); ++i)
+    if (splits_[i].first == split) return i;
+  std::string have;
+  for (const auto& [name, s] : splits_) have += (have.empty() ? "" : ", ") + name;
+  throw std::invalid_argument("image_text_shards dataset: no split '" + split + "' (have: " + have +
+                              "; a split is there when PREFIX." + split + "-*.tar exist)");
+}
+
+const ImageTextShards& ImageTextDataset::shards(const std::string& split) const { return *splits_[find(split)].second; }
+
+int64_t ImageTextDataset::num_batches(const std::string& split, int64_t batch, int rank, int world) const {
+  if (batch < 1 || world < 1 || rank < 0 || rank >= world) throw std::invalid_argument("image_text_shards dataset: bad batch/rank/world");
+  return shards(split).size() / (batch * world);
+}
+
+std::vector<int64_t> ImageTextDataset::ids(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
+  const int64_t n = num_batches(split, batch, rank, world);
+  if (index < 0 || index >= n)
+    throw std::out_of_range("image_text_shards dataset: split '" + split + "' has " + std::to_string(n) + " batches of " +
+                            std::to_string(batch) + " for world " + std::to_string(world) + "; no batch " + std::to_string(index));
+  std::vector<int64_t> out(static_cast<size_t>(batch));
+  const int64_t first = index * world * batch + static_cast<int64_t>(rank) * batch;
+  for (int64_t j = 0; j < batch; ++j) out[static_cast<size_t>(j)] = first + j;
+  return out;
+}
+
+TensorMap ImageTextDataset::batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
+  const size_t s = find(split);
+  return load_image_batch(*splits_[s].second, ids(split, index, batch, rank, world), all_[s], size_, size_, {}, nullptr);
+}
+
+std::vector<std::string> ImageTextDataset::captions(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
+  const size_t s = find(split);
+  std::vector<std::string> caps;
+  const ImageTextShards& d = *splits_[s].second;
+  // The same replacements as batch() (a bad image's row shows the next good sample).
+  for (int64_t id : ids(split, index, batch, rank, world)) {
+    Image img;
+    caps.push_back(d.caption(d.load(id, all_[s], &img)));
+  }
+  return caps;
+}
+
+// ---- the node --------------------------------------------------------------------------------
+
+namespace {
+
+class ImageTextShardsNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    const std::string path = p.get<std::string>("path"), split = p.get<std::string>("split");
+    const int size = static_cast<int>(p.get<int64_t>("size"));
+    const bool multi = p.get<bool>("buckets");
+    flip_ = p.get<bool>("flip");
+    const int64_t batch = p.get<int64_t>("batch");
+    const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
+    const std::string on_bad = p.get<std::string>("on_bad");
+    if (on_bad != "skip" && on_bad != "error") throw std::runtime_error(ctx.who() + ": on_bad must be skip or error, not '" + on_bad + "'");
+    const OnBad mode = on_bad == "error" ? OnBad::Error : OnBad::Skip;
+    rank_ = ctx.run().rank, world_ = ctx.run().world;
+
+    data_ = std::make_shared<const ImageTextShards>(path, split, mode);
+    buckets_ = image_buckets(size, multi);
+    std::vector<int> bucket_of(static_cast<size_t>(data_->size()));
+    std::vector<int64_t> per(buckets_.size(), 0);
+    for (int64_t i = 0; i < data_->size(); ++i) {
+      const ImageTextSample& s = data_->sample(i);
+      bucket_of[static_cast<size_t>(i)] = multi ? nearest_bucket(buckets_, s.w, s.h) : 0;
+      ++per[static_cast<size_t>(bucket_of[static_cast<size_t>(i)])];
+    }
+    sampler_ = std::make_unique<ImageTextSampler>(std::move(bucket_of), static_cast<int>(buckets_.size()), batch, seed);
+    const int64_t spe = sampler_->steps_per_epoch(world_);  // fail now, not at step 1, if too few samples
+    std::string sizes;
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      sizes += (b ? ", " : "") + std::to_string(buckets_[b].w) + "x" + std::to_string(buckets_[b].h) + " (" + std::to_string(per[b]) + ")";
+    spdlog::info("{}: {}.{}: {} samples in {} shards, {} steps per epoch; sizes: {}", ctx.who(), path, split, data_->size(),
+                 data_->shards().size(), spe, sizes);
+
+    std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits;
+    for (const char* name : {"train", "val"}) {
+      if (name == split)
+        splits.emplace_back(name, data_);
+      else if (ImageTextShards::exists(path, name))
+        splits.emplace_back(name, std::make_shared<const ImageTextShards>(path, name, mode));
+    }
+    ctx.own_state("dataset", std::shared_ptr<Dataset>(std::make_shared<ImageTextDataset>(std::move(splits), size)));
+    ctx.own_state("cursor", std::make_shared<DataCursor>());
+  }
+
+  void run(StepContext& ctx) override {
+    DataCursor& cursor = ctx.state_as<DataCursor>("cursor");
+    if (cursor.batches != ctx.step() - 1)
+      throw std::runtime_error("data cursor says " + std::to_string(cursor.batches) + " batches were drawn, but this is step " +
+                               std::to_string(ctx.step()) + " (expected " + std::to_string(ctx.step() - 1) +
+                               "): the cursor was restored from another step than the run resumes at");
+    const auto [bucket, ids] = sampler_->for_step(ctx.step(), rank_, world_);
+    std::vector<char> flips(ids.size(), 0);
+    if (flip_)
+      for (size_t j = 0; j < ids.size(); ++j)
+        flips[j] = sampler_->flip(ctx.step(), static_cast<int64_t>(rank_) * sampler_->batch_size() + static_cast<int64_t>(j));
+    std::vector<std::string> captions;
+    const ImageBucket& b = buckets_[static_cast<size_t>(bucket)];
+    TensorMap batch = load_image_batch(*data_, ids, sampler_->pool(bucket), b.w, b.h, flips, &captions);
+    ctx.out("batch", std::move(batch));
+    ctx.out("captions", std::move(captions));
+    ctx.out("skipped", data_->bad_count());
+    cursor.batches = ctx.step();
+  }
+
+ private:
+  std::shared_ptr<const ImageTextShards> data_;
+  std::vector<ImageBucket> buckets_;
+  std::unique_ptr<ImageTextSampler> sampler_;
+  bool flip_ = false;
+  int rank_ = 0, world_ = 1;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(image_text_shards, flowrun::ImageTextShardsNode)

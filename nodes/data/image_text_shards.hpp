@@ -1,0 +1,179 @@
+// The pieces behind the image_text_shards node, usable on their own (tests, samplers, tools).
+//
+// Shards: PREFIX.SPLIT-NNNNNN.tar (made by `flowrun prep images`), WebDataset layout: a sample
+// is the members sharing a key (tar.hpp), one image (png, jpg or jpeg) and one caption (txt).
+// At setup every shard's headers are indexed (member offsets), and each image's header is read
+// (its first 64 KiB) for its size, so a step reads exactly its samples with pread.
+//
+// Bad samples: found at setup (no caption, no image, two images, an image that is not PNG/JPEG
+// by its header, a member cut short by the end of the file, a corrupt tar header: the rest of
+// that shard) or when decoding at a step (a corrupt image body). With on_bad = error the node
+// throws, naming the shard and member; with skip it warns once per bad sample and counts it.
+// A sample found bad at setup is not in the order at all. One found bad while decoding is
+// replaced by the next good sample of the same bucket in file order (wrapping), so the batch of
+// a step still depends only on (data, seed, step, rank, world).
+//
+// Sizes: without buckets every image is scaled to cover size x size and centre-cropped. With
+// buckets (HunyuanDiT's multi-resolution training) the sizes are, for the aspect ratios
+// w:h in {1:1, 4:3, 3:4, 16:9, 9:16}, w x h = size*sqrt(r) x size/sqrt(r) rounded to
+// multiples of 16 (area ~ size^2; the 1:1 bucket is exactly size x size; duplicates dropped,
+// so small sizes have fewer buckets: 32 gives 32x32, 48x32, 32x48);
+// each image goes to the bucket whose aspect ratio is nearest its own (in log ratio) and is
+// scaled to cover it and centre-cropped.
+//
+// Order: epoch e takes a seeded shuffle of the good samples (seed mix(seed, "epoch", e)),
+// splits it by bucket keeping that order, and cuts each bucket's list into global batches of
+// world x batch samples (a bucket's remainder is dropped for the epoch). Without buckets the
+// global batches are taken in order; with buckets their order is shuffled again
+// (mix(seed, "buckets", e)), so a global batch, and so every rank's batch, holds one bucket's
+// size. Rank r takes rows [r*batch, (r+1)*batch) of the step's global batch. Steps per epoch =
+// sum over buckets of floor(samples in bucket / (world x batch)). Random flips are drawn per
+// global row: mix(seed, "flip", step, r*batch + j), so world 2 x batch B reads exactly what
+// world 1 x batch 2B reads.
+#pragma once
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/tensor_map.hpp"
+#include "data/dataset.hpp"
+#include "data/image_io.hpp"
+#include "data/tar.hpp"
+
+namespace flowrun {
+
+// ---- tensors <-> images ----
+
+// RGB image -> float32 [3, H, W] in [-1, 1] (x / 127.5 - 1).
+torch::Tensor image_to_tensor(const Image& img);
+// float [3, H, W] in [-1, 1] (clamped) or uint8 [H, W, 3] -> RGB Image. For samplers: write_png(path, tensor_to_image(x)).
+Image tensor_to_image(const torch::Tensor& t);
+// float [N, 3, H, W] in [-1, 1] -> one image of the N tiles in rows of `cols`, `pad` pixels of
+// `pad_value` (0..255) between them.
+Image image_grid(const torch::Tensor& images, int cols, int pad = 2, uint8_t pad_value = 255);
+
+// ---- buckets ----
+
+struct ImageBucket {
+  int w = 0, h = 0;
+};
+// The bucket sizes for `size` (just {size, size} when multi_res is false); see above.
+std::vector<ImageBucket> image_buckets(int size, bool multi_res);
+// Index of the bucket whose aspect ratio is nearest w/h.
+int nearest_bucket(const std::vector<ImageBucket>& buckets, int w, int h);
+
+// ---- one split's shards ----
+
+enum class OnBad { Skip, Error };
+
+struct ImageTextSample {
+  int shard = 0;
+  std::string key;
+  TarMember image, caption;
+  int w = 0, h = 0;  // from the image header
+};
+
+struct BadSample {
+  std::string shard, member, reason;
+  std::string message() const { return shard + ": " + member + ": " + reason; }
+};
+
+class ImageTextShards {
+ public:
+  // Indexes PREFIX.SPLIT-*.tar. Throws std::runtime_error when there are none, when on_bad is
+  // Error and a bad sample is found (naming the shard and member), or when no sample is good.
+  // With Skip, bad samples are logged (a warning each) and listed in bad().
+  ImageTextShards(const std::string& prefix, const std::string& split, OnBad on_bad = OnBad::Skip, bool log = true);
+  static std::vector<std::string> shard_paths(const std::string& prefix, const std::string& split);
+  static bool exists(const std::string& prefix, const std::string& split) { return !shard_paths(prefix, split).empty(); }
+
+  const std::string& split() const { return split_; }
+  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
+  const ImageTextSample& sample(int64_t i) const { return samples_.at(static_cast<size_t>(i)); }
+  const std::vector<std::string>& shards() const { return paths_; }
+  std::vector<BadSample> bad() const;                // found at setup and while decoding so far
+  int64_t bad_count() const { return bad_count_.load(); }
+
+  std::string caption(int64_t i) const;              // trimmed
+  std::string image_bytes(int64_t i) const;
+  Image decode(int64_t i) const;                     // throws ImageError naming shard and member
+  // Decodes sample i; when it is bad (skip) the next good one of `pool` after it (wrapping),
+  // where `pool` lists sample indices in file order and contains i. Returns the index used.
+  int64_t load(int64_t i, const std::vector<int64_t>& pool, Image* img) const;
+
+ private:
+  void add_bad(BadSample b, bool at_setup) const;
+  std::string split_;
+  OnBad on_bad_;
+  bool log_;
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<TarFile>> files_;
+  std::vector<ImageTextSample> samples_;
+  mutable std::mutex mu_;
+  mutable std::vector<BadSample> bad_;
+  mutable std::set<int64_t> bad_at_decode_;
+  mutable std::atomic<int64_t> bad_count_{0};
+};
+
+// Decodes, resizes and crops samples `ids` into {"image": float [n, 3, h, w] in [-1, 1]};
+// flips[j] mirrors row j. Decodes in parallel. `captions` (if not null) gets the captions of
+// the samples actually used (after replacements).
+TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_t>& ids, const std::vector<int64_t>& pool,
+                           int w, int h, const std::vector<char>& flips, std::vector<std::string>* captions);
+
+// ---- the training order ----
+
+class ImageTextSampler {
+ public:
+  // bucket_of[i]: the bucket of sample i (0 .. buckets-1).
+  ImageTextSampler(std::vector<int> bucket_of, int buckets, int64_t batch, uint64_t seed);
+  int64_t batch_size() const { return batch_; }
+  // Throws std::runtime_error when not even one global batch exists.
+  int64_t steps_per_epoch(int world) const;
+  // The samples rank `rank` reads at `step` (1-based), and their bucket.
+  std::pair<int, std::vector<int64_t>> for_step(int64_t step, int rank, int world) const;
+  // Whether global row `row` of `step` is flipped (p = 0.5).
+  bool flip(int64_t step, int64_t row) const;
+  // Samples of bucket b in file order (the replacement pool for bad samples).
+  const std::vector<int64_t>& pool(int b) const { return pools_.at(static_cast<size_t>(b)); }
+
+ private:
+  std::vector<int> bucket_of_;
+  std::vector<std::vector<int64_t>> pools_;
+  int64_t batch_;
+  uint64_t seed_;
+  mutable std::mutex mu_;
+  mutable int64_t cached_epoch_ = -1;
+  mutable int cached_world_ = 0;
+  mutable std::vector<std::pair<int, std::vector<int64_t>>> global_;  // the epoch's global batches
+};
+
+// The `dataset` state: fixed passes over each split present, in file order, no flips, every
+// image at size x size (buckets do not apply); batch i of rank r holds samples
+// i*world*batch + r*batch + [0, batch). batch() gives {"image"}; captions() the same rows' captions.
+class ImageTextDataset : public Dataset {
+ public:
+  ImageTextDataset(std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits, int size);
+  std::vector<std::string> splits() const override;
+  int64_t num_batches(const std::string& split, int64_t batch, int rank, int world) const override;
+  TensorMap batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const override;
+  std::vector<std::string> captions(const std::string& split, int64_t index, int64_t batch, int rank, int world) const;
+  const ImageTextShards& shards(const std::string& split) const;
+  int size() const { return size_; }
+
+ private:
+  std::vector<int64_t> ids(const std::string& split, int64_t index, int64_t batch, int rank, int world) const;
+  size_t find(const std::string& split) const;
+  std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits_;
+  std::vector<std::vector<int64_t>> all_;  // per split: 0 .. n-1, the replacement pool
+  int size_;
+};
+
+}  // namespace flowrun

@@ -1,0 +1,654 @@
+// image_text_shards and the pieces under it: image decode/encode/resize (image_io), the ustar
+// reader and writer (tar), `flowrun prep images` and `flowrun prep shapes`, bad-sample handling,
+// the training order (ranks, seeds, buckets, resume) and the node in a graph.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <set>
+
+#include "data/cursor.hpp"
+#include "data/image_io.hpp"
+#include "data/image_text_shards.hpp"
+#include "data/prep.hpp"
+#include "data/prep_images.hpp"
+#include "data/shapes.hpp"
+#include "data/tar.hpp"
+#include "data_test_helpers.hpp"
+#include "node_test_helpers.hpp"
+
+namespace flowrun {
+namespace {
+
+namespace fs = std::filesystem;
+
+// An image whose pixels say where they are: (x * 16 + y, y * 8, (x + y) * 4).
+Image gradient(int w, int h) {
+  Image img(w, h, 3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      uint8_t* p = img.at(x, y);
+      p[0] = static_cast<uint8_t>(x * 16 + y), p[1] = static_cast<uint8_t>(y * 8), p[2] = static_cast<uint8_t>((x + y) * 4);
+    }
+  return img;
+}
+
+double mean_abs_diff(const Image& a, const Image& b) {
+  EXPECT_EQ(a.px.size(), b.px.size());
+  double s = 0;
+  for (size_t i = 0; i < a.px.size(); ++i) s += std::abs(int(a.px[i]) - int(b.px[i]));
+  return s / static_cast<double>(a.px.size());
+}
+
+std::string png_of(const Image& img) { return encode_png(img); }
+
+// A PNG whose header is fine but whose image data is corrupt (found only when decoding).
+std::string corrupt_body_png(const Image& img) {
+  std::string b = encode_png(img);
+  for (size_t i = b.size() - 24; i < b.size() - 16; ++i) b[i] = static_cast<char>(b[i] ^ 0x5A);
+  return b;
+}
+
+// ---- image_io ------------------------------------------------------------------------------
+
+TEST(ImageIo, PngRoundTripIsExactForEveryChannelCount) {
+  const Image rgb = render_shape(shape_spec(1, "base", 3), 24);
+  const Image back = decode_image(encode_png(rgb), "shape.png");
+  EXPECT_EQ(back.w, 24);
+  EXPECT_EQ(back.h, 24);
+  EXPECT_EQ(back.c, 3);
+  EXPECT_EQ(back.px, rgb.px);
+  // Gray: replicated into RGB. Palette and 16-bit come through libpng's transforms likewise.
+  Image gray(5, 4, 1);
+  for (size_t i = 0; i < gray.px.size(); ++i) gray.px[i] = static_cast<uint8_t>(i * 12);
+  const Image g3 = decode_image(encode_png(gray), "gray.png");
+  ASSERT_EQ(g3.c, 3);
+  for (int i = 0; i < 20; ++i)
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(g3.px[static_cast<size_t>(i * 3 + k)], gray.px[static_cast<size_t>(i)]);
+  // Alpha: composited onto white (transparent -> white, opaque -> the color).
+  Image rgba(2, 1, 4);
+  const uint8_t px[8] = {10, 20, 30, 0, 10, 20, 30, 255};
+  std::copy(px, px + 8, rgba.px.begin());
+  const Image a3 = decode_image(encode_png(rgba), "alpha.png");
+  EXPECT_EQ(std::vector<uint8_t>(a3.px.begin(), a3.px.begin() + 3), (std::vector<uint8_t>{255, 255, 255}));
+  EXPECT_EQ(std::vector<uint8_t>(a3.px.begin() + 3, a3.px.end()), (std::vector<uint8_t>{10, 20, 30}));
+  int w = 0, h = 0;
+  EXPECT_TRUE(probe_image_size(encode_png(gradient(7, 5)), &w, &h));
+  EXPECT_EQ(w, 7);
+  EXPECT_EQ(h, 5);
+}
+
+TEST(ImageIo, JpegRoundTripIsClose) {
+  const Image img = resize(render_shape(shape_spec(2, "base", 5), 32), 48, 40);
+  const std::string jpg = encode_jpeg(img, 95);
+  EXPECT_EQ(sniff_image_format(jpg), "jpeg");
+  int w = 0, h = 0;
+  ASSERT_TRUE(probe_image_size(jpg, &w, &h));
+  EXPECT_EQ(w, 48);
+  EXPECT_EQ(h, 40);
+  const Image back = decode_image(jpg, "shape.jpg");
+  ASSERT_EQ(back.w, 48);
+  ASSERT_EQ(back.h, 40);
+  EXPECT_LT(mean_abs_diff(back, img), 4.0);
+  EXPECT_GT(mean_abs_diff(back, Image(48, 40, 3, 128)), 20.0);  // and not just anything
+  Image gray(16, 8, 1, 77);
+  const Image g = decode_image(encode_jpeg(gray), "gray.jpg");
+  EXPECT_EQ(g.c, 3);
+  EXPECT_NEAR(g.at(3, 3)[0], 77, 2);
+  EXPECT_NEAR(g.at(3, 3)[2], 77, 2);
+}
+
+TEST(ImageIo, CorruptOrTruncatedDataThrowsNamingTheItem) {
+  const std::string png = encode_png(gradient(16, 16)), jpg = encode_jpeg(gradient(16, 16));
+  auto expect_error = [](const std::string& bytes, const std::string& what) {
+    try {
+      decode_image(bytes, "shard.tar: 000007.png");
+      ADD_FAILURE() << what << ": no error";
+    } catch (const ImageError& e) {
+      EXPECT_NE(std::string(e.what()).find("shard.tar: 000007.png"), std::string::npos) << e.what();
+    }
+  };
+  expect_error("hello, not an image", "text");
+  expect_error(png.substr(0, png.size() / 2), "truncated PNG");
+  expect_error(corrupt_body_png(gradient(16, 16)), "corrupt PNG data");
+  expect_error(jpg.substr(0, jpg.size() / 2), "truncated JPEG");
+  expect_error(jpg.substr(0, 40), "JPEG header only");
+  EXPECT_NO_THROW(decode_image(png, "ok"));
+}
+
+TEST(ImageIo, ResizeCropAndFlipShapes) {
+  // A constant image stays constant at any size.
+  const Image flat(40, 30, 3, 200);
+  const Image r = resize(flat, 13, 7);
+  EXPECT_EQ(r.w, 13);
+  EXPECT_EQ(r.h, 7);
+  for (uint8_t v : r.px) EXPECT_EQ(v, 200);
+  // Downscaling a 1-pixel checkerboard averages it (antialiased), it does not alias to black or white.
+  Image checker(32, 32, 1);
+  for (int y = 0; y < 32; ++y)
+    for (int x = 0; x < 32; ++x) checker.at(x, y)[0] = ((x + y) % 2) ? 255 : 0;
+  for (uint8_t v : resize(checker, 8, 8).px) EXPECT_NEAR(v, 127.5, 3);
+  // Upscaling keeps the ends.
+  const Image up = resize(gradient(4, 4), 16, 16);
+  EXPECT_NEAR(up.at(0, 0)[1], 0, 1);
+  EXPECT_NEAR(up.at(0, 15)[1], 24, 1);
+  // Cover and centre crop: a wide image loses its sides, a tall one its top and bottom.
+  Image wide(64, 32, 3, 0);  // left quarter red, right quarter blue, middle green
+  for (int y = 0; y < 32; ++y)
+    for (int x = 0; x < 64; ++x) wide.at(x, y)[x < 16 ? 0 : x >= 48 ? 2 : 1] = 255;
+  const Image c = resize_center_crop(wide, 16, 16);
+  ASSERT_EQ(c.w, 16);
+  ASSERT_EQ(c.h, 16);
+  // (the edge columns blend in a little of the cut-off sides: the filter is 2 pixels wide at 2x)
+  EXPECT_EQ(c.at(1, 8)[1], 255);
+  EXPECT_EQ(c.at(14, 8)[1], 255);
+  EXPECT_EQ(c.at(1, 8)[0], 0);
+  EXPECT_EQ(c.at(14, 8)[2], 0);
+  EXPECT_LT(c.at(0, 8)[0], 64);  // at most a sliver of the red quarter
+  const Image t = resize_center_crop(gradient(10, 30), 10, 10);  // no scaling: rows 10..19
+  EXPECT_EQ(t.at(0, 0)[1], 10 * 8);
+  EXPECT_EQ(resize_center_crop(gradient(8, 8), 24, 12).w, 24);
+  // Flip mirrors rows.
+  const Image g = gradient(5, 3), f = hflip(g);
+  for (int y = 0; y < 3; ++y)
+    for (int x = 0; x < 5; ++x) EXPECT_EQ(std::vector<uint8_t>(f.at(x, y), f.at(x, y) + 3), std::vector<uint8_t>(g.at(4 - x, y), g.at(4 - x, y) + 3));
+  EXPECT_THROW(crop(g, 3, 0, 3, 3), std::invalid_argument);
+}
+
+TEST(ImageIo, WritePngIsAtomicAndReadable) {
+  const std::string dir = test::temp_dir("img");
+  const Image img = gradient(9, 6);
+  write_png(dir + "/sub/a.png", img);
+  EXPECT_EQ(decode_image(test::read_text(dir + "/sub/a.png"), "a.png").px, img.px);
+  write_png(dir + "/sub/a.png", img.px.data(), 3, 6, 3);  // over an existing file, from a raw buffer
+  EXPECT_EQ(decode_image(test::read_text(dir + "/sub/a.png"), "a.png").w, 3);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/sub")) {
+    ++files;
+    EXPECT_EQ(e.path().filename(), "a.png");
+  }
+  EXPECT_EQ(files, 1);  // no temporary left behind
+  // Tensors: [-1, 1] float CHW and back; a grid of tiles.
+  const torch::Tensor t = image_to_tensor(img);
+  EXPECT_EQ(t.sizes(), (std::vector<int64_t>{3, 6, 9}));
+  EXPECT_GE(t.min().item<float>(), -1.f);
+  EXPECT_LE(t.max().item<float>(), 1.f);
+  EXPECT_EQ(tensor_to_image(t).px, img.px);
+  const Image grid = image_grid(torch::stack({t, t, t}), 2, 1);
+  EXPECT_EQ(grid.w, 2 * 9 + 3);
+  EXPECT_EQ(grid.h, 2 * 6 + 3);
+  EXPECT_EQ(grid.at(1 + 9 + 1 + 4, 1 + 2)[0], img.at(4, 2)[0]);
+}
+
+// ---- tar -----------------------------------------------------------------------------------
+
+TEST(Tar, WriterReaderRoundTrip) {
+  const std::string dir = test::temp_dir("tar"), path = dir + "/a.tar";
+  const std::string long_name = std::string(120, 'd') + "/000001.png";  // needs ustar's prefix field
+  std::string binary(1000, '\0');
+  for (size_t i = 0; i < binary.size(); ++i) binary[i] = static_cast<char>(i * 7);
+  {
+    TarWriter w(path);
+    w.add("000000.png", binary);
+    w.add("000000.txt", "a caption");
+    w.add("empty.txt", "");
+    w.add(long_name, "x");
+    EXPECT_FALSE(fs::exists(path));  // not before finish
+    w.finish();
+  }
+  EXPECT_EQ(fs::file_size(path) % 512, 0u);
+  TarFile f(path);
+  const TarIndex& idx = f.index();
+  EXPECT_TRUE(idx.truncated.empty());
+  EXPECT_TRUE(idx.error.empty());
+  ASSERT_EQ(idx.members.size(), 4u);
+  EXPECT_EQ(idx.members[0].name, "000000.png");
+  EXPECT_EQ(f.read(idx.members[0]), binary);
+  EXPECT_EQ(f.read(idx.members[1]), "a caption");
+  EXPECT_EQ(f.read(idx.members[2]), "");
+  EXPECT_EQ(idx.members[3].name, long_name);
+  EXPECT_EQ(f.read(idx.members[3]), "x");
+  EXPECT_EQ(f.read_prefix(idx.members[0], 10), binary.substr(0, 10));
+  EXPECT_EQ(tar_key("dir.x/000012.seg.png"), "dir.x/000012");
+  EXPECT_EQ(tar_ext("dir.x/000012.seg.png"), "seg.png");
+  EXPECT_EQ(tar_key("000012"), "000012");
+  // An unfinished writer leaves nothing.
+  { TarWriter w(dir + "/b.tar"); w.add("x.txt", "y"); }
+  EXPECT_FALSE(fs::exists(dir + "/b.tar"));
+  EXPECT_FALSE(fs::exists(dir + "/b.tar.tmp"));
+}
+
+TEST(Tar, TruncatedMemberAndCorruptHeaderAreReported) {
+  const std::string dir = test::temp_dir("tar");
+  {
+    TarWriter w(dir + "/t.tar");
+    w.add("a.txt", "first");
+    w.add("b.png", std::string(3000, 'p'));
+    w.finish();
+  }
+  fs::resize_file(dir + "/t.tar", 512 + 512 + 512 + 1000);  // cut inside b.png's data
+  const TarIndex t = index_tar(dir + "/t.tar");
+  ASSERT_EQ(t.members.size(), 1u);
+  EXPECT_EQ(t.truncated, "b.png");
+  std::string bytes = test::read_text(dir + "/t.tar");
+  bytes[512 + 512 + 3] ^= 1;  // b.png's header: checksum fails
+  test::write_text(dir + "/c.tar", bytes);
+  const TarIndex c = index_tar(dir + "/c.tar");
+  EXPECT_EQ(c.members.size(), 1u);
+  EXPECT_NE(c.error.find("checksum"), std::string::npos) << c.error;
+  EXPECT_THROW(index_tar(dir + "/missing.tar"), std::runtime_error);
+}
+
+// ---- shapes --------------------------------------------------------------------------------
+
+TEST(Shapes, DeterministicAndCaptionsMatchWhatIsDrawn) {
+  std::set<std::string> colors_seen;
+  for (const std::string set : {"base", "lora"})
+    for (int64_t i = 0; i < 60; ++i) {
+      const ShapeSpec s = shape_spec(5, set, i);
+      EXPECT_EQ(shape_caption(s), shape_caption(shape_spec(5, set, i)));
+      const Image img = render_shape(s, 32);
+      EXPECT_EQ(img.px, render_shape(shape_spec(5, set, i), 32).px);
+      // The caption's color at the shape's centre, the background's in a far corner.
+      double cx, cy, r;
+      shape_geometry(s, 32, &cx, &cy, &r);
+      const std::string cap = shape_caption(s);
+      const ShapeColor& fg = shape_colors()[static_cast<size_t>(s.color)];
+      const ShapeColor& bg = shape_colors()[static_cast<size_t>(s.background)];
+      EXPECT_NE(cap.find(" " + fg.name + " " + s.kind + " "), std::string::npos) << cap;
+      EXPECT_NE(cap.find("on a " + bg.name + " background"), std::string::npos) << cap;
+      EXPECT_NE(cap.find(s.large ? "a large " : "a small "), std::string::npos) << cap;
+      const uint8_t* c = img.at(static_cast<int>(cx), static_cast<int>(cy));
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(c[k], fg.rgb[k]) << cap;
+      const int fx = s.position % 3 == 0 ? 31 : 0, fy = s.position / 3 == 0 ? 31 : 0;
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(img.at(fx, fy)[k], bg.rgb[k]) << cap;
+      // Position words: the centre lies in the named third of the image.
+      const std::string& pos = shape_positions()[static_cast<size_t>(s.position)];
+      EXPECT_EQ(pos.find("left") != std::string::npos, cx < 32 / 3.0) << cap;
+      EXPECT_EQ(pos.find("top") != std::string::npos, cy < 32 / 3.0) << cap;
+      // base never says purple; lora always does.
+      EXPECT_EQ(cap.find("purple") != std::string::npos, set == "lora") << cap;
+      if (set == "lora") EXPECT_EQ(fg.name, "purple");
+      colors_seen.insert(fg.name);
+    }
+  EXPECT_GE(colors_seen.size(), 6u);
+  EXPECT_NE(shape_caption(shape_spec(5, "base", 0)) + shape_caption(shape_spec(5, "base", 1)),
+            shape_caption(shape_spec(6, "base", 0)) + shape_caption(shape_spec(6, "base", 1)));
+  EXPECT_THROW(shape_spec(1, "other", 0), std::invalid_argument);
+}
+
+TEST(Shapes, WritesPngsCaptionsAndAVocabCoveringBothSets) {
+  const std::string dir = test::temp_dir("shapes");
+  ASSERT_EQ(prep_command({"shapes", dir + "/a", "--count", "12", "--size", "16", "--seed", "3"}), 0);
+  ASSERT_EQ(prep_command({"shapes", dir + "/b", "--count=12", "--size=16", "--seed=3"}), 0);
+  ASSERT_EQ(prep_command({"shapes", dir + "/l", "--count", "4", "--size", "16", "--set", "lora"}), 0);
+  EXPECT_EQ(prep_command({"shapes", dir + "/x", "--set", "nope"}), 2);
+  EXPECT_EQ(prep_command({"shapes"}), 2);
+  for (int i = 0; i < 12; ++i) {
+    char stem[16];
+    std::snprintf(stem, sizeof stem, "/%06d", i);
+    EXPECT_EQ(test::read_text(dir + "/a" + stem + ".png"), test::read_text(dir + "/b" + stem + ".png"));
+    EXPECT_EQ(test::read_text(dir + "/a" + stem + ".txt"), shape_caption(shape_spec(3, "base", i)) + "\n");
+    EXPECT_EQ(decode_image(test::read_text(dir + "/a" + stem + ".png"), stem).w, 16);
+  }
+  EXPECT_FALSE(fs::exists(dir + "/a/000012.png"));
+  const std::string vocab = test::read_text(dir + "/a/vocab.txt");
+  EXPECT_EQ(vocab, test::read_text(dir + "/l/vocab.txt"));
+  EXPECT_EQ(vocab.rfind("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n", 0), 0u);
+  std::set<std::string> tokens;
+  std::istringstream in(vocab);
+  for (std::string t; std::getline(in, t);) EXPECT_TRUE(tokens.insert(t).second) << "twice: " << t;
+  for (const std::string set : {"base", "lora"})
+    for (int i = 0; i < 40; ++i) {
+      std::istringstream words(shape_caption(shape_spec(9, set, i)));
+      for (std::string w; words >> w;) EXPECT_TRUE(tokens.count(w)) << w;
+    }
+  EXPECT_TRUE(tokens.count("purple"));
+  EXPECT_TRUE(tokens.count("##z"));
+}
+
+// ---- prep images ---------------------------------------------------------------------------
+
+TEST(PrepImages, PacksPairsIntoTrainAndValShards) {
+  const std::string src = test::temp_dir("pimg"), out = test::temp_dir("pimg_out") + "/set/shapes";
+  for (int i = 0; i < 6; ++i) {
+    const ShapeSpec s = shape_spec(1, "base", i);
+    write_png(src + "/img" + std::to_string(i) + ".png", render_shape(s, 16));
+    test::write_text(src + "/img" + std::to_string(i) + ".txt", "  " + shape_caption(s) + "\n");
+  }
+  test::write_text(src + "/photo.v2.JPG", encode_jpeg(gradient(20, 12)));
+  test::write_text(src + "/photo.v2.txt", "a photo");
+  write_png(src + "/nocap.png", gradient(8, 8));                  // no caption: skipped
+  test::write_text(src + "/broken.png", "not a png at all");      // does not decode: skipped
+  test::write_text(src + "/broken.txt", "a broken image");
+  test::write_text(src + "/orphan.txt", "a caption without image");
+  test::write_text(src + "/.hidden.png", "x");
+  PrepImagesOptions opt;
+  opt.dir = src, opt.out = out, opt.shard_size = 2, opt.val_fraction = 0.3, opt.quiet = true;
+  const PrepImagesSummary s = prep_images(opt);
+  EXPECT_EQ(s.samples[0] + s.samples[1], 7);
+  // round(0.3 * 8 pairs) = 2 drawn for val before decoding (broken.png may be one of them).
+  EXPECT_GE(s.samples[1], 1);
+  EXPECT_LE(s.samples[1], 2);
+  EXPECT_EQ(s.no_caption, 1);
+  EXPECT_EQ(s.bad_image, 1);
+  EXPECT_EQ(s.orphan_captions, 1);
+  EXPECT_EQ(s.shards[0], (s.samples[0] + 1) / 2);
+  EXPECT_TRUE(fs::exists(out + ".train-000000.tar"));
+  EXPECT_TRUE(fs::exists(out + ".val-000000.tar"));
+  const nlohmann::json j = nlohmann::json::parse(test::read_text(out + ".json"));
+  EXPECT_EQ(j["samples"], 7);
+  EXPECT_EQ(j["skipped"]["no_caption"], 1);
+  EXPECT_EQ(j["skipped"]["bad_image"], 1);
+  // Every sample is back, in name order within a split, with its caption trimmed.
+  std::map<std::string, std::string> captions;
+  std::vector<std::string> keys;
+  for (const char* split : {"train", "val"})
+    for (const std::string& path : ImageTextShards::shard_paths(out, split)) {
+      TarFile f(path);
+      for (const TarMember& m : f.index().members) {
+        if (tar_ext(m.name) == "txt") captions[tar_key(m.name)] = f.read(m), keys.push_back(tar_key(m.name));
+        else EXPECT_TRUE(tar_ext(m.name) == "png" || tar_ext(m.name) == "jpg") << m.name;
+      }
+    }
+  EXPECT_EQ(captions.size(), 7u);
+  EXPECT_EQ(captions.at("img3"), shape_caption(shape_spec(1, "base", 3)));
+  EXPECT_EQ(captions.at("photo_v2"), "a photo");
+  // The node's reader sees them all.
+  ImageTextShards train(out, "train", OnBad::Error, false), val(out, "val", OnBad::Error, false);
+  EXPECT_EQ(train.size() + val.size(), 7);
+  // Re-running with bigger shards removes the stale ones.
+  opt.shard_size = 100;
+  prep_images(opt);
+  EXPECT_EQ(ImageTextShards::shard_paths(out, "train").size(), 1u);
+  // The command line.
+  EXPECT_EQ(prep_command({"images", src, out + "2", "--shard-size", "3", "--val-fraction", "0"}), 0);
+  EXPECT_FALSE(fs::exists(out + "2.val-000000.tar"));
+  EXPECT_EQ(prep_command({"images", src}), 2);
+  EXPECT_EQ(prep_command({"images", src + "/nope", out}), 2);
+}
+
+// ---- bad samples ---------------------------------------------------------------------------
+
+// A shard of: good 0, 1; corrupt header (not an image); good 2; missing caption; corrupt
+// body (found only when decoded); good 3; and a last member cut short.
+std::string bad_shard() {
+  const std::string prefix = test::temp_dir("bad") + "/d";
+  const std::string path = prefix + ".train-000000.tar";
+  {
+    TarWriter w(path);
+    auto good = [&](const std::string& key, int i) {
+      w.add(key + ".png", png_of(render_shape(shape_spec(1, "base", i), 16)));
+      w.add(key + ".txt", "good " + std::to_string(i));
+    };
+    good("k0", 0);
+    good("k1", 1);
+    w.add("k2.png", "garbage, not a png");
+    w.add("k2.txt", "bad header");
+    good("k3", 2);
+    w.add("k4.png", png_of(gradient(16, 16)));  // no k4.txt
+    w.add("k5.png", corrupt_body_png(gradient(16, 16)));
+    w.add("k5.txt", "bad body");
+    good("k6", 3);
+    w.add("k7.png", png_of(gradient(64, 64)));
+    w.finish();
+  }
+  const TarMember last = index_tar(path).members.back();  // k7.png: cut in the middle of its data
+  fs::resize_file(path, last.offset + last.size / 2);
+  return prefix;
+}
+
+TEST(ImageTextShards, BadSamplesAreSkippedCountedAndNamed) {
+  const std::string p = bad_shard();
+  ImageTextShards d(p, "train", OnBad::Skip, false);
+  // Setup finds: k2 (header), k4 (no caption), k7 (truncated). k5 decodes badly later.
+  EXPECT_EQ(d.size(), 5);
+  EXPECT_EQ(d.bad_count(), 3);
+  std::set<std::string> members;
+  for (const BadSample& b : d.bad()) {
+    members.insert(b.member);
+    EXPECT_NE(b.shard.find(".train-000000.tar"), std::string::npos);
+  }
+  EXPECT_EQ(members, (std::set<std::string>{"k2.png", "k4.png", "k7.png"}));
+  std::vector<std::string> keys;
+  for (int64_t i = 0; i < d.size(); ++i) keys.push_back(d.sample(i).key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"k0", "k1", "k3", "k5", "k6"}));
+  // Decoding k5 fails: it is replaced by the next good sample (k6), counted once.
+  const std::vector<int64_t> pool = {0, 1, 2, 3, 4};
+  std::vector<std::string> caps;
+  const TensorMap b = load_image_batch(d, {3, 0, 3}, pool, 16, 16, {}, &caps);
+  EXPECT_EQ(caps, (std::vector<std::string>{"good 3", "good 0", "good 3"}));
+  EXPECT_EQ(b.at("image").sizes(), (std::vector<int64_t>{3, 3, 16, 16}));
+  EXPECT_EQ(d.bad_count(), 4);
+  load_image_batch(d, {3}, pool, 16, 16, {}, nullptr);
+  EXPECT_EQ(d.bad_count(), 4);
+  EXPECT_EQ(d.bad().back().member, "k5.png");
+}
+
+TEST(ImageTextShards, OnBadErrorThrowsNamingShardAndMember) {
+  const std::string p = bad_shard();
+  try {
+    ImageTextShards d(p, "train", OnBad::Error, false);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("d.train-000000.tar"), std::string::npos) << m;
+    EXPECT_NE(m.find("k2.png"), std::string::npos) << m;
+  }
+  // A shard whose only problem is a corrupt body fails when that sample is decoded.
+  const std::string q = test::temp_dir("bad2") + "/e";
+  {
+    TarWriter w(q + ".train-000000.tar");
+    w.add("a.png", png_of(gradient(8, 8)));
+    w.add("a.txt", "fine");
+    w.add("b.png", corrupt_body_png(gradient(16, 16)));
+    w.add("b.txt", "corrupt");
+    w.finish();
+  }
+  ImageTextShards d(q, "train", OnBad::Error, false);
+  ASSERT_EQ(d.size(), 2);
+  try {
+    load_image_batch(d, {1}, {0, 1}, 8, 8, {}, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("e.train-000000.tar: b.png"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ImageTextShards(q, "val", OnBad::Skip, false), std::runtime_error);  // no val shards
+}
+
+// ---- order ---------------------------------------------------------------------------------
+
+std::set<int64_t> as_set(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+TEST(ImageTextSampler, RanksAreDisjointAndCoverTheGlobalBatchSameSeedSameOrder) {
+  ImageTextSampler per_rank(std::vector<int>(50, 0), 1, 3, 7), whole(std::vector<int>(50, 0), 1, 6, 7), other(std::vector<int>(50, 0), 1, 3, 8);
+  ASSERT_EQ(per_rank.steps_per_epoch(2), 8);
+  std::set<int64_t> epoch;
+  for (int64_t step : {1, 2, 5, 8, 9, 17, 30}) {
+    const auto r0 = per_rank.for_step(step, 0, 2).second, r1 = per_rank.for_step(step, 1, 2).second;
+    std::vector<int64_t> both = r0;
+    both.insert(both.end(), r1.begin(), r1.end());
+    EXPECT_EQ(as_set(both).size(), 6u) << "step " << step << ": a sample on both ranks";
+    EXPECT_EQ(both, whole.for_step(step, 0, 1).second) << "step " << step;
+    EXPECT_EQ(r0, ImageTextSampler(std::vector<int>(50, 0), 1, 3, 7).for_step(step, 0, 2).second);
+  }
+  for (int64_t step = 1; step <= 8; ++step)
+    for (int r = 0; r < 2; ++r)
+      for (int64_t i : per_rank.for_step(step, r, 2).second) EXPECT_TRUE(epoch.insert(i).second);
+  EXPECT_EQ(epoch.size(), 48u);
+  EXPECT_NE(per_rank.for_step(1, 0, 2).second, other.for_step(1, 0, 2).second);
+  EXPECT_NE(per_rank.for_step(1, 0, 2).second, per_rank.for_step(9, 0, 2).second);  // a new epoch, a new order
+  // Flips: about half, a function of (seed, step, row).
+  int flips = 0;
+  for (int64_t row = 0; row < 400; ++row) flips += per_rank.flip(3, row);
+  EXPECT_GT(flips, 150);
+  EXPECT_LT(flips, 250);
+  EXPECT_THROW(ImageTextSampler(std::vector<int>(5, 0), 1, 3, 7).steps_per_epoch(2), std::runtime_error);
+}
+
+TEST(ImageTextSampler, EveryBatchHoldsOneBucket) {
+  std::vector<int> bucket_of;
+  for (int i = 0; i < 90; ++i) bucket_of.push_back(i % 3 == 0 ? 1 : i % 7 == 0 ? 2 : 0);
+  ImageTextSampler s(bucket_of, 3, 4, 1);
+  const int64_t spe = s.steps_per_epoch(1);
+  EXPECT_EQ(spe, 13 + 7 + 2);  // bucket 0: 52 samples, 1: 30, 2: 8
+  std::set<int> buckets_seen;
+  for (int64_t step = 1; step <= spe; ++step) {
+    const auto [b, ids] = s.for_step(step, 0, 1);
+    buckets_seen.insert(b);
+    for (int64_t i : ids) EXPECT_EQ(bucket_of[static_cast<size_t>(i)], b);
+  }
+  EXPECT_EQ(buckets_seen.size(), 3u);
+  // HunyuanDiT-style sizes: aligned to 16 (but the square), area ~ size^2, nearest aspect ratio.
+  const auto bs = image_buckets(256, true);
+  ASSERT_EQ(bs.size(), 5u);
+  for (const ImageBucket& b : bs) {
+    EXPECT_EQ(b.w % 16, 0);
+    EXPECT_EQ(b.h % 16, 0);
+    EXPECT_NEAR(b.w * b.h, 256 * 256, 256 * 256 * 0.08);
+  }
+  EXPECT_EQ(bs[static_cast<size_t>(nearest_bucket(bs, 1920, 1080))].w, 336);
+  EXPECT_EQ(bs[static_cast<size_t>(nearest_bucket(bs, 1000, 1010))].w, 256);
+  EXPECT_EQ(bs[static_cast<size_t>(nearest_bucket(bs, 600, 800))].h, 288);
+  EXPECT_EQ(image_buckets(32, false).size(), 1u);
+}
+
+// ---- the node ------------------------------------------------------------------------------
+
+// PREFIX.train with n shapes (size px) in shards of 7, and PREFIX.val with 5.
+std::string shapes_shards(int n, int size = 16) {
+  const std::string dir = test::temp_dir("its");
+  ShapesOptions so;
+  so.out_dir = dir + "/src", so.count = n, so.size = size, so.seed = 2;
+  write_shapes(so);
+  PrepImagesOptions po;
+  po.dir = so.out_dir, po.out = dir + "/shapes", po.shard_size = 7, po.val_fraction = 5.0 / n, po.quiet = true;
+  prep_images(po);
+  return po.out;
+}
+
+std::unique_ptr<test::GraphRun> load_graph(const std::string& yaml, int rank = 0, int world = 1, int64_t first_step = 1) {
+  test::register_node_test_types();
+  auto r = std::make_unique<test::GraphRun>();
+  r->dir = test::temp_dir("itsnode");
+  std::ofstream(r->dir + "/graph.yaml") << yaml;
+  r->spec = std::make_unique<GraphSpec>(
+      flowrun::load_graph(r->dir + "/graph.yaml", {"run.out_dir=" + r->dir + "/out", "run.progress=off"}, Registry::global()));
+  RunInfo info = run_info(*r->spec);
+  info.first_step = first_step;
+  info.rank = rank, info.world = world;
+  r->out_dir = info.out_dir;
+  r->ex = std::make_unique<Executor>(*r->spec, Registry::global(), info);
+  return r;
+}
+
+std::map<int64_t, TensorMap> run_and_probe(test::GraphRun& g) {
+  {
+    std::lock_guard<std::mutex> l(test::BatchProbe::mu());
+    test::BatchProbe::seen().clear();
+  }
+  g.run();
+  std::lock_guard<std::mutex> l(test::BatchProbe::mu());
+  return test::BatchProbe::seen();
+}
+
+std::string graph_yaml(const std::string& path, int steps, const std::string& extra = "") {
+  return "flowrun: 1\nrun: { steps: " + std::to_string(steps) + ", seed: 3, prefetch: 2 }\nnodes:\n" +
+         "  data: { type: image_text_shards, with: { path: '" + path + "', size: 12, batch: 4" + extra + " } }\n" +
+         "  probe: { type: t_batch_probe, in: { batch: data.batch } }\n";
+}
+
+TEST(ImageTextShardsNode, BatchesAreImagesInRangeFromTheSamplersOrder) {
+  const std::string p = shapes_shards(30);  // 25 train: 6 steps per epoch
+  auto g = load_graph(graph_yaml(p, 8, ", flip: true"));
+  const auto seen = run_and_probe(*g);
+  ASSERT_EQ(seen.size(), 8u);
+  ImageTextShards d(p, "train", OnBad::Error, false);
+  ASSERT_EQ(d.size(), 25);
+  ImageTextSampler ref(std::vector<int>(25, 0), 1, 4, 3);
+  std::vector<int64_t> pool(25);
+  std::iota(pool.begin(), pool.end(), 0);
+  int flipped = 0;
+  for (const auto& [step, batch] : seen) {
+    const torch::Tensor img = batch.at("image");
+    ASSERT_EQ(img.sizes(), (std::vector<int64_t>{4, 3, 12, 12}));
+    EXPECT_EQ(img.scalar_type(), torch::kFloat32);
+    EXPECT_GE(img.min().item<float>(), -1.f);
+    EXPECT_LE(img.max().item<float>(), 1.f);
+    std::vector<char> flips(4);
+    for (int j = 0; j < 4; ++j) flips[static_cast<size_t>(j)] = ref.flip(step, j), flipped += flips[static_cast<size_t>(j)];
+    const TensorMap want = load_image_batch(d, ref.for_step(step, 0, 1).second, pool, 12, 12, flips, nullptr);
+    EXPECT_TRUE(torch::equal(img, want.at("image"))) << "step " << step;
+  }
+  EXPECT_GT(flipped, 0);
+  EXPECT_LT(flipped, 32);
+  EXPECT_EQ(g->state<DataCursor>("data", "cursor").batches, 8);
+  // The dataset state: val and train in file order, at size x size, with captions.
+  auto& ds = dynamic_cast<ImageTextDataset&>(g->state<Dataset>("data", "dataset"));
+  EXPECT_EQ(ds.splits(), (std::vector<std::string>{"train", "val"}));
+  EXPECT_EQ(ds.num_batches("val", 2, 0, 1), 2);
+  const torch::Tensor v = ds.batch("val", 1, 2, 0, 1).at("image");
+  EXPECT_EQ(v.sizes(), (std::vector<int64_t>{2, 3, 12, 12}));
+  const auto caps = ds.captions("val", 1, 2, 0, 1);
+  ASSERT_EQ(caps.size(), 2u);
+  EXPECT_EQ(caps[0].rfind("a ", 0), 0u);
+  EXPECT_TRUE(torch::equal(v, ds.batch("val", 1, 2, 0, 1).at("image")));
+}
+
+TEST(ImageTextShardsNode, TwoRanksReadDisjointBatchesAndResumeIsExact) {
+  const std::string p = shapes_shards(30);
+  auto r0 = load_graph(graph_yaml(p, 3, ", seed: 11"), 0, 2);
+  const auto seen0 = run_and_probe(*r0);
+  auto r1 = load_graph(graph_yaml(p, 3, ", seed: 11"), 1, 2);
+  const auto seen1 = run_and_probe(*r1);
+  auto whole = load_graph(graph_yaml(p, 3, ", seed: 11, batch: 8"), 0, 1);
+  const auto seen_whole = run_and_probe(*whole);
+  for (int64_t s = 1; s <= 3; ++s)
+    EXPECT_TRUE(torch::equal(torch::cat({seen0.at(s).at("image"), seen1.at(s).at("image")}), seen_whole.at(s).at("image"))) << s;
+  // Resume after step 5, across the epoch end (6 steps per epoch).
+  auto full = load_graph(graph_yaml(p, 9, ", flip: true"));
+  const auto want = run_and_probe(*full);
+  auto resumed = load_graph(graph_yaml(p, 9, ", flip: true"), 0, 1, /*first_step=*/6);
+  resumed->state<DataCursor>("data", "cursor").batches = 5;
+  const auto got = run_and_probe(*resumed);
+  ASSERT_EQ(got.size(), 4u);
+  for (int64_t s = 6; s <= 9; ++s) EXPECT_TRUE(torch::equal(got.at(s).at("image"), want.at(s).at("image"))) << "step " << s;
+  auto bad = load_graph(graph_yaml(p, 9), 0, 1, /*first_step=*/6);
+  bad->state<DataCursor>("data", "cursor").batches = 2;
+  EXPECT_THROW(bad->run(), std::exception);
+}
+
+TEST(ImageTextShardsNode, BucketsGiveOneSizePerBatch) {
+  // Images of three shapes: 32x32, 48x27 (16:9) and 24x32 (3:4).
+  const std::string dir = test::temp_dir("buck"), src = dir + "/src";
+  for (int i = 0; i < 24; ++i) {
+    const int w = i % 3 == 0 ? 32 : i % 3 == 1 ? 48 : 24, h = i % 3 == 0 ? 32 : i % 3 == 1 ? 27 : 32;
+    write_png(src + "/" + std::to_string(100 + i) + ".png", resize(gradient(8, 8), w, h));
+    test::write_text(src + "/" + std::to_string(100 + i) + ".txt", "image " + std::to_string(i));
+  }
+  PrepImagesOptions po;
+  po.dir = src, po.out = dir + "/b", po.val_fraction = 0, po.quiet = true;
+  prep_images(po);
+  auto g = load_graph("flowrun: 1\nrun: { steps: 6, seed: 1 }\nnodes:\n  data: { type: image_text_shards, with: { path: '" + po.out +
+                      "', size: 32, batch: 4, buckets: true } }\n  probe: { type: t_batch_probe, in: { batch: data.batch } }\n");
+  const auto seen = run_and_probe(*g);
+  std::set<std::vector<int64_t>> shapes;
+  for (const auto& [step, batch] : seen) shapes.insert(batch.at("image").sizes().vec());
+  // 32 -> buckets 32x32, 48x32 (16:9), 32x48 (9:16) (4:3 and 3:4 round to 32x32); 48x27 images
+  // go to 48x32, 24x32 (3:4) ones to 32x48, the nearer ratio in log terms. 8 each: 2 steps each.
+  EXPECT_EQ(shapes, (std::set<std::vector<int64_t>>{{4, 3, 32, 32}, {4, 3, 32, 48}, {4, 3, 48, 32}})) << "got " << shapes.size() << " shapes";
+}
+
+TEST(ImageTextShardsNode, MissingShardsAreAnErrorNamingThePrefix) {
+  try {
+    auto g = load_graph(graph_yaml(test::temp_dir("none") + "/nothing", 1));
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("nothing.train-*.tar"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace flowrun
