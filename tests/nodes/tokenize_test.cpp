@@ -1,0 +1,226 @@
+// tokenize: BERT WordPiece as Hugging Face's BertTokenizer (hand-checked on a small vocab:
+// cleaning, lowercasing and accents, punctuation, CJK, ## continuations, [UNK], the 100-char
+// limit), [CLS]/[SEP], truncation and padding; SentencePiece (T5 convention) on a model trained
+// in the test; the node in a graph.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <mutex>
+#include <random>
+
+#include "encode/sentencepiece.hpp"
+#include "encode/tokenize.hpp"
+#include "encode/wordpiece.hpp"
+#include "node_test_helpers.hpp"
+
+namespace flowrun {
+namespace {
+
+using Strings = std::vector<std::string>;
+
+const Strings kVocab = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "un",   "##aff", "##able", "hello",
+                        "world", ",",     "!",     "a",     "##a",    "cat", "##s",  "sat",   "on",     "mat",
+                        "cafe",  "中",    "wait",  "—",     "what",   ".",   "runn", "##ing", "run"};
+
+WordPieceTokenizer make_wp(int64_t max_length = 16, bool lowercase = true) {
+  return WordPieceTokenizer(kVocab, max_length, lowercase, "test vocab");
+}
+
+std::string write_vocab(const Strings& v) {
+  const std::string file = test::temp_dir("tokenize") + "/vocab.txt";
+  std::ofstream out(file);
+  for (const auto& t : v) out << t << "\n";
+  return file;
+}
+
+TEST(TokenizeWordPiece, SplitsOnWhitespaceAndPunctuationAndLowercases) {
+  auto wp = make_wp();
+  EXPECT_EQ(wp.tokenize("Hello, World!"), (Strings{"hello", ",", "world", "!"}));
+  EXPECT_EQ(wp.tokenize("  hello\t\nworld  "), (Strings{"hello", "world"}));
+  EXPECT_EQ(wp.tokenize("wait\u2014what."), (Strings{"wait", "\u2014", "what", "."}));  // em dash is Pd
+  EXPECT_EQ(wp.tokenize(""), Strings{});
+}
+
+TEST(TokenizeWordPiece, StripsAccentsAndControlCharacters) {
+  auto wp = make_wp();
+  EXPECT_EQ(wp.tokenize("Caf\u00e9 CAF\u00c9"), (Strings{"cafe", "cafe"}));
+  EXPECT_EQ(wp.basic_tokenize("a\tcat\n\x01sat"), (Strings{"a", "cat", "sat"}));  // \x01 dropped
+  EXPECT_EQ(wp.basic_tokenize("a\xe2\x80\x8b" "cat"), (Strings{"acat"}));  // U+200B (Cf) dropped
+}
+
+TEST(TokenizeWordPiece, GreedyLongestMatchWithContinuations) {
+  auto wp = make_wp();
+  EXPECT_EQ(wp.tokenize("unaffable"), (Strings{"un", "##aff", "##able"}));
+  EXPECT_EQ(wp.tokenize("cats"), (Strings{"cat", "##s"}));
+  EXPECT_EQ(wp.tokenize("running"), (Strings{"runn", "##ing"}));  // longest first, not "run"
+  EXPECT_EQ(wp.tokenize("run"), (Strings{"run"}));
+  // A word with one uncoverable part is [UNK] as a whole.
+  EXPECT_EQ(wp.tokenize("xcats the"), (Strings{"[UNK]", "the"}));
+  EXPECT_EQ(wp.tokenize("catz"), (Strings{"[UNK]"}));
+}
+
+TEST(TokenizeWordPiece, WordsOverOneHundredCharactersAreUnk) {
+  auto wp = make_wp();
+  Strings hundred{"a"};
+  for (int i = 1; i < 100; ++i) hundred.push_back("##a");
+  EXPECT_EQ(wp.tokenize(std::string(100, 'a')), hundred);
+  EXPECT_EQ(wp.tokenize(std::string(101, 'a')), Strings{"[UNK]"});
+}
+
+TEST(TokenizeWordPiece, CjkCharactersAreWordsOfTheirOwn) {
+  auto wp = make_wp();
+  EXPECT_EQ(wp.basic_tokenize("\u732b\u4e2dcat"), (Strings{"\u732b", "\u4e2d", "cat"}));
+  EXPECT_EQ(wp.tokenize("\u732b\u4e2dcat"), (Strings{"[UNK]", "\u4e2d", "cat"}));
+}
+
+TEST(TokenizeWordPiece, SpecialTokensAndCase) {
+  auto wp = make_wp();
+  EXPECT_EQ(wp.ids("the [SEP] cat", 16), (std::vector<int64_t>{2, 5, 3, 15, 3}));
+  auto cased = make_wp(16, /*lowercase=*/false);
+  EXPECT_EQ(cased.basic_tokenize("Caf\u00e9 cat"), (Strings{"Caf\u00e9", "cat"}));
+  EXPECT_EQ(cased.tokenize("Hello cat"), (Strings{"[UNK]", "cat"}));
+}
+
+TEST(TokenizeWordPiece, EncodeAddsSpecialsTruncatesAndPads) {
+  auto wp = make_wp(6);
+  TensorMap t = wp.encode({"The cat sat on the mat", "a cat", ""});
+  ASSERT_EQ(t.size(), 2u);
+  const torch::Tensor ids = t.at("input_ids"), mask = t.at("attention_mask");
+  EXPECT_EQ(ids.scalar_type(), torch::kInt64);
+  EXPECT_EQ(mask.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(ids, torch::tensor({2, 5, 15, 17, 18, 3, 2, 13, 15, 3, 0, 0, 2, 3, 0, 0, 0, 0},
+                                              torch::kInt64).view({3, 6})));
+  EXPECT_TRUE(torch::equal(mask, torch::tensor({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0},
+                                               torch::kInt64).view({3, 6})));
+}
+
+TEST(TokenizeWordPiece, LoadsVocabTxtAndNamesTheFileInErrors) {
+  const std::string file = write_vocab(kVocab);
+  auto wp = WordPieceTokenizer::load(file, 8);
+  EXPECT_EQ(wp->vocab_size(), static_cast<int64_t>(kVocab.size()));
+  EXPECT_EQ(wp->token_id("##aff"), 7);
+  EXPECT_EQ(wp->ids("unaffable!", 8), (std::vector<int64_t>{2, 6, 7, 8, 12, 3}));
+
+  const std::string bad = write_vocab({"[PAD]", "[UNK]", "the"});
+  try {
+    WordPieceTokenizer::load(bad);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(bad), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[CLS]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[SEP]"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(WordPieceTokenizer::load(bad + ".nope"), std::runtime_error);
+}
+
+TEST(TokenizeSentencePiece, T5ConventionEosPadTruncate) {
+  if (!sentencepiece_available()) {
+    EXPECT_THROW(SentencePieceTokenizer::load("x.model"), std::runtime_error);
+    GTEST_SKIP() << "built without libsentencepiece";
+  }
+  // A small unigram model trained on generated sentences.
+  const std::string dir = test::temp_dir("spm");
+  const Strings words = {"a", "red", "cat", "sits", "on", "the", "blue", "mat", "dog", "runs", "in", "green",
+                         "field", "small", "bird", "flies", "over", "big", "house", "under", "sky"};
+  {
+    std::ofstream out(dir + "/text.txt");
+    std::mt19937 rng(1);
+    for (int i = 0; i < 400; ++i) {
+      for (int j = 0; j < 8; ++j) out << (j ? " " : "") << words[rng() % words.size()];
+      out << "\n";
+    }
+  }
+  SentencePieceTokenizer::train(dir + "/text.txt", dir + "/sp", 60);
+  auto sp = SentencePieceTokenizer::load(dir + "/sp.model", 8);
+  EXPECT_EQ(sp->pad_id(), 0);
+  EXPECT_EQ(sp->eos_id(), 1);
+  EXPECT_EQ(sp->vocab_size(), 60);
+
+  const std::vector<int64_t> pieces = sp->piece_ids("a red cat sits");
+  ASSERT_FALSE(pieces.empty());
+  for (int64_t id : pieces) EXPECT_GT(id, 2);  // no pad/eos/unk inside known text
+  EXPECT_EQ(sp->decode(pieces), "a red cat sits");
+  std::vector<int64_t> want = pieces;
+  want.push_back(1);
+  EXPECT_EQ(sp->ids("a red cat sits", 64), want);
+
+  TensorMap t = sp->encode({"a red cat sits on the blue mat under the big sky", "dog"});
+  const torch::Tensor ids = t.at("input_ids"), mask = t.at("attention_mask");
+  ASSERT_EQ(ids.sizes().vec(), (std::vector<int64_t>{2, 8}));
+  // Row 0 is longer than 8: 7 pieces, then </s>.
+  const std::vector<int64_t> long_pieces = sp->piece_ids("a red cat sits on the blue mat under the big sky");
+  ASSERT_GT(long_pieces.size(), 7u);
+  for (int64_t i = 0; i < 7; ++i) EXPECT_EQ(ids[0][i].item<int64_t>(), long_pieces[static_cast<size_t>(i)]);
+  EXPECT_EQ(ids[0][7].item<int64_t>(), 1);
+  EXPECT_EQ(mask[0].sum().item<int64_t>(), 8);
+  // Row 1: its pieces, </s>, then pad 0 with mask 0.
+  const std::vector<int64_t> dog = sp->piece_ids("dog");
+  const int64_t n = static_cast<int64_t>(dog.size()) + 1;
+  EXPECT_EQ(ids[1][n - 1].item<int64_t>(), 1);
+  EXPECT_EQ(mask[1].sum().item<int64_t>(), n);
+  for (int64_t i = n; i < 8; ++i) EXPECT_EQ(ids[1][i].item<int64_t>(), 0);
+
+  // lowercase lowercases before encoding.
+  auto lower = SentencePieceTokenizer::load(dir + "/sp.model", 8, /*lowercase=*/true);
+  EXPECT_EQ(lower->piece_ids("A RED Cat"), sp->piece_ids("a red cat"));
+  EXPECT_THROW(SentencePieceTokenizer::load(dir + "/missing.model"), std::runtime_error);
+}
+
+class Captions : public Node {
+ public:
+  void run(StepContext& c) override {
+    c.out("text", TextBatch{"a cat", "the cat sat on the mat step " + std::to_string(c.step())});
+  }
+};
+
+void register_captions() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Registry::global().add(R"(type: t_tok_captions
+doc: two captions per step
+outputs: { text: { kind: value, type: text, doc: captions } })",
+                           [] { return std::make_unique<Captions>(); }, "tests");
+  });
+}
+
+TEST(TokenizeNode, TokenizesCaptionsAndSharesItsTokenizer) {
+  register_captions();
+  const std::string vocab = write_vocab(kVocab);
+  auto g = test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 2, seed: 1 }
+nodes:
+  caps: { type: t_tok_captions }
+  tok: { type: tokenize, in: { text: caps.text }, with: { kind: wordpiece, vocab: )" + vocab + R"(, max_length: 6 } }
+  probe: { type: t_batch_probe, in: { batch: tok.tokens } }
+)");
+  {
+    std::lock_guard<std::mutex> l(test::BatchProbe::mu());
+    test::BatchProbe::seen().clear();
+  }
+  g->run();
+  std::lock_guard<std::mutex> l(test::BatchProbe::mu());
+  ASSERT_EQ(test::BatchProbe::seen().size(), 2u);
+  const TensorMap& b = test::BatchProbe::seen().at(2);
+  EXPECT_TRUE(torch::equal(b.at("input_ids"),
+                           torch::tensor({2, 13, 15, 3, 0, 0, 2, 5, 15, 17, 18, 3}, torch::kInt64).view({2, 6})));
+  EXPECT_TRUE(torch::equal(b.at("attention_mask"),
+                           torch::tensor({1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}, torch::kInt64).view({2, 6})));
+  TextTokenizer& tok = g->state<TextTokenizer>("tok", "tokenizer");
+  EXPECT_TRUE(torch::equal(tok.encode({"a cat"}).at("input_ids"), b.at("input_ids").narrow(0, 0, 1)));
+}
+
+TEST(TokenizeNode, UnknownVocabFileIsASetupError) {
+  register_captions();
+  EXPECT_ANY_THROW(test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 1 }
+nodes:
+  caps: { type: t_tok_captions }
+  tok: { type: tokenize, in: { text: caps.text }, with: { vocab: /nonexistent/vocab.txt } }
+)"));
+}
+
+}  // namespace
+}  // namespace flowrun
