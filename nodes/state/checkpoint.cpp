@@ -20,6 +20,8 @@
 
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
+#include "models/lora.hpp"
+#include "models/model_state.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
 #include "state/checkpoint_io.hpp"
@@ -34,6 +36,7 @@ struct Snapshot {
   int64_t step = 0;
   std::vector<std::pair<std::string, NamedTensors>> states;  // ref -> CPU copies
   NamedTensors rng;
+  std::vector<std::pair<std::string, lora::PeftFiles>> peft;  // lora_export: ref -> adapter files
 };
 
 void fsync_dir(const std::string& dir) {
@@ -48,6 +51,7 @@ class Checkpoint : public Node {
   std::string dir_, graph_file_, name_, config_;
   int keep_ = 3;
   int delay_ms_ = 0;
+  bool lora_export_ = false;
   bool writer_rank_ = true;
   std::future<void> pending_;
 
@@ -56,6 +60,7 @@ class Checkpoint : public Node {
     dir_ = (fs::path(c.run().out_dir) / c.params().get<std::string>("dir")).string();
     keep_ = c.params().get<int>("keep_last");
     delay_ms_ = c.params().get<int>("write_delay_ms");
+    lora_export_ = c.params().get<bool>("lora_export", false);
     writer_rank_ = c.run().rank == 0;
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
@@ -85,6 +90,10 @@ class Checkpoint : public Node {
       for (const auto& [k, t] : io->tensors(*values[i]))
         copy[k] = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
       snap.states.emplace_back(refs[i], std::move(copy));
+      if (lora_export_ && values[i]->is<std::shared_ptr<ModelState>>()) {
+        const auto& model = values[i]->as<std::shared_ptr<ModelState>>();
+        if (model && lora::has_lora(*model)) snap.peft.emplace_back(refs[i], lora::peft_files(*model));
+      }
     }
     snap.rng["cpu"] = torch::globalContext().defaultGenerator(torch::kCPU).get_state();
     wait();  // the previous write; rethrows its error
@@ -119,6 +128,11 @@ class Checkpoint : public Node {
       const std::string file = ref + ".safetensors";
       safetensors::save(tmp + "/" + file, tensors, {{"ref", ref}, {"step", std::to_string(s.step)}});
       m.states[ref] = file;
+    }
+    // PEFT adapters (lora_export): in the folder itself for one LoRA model, in REF/ for several.
+    for (const auto& [ref, files] : s.peft) {
+      pause();
+      lora::write_peft(s.peft.size() == 1 ? tmp : tmp + "/" + ref, files);
     }
     pause();
     safetensors::save(tmp + "/rng.safetensors", s.rng);

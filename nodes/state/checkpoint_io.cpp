@@ -79,4 +79,20 @@ void set_latest(const std::string& dir, const std::string& folder_name) {
   write_file_atomic(dir + "/latest", folder_name + "\n");
 }
 
+std::string resolve_latest(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path out;
+  for (const auto& part : fs::path(path)) {
+    if (part == "latest" && fs::is_regular_file(out / part)) {
+      const std::string name = latest(out.string());
+      if (!name.empty()) {
+        out /= name;
+        continue;
+      }
+    }
+    out /= part;
+  }
+  return out.string();
+}
+
 }  // namespace flowrun::ckpt

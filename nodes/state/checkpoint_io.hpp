@@ -32,6 +32,11 @@ Manifest read_manifest(const std::string& folder);  // throws with the file name
 // The folder `latest` names under `dir`, or "" if there is none.
 std::string latest(const std::string& dir);
 void set_latest(const std::string& dir, const std::string& folder_name);
+// A path through a checkpoint's `latest` file: each component named "latest" that is a file
+// (not a folder) is replaced by the folder it names, so
+// runs/dit_base/checkpoints/latest/ema.params.safetensors reads the newest checkpoint's file.
+// Other paths come back unchanged.
+std::string resolve_latest(const std::string& path);
 
 // Write `text` to PATH.tmp, fsync, rename over PATH.
 void write_file_atomic(const std::string& path, const std::string& text);

@@ -11,6 +11,7 @@
 #include "models/dropout.hpp"
 #include "registry.hpp"
 #include "train/cross_entropy.hpp"
+#include "train/diffusion.hpp"
 
 namespace flowrun {
 
@@ -65,10 +66,19 @@ int64_t lm_targets(const TensorMap& batch) {
   return tokens.dim() == 2 && tokens.size(1) >= 2 ? tokens.size(0) * (tokens.size(1) - 1) : 0;
 }
 
+// Denoising diffusion with default options (diffusion.hpp; the node configures its own with
+// make_objective_def): the targets are the batch's rows (images).
+torch::Tensor diffusion_default(ModelState& model, const TensorMap& batch) {
+  return diffusion::loss(model, batch, diffusion::Options{});
+}
+
+int64_t rows_targets(const TensorMap& batch) { return batch_rows(batch); }
+
 const std::map<std::string, ObjectiveDef>& objectives() {
   static const std::map<std::string, ObjectiveDef> m = {
       {"mse", {&mse, &mse_targets}},
       {"lm", {&lm, &lm_targets}},
+      {"diffusion", {&diffusion_default, &rows_targets}},
   };
   return m;
 }
@@ -83,6 +93,39 @@ const ObjectiveDef* find_objective_def(const std::string& name) {
 const Objective* find_objective(const std::string& name) {
   const ObjectiveDef* d = find_objective_def(name);
   return d ? &d->loss : nullptr;
+}
+
+ObjectiveDef make_objective_def(const std::string& name, const YAML::Node& params) {
+  const ObjectiveDef* d = find_objective_def(name);
+  if (!d) throw std::runtime_error("unknown objective '" + name + "'");
+  ObjectiveDef def = *d;
+  if (name == "diffusion") {
+    diffusion::Options o;
+    const YAML::Node n = params["diffusion"];
+    if (n && n.IsMap()) {
+      if (n["schedule"]) o.schedule = diffusion::parse_schedule(n["schedule"].as<std::string>());
+      if (n["beta_start"]) o.beta_start = n["beta_start"].as<double>();
+      if (n["beta_end"]) o.beta_end = n["beta_end"].as<double>();
+      if (n["timesteps"]) o.timesteps = n["timesteps"].as<int64_t>();
+      if (n["prediction"]) o.prediction = diffusion::parse_prediction(n["prediction"].as<std::string>());
+      if (n["noise_offset"]) o.noise_offset = n["noise_offset"].as<double>();
+      if (n["x_key"]) o.x_key = n["x_key"].as<std::string>();
+    }
+    diffusion::NoiseSchedule::make(o.schedule, o.beta_start, o.beta_end, o.timesteps);  // checks the values now
+    def.loss = [o](ModelState& model, const TensorMap& batch) { return diffusion::loss(model, batch, o); };
+  }
+  return def;
+}
+
+TensorMap merge_batches(const TensorMap& batch, const TensorMap& extra) {
+  TensorMap out = batch;
+  for (const auto& [k, t] : extra) {
+    if (out.count(k))
+      throw std::runtime_error("the batch and the cond input both have '" + k +
+                               "' (rename one: the objective would not know which to use)");
+    out[k] = t;
+  }
+  return out;
 }
 
 int64_t batch_rows(const TensorMap& batch) {
@@ -207,8 +250,12 @@ class ForwardBackwardNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const std::string name = ctx.params().get<std::string>("objective");
-    objective_ = find_objective_def(name);
-    if (!objective_) throw std::runtime_error(ctx.who() + ": unknown objective '" + name + "'");
+    try {
+      objective_ = make_objective_def(name, ctx.params().node());
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    has_cond_ = ctx.connected("cond");
     options_.accumulate = ctx.params().get<int64_t>("accumulate");
     options_.precision = run_precision(ctx.run());
     // Refuse an unsupported precision now rather than at step 1 (reading the model's device
@@ -224,7 +271,8 @@ class ForwardBackwardNode : public Node {
   }
 
   void run(StepContext& ctx) override {
-    const TensorMap& batch = ctx.in<TensorMap>("batch");
+    const TensorMap& in_batch = ctx.in<TensorMap>("batch");
+    const TensorMap batch = has_cond_ ? merge_batches(in_batch, ctx.in<TensorMap>("cond")) : in_batch;
     ModelState& model = ctx.state_as<ModelState>("model");
     // Dropout masks of step s depend only on (run seed, s, rank): reproducible and resumable.
     FwdBwdOptions o = options_;
@@ -245,10 +293,10 @@ class ForwardBackwardNode : public Node {
     o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
       ctx.emit("ready", GradReady{param, used, buffer}, index++, count);
     };
-    FwdBwdResult r = forward_backward(model, batch, objective_->loss, o);
+    FwdBwdResult r = forward_backward(model, batch, objective_.loss, o);
     ctx.out("loss", r.loss);
     ctx.out("grads", std::move(r.grads));
-    ctx.out("tokens", objective_->targets(batch));
+    ctx.out("tokens", objective_.targets(batch));
   }
 
  private:
@@ -271,7 +319,8 @@ class ForwardBackwardNode : public Node {
   }
 
   static constexpr size_t kPool = 2;
-  const ObjectiveDef* objective_ = nullptr;
+  ObjectiveDef objective_{};
+  bool has_cond_ = false;
   FwdBwdOptions options_;
   uint64_t seed_ = 0;
   int rank_ = 0;

@@ -15,12 +15,17 @@
 #include "train/grad_hooks.hpp"
 #include "train/precision.hpp"
 
+namespace YAML {
+class Node;
+}
+
 namespace flowrun {
 
 // An objective: the mean loss of the model on a (micro-)batch, with autograd attached.
 // Adding one is a function and a line in objectives() (forward_backward.cpp) plus its name
-// in schemas/forward_backward.yaml.
-using Objective = torch::Tensor (*)(ModelState& model, const TensorMap& batch);
+// in schemas/forward_backward.yaml. A std::function so that an objective with options (the
+// node's `diffusion:` settings) is a closure.
+using Objective = std::function<torch::Tensor(ModelState& model, const TensorMap& batch)>;
 // How many targets the objective's mean loss averages over in a batch (lm: B*T tokens; mse:
 // rows): forward_backward's `tokens` output (throughput) and the evaluator's weights (the
 // mean over several batches is sum(loss_i * targets_i) / sum(targets_i)).
@@ -31,6 +36,13 @@ struct ObjectiveDef {
 };
 const ObjectiveDef* find_objective_def(const std::string& name);
 const Objective* find_objective(const std::string& name);  // &find_objective_def(name)->loss
+// Objectives with options: the named objective configured by the forward_backward node's
+// parameters (`diffusion:` for objective diffusion; others have none). Throws for unknown names.
+ObjectiveDef make_objective_def(const std::string& name, const YAML::Node& params);
+
+// The batch with the entries of `extra` added (forward_backward's `cond` input); a key in both
+// is an error naming it.
+TensorMap merge_batches(const TensorMap& batch, const TensorMap& extra);
 
 // Split a batch along dim 0 into n micro-batches (sizes differ by at most one). Every tensor
 // with dim >= 1 must share its first dimension; 0-d tensors are given to every part.

@@ -2,6 +2,7 @@
 // and documented (every port and parameter has a doc line, `flowrun nodes TYPE` prints them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "registry.hpp"
@@ -38,8 +39,14 @@ TEST(BuiltinSchemas, EveryTypeIsRegisteredAndDocumented) {
     for (const auto* ports : {&t->schema.inputs, &t->schema.outputs})
       for (const auto& p : *ports) EXPECT_FALSE(p.doc.empty()) << type << ": port " << p.name << " has no doc";
     expect_documented(type, t->schema.params, "");
-    for (const auto& p : t->schema.params)
-      EXPECT_TRUE(p.has_default || p.required) << type << ": parameter " << p.name << " has neither default nor required";
+    // A map with fields and no default is filled from its fields' defaults (check_params), so
+    // those fields must have defaults.
+    for (const auto& p : t->schema.params) {
+      const bool from_fields = p.type == ParamType::Map && !p.fields.empty() &&
+                               std::all_of(p.fields.begin(), p.fields.end(), [](const ParamSchema& f) { return f.has_default; });
+      EXPECT_TRUE(p.has_default || p.required || from_fields)
+          << type << ": parameter " << p.name << " has neither default nor required";
+    }
     ASSERT_TRUE(t->factory) << type;
     EXPECT_NE(t->factory(), nullptr) << type;
     EXPECT_NE(describe(t->schema).find(type), std::string::npos);

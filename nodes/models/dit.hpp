@@ -1,0 +1,290 @@
+// A HunyuanDiT-style diffusion transformer as a libtorch module, with the parameter names of
+// diffusers' HunyuanDiT2DModel so that its state dicts load by name. Used by the dit node
+// (dit.cpp), the diffusion objective (train/diffusion.hpp) and samplers.
+//
+//   pos_embed.proj.weight [hidden, C, p, p], .bias        patch embedding (a strided conv)
+//   time_extra_emb.timestep_embedder.linear_1 [hidden, 256], linear_2 [hidden, hidden]
+//                                                          sinusoidal(t, 256; cos|sin) -> MLP (SiLU)
+//   text_embedder.linear_1 [4*t5_dim, t5_dim], linear_2 [text_dim, 4*t5_dim]   (only t5_dim > 0)
+//                                                          projects T5 states to the cross-attention width
+//   blocks.N.norm1.linear [hidden, hidden], norm1.norm.weight/bias   AdaLayerNormShift:
+//                                                          LN(x) + linear(SiLU(temb))
+//   blocks.N.attn1.{to_q,to_k,to_v,to_out.0} [hidden, hidden] (+bias), attn1.norm_q / norm_k [head_dim]
+//                                                          self-attention, qk LayerNorm, 2-D RoPE on q and k
+//   blocks.N.norm2.weight/bias
+//   blocks.N.attn2.to_q [hidden, hidden], to_k / to_v [hidden, text_dim], to_out.0, norm_q, norm_k
+//                                                          cross-attention to the text; RoPE on q only
+//   blocks.N.norm3.weight/bias
+//   blocks.N.ff.net.0.proj [int(hidden*mlp_ratio), hidden], ff.net.2 [hidden, inner]   GELU (tanh)
+//   blocks.N.skip_norm.weight/bias [2*hidden], skip_linear [hidden, 2*hidden]
+//                                                          only blocks N > depth/2 (long skips)
+//   norm_out.linear [2*hidden, hidden]                     AdaLayerNormContinuous: LN(x)*(1+scale)+shift
+//   proj_out [p*p*C, hidden]                               then unpatchify to [B, C, H, W]
+//
+// Long skips (HunyuanDiT / diffusers): block i with i > depth/2 first replaces its input h by
+// skip_linear(skip_norm(cat(h, out_j))) where out_j is the output of block j = depth-1-i; the
+// middle block(s) have none. (For even depth exactly diffusers' rule; odd depth extends it.)
+//
+// 2-D RoPE (diffusers' get_2d_rotary_pos_embed, use_real): a token at patch row r, column c
+// rotates the pairs (2k, 2k+1) of the first half of each head's channels by c·f_k and those of
+// the second half by r·f_k, f_k = 10000^(-2k/(head_dim/2)). Positions are the integer patch
+// coordinates 0..gh-1, 0..gw-1 of the input's own grid (HunyuanDiT's pipeline rescales them
+// to a 512-px base grid; here any H, W divisible by patch — aspect-ratio buckets — gets its
+// own table, computed per shape and cached).
+//
+// Not included (diffusers has them): time_extra_emb.pooler / extra_embedder (pooled T5 and
+// image-size/style conditioning) and text_embedding_padding (a learned value for masked text
+// tokens; here masked tokens are left out of the attention instead). learn_sigma is false: the
+// output has the input's C channels.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "common/tensor_map.hpp"
+#include "models/lora.hpp"
+#include "models/model_state.hpp"
+
+namespace flowrun::dit {
+
+struct Config {
+  int64_t patch = 2, in_channels = 4;
+  int64_t hidden = 1408, depth = 40, heads = 16;  // DiT-g/2 (HunyuanDiT): head_dim 88
+  double mlp_ratio = 4.3637;                        // DiT-g: inner = int(1408 * 4.3637) = 6144
+  int64_t text_dim = 1024;                          // width of batch["text_emb"] (CLIP/BERT states)
+  int64_t t5_dim = 2048;                            // width of batch["t5_emb"]; 0 = no T5 input
+  double cond_drop = 0.0;                           // training: P(a row's text is replaced by the null condition)
+  int64_t head_dim() const { return hidden / heads; }
+  int64_t ff_inner() const { return static_cast<int64_t>(static_cast<double>(hidden) * mlp_ratio); }
+  void check() const;
+};
+
+// LayerNorm computed in fp32 (diffusers' FP32LayerNorm), eps 1e-6; affine or not.
+class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
+ public:
+  LayerNormImpl(int64_t dim, bool affine = true) : dim_(dim), affine_(affine) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t dim_;
+  bool affine_;
+};
+TORCH_MODULE(LayerNorm);
+
+// A conv with kernel = stride = patch: weight [hidden, C, p, p], bias [hidden].
+class PatchConvImpl : public torch::nn::Cloneable<PatchConvImpl> {
+ public:
+  PatchConvImpl(int64_t in, int64_t out, int64_t patch) : in_(in), out_(out), patch_(patch) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x) { return torch::conv2d(x, weight, bias, {patch_, patch_}); }
+  torch::Tensor weight, bias;
+
+ private:
+  int64_t in_, out_, patch_;
+};
+TORCH_MODULE(PatchConv);
+
+class PatchEmbedImpl : public torch::nn::Cloneable<PatchEmbedImpl> {
+ public:
+  PatchEmbedImpl(int64_t in, int64_t out, int64_t patch) : in_(in), out_(out), patch_(patch) { reset(); }
+  void reset() override { proj = register_module("proj", PatchConv(in_, out_, patch_)); }
+  PatchConv proj{nullptr};
+
+ private:
+  int64_t in_, out_, patch_;
+};
+TORCH_MODULE(PatchEmbed);
+
+// linear_1 -> SiLU -> linear_2 (diffusers' TimestepEmbedding and PixArtAlphaTextProjection).
+class TwoLayerImpl : public torch::nn::Cloneable<TwoLayerImpl> {
+ public:
+  TwoLayerImpl(int64_t in, int64_t mid, int64_t out) : in_(in), mid_(mid), out_(out) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x) { return linear_2(torch::silu(linear_1(x))); }
+  lora::Linear linear_1{nullptr}, linear_2{nullptr};
+
+ private:
+  int64_t in_, mid_, out_;
+};
+TORCH_MODULE(TwoLayer);
+
+class TimeEmbedImpl : public torch::nn::Cloneable<TimeEmbedImpl> {
+ public:
+  explicit TimeEmbedImpl(int64_t hidden) : hidden_(hidden) { reset(); }
+  void reset() override { timestep_embedder = register_module("timestep_embedder", TwoLayer(256, hidden_, hidden_)); }
+  TwoLayer timestep_embedder{nullptr};
+
+ private:
+  int64_t hidden_;
+};
+TORCH_MODULE(TimeEmbed);
+
+// norm1: LN(x) + linear(SiLU(temb)) (diffusers' AdaLayerNormShift).
+class AdaNormShiftImpl : public torch::nn::Cloneable<AdaNormShiftImpl> {
+ public:
+  explicit AdaNormShiftImpl(int64_t dim) : dim_(dim) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& temb);
+  lora::Linear linear{nullptr};
+  LayerNorm norm{nullptr};
+
+ private:
+  int64_t dim_;
+};
+TORCH_MODULE(AdaNormShift);
+
+// norm_out: LN(x, no affine) * (1 + scale) + shift, [scale | shift] = linear(SiLU(temb)).
+class AdaNormContinuousImpl : public torch::nn::Cloneable<AdaNormContinuousImpl> {
+ public:
+  explicit AdaNormContinuousImpl(int64_t dim) : dim_(dim) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& temb);
+  lora::Linear linear{nullptr};
+  LayerNorm norm{nullptr};  // no parameters
+
+ private:
+  int64_t dim_;
+};
+TORCH_MODULE(AdaNormContinuous);
+
+class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
+ public:
+  AttentionImpl(int64_t dim, int64_t kv_dim, int64_t heads, bool cross)
+      : dim_(dim), kv_dim_(kv_dim), heads_(heads), cross_(cross) { reset(); }
+  void reset() override;
+  // x [B, N, dim]; ctx [B, L, kv_dim] (cross) or undefined (self); cos/sin [N, head_dim];
+  // bias: additive [B, 1, 1, L] key mask or undefined.
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& ctx, const torch::Tensor& cos,
+                        const torch::Tensor& sin, const torch::Tensor& bias);
+  lora::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
+  LayerNorm norm_q{nullptr}, norm_k{nullptr};
+  torch::nn::ModuleList to_out{nullptr};  // [0]: lora::Linear (diffusers' to_out.0; to_out.1 is dropout)
+
+ private:
+  int64_t dim_, kv_dim_, heads_;
+  bool cross_;
+};
+TORCH_MODULE(Attention);
+
+class FeedForwardImpl : public torch::nn::Cloneable<FeedForwardImpl> {
+ public:
+  FeedForwardImpl(int64_t dim, int64_t inner) : dim_(dim), inner_(inner) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::ModuleList net{nullptr};  // [0]: GELU with .proj, [1]: identity (dropout), [2]: lora::Linear
+
+ private:
+  int64_t dim_, inner_;
+};
+TORCH_MODULE(FeedForward);
+
+class GeluProjImpl : public torch::nn::Cloneable<GeluProjImpl> {
+ public:
+  GeluProjImpl(int64_t in, int64_t out) : in_(in), out_(out) { reset(); }
+  void reset() override { proj = register_module("proj", lora::Linear(in_, out_)); }
+  torch::Tensor forward(const torch::Tensor& x) { return torch::gelu(proj(x), "tanh"); }
+  lora::Linear proj{nullptr};
+
+ private:
+  int64_t in_, out_;
+};
+TORCH_MODULE(GeluProj);
+
+class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
+ public:
+  BlockImpl(const Config& cfg, bool skip) : cfg_(cfg), skip_(skip) { reset(); }
+  void reset() override;
+  torch::Tensor forward(torch::Tensor h, const torch::Tensor& temb, const torch::Tensor& ctx,
+                        const torch::Tensor& ctx_bias, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& skip);
+  bool has_skip() const { return skip_; }
+  AdaNormShift norm1{nullptr};
+  Attention attn1{nullptr};
+  LayerNorm norm2{nullptr};
+  Attention attn2{nullptr};
+  LayerNorm norm3{nullptr};
+  FeedForward ff{nullptr};
+  LayerNorm skip_norm{nullptr};
+  lora::Linear skip_linear{nullptr};
+
+ private:
+  Config cfg_;
+  bool skip_;
+};
+TORCH_MODULE(Block);
+
+// The (cos, sin) tables [gh*gw, head_dim] of the 2-D RoPE for a gh x gw patch grid (row-major
+// tokens). float32, CPU.
+std::pair<torch::Tensor, torch::Tensor> rope_2d(int64_t head_dim, int64_t gh, int64_t gw);
+// Rotate x [..., N, head_dim] by the tables (diffusers' apply_rotary_emb with use_real,
+// interleaved pairs): x*cos + rot(x)*sin, rot(x)[2k] = -x[2k+1], rot(x)[2k+1] = x[2k].
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+// Sinusoidal timestep features [B, dim]: [cos(t*f) | sin(t*f)], f_k = 10000^(-k/(dim/2))
+// (diffusers' Timesteps(dim, flip_sin_to_cos=True, downscale_freq_shift=0)).
+torch::Tensor timestep_features(const torch::Tensor& t, int64_t dim = 256);
+
+class DitImpl : public torch::nn::Cloneable<DitImpl> {
+ public:
+  explicit DitImpl(Config cfg);
+  void reset() override;
+  // x [B, C, H, W] (H, W multiples of patch), t [B] or 0-d timesteps (any dtype), text
+  // [B, L, text_dim], text_mask [B, L] or undefined (nonzero = attend), t5 [B, L5, t5_dim] and
+  // t5_mask (only with t5_dim > 0) -> [B, C, H, W].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& text,
+                        const torch::Tensor& text_mask = {}, const torch::Tensor& t5 = {},
+                        const torch::Tensor& t5_mask = {});
+  // The same from a batch: "x", "t", "text_emb", optional "text_mask", "t5_emb", "t5_mask".
+  // Inside a TrainingScope (forward_backward) with cond_drop > 0, each row's text is replaced by
+  // the null condition (null_condition) with probability cond_drop, drawn from the scope's
+  // generator.
+  torch::Tensor forward_batch(const TensorMap& batch);
+  const Config& config() const { return cfg_; }
+
+  TwoLayer text_embedder{nullptr};  // only with t5_dim > 0
+  PatchEmbed pos_embed{nullptr};
+  TimeEmbed time_extra_emb{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  AdaNormContinuous norm_out{nullptr};
+  lora::Linear proj_out{nullptr};
+
+ private:
+  std::pair<torch::Tensor, torch::Tensor> rope(int64_t gh, int64_t gw, const torch::Device& device);
+  Config cfg_;
+  // RoPE tables per (grid, device); shared by clones, thread-safe (several readers at once).
+  struct RopeCache {
+    std::mutex mu;
+    std::map<std::string, std::pair<torch::Tensor, torch::Tensor>> tables;
+  };
+  std::shared_ptr<RopeCache> rope_cache_;
+};
+TORCH_MODULE(Dit);
+
+// The null (unconditional) text condition, for classifier-free guidance: the batch with
+// text_emb (and t5_emb) zeroed and their masks all ones. Training with cond_drop replaces
+// dropped rows by exactly this, so a sampler's unconditional branch is null_condition(batch).
+TensorMap null_condition(const TensorMap& batch);
+
+// DiT's init (HunyuanDiT's initialize_weights), drawn from a generator seeded by `seed` alone:
+// Linear weights and the patch conv (as [out, in*p*p]) xavier-uniform, biases 0; the timestep
+// MLP N(0, 0.02); LayerNorm gains 1; the adaLN modulations (blocks.N.norm1.linear,
+// norm_out.linear) and proj_out zero (so the untrained model outputs 0). Adapters untouched.
+void init_weights(DitImpl& model, uint64_t seed);
+
+// Copy a state dict in by name (any float dtype, converted). Every parameter that is not a LoRA
+// adapter must be given with its shape; adapters (lora_A / lora_B) are optional (a base model's
+// file has none; a LoRA run's checkpoint has them). Missing, unexpected and mis-shaped tensors
+// are all listed in one error that starts with `source`.
+void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source);
+void load_safetensors(DitImpl& model, const std::string& path);
+
+// The ModelState of the dit node: forward(batch) = forward_batch(batch).
+std::shared_ptr<ModelState> make_state(Dit model);
+
+}  // namespace flowrun::dit

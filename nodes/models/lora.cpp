@@ -1,0 +1,297 @@
+// LoRA adapters in PEFT's layout: see lora.hpp. Test: tests/nodes/lora_test.cpp.
+#include "models/lora.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/safetensors.hpp"
+#include "common/seed.hpp"
+#include "models/dropout.hpp"
+#include "state/checkpoint_io.hpp"
+
+namespace flowrun::lora {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPeftPrefix = "base_model.model.";
+enum : uint64_t { kSeedTagLora = 0x6c6f7261ull };
+
+std::string shape_str(const torch::Tensor& t) { return c10::str(t.sizes()); }
+
+}  // namespace
+
+void Config::check() const {
+  if (rank < 1) throw std::runtime_error("lora: rank must be >= 1, got " + std::to_string(rank));
+  if (targets.empty()) throw std::runtime_error("lora: targets is empty (name the Linear layers to adapt, e.g. [to_q, to_v])");
+  if (!(dropout >= 0.0 && dropout < 1.0)) throw std::runtime_error("lora: dropout must be in [0, 1)");
+}
+
+void LinearImpl::reset() {
+  weight = register_parameter("weight", torch::empty({out_, in_}));
+  if (has_bias_) bias = register_parameter("bias", torch::zeros({out_}));
+  if (rank_ > 0) {
+    lora_A = register_module("lora_A", Factor(rank_, in_));
+    lora_B = register_module("lora_B", Factor(out_, rank_));
+  }
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  if (rank_ > 0) {
+    torch::Tensor a = torch::nn::functional::linear(flowrun::dropout(x, dropout_), lora_A->weight);
+    y = y + torch::nn::functional::linear(a, lora_B->weight) * scale();
+  }
+  return y;
+}
+
+void LinearImpl::add_adapter(int64_t rank, double alpha, double dropout, const std::string& target) {
+  if (rank_ > 0) throw std::runtime_error("lora: layer already has an adapter");
+  if (rank < 1) throw std::runtime_error("lora: rank must be >= 1");
+  rank_ = rank;
+  alpha_ = alpha;
+  dropout_ = dropout;
+  target_ = target;
+  auto opts = weight.options().requires_grad(false);
+  lora_A = register_module("lora_A", Factor(rank_, in_));
+  lora_B = register_module("lora_B", Factor(out_, rank_));
+  torch::NoGradGuard no_grad;
+  lora_A->weight.set_data(torch::zeros({rank_, in_}, opts));
+  lora_B->weight.set_data(torch::zeros({out_, rank_}, opts));
+}
+
+void LinearImpl::merge_adapter() {
+  if (rank_ == 0) return;
+  {
+    torch::NoGradGuard no_grad;
+    weight.add_(torch::mm(lora_B->weight, lora_A->weight).to(weight.dtype()), scale());
+  }
+  unregister_module("lora_A");
+  unregister_module("lora_B");
+  lora_A = nullptr;
+  lora_B = nullptr;
+  rank_ = 0;
+  alpha_ = dropout_ = 0.0;
+  target_.clear();
+}
+
+bool matches(const std::string& name, const std::string& target) {
+  if (name == target) return true;
+  return name.size() > target.size() && name.compare(name.size() - target.size(), target.size(), target) == 0 &&
+         name[name.size() - target.size() - 1] == '.';
+}
+
+std::vector<std::string> apply_lora(torch::nn::Module& root, const Config& cfg, uint64_t seed) {
+  cfg.check();
+  // Find every layer first, so that a bad target changes nothing.
+  std::vector<std::pair<std::string, LinearImpl*>> chosen;
+  std::vector<std::string> chosen_target;
+  std::set<std::string> used;
+  for (const auto& item : root.named_modules("", /*include_self=*/false)) {
+    const std::string& name = item.key();
+    for (const auto& t : cfg.targets) {
+      if (!matches(name, t)) continue;
+      auto* lin = item.value()->as<LinearImpl>();
+      if (!lin)
+        throw std::runtime_error("lora: target '" + t + "' matches module '" + name + "', which is a " +
+                                 item.value()->name() + ", not a Linear layer (lora::Linear)");
+      if (lin->has_adapter()) throw std::runtime_error("lora: module '" + name + "' already has an adapter");
+      chosen.emplace_back(name, lin);
+      chosen_target.push_back(t);
+      used.insert(t);
+      break;
+    }
+  }
+  std::vector<std::string> unused;
+  for (const auto& t : cfg.targets)
+    if (!used.count(t)) unused.push_back(t);
+  if (!unused.empty()) {
+    std::string u, some;
+    for (const auto& t : unused) u += (u.empty() ? "" : ", ") + t;
+    int n = 0;
+    for (const auto& item : root.named_modules("", false))
+      if (item.value()->as<LinearImpl>() && n++ < 6) some += (some.empty() ? "" : ", ") + item.key();
+    throw std::runtime_error("lora: target(s) " + u + " match no module of the model (its Linear layers: " + some +
+                             (n > 6 ? ", ..." : "") + ")");
+  }
+
+  torch::NoGradGuard no_grad;
+  for (auto& p : root.parameters(true)) p.set_requires_grad(false);
+  at::Generator g = make_cpu_generator(mix_seed({seed, kSeedTagLora}));
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    LinearImpl* lin = chosen[i].second;
+    lin->add_adapter(cfg.rank, cfg.alpha, cfg.dropout, chosen_target[i]);
+    // PEFT: kaiming_uniform_(A, a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)); B = 0.
+    const double bound = 1.0 / std::sqrt(static_cast<double>(lin->in_features()));
+    torch::Tensor a = torch::empty({cfg.rank, lin->in_features()}).uniform_(-bound, bound, g);
+    lin->lora_A->weight.copy_(a);
+    lin->lora_A->weight.set_requires_grad(true);
+    lin->lora_B->weight.set_requires_grad(true);
+  }
+  std::vector<std::string> names;
+  for (const auto& c : chosen) names.push_back(c.first);
+  return names;
+}
+
+std::vector<std::pair<std::string, LinearImpl*>> adapted_layers(torch::nn::Module& root) {
+  std::vector<std::pair<std::string, LinearImpl*>> out;
+  for (const auto& item : root.named_modules("", false))
+    if (auto* lin = item.value()->as<LinearImpl>(); lin && lin->has_adapter()) out.emplace_back(item.key(), lin);
+  return out;
+}
+
+bool has_lora(const ModelState& model) { return model.module && !adapted_layers(*model.module).empty(); }
+
+Config adapter_config(const ModelState& model) {
+  if (!model.module) throw std::runtime_error("lora: model '" + model.kind + "' has no module");
+  auto layers = adapted_layers(*model.module);
+  if (layers.empty()) throw std::runtime_error("lora: model '" + model.kind + "' has no LoRA adapters");
+  Config c;
+  c.rank = layers[0].second->rank();
+  c.alpha = layers[0].second->alpha();
+  c.dropout = layers[0].second->dropout();
+  for (const auto& [name, lin] : layers) {
+    if (lin->rank() != c.rank || lin->alpha() != c.alpha || lin->dropout() != c.dropout)
+      throw std::runtime_error("lora: adapters of '" + name + "' differ in rank/alpha/dropout from '" + layers[0].first +
+                               "' (PEFT's adapter_config has one r and lora_alpha)");
+    if (std::find(c.targets.begin(), c.targets.end(), lin->target()) == c.targets.end()) c.targets.push_back(lin->target());
+  }
+  return c;
+}
+
+PeftFiles peft_files(const ModelState& model, const std::string& base_model) {
+  const Config c = adapter_config(model);
+  PeftFiles f;
+  for (const auto& [name, lin] : adapted_layers(*model.module)) {
+    f.tensors[kPeftPrefix + name + ".lora_A.weight"] = lin->lora_A->weight.detach().to(torch::kCPU, false, true);
+    f.tensors[kPeftPrefix + name + ".lora_B.weight"] = lin->lora_B->weight.detach().to(torch::kCPU, false, true);
+  }
+  nlohmann::json j;
+  j["peft_type"] = "LORA";
+  j["r"] = c.rank;
+  j["lora_alpha"] = c.alpha;
+  j["target_modules"] = c.targets;
+  j["lora_dropout"] = c.dropout;
+  j["bias"] = "none";
+  j["base_model_name_or_path"] = base_model.empty() ? nlohmann::json(nullptr) : nlohmann::json(base_model);
+  j["task_type"] = nullptr;
+  j["fan_in_fan_out"] = false;
+  j["inference_mode"] = true;
+  j["init_lora_weights"] = true;
+  j["modules_to_save"] = nullptr;
+  j["layers_to_transform"] = nullptr;
+  j["layers_pattern"] = nullptr;
+  j["rank_pattern"] = nlohmann::json::object();
+  j["alpha_pattern"] = nlohmann::json::object();
+  j["use_rslora"] = false;
+  j["use_dora"] = false;
+  j["revision"] = nullptr;
+  f.config_json = j.dump(2) + "\n";
+  return f;
+}
+
+void write_peft(const std::string& dir, const PeftFiles& files) {
+  fs::create_directories(dir);
+  safetensors::save(dir + "/adapter_model.safetensors", files.tensors, {{"format", "pt"}});
+  ckpt::write_file_atomic(dir + "/adapter_config.json", files.config_json);
+}
+
+void load_peft(ModelState& model, const std::string& dir, uint64_t seed) {
+  if (!model.module) throw std::runtime_error("lora: model '" + model.kind + "' has no module");
+  const std::string cfg_path = dir + "/adapter_config.json", st_path = dir + "/adapter_model.safetensors";
+  std::ifstream in(cfg_path);
+  if (!in) throw std::runtime_error("lora: cannot read " + cfg_path + " (a PEFT adapter folder has adapter_config.json)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("lora: " + cfg_path + ": " + e.what());
+  }
+  if (j.value("peft_type", std::string()) != "LORA")
+    throw std::runtime_error("lora: " + cfg_path + ": peft_type is not \"LORA\"");
+  if (j.contains("use_dora") && j["use_dora"].is_boolean() && j["use_dora"].get<bool>())
+    throw std::runtime_error("lora: " + cfg_path + ": DoRA adapters are not supported");
+  if (j.contains("rank_pattern") && j["rank_pattern"].is_object() && !j["rank_pattern"].empty())
+    throw std::runtime_error("lora: " + cfg_path + ": rank_pattern (per-layer ranks) is not supported");
+  Config c;
+  try {
+    c.rank = j.at("r").get<int64_t>();
+    c.alpha = j.at("lora_alpha").get<double>();
+    c.dropout = j.value("lora_dropout", 0.0);
+    const auto& tm = j.at("target_modules");
+    if (tm.is_string()) throw std::runtime_error("target_modules as a regular expression is not supported");
+    c.targets = tm.get<std::vector<std::string>>();
+  } catch (const std::exception& e) {
+    throw std::runtime_error("lora: " + cfg_path + ": " + e.what());
+  }
+  if (!has_lora(model)) apply_lora(*model.module, c, seed);
+
+  safetensors::File f = safetensors::load(st_path);
+  auto layers = adapted_layers(*model.module);
+  std::vector<std::string> missing, unexpected, misshaped;
+  std::map<std::string, torch::Tensor*> mine;
+  for (auto& [name, lin] : layers) {
+    mine[kPeftPrefix + name + ".lora_A.weight"] = &lin->lora_A->weight;
+    mine[kPeftPrefix + name + ".lora_B.weight"] = &lin->lora_B->weight;
+    if (lin->rank() != c.rank || lin->alpha() != c.alpha)
+      misshaped.push_back(name + ": the model's adapter has r=" + std::to_string(lin->rank()) + " alpha=" +
+                          std::to_string(lin->alpha()) + ", the file's r=" + std::to_string(c.rank) +
+                          " alpha=" + std::to_string(c.alpha));
+  }
+  for (const auto& [k, t] : f.tensors) {
+    // PEFT may keep the adapter name in the key (".lora_A.default.weight"): accept it.
+    std::string key = k;
+    for (const char* ab : {".lora_A.default.weight", ".lora_B.default.weight"}) {
+      const std::string s(ab);
+      if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0)
+        key = key.substr(0, key.size() - s.size()) + s.substr(0, 7) + ".weight";
+    }
+    auto it = mine.find(key);
+    if (it == mine.end()) {
+      unexpected.push_back(k + " " + shape_str(t));
+    } else if (!it->second->sizes().equals(t.sizes())) {
+      misshaped.push_back(k + ": " + shape_str(t) + " in the file, the model's is " + shape_str(*it->second));
+    }
+  }
+  for (const auto& [k, p] : mine) {
+    bool found = f.tensors.count(k) > 0;
+    if (!found) {
+      std::string alt = k;
+      alt.insert(alt.size() - std::string(".weight").size(), ".default");
+      found = f.tensors.count(alt) > 0;
+    }
+    if (!found) missing.push_back(k + " " + shape_str(*p));
+  }
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+    std::ostringstream msg;
+    msg << "lora: cannot load " << st_path << " into model '" << model.kind << "': " << missing.size() << " missing, "
+        << unexpected.size() << " unexpected, " << misshaped.size() << " mis-shaped tensor(s)";
+    for (const auto& s : missing) msg << "\n  missing: " << s;
+    for (const auto& s : unexpected) msg << "\n  unexpected: " << s;
+    for (const auto& s : misshaped) msg << "\n  mis-shaped: " << s;
+    throw std::runtime_error(msg.str());
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [k, t] : f.tensors) {
+    std::string key = k;
+    for (const char* ab : {".lora_A.default.weight", ".lora_B.default.weight"}) {
+      const std::string s(ab);
+      if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0)
+        key = key.substr(0, key.size() - s.size()) + s.substr(0, 7) + ".weight";
+    }
+    mine.at(key)->copy_(t);
+  }
+}
+
+void merge_lora(ModelState& model) {
+  if (!model.module) return;
+  for (auto& [name, lin] : adapted_layers(*model.module)) lin->merge_adapter();
+}
+
+}  // namespace flowrun::lora

@@ -1,0 +1,132 @@
+// LoRA (low-rank adapters, Hu et al. 2021) for any model built from lora::Linear layers, laid
+// out like Hugging Face PEFT so that adapters export to / load from PEFT's files.
+//
+// lora::Linear is a drop-in torch::nn::Linear (weight [out, in], bias [out]; same parameter
+// names, y = x W^T + b). apply_lora() gives the Linear layers whose module name matches a target
+// an adapter: two more parameters under the layer,
+//
+//   <path>.lora_A.weight [rank, in]    PEFT's init: kaiming-uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in))
+//   <path>.lora_B.weight [out, rank]   zeros (so the adapted model starts equal to the base)
+//
+// and the layer computes base(x) + B(A(dropout(x))) * alpha / rank. The base layer's own names
+// do not change (PEFT renames them to .base_layer.*; we do not), so a base model's state dict —
+// a diffusers file, or the model.params.safetensors a checkpoint node wrote for the base run —
+// loads into the adapted model by name. Every parameter of the model that is not an adapter is
+// frozen (requires_grad false): only lora_A / lora_B train.
+//
+// Targets match module names like PEFT's target_modules list: a module named N matches target T
+// when N == T or N ends with "." + T ("to_q" matches blocks.3.attn1.to_q; "attn1.to_q" only the
+// self-attention's; "to_out.0" the attention output projections).
+//
+// PEFT files (export_peft / load_peft): DIR/adapter_model.safetensors holds
+// "base_model.model.<path>.lora_A.weight" / ".lora_B.weight" for every adapted layer;
+// DIR/adapter_config.json {"peft_type": "LORA", "r", "lora_alpha", "target_modules",
+// "lora_dropout", "bias": "none", "base_model_name_or_path", "task_type": null, ...}.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/model_state.hpp"
+
+namespace flowrun::lora {
+
+struct Config {
+  int64_t rank = 8;
+  double alpha = 8.0;                // scale = alpha / rank
+  std::vector<std::string> targets;  // module-name suffixes (PEFT target_modules)
+  double dropout = 0.0;              // on the adapter's input, inside forward_backward only
+  void check() const;                // rank >= 1, targets not empty, dropout in [0, 1)
+};
+
+// One parameter `weight` (the adapter's A or B matrix), allocated but not initialised.
+class FactorImpl : public torch::nn::Cloneable<FactorImpl> {
+ public:
+  FactorImpl(int64_t rows, int64_t cols) : rows_(rows), cols_(cols) { reset(); }
+  void reset() override { weight = register_parameter("weight", torch::empty({rows_, cols_})); }
+  torch::Tensor weight;
+
+ private:
+  int64_t rows_, cols_;
+};
+TORCH_MODULE(Factor);
+
+// torch::nn::Linear's parameters and math, plus an optional adapter. reset() only allocates
+// (the model's init or a load fills the values), so clone() draws no random numbers.
+class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in, int64_t out, bool bias = true) : in_(in), out_(out), has_bias_(bias) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+
+  // Give the layer an adapter (lora_A, lora_B registered, uninitialised); `target` is the
+  // target that matched it (exported as target_modules).
+  void add_adapter(int64_t rank, double alpha, double dropout, const std::string& target);
+  // Fold B·A·scale into weight and drop the adapter.
+  void merge_adapter();
+  bool has_adapter() const { return rank_ > 0; }
+  int64_t rank() const { return rank_; }
+  double alpha() const { return alpha_; }
+  double dropout() const { return dropout_; }
+  double scale() const { return rank_ > 0 ? alpha_ / static_cast<double>(rank_) : 0.0; }
+  const std::string& target() const { return target_; }
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+  torch::Tensor weight, bias;           // bias undefined without one
+  Factor lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
+
+ private:
+  int64_t in_, out_;
+  bool has_bias_;
+  int64_t rank_ = 0;
+  double alpha_ = 0.0, dropout_ = 0.0;
+  std::string target_;
+};
+TORCH_MODULE(Linear);
+
+// True when `name` matches target `t` (name == t or name ends with "." + t).
+bool matches(const std::string& name, const std::string& target);
+
+// Adapt every lora::Linear of `root` whose name matches a target: freeze all of root's
+// parameters, then add adapters (A drawn from a generator seeded by `seed`, B = 0), which stay
+// trainable. Throws if a target matches no module, or matches a module that is not a
+// lora::Linear, or a matched layer already has an adapter. Returns the adapted module names.
+std::vector<std::string> apply_lora(torch::nn::Module& root, const Config& cfg, uint64_t seed);
+
+// The adapted layers of a module, by name (module order).
+std::vector<std::pair<std::string, LinearImpl*>> adapted_layers(torch::nn::Module& root);
+bool has_lora(const ModelState& model);
+// The Config of the adapters of a model (targets: the matched targets, in first-use order).
+// Throws if the model has none, or if its adapters disagree on rank / alpha / dropout.
+Config adapter_config(const ModelState& model);
+
+// What export_peft writes, computed at once (CPU copies), so a checkpoint can write it later.
+struct PeftFiles {
+  std::map<std::string, torch::Tensor> tensors;  // "base_model.model.<path>.lora_A.weight", ...
+  std::string config_json;                       // adapter_config.json's text
+};
+PeftFiles peft_files(const ModelState& model, const std::string& base_model = "");
+// Write DIR/adapter_model.safetensors then DIR/adapter_config.json, each to a temporary name
+// renamed into place (a crash never leaves half a file). Creates DIR.
+void write_peft(const std::string& dir, const PeftFiles& files);
+inline void export_peft(const ModelState& model, const std::string& dir, const std::string& base_model = "") {
+  write_peft(dir, peft_files(model, base_model));
+}
+
+// Load DIR's PEFT adapters into the model. A model without adapters gets them first, from
+// adapter_config.json (r, lora_alpha, target_modules, lora_dropout; base frozen); a model that
+// has them must agree with the file on the adapted layers. Every adapter tensor must be in the
+// file with its shape; problems (missing, unexpected, mis-shaped) are listed in one error.
+void load_peft(ModelState& model, const std::string& dir, uint64_t seed = 0);
+
+// Fold every adapter into its base weight (W += scale · B·A) and remove the adapters: the
+// model computes the same function with its original parameter names only. Parameters keep
+// their requires_grad flags (the base stays frozen).
+void merge_lora(ModelState& model);
+
+}  // namespace flowrun::lora

@@ -1,0 +1,140 @@
+// Diffusion schedule, noising, DDIM and the training loss: see diffusion.hpp.
+#include "train/diffusion.hpp"
+
+#include <cmath>
+
+#include "common/seed.hpp"
+#include "models/dropout.hpp"
+
+namespace flowrun::diffusion {
+
+namespace {
+enum : uint64_t { kSeedTagDiffusion = 0x646966667573ull };
+}
+
+Schedule parse_schedule(const std::string& s) {
+  if (s == "linear") return Schedule::linear;
+  if (s == "scaled_linear") return Schedule::scaled_linear;
+  throw std::runtime_error("diffusion: unknown schedule '" + s + "' (linear, scaled_linear)");
+}
+
+Prediction parse_prediction(const std::string& s) {
+  if (s == "eps" || s == "epsilon") return Prediction::eps;
+  if (s == "v" || s == "v_prediction") return Prediction::v;
+  throw std::runtime_error("diffusion: unknown prediction '" + s + "' (eps, v)");
+}
+
+NoiseSchedule NoiseSchedule::make(Schedule kind, double beta_start, double beta_end, int64_t T) {
+  if (T < 1) throw std::runtime_error("diffusion: timesteps must be >= 1");
+  if (!(beta_start > 0 && beta_end > 0 && beta_start < 1 && beta_end < 1))
+    throw std::runtime_error("diffusion: beta_start and beta_end must be in (0, 1)");
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  NoiseSchedule s;
+  if (kind == Schedule::linear)
+    s.betas = torch::linspace(beta_start, beta_end, T, f64);
+  else
+    s.betas = torch::linspace(std::sqrt(beta_start), std::sqrt(beta_end), T, f64).pow(2);
+  s.alphas_cumprod = torch::cumprod(1.0 - s.betas, 0);
+  return s;
+}
+
+torch::Tensor NoiseSchedule::ab(const torch::Tensor& t, const torch::Tensor& x) const {
+  torch::Tensor ti = t.to(torch::kCPU).to(torch::kLong).reshape({-1});
+  const int64_t T = timesteps();
+  if (ti.numel() > 0 && ti.max().item<int64_t>() >= T)
+    throw std::runtime_error("diffusion: timestep " + std::to_string(ti.max().item<int64_t>()) +
+                             " is outside the schedule's [0, " + std::to_string(T) + ")");
+  torch::Tensor neg = ti < 0;
+  torch::Tensor v = torch::where(neg, torch::ones({ti.numel()}, alphas_cumprod.options()),
+                                 alphas_cumprod.index_select(0, ti.clamp_min(0)));
+  std::vector<int64_t> shape(static_cast<size_t>(std::max<int64_t>(x.dim(), 1)), 1);
+  shape[0] = ti.numel();
+  return v.view(shape).to(x.device(), x.scalar_type());
+}
+
+torch::Tensor add_noise(const NoiseSchedule& s, const torch::Tensor& x0, const torch::Tensor& noise,
+                        const torch::Tensor& t) {
+  torch::Tensor a = s.ab(t, x0);
+  return a.sqrt() * x0 + (1 - a).sqrt() * noise;
+}
+
+torch::Tensor velocity(const NoiseSchedule& s, const torch::Tensor& x0, const torch::Tensor& noise,
+                       const torch::Tensor& t) {
+  torch::Tensor a = s.ab(t, x0);
+  return a.sqrt() * noise - (1 - a).sqrt() * x0;
+}
+
+torch::Tensor target(const NoiseSchedule& s, Prediction p, const torch::Tensor& x0, const torch::Tensor& noise,
+                     const torch::Tensor& t) {
+  return p == Prediction::eps ? noise : velocity(s, x0, noise, t);
+}
+
+torch::Tensor predict_x0(const NoiseSchedule& s, Prediction p, const torch::Tensor& out, const torch::Tensor& x_t,
+                         const torch::Tensor& t) {
+  torch::Tensor a = s.ab(t, x_t);
+  if (p == Prediction::eps) return (x_t - (1 - a).sqrt() * out) / a.sqrt();
+  return a.sqrt() * x_t - (1 - a).sqrt() * out;
+}
+
+torch::Tensor ddim_step(const NoiseSchedule& s, const torch::Tensor& out, const torch::Tensor& t,
+                        const torch::Tensor& t_prev, const torch::Tensor& x_t, Prediction p) {
+  torch::Tensor a = s.ab(t, x_t), a_prev = s.ab(t_prev, x_t);
+  torch::Tensor x0, eps;
+  if (p == Prediction::eps) {
+    eps = out;
+    x0 = (x_t - (1 - a).sqrt() * out) / a.sqrt();
+  } else {
+    x0 = a.sqrt() * x_t - (1 - a).sqrt() * out;
+    eps = a.sqrt() * out + (1 - a).sqrt() * x_t;
+  }
+  return a_prev.sqrt() * x0 + (1 - a_prev).sqrt() * eps;
+}
+
+torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) {
+  auto it = batch.find(o.x_key);
+  if (it == batch.end()) {
+    std::string have;
+    for (const auto& [k, _] : batch) have += (have.empty() ? "" : ", ") + k;
+    throw std::runtime_error("objective diffusion needs the batch's '" + o.x_key + "' (the clean sample, x_key); it has {" +
+                             have + "}");
+  }
+  const torch::Tensor& x0 = it->second;
+  if (x0.dim() < 2 || !x0.is_floating_point())
+    throw std::runtime_error("objective diffusion: batch '" + o.x_key + "' must be a float [batch, C, ...] tensor, got " +
+                             std::string(c10::str(x0.sizes())));
+  // One schedule per option set is cheap to make (T float64 values); made per call to stay stateless.
+  const NoiseSchedule sched = NoiseSchedule::make(o.schedule, o.beta_start, o.beta_end, o.timesteps);
+  const int64_t B = x0.size(0);
+  at::Generator fallback;
+  at::Generator* g = TrainingScope::current();
+  if (!g) {
+    fallback = make_cpu_generator(mix_seed({kSeedTagDiffusion}));
+    g = &fallback;
+  }
+  torch::Tensor t, noise;
+  {
+    torch::NoGradGuard no_grad;
+    t = torch::randint(o.timesteps, {B}, *g, torch::kLong);
+    noise = torch::randn(x0.sizes(), *g, torch::kFloat);
+    if (o.noise_offset != 0.0) {
+      std::vector<int64_t> shape(static_cast<size_t>(x0.dim()), 1);
+      shape[0] = B;
+      shape[1] = x0.size(1);
+      noise = noise + o.noise_offset * torch::randn(shape, *g, torch::kFloat);
+    }
+    noise = noise.to(x0.device(), x0.scalar_type());
+  }
+  torch::Tensor xt = add_noise(sched, x0, noise, t);
+  torch::Tensor tgt = target(sched, o.prediction, x0, noise, t);
+  TensorMap in = batch;
+  in["x"] = xt;
+  in["t"] = t.to(x0.device());
+  torch::Tensor pred = model.forward(in);
+  if (!pred.sizes().equals(x0.sizes()))
+    throw std::runtime_error("objective diffusion: model output " + std::string(c10::str(pred.sizes())) +
+                             " and the sample '" + o.x_key + "' " + std::string(c10::str(x0.sizes())) +
+                             " differ in shape");
+  return torch::mse_loss(pred.to(torch::kFloat), tgt.to(torch::kFloat));
+}
+
+}  // namespace flowrun::diffusion
