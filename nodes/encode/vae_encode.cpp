@@ -1,0 +1,150 @@
+// vae_encode node (see vae_encode.hpp and schemas/vae_encode.yaml).
+#include "encode/vae_encode.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <stdexcept>
+
+#include "common/seed.hpp"
+#include "node.hpp"
+#include "registry.hpp"
+
+namespace flowrun {
+namespace {
+
+constexpr uint64_t kSeedTagLatent = 0x7661656c6174ull;  // "vaelat"
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+std::string keys_of(const TensorMap& m) {
+  std::string s;
+  for (const auto& [k, _] : m) s += (s.empty() ? "" : ", ") + k;
+  return s.empty() ? "(none)" : s;
+}
+
+}  // namespace
+
+uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row) {
+  return mix_seed({seed, kSeedTagLatent, static_cast<uint64_t>(step), static_cast<uint64_t>(row)});
+}
+
+torch::Tensor encode_latents(vae::VaeState& state, const torch::Tensor& images, const VaeEncodeOptions& o) {
+  torch::NoGradGuard no_grad;
+  vae::AutoencoderKLImpl& m = state.vae();
+  const torch::Tensor w = m.parameters().front();
+  auto [mean, logvar] = m.encode(images.to(w.device(), w.scalar_type()));
+  torch::Tensor z = mean.to(torch::kFloat);
+  if (o.sample) {
+    std::vector<torch::Tensor> eps;
+    eps.reserve(static_cast<size_t>(mean.size(0)));
+    for (int64_t i = 0; i < mean.size(0); ++i) {
+      at::Generator g = make_cpu_generator(vae_latent_seed(o.seed, o.step, o.first_row + i));
+      eps.push_back(torch::randn(mean.sizes().slice(1), g, torch::TensorOptions().dtype(torch::kFloat)));
+    }
+    z = z + torch::exp(0.5 * logvar.to(torch::kFloat)) * torch::stack(eps).to(z.device());
+  }
+  return z * state.config.scaling_factor;
+}
+
+namespace {
+
+class VaeEncodeNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    vae::Config c;
+    c.block_out_channels = p.get<std::vector<int64_t>>("block_out_channels");
+    c.layers_per_block = p.get<int64_t>("layers_per_block");
+    c.latent_channels = p.get<int64_t>("latent_channels");
+    c.norm_num_groups = p.get<int64_t>("norm_num_groups");
+    c.scaling_factor = p.get<double>("scaling_factor");
+    in_key_ = p.get<std::string>("in_key");
+    out_key_ = p.get<std::string>("out_key");
+    if (in_key_ == out_key_)
+      throw std::runtime_error(ctx.who() + ": in_key and out_key are both '" + in_key_ + "'; name the latents otherwise");
+    sample_ = p.get<bool>("sample");
+    seed_ = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
+    const uint64_t init_seed = mix_seed({seed_, fnv1a(ctx.name()), kSeedTagInit});
+    const std::string weights = p.has("weights") ? p.get<std::string>("weights") : "";
+    const std::string dtype = p.get<std::string>("dtype");
+
+    vae::AutoencoderKL model{nullptr};
+    try {
+      model = vae::AutoencoderKL(c, vae::Part::encoder);
+      if (!weights.empty())
+        vae::load_safetensors(*model, weights);
+      else
+        vae::init_weights(*model, init_seed);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    model->to(dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
+    state_ = vae::make_vae_state(model);
+    factor_ = c.downsample_factor();
+    if (ctx.run().rank == 0) {
+      int64_t n = 0;
+      for (const auto& t : model->parameters()) n += t.numel();
+      spdlog::info("{}: frozen {} encoder ({:.2f}M parameters, {}, {}), {} -> {} ({} x {}, /{} per side, {})",
+                   ctx.who(), vae::describe(c), static_cast<double>(n) / 1e6, dtype,
+                   weights.empty() ? "random init" : "weights from " + weights, in_key_, out_key_,
+                   sample_ ? "sample" : "mean", c.scaling_factor, factor_, sample_ ? "seeded per row" : "no noise");
+      if (weights.empty())
+        spdlog::warn("{}: weights is null: the VAE encoder is randomly initialised (seed {}), so its latents are "
+                     "random features, not a real VAE's; give a diffusers diffusion_pytorch_model.safetensors for "
+                     "real ones",
+                     ctx.who(), init_seed);
+    }
+    ctx.own_state("params", std::static_pointer_cast<ModelState>(state_));
+  }
+
+  void run(StepContext& ctx) override {
+    const TensorMap& batch = ctx.in<TensorMap>("batch");
+    auto it = batch.find(in_key_);
+    if (it == batch.end())
+      throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) + ": the batch has no '" + in_key_ +
+                               "' (in_key); its keys: " + keys_of(batch));
+    if (batch.count(out_key_))
+      throw std::runtime_error(ctx.who() + ": the batch already has a key '" + out_key_ +
+                               "' (out_key); choose another out_key");
+    const torch::Tensor& img = it->second;
+    const int64_t in_ch = state_->config.in_channels;
+    if (img.dim() != 4 || img.size(1) != in_ch || !img.is_floating_point())
+      throw std::runtime_error(ctx.who() + ": '" + in_key_ + "' must be float images [B, " + std::to_string(in_ch) +
+                               ", H, W] in [-1, 1], got " + std::string(c10::toString(img.scalar_type())) + " " +
+                               c10::str(img.sizes()));
+    if (img.size(2) % factor_ != 0 || img.size(3) % factor_ != 0)
+      throw std::runtime_error(ctx.who() + ": '" + in_key_ + "' is " + std::to_string(img.size(2)) + "x" +
+                               std::to_string(img.size(3)) + ", not divisible by the VAE's downsampling factor " +
+                               std::to_string(factor_) + " (2^(len(block_out_channels)-1)); resize or crop to a multiple");
+    VaeEncodeOptions o;
+    o.sample = sample_;
+    o.seed = seed_;
+    o.step = ctx.step();
+    o.first_row = static_cast<int64_t>(ctx.run().rank) * img.size(0);
+    TensorMap out;
+    for (const auto& [k, v] : batch)
+      if (k != in_key_) out[k] = v;
+    try {
+      out[out_key_] = encode_latents(*state_, img, o);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) + ": " + e.what());
+    }
+    ctx.out("latents", std::move(out));
+  }
+
+ private:
+  std::shared_ptr<vae::VaeState> state_;
+  std::string in_key_ = "image", out_key_ = "latents";
+  bool sample_ = true;
+  uint64_t seed_ = 0;
+  int64_t factor_ = 8;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(vae_encode, flowrun::VaeEncodeNode)
