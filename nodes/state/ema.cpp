@@ -2,6 +2,8 @@
 // Schema: schemas/ema.yaml. Test: tests/nodes/ema_test.cpp.
 #include "state/ema.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "registry.hpp"
@@ -44,12 +46,20 @@ void EmaModel::update(const ModelState& source, double decay) {
   }
 }
 
+double ema_decay(int64_t step, double max_decay, bool warmup, double power) {
+  if (!warmup) return max_decay;
+  const double n = static_cast<double>(std::max<int64_t>(step - 1, 0));
+  return std::min(max_decay, 1.0 - std::pow(1.0 + n, -power));
+}
+
 namespace {
 
 class EmaNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     decay_ = ctx.params().get<double>("decay");
+    warmup_ = ctx.params().get<bool>("warmup");
+    power_ = ctx.params().get<double>("power");
     // Setup runs before any step, so copying the model here reads its initial parameters.
     const ModelState& source = ctx.state_as<ModelState>("model");
     ema_ = std::make_unique<EmaModel>(source);
@@ -59,11 +69,13 @@ class EmaNode : public Node {
   void run(StepContext& ctx) override {
     // Runs after this step's optimizer (a read waits for the last earlier write) and
     // concurrently with the next step's forward (another read); never writes the model.
-    ema_->update(ctx.state_as<ModelState>("model"), decay_);
+    // The decay depends only on the step, so a resumed run continues the same schedule.
+    ema_->update(ctx.state_as<ModelState>("model"), ema_decay(ctx.step(), decay_, warmup_, power_));
   }
 
  private:
-  double decay_ = 0.999;
+  double decay_ = 0.999, power_ = 2.0 / 3.0;
+  bool warmup_ = false;
   std::unique_ptr<EmaModel> ema_;
 };
 

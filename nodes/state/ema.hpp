@@ -28,4 +28,10 @@ class EmaModel {
   std::vector<torch::Tensor> buffers_;  // aligned with source.named_buffers()
 };
 
+// The decay of the update made at step `step` (1-based). Fixed: `max_decay`. With warm-up
+// (HunyuanDiT's trainer, diffusers' EMAModel with inv_gamma 1): 1 - (1 + n)^-power for the
+// n-th update (n = step - 1, so the first update copies the model), capped at `max_decay`:
+// early averages forget the random initialization quickly, later ones average long.
+double ema_decay(int64_t step, double max_decay, bool warmup, double power);
+
 }  // namespace flowrun

@@ -3,9 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "node_test_helpers.hpp"
 #include "state/ema.hpp"
+#include "support/run_graph.hpp"
+#include "trace.hpp"
 
 namespace flowrun {
 namespace {
@@ -84,6 +89,94 @@ TEST(EmaNode, AveragesOnlyWhatTheModelTrains) {
   EXPECT_TRUE(torch::equal(e.at("0.weight"), before.at("0.weight")));
   EXPECT_TRUE(torch::allclose(e.at("1.weight"), (before.at("1.weight") + 2.0) / 2));
   EXPECT_TRUE(torch::allclose(e.at("0.bias"), (before.at("0.bias") + 2.0) / 2));
+}
+
+TEST(Ema, WarmupDecayIsHunyuanDiTsClosedForm) {
+  // Update n (step n+1) uses 1 - (1 + n)^-power, capped: 0 (a copy), 1 - 2^-p, 1 - 3^-p, ...
+  const double p = 2.0 / 3.0;
+  EXPECT_EQ(ema_decay(1, 0.9999, true, p), 0.0);
+  EXPECT_NEAR(ema_decay(2, 0.9999, true, p), 1 - std::pow(2.0, -p), 1e-15);
+  EXPECT_NEAR(ema_decay(9, 0.9999, true, p), 1 - std::pow(9.0, -p), 1e-15);
+  EXPECT_EQ(ema_decay(1000000, 0.99, true, p), 0.99);  // the cap
+  EXPECT_EQ(ema_decay(5, 0.99, false, p), 0.99);       // no warm-up: fixed
+
+  // Over several steps with parameters that keep moving (p_s = s), the average follows the
+  // scalar recursion e_s = d_s e_{s-1} + (1 - d_s) s exactly.
+  torch::nn::Sequential seq(torch::nn::Linear(2, 2));
+  ModelState src(seq.ptr(), nullptr, "test");
+  EmaModel ema(src);
+  double want = 0;
+  for (int s = 1; s <= 8; ++s) {
+    {
+      torch::NoGradGuard ng;
+      for (auto& t : src.trainable_parameters()) t.fill_(static_cast<double>(s));
+    }
+    const double d = ema_decay(s, 0.9, true, 0.75);
+    ema.update(src, d);
+    want = s == 1 ? 1.0 : d * want + (1 - d) * s;
+    for (const auto& [name, t] : ema.model()->named_parameters())
+      EXPECT_TRUE(torch::allclose(t, torch::full_like(t, want), 1e-6, 1e-6)) << name << " at step " << s;
+  }
+}
+
+TEST(EmaNode, WarmupStartsWithACopy) {
+  // decay 0.9 without warm-up would leave 10 % of the initial parameters after step 1; with
+  // warm-up the first update copies the model, so the average is exactly c from then on.
+  auto g = test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 3, seed: 5 }
+nodes:
+  model: { type: mlp, with: { in_dim: 3, hidden: 4, layers: 1, out_dim: 2 } }
+  set: { type: t_set_params, in: { model: model.params }, with: { value: 0.25 } }
+  ema: { type: ema, in: { model: model.params }, with: { decay: 0.9, warmup: true } }
+)");
+  g->run();
+  for (const auto& [name, t] : g->state<ModelState>("ema", "params").tensors())
+    EXPECT_TRUE(torch::equal(t, torch::full_like(t, 0.25))) << name;
+}
+
+TEST(EmaNode, OverlapsTheNextForwardButNeverTheOptimizer) {
+  // The executor's trace of a training graph: ema of step s reads the model after opt of step s
+  // wrote it and before opt of step s+1 writes it again (never at the same time as an opt
+  // span), while forward_backward of step s+1 (another reader) may run beside it. The model is
+  // big enough (~1M parameters) that the EMA's update takes about as long as a forward.
+  Tracer tracer;
+  tracer.enable(true);
+  RunOptions opt;
+  opt.tracer = &tracer;
+  auto r = test::run_graph_text(R"(
+flowrun: 1
+run: { steps: 30, seed: 1, prefetch: 2, workers: 2 }
+nodes:
+  data:  { type: synthetic_regression, with: { in_dim: 256, out_dim: 1, batch: 64, hidden: 8 } }
+  model: { type: mlp, with: { in_dim: 256, hidden: 512, layers: 4, out_dim: 1 } }
+  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1.0e-3 } }
+  ema:   { type: ema, in: { model: model.params }, with: { decay: 0.99, warmup: true } }
+)",
+                                {}, opt);
+  tracer.write(r.dir + "/trace.json");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(r.dir + "/trace.json"));
+  struct Span {
+    double t0, t1;
+  };
+  std::map<std::string, std::map<int64_t, Span>> spans;  // node -> step -> span
+  for (const auto& e : j["traceEvents"])
+    if (e["ph"] == "X") {
+      const double ts = e["ts"].get<double>();
+      spans[e["name"].get<std::string>()][e["args"]["step"].get<int64_t>()] = {ts, ts + e["dur"].get<double>()};
+    }
+  ASSERT_EQ(spans["ema"].size(), 30u);
+  auto overlap = [](const Span& a, const Span& b) { return a.t0 < b.t1 && b.t0 < a.t1; };
+  int with_next_forward = 0;
+  for (const auto& [s, e] : spans["ema"]) {
+    EXPECT_GE(e.t0, spans["opt"].at(s).t1) << "ema of step " << s << " started before its step's optimizer ended";
+    for (const auto& [s2, o] : spans["opt"]) EXPECT_FALSE(overlap(e, o)) << "ema step " << s << " / opt step " << s2;
+    if (spans["fb"].count(s + 1) && overlap(e, spans["fb"].at(s + 1))) ++with_next_forward;
+  }
+  // Two workers and a free reader slot: most steps overlap; one is enough to show it happens.
+  EXPECT_GT(with_next_forward, 0);
+  RecordProperty("ema_steps_overlapping_next_forward", with_next_forward);
 }
 
 }  // namespace

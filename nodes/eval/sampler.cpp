@@ -1,0 +1,225 @@
+// sampler: images from a diffusion model for a fixed list of prompts, written as a PNG grid.
+// Schema: schemas/sampler.yaml. Test: tests/nodes/sampler_test.cpp.
+//
+// DDIM (eta 0, diffusers' "leading" timestep spacing) with classifier-free guidance: each
+// denoising step runs the model once on [conditional rows; null-condition rows] and mixes
+// out = uncond + guidance * (cond - uncond). The null condition is the one the dit node trains
+// with cond_drop (zero text states, an all-ones mask). The starting noise is drawn from the
+// node's own seed, so every grid of a run (and of the base and LoRA runs) starts from the same
+// noise and differences between grids are the model's.
+//
+// Pixel space (channels 3): the sample in [-1, 1] is the image. Latents with `vae`: the sampler
+// holds the decoder part of a diffusers AutoencoderKL (models/vae.hpp; built once at setup) and
+// decodes x / scaling_factor to RGB, one image at a time. Latents without a VAE decoder: the
+// first three channels, stretched to [0, 255] per image, so a person still sees structure.
+#include "eval/sampler.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "data/image_io.hpp"
+#include "data/image_text_shards.hpp"
+#include "encode/text_encode.hpp"
+#include "common/seed.hpp"
+#include "encode/text_tokenizer.hpp"
+#include "registry.hpp"
+#include "train/precision.hpp"
+
+namespace flowrun {
+
+std::vector<int64_t> ddim_timesteps(int64_t train_timesteps, int64_t steps) {
+  if (steps < 1 || steps > train_timesteps)
+    throw std::runtime_error("sampler: steps must be in [1, " + std::to_string(train_timesteps) + "], got " +
+                             std::to_string(steps));
+  const int64_t ratio = train_timesteps / steps;
+  std::vector<int64_t> ts;
+  for (int64_t i = steps - 1; i >= 0; --i) ts.push_back(i * ratio);
+  return ts;
+}
+
+torch::Tensor sample_ddim(ModelState& model, const TensorMap& cond, const SampleOptions& o) {
+  torch::NoGradGuard no_grad;
+  const c10::Device device = model_device(model);
+  const int64_t n = o.noise.size(0);
+  const torch::Tensor& emb = cond.at("text_emb");
+  if (emb.size(0) != n)
+    throw std::runtime_error("sampler: " + std::to_string(emb.size(0)) + " prompt embeddings for " +
+                             std::to_string(n) + " noise rows");
+  // [cond; uncond] once: the text part of the model's input never changes between steps.
+  TensorMap in;
+  for (const auto& [k, v] : cond) {
+    torch::Tensor null = k.size() > 5 && k.compare(k.size() - 5, 5, "_mask") == 0 ? torch::ones_like(v) : torch::zeros_like(v);
+    in[k] = o.guidance == 1.0 ? v.to(device) : torch::cat({v, null}).to(device);
+  }
+  torch::Tensor x = o.noise.to(device);
+  const std::vector<int64_t> ts = ddim_timesteps(o.schedule.timesteps(), o.steps);
+  for (size_t i = 0; i < ts.size(); ++i) {
+    const int64_t t = ts[i], t_prev = i + 1 < ts.size() ? ts[i + 1] : -1;
+    torch::Tensor out;
+    if (o.guidance == 1.0) {
+      in["x"] = x;
+      in["t"] = torch::full({n}, t, torch::TensorOptions().dtype(torch::kInt64).device(device));
+      out = model.forward(in);
+    } else {
+      in["x"] = torch::cat({x, x});
+      in["t"] = torch::full({2 * n}, t, torch::TensorOptions().dtype(torch::kInt64).device(device));
+      const torch::Tensor both = model.forward(in);
+      const torch::Tensor c = both.narrow(0, 0, n), u = both.narrow(0, n, n);
+      out = u + o.guidance * (c - u);
+    }
+    x = diffusion::ddim_step(o.schedule, out.to(x.scalar_type()), torch::tensor(t), torch::tensor(t_prev), x,
+                             o.prediction);
+  }
+  return x;
+}
+
+Image sample_grid(const torch::Tensor& samples, int64_t cols) {
+  if (samples.dim() != 4) throw std::runtime_error("sample_grid: expected [N, C, H, W]");
+  const int64_t n = samples.size(0), C = samples.size(1), H = samples.size(2), W = samples.size(3);
+  torch::Tensor s = samples.detach().to(torch::kCPU, torch::kFloat);
+  if (C != 3) {
+    // Latents (no decoder): the first three channels (or the first, as gray), each image
+    // stretched to the full range.
+    torch::Tensor v = C >= 3 ? s.narrow(1, 0, 3) : s.narrow(1, 0, 1).expand({n, 3, H, W});
+    torch::Tensor flat = v.reshape({n, -1});
+    torch::Tensor lo = std::get<0>(flat.min(1)).view({n, 1, 1, 1}), hi = std::get<0>(flat.max(1)).view({n, 1, 1, 1});
+    s = (v - lo) / (hi - lo).clamp_min(1e-8) * 2 - 1;
+  }
+  return image_grid(s, static_cast<int>(cols));
+}
+
+torch::Tensor decode_latents(vae::AutoencoderKLImpl& vae, const torch::Tensor& latents) {
+  torch::NoGradGuard no_grad;
+  if (latents.dim() != 4) throw std::runtime_error("decode_latents: expected latents [N, C, h, w]");
+  const torch::Tensor w = vae.parameters().front();
+  const double s = vae.config().scaling_factor;
+  std::vector<torch::Tensor> images;
+  for (int64_t i = 0; i < latents.size(0); ++i)
+    images.push_back(vae.decode(latents.narrow(0, i, 1).to(w.device(), w.scalar_type()) / s).to(torch::kFloat));
+  return torch::cat(images);
+}
+
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+class SamplerNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    prompts_ = p.get<std::vector<std::string>>("prompts");
+    if (prompts_.empty()) throw std::runtime_error(ctx.who() + ": `prompts` is empty; give at least one prompt");
+    per_prompt_ = p.get<int64_t>("per_prompt");
+    steps_ = p.get<int64_t>("steps");
+    guidance_ = p.get<double>("guidance");
+    height_ = p.get<int64_t>("height");
+    width_ = p.get<int64_t>("width");
+    channels_ = p.get<int64_t>("channels");
+    seed_ = p.get<int64_t>("seed");
+    schedule_ = diffusion::NoiseSchedule::make(diffusion::parse_schedule(p.get<std::string>("schedule")),
+                                               p.get<double>("beta_start"), p.get<double>("beta_end"),
+                                               p.get<int64_t>("timesteps"));
+    prediction_ = diffusion::parse_prediction(p.get<std::string>("prediction"));
+    ddim_timesteps(schedule_.timesteps(), steps_);  // a bad `steps` is a setup error, not a step-500 one
+    if (p.has("vae")) setup_vae(ctx, p["vae"]);
+  }
+
+  // The decoder part of the VAE, once: loaded (decoder.* and post_quant_conv.*) or seeded.
+  void setup_vae(SetupContext& ctx, const YAML::Node& v) {
+    vae::Config c;
+    c.block_out_channels = v["block_out_channels"].as<std::vector<int64_t>>();
+    c.layers_per_block = v["layers_per_block"].as<int64_t>();
+    c.latent_channels = v["latent_channels"].as<int64_t>();
+    c.norm_num_groups = v["norm_num_groups"].as<int64_t>();
+    c.scaling_factor = v["scaling_factor"].as<double>();
+    if (channels_ != c.latent_channels)
+      throw std::runtime_error(ctx.who() + ": channels is " + std::to_string(channels_) + " but vae.latent_channels is " +
+                               std::to_string(c.latent_channels) + "; with a vae the samples are latents, so set "
+                               "channels to the VAE's latent channels (and height/width in latent rows/columns)");
+    const std::string weights = v["weights"] && !v["weights"].IsNull() ? v["weights"].as<std::string>() : "";
+    const uint64_t seed = mix_seed({static_cast<uint64_t>(seed_), fnv1a(ctx.name()), kSeedTagInit});
+    try {
+      vae_ = vae::AutoencoderKL(c, vae::Part::decoder);
+      if (!weights.empty())
+        vae::load_safetensors(*vae_, weights);
+      else
+        vae::init_weights(*vae_, seed);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": vae: " + e.what());
+    }
+    for (auto& t : vae_->parameters()) t.set_requires_grad(false);
+    vae_->eval();
+    if (ctx.run().rank == 0) {
+      const int64_t f = c.downsample_factor();
+      spdlog::info("{}: decodes with the {} decoder ({}): {}x{} latents -> {}x{} images", ctx.who(), vae::describe(c),
+                   weights.empty() ? "random init" : "weights from " + weights, height_, width_, height_ * f,
+                   width_ * f);
+      if (weights.empty())
+        spdlog::warn("{}: vae.weights is null: the VAE decoder is randomly initialised (seed {}), so the grids are "
+                     "random decodings; give a diffusers diffusion_pytorch_model.safetensors for real images",
+                     ctx.who(), seed);
+    }
+  }
+
+  void run(StepContext& ctx) override {
+    // The grid is the same on every rank (same seed, same weights): only rank 0 makes it.
+    if (ctx.run().rank != 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto& model = ctx.state_as<ModelState>("model");
+    const TextTokenizer& tokenizer = ctx.state_as<TextTokenizer>("tokenizer");
+    auto& encoder = ctx.state_as<ModelState>("encoder");
+
+    std::vector<std::string> texts;  // per_prompt copies of each prompt: one grid row per prompt
+    for (const auto& pr : prompts_)
+      for (int64_t i = 0; i < per_prompt_; ++i) texts.push_back(pr);
+    const TensorMap cond = encode_text(encoder, tokenizer.encode(texts));
+
+    SampleOptions o;
+    o.schedule = schedule_;
+    o.prediction = prediction_;
+    o.steps = steps_;
+    o.guidance = guidance_;
+    torch::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed_));
+    o.noise = torch::randn({static_cast<int64_t>(texts.size()), channels_, height_, width_}, gen);
+    const torch::Tensor x = sample_ddim(model, cond, o);
+    if (!torch::isfinite(x).all().item<bool>())
+      throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) +
+                               ": the samples are not finite (the model diverged?)");
+    torch::Tensor img = x;
+    if (vae_) {
+      // The decoder follows the samples to their device (it is this node's own module).
+      const torch::Tensor w = vae_->parameters().front();
+      if (w.device() != x.device()) vae_->to(x.device());
+      img = decode_latents(*vae_, x);
+    }
+
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%07lld.png", static_cast<long long>(ctx.step()));
+    const std::string dir = ctx.run().out_dir + "/samples";
+    std::filesystem::create_directories(dir);
+    write_png(dir + "/" + name, sample_grid(img, per_prompt_));
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    spdlog::info("{} step {}: wrote {}/{} ({} prompts x {}, {} DDIM steps, guidance {}, {:.1f} s)", ctx.name(),
+                 ctx.step(), dir, name, prompts_.size(), per_prompt_, steps_, guidance_, s);
+  }
+
+ private:
+  std::vector<std::string> prompts_;
+  int64_t per_prompt_ = 4, steps_ = 50, height_ = 32, width_ = 32, channels_ = 3, seed_ = 0;
+  double guidance_ = 4.0;
+  diffusion::NoiseSchedule schedule_;
+  diffusion::Prediction prediction_ = diffusion::Prediction::eps;
+  vae::AutoencoderKL vae_{nullptr};  // decoder part, when `vae` is given
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(sampler, flowrun::SamplerNode)
