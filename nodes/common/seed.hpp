@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 
 namespace flowrun {
 
@@ -20,6 +21,14 @@ inline uint64_t splitmix64(uint64_t x) {
 inline uint64_t mix_seed(std::initializer_list<uint64_t> parts) {
   uint64_t h = 0x243F6A8885A308D3ull;
   for (uint64_t p : parts) h = splitmix64(h ^ splitmix64(p));
+  return h;
+}
+
+// A string (a node's name) as a seed part: FNV-1a, stable across runs and platforms, so two
+// nodes with one `seed` still draw different streams.
+inline uint64_t name_seed(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
   return h;
 }
 

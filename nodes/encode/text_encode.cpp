@@ -36,12 +36,6 @@ torch::Tensor module_forward(torch::nn::Module& m, const TensorMap& batch) {
   return out.to(torch::kFloat);
 }
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 }  // namespace
 
 std::shared_ptr<ModelState> TextEncoderState::clone() const {
@@ -91,7 +85,7 @@ class TextEncodeNode : public Node {
     const std::string arch = p.get<std::string>("arch");
     const std::string dtype = p.get<std::string>("dtype");
     const std::string prefix = p.get<std::string>("out_prefix");
-    const uint64_t seed = mix_seed({p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed, fnv1a(ctx.name()),
+    const uint64_t seed = mix_seed({p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed, name_seed(ctx.name()),
                                     kSeedTagInit});
     auto size = [&](const char* key, int64_t fallback) { return p.has(key) ? p.get<int64_t>(key) : fallback; };
     const std::string weights = p.has("weights") ? p.get<std::string>("weights") : "";

@@ -14,12 +14,6 @@ namespace {
 
 constexpr uint64_t kSeedTagLatent = 0x7661656c6174ull;  // "vaelat"
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 std::string keys_of(const TensorMap& m) {
   std::string s;
   for (const auto& [k, _] : m) s += (s.empty() ? "" : ", ") + k;
@@ -68,7 +62,7 @@ class VaeEncodeNode : public Node {
       throw std::runtime_error(ctx.who() + ": in_key and out_key are both '" + in_key_ + "'; name the latents otherwise");
     sample_ = p.get<bool>("sample");
     seed_ = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
-    const uint64_t init_seed = mix_seed({seed_, fnv1a(ctx.name()), kSeedTagInit});
+    const uint64_t init_seed = mix_seed({seed_, name_seed(ctx.name()), kSeedTagInit});
     const std::string weights = p.has("weights") ? p.get<std::string>("weights") : "";
     const std::string dtype = p.get<std::string>("dtype");
 
