@@ -2,7 +2,8 @@
 # Set up a fresh Debian 12 machine and run the demo:
 #   1. install the Debian packages flowrun needs (only those missing; sudo if not root),
 #   2. configure and build into build/ (RelWithDebInfo, ccache if present),
-#   3. run the demo graph.
+#   3. make the demo data (scripts/data.sh) and run the demo: graphs/dit_base.yaml (once), then
+#      graphs/hydit_lora.yaml.
 # Options: --no-demo (stop after building), BUILD_DIR=... to build elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,11 +44,19 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake
 rm -f "$BUILD_DIR.cmake.log"
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 
-echo "== data: GPT-2 BPE files and fortunes token shards (data/)"
+echo "== data: GPT-2 BPE files, fortunes token shards, the shapes image sets (data/)"
 scripts/data.sh "$BUILD_DIR/engine/flowrun"
 
 if [ $demo = 1 ]; then
-  echo "== demo: flowrun graphs/regression.yaml"
-  "$BUILD_DIR/engine/flowrun" graphs/regression.yaml
-  echo "== metrics: runs/regression/metrics.jsonl; graph: $BUILD_DIR/engine/flowrun dot graphs/regression.yaml | dot -Tsvg > regression.svg"
+  B="$BUILD_DIR/engine/flowrun"
+  # The HunyuanDiT-style LoRA demo, in pixel space (README): the base DiT first if there is
+  # no base checkpoint yet, then the LoRA fine-tune that teaches it the color purple.
+  if [ ! -f runs/dit_base/checkpoints/latest ]; then
+    echo "== demo 1/2: flowrun graphs/dit_base.yaml (the base DiT on the shapes set; once)"
+    "$B" graphs/dit_base.yaml
+  fi
+  echo "== demo 2/2: flowrun graphs/hydit_lora.yaml (LoRA: purple shapes)"
+  "$B" graphs/hydit_lora.yaml
+  echo "== samples: runs/dit_base/samples/, runs/hydit_lora/samples/ (step_0000001.png = the base, the last = after LoRA)"
+  echo "== adapters: runs/hydit_lora/checkpoints/latest names the folder; graph: $B dot graphs/hydit_lora.yaml | dot -Tsvg > g.svg"
 fi
