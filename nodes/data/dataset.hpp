@@ -22,6 +22,13 @@ class Dataset {
   // Batch `index` (0-based, < num_batches) of that pass: the same for the same arguments,
   // whatever was read before. Keys as the node's `batch` output (e.g. "tokens").
   virtual TensorMap batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const = 0;
+  // The captions of the same rows (image-text data), for evaluators that condition on text.
+  // Datasets without text return an empty list.
+  virtual std::vector<std::string> captions(const std::string& split, int64_t index, int64_t batch, int rank,
+                                            int world) const {
+    (void)split, (void)index, (void)batch, (void)rank, (void)world;
+    return {};
+  }
 };
 
 }  // namespace flowrun

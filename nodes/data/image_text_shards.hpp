@@ -164,7 +164,8 @@ class ImageTextDataset : public Dataset {
   std::vector<std::string> splits() const override;
   int64_t num_batches(const std::string& split, int64_t batch, int rank, int world) const override;
   TensorMap batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const override;
-  std::vector<std::string> captions(const std::string& split, int64_t index, int64_t batch, int rank, int world) const;
+  std::vector<std::string> captions(const std::string& split, int64_t index, int64_t batch, int rank,
+                                    int world) const override;
   const ImageTextShards& shards(const std::string& split) const;
   int size() const { return size_; }
 

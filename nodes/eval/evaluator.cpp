@@ -13,6 +13,8 @@
 #include <limits>
 
 #include "comm.hpp"
+#include "encode/text_encode.hpp"
+#include "encode/text_tokenizer.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -32,7 +34,8 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& 
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   int64_t targets = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const TensorMap batch = data.batch(o.split, i, o.batch, o.rank, o.world);
+    TensorMap batch = data.batch(o.split, i, o.batch, o.rank, o.world);
+    if (o.cond) batch = merge_batches(batch, o.cond(i, batch));
     const int64_t t = objective.targets(batch);
     torch::Tensor loss;
     {
@@ -58,8 +61,11 @@ class EvaluatorNode : public Node {
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
     objective_name_ = p.get<std::string>("objective");
-    objective_ = find_objective_def(objective_name_);
-    if (!objective_) throw std::runtime_error(ctx.who() + ": unknown objective '" + objective_name_ + "'");
+    try {
+      objective_ = make_objective_def(objective_name_, p.node());  // diffusion: its `diffusion` settings
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
     opts_.split = p.get<std::string>("split");
     opts_.batches = p.get<int64_t>("batches");
     opts_.batch = p.get<int64_t>("batch");
@@ -69,6 +75,10 @@ class EvaluatorNode : public Node {
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());
     const Dataset& data = ctx.state_as<Dataset>("data");
+    // Text conditioning: the captions of each batch, tokenized and encoded as training did.
+    if (ctx.connected("tokenizer") != ctx.connected("encoder"))
+      throw std::runtime_error(ctx.who() + ": connect both `tokenizer` and `encoder` (the captions are tokenized, then encoded), or neither");
+    with_text_ = ctx.connected("encoder");
     std::string have;
     bool found = false;
     for (const auto& s : data.splits()) {
@@ -88,7 +98,18 @@ class EvaluatorNode : public Node {
   void run(StepContext& ctx) override {
     ModelState& model = ctx.state_as<ModelState>("model");
     const Dataset& data = ctx.state_as<Dataset>("data");
-    const EvalResult r = evaluate(model, data, *objective_, opts_);
+    EvalOptions o = opts_;
+    if (with_text_) {
+      const TextTokenizer& tok = ctx.state_as<TextTokenizer>("tokenizer");
+      ModelState& enc = ctx.state_as<ModelState>("encoder");
+      o.cond = [&](int64_t i, const TensorMap&) {
+        const std::vector<std::string> caps = data.captions(o.split, i, o.batch, o.rank, o.world);
+        if (caps.empty())
+          throw std::runtime_error(ctx.who() + ": the dataset has no captions to encode; disconnect tokenizer and encoder");
+        return encode_text(enc, tok.encode(caps));
+      };
+    }
+    const EvalResult r = evaluate(model, data, objective_, o);
     // Every rank's sums, added up: the mean over every target that any rank scored.
     double sums[3] = {r.loss_sum, static_cast<double>(r.targets), static_cast<double>(r.batches)};
     comm::allreduce(*ch_, sums, 3, comm::Op::sum, "evaluation sums of step " + std::to_string(ctx.step()));
@@ -110,7 +131,8 @@ class EvaluatorNode : public Node {
 
  private:
   std::string objective_name_;
-  const ObjectiveDef* objective_ = nullptr;
+  ObjectiveDef objective_;
+  bool with_text_ = false;
   EvalOptions opts_;
   std::shared_ptr<comm::Channel> ch_;
 };

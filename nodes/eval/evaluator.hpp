@@ -1,6 +1,7 @@
 // The computation behind the evaluator node, usable on its own (tests, benches).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "data/dataset.hpp"
@@ -16,6 +17,10 @@ struct EvalOptions {
   int64_t batch = 16;    // rows per batch (per rank)
   int rank = 0, world = 1;
   Precision precision = Precision::fp32;
+  // Set: merged into each batch (merge_batches) before the objective runs, e.g. the frozen
+  // text encoder's embeddings of the batch's captions (the evaluator node's tokenizer and
+  // encoder inputs). Gets the batch index and the batch.
+  std::function<TensorMap(int64_t index, const TensorMap& batch)> cond;
 };
 
 // What this rank scored. The sums are what ranks add up for the global mean:

@@ -6,6 +6,7 @@
 //      PEFT's layout, and writes the sample grids of the first step (the base) and the last.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -37,7 +38,7 @@ void make_set(const std::string& dir, const std::string& set, int64_t count) {
   PrepImagesOptions po;
   po.dir = so.out_dir;
   po.out = dir + "/" + set;
-  po.val_fraction = 0;
+  po.val_fraction = 0.1;  // the graphs' evaluators read val
   po.quiet = true;
   prep_images(po);
 }
@@ -47,7 +48,8 @@ std::vector<std::string> tiny(const std::string& data, const std::string& set) {
   return {"data.path=" + data + "/" + set, "data.size=16", "data.batch=16", "tok.vocab=" + data + "/base-png/vocab.txt",
           "tok.max_length=12", "text.dim=16", "text.heads=2", "text.ffn=32", "model.hidden=32", "model.depth=2",
           "model.heads=2", "model.mlp_ratio=2.0", "model.text_dim=16", "sample.height=16", "sample.width=16",
-          "sample.steps=5", "sample.per_prompt=2", "run.log_every=10", "run.prefetch=2"};
+          "sample.steps=5", "sample.per_prompt=2", "sample.zoom=1", "eval.batch=8", "eval.batches=2",
+          "run.log_every=10", "run.prefetch=2"};
 }
 
 double mean_loss(const std::vector<nlohmann::json>& metrics, size_t from, size_t n) {
@@ -70,29 +72,45 @@ TEST(GraphHyditLora, BaseLearnsTheShapesThenLoraTrainsOnlyAdaptersOnTheNewColor)
 
   // 1. The base, 300 steps of batch 16 (15 epochs of 320 images).
   std::vector<std::string> o = tiny(data, "base");
-  for (const char* s : {"run.steps=300", "sample.every=300", "ckpt.every=300", "opt.lr=2e-3", "opt.warmup=20"})
+  for (const char* s : {"run.steps=300", "sample.every=300", "ckpt.every=300", "eval.every=300", "evlog.every=300",
+                        "opt.lr=2e-3", "opt.warmup=20"})
     o.push_back(s);
   auto base = test::run_graph_text(read_text(src + "/graphs/dit_base.yaml"), o);
   // Logged every 10 steps: the first three logs (steps 10-30) against the last three (280-300).
   const double first = mean_loss(base.metrics, 0, 3), last = mean_loss(base.metrics, 27, 3);
   std::printf("dit_base tiny: loss steps 10-30 %.4f, steps 280-300 %.4f\n", first, last);
-  // Measured 2026-11-23 (2 cores, seed 1, ~5 s): 0.603 at steps 10-30, 0.354 at 280-300. The
+  // Measured 2026-11-23 (2 cores, seed 1, ~5 s): 0.581 at steps 10-30, 0.348 at 280-300. The
   // zero-initialised output starts at E[v^2] ~ 0.6 for these images (flat backgrounds make
   // x0^2 large); a model that learned nothing about the images stays there, one that learned
-  // the backgrounds and shapes falls well below. The bar, 70 % of the start (0.42), sits
+  // the backgrounds and shapes falls well below. The bar, 70 % of the start (0.41), sits
   // between: it fails if training stops working, not on run-to-run noise.
   EXPECT_LT(last, 0.7 * first) << "first " << first << " last " << last;
+  // The evaluator scored the EMA on held-out images with the captions encoded: below the start.
+  double val = -1;
+  for (const auto& j : base.metrics)
+    if (j.contains("val_loss")) val = j["val_loss"].get<double>();
+  EXPECT_GT(val, 0) << "no val_loss logged";
+  EXPECT_LT(val, 0.8 * first) << "val " << val;
   const std::string base_ckpt = base.out_dir + "/checkpoints";
   ASSERT_TRUE(std::filesystem::exists(base_ckpt + "/step_00000300/ema.params.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(base.out_dir + "/samples/step_0000300.png"));
 
   // 2. LoRA on the purple set from the base's EMA weights, through `latest`.
   o = tiny(data, "lora");
-  for (std::string s : {"run.steps=40", "ckpt.every=40", "model.lora.rank=4", "model.lora.alpha=4"}) o.push_back(s);
+  for (std::string s : {"run.steps=40", "ckpt.every=40", "model.lora.rank=4", "model.lora.alpha=4", "eval.every=40",
+                        "evlog.every=40"})
+    o.push_back(s);
   o.push_back("model.weights=" + base_ckpt + "/latest/ema.params.safetensors");
   auto lora = test::run_graph_text(read_text(src + "/graphs/hydit_lora.yaml"), o);
   EXPECT_TRUE(std::filesystem::exists(lora.out_dir + "/samples/step_0000001.png"));
   EXPECT_TRUE(std::filesystem::exists(lora.out_dir + "/samples/step_0000040.png"));
+  int evals = 0;  // at the start (the base on the purple set) and the end
+  for (const auto& j : lora.metrics)
+    if (j.contains("val_loss")) {
+      ++evals;
+      EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
+    }
+  EXPECT_EQ(evals, 2);
   const std::string folder = lora.out_dir + "/checkpoints/step_00000040";
   // Two models with adapters are saved (the trained one and its EMA): one PEFT folder each.
   for (const char* ref : {"model.params", "ema.params"}) {
