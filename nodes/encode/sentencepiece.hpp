@@ -4,13 +4,17 @@
 // T5's models; 0 if the model defines none). With lowercase, the text is lowercased (ICU, like
 // Python's str.lower()) before encoding; T5 and mT5 models expect lowercase = false.
 //
-// Built only with -DFLOWRUN_SENTENCEPIECE=ON (defines FLOWRUN_HAVE_SENTENCEPIECE); otherwise
-// load() throws a "not built" error. Off by default because it does not work yet: Debian's
-// libsentencepiece.so.0 carries its own protobuf-lite 3.14 whose exported symbols clash with
-// libprotobuf.so.32 (3.21, loaded by libtorch): the process crashes in protobuf's static
-// initialisation, and with libprotobuf first in the lookup order sentencepiece aborts on the
-// version check instead. The fix is to load it isolated (a small shim library opened with
-// dlopen(RTLD_LOCAL | RTLD_DEEPBIND)) or to build sentencepiece against the system protobuf.
+// libsentencepiece is never linked into flowrun: Debian's libsentencepiece.so.0 carries its own
+// protobuf-lite 3.14 whose exported symbols clash with libprotobuf.so.32 (3.21, loaded by
+// libtorch), which crashes a process that links both at start-up. Instead the small shim
+// library flowrun_spm_shim (encode/spm_shim/spm_shim.cpp: a C API, the only thing linking
+// libsentencepiece) is opened on first use with dlmopen(LM_ID_NEWLM), in a link namespace of its
+// own: it and libsentencepiece bind to their own protobuf (and libstdc++), and nothing of theirs
+// is visible to the rest of the process (sentencepiece.cpp says why not RTLD_DEEPBIND). The shim
+// is looked up as $FLOWRUN_SPM_SHIM if set, otherwise next to libflowrun_nodes.so, then where the
+// build put it. CMake builds it when pkg-config finds libsentencepiece-dev (option
+// FLOWRUN_SENTENCEPIECE, on by default then); without it load() and train() throw an error
+// saying how to fix it (install libsentencepiece-dev and rebuild).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,8 +25,11 @@
 
 namespace flowrun {
 
-// Whether this build links libsentencepiece.
+// Whether the SentencePiece shim (and libsentencepiece) loads in this process; opened on the
+// first call of this, load() or train().
 bool sentencepiece_available();
+// Whether this flowrun was built with the shim (libsentencepiece-dev found by CMake).
+bool sentencepiece_built();
 
 class SentencePieceTokenizer : public TextTokenizer {
  public:
