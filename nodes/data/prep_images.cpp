@@ -15,6 +15,7 @@
 
 #include "data/image_io.hpp"
 #include "data/shuffle.hpp"
+#include "data/cli_args.hpp"
 #include "data/tar.hpp"
 
 namespace fs = std::filesystem;
@@ -203,46 +204,23 @@ PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
 int prep_images_command(const std::vector<std::string>& args) {
   PrepImagesOptions opt;
   try {
-    std::vector<std::string> positional;
-    for (size_t i = 0; i < args.size(); ++i) {
-      std::string a = args[i], value;
-      if (a == "--help" || a == "-h") {
-        std::fputs(kImagesUsage, stdout);
-        return 0;
-      }
-      if (a.rfind("--", 0) != 0) {
-        positional.push_back(a);
-        continue;
-      }
-      bool inline_value = false;
-      if (size_t eq = a.find('='); eq != std::string::npos) value = a.substr(eq + 1), a = a.substr(0, eq), inline_value = true;
-      auto take = [&]() -> std::string {
-        if (inline_value) return value;
-        if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-        return args[++i];
-      };
-      auto integer = [&](const std::string& v) -> uint64_t {
-        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
-          throw std::invalid_argument(a + ": '" + v + "' is not a non-negative integer");
-        return std::stoull(v);
-      };
+    const CliArgs cl = parse_cli_args(args);
+    if (cl.help) {
+      std::fputs(kImagesUsage, stdout);
+      return 0;
+    }
+    for (const auto& [a, v] : cl.options) {
       if (a == "--shard-size") {
-        opt.shard_size = static_cast<int64_t>(integer(take()));
+        opt.shard_size = static_cast<int64_t>(cli_uint(a, v));
       } else if (a == "--val-fraction") {
-        const std::string v = take();
-        size_t used = 0;
-        try {
-          opt.val_fraction = std::stod(v, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != v.size() || v.empty()) throw std::invalid_argument(a + ": '" + v + "' is not a number");
+        opt.val_fraction = cli_number(a, v);
       } else if (a == "--seed") {
-        opt.seed = integer(take());
+        opt.seed = cli_uint(a, v);
       } else {
         throw std::invalid_argument("unknown option " + a);
       }
     }
+    const std::vector<std::string>& positional = cl.positional;
     if (positional.size() != 2) throw std::invalid_argument("expected DIR and OUT_PREFIX, got " + std::to_string(positional.size()) + " arguments");
     opt.dir = positional[0], opt.out = positional[1];
     const PrepImagesSummary s = prep_images(opt);

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "data/cli_args.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/shuffle.hpp"
 #include "data/tokenizer.hpp"
@@ -201,52 +202,27 @@ int prep_text_command(const std::vector<std::string>& args) {
   PrepTextOptions opt;
   bool have_tokenizer = false;
   try {
-    for (size_t i = 0; i < args.size(); ++i) {
-      std::string a = args[i], value;
-      if (a == "--help" || a == "-h") {
-        std::fputs(kTextUsage, stdout);
-        return 0;
-      }
-      if (a.rfind("--", 0) != 0) {
-        opt.inputs.push_back(a);
-        continue;
-      }
-      bool inline_value = false;
-      if (size_t eq = a.find('='); eq != std::string::npos) value = a.substr(eq + 1), a = a.substr(0, eq), inline_value = true;
-      auto take = [&]() -> std::string {
-        if (inline_value) return value;
-        if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-        return args[++i];
-      };
-      auto number = [&](const std::string& v) {
-        size_t used = 0;
-        double d = 0;
-        try {
-          d = std::stod(v, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used != v.size() || v.empty()) throw std::invalid_argument(a + ": '" + v + "' is not a number");
-        return d;
-      };
+    const CliArgs cl = parse_cli_args(args);
+    if (cl.help) {
+      std::fputs(kTextUsage, stdout);
+      return 0;
+    }
+    opt.inputs = cl.positional;
+    for (const auto& [a, v] : cl.options) {
       if (a == "--tokenizer") {
-        opt.tokenizer = take(), have_tokenizer = true;
+        opt.tokenizer = v, have_tokenizer = true;
       } else if (a == "--vocab") {
-        opt.vocab = take();
+        opt.vocab = v;
       } else if (a == "--merges") {
-        opt.merges = take();
+        opt.merges = v;
       } else if (a == "--val-fraction") {
-        opt.val_fraction = number(take());
+        opt.val_fraction = cli_number(a, v);
       } else if (a == "--seed") {
-        const std::string v = take();
-        const double d = number(v);
-        if (d < 0 || d != std::floor(d) || v.find_first_not_of("0123456789") != std::string::npos)
-          throw std::invalid_argument("--seed: '" + v + "' is not a non-negative integer");
-        opt.seed = std::stoull(v);
+        opt.seed = cli_uint(a, v);
       } else if (a == "--split-on") {
-        opt.split_on = take();
+        opt.split_on = v;
       } else if (a == "--out") {
-        opt.out = take();
+        opt.out = v;
       } else {
         throw std::invalid_argument("unknown option " + a);
       }

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/seed.hpp"
+#include "data/cli_args.hpp"
 
 namespace flowrun {
 
@@ -179,41 +180,25 @@ const char* kShapesUsage =
 int prep_shapes_command(const std::vector<std::string>& args) {
   ShapesOptions opt;
   try {
-    std::vector<std::string> positional;
-    for (size_t i = 0; i < args.size(); ++i) {
-      std::string a = args[i], value;
-      if (a == "--help" || a == "-h") {
-        std::fputs(kShapesUsage, stdout);
-        return 0;
-      }
-      if (a.rfind("--", 0) != 0) {
-        positional.push_back(a);
-        continue;
-      }
-      bool inline_value = false;
-      if (size_t eq = a.find('='); eq != std::string::npos) value = a.substr(eq + 1), a = a.substr(0, eq), inline_value = true;
-      auto take = [&]() -> std::string {
-        if (inline_value) return value;
-        if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
-        return args[++i];
-      };
-      auto integer = [&](const std::string& v) -> uint64_t {
-        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
-          throw std::invalid_argument(a + ": '" + v + "' is not a non-negative integer");
-        return std::stoull(v);
-      };
+    const CliArgs cl = parse_cli_args(args);
+    if (cl.help) {
+      std::fputs(kShapesUsage, stdout);
+      return 0;
+    }
+    for (const auto& [a, v] : cl.options) {
       if (a == "--count") {
-        opt.count = static_cast<int64_t>(integer(take()));
+        opt.count = static_cast<int64_t>(cli_uint(a, v));
       } else if (a == "--size") {
-        opt.size = static_cast<int>(std::min<uint64_t>(integer(take()), 1 << 20));
+        opt.size = static_cast<int>(std::min<uint64_t>(cli_uint(a, v), 1 << 20));
       } else if (a == "--seed") {
-        opt.seed = integer(take());
+        opt.seed = cli_uint(a, v);
       } else if (a == "--set") {
-        opt.set = take();
+        opt.set = v;
       } else {
         throw std::invalid_argument("unknown option " + a);
       }
     }
+    const std::vector<std::string>& positional = cl.positional;
     if (positional.size() != 1) throw std::invalid_argument("expected one OUT_DIR, got " + std::to_string(positional.size()));
     opt.out_dir = positional[0];
     if (opt.set != "base" && opt.set != "lora") throw std::invalid_argument("--set: unknown set '" + opt.set + "' (known: base, lora)");

@@ -1,0 +1,43 @@
+#include "data/cli_args.hpp"
+
+#include <stdexcept>
+
+namespace flowrun {
+
+CliArgs parse_cli_args(const std::vector<std::string>& args) {
+  CliArgs out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--help" || a == "-h") {
+      out.help = true;
+    } else if (a.rfind("--", 0) != 0) {
+      out.positional.push_back(a);
+    } else if (const size_t eq = a.find('='); eq != std::string::npos) {
+      out.options.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+    } else {
+      if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
+      out.options.emplace_back(a, args[++i]);
+    }
+  }
+  return out;
+}
+
+uint64_t cli_uint(const std::string& name, const std::string& value) {
+  if (value.empty() || value.size() > 19 || value.find_first_not_of("0123456789") != std::string::npos)
+    throw std::invalid_argument(name + ": '" + value + "' is not a non-negative integer");
+  return std::stoull(value);
+}
+
+double cli_number(const std::string& name, const std::string& value) {
+  size_t used = 0;
+  double d = 0;
+  try {
+    d = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (value.empty() || used != value.size()) throw std::invalid_argument(name + ": '" + value + "' is not a number");
+  return d;
+}
+
+}  // namespace flowrun
