@@ -15,14 +15,14 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
+#include "bench_graph.hpp"
 #include "data/image_text_shards.hpp"
 #include "encode/text_encode.hpp"
 #include "encode/wordpiece.hpp"
-#include "executor.hpp"
 #include "models/bert.hpp"
 #include "models/dit.hpp"
 #include "registry.hpp"
@@ -86,8 +86,8 @@ double hand_loop(const std::string& data, const std::string& vocab, const Enc& e
 
 // The same work as a flowrun graph.
 double graph_run(const std::string& data, const std::string& vocab, const Enc& e, int steps, int prefetch) {
-  const std::string file = (std::filesystem::temp_directory_path() / "flowrun_dit_bench.yaml").string();
-  std::ofstream(file) << "flowrun: 1\nrun: { steps: " << steps << ", seed: " << kSeed << ", prefetch: " << prefetch
+  std::ostringstream y;
+  y << "flowrun: 1\nrun: { steps: " << steps << ", seed: " << kSeed << ", prefetch: " << prefetch
                       << ", progress: off }\nnodes:\n"
                       << "  data: { type: image_text_shards, with: { path: " << data << ", size: " << kSize
                       << ", batch: " << kBatch << " } }\n"
@@ -102,21 +102,7 @@ double graph_run(const std::string& data, const std::string& vocab, const Enc& e
                          "with: { objective: diffusion, diffusion: { x_key: image, prediction: v } } }\n"
                       << "  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: " << kLr
                       << " } }\n";
-  GraphSpec g = load_graph(file, {}, Registry::global());
-  RunInfo info;
-  info.last_step = steps;
-  info.seed = kSeed;
-  Executor ex(g, Registry::global(), info);
-  RunOptions opt;
-  opt.prefetch = prefetch;
-  auto t0 = Clock::now();
-  ex.run(opt);
-  return steps * kBatch / std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return steps * kBatch / bench::time_graph("dit_bench", y.str(), steps, kSeed, prefetch);
 }
 
 void compare(const std::string& data, const std::string& vocab, const Enc& e, int steps, int threads) {
@@ -127,7 +113,7 @@ void compare(const std::string& data, const std::string& vocab, const Enc& e, in
     loop.push_back(hand_loop(data, vocab, e, steps));
     graph.push_back(graph_run(data, vocab, e, steps, 4));
   }
-  const double l = median(loop), gr = median(graph);
+  const double l = bench::median(loop), gr = bench::median(graph);
   std::printf("%-14s BERT %lldx%-4lld %2lld tokens  torch threads %d   serial loop %6.1f images/s   flowrun prefetch 4 %6.1f images/s   ratio %.3f\n",
               e.name, (long long)e.layers, (long long)e.dim, (long long)e.max_length, threads, l, gr, gr / l);
 }

@@ -12,12 +12,12 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
+#include "bench_graph.hpp"
 #include "data/token_shards.hpp"
-#include "executor.hpp"
 #include "models/gpt.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
@@ -56,8 +56,8 @@ double hand_loop(const std::string& data, int steps, int delay_ms) {
 
 // The same work as a flowrun graph.
 double graph_run(const std::string& data, int steps, int delay_ms, int prefetch) {
-  const std::string file = (std::filesystem::temp_directory_path() / "flowrun_train_loop_bench.yaml").string();
-  std::ofstream(file) << "flowrun: 1\nrun: { steps: " << steps << ", seed: " << kSeed << ", prefetch: " << prefetch
+  std::ostringstream y;
+  y << "flowrun: 1\nrun: { steps: " << steps << ", seed: " << kSeed << ", prefetch: " << prefetch
                       << ", progress: off }\nnodes:\n"
                       << "  data: { type: token_shards, with: { path: " << data << ", seq_len: " << kT << ", batch: " << kBatch
                       << ", delay_ms: " << delay_ms << " } }\n"
@@ -65,21 +65,7 @@ double graph_run(const std::string& data, int steps, int delay_ms, int prefetch)
                       << ", vocab: " << kVocab << ", context: " << kT << " } }\n"
                       << "  fb: { type: forward_backward, in: { batch: data.batch, model: model.params }, with: { objective: lm } }\n"
                       << "  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: " << kLr << " } }\n";
-  GraphSpec g = load_graph(file, {}, Registry::global());
-  RunInfo info;
-  info.last_step = steps;
-  info.seed = kSeed;
-  Executor ex(g, Registry::global(), info);
-  RunOptions opt;
-  opt.prefetch = prefetch;
-  auto t0 = Clock::now();
-  ex.run(opt);
-  return steps / std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  return steps / bench::time_graph("train_loop_bench", y.str(), steps, kSeed, prefetch);
 }
 
 void compare(const char* name, const std::string& data, int steps, int delay_ms, double target) {
@@ -89,7 +75,7 @@ void compare(const char* name, const std::string& data, int steps, int delay_ms,
     loop.push_back(hand_loop(data, steps, delay_ms));
     graph.push_back(graph_run(data, steps, delay_ms, 2));
   }
-  const double l = median(loop), gr = median(graph);
+  const double l = bench::median(loop), gr = bench::median(graph);
   std::printf("%-12s delay %3d ms   loop %6.2f steps/s   flowrun %6.2f steps/s   ratio %.3f   (target >= %.2f: %s)\n", name,
               delay_ms, l, gr, gr / l, target, gr / l >= target ? "met" : "NOT met");
 }

@@ -26,6 +26,7 @@
 #include "encode/text_encode.hpp"
 #include "common/seed.hpp"
 #include "encode/text_tokenizer.hpp"
+#include "models/dit.hpp"
 #include "registry.hpp"
 #include "train/precision.hpp"
 
@@ -50,11 +51,10 @@ torch::Tensor sample_ddim(ModelState& model, const TensorMap& cond, const Sample
     throw std::runtime_error("sampler: " + std::to_string(emb.size(0)) + " prompt embeddings for " +
                              std::to_string(n) + " noise rows");
   // [cond; uncond] once: the text part of the model's input never changes between steps.
+  // The unconditional rows are the dit's null condition, the input cond_drop trains with.
+  const TensorMap null = o.guidance == 1.0 ? TensorMap{} : dit::null_condition(cond);
   TensorMap in;
-  for (const auto& [k, v] : cond) {
-    torch::Tensor null = k.size() > 5 && k.compare(k.size() - 5, 5, "_mask") == 0 ? torch::ones_like(v) : torch::zeros_like(v);
-    in[k] = o.guidance == 1.0 ? v.to(device) : torch::cat({v, null}).to(device);
-  }
+  for (const auto& [k, v] : cond) in[k] = o.guidance == 1.0 ? v.to(device) : torch::cat({v, null.at(k)}).to(device);
   torch::Tensor x = o.noise.to(device);
   const std::vector<int64_t> ts = ddim_timesteps(o.schedule.timesteps(), o.steps);
   for (size_t i = 0; i < ts.size(); ++i) {

@@ -19,21 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Like test::load_graph_text, as rank `rank` of `world`.
-std::unique_ptr<test::GraphRun> load_as_rank(const std::string& yaml, int rank, int world) {
-  test::register_node_test_types();
-  auto r = std::make_unique<test::GraphRun>();
-  r->dir = test::temp_dir("dp");
-  std::ofstream(r->dir + "/graph.yaml") << yaml;
-  r->spec = std::make_unique<GraphSpec>(
-      load_graph(r->dir + "/graph.yaml", {"run.out_dir=" + r->dir + "/out", "run.progress=off"}, Registry::global()));
-  RunInfo info = run_info(*r->spec);
-  info.rank = rank, info.world = world;
-  r->out_dir = info.out_dir;
-  r->ex = std::make_unique<Executor>(*r->spec, Registry::global(), info);
-  return r;
-}
-
 const char* kTraining = R"(
 flowrun: 1
 run: { steps: 6, seed: 9, log_every: 2 }
@@ -47,20 +32,10 @@ nodes:
   ckpt: { type: checkpoint, every: 3, in: { state: [model.params, opt.state, data.cursor] } }
 )";
 
-std::map<int64_t, TensorMap> run_and_probe(test::GraphRun& g) {
-  {
-    std::lock_guard<std::mutex> l(test::BatchProbe::mu());
-    test::BatchProbe::seen().clear();
-  }
-  g.run();
-  std::lock_guard<std::mutex> l(test::BatchProbe::mu());
-  return test::BatchProbe::seen();
-}
-
 TEST(DataParallel, RankOneReadsItsSliceAndWritesNoFiles) {
   ASSERT_EQ(comm::size(), 1);
-  auto g = load_as_rank(kTraining, 1, 2);
-  const auto seen = run_and_probe(*g);
+  auto g = test::load_graph_at(kTraining, 1, 2);
+  const auto seen = test::run_and_probe(*g);
   // Rows [8, 16) of each step's global batch of 16.
   SyntheticRegression ref(4, 1, 32, /*seed=*/9, 0.1);
   ASSERT_EQ(seen.size(), 6u);
@@ -75,7 +50,7 @@ TEST(DataParallel, RankOneReadsItsSliceAndWritesNoFiles) {
 }
 
 TEST(DataParallel, RankZeroWritesMetricsAndCheckpointsAsOneProcessDoes) {
-  auto g = load_as_rank(kTraining, 0, 2);
+  auto g = test::load_graph_at(kTraining, 0, 2);
   g->run();
   const auto m = g->metrics();
   ASSERT_EQ(m.size(), 3u);  // steps 2, 4, 6
@@ -129,14 +104,14 @@ nodes:
 )";
   };
   auto rank0_loss = [&](int world, int64_t batch) {
-    auto g = load_as_rank(graph(batch), 0, world);
+    auto g = test::load_graph_at(graph(batch), 0, world);
     g->run();
     return g->metrics().at(0)["val_loss"].get<double>();
   };
   // Here the all-reduce has no other rank to add, so rank 0 of 2 outputs its shard's mean;
   // with rank 1's (same number of rows) it makes one process's mean over both shards.
   const double whole = rank0_loss(1, 8);
-  auto g1 = load_as_rank(graph(4), 1, 2);  // rank 1: no refusal, runs, writes nothing
+  auto g1 = test::load_graph_at(graph(4), 1, 2);  // rank 1: no refusal, runs, writes nothing
   g1->run();
   EXPECT_FALSE(fs::exists(g1->out_dir + "/metrics.jsonl"));
   const double r0 = rank0_loss(2, 4);

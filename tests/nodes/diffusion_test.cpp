@@ -9,12 +9,15 @@
 #include <cstdio>
 
 #include "common/seed.hpp"
+#include "dit_test_helpers.hpp"
 #include "models/dit.hpp"
 #include "train/diffusion.hpp"
 #include "train/forward_backward.hpp"
 
 namespace flowrun {
 namespace {
+
+using dit_test::tiny;
 
 using diffusion::NoiseSchedule;
 
@@ -64,19 +67,6 @@ TEST(Diffusion, AddNoiseVelocityAndDdimMatchClosedForms) {
     EXPECT_LT((prev.narrow(0, 1, 2) - expect.narrow(0, 1, 2)).abs().max().item<double>(), 2e-3);
   }
   EXPECT_THROW(diffusion::add_noise(s, x0, eps, torch::tensor({0, 1, 1000})), std::runtime_error);
-}
-
-dit::Config tiny() {
-  dit::Config c;
-  c.patch = 2;
-  c.in_channels = 3;
-  c.hidden = 32;
-  c.depth = 4;
-  c.heads = 2;
-  c.mlp_ratio = 2.0;
-  c.text_dim = 8;
-  c.t5_dim = 0;
-  return c;
 }
 
 // Four 8x8 RGB images (flat colours with a bright square at a different place each) and their

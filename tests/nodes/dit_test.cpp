@@ -11,31 +11,14 @@
 #include "models/dit.hpp"
 #include "models/dropout.hpp"
 #include "models/lora.hpp"
+#include "dit_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {
 namespace {
 
-dit::Config tiny(int64_t depth = 4, int64_t t5 = 0) {
-  dit::Config c;
-  c.patch = 2;
-  c.in_channels = 3;
-  c.hidden = 32;
-  c.depth = depth;
-  c.heads = 2;
-  c.mlp_ratio = 2.0;
-  c.text_dim = 8;
-  c.t5_dim = t5;
-  return c;
-}
-
-// Every parameter random (the DiT init zeroes the output path, which would make output
-// comparisons trivially equal).
-void randomize(torch::nn::Module& m, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  at::Generator g = make_cpu_generator(seed);
-  for (auto& p : m.parameters()) p.copy_(torch::randn(p.sizes(), g) * 0.3);
-}
+using dit_test::tiny;
+using dit_test::randomize;
 
 TensorMap make_batch(int64_t B, int64_t C, int64_t H, int64_t W, uint64_t seed, int64_t L = 5) {
   at::Generator g = make_cpu_generator(seed);

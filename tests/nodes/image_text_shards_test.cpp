@@ -529,30 +529,6 @@ std::string shapes_shards(int n, int size = 16) {
   return po.out;
 }
 
-std::unique_ptr<test::GraphRun> load_graph(const std::string& yaml, int rank = 0, int world = 1, int64_t first_step = 1) {
-  test::register_node_test_types();
-  auto r = std::make_unique<test::GraphRun>();
-  r->dir = test::temp_dir("itsnode");
-  std::ofstream(r->dir + "/graph.yaml") << yaml;
-  r->spec = std::make_unique<GraphSpec>(
-      flowrun::load_graph(r->dir + "/graph.yaml", {"run.out_dir=" + r->dir + "/out", "run.progress=off"}, Registry::global()));
-  RunInfo info = run_info(*r->spec);
-  info.first_step = first_step;
-  info.rank = rank, info.world = world;
-  r->out_dir = info.out_dir;
-  r->ex = std::make_unique<Executor>(*r->spec, Registry::global(), info);
-  return r;
-}
-
-std::map<int64_t, TensorMap> run_and_probe(test::GraphRun& g) {
-  {
-    std::lock_guard<std::mutex> l(test::BatchProbe::mu());
-    test::BatchProbe::seen().clear();
-  }
-  g.run();
-  std::lock_guard<std::mutex> l(test::BatchProbe::mu());
-  return test::BatchProbe::seen();
-}
 
 std::string graph_yaml(const std::string& path, int steps, const std::string& extra = "") {
   return "flowrun: 1\nrun: { steps: " + std::to_string(steps) + ", seed: 3, prefetch: 2 }\nnodes:\n" +
@@ -562,8 +538,8 @@ std::string graph_yaml(const std::string& path, int steps, const std::string& ex
 
 TEST(ImageTextShardsNode, BatchesAreImagesInRangeFromTheSamplersOrder) {
   const std::string p = shapes_shards(30);  // 25 train: 6 steps per epoch
-  auto g = load_graph(graph_yaml(p, 8, ", flip: true"));
-  const auto seen = run_and_probe(*g);
+  auto g = test::load_graph_at(graph_yaml(p, 8, ", flip: true"));
+  const auto seen = test::run_and_probe(*g);
   ASSERT_EQ(seen.size(), 8u);
   ImageTextShards d(p, "train", OnBad::Error, false);
   ASSERT_EQ(d.size(), 25);
@@ -599,23 +575,23 @@ TEST(ImageTextShardsNode, BatchesAreImagesInRangeFromTheSamplersOrder) {
 
 TEST(ImageTextShardsNode, TwoRanksReadDisjointBatchesAndResumeIsExact) {
   const std::string p = shapes_shards(30);
-  auto r0 = load_graph(graph_yaml(p, 3, ", seed: 11"), 0, 2);
-  const auto seen0 = run_and_probe(*r0);
-  auto r1 = load_graph(graph_yaml(p, 3, ", seed: 11"), 1, 2);
-  const auto seen1 = run_and_probe(*r1);
-  auto whole = load_graph(graph_yaml(p, 3, ", seed: 11, batch: 8"), 0, 1);
-  const auto seen_whole = run_and_probe(*whole);
+  auto r0 = test::load_graph_at(graph_yaml(p, 3, ", seed: 11"), 0, 2);
+  const auto seen0 = test::run_and_probe(*r0);
+  auto r1 = test::load_graph_at(graph_yaml(p, 3, ", seed: 11"), 1, 2);
+  const auto seen1 = test::run_and_probe(*r1);
+  auto whole = test::load_graph_at(graph_yaml(p, 3, ", seed: 11, batch: 8"), 0, 1);
+  const auto seen_whole = test::run_and_probe(*whole);
   for (int64_t s = 1; s <= 3; ++s)
     EXPECT_TRUE(torch::equal(torch::cat({seen0.at(s).at("image"), seen1.at(s).at("image")}), seen_whole.at(s).at("image"))) << s;
   // Resume after step 5, across the epoch end (6 steps per epoch).
-  auto full = load_graph(graph_yaml(p, 9, ", flip: true"));
-  const auto want = run_and_probe(*full);
-  auto resumed = load_graph(graph_yaml(p, 9, ", flip: true"), 0, 1, /*first_step=*/6);
+  auto full = test::load_graph_at(graph_yaml(p, 9, ", flip: true"));
+  const auto want = test::run_and_probe(*full);
+  auto resumed = test::load_graph_at(graph_yaml(p, 9, ", flip: true"), 0, 1, /*first_step=*/6);
   resumed->state<DataCursor>("data", "cursor").batches = 5;
-  const auto got = run_and_probe(*resumed);
+  const auto got = test::run_and_probe(*resumed);
   ASSERT_EQ(got.size(), 4u);
   for (int64_t s = 6; s <= 9; ++s) EXPECT_TRUE(torch::equal(got.at(s).at("image"), want.at(s).at("image"))) << "step " << s;
-  auto bad = load_graph(graph_yaml(p, 9), 0, 1, /*first_step=*/6);
+  auto bad = test::load_graph_at(graph_yaml(p, 9), 0, 1, /*first_step=*/6);
   bad->state<DataCursor>("data", "cursor").batches = 2;
   EXPECT_THROW(bad->run(), std::exception);
 }
@@ -631,9 +607,9 @@ TEST(ImageTextShardsNode, BucketsGiveOneSizePerBatch) {
   PrepImagesOptions po;
   po.dir = src, po.out = dir + "/b", po.val_fraction = 0, po.quiet = true;
   prep_images(po);
-  auto g = load_graph("flowrun: 1\nrun: { steps: 6, seed: 1 }\nnodes:\n  data: { type: image_text_shards, with: { path: '" + po.out +
+  auto g = test::load_graph_at("flowrun: 1\nrun: { steps: 6, seed: 1 }\nnodes:\n  data: { type: image_text_shards, with: { path: '" + po.out +
                       "', size: 32, batch: 4, buckets: true } }\n  probe: { type: t_batch_probe, in: { batch: data.batch } }\n");
-  const auto seen = run_and_probe(*g);
+  const auto seen = test::run_and_probe(*g);
   std::set<std::vector<int64_t>> shapes;
   for (const auto& [step, batch] : seen) shapes.insert(batch.at("image").sizes().vec());
   // 32 -> buckets 32x32, 48x32 (16:9), 32x48 (9:16) (4:3 and 3:4 round to 32x32); 48x27 images
@@ -643,7 +619,7 @@ TEST(ImageTextShardsNode, BucketsGiveOneSizePerBatch) {
 
 TEST(ImageTextShardsNode, MissingShardsAreAnErrorNamingThePrefix) {
   try {
-    auto g = load_graph(graph_yaml(test::temp_dir("none") + "/nothing", 1));
+    auto g = test::load_graph_at(graph_yaml(test::temp_dir("none") + "/nothing", 1));
     ADD_FAILURE() << "no error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("nothing.train-*.tar"), std::string::npos) << e.what();

@@ -9,6 +9,7 @@
 
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
+#include "dit_test_helpers.hpp"
 #include "models/dit.hpp"
 #include "models/lora.hpp"
 #include "support/run_graph.hpp"
@@ -17,24 +18,8 @@
 namespace flowrun {
 namespace {
 
-dit::Config tiny() {
-  dit::Config c;
-  c.patch = 2;
-  c.in_channels = 3;
-  c.hidden = 32;
-  c.depth = 4;
-  c.heads = 2;
-  c.mlp_ratio = 2.0;
-  c.text_dim = 8;
-  c.t5_dim = 0;
-  return c;
-}
-
-void randomize(torch::nn::Module& m, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  at::Generator g = make_cpu_generator(seed);
-  for (auto& p : m.parameters()) p.copy_(torch::randn(p.sizes(), g) * 0.3);
-}
+using dit_test::tiny;
+using dit_test::randomize;
 
 TensorMap batch(uint64_t seed) {
   at::Generator g = make_cpu_generator(seed);

@@ -130,7 +130,10 @@ struct GraphRun {
   std::vector<nlohmann::json> metrics() const { return read_jsonl(out_dir + "/metrics.jsonl"); }
 };
 
-inline std::unique_ptr<GraphRun> load_graph_text(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+// The graph as rank `rank` of `world` whose run starts at `first_step` (a resumed run), with
+// run.out_dir in a fresh temporary folder and the progress line off.
+inline std::unique_ptr<GraphRun> load_graph_at(const std::string& yaml, int rank = 0, int world = 1,
+                                               int64_t first_step = 1, const std::vector<std::string>& overrides = {}) {
   register_node_test_types();
   auto r = std::make_unique<GraphRun>();
   r->dir = temp_dir("nodes");
@@ -140,9 +143,26 @@ inline std::unique_ptr<GraphRun> load_graph_text(const std::string& yaml, const 
   ov.insert(ov.end(), overrides.begin(), overrides.end());
   r->spec = std::make_unique<GraphSpec>(load_graph(file, ov, Registry::global()));
   RunInfo info = run_info(*r->spec);
+  info.first_step = first_step;
+  info.rank = rank, info.world = world;
   r->out_dir = info.out_dir;
   r->ex = std::make_unique<Executor>(*r->spec, Registry::global(), info);
   return r;
+}
+
+inline std::unique_ptr<GraphRun> load_graph_text(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  return load_graph_at(yaml, 0, 1, 1, overrides);
+}
+
+// Run the graph and return the batches its t_batch_probe saw, by step.
+inline std::map<int64_t, TensorMap> run_and_probe(GraphRun& g) {
+  {
+    std::lock_guard<std::mutex> l(BatchProbe::mu());
+    BatchProbe::seen().clear();
+  }
+  g.run();
+  std::lock_guard<std::mutex> l(BatchProbe::mu());
+  return BatchProbe::seen();
 }
 
 // Read a file of the source tree (graphs/..., schemas/...).

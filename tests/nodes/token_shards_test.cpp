@@ -44,31 +44,6 @@ TokenWindows windows(const std::string& prefix, int64_t seq_len) {
 
 std::set<int64_t> as_set(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
 
-// Like test::load_graph_text, with the rank, world and first step of the run chosen.
-std::unique_ptr<test::GraphRun> load_graph(const std::string& yaml, int rank = 0, int world = 1, int64_t first_step = 1) {
-  test::register_node_test_types();
-  auto r = std::make_unique<test::GraphRun>();
-  r->dir = test::temp_dir("tsnode");
-  std::ofstream(r->dir + "/graph.yaml") << yaml;
-  r->spec = std::make_unique<GraphSpec>(
-      flowrun::load_graph(r->dir + "/graph.yaml", {"run.out_dir=" + r->dir + "/out", "run.progress=off"}, Registry::global()));
-  RunInfo info = run_info(*r->spec);
-  info.first_step = first_step;
-  info.rank = rank, info.world = world;
-  r->out_dir = info.out_dir;
-  r->ex = std::make_unique<Executor>(*r->spec, Registry::global(), info);
-  return r;
-}
-
-std::map<int64_t, TensorMap> run_and_probe(test::GraphRun& g) {
-  {
-    std::lock_guard<std::mutex> l(test::BatchProbe::mu());
-    test::BatchProbe::seen().clear();
-  }
-  g.run();
-  std::lock_guard<std::mutex> l(test::BatchProbe::mu());
-  return test::BatchProbe::seen();
-}
 
 std::string graph_yaml(const std::string& path, int steps, const std::string& extra = "") {
   return "flowrun: 1\nrun: { steps: " + std::to_string(steps) + ", seed: 3, prefetch: 2 }\nnodes:\n" +
@@ -165,8 +140,8 @@ TEST(TokenShardSampler, TooFewWindowsForOneStepIsAnErrorNamingTheFile) {
 
 TEST(TokenShardsNode, EmitsTheSamplersBatchAndCountsTheCursor) {
   const std::string p = shards(2000, 300);
-  auto g = load_graph(graph_yaml(p, 30));  // 2000 tokens: 249 windows of 8+1, 62 steps per epoch
-  const auto seen = run_and_probe(*g);
+  auto g = test::load_graph_at(graph_yaml(p, 30));  // 2000 tokens: 249 windows of 8+1, 62 steps per epoch
+  const auto seen = test::run_and_probe(*g);
   TokenShardSampler ref(windows(p + ".train", 8), 4, /*run.seed=*/3);
   ASSERT_EQ(seen.size(), 30u);
   for (const auto& [step, batch] : seen) EXPECT_TRUE(torch::equal(batch.at("tokens"), ref.batch(step, 0, 1).at("tokens"))) << step;
@@ -175,10 +150,10 @@ TEST(TokenShardsNode, EmitsTheSamplersBatchAndCountsTheCursor) {
 
 TEST(TokenShardsNode, TwoRanksReadDisjointBatches) {
   const std::string p = shards(2000, 0);
-  auto r0 = load_graph(graph_yaml(p, 5, ", seed: 11"), 0, 2);
-  const auto seen0 = run_and_probe(*r0);
-  auto r1 = load_graph(graph_yaml(p, 5, ", seed: 11"), 1, 2);
-  const auto seen1 = run_and_probe(*r1);
+  auto r0 = test::load_graph_at(graph_yaml(p, 5, ", seed: 11"), 0, 2);
+  const auto seen0 = test::run_and_probe(*r0);
+  auto r1 = test::load_graph_at(graph_yaml(p, 5, ", seed: 11"), 1, 2);
+  const auto seen1 = test::run_and_probe(*r1);
   TokenShardSampler ref(windows(p + ".train", 8), 4, 11);
   for (int64_t s = 1; s <= 5; ++s) {
     const torch::Tensor a = seen0.at(s).at("tokens"), b = seen1.at(s).at("tokens");
@@ -192,12 +167,12 @@ TEST(TokenShardsNode, TwoRanksReadDisjointBatches) {
 
 TEST(TokenShardsNode, AResumedRunReadsWhatAnUninterruptedRunReads) {
   const std::string p = shards(1000, 0);  // 124 windows, 31 steps per epoch: run across the epoch end
-  auto full = load_graph(graph_yaml(p, 40));
-  const auto want = run_and_probe(*full);
+  auto full = test::load_graph_at(graph_yaml(p, 40));
+  const auto want = test::run_and_probe(*full);
   // Resume after step 29, as from a checkpoint whose cursor says 29 batches were drawn.
-  auto resumed = load_graph(graph_yaml(p, 40), 0, 1, /*first_step=*/30);
+  auto resumed = test::load_graph_at(graph_yaml(p, 40), 0, 1, /*first_step=*/30);
   resumed->state<DataCursor>("data", "cursor").batches = 29;
-  const auto got = run_and_probe(*resumed);
+  const auto got = test::run_and_probe(*resumed);
   ASSERT_EQ(got.size(), 11u);
   for (int64_t s = 30; s <= 40; ++s) EXPECT_TRUE(torch::equal(got.at(s).at("tokens"), want.at(s).at("tokens"))) << "step " << s;
   EXPECT_EQ(resumed->state<DataCursor>("data", "cursor").batches, 40);
@@ -205,7 +180,7 @@ TEST(TokenShardsNode, AResumedRunReadsWhatAnUninterruptedRunReads) {
 
 TEST(TokenShardsNode, ACursorFromAnotherStepIsAnError) {
   const std::string p = shards(1000, 0);
-  auto g = load_graph(graph_yaml(p, 12), 0, 1, /*first_step=*/10);
+  auto g = test::load_graph_at(graph_yaml(p, 12), 0, 1, /*first_step=*/10);
   g->state<DataCursor>("data", "cursor").batches = 4;  // not 9
   try {
     g->run();
@@ -221,7 +196,7 @@ TEST(TokenShardsNode, MissingOrCorruptShardsAreErrorsNamingTheFile) {
   const std::string dir = test::temp_dir("tsnode");
   auto setup_error = [](const std::string& yaml) -> std::string {
     try {
-      load_graph(yaml);
+      test::load_graph_at(yaml);
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -242,7 +217,7 @@ TEST(TokenShardsNode, MissingOrCorruptShardsAreErrorsNamingTheFile) {
 
 TEST(TokenShardsDataset, FixedValBatchesInFileOrderShardedByRank) {
   const std::string p = shards(2000, 401);  // val: 50 windows of 8+1
-  auto g = load_graph(graph_yaml(p, 1));
+  auto g = test::load_graph_at(graph_yaml(p, 1));
   auto& ds = g->state<Dataset>("data", "dataset");
   EXPECT_EQ(ds.splits(), (std::vector<std::string>{"train", "val"}));
   EXPECT_EQ(ds.num_batches("val", 5, 0, 1), 10);
@@ -260,7 +235,7 @@ TEST(TokenShardsDataset, FixedValBatchesInFileOrderShardedByRank) {
                              ds.batch("val", i, 10, 0, 1).at("tokens")))
         << "batch " << i;
   // Without val files, the dataset has train only.
-  auto g2 = load_graph(graph_yaml(shards(2000, 0), 1));
+  auto g2 = test::load_graph_at(graph_yaml(shards(2000, 0), 1));
   EXPECT_EQ(g2->state<Dataset>("data", "dataset").splits(), (std::vector<std::string>{"train"}));
 }
 
