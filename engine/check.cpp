@@ -253,7 +253,13 @@ struct Checker {
       // The entry's own keys (type, in, with, every, at, stream, doc).
       check_params(graph_schema().node_keys, entry, ns.mark, file, path, diags);
       ns.schedule = schedule(entry);
-      if (entry["stream"] && entry["stream"].IsScalar()) ns.stream = entry["stream"].Scalar();
+      if (entry["stream"] && entry["stream"].IsScalar()) {
+        ns.stream = entry["stream"].Scalar();
+        if (ns.stream == "default") ns.stream.clear();
+        if (!ns.stream.empty() && !valid_name(ns.stream))
+          diags.error(at(entry["stream"]), path + ".stream",
+                      "a stream name uses letters, digits, '_' and '-' only (e.g. io, ema, comm)");
+      }
       const NodeType* t = nullptr;
       if (entry["type"] && entry["type"].IsScalar()) {
         ns.type = entry["type"].Scalar();
@@ -293,6 +299,16 @@ GraphSpec check_graph(const YAML::Node& root, const std::string& file, const std
   g.name = top["name"] ? top["name"].as<std::string>() : fs::path(file).stem().string();
   g.run = top["run"];
   if (g.run["out_dir"].as<std::string>("").empty()) g.run["out_dir"] = "runs/" + g.name;
+  if (g.run["device"]) {
+    const std::string d = g.run["device"].as<std::string>("");
+    const bool cuda_n = d.size() > 5 && d.rfind("cuda:", 0) == 0 &&
+                        d.find_first_not_of("0123456789", 5) == std::string::npos && d.size() <= 8;
+    if (d != "auto" && d != "cpu" && d != "cuda" && !cuda_n) {
+      const YAML::Node at_device = root["run"] && root["run"].IsMap() ? root["run"]["device"] : YAML::Node();
+      diags.error(at_device ? mark_of(at_device, file) : Mark{file, 1, 1}, "run.device",
+                  "'" + d + "' is not a device: use auto, cpu, cuda or cuda:N (N = GPU index)");
+    }
+  }
   c.load_plugins(top);
   c.nodes(root["nodes"]);
   if (root["nodes"] && root["nodes"].IsMap() && root["nodes"].size() == 0)

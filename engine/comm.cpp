@@ -386,6 +386,11 @@ void finalize() {
 
 int rank() { return world().rank; }
 int size() { return world().size; }
+int local_rank() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"})
+    if (const char* s = std::getenv(v); s && *s) return std::atoi(s);
+  return 0;
+}
 std::string where() {
   return size() > 1 ? "rank " + std::to_string(rank()) + " of " + std::to_string(size()) : "single process";
 }

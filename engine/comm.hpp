@@ -38,6 +38,9 @@ void finalize();
 
 int rank();
 int size();
+// This process's index among the ranks on its machine (the launcher's local rank: Open MPI,
+// Slurm, torchrun variables), 0 for a single process. Picks the GPU of `run.device: cuda`.
+int local_rank();
 inline bool distributed() { return size() > 1; }
 // "rank 1 of 4" (or "single process"), for messages.
 std::string where();

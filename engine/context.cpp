@@ -109,6 +109,22 @@ void StepContext::emit(const std::string& port, Value v, int index, int count) {
   rt_->core->deliver_item(rt_->index, step_, port, std::move(v), index, count);
 }
 
+void StepContext::sync(const std::string& port) const {
+  const InputBinding* b = rt_->input(port);
+  if (!b || b->kind != PortKind::Value)
+    throw std::logic_error(rt_->who + ": sync('" + port + "'): not a connected value input");
+  const Frame& f = frame_of(frame_);
+  if (f.recorded.empty()) return;  // no device streams: the producer's work is done
+  for (int p : b->producers) {
+    const auto& r = f.recorded.at(static_cast<size_t>(p));
+    if (r && r->event) r->event->synchronize();
+  }
+}
+
+std::shared_ptr<DeviceEvent> StepContext::record() const {
+  return rt_->streams ? rt_->streams->record(rt_->stream) : nullptr;
+}
+
 void StepContext::trace_mark(const std::string& what, std::chrono::steady_clock::time_point t0,
                              std::chrono::steady_clock::time_point t1) const {
   if (rt_->tracer && rt_->tracer->enabled())

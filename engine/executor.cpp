@@ -13,6 +13,14 @@
 // in order: when all instances of the lowest step are done, its values are freed and the
 // limiter lets one more step in. Stream inputs are delivered item by item to a per-node serial
 // function_node while the producer still runs; the consumer's run() follows the last item.
+//
+// With device streams (RunOptions::streams, device_streams.hpp) the same dependencies also
+// order the device: run() only enqueues work on the node's stream, and "done" means "queued".
+// So each instance records an event on its stream when run() returns (and each stream item
+// when it is emitted), and before an instance runs, its stream waits on the device for the
+// events of the dependencies that ran on other streams (same stream: queue order suffices).
+// Values made on another stream are marked as used on the consumer's stream, so the caching
+// allocator keeps them until that stream is done with them.
 #include "executor.hpp"
 
 #include <spdlog/spdlog.h>
@@ -40,12 +48,15 @@ namespace {
 struct DepRef {
   int node = -1;
   int64_t step = -1;
+  std::shared_ptr<Recorded> rec;  // device streams only: its event, kept past its retirement
 };
 
 struct Item {
   std::string port;
   Value v;
   int index = 0, count = 0;
+  std::shared_ptr<DeviceEvent> event;  // device streams: recorded by the producer at emit
+  int stream = -1;                     // the producer's stream
 };
 
 struct Instance {
@@ -59,6 +70,9 @@ struct Instance {
   int stream_pending = 0;  // stream producers not yet done
   bool open = false, in_item = false, fired = false;
   std::deque<Item> items;
+  // Device streams only: this instance's event, and those its stream waits for first.
+  std::shared_ptr<Recorded> rec;
+  std::vector<std::shared_ptr<Recorded>> device_waits;
 };
 
 struct StepSlot {
@@ -96,6 +110,7 @@ struct Executor::Impl : ExecutorCore {
   std::mutex err_mu;
   std::unique_ptr<NodeError> error;
   Tracer* tracer = nullptr;
+  DeviceStreams* streams = nullptr;  // RunOptions::streams (null: no device, nodes synchronous)
   const RunOptions* opt = nullptr;
   std::vector<std::unique_ptr<tbb::flow::function_node<Instance*>>> fn;
   std::vector<std::unique_ptr<tbb::flow::function_node<Instance*>>> item_fn;
@@ -221,7 +236,16 @@ struct Executor::Impl : ExecutorCore {
     double t0 = tracer ? tracer->now_us() : 0;
     guarded(rt, i->step, [&] {
       StepContext ctx(&rt, i->step, &slot(i->step).frame);
-      rt.node->run(ctx);
+      if (!streams) return rt.node->run(ctx);
+      enter_stream(i);
+      try {
+        rt.node->run(ctx);
+      } catch (...) {
+        streams->end(rt.stream);
+        throw;
+      }
+      streams->end(rt.stream);
+      i->rec->event = streams->record(rt.stream);  // before complete(): waiters see it set
     });
     if (tracer) tracer->span(rt.spec->name, rt.spec->type, t0, tracer->now_us(), i->step, rt.spec->stream);
     complete(i);
@@ -279,12 +303,15 @@ struct Executor::Impl : ExecutorCore {
 
   void deliver_item(int producer, int64_t step, const std::string& port, Value v, int index, int count) override {
     const auto& consumers = rts[producer]->stream_consumers.at(port);
+    const int pstream = rts[producer]->stream;
+    std::shared_ptr<DeviceEvent> ev;
+    if (streams && !consumers.empty()) ev = streams->record(pstream);  // the item's work so far
     for (const auto& [c, cport] : consumers) {
       Instance& w = inst(c, step);
       bool kick;
       {
         std::lock_guard<std::mutex> l(w.mu);
-        w.items.push_back(Item{cport, v, index, count});
+        w.items.push_back(Item{cport, v, index, count, ev, pstream});
         kick = w.open;
       }
       if (kick) item_fn[c]->try_put(&w);
@@ -309,7 +336,19 @@ struct Executor::Impl : ExecutorCore {
       double t0 = tracer ? tracer->now_us() : 0;
       guarded(rt, w->step, [&] {
         StepContext ctx(&rt, w->step, &slot(w->step).frame);
-        rt.node->on_item(ctx, it.port, it.v, it.index, it.count);
+        if (!streams) return rt.node->on_item(ctx, it.port, it.v, it.index, it.count);
+        enter_stream(w);
+        if (it.event && it.stream != rt.stream) {
+          streams->wait(rt.stream, *it.event);
+          streams->used_on(it.v, rt.stream);
+        }
+        try {
+          rt.node->on_item(ctx, it.port, it.v, it.index, it.count);
+        } catch (...) {
+          streams->end(rt.stream);
+          throw;
+        }
+        streams->end(rt.stream);
       });
       if (tracer)
         tracer->span(rt.spec->name + " item " + std::to_string(it.index), rt.spec->type, t0, tracer->now_us(), w->step,
@@ -318,6 +357,24 @@ struct Executor::Impl : ExecutorCore {
       w->in_item = false;
     }
     fire(w);
+  }
+
+  // ---- device streams ----
+  // Make the instance's stream current and, the first time (run_items may come before run()),
+  // queue its waits for the other streams it depends on; mark its value inputs from other
+  // streams as used on its stream.
+  void enter_stream(Instance* i) {
+    NodeRuntime& rt = *rts[i->node];
+    streams->begin(rt.stream, rt.spec->name + " step " + std::to_string(i->step));
+    if (i->device_waits.empty()) return;
+    for (const auto& r : i->device_waits)
+      if (r->event) streams->wait(rt.stream, *r->event);
+    const Frame& f = slot(i->step).frame;
+    for (const auto& b : rt.inputs)
+      if (b.kind == PortKind::Value)
+        for (size_t k = 0; k < b.slots.size(); ++k)
+          if (rts[b.producers[k]]->stream != rt.stream) streams->used_on(f.values[b.slots[k]], rt.stream);
+    i->device_waits.clear();
   }
 
   // ---- admission: derive what each instance of step s waits for ----
@@ -337,6 +394,12 @@ struct Executor::Impl : ExecutorCore {
       x.stream_pending = 0;
       x.open = x.in_item = x.fired = false;
       x.items.clear();
+      if (streams) {
+        x.rec = x.active ? std::make_shared<Recorded>() : nullptr;
+        if (x.rec) x.rec->stream = rts[i]->stream;
+        x.device_waits.clear();
+        slot(s).frame.recorded[i] = x.rec;
+      }
       active += x.active;
     }
     StepSlot& ss = slot(s);
@@ -357,21 +420,26 @@ struct Executor::Impl : ExecutorCore {
       };
       for (const auto& b : rt.inputs)
         if (b.kind != PortKind::State)
-          for (int p : b.producers) add({p, s}, b.kind == PortKind::Stream);
-      if (!rt.stateless && last_active[i] >= 0) add({i, last_active[i]}, false);
+          for (int p : b.producers) add({p, s, inst(p, s).rec}, b.kind == PortKind::Stream);
+      if (!rt.stateless && last_active[i] >= 0) add({i, last_active[i]}, false);  // same stream
       last_active[i] = s;
       for (auto [sid, acc] : accesses[i]) {
         StateTrack& t = tracks[sid];
         if (acc == Access::Read) {
           add(t.last_write, false);
-          t.reads.push_back({i, s});
+          t.reads.push_back({i, s, x.rec});
         } else {
           add(t.last_write, false);
           for (const auto& r : t.reads) add(r, false);
-          t.last_write = {i, s};
+          t.last_write = {i, s, x.rec};
           t.reads.clear();
         }
       }
+      // Device order: wait for the events of dependencies on other streams (a stream input's
+      // items carry their own events; its end is host order only).
+      if (streams)
+        for (const auto& [d, stream] : deps)
+          if (!stream && d.rec && d.rec->stream != rt.stream) x.device_waits.push_back(d.rec);
       const int64_t low = lo.load(std::memory_order_acquire);
       for (auto& [d, stream] : deps) {
         if (d.step < low) continue;  // retired: done
@@ -413,6 +481,7 @@ struct Executor::Impl : ExecutorCore {
         StepSlot& ss = slot(low);
         ss.done = false;
         for (auto& v : ss.frame.values) v = Value();
+        for (auto& r : ss.frame.recorded) r.reset();
         lo.store(low + 1, std::memory_order_release);
         if (opt->on_step_done && !failed.load()) opt->on_step_done(low);
         ++low;
@@ -425,14 +494,22 @@ struct Executor::Impl : ExecutorCore {
   RunStats run(const RunOptions& o) {
     opt = &o;
     tracer = (o.tracer && o.tracer->enabled()) ? o.tracer : nullptr;
-    for (auto& rt : rts) rt->tracer = tracer;
+    streams = o.streams;
+    for (auto& rt : rts) {
+      rt->tracer = tracer;
+      rt->streams = streams;
+      rt->stream = streams ? streams->stream(rt->spec->stream) : -1;
+    }
     const int window = std::max(1, o.prefetch + 1);
     R = window + 1;
     const int n = static_cast<int>(rts.size());
     ring.clear();
     for (int i = 0; i < n; ++i) ring.emplace_back(new Instance[R]);
     steps.reset(new StepSlot[R]);
-    for (int k = 0; k < R; ++k) steps[k].frame.values.resize(nslots);
+    for (int k = 0; k < R; ++k) {
+      steps[k].frame.values.resize(nslots);
+      steps[k].frame.recorded.assign(streams ? n : 0, nullptr);
+    }
     tracks.assign(states.size(), StateTrack{});
     last_active.assign(n, -1);
     lo.store(info.first_step);
@@ -482,6 +559,20 @@ struct Executor::Impl : ExecutorCore {
     });
     stats.last_step_done = lo.load() - 1;
     stats.stopped = !failed.load() && stats.last_step_done < info.last_step;
+    // The host saw every step "done" when its work was queued; finish() and the caller see
+    // results, so wait for the device (also after a failure: queued work still runs).
+    if (streams) {
+      try {
+        streams->synchronize_all();
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> l(err_mu);
+        if (!error)
+          error = std::make_unique<NodeError>("", "", stats.last_step_done,
+                                              std::string("the device failed after step ") +
+                                                  std::to_string(stats.last_step_done) + ": " + e.what());
+        failed.store(true);
+      }
+    }
     // finish() in file order, also after a failure: background writers must be joined.
     for (auto& rt : rts) {
       SetupContext ctx(rt.get());
@@ -507,6 +598,7 @@ RunInfo run_info(const GraphSpec& g) {
   info.log_every = g.run["log_every"].as<int>();
   info.rank = comm::rank();
   info.world = comm::size();
+  info.device = g.run["device"].as<std::string>();
   return info;
 }
 

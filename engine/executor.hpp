@@ -24,6 +24,7 @@ namespace flowrun {
 class Registry;
 class Tracer;
 class NodeError;
+class DeviceStreams;
 
 struct RunOptions {
   int prefetch = 2;
@@ -34,6 +35,9 @@ struct RunOptions {
   // Called once, on the failing node's thread, as soon as the first node fails (before the
   // steps in flight drain). The CLI ends a multi-process job from here (comm::abort_job).
   std::function<void(const NodeError&)> on_error;
+  // Device streams (device_streams.hpp): nodes enqueue work on their graph stream and the
+  // executor orders streams with events. nullptr (CPU): nodes run synchronously.
+  DeviceStreams* streams = nullptr;
 };
 
 struct RunStats {

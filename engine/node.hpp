@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "device_streams.hpp"
 #include "schema.hpp"
 #include "spec.hpp"
 #include "value.hpp"
@@ -67,6 +68,9 @@ struct RunInfo {
   uint64_t seed = 0;
   int log_every = 10;
   int rank = 0, world = 1;
+  // run.device as written (auto, cpu, cuda, cuda:N); nodes place tensors with
+  // flowrun::run_device() (nodes/common/device.hpp), which resolves it.
+  std::string device = "auto";
 };
 
 class NodeRuntime;  // executor-side state of one node (hidden)
@@ -132,6 +136,16 @@ class StepContext : public ContextBase {
   void out(const std::string& port, Value v);
   // Stream outputs: item `index` of `count`; consumers receive it while this node still runs.
   void emit(const std::string& port, Value v, int index, int count);
+
+  // Device streams (device_streams.hpp; on CUDA, or the CPU test double): the kernels a node
+  // launches in run() are only queued on its stream, and the executor orders streams for it.
+  // A node that reads a value input's contents on the host (a loss for a log line) calls
+  // sync(port) first: the host waits for that input's producer, and only then. Without
+  // device streams (CPU) both are no-ops: sync returns at once, record returns nullptr.
+  void sync(const std::string& port) const;
+  // An event after the work this node queued so far (e.g. copies a background writer waits
+  // for with DeviceEvent::synchronize()).
+  std::shared_ptr<DeviceEvent> record() const;
 
   // Executor trace: record a sub-span of this node's step (e.g. "bucket 3"), by steady_clock
   // times (work done on another thread, like a collective on the communication thread).

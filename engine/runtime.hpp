@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "device_streams.hpp"
 #include "node.hpp"
 #include "spec.hpp"
 
@@ -22,9 +23,20 @@ struct InputBinding {
   std::vector<std::string> refs;  // "node.port" per ref, as written
 };
 
-// Per-step values, indexed by slot (one per value output port of the graph).
+// With device streams (device_streams.hpp): the event a node instance recorded on its stream
+// when its run() returned. Made when the instance is admitted, set once before the instances
+// that wait for it are released, kept alive by them (a retired step's event may still be
+// waited on by a later step's consumer).
+struct Recorded {
+  int stream = -1;
+  std::shared_ptr<DeviceEvent> event;  // null until run() returned (or if it threw)
+};
+
+// Per-step values, indexed by slot (one per value output port of the graph), and, with
+// device streams, each node's Recorded of this step (by node index).
 struct Frame {
   std::vector<Value> values;
+  std::vector<std::shared_ptr<Recorded>> recorded;
 };
 
 class ExecutorCore;
@@ -40,6 +52,8 @@ class NodeRuntime {
   std::string who;  // "node 'opt' (optimizer)"
   bool stateless = false;
   bool has_stream_inputs = false;
+  DeviceStreams* streams = nullptr;  // set for a run with device streams (RunOptions::streams)
+  int stream = -1;                   // this node's stream id there
 
   std::vector<InputBinding> inputs;
   std::map<std::string, int> out_slot;     // value output port -> frame slot

@@ -11,6 +11,7 @@
 
 #include "comm.hpp"
 #include "comm/startup.hpp"
+#include "common/device.hpp"
 #include "common/torch_setup.hpp"
 #include "dot.hpp"
 #include "executor.hpp"
@@ -160,6 +161,16 @@ int cmd_run(const std::vector<std::string>& args) {
   const YAML::Node& run = g.run;
   RunInfo info = run_info(g);
   configure_torch(run["threads"].as<int>(), info.seed);
+  // run.device, resolved once here (nodes resolve it the same way): a request this build or
+  // machine cannot honour stops the run before any node is made.
+  std::unique_ptr<DeviceStreams> streams;
+  try {
+    info.device = resolve_device(info.device, comm::local_rank());
+    streams = make_device_streams(info.device);
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", g.file, e.what());
+    return 2;
+  }
   std::error_code ec;
   fs::create_directories(info.out_dir, ec);
   if (ec) {
@@ -188,8 +199,8 @@ int cmd_run(const std::vector<std::string>& args) {
       return 0;
     }
   }
-  spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, out_dir {}", g.file, g.nodes.size(), info.first_step,
-               info.last_step, run["prefetch"].as<int>(), info.out_dir);
+  spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, device {}, out_dir {}", g.file, g.nodes.size(),
+               info.first_step, info.last_step, run["prefetch"].as<int>(), info.device, info.out_dir);
   std::signal(SIGINT, on_sigint);
   int code = 0;
   try {
@@ -201,6 +212,7 @@ int cmd_run(const std::vector<std::string>& args) {
     RunOptions opt = run_options(g);
     opt.tracer = &tracer;
     opt.stop = &g_sigint;
+    opt.streams = streams.get();
     opt.on_step_done = [&](int64_t s) { progress.step_done(s); };
     // With other ranks waiting on this one, a failure ends the job now, naming rank and node.
     if (comm::distributed())

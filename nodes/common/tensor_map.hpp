@@ -12,4 +12,16 @@ namespace flowrun {
 
 using TensorMap = std::map<std::string, torch::Tensor>;
 
+// The batch with every tensor on `device`. From the CPU to a GPU the copy is staged in pinned
+// (page-locked) memory and queued without blocking the host, on the current stream: a data
+// node with `stream: io` copies on the io stream, and the executor makes its consumers wait
+// for it (engine/device_streams.hpp). Tensors already there are shared, not copied.
+inline TensorMap to_device(const TensorMap& batch, const torch::Device& device) {
+  TensorMap out = batch;
+  for (auto& [_, t] : out)
+    if (t.defined() && t.device() != device)
+      t = (t.is_cpu() && device.is_cuda() ? t.pin_memory() : t).to(device, /*non_blocking=*/true);
+  return out;
+}
+
 }  // namespace flowrun

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "common/device.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
 #include "data/shuffle.hpp"
@@ -457,7 +458,7 @@ class ImageTextShardsNode : public Node {
     std::vector<std::string> captions;
     const ImageBucket& b = buckets_[static_cast<size_t>(bucket)];
     TensorMap batch = load_image_batch(*data_, ids, sampler_->pool(bucket), b.w, b.h, flips, &captions);
-    ctx.out("batch", std::move(batch));
+    ctx.out("batch", to_device(batch, run_device(ctx.run())));
     ctx.out("captions", std::move(captions));
     ctx.out("skipped", data_->bad_count());
     cursor.batches = ctx.step();

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/device.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
 #include "registry.hpp"
@@ -64,7 +65,7 @@ class SyntheticRegressionNode : public Node {
 
   void run(StepContext& ctx) override {
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    ctx.out("batch", gen_->batch(ctx.step(), batch_, ctx.run().rank, ctx.run().world));
+    ctx.out("batch", to_device(gen_->batch(ctx.step(), batch_, ctx.run().rank, ctx.run().world), run_device(ctx.run())));
     ctx.state_as<DataCursor>("cursor").batches = ctx.step();
   }
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "common/device.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
 #include "data/shuffle.hpp"
@@ -160,7 +161,7 @@ class TokenShardsNode : public Node {
       throw std::runtime_error("data cursor says " + std::to_string(cursor.batches) + " batches were drawn, but this is step " +
                                std::to_string(ctx.step()) + " (expected " + std::to_string(ctx.step() - 1) +
                                "): the cursor was restored from another step than the run resumes at");
-    ctx.out("batch", sampler_->batch(ctx.step(), rank_, world_));
+    ctx.out("batch", to_device(sampler_->batch(ctx.step(), rank_, world_), run_device(ctx.run())));
     cursor.batches = ctx.step();
   }
 

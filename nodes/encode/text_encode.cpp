@@ -5,11 +5,13 @@
 
 #include <stdexcept>
 
+#include "common/device.hpp"
 #include "common/seed.hpp"
 #include "models/bert.hpp"
 #include "models/t5_encoder.hpp"
 #include "node.hpp"
 #include "registry.hpp"
+#include "train/precision.hpp"
 
 namespace flowrun {
 namespace {
@@ -58,8 +60,9 @@ std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<torch:
   return s;
 }
 
-TensorMap encode_text(ModelState& encoder, const TensorMap& tokens, const std::string& prefix) {
+TensorMap encode_text(ModelState& encoder, const TensorMap& host_tokens, const std::string& prefix) {
   torch::NoGradGuard no_grad;
+  const TensorMap tokens = to_device(host_tokens, model_device(encoder));  // tokenizers make CPU ids
   auto ids = tokens.find("input_ids");
   if (ids == tokens.end()) throw std::runtime_error("encode_text: the tokens have no 'input_ids'");
   torch::Tensor emb = encoder.forward(tokens);
@@ -129,7 +132,7 @@ class TextEncodeNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
-    module->to(dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
+    module->to(run_device(ctx.run()), dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
     state_ = make_text_encoder_state(module, arch, prefix);
     if (ctx.run().rank == 0) {
       int64_t n = 0;

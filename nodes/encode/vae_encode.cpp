@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 
+#include "common/device.hpp"
 #include "common/seed.hpp"
 #include "node.hpp"
 #include "registry.hpp"
@@ -76,7 +77,7 @@ class VaeEncodeNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
-    model->to(dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
+    model->to(run_device(ctx.run()), dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
     state_ = vae::make_vae_state(model);
     factor_ = c.downsample_factor();
     if (ctx.run().rank == 0) {

@@ -34,7 +34,7 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& 
   torch::Tensor sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
   int64_t targets = 0;
   for (int64_t i = 0; i < n; ++i) {
-    TensorMap batch = data.batch(o.split, i, o.batch, o.rank, o.world);
+    TensorMap batch = to_device(data.batch(o.split, i, o.batch, o.rank, o.world), device);
     if (o.cond) batch = merge_batches(batch, o.cond(i, batch));
     const int64_t t = objective.targets(batch);
     torch::Tensor loss;

@@ -100,7 +100,10 @@ class MetricsNode : public Node {
 
     std::vector<nlohmann::ordered_json> values;
     values.reserve(ports_.size());
-    for (const auto& port : ports_) values.push_back(scalar_json(ctx.in(port), "input '" + port + "' of " + ctx.who()));
+    for (const auto& port : ports_) {
+      ctx.sync(port);  // on a device: the host waits for this producer, on logged steps only
+      values.push_back(scalar_json(ctx.in(port), "input '" + port + "' of " + ctx.who()));
+    }
     std::vector<double> totals = reduce_over_ranks(values, s);  // counter sums of all ranks, in sums_ order
     if (!rank0_) {
       for (auto& [name, sum] : sums_) sum = 0.0;

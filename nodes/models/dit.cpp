@@ -9,8 +9,10 @@
 #include <regex>
 #include <sstream>
 
+#include "common/device.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
+#include "models/attention.hpp"
 #include "models/dropout.hpp"
 #include "registry.hpp"
 #include "state/checkpoint_io.hpp"
@@ -127,6 +129,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   torch::Tensor v = to_v(kv).view({B, L, H, D}).transpose(1, 2);
   q = apply_rope(q, cos, sin);
   if (!cross_) k = apply_rope(k, cos, sin);  // HunyuanDiT: the text keys are not rotated
+  if (fused_attention_available(q)) {
+    torch::Tensor y = fused_attention(q, k, v, bias, /*causal=*/false, 1.0 / std::sqrt(static_cast<double>(D)));
+    return to_out[0]->as<lora::LinearImpl>()->forward(y.transpose(1, 2).reshape({B, N, dim_}));
+  }
   torch::Tensor s = torch::matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));
   if (bias.defined()) s = s + bias.to(s.scalar_type());
   torch::Tensor y = torch::matmul(torch::softmax(s, -1), v);  // [B, H, N, D]
@@ -474,6 +480,7 @@ class DitNode : public Node {
     if (ctx.run().rank == 0)
       spdlog::info("{}: {:.2f}M parameters, {:.3f}M trainable ({}; {})", ctx.who(), static_cast<double>(n) / 1e6,
                    static_cast<double>(trainable) / 1e6, describe(cfg), from);
+    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
     ctx.own_state("params", state);
   }
 

@@ -17,6 +17,10 @@
 
 #include "common/seed.hpp"
 
+#if FLOWRUN_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
 namespace flowrun {
 
 // Seed tag for dropout streams (see common/seed.hpp).
@@ -24,29 +28,51 @@ enum : uint64_t { kSeedTagDropout = 0x64726f706f7574ull };
 
 class TrainingScope {
  public:
-  explicit TrainingScope(uint64_t seed) : gen_(make_cpu_generator(seed)), prev_(current_ref()) { current_ref() = &gen_; }
+  explicit TrainingScope(uint64_t seed) : seed_(seed), gen_(make_cpu_generator(seed)), prev_(current_ref()) {
+    current_ref() = this;
+  }
   ~TrainingScope() { current_ref() = prev_; }
   TrainingScope(const TrainingScope&) = delete;
   TrainingScope& operator=(const TrainingScope&) = delete;
   // The innermost scope's generator on this thread, or null (eval mode).
-  static at::Generator* current() { return current_ref(); }
+  static at::Generator* current() { return current_ref() ? &current_ref()->gen_ : nullptr; }
+  // The same, for drawing tensors on `device`: the CPU generator for the CPU; for a GPU, a
+  // generator there seeded from the scope's seed (made on first use), so masks are drawn
+  // where they are used and a step's masks still depend only on the scope's seed.
+  static at::Generator* current_on(const torch::Device& device) {
+    TrainingScope* s = current_ref();
+    if (!s) return nullptr;
+    if (device.is_cpu()) return &s->gen_;
+#if FLOWRUN_CUDA
+    if (device.is_cuda()) {
+      if (!s->device_gen_.defined() || s->device_gen_.device() != device) {
+        s->device_gen_ = at::cuda::detail::createCUDAGenerator(device.index());
+        s->device_gen_.set_current_seed(mix_seed({s->seed_, static_cast<uint64_t>(device.index()) + 1}));
+      }
+      return &s->device_gen_;
+    }
+#endif
+    throw std::runtime_error("dropout and other training-time draws on " + device.str() +
+                             " need a CUDA build of flowrun (FLOWRUN_CUDA)");
+  }
 
  private:
-  static at::Generator*& current_ref() {
-    static thread_local at::Generator* g = nullptr;
-    return g;
+  static TrainingScope*& current_ref() {
+    static thread_local TrainingScope* s = nullptr;
+    return s;
   }
+  uint64_t seed_;
   at::Generator gen_;
-  at::Generator* prev_;
+  at::Generator device_gen_;  // undefined until a draw on a GPU
+  TrainingScope* prev_;
 };
 
 // x with each element zeroed with probability p and the rest scaled by 1/(1-p), inside a
-// TrainingScope; x itself otherwise (or when p == 0). The mask is drawn on the CPU generator,
-// so x must be a CPU tensor (a CUDA path needs a CUDA generator: not written yet).
+// TrainingScope; x itself otherwise (or when p == 0). The mask is drawn on x's device from the
+// scope's generator for it (TrainingScope::current_on).
 inline torch::Tensor dropout(const torch::Tensor& x, double p) {
-  at::Generator* g = TrainingScope::current();
-  if (p <= 0.0 || g == nullptr) return x;
-  if (!x.is_cpu()) throw std::runtime_error("dropout > 0 is implemented for CPU tensors only (for now)");
+  if (p <= 0.0 || TrainingScope::current() == nullptr) return x;
+  at::Generator* g = TrainingScope::current_on(x.device());
   torch::Tensor mask;
   {
     torch::NoGradGuard no_grad;

@@ -9,8 +9,10 @@
 #include <regex>
 #include <sstream>
 
+#include "common/device.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
+#include "models/attention.hpp"
 #include "models/dropout.hpp"
 #include "registry.hpp"
 
@@ -86,6 +88,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
   torch::Tensor q = qkv[0].view({B * H, T, D});
   torch::Tensor k = qkv[1].view({B * H, T, D});
   torch::Tensor v = qkv[2].view({B * H, T, D});
+  if (fused_attention_available(q) && (dropout_ == 0.0 || !TrainingScope::current())) {
+    torch::Tensor y = fused_attention(q.view({B, H, T, D}), k.view({B, H, T, D}), v.view({B, H, T, D}), {},
+                                      /*causal=*/true, 1.0 / std::sqrt(double(D)));
+    return flowrun::dropout(c_proj(y.permute({0, 2, 1, 3}).reshape({B * T, dim_})), dropout_);
+  }
   // scores = mask + (q @ k^T) / sqrt(D) in one call; the [T, T] mask broadcasts over B*H.
   // (libtorch 1.13 has no public scaled_dot_product_attention; its private
   // _scaled_dot_product_attention rebuilds the mask on every call and drops out with the
@@ -311,6 +318,7 @@ class GptNode : public Node {
     for (const auto& t : model->parameters()) n += t.numel();
     if (ctx.run().rank == 0)
       spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(cfg), from);
+    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
     ctx.own_state("params", make_state(model));
   }
 

@@ -2,6 +2,7 @@
 // Schema: schemas/mlp.yaml. Test: tests/nodes/mlp_test.cpp.
 #include <cmath>
 
+#include "common/device.hpp"
 #include "common/seed.hpp"
 #include "models/model_state.hpp"
 #include "registry.hpp"
@@ -56,6 +57,7 @@ class MlpNode : public Node {
       if (!s) throw std::runtime_error("mlp: the model's module is not an nn::Sequential");
       return s->forward(it->second);
     };
+    seq->to(run_device(ctx.run()));  // initialised on the CPU (seeded, device-independent), then placed
     std::shared_ptr<ModelState> state =
         std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(seq.ptr()), fwd, "mlp");
     ctx.own_state("params", state);

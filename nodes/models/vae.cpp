@@ -7,6 +7,7 @@
 
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
+#include "models/attention.hpp"
 #include "models/load_by_name.hpp"
 
 namespace flowrun::vae {
@@ -101,6 +102,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   torch::Tensor h = group_norm(x).view({B, C, L}).transpose(1, 2);  // [B, L, C]
   torch::Tensor q = to_q(h), kt = to_k(h).transpose(1, 2), v = to_v(h);
   const double scale = 1.0 / std::sqrt(static_cast<double>(C));
+  if (fused_attention_available(q)) {  // one head: [B, 1, L, C]; the kernels need no L x L matrix
+    torch::Tensor o = fused_attention(q.unsqueeze(1), kt.transpose(1, 2).unsqueeze(1), v.unsqueeze(1), {},
+                                      /*causal=*/false, scale)
+                          .squeeze(1);
+    o = to_out[0]->as<torch::nn::LinearImpl>()->forward(o);
+    return o.transpose(1, 2).reshape({B, C, H, W}) + x;
+  }
   // Scores [B, rows, L] for a chunk of query rows at a time, so a large image (L = 128*128 for a
   // 1024-px SDXL image) needs no L x L matrix at once. Softmax in float32 (upcast_softmax).
   const int64_t rows = std::max<int64_t>(1, (int64_t{1} << 25) / std::max<int64_t>(1, B * L));

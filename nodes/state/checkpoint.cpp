@@ -18,6 +18,7 @@
 #include <future>
 #include <thread>
 
+#include "common/device.hpp"
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
 #include "models/lora.hpp"
@@ -35,6 +36,7 @@ namespace {
 struct Snapshot {
   int64_t step = 0;
   std::vector<std::pair<std::string, NamedTensors>> states;  // ref -> CPU copies
+  std::shared_ptr<DeviceEvent> copied;  // device state: the copies are done after this event
   NamedTensors rng;
   std::vector<std::pair<std::string, lora::PeftFiles>> peft;  // lora_export: ref -> adapter files
 };
@@ -79,6 +81,7 @@ class Checkpoint : public Node {
     if (!writer_rank_) return;  // rank 0 writes the replicated state; a copy here would be wasted
     Snapshot snap;
     snap.step = c.step();
+    bool on_device = false;
     const auto refs = c.refs("state");
     const auto values = c.states_all("state");
     for (size_t i = 0; i < values.size(); ++i) {
@@ -87,13 +90,27 @@ class Checkpoint : public Node {
         throw std::runtime_error("state '" + refs[i] + "' holds a " + values[i]->type_name() +
                                  ", which registers no way to save it (FLOWRUN_STATE_TYPE in common/state_io.hpp)");
       NamedTensors copy;
-      for (const auto& [k, t] : io->tensors(*values[i]))
-        copy[k] = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+      for (const auto& [k, t] : io->tensors(*values[i])) {
+        if (t.is_cpu()) {
+          copy[k] = t.detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+          continue;
+        }
+        // Device state: copied into pinned host memory, queued on this node's stream (a side
+        // stream in the graphs); the background writer waits for the copies, the step never.
+        torch::Tensor host = torch::empty(t.sizes(), t.options().device(torch::kCPU).pinned_memory(true));
+        host.copy_(t.detach(), /*non_blocking=*/true);
+        copy[k] = host;
+        on_device = true;
+      }
       snap.states.emplace_back(refs[i], std::move(copy));
       if (lora_export_ && values[i]->is<std::shared_ptr<ModelState>>()) {
         const auto& model = values[i]->as<std::shared_ptr<ModelState>>();
         if (model && lora::has_lora(*model)) snap.peft.emplace_back(refs[i], lora::peft_files(*model));
       }
+    }
+    if (on_device) {
+      snap.copied = c.record();
+      if (!snap.copied) synchronize_device(run_device(c.run()));  // no device streams: wait now
     }
     snap.rng["cpu"] = torch::globalContext().defaultGenerator(torch::kCPU).get_state();
     wait();  // the previous write; rethrows its error
@@ -113,6 +130,7 @@ class Checkpoint : public Node {
 
   void write(const Snapshot& s) const {
     const auto t0 = std::chrono::steady_clock::now();
+    if (s.copied) s.copied->synchronize();
     const std::string name = ckpt::step_folder(s.step);
     const std::string final_dir = dir_ + "/" + name;
     const std::string tmp = dir_ + "/." + name + ".tmp";

@@ -163,10 +163,12 @@ std::vector<TensorMap> split_batch(const TensorMap& batch, int64_t n) {
   return parts;
 }
 
-FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,
+FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, Objective objective,
                               const FwdBwdOptions& options) {
   const int64_t accumulate = options.accumulate;
   const c10::Device device = model_device(model);
+  // Data nodes place batches on the run's device; a batch from elsewhere (a plugin) follows.
+  const TensorMap batch = to_device(given, device);
   std::vector<torch::Tensor> params = model.trainable_parameters();
   if (params.empty()) throw std::runtime_error("the model has no trainable parameters");
   const size_t n = params.size();

@@ -4,6 +4,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <torch/version.h>
+
 #include <cmath>
 
 #include "registry.hpp"
@@ -33,6 +35,58 @@ std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
 }
 
 namespace {
+
+// AdamW on a GPU with libtorch >= 2: the update below, as torch's fused multi-tensor kernel
+// (torch.optim.AdamW(fused=True)): one launch for all parameters of a group instead of ~8 per
+// parameter. Same math (decoupled decay, bias corrections, eps outside the sqrt); the clip
+// factor enters as the kernel's grad_scale (it divides: 1 / coef). Two groups: parameters
+// that decay and those that do not (decays()). Returns false, doing nothing, where it does
+// not apply (CPU tensors, an older libtorch, mixed devices or dtypes, a parameter without a
+// gradient this step): the loop below then runs.
+bool fused_adamw(OptimizerState& st, const ModelState::Named& params, const Grads& grads, const OptimConfig& cfg,
+                 double lr, const torch::Tensor& coef) {
+#if TORCH_VERSION_MAJOR >= 2
+  if (params.empty() || !params.front().second.is_cuda()) return false;
+  const torch::Device device = params.front().second.device();
+  const auto dtype = params.front().second.scalar_type();
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!grads[i].defined() || params[i].second.device() != device || params[i].second.scalar_type() != dtype ||
+        grads[i].scalar_type() != dtype)
+      return false;
+  // All parameters take this step together, so one step tensor serves every one of them;
+  // moments of different ages (a parameter that once had no gradient) take the loop instead.
+  const int64_t step = st.slots.front().step + 1;
+  for (const auto& s : st.slots)
+    if (s.step + 1 != step) return false;
+  std::vector<at::Tensor> p[2], g[2], m[2], v[2], steps[2];
+  for (size_t i = 0; i < params.size(); ++i) {
+    OptimizerState::Slot& s = st.slots[i];
+    torch::Tensor w = params[i].second;
+    if (!s.exp_avg.defined()) s.exp_avg = torch::zeros_like(w, at::MemoryFormat::Preserve);
+    if (!s.exp_avg_sq.defined()) s.exp_avg_sq = torch::zeros_like(w, at::MemoryFormat::Preserve);
+    s.step = step;
+    const int k = decays(w) ? 0 : 1;
+    p[k].push_back(w);
+    g[k].push_back(grads[i]);
+    m[k].push_back(s.exp_avg);
+    v[k].push_back(s.exp_avg_sq);
+  }
+  const torch::Tensor t = torch::full({}, static_cast<double>(step), torch::TensorOptions().dtype(torch::kFloat).device(device));
+  c10::optional<at::Tensor> scale;
+  if (coef.defined()) scale = coef.reciprocal().to(torch::kFloat);
+  for (int k = 0; k < 2; ++k) {
+    if (p[k].empty()) continue;
+    steps[k].assign(p[k].size(), t);
+    at::_fused_adamw_(p[k], g[k], m[k], v[k], /*max_exp_avg_sqs=*/{}, steps[k], lr, cfg.beta1, cfg.beta2,
+                      k == 0 ? cfg.weight_decay : 0.0, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale,
+                      /*found_inf=*/c10::nullopt);
+  }
+  return true;
+#else
+  (void)st, (void)params, (void)grads, (void)cfg, (void)lr, (void)coef;
+  return false;
+#endif
+}
 
 void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tensor>& t) {
   auto get = [&](const std::string& suffix, torch::Tensor& dst) {
@@ -87,6 +141,13 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
     throw std::runtime_error("the model has " + std::to_string(params.size()) + " trainable parameters, the optimizer " +
                              "state was made for " + std::to_string(st.slots.size()));
   }
+  // Moments live where their parameter does (a checkpoint loads them onto the CPU).
+  for (size_t i = 0; i < params.size(); ++i) {
+    OptimizerState::Slot& s = st.slots[i];
+    const c10::Device d = params[i].second.device();
+    for (torch::Tensor* m : {&s.exp_avg, &s.exp_avg_sq, &s.momentum})
+      if (m->defined() && m->device() != d) *m = m->to(d);
+  }
 
   torch::Tensor norm = global_norm(grads);
   if (!std::isfinite(norm.item<double>())) {
@@ -99,6 +160,10 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
 
   const bool adamw = cfg.kind == "adamw";
   if (!adamw && cfg.kind != "sgd") throw std::runtime_error("unknown optimizer kind '" + cfg.kind + "'");
+  if (adamw && fused_adamw(st, params, grads, cfg, lr, coef)) {
+    st.updates += 1;
+    return norm;
+  }
   for (size_t i = 0; i < params.size(); ++i) {
     const torch::Tensor& g0 = grads[i];
     if (!g0.defined()) continue;

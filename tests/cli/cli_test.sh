@@ -66,6 +66,25 @@ run_writes_metrics)
   first=$(loss_at "$tmp/run/metrics.jsonl" 1p); last=$(loss_at "$tmp/run/metrics.jsonl" '$p')
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a / 2) }' || fail "loss did not drop: $first -> $last"
   ;;
+device_selection)
+  # A CPU build (Debian's libtorch): auto and cpu run on the CPU and say so; cuda is refused
+  # before anything runs, naming run.device and what to do.
+  expect_code 0 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/auto"
+  expect_out "device cpu"
+  expect_code 0 "$flowrun" graphs/regression.yaml run.steps=3 run.device=cpu run.out_dir="$tmp/cpu"
+  if "$flowrun" graphs/regression.yaml run.steps=1 run.device=cuda run.out_dir="$tmp/probe" >/dev/null 2>&1; then
+    echo "this build runs on a GPU: the refusal is checked by CPU builds only"
+  else
+    expect_code 2 "$flowrun" graphs/regression.yaml run.steps=3 run.device=cuda run.out_dir="$tmp/cuda"
+    expect_out "run.device is cuda, but"
+    expect_out "or set run.device=cpu"
+    [ ! -e "$tmp/cuda/metrics.jsonl" ] || fail "a refused device still ran"
+    expect_code 2 "$flowrun" graphs/regression.yaml run.device=cuda:1 run.out_dir="$tmp/cuda1"
+    expect_out "run.device is cuda:1, but"
+  fi
+  expect_code 2 "$flowrun" validate graphs/regression.yaml run.device=gpu
+  expect_out "run.device: 'gpu' is not a device: use auto, cpu, cuda or cuda:N"
+  ;;
 dot_renders)
   "$flowrun" dot graphs/regression.yaml > "$tmp/g.dot" || fail "dot failed"
   grep -q '"fb" -> "opt"' "$tmp/g.dot" || fail "no fb -> opt edge"

@@ -224,3 +224,36 @@ TEST(Check, DiagnosticFormat) {
   EXPECT_EQ(l.diags[0].str(), l.file + ":2:8: run.stesp: unknown parameter 'stesp' (did you mean 'steps'?); known: " +
                                   "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, trace, progress, resume, comm_timeout_s");
 }
+
+TEST(Check, StreamNamesAreFreeNamesAndDefaultIsTheDefaultStream) {
+  Loaded ok = load_text(R"(flowrun: 1
+nodes:
+  src: { type: t_source, stream: text_encoders }
+  a: { type: t_op, stream: default, in: { in: [src.out] } }
+)");
+  ASSERT_TRUE(ok.ok);
+  EXPECT_EQ(ok.spec.nodes[0].stream, "text_encoders");
+  EXPECT_EQ(ok.spec.nodes[1].stream, "");  // "default" and no key are the same stream
+  Loaded bad = load_text(R"(flowrun: 1
+nodes:
+  src: { type: t_source, stream: "io.1" }
+)");
+  ASSERT_FALSE(bad.ok);
+  const Diagnostic& d = find(bad, "a stream name uses letters");
+  EXPECT_EQ(d.path, "nodes.src.stream");
+  EXPECT_EQ(d.mark.line, 3);
+}
+
+TEST(Check, RunDeviceIsAutoCpuCudaOrCudaN) {
+  for (const char* good : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"})
+    EXPECT_TRUE(load_text(kGood, {std::string("run.device=") + good}).ok) << good;
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CUDA"}) {
+    Loaded l = load_text(kGood, {std::string("run.device=") + bad});
+    ASSERT_FALSE(l.ok) << bad;
+    const Diagnostic& d = find(l, "is not a device: use auto, cpu, cuda or cuda:N");
+    EXPECT_EQ(d.path, "run.device") << bad;
+  }
+  Loaded in_file = load_text("flowrun: 1\nrun:\n  steps: 2\n  device: tpu\nnodes:\n  src: { type: t_source }\n");
+  ASSERT_FALSE(in_file.ok);
+  EXPECT_EQ(find(in_file, "'tpu' is not a device").mark.line, 4);
+}

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "registry.hpp"
+#include "support/thread_streams.hpp"
 
 namespace flowrun::test {
 
@@ -176,6 +177,147 @@ class Sink : public Node {
   }
 };
 
+// ---- device-stream test nodes: their "kernels" run on ThreadStreams' stream threads ----
+
+// Queue `work` on the node's current device stream, or run it now without device streams.
+void on_device(std::function<void()> work) {
+  if (ThreadStreams::current())
+    ThreadStreams::enqueue_current(std::move(work));
+  else
+    work();
+}
+
+constexpr int64_t kPoison = -1;  // what a buffer holds while its producer's kernel runs
+
+class DevSource : public Node {
+  int64_t k_ = 0, sleep_us_ = 0;
+
+ public:
+  void setup(SetupContext& c) override {
+    k_ = c.params().get<int64_t>("k");
+    sleep_us_ = c.params().get<int64_t>("sleep_us");
+  }
+  void run(StepContext& c) override {
+    auto buf = std::make_shared<DevBuf>();
+    buf->v = kPoison;
+    const int64_t v = c.step() * 1000 + k_, us = sleep_us_;
+    on_device([buf, v, us] {
+      sleep_us(us);
+      buf->v = v;
+    });
+    c.out("out", buf);
+  }
+};
+
+// Checks, on its stream, that its input buffer holds its step's finished value; on steps that
+// are multiples of `host_every` it also reads it on the host after sync("in").
+class DevCheck : public Node {
+  int64_t host_every_ = 0, sleep_us_ = 0;
+
+ public:
+  void setup(SetupContext& c) override {
+    host_every_ = c.params().get<int64_t>("host_every");
+    sleep_us_ = c.params().get<int64_t>("sleep_us");
+  }
+  void run(StepContext& c) override {
+    auto buf = c.in<std::shared_ptr<DevBuf>>("in");
+    const int64_t step = c.step(), us = sleep_us_;
+    const std::string name = c.name();
+    on_device([buf, step, us, name] {
+      Recorder& r = Recorder::get();
+      const double t0 = r.now_ms();
+      const int64_t v = buf->v;
+      if (v == kPoison || v / 1000 != step) r.violation();
+      sleep_us(us);
+      r.add({name, step, "device", v, t0, r.now_ms()});
+    });
+    if (host_every_ > 0 && step % host_every_ == 0) {
+      c.sync("in");
+      const int64_t v = buf->v;
+      Recorder& r = Recorder::get();
+      if (v == kPoison || v / 1000 != step) r.violation();
+      r.add({name, step, "host", v, r.now_ms(), r.now_ms()});
+    }
+  }
+};
+
+class DevCellOwner : public Node {
+ public:
+  void setup(SetupContext& c) override { c.own_state("cell", std::make_shared<DevCell>()); }
+  void run(StepContext&) override {}
+};
+
+// t_dev_write poisons the cell, "computes" for sleep_us, then stores version + 1; t_dev_read
+// reads it at the start and the end of its kernel and records what it saw.
+class DevAccess : public Node {
+  bool write_;
+  int64_t sleep_us_ = 0;
+
+ public:
+  explicit DevAccess(bool write) : write_(write) {}
+  void setup(SetupContext& c) override { sleep_us_ = c.params().get<int64_t>("sleep_us"); }
+  void run(StepContext& c) override {
+    DevCell* cell = &c.state_as<DevCell>("s");
+    const int64_t step = c.step(), us = sleep_us_;
+    const std::string name = c.name();
+    const bool write = write_;
+    on_device([cell, step, us, name, write] {
+      Recorder& r = Recorder::get();
+      const double t0 = r.now_ms();
+      const int64_t seen = cell->version;
+      if (seen == kPoison) r.violation();  // a write's kernel is still running
+      if (write) cell->version = kPoison;
+      sleep_us(us);
+      if (write) {
+        cell->version = seen + 1;
+      } else if (cell->version != seen) {
+        r.violation();  // written while we read
+      }
+      r.add({name, step, write ? "write" : "read", seen, t0, r.now_ms()});
+    });
+  }
+};
+
+// Emits `count` buffers on stream `items`, each written by a kernel queued just before it.
+class DevStream : public Node {
+  int count_ = 0;
+  int64_t sleep_us_ = 0;
+
+ public:
+  void setup(SetupContext& c) override {
+    count_ = c.params().get<int>("count");
+    sleep_us_ = c.params().get<int64_t>("sleep_us");
+  }
+  void run(StepContext& c) override {
+    for (int i = 0; i < count_; ++i) {
+      auto buf = std::make_shared<DevBuf>();
+      buf->v = kPoison;
+      const int64_t v = c.step() * 1000 + i, us = sleep_us_;
+      on_device([buf, v, us] {
+        sleep_us(us);
+        buf->v = v;
+      });
+      c.emit("items", buf, i, count_);
+    }
+  }
+};
+
+class DevSink : public Node {
+ public:
+  void on_item(StepContext& c, const std::string&, const Value& v, int index, int) override {
+    auto buf = v.as<std::shared_ptr<DevBuf>>();
+    const int64_t step = c.step();
+    const std::string name = c.name();
+    on_device([buf, step, index, name] {
+      Recorder& r = Recorder::get();
+      const int64_t got = buf->v;
+      if (got != step * 1000 + index) r.violation();
+      r.add({name, step, "item", got, r.now_ms(), r.now_ms()});
+    });
+  }
+  void run(StepContext&) override {}
+};
+
 const char* kSleepParams = R"(
   sleep_us: { type: int, default: 0, min: 0, doc: "sleep per step" }
   jitter_us: { type: int, default: 0, min: 0, doc: "extra random sleep per step, reproducible" })";
@@ -228,6 +370,45 @@ params:
   count: { type: int, default: 4, min: 0 }
   sleep_ms: { type: int, default: 0, min: 0 })",
         [] { return std::make_unique<Stream>(); }, origin);
+  r.add(R"(type: t_dev_source
+doc: device test source (a buffer written by a kernel on its stream)
+outputs: { out: { kind: value, type: buf } }
+params:
+  k: { type: int, default: 0 }
+  sleep_us: { type: int, default: 0, min: 0 })",
+        [] { return std::make_unique<DevSource>(); }, origin);
+  r.add(R"(type: t_dev_check
+doc: checks its input buffer on its stream; on the host every host_every steps
+inputs: { in: { kind: value, type: buf } }
+params:
+  host_every: { type: int, default: 0, min: 0 }
+  sleep_us: { type: int, default: 0, min: 0 })",
+        [] { return std::make_unique<DevCheck>(); }, origin);
+  r.add(R"(type: t_dev_cell
+doc: owns a device test cell
+outputs: { cell: { kind: state, access: none, type: devcell } })",
+        [] { return std::make_unique<DevCellOwner>(); }, origin);
+  r.add(R"(type: t_dev_read
+doc: reads a device cell on its stream
+inputs: { s: { kind: state, access: read, type: devcell } }
+params: { sleep_us: { type: int, default: 0, min: 0 } })",
+        [] { return std::make_unique<DevAccess>(false); }, origin);
+  r.add(R"(type: t_dev_write
+doc: writes a device cell on its stream
+inputs: { s: { kind: state, access: write, type: devcell } }
+params: { sleep_us: { type: int, default: 0, min: 0 } })",
+        [] { return std::make_unique<DevAccess>(true); }, origin);
+  r.add(R"(type: t_dev_stream
+doc: emits buffers written on its stream
+outputs: { items: { kind: stream, type: buf } }
+params:
+  count: { type: int, default: 4, min: 0 }
+  sleep_us: { type: int, default: 0, min: 0 })",
+        [] { return std::make_unique<DevStream>(); }, origin);
+  r.add(R"(type: t_dev_sink
+doc: checks stream items on its stream
+inputs: { items: { kind: stream, type: buf } })",
+        [] { return std::make_unique<DevSink>(); }, origin);
   r.add(R"(type: t_sink
 doc: consumes a stream
 inputs: { items: { kind: stream, type: int } }

@@ -9,6 +9,14 @@
 //   t_fail     throws at step `at`
 //   t_stream   emits `count` items on stream `items`, sleep_ms apart
 //   t_sink     stream input `items`; records item times; out = number of items
+//   t_dev_*    device-stream nodes: their work runs on the current ThreadStreams stream
+//              (thread_streams.hpp) and poisons what it writes while it "computes":
+//   t_dev_source  out: buf = step*1000 + k, written by a kernel   params: k, sleep_us
+//   t_dev_check   in: buf; violation if its kernel sees it unfinished or of another step;
+//                 every host_every steps also reads it on the host after sync("in")
+//   t_dev_cell    owns state `cell` (a DevCell)
+//   t_dev_read / t_dev_write   read / bump the cell in a kernel     params: sleep_us
+//   t_dev_stream / t_dev_sink  items written by kernels; the sink checks each on its stream
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -26,6 +34,14 @@ struct Cell {
   std::atomic<int> readers{0}, writers{0};
   std::atomic<int> violations{0};
   int64_t version = 0;
+};
+
+// Device-stream test nodes (t_dev_*): a buffer a kernel writes, and a state cell.
+struct DevBuf {
+  std::atomic<int64_t> v{0};
+};
+struct DevCell {
+  std::atomic<int64_t> version{0};
 };
 
 struct Event {
