@@ -21,131 +21,15 @@ Usage (tests/gpu/run.sh calls it):
   python3 bench/gpu_gpt2.py --device cpu --tiny     # a smoke test of the script on a CPU
 """
 import argparse
-import json
-import math
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-# ---- the PyTorch peer: GPT-2 as users write it (nanoGPT / HF layout) ----
-
-class Block(nn.Module):
-    def __init__(self, d, h):
-        super().__init__()
-        self.h = h
-        self.ln_1 = nn.LayerNorm(d)
-        self.c_attn = nn.Linear(d, 3 * d)
-        self.c_proj = nn.Linear(d, d)
-        self.ln_2 = nn.LayerNorm(d)
-        self.c_fc = nn.Linear(d, 4 * d)
-        self.mlp_proj = nn.Linear(4 * d, d)
-
-    def attn(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
-        if hasattr(F, "scaled_dot_product_attention"):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # libtorch 1.13 (Debian's python3-torch): the math, for the CPU smoke test
-            s = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-            s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), 1), float("-inf"))
-            y = s.softmax(-1) @ v
-        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
-
-
-class GPT(nn.Module):
-    def __init__(self, layers, d, h, vocab, context):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, d)
-        self.wpe = nn.Embedding(context, d)
-        self.h = nn.ModuleList(Block(d, h) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(d)
-        self.apply(self._init)
-
-    @staticmethod
-    def _init(m):
-        if isinstance(m, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(m.weight, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
-
-    def forward(self, idx, targets):
-        T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
-        for b in self.h:
-            x = b(x)
-        logits = self.ln_f(x) @ self.wte.weight.t()  # tied head, as GPT-2
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-
-
-def make_optimizer(model, device):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    kw = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8}
-    if device == "cuda":
-        kw["fused"] = True
-    return torch.optim.AdamW(groups, **kw)
-
-
-def eager_round(cfg, device, steps, warmup, window, compile_it=False):
-    """Seconds per step: median over windows of `window` steps after `warmup` steps."""
-    torch.manual_seed(0)
-    model = GPT(cfg["layers"], cfg["dim"], cfg["heads"], cfg["vocab"], cfg["context"]).to(device)
-    opt = make_optimizer(model, device)
-    fwd = torch.compile(model) if compile_it else model
-    B, T = cfg["batch"], cfg["context"]
-    data = torch.randint(0, cfg["vocab"], (8, B, T + 1), device=device)
-    amp = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cfg["bf16"])
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    times, t0 = [], None
-    for step in range(steps):
-        if step == warmup:
-            sync()
-            t0 = time.perf_counter()
-        batch = data[step % 8]
-        with amp:
-            loss = fwd(batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if step >= warmup and (step + 1 - warmup) % window == 0:
-            loss.item()  # a trainer logs its loss: one host sync per window, as flowrun's metrics
-            sync()
-            t1 = time.perf_counter()
-            times.append((t1 - t0) / window)
-            t0 = t1
-    return statistics.median(times)
-
-
-# ---- flowrun ----
-
-def flowrun_round(flowrun, overrides, warmup, steps_field="step"):
-    """Seconds per step from OUT_DIR/metrics.jsonl: median of the logged windows after warmup."""
-    with tempfile.TemporaryDirectory(prefix="flowrun-gpu-bench-") as out:
-        cmd = [flowrun] + overrides + ["run.out_dir=" + out, "run.progress=off"]
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if p.returncode != 0:
-            raise RuntimeError("flowrun failed (exit %d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout[-3000:]))
-        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
-    rows = [r for r in rows if "loss" in r and r[steps_field] > warmup]
-    per_step = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
-    if not per_step:
-        raise RuntimeError("flowrun logged too few steps after warm-up")
-    return statistics.median(per_step), " ".join(cmd)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peers import eager_round, flowrun_round, gpt_overrides  # noqa: E402  (bench/torch_peers.py)
 
 
 def matmul_peak_tflops(device):
@@ -178,12 +62,7 @@ def gpt2(args, device):
     else:
         cfg = dict(layers=12, dim=768, heads=12, vocab=50304, context=1024, batch=args.batch, bf16=device == "cuda")
         data = args.data or "data/text/fortunes_gpt2"
-    overrides = ["graphs/gpt.yaml", "data.path=" + data, "data.batch=%d" % cfg["batch"],
-                 "data.seq_len=%d" % cfg["context"], "model.layers=%d" % cfg["layers"], "model.dim=%d" % cfg["dim"],
-                 "model.heads=%d" % cfg["heads"], "model.vocab=%d" % cfg["vocab"], "model.context=%d" % cfg["context"],
-                 "run.steps=%d" % args.steps, "run.log_every=%d" % args.window, "eval.every=1000000",
-                 "evlog.every=1000000", "ckpt.every=1000000", "ckpt.at=[]", "ema.every=1000000",
-                 "run.device=" + device, "run.precision=" + ("bf16" if cfg["bf16"] else "fp32")]
+    overrides = gpt_overrides(cfg, data, args.steps, args.window, device)
     tokens = cfg["batch"] * cfg["context"]
     fl, eg, flow_cmd, flow_err = [], [], "", None
     for r in range(args.rounds):

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""flowrun against what users would run instead, on this machine's CPU, in one run.
+
+Configs (graphs/gpt.yaml by overrides, and the same model in bench/torch_peers.py):
+  gpt_bench      4 layers, 256 wide, 4 heads, 128 tokens, byte vocabulary, batch 16, fp32
+  fortunes_tiny  the README's: 2 layers, 128 wide, 4 heads, 64 tokens, byte vocabulary, batch 32
+Modes:
+  eager  one process, --threads intra-op threads: flowrun vs a plain PyTorch loop
+  ddp    2 processes on the same cores, global batch as above: `mpirun -np 2 flowrun` (batch
+         per rank = half) vs PyTorch DDP (gloo), 1 thread per process
+Rounds alternate flowrun / PyTorch; each figure is the median over rounds of per-step medians
+(start-up and --warmup steps excluded). The peer trains on random tokens, flowrun on the
+fortunes byte shards of scripts/data.sh: the speed of a step does not depend on the tokens.
+Needs Debian's python3-torch (the same libtorch 1.13 that flowrun links).
+
+  /usr/bin/python3 bench/cpu_peers.py                         # gpt_bench, eager and ddp
+  /usr/bin/python3 bench/cpu_peers.py --config fortunes_tiny --modes eager
+"""
+import argparse
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_peers import ddp_round, eager_round, flowrun_round, gpt_overrides  # noqa: E402
+
+CONFIGS = {
+    "gpt_bench": dict(layers=4, dim=256, heads=4, vocab=256, context=128, batch=16, bf16=False),
+    "fortunes_tiny": dict(layers=2, dim=128, heads=4, vocab=256, context=64, batch=32, bf16=False),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flowrun", default="build/engine/flowrun")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="gpt_bench")
+    ap.add_argument("--modes", default="eager,ddp")
+    ap.add_argument("--data", default="data/text/fortunes_byte")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--window", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    cfg = CONFIGS[args.config]
+    print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch |")
+    print("|---|---|---|---|---|")
+    for mode in args.modes.split(","):
+        fl, pt = [], []
+        for _ in range(args.rounds):
+            if mode == "eager":
+                ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=args.threads)
+                fl.append(flowrun_round(args.flowrun, ov, args.warmup)[0])
+                pt.append(eager_round(cfg, "cpu", args.steps, args.warmup, args.window, threads=args.threads))
+            elif mode == "ddp":
+                half = dict(cfg, batch=cfg["batch"] // 2)  # per rank
+                ov = gpt_overrides(half, args.data, args.steps, args.window, "cpu", threads=1)
+                mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
+                if os.geteuid() == 0:
+                    mpi.append("--allow-run-as-root")
+                fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0])
+                pt.append(ddp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))
+            else:
+                sys.exit("unknown mode " + mode)
+        f, p = 1 / statistics.median(fl), 1 / statistics.median(pt)
+        print("| %s | %s | %.2f | %.2f | %.3f |" % (args.config, mode, p, f, f / p), flush=True)
+
+
+if __name__ == "__main__":
+    main()

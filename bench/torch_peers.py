@@ -1,0 +1,194 @@
+"""What users would run instead of flowrun, for the benchmarks in bench/: a GPT training loop
+written as a PyTorch user writes it (HF GPT-2 layout, SDPA where torch has it, AdamW with GPT-2's
+decay groups, clip 1.0), eager or under DDP, and a driver that runs a flowrun graph and reads
+its per-step times. Imported by bench/gpu_gpt2.py (GPU) and bench/cpu_peers.py (CPU).
+
+Per-step times exclude start-up: the median over windows of `window` steps after `warmup`
+steps, with one host sync per window (a trainer logging its loss), as flowrun's metrics node
+syncs once per logged step.
+"""
+import json
+import math
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+# ---- the PyTorch peer: GPT-2 as users write it (nanoGPT / HF layout) ----
+
+class Block(nn.Module):
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln_1 = nn.LayerNorm(d)
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.mlp_proj = nn.Linear(4 * d, d)
+
+    def attn(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        if hasattr(F, "scaled_dot_product_attention"):
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # libtorch 1.13 (Debian's python3-torch): the math, for the CPU smoke test
+            s = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
+            s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), 1), float("-inf"))
+            y = s.softmax(-1) @ v
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, d, h, vocab, context):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, d)
+        self.wpe = nn.Embedding(context, d)
+        self.h = nn.ModuleList(Block(d, h) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx, targets):
+        T = idx.size(1)
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for b in self.h:
+            x = b(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()  # tied head, as GPT-2
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def make_optimizer(model, device):
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    kw = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8}
+    if device == "cuda":
+        kw["fused"] = True
+    return torch.optim.AdamW(groups, **kw)
+
+
+def timed_steps(fwd, model, opt, cfg, device, steps, warmup, window, rank=0):
+    """Trains `steps` steps on seeded random tokens; seconds per step, one per window."""
+    B, T = cfg["batch"], cfg["context"]
+    g = torch.Generator().manual_seed(1 + rank)
+    data = torch.randint(0, cfg["vocab"], (8, B, T + 1), generator=g).to(device)
+    amp = torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=cfg["bf16"])
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    times, t0 = [], None
+    for step in range(steps):
+        if step == warmup:
+            sync()
+            t0 = time.perf_counter()
+        batch = data[step % 8]
+        with amp:
+            loss = fwd(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= warmup and (step + 1 - warmup) % window == 0:
+            loss.item()  # a trainer logs its loss: one host sync per window, as flowrun's metrics
+            sync()
+            t1 = time.perf_counter()
+            times.append((t1 - t0) / window)
+            t0 = t1
+    return times
+
+
+def make_model(cfg, device):
+    torch.manual_seed(0)
+    return GPT(cfg["layers"], cfg["dim"], cfg["heads"], cfg["vocab"], cfg["context"]).to(device)
+
+
+def eager_round(cfg, device, steps, warmup, window, compile_it=False, threads=None):
+    """Seconds per step of a plain loop: the median over windows after warm-up."""
+    if threads:
+        torch.set_num_threads(threads)
+    model = make_model(cfg, device)
+    fwd = torch.compile(model) if compile_it else model
+    return statistics.median(timed_steps(fwd, model, make_optimizer(model, device), cfg, device, steps, warmup, window))
+
+
+def _ddp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    local = dict(cfg, batch=cfg["batch"] // world)  # the global batch split over the ranks
+    model = make_model(local, "cpu")
+    ddp = DDP(model)
+    times = timed_steps(ddp, model, make_optimizer(model, "cpu"), local, "cpu", steps, warmup, window, rank)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def ddp_round(cfg, world, steps, warmup, window, threads=1):
+    """Seconds per step of PyTorch DDP (gloo, CPU) over `world` local processes, global batch
+    cfg["batch"]: rank 0's median over windows after warm-up."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_ddp_worker, args=(r, world, port, cfg, steps, warmup, window, threads, out))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError("a DDP process failed (exit codes %s)" % [p.exitcode for p in procs])
+    return out.get()
+
+
+# ---- flowrun ----
+
+def gpt_overrides(cfg, data, steps, window, device, threads=0):
+    """graphs/gpt.yaml as the peers' loop: same model, batch and optimizer settings; the EMA,
+    evaluation and checkpoints, which the loop does not have, moved past the last step."""
+    return ["graphs/gpt.yaml", "data.path=" + data, "data.batch=%d" % cfg["batch"],
+            "data.seq_len=%d" % cfg["context"], "model.layers=%d" % cfg["layers"], "model.dim=%d" % cfg["dim"],
+            "model.heads=%d" % cfg["heads"], "model.vocab=%d" % cfg["vocab"], "model.context=%d" % cfg["context"],
+            "run.steps=%d" % steps, "run.log_every=%d" % window, "eval.every=1000000", "evlog.every=1000000",
+            "ckpt.every=1000000", "ckpt.at=[]", "ema.every=1000000", "run.device=" + device,
+            "run.precision=" + ("bf16" if cfg["bf16"] else "fp32"), "run.threads=%d" % threads]
+
+
+def flowrun_round(flowrun, overrides, warmup, launcher=()):
+    """Seconds per step from OUT_DIR/metrics.jsonl: median of the logged windows after warmup.
+    `launcher`: a prefix such as mpirun's for a multi-process run (rank 0 writes the metrics)."""
+    with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as out:
+        cmd = list(launcher) + [flowrun] + overrides + ["run.out_dir=" + out, "run.progress=off"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if p.returncode != 0:
+            raise RuntimeError("flowrun failed (exit %d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout[-3000:]))
+        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+    rows = [r for r in rows if "loss" in r and r["step"] > warmup]
+    per_step = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
+    if not per_step:
+        raise RuntimeError("flowrun logged too few steps after warm-up")
+    return statistics.median(per_step), " ".join(cmd)
