@@ -7,26 +7,36 @@ master weights, AdamW, clip 1.0):
     checkpoints moved out of the way by overrides), tokens/s from its metrics.jsonl;
   - eager: a plain PyTorch training loop of the same model (HF GPT-2 layout, SDPA, fused AdamW);
   - compile: the same loop under torch.compile (reported beside it, not the headline).
+Data: flowrun reads GPT-2 BPE token shards (--data, default data/text/fortunes_gpt2, made by
+scripts/data.sh); the PyTorch loop trains on seeded random tokens (the speed of a step does not
+depend on them).
 Rounds alternate flowrun / eager; each round's per-step time is the median over windows of
-`--window` steps after `--warmup` steps (start-up excluded); the table gives medians over
-rounds, the ratio flowrun / eager and model FLOPs utilization (MFU) against the bf16 matmul
-peak measured here (best of a few 8192^3 products).
+`--window` steps after `--warmup` steps (start-up excluded; one host sync per window on both
+sides: flowrun's metrics node logs every `--window` steps, the loop reads its loss); the table
+gives medians over rounds, the ratio flowrun / eager and model FLOPs utilization (MFU):
+(6N + 12 L d T) x tokens/s, N = all parameters but the position embeddings, against the bf16
+matmul peak measured here (best of a few 8192^3 products).
 
 DiT (`--dit`): graphs/dit_base.yaml with a heavy text encoder (BERT 12 x 768) on the GPU,
-images/s with the encoder on its own stream (`text.stream=encode`, prefetch 4) against inline
+steps/s with the encoder on its own stream (`text.stream=encode`, prefetch 4) against inline
 (`text.stream=default`, prefetch 0), alternating rounds.
 
 Usage (tests/gpu/run.sh calls it):
-  python3 bench/gpu_gpt2.py --flowrun build-gpu/engine/flowrun --out build-gpu/gpu-results/bench.md
-  python3 bench/gpu_gpt2.py --device cpu --tiny     # a smoke test of the script on a CPU
+  python3 bench/gpu_gpt2.py --flowrun build-gpu/engine/flowrun --compile --dit --out build-gpu/gpu-results/bench.md
+  /usr/bin/python3 bench/gpu_gpt2.py --device cpu --tiny --flowrun build/engine/flowrun
+      # a smoke test of the script on a CPU (Debian's python3-torch; byte shards, 2 x 64 model)
+A flowrun run that fails (or missing shards) leaves its figure out, says why, and makes the
+exit status 3; the PyTorch figures and the table are still printed.
 """
 import argparse
+import glob
 import os
 import statistics
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_peers import eager_round, flowrun_round, gpt_overrides  # noqa: E402  (bench/torch_peers.py)
@@ -50,9 +60,32 @@ def matmul_peak_tflops(device):
 
 
 def flops_per_token(cfg):
+    """PaLM appendix B: 6N + 12 L H Q T (H*Q = d), N = every parameter but the position
+    embeddings (the tied token embedding / LM head counted once, as nanoGPT's MFU)."""
     d, L, T, V = cfg["dim"], cfg["layers"], cfg["context"], cfg["vocab"]
-    n = 12 * L * d * d + 13 * L * d + 2 * d + V * d  # parameters without position embeddings (nanoGPT's N)
-    return 6 * n + 12 * L * d * T  # PaLM appendix B: 6N + 12 L H Q T (H*Q = d)
+    n = 12 * L * d * d + 13 * L * d + 2 * d + V * d
+    return 6 * n + 12 * L * d * T, n
+
+
+def fail(what, err):
+    """Prints why a flowrun run gave no figure (the tail of its output) and returns one line."""
+    text = str(err).strip()
+    print("flowrun failed (%s):\n%s" % (what, text[-2000:]), file=sys.stderr, flush=True)
+    FAILED.append(what)
+    lines = [l for l in text.splitlines() if l.strip()] or [type(err).__name__]
+    if len(lines) == 1:
+        return lines[0][:300]
+    return "%s: %s" % (lines[0].split(":")[0], lines[-1][:300])  # "flowrun failed (exit N): <its last line>"
+
+
+FAILED = []  # the flowrun runs that gave no figure: the exit status says so
+
+
+def shards_missing(data):
+    if os.path.exists(data + ".train.bin") and os.path.exists(data + ".train.idx"):
+        return None
+    return ("token shards %s.train.{bin,idx} missing: make them with scripts/data.sh (on a machine with the "
+            "Debian package fortunes and npm) and carry data/text/ here, or pass --data" % data)
 
 
 def gpt2(args, device):
@@ -64,20 +97,30 @@ def gpt2(args, device):
         data = args.data or "data/text/fortunes_gpt2"
     overrides = gpt_overrides(cfg, data, args.steps, args.window, device)
     tokens = cfg["batch"] * cfg["context"]
-    fl, eg, flow_cmd, flow_err = [], [], "", None
+    fl, eg, flow_cmd = [], [], " ".join([args.flowrun] + overrides)
+    flow_err = shards_missing(data)
+    if flow_err:
+        print("flowrun: no run: " + flow_err, file=sys.stderr, flush=True)
+        FAILED.append("GPT-2 data")
     for r in range(args.rounds):
         if not flow_err:
             try:
                 s, flow_cmd = flowrun_round(args.flowrun, overrides, args.warmup)
                 fl.append(s)
             except Exception as e:  # report the eager figures anyway, and why flowrun has none
-                flow_err = str(e)
+                flow_err = fail("GPT-2, round %d" % (r + 1), e)
         eg.append(eager_round(cfg, device, args.steps, args.warmup, args.window))
         print("round %d: flowrun %s s/step, eager %.4f s/step" % (r + 1, "%.4f" % fl[-1] if fl and not flow_err else "-",
                                                                  eg[-1]), flush=True)
-    comp = eager_round(cfg, device, args.steps, args.warmup, args.window, compile_it=True) if args.compile else None
+    comp, comp_err = None, None
+    if args.compile:
+        try:
+            comp = eager_round(cfg, device, args.steps, args.warmup, args.window, compile_it=True)
+        except Exception as e:  # no torch.compile (torch < 2) or no Triton: say so, keep the rest
+            comp_err = ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:200]
+            print("torch.compile failed: " + comp_err, file=sys.stderr, flush=True)
     peak = matmul_peak_tflops(device)
-    fpt = flops_per_token(cfg)
+    fpt, n_params = flops_per_token(cfg)
     rows = []
 
     def row(name, sec):
@@ -86,10 +129,14 @@ def gpt2(args, device):
         rows.append("| %s | %.0f | %.1f ms | %s |" % (name, tps, sec * 1e3, "%.1f %%" % (100 * mfu) if mfu == mfu else "-"))
         return tps
 
-    e = row("PyTorch eager loop (SDPA, fused AdamW)", statistics.median(eg))
+    feats = ["SDPA" if hasattr(F, "scaled_dot_product_attention") else "math attention",
+             "fused AdamW" if device == "cuda" else "AdamW"] + (["bf16 autocast"] if cfg["bf16"] else [])
+    e = row("PyTorch eager loop (%s)" % ", ".join(feats), statistics.median(eg))
     f = row("flowrun graphs/gpt.yaml", statistics.median(fl)) if fl and not flow_err else None
     if comp:
         row("PyTorch eager + torch.compile", comp)
+    elif comp_err:
+        rows.append("| PyTorch eager + torch.compile | failed: %s | | |" % comp_err.replace("|", "/"))
     lines = ["## GPT-2 124M training throughput (%s)" % ("tiny smoke config" if args.tiny else "bf16, batch %d x %d tokens" % (cfg["batch"], cfg["context"])),
              "", "| | tokens/s | per step | MFU |", "|---|---|---|---|"] + rows + [""]
     if f:
@@ -97,9 +144,15 @@ def gpt2(args, device):
                      "(first %d excluded)." % (f / e, args.rounds, args.steps, args.warmup))
     else:
         lines.append("flowrun: no figure: %s" % (flow_err or "not run"))
-    lines.append("bf16 matmul peak measured here: %s TFLOP/s; model FLOPs per token %.3g (6N + 12LdT)." %
-                 ("%.0f" % peak if peak == peak else "-", fpt))
+    lines.append("")
+    lines.append("MFU: model FLOPs per token %.4g = 6N + 12 L d T (PaLM appendix B; N = %.1fM, every parameter "
+                 "but the position embeddings, the tied embedding counted once) x tokens/s, over the bf16 "
+                 "matmul peak measured here: %s TFLOP/s (best of 3 x 10 products of 8192 x 8192)." %
+                 (fpt, n_params / 1e6, "%.0f" % peak if peak == peak else "- (no GPU)"))
+    lines.append("")
     lines.append("flowrun command: `%s`" % flow_cmd)
+    lines.append("")
+    lines.append("PyTorch loop: bench/torch_peers.py, in this process (`%s`)." % " ".join([os.path.basename(sys.executable)] + sys.argv))
     return lines
 
 
@@ -111,12 +164,19 @@ def dit(args, device):
             "text.dim=768", "text.layers=12", "text.heads=12", "text.ffn=3072", "model.text_dim=768"]
     own = base + ["text.stream=encode", "run.prefetch=4"]
     inline = base + ["text.stream=default", "data.stream=default", "run.prefetch=0"]
+    title = "## DiT graph: encoders on their own stream vs inline (flowrun, graphs/dit_base.yaml, BERT 12x768)"
+    if not glob.glob("data/shapes/base.train-*.tar"):
+        FAILED.append("DiT data")
+        return [title, "", "no figure: data/shapes/base.train-*.tar missing (tests/gpu/run.sh or scripts/data.sh renders it)"]
     a, b = [], []
-    for r in range(args.rounds):
-        a.append(flowrun_round(args.flowrun, own, args.warmup)[0])
-        b.append(flowrun_round(args.flowrun, inline, args.warmup)[0])
-        print("dit round %d: own stream %.4f s/step, inline %.4f s/step" % (r + 1, a[-1], b[-1]), flush=True)
-    return ["## DiT graph: encoders on their own stream vs inline (flowrun, graphs/dit_base.yaml, BERT 12x768)", "",
+    try:
+        for r in range(args.rounds):
+            a.append(flowrun_round(args.flowrun, own, args.warmup)[0])
+            b.append(flowrun_round(args.flowrun, inline, args.warmup)[0])
+            print("dit round %d: own stream %.4f s/step, inline %.4f s/step" % (r + 1, a[-1], b[-1]), flush=True)
+    except Exception as e:  # keep the GPT-2 table
+        return [title, "", "no figure: " + fail("DiT", e)]
+    return [title, "",
             "| | steps/s |", "|---|---|",
             "| text encoder on `encode`, prefetch 4 | %.2f |" % (1 / statistics.median(a)),
             "| inline (default stream, prefetch 0) | %.2f |" % (1 / statistics.median(b)), "",
@@ -150,6 +210,10 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         open(args.out, "w").write(text)
     print(text)
+    if FAILED:
+        print("gpu_gpt2.py: no flowrun figure for: %s (see above)" % ", ".join(FAILED), file=sys.stderr)
+        return 3
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,87 +1,162 @@
 #!/usr/bin/env bash
 # Everything that needs an NVIDIA GPU, in one script, run from the repository root on a machine
-# with a GPU and a pip PyTorch built with CUDA (its libtorch, CUDA runtime and NCCL):
-#   1. unpacks the Debian packages the build needs (yaml-cpp, oneTBB, spdlog, fmt, ...) into a
-#      prefix: third_party/debs/, made by scripts/gpu_debs.sh on a machine with apt, and
-#      carried over (the GPU machine may reach no package registry);
-#   2. configures build-gpu/ with FLOWRUN_CUDA=ON against that PyTorch, builds;
-#   3. runs the GPU tests: ctest -L gpu (tests/gpu/gpu_test.cpp) and the stream-ordering and
-#      CUDA-path tests of the CPU suite that also apply there (engine tests);
-#   4. runs the GPU benchmarks (bench/gpu_gpt2.py: GPT-2 124M flowrun vs a PyTorch eager loop,
-#      torch.compile beside it; the DiT encoder-stream comparison) and prints their table last.
-# Results go to build-gpu/gpu-results/. Needs the token shards and shapes sets of
-# scripts/data.sh in data/ (make them on the CPU machine and carry data/ over with the debs).
-# Exit status: non-zero if the build or any test failed (the benchmarks still run).
+# with a GPU, a pip PyTorch built with CUDA (its libtorch and NCCL), a C++ compiler and the CUDA
+# toolkit (nvcc: PyTorch's CMake package enables the CUDA language):
+#   1. build: unpacks the Debian packages the build needs (yaml-cpp, oneTBB, spdlog, fmt, ...;
+#      third_party/debs/, made by scripts/gpu_debs.sh on a machine with apt and carried over:
+#      the GPU machine may reach no package registry) into a prefix, configures build-gpu/ with
+#      FLOWRUN_CUDA=ON against that PyTorch, builds;
+#   2. test: ctest -L gpu (tests/gpu/gpu_test.cpp), then the engine tests (stream ordering,
+#      executor) in the CUDA build;
+#   3. bench: bench/gpu_gpt2.py (GPT-2 124M, flowrun vs a PyTorch eager loop, torch.compile
+#      beside it; the DiT encoder-stream comparison); its table is printed last.
+# Usage: tests/gpu/run.sh [all|build|test|bench]   (default all; the stages can be run one per
+#        call when a call has a time limit: build-gpu/ is kept between them)
+# Carry third_party/debs/ (scripts/gpu_debs.sh) and data/text/ (scripts/data.sh: it needs
+# Debian's fortunes and npm) from the CPU machine; data/shapes is rendered here.
+# Environment: PYTHON (default python3), BUILD (build-gpu), PREFIX (BUILD/prefix), RESULTS
+# (BUILD/gpu-results: logs, ctest output, bench.md), BENCH_ARGS (extra bench/gpu_gpt2.py args).
+# Exit status: non-zero if a prerequisite, the build, a test or the benchmark failed; the
+# benchmark runs even when tests failed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+stage=${1:-all}
+case $stage in all | build | test | bench) ;; *) echo "usage: tests/gpu/run.sh [all|build|test|bench]" >&2; exit 2 ;; esac
 BUILD=${BUILD:-build-gpu}
-PREFIX=${PREFIX:-$PWD/$BUILD/prefix}
-RESULTS=$BUILD/gpu-results
+PREFIX=${PREFIX:-$BUILD/prefix}
+case $PREFIX in /*) ;; *) PREFIX=$PWD/$PREFIX ;; esac  # CMake and LD_LIBRARY_PATH need it absolute
+RESULTS=${RESULTS:-$BUILD/gpu-results}
 PY=${PYTHON:-python3}
-mkdir -p "$RESULTS"
-
 say() { echo "== $*"; }
 die() { echo "tests/gpu/run.sh: $*" >&2; exit 1; }
+want() { [ "$stage" = all ] || [ "$stage" = "$1" ]; }
 
-command -v nvidia-smi >/dev/null || die "no nvidia-smi: this script needs a machine with an NVIDIA GPU"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+# ---- what this machine has ----------------------------------------------------------------
+command -v nvidia-smi > /dev/null || die "no nvidia-smi: this script needs a machine with an NVIDIA GPU and its driver"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) || die "nvidia-smi fails: no usable GPU or driver"
 say "GPU: $gpu"
+command -v "$PY" > /dev/null || die "no $PY (set PYTHON to the Python that has PyTorch)"
+$PY -c 'import torch' 2> /dev/null || die "$PY cannot import torch: install a CUDA build of PyTorch (pip install torch), or set PYTHON"
+torch_cuda=$($PY -c 'import torch; print(torch.version.cuda or "")')
+[ -n "$torch_cuda" ] || die "$PY has a CPU-only PyTorch ($($PY -c 'import torch; print(torch.__version__)')): a CUDA build is needed"
 $PY -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' ||
-  die "$PY has no CUDA PyTorch (import torch; torch.cuda.is_available() is False)"
+  die "PyTorch (CUDA $torch_cuda) sees no GPU: torch.cuda.is_available() is False (driver too old for CUDA $torch_cuda?)"
 torch_prefix=$($PY -c 'import torch; print(torch.utils.cmake_prefix_path)')
 torch_version=$($PY -c 'import torch; print(torch.__version__)')
-say "PyTorch $torch_version at $torch_prefix"
-# NCCL: pip's nvidia-nccl package, if PyTorch brought one (else the CUDA toolkit's).
-nccl_root=$($PY -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
-
-# 1. The Debian packages, unpacked once.
-if [ ! -f "$PREFIX/.unpacked" ]; then
-  say "unpacking third_party/debs into $PREFIX"
-  scripts/gpu_debs.sh unpack "$PREFIX" > "$RESULTS/prefix.env"
-  touch "$PREFIX/.unpacked"
-fi
+say "PyTorch $torch_version (CUDA $torch_cuda) at $torch_prefix"
 lib=$PREFIX/usr/lib/x86_64-linux-gnu
-export LD_LIBRARY_PATH="$lib${nccl_root:+:$nccl_root/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PATH="$PATH:$PREFIX/usr/bin"  # cmake, if the machine has none
-command -v cmake >/dev/null || die "no cmake (neither installed nor in third_party/debs)"
+# The unpacked libraries, for everything from here on: the build runs the test binaries to list
+# their tests (gtest_discover_tests), and libicuuc's libicudata is found by no RUNPATH.
+export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p "$RESULTS"
 
-# 2. Configure and build.
-say "configuring $BUILD (FLOWRUN_CUDA=ON)"
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF \
-  -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr;$lib/cmake" \
-  ${nccl_root:+-DFLOWRUN_NCCL_ROOT="$nccl_root"} > "$RESULTS/cmake.log" 2>&1 ||
-  { tail -40 "$RESULTS/cmake.log"; die "cmake failed ($RESULTS/cmake.log)"; }
-say "building ($(nproc) jobs)"
-cmake --build "$BUILD" -j "$(nproc)" > "$RESULTS/build.log" 2>&1 ||
-  { grep -E "error|Error" "$RESULTS/build.log" | head -40; die "build failed ($RESULTS/build.log)"; }
+# cmake >= 3.25: the machine's, else the one unpacked from third_party/debs/cmake (run with its
+# own libraries on LD_LIBRARY_PATH, only for cmake and ctest).
+cmake_ok() {
+  "$@" --version 2> /dev/null |
+    awk 'BEGIN {r = 1} /cmake version/ {split($3, v, "."); r = !(v[1] > 3 || (v[1] == 3 && v[2] >= 25))} END {exit r}'
+}
+pick_cmake() {
+  if cmake_ok cmake; then CMAKE=(cmake) CTEST=(ctest); return; fi
+  local own=$PREFIX/cmake/usr
+  local env=(env "LD_LIBRARY_PATH=$own/lib/x86_64-linux-gnu:$LD_LIBRARY_PATH")
+  CMAKE=("${env[@]}" "$own/bin/cmake") CTEST=("${env[@]}" "$own/bin/ctest")
+  cmake_ok "${CMAKE[@]}" || die "no cmake >= 3.25 on this machine, and none runs from $own (third_party/debs/cmake)"
+}
 
-# Data: the token shards come from scripts/data.sh on the CPU machine (it needs Debian's
-# fortunes and npm); the shapes set of the DiT benchmark is rendered here, as data.sh does.
+# nvcc: on PATH, under CUDA_HOME / /usr/local/cuda*, or from pip's nvidia packages.
+find_nvcc() {
+  command -v nvcc && return
+  local d
+  for d in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-*; do
+    [ -n "$d" ] && [ -x "$d/bin/nvcc" ] && { echo "$d/bin/nvcc"; return; }
+  done
+  d=$($PY -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2> /dev/null) &&
+    find "$d" -path '*/bin/nvcc' -type f 2> /dev/null | head -1 | grep .
+}
+
+# ---- 1. build -------------------------------------------------------------------------------
+if want build; then
+  ls third_party/debs/*.deb > /dev/null 2>&1 || [ -f "$PREFIX/.unpacked" ] ||
+    die "third_party/debs/ is empty: run scripts/gpu_debs.sh on a machine with apt and carry third_party/debs/ here"
+  if [ ! -f "$PREFIX/.unpacked" ]; then
+    say "unpacking third_party/debs into $PREFIX"
+    scripts/gpu_debs.sh unpack "$PREFIX" > "$RESULTS/prefix.env"
+    touch "$PREFIX/.unpacked"
+  fi
+  command -v "${CXX:-c++}" > /dev/null || die "no C++ compiler (${CXX:-c++}): install g++ or set CXX"
+  nvcc=$(find_nvcc) || die "no nvcc (CUDA toolkit $torch_cuda): PyTorch's CMake package needs it (enable_language(CUDA)); install the CUDA toolkit $torch_cuda or set CUDA_HOME"
+  nvcc_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
+  say "nvcc $nvcc_version at $nvcc"
+  [ "${nvcc_version%%.*}" = "${torch_cuda%%.*}" ] || echo "warning: nvcc is CUDA $nvcc_version, PyTorch was built with CUDA $torch_cuda"
+  PATH="$(dirname "$nvcc"):$PATH"
+  pick_cmake
+  # NCCL: pip's nvidia-nccl package if PyTorch brought one (it has libnccl.so.2, no libnccl.so),
+  # else the toolkit's or the system's.
+  nccl_h=$($PY -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2> /dev/null |
+    xargs -r -I{} find {} -name nccl.h -path '*/include/*' 2> /dev/null | head -1 || true)
+  nccl_root=${nccl_h:+$(dirname "$(dirname "$nccl_h")")}
+  say "configuring $BUILD (FLOWRUN_CUDA=ON${nccl_root:+, NCCL from $nccl_root})"
+  "${CMAKE[@]}" -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr;$lib/cmake;$PREFIX/usr/share/cmake" \
+    -DCMAKE_LIBRARY_PATH="$lib" -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$nvcc")")" \
+    ${nccl_root:+-DFLOWRUN_NCCL_ROOT="$nccl_root"} > "$RESULTS/cmake.log" 2>&1 ||
+    { tail -40 "$RESULTS/cmake.log"; die "cmake failed ($RESULTS/cmake.log)"; }
+  say "building ($(nproc) jobs; log: $RESULTS/build.log)"
+  "${CMAKE[@]}" --build "$BUILD" -j "$(nproc)" > "$RESULTS/build.log" 2>&1 ||
+    { grep -E -A3 "error|Error" "$RESULTS/build.log" | head -60; die "build failed ($RESULTS/build.log)"; }
+  say "built $BUILD/engine/flowrun"
+fi
+
+[ -f "$PREFIX/.unpacked" ] || die "$PREFIX is not unpacked: run tests/gpu/run.sh build first"
+[ -x "$BUILD/engine/flowrun" ] || die "$BUILD/engine/flowrun missing: run tests/gpu/run.sh build first"
+[ -n "${CMAKE+x}" ] || pick_cmake
+
+# Data: the token shards come from scripts/data.sh on the CPU machine; the shapes set of the
+# DiT benchmark is rendered here, as data.sh does.
 for f in data/text/fortunes_byte.train.bin data/text/fortunes_gpt2.train.bin; do
-  [ -f "$f" ] || echo "warning: $f missing: the GPT tests and benchmark need data/text from scripts/data.sh"
+  [ -f "$f" ] || echo "warning: $f missing: the GPT tests and benchmark need data/text/ (scripts/data.sh on the CPU machine, carried here)"
 done
 if ! ls data/shapes/base.train-*.tar > /dev/null 2>&1 || [ ! -f data/shapes/vocab.txt ]; then
   say "rendering data/shapes/base (flowrun prep shapes + prep images, as scripts/data.sh)"
-  rm -rf data/shapes/base-png && mkdir -p data/shapes
+  rm -rf data/shapes/base-png data/shapes/base.*.tar && mkdir -p data/shapes
   "$BUILD/engine/flowrun" prep shapes data/shapes/base-png --set base --count 3000 --size 32 --seed 1 > /dev/null
   "$BUILD/engine/flowrun" prep images data/shapes/base-png data/shapes/base --val-fraction 0.05 --seed 1 > /dev/null
   cp data/shapes/base-png/vocab.txt data/shapes/vocab.txt
 fi
 
-# 3. Tests.
-status=0
-say "ctest -L gpu"
-ctest --test-dir "$BUILD" -L gpu --output-on-failure 2>&1 | tee "$RESULTS/ctest-gpu.log" || status=1
-say "engine tests (stream ordering, executor) in the CUDA build"
-ctest --test-dir "$BUILD" -L engine 2>&1 | tail -3 | tee "$RESULTS/ctest-engine.log" || status=1
+# ---- 2. tests -------------------------------------------------------------------------------
+status=0 ctest_gpu=- ctest_engine=-
+if want test; then
+  say "ctest -L gpu"
+  set +e
+  "${CTEST[@]}" --test-dir "$BUILD" -L gpu --no-tests=error --output-on-failure > "$RESULTS/ctest-gpu.log" 2>&1
+  ctest_gpu=$?
+  tail -25 "$RESULTS/ctest-gpu.log"
+  say "ctest -L engine (stream ordering, executor) in the CUDA build"
+  "${CTEST[@]}" --test-dir "$BUILD" -L engine --no-tests=error --output-on-failure > "$RESULTS/ctest-engine.log" 2>&1
+  ctest_engine=$?
+  set -e
+  grep -E "tests passed|tests failed" "$RESULTS/ctest-engine.log" || tail -5 "$RESULTS/ctest-engine.log"
+  [ $ctest_gpu = 0 ] && [ $ctest_engine = 0 ] || status=1
+fi
 
-# 4. Benchmarks, table last.
-say "benchmarks (bench/gpu_gpt2.py)"
-bench_status=0
-$PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --compile --dit --out "$RESULTS/bench.md" \
-  > "$RESULTS/bench.log" 2>&1 || bench_status=$?
-[ $bench_status = 0 ] || { tail -30 "$RESULTS/bench.log"; echo "benchmark failed (exit $bench_status)"; status=1; }
+# ---- 3. benchmarks, table last --------------------------------------------------------------
+bench=-
+if want bench; then
+  say "benchmarks: $PY bench/gpu_gpt2.py (log: $RESULTS/bench.log)"
+  rm -f "$RESULTS/bench.md"
+  set +e
+  # shellcheck disable=SC2086  # BENCH_ARGS: extra words on purpose
+  $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --compile --dit --out "$RESULTS/bench.md" ${BENCH_ARGS:-} \
+    2>&1 | tee "$RESULTS/bench.log" | grep -E "^(round|dit round|flowrun failed|flowrun: no run|torch.compile failed|gpu_gpt2.py:)"
+  bench=${PIPESTATUS[0]}
+  set -e
+  [ "$bench" = 0 ] || { tail -30 "$RESULTS/bench.log"; status=1; }
+fi
+
 echo
-echo "GPU: $gpu; PyTorch $torch_version; tests: $([ $status = 0 ] && echo passed || echo FAILED) ($RESULTS/)"
-[ -f "$RESULTS/bench.md" ] && cat "$RESULTS/bench.md"
+echo "GPU: $gpu; PyTorch $torch_version (CUDA $torch_cuda); ctest -L gpu exit $ctest_gpu, -L engine exit $ctest_engine;" \
+  "bench exit $bench; results in $RESULTS/"
+if want bench && [ -f "$RESULTS/bench.md" ]; then cat "$RESULTS/bench.md"; fi
 exit $status
