@@ -88,10 +88,12 @@ bool fused_adamw(OptimizerState& st, const ModelState::Named& params, const Grad
 #endif
 }
 
-void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tensor>& t) {
+// Copies of the saved moments (the given tensors may be aliases their owner goes on changing),
+// on `device`: where the parameter lives (a checkpoint is read onto the CPU).
+void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tensor>& t, const c10::Device& device) {
   auto get = [&](const std::string& suffix, torch::Tensor& dst) {
     auto it = t.find(s.name + suffix);
-    if (it != t.end()) dst = it->second.detach().clone();
+    if (it != t.end()) dst = it->second.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
   };
   get(".exp_avg", s.exp_avg);
   get(".exp_avg_sq", s.exp_avg_sq);
@@ -111,7 +113,11 @@ void OptimizerState::load(const std::map<std::string, torch::Tensor>& t) {
     for (const auto& [k, v] : t) pending[k] = v.detach().clone();
     return;
   }
-  for (Slot& s : slots) load_slot(s, t);
+  // Slots exist once an update ran, with moments where their parameters live.
+  for (Slot& s : slots) {
+    const torch::Tensor& m = s.exp_avg.defined() ? s.exp_avg : s.momentum;
+    load_slot(s, t, m.defined() ? m.device() : c10::Device(c10::kCPU));
+  }
 }
 
 torch::Tensor global_norm(const Grads& grads) {
@@ -134,19 +140,12 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
     st.slots.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i) st.slots[i].name = params[i].first;
     if (!st.pending.empty()) {
-      for (auto& s : st.slots) load_slot(s, st.pending);
+      for (size_t i = 0; i < params.size(); ++i) load_slot(st.slots[i], st.pending, params[i].second.device());
       st.pending.clear();
     }
   } else if (st.slots.size() != params.size()) {
     throw std::runtime_error("the model has " + std::to_string(params.size()) + " trainable parameters, the optimizer " +
                              "state was made for " + std::to_string(st.slots.size()));
-  }
-  // Moments live where their parameter does (a checkpoint loads them onto the CPU).
-  for (size_t i = 0; i < params.size(); ++i) {
-    OptimizerState::Slot& s = st.slots[i];
-    const c10::Device d = params[i].second.device();
-    for (torch::Tensor* m : {&s.exp_avg, &s.exp_avg_sq, &s.momentum})
-      if (m->defined() && m->device() != d) *m = m->to(d);
   }
 
   torch::Tensor norm = global_norm(grads);

@@ -57,7 +57,6 @@ int ThreadStreams::stream(const std::string& name) {
   auto it = ids_.find(name);
   if (it != ids_.end()) return it->second;
   auto s = std::make_unique<Stream>();
-  s->name = name;
   Stream* raw = s.get();
   s->worker = std::thread([raw] {
     for (;;) {
@@ -81,8 +80,6 @@ ThreadStreams::Stream& ThreadStreams::at(int stream) const {
   std::lock_guard<std::mutex> l(mu_);
   return *streams_.at(static_cast<size_t>(stream));
 }
-
-std::string ThreadStreams::name(int stream) const { return at(stream).name; }
 
 void ThreadStreams::enqueue(int stream, std::function<void()> work) {
   Stream& s = at(stream);
@@ -137,6 +134,5 @@ void ThreadStreams::enqueue_current(std::function<void()> work) {
 }
 
 ThreadStreams* ThreadStreams::current() { return tl_streams; }
-int ThreadStreams::current_stream() { return tl_stream; }
 
 }  // namespace flowrun::test

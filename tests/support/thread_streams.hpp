@@ -42,9 +42,6 @@ class ThreadStreams : public DeviceStreams {
   static void enqueue_current(std::function<void()> work);
   // The instance whose begin() is current on this thread (for test nodes).
   static ThreadStreams* current();
-  static int current_stream();
-  // The name of a stream id ("" for the default stream).
-  std::string name(int stream) const;
 
   // What the executor asked for, since construction.
   int waits() const { return waits_.load(); }          // device-side waits enqueued
@@ -53,7 +50,6 @@ class ThreadStreams : public DeviceStreams {
 
  private:
   struct Stream {
-    std::string name;
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::function<void()>> q;
