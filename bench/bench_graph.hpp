@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/torch_setup.hpp"
 #include "executor.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
@@ -24,8 +25,9 @@ inline double time_graph(const std::string& name, const std::string& yaml, int64
   info.last_step = steps;
   info.seed = seed;
   Executor ex(g, Registry::global(), info);
-  RunOptions opt;
+  RunOptions opt = run_options(g);  // run.compute_thread as the CLI runs it
   opt.prefetch = prefetch;
+  opt.on_worker_thread = single_math_thread;
   const auto t0 = std::chrono::steady_clock::now();
   ex.run(opt);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

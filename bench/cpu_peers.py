@@ -8,26 +8,52 @@ Modes:
   eager  one process, --threads intra-op threads: flowrun vs a plain PyTorch loop
   ddp    2 processes on the same cores, global batch as above: `mpirun -np 2 flowrun` (batch
          per rank = half) vs PyTorch DDP (gloo), 1 thread per process
+  wall   fortunes_tiny only: the README's 600-step command, whole process wall time (start-up,
+         evaluation and checkpoints included), against the PyTorch loop's 600 steps (its
+         start-up excluded); flowrun's last val_loss beside it (target <= 2.1 nats/byte)
 Rounds alternate flowrun / PyTorch; each figure is the median over rounds of per-step medians
 (start-up and --warmup steps excluded). The peer trains on random tokens, flowrun on the
 fortunes byte shards of scripts/data.sh: the speed of a step does not depend on the tokens.
 Needs Debian's python3-torch (the same libtorch 1.13 that flowrun links).
 
   /usr/bin/python3 bench/cpu_peers.py                         # gpt_bench, eager and ddp
-  /usr/bin/python3 bench/cpu_peers.py --config fortunes_tiny --modes eager
+  /usr/bin/python3 bench/cpu_peers.py --config fortunes_tiny --modes eager,wall
 """
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import ddp_round, eager_round, flowrun_round, gpt_overrides  # noqa: E402
+from torch_peers import ddp_round, eager_round, flowrun_round, gpt_overrides, loop_seconds  # noqa: E402
 
 CONFIGS = {
     "gpt_bench": dict(layers=4, dim=256, heads=4, vocab=256, context=128, batch=16, bf16=False),
     "fortunes_tiny": dict(layers=2, dim=128, heads=4, vocab=256, context=64, batch=32, bf16=False),
 }
+
+
+README_FORTUNES = ["graphs/gpt.yaml", "data.path=data/text/fortunes_byte", "model.vocab=256", "model.layers=2",
+                   "model.dim=128", "model.heads=4", "model.context=64", "data.seq_len=64", "data.batch=32",
+                   "opt.lr=3e-3", "opt.warmup=50", "opt.min_lr=3e-4", "run.steps=600", "ema.decay=0.99",
+                   "eval.every=200", "evlog.every=200"]  # README.md, as written there
+
+
+def readme_run(flowrun):
+    """The README's fortunes command: (wall seconds of the whole process, last val_loss)."""
+    with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as out:
+        cmd = [flowrun] + README_FORTUNES + ["run.out_dir=" + out, "run.progress=off"]
+        t0 = time.perf_counter()
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        secs = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise RuntimeError("flowrun failed (exit %d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout[-3000:]))
+        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+    return secs, [r["val_loss"] for r in rows if "val_loss" in r][-1]
 
 
 def main():
@@ -46,7 +72,7 @@ def main():
     print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch |")
     print("|---|---|---|---|---|")
     for mode in args.modes.split(","):
-        fl, pt = [], []
+        fl, pt, vals = [], [], []
         for _ in range(args.rounds):
             if mode == "eager":
                 ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=args.threads)
@@ -60,8 +86,18 @@ def main():
                     mpi.append("--allow-run-as-root")
                 fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0])
                 pt.append(ddp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))
+            elif mode == "wall":
+                secs, val = readme_run(args.flowrun)
+                fl.append(secs)
+                vals.append(val)
+                pt.append(loop_seconds(cfg, 600, threads=args.threads))
             else:
                 sys.exit("unknown mode " + mode)
+        if mode == "wall":
+            f, p = statistics.median(fl), statistics.median(pt)
+            print("| %s | wall, 600 steps | %.1f s | %.1f s (val_loss %s) | %.3f |"
+                  % (args.config, p, f, " ".join("%.3f" % v for v in vals), p / f), flush=True)
+            continue
         f, p = 1 / statistics.median(fl), 1 / statistics.median(pt)
         print("| %s | %s | %.2f | %.2f | %.3f |" % (args.config, mode, p, f, f / p), flush=True)
 

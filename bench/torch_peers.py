@@ -127,6 +127,17 @@ def eager_round(cfg, device, steps, warmup, window, compile_it=False, threads=No
     return statistics.median(timed_steps(fwd, model, make_optimizer(model, device), cfg, device, steps, warmup, window))
 
 
+def loop_seconds(cfg, steps, threads=None):
+    """Wall seconds of a plain loop's `steps` steps on the CPU, first step to last (model and
+    data made before the clock starts; the loop's own warm-up steps included, as a run has them)."""
+    if threads:
+        torch.set_num_threads(threads)
+    model = make_model(cfg, "cpu")
+    t0 = time.perf_counter()
+    timed_steps(model, model, make_optimizer(model, "cpu"), cfg, "cpu", steps, 0, steps)
+    return time.perf_counter() - t0
+
+
 def _ddp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP

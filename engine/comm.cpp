@@ -391,6 +391,11 @@ int local_rank() {
     if (const char* s = std::getenv(v); s && *s) return std::atoi(s);
   return 0;
 }
+int local_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"})
+    if (const char* s = std::getenv(v); s && *s) return std::max(1, std::atoi(s));
+  return 1;
+}
 std::string where() {
   return size() > 1 ? "rank " + std::to_string(rank()) + " of " + std::to_string(size()) : "single process";
 }

@@ -41,6 +41,9 @@ int size();
 // This process's index among the ranks on its machine (the launcher's local rank: Open MPI,
 // Slurm, torchrun variables), 0 for a single process. Picks the GPU of `run.device: cuda`.
 int local_rank();
+// How many ranks share this machine (the same launchers' variables), 1 for a single process.
+// Splits the cores: run.threads 0 = cores / local_size().
+int local_size();
 inline bool distributed() { return size() > 1; }
 // "rank 1 of 4" (or "single process"), for messages.
 std::string where();

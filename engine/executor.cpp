@@ -21,6 +21,13 @@
 // events of the dependencies that ran on other streams (same stream: queue order suffices).
 // Values made on another stream are marked as used on the consumer's stream, so the caching
 // allocator keeps them until that stream is done with them.
+//
+// With a compute thread (RunOptions::compute_thread) the nodes whose type does tensor math
+// (schema `compute: true`: forward/backward, optimizer, EMA, evaluator, encoders) do not run on
+// the TBB workers but on the thread that called run(): the function_node hands the instance to
+// that thread and returns, holding the graph's wait open until it is done. Tensor math then comes from one
+// thread, so the math library's thread pool (OpenMP keeps one per calling thread) is one pool,
+// and the workers keep to the nodes that wait (I/O, communication, checkpoint writers).
 #include "executor.hpp"
 
 #include <spdlog/spdlog.h>
@@ -30,8 +37,11 @@
 #include <tbb/task_arena.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <deque>
+#include <exception>
 #include <mutex>
+#include <thread>
 
 #include "comm.hpp"
 #include "registry.hpp"
@@ -115,6 +125,16 @@ struct Executor::Impl : ExecutorCore {
   std::vector<std::unique_ptr<tbb::flow::function_node<Instance*>>> fn;
   std::vector<std::unique_ptr<tbb::flow::function_node<Instance*>>> item_fn;
   tbb::flow::limiter_node<int64_t>* limiter = nullptr;
+  tbb::flow::graph* graph = nullptr;
+
+  // ---- the compute thread (RunOptions::compute_thread): jobs the thread in run() serves ----
+  struct ComputeQueue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> jobs;
+    bool closed = false;
+  } compute;
+  bool use_compute = false;
 
   Impl(const GraphSpec& gs, const Registry& reg, RunInfo ri) : g(gs), info(std::move(ri)) {
     info.graph = &g;
@@ -137,6 +157,7 @@ struct Executor::Impl : ExecutorCore {
       rt->info = &info;
       rt->who = "node '" + ns.name + "' (" + ns.type + ")";
       rt->stateless = t->schema.stateless;
+      rt->compute = t->schema.compute;
       rt->states = &states;
       rt->core = this;
       std::vector<std::pair<int, Access>> acc;
@@ -228,6 +249,65 @@ struct Executor::Impl : ExecutorCore {
   void fire(Instance* i) {
     if (tracer) tracer->counter("nodes ready", ready.fetch_add(1) + 1);
     fn[i->node]->try_put(i);
+  }
+
+  // ---- the compute thread ----
+  // Nodes of compute types run on the compute thread when there is one. The graph's wait stays
+  // reserved until the job is done, so wait_for_all() cannot return while the compute thread
+  // still holds work that will fire more instances.
+  bool on_compute(int node) const { return use_compute && rts[node]->compute; }
+
+  template <class F>
+  void dispatch(int node, F f) {
+    if (!on_compute(node)) {
+      worker_thread_init();
+      return f();
+    }
+    graph->reserve_wait();
+    {
+      std::lock_guard<std::mutex> l(compute.mu);
+      compute.jobs.push_back([this, f] {
+        struct Release {
+          tbb::flow::graph* g;
+          ~Release() { g->release_wait(); }
+        } release{graph};
+        f();
+      });
+    }
+    compute.cv.notify_one();
+  }
+
+  // The loop of the thread that called run(): jobs in arrival order until closed.
+  void serve_compute() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> l(compute.mu);
+        compute.cv.wait(l, [&] { return !compute.jobs.empty() || compute.closed; });
+        if (compute.jobs.empty()) return;
+        job = std::move(compute.jobs.front());
+        compute.jobs.pop_front();
+      }
+      job();
+    }
+  }
+
+  void close_compute() {
+    {
+      std::lock_guard<std::mutex> l(compute.mu);
+      compute.closed = true;
+    }
+    compute.cv.notify_all();
+  }
+
+  // RunOptions::on_worker_thread, once per worker thread and run (TBB keeps its threads
+  // between runs; each run has its own number).
+  uint64_t run_id = 0;
+  void worker_thread_init() {
+    thread_local uint64_t done_for = 0;
+    if (!use_compute || !opt->on_worker_thread || done_for == run_id) return;
+    done_for = run_id;
+    opt->on_worker_thread();
   }
 
   void execute(Instance* i) {
@@ -526,37 +606,65 @@ struct Executor::Impl : ExecutorCore {
     tbb::global_control allow(tbb::global_control::max_allowed_parallelism,
                               std::max<size_t>(workers, tbb::info::default_concurrency()));
     tbb::task_arena arena(workers);
-    arena.execute([&] {
-      tbb::flow::graph graph;
+    static std::atomic<uint64_t> runs{0};
+    run_id = ++runs;
+    use_compute = o.compute_thread;
+    compute.jobs.clear();
+    compute.closed = false;
+    auto drive = [&] {
+      arena.execute([&] {
+      tbb::flow::graph g;
+      graph = &g;
       int64_t next = info.first_step;
-      tbb::flow::input_node<int64_t> source(graph, [&](tbb::flow_control& fc) -> int64_t {
+      tbb::flow::input_node<int64_t> source(g, [&](tbb::flow_control& fc) -> int64_t {
         if (next > info.last_step || failed.load() || (o.stop && o.stop->load() > 0)) {
           fc.stop();
           return 0;
         }
         return next++;
       });
-      tbb::flow::limiter_node<int64_t> lim(graph, static_cast<size_t>(window));
+      tbb::flow::limiter_node<int64_t> lim(g, static_cast<size_t>(window));
       limiter = &lim;
-      tbb::flow::function_node<int64_t> admitter(graph, tbb::flow::serial, [&](int64_t s) { admit(s); });
+      tbb::flow::function_node<int64_t> admitter(g, tbb::flow::serial, [&](int64_t s) { admit(s); });
       tbb::flow::make_edge(source, lim);
       tbb::flow::make_edge(lim, admitter);
       fn.clear();
       item_fn.clear();
       for (int i = 0; i < n; ++i) {
         size_t conc = rts[i]->stateless ? tbb::flow::unlimited : tbb::flow::serial;
-        fn.emplace_back(new tbb::flow::function_node<Instance*>(graph, conc, [this](Instance* x) { execute(x); }));
+        fn.emplace_back(new tbb::flow::function_node<Instance*>(
+            g, conc, [this](Instance* x) { dispatch(x->node, [this, x] { execute(x); }); }));
         item_fn.emplace_back(rts[i]->has_stream_inputs
-                                 ? new tbb::flow::function_node<Instance*>(graph, tbb::flow::serial,
-                                                                           [this](Instance* x) { run_items(x); })
+                                 ? new tbb::flow::function_node<Instance*>(
+                                       g, tbb::flow::serial,
+                                       [this](Instance* x) { dispatch(x->node, [this, x] { run_items(x); }); })
                                  : nullptr);
       }
       source.activate();
-      graph.wait_for_all();
+      g.wait_for_all();
       fn.clear();
       item_fn.clear();
       limiter = nullptr;
-    });
+      graph = nullptr;
+      });
+    };
+    if (!use_compute) {
+      drive();
+    } else {
+      // The graph runs on a driver thread; this thread serves the compute jobs until it ends.
+      std::exception_ptr drive_error;
+      std::thread driver([&] {
+        try {
+          drive();
+        } catch (...) {
+          drive_error = std::current_exception();
+        }
+        close_compute();
+      });
+      serve_compute();
+      driver.join();
+      if (drive_error) std::rethrow_exception(drive_error);
+    }
     stats.last_step_done = lo.load() - 1;
     stats.stopped = !failed.load() && stats.last_step_done < info.last_step;
     // The host saw every step "done" when its work was queued; finish() and the caller see
@@ -606,6 +714,7 @@ RunOptions run_options(const GraphSpec& g) {
   RunOptions o;
   o.prefetch = g.run["prefetch"].as<int>();
   o.workers = g.run["workers"].as<int>();
+  o.compute_thread = g.run["compute_thread"].as<bool>();
   return o;
 }
 

@@ -38,6 +38,13 @@ struct RunOptions {
   // Device streams (device_streams.hpp): nodes enqueue work on their graph stream and the
   // executor orders streams with events. nullptr (CPU): nodes run synchronously.
   DeviceStreams* streams = nullptr;
+  // Run the nodes of compute types (schema `compute: true`) on the thread that calls run()
+  // instead of the workers: tensor math from one thread, so the math library keeps one thread
+  // pool (run.compute_thread). The other nodes (readers, comm, checkpoints) stay on the workers.
+  bool compute_thread = false;
+  // With compute_thread: called once on each worker thread before the first node it runs
+  // (the CLI limits the math library to one thread there: workers run I/O, not math).
+  std::function<void()> on_worker_thread;
 };
 
 struct RunStats {

@@ -51,6 +51,7 @@ class NodeRuntime {
   const RunInfo* info = nullptr;
   std::string who;  // "node 'opt' (optimizer)"
   bool stateless = false;
+  bool compute = false;  // schema `compute: true`: runs on the compute thread when there is one
   bool has_stream_inputs = false;
   DeviceStreams* streams = nullptr;  // set for a run with device streams (RunOptions::streams)
   int stream = -1;                   // this node's stream id there

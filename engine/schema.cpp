@@ -274,12 +274,13 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     throw GraphError(diags);
   }
   SchemaReader r{origin, diags};
-  r.unknown_keys(root, {"type", "doc", "stateless", "inputs", "outputs", "params", "node"}, "schema");
+  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "inputs", "outputs", "params", "node"}, "schema");
   if (!root["type"]) diags.error({origin, 1, 1}, "type", "the schema must name its node type: type: NAME");
   try {
     if (root["type"]) s.type = root["type"].as<std::string>();
     if (root["doc"]) s.doc = root["doc"].as<std::string>();
     if (root["stateless"]) s.stateless = root["stateless"].as<bool>();
+    if (root["compute"]) s.compute = root["compute"].as<bool>();
     s.inputs = r.ports(root["inputs"], true, "inputs");
     s.outputs = r.ports(root["outputs"], false, "outputs");
     if (const YAML::Node& p = root["params"]; p && p.IsMap()) {
@@ -435,7 +436,7 @@ std::string describe(const NodeSchema& s) {
   o << s.type << (s.origin == "built-in" ? "" : "  [from " + s.origin + "]") << "\n";
   if (!s.doc.empty()) o << "  " << s.doc << "\n";
   o << "  scheduling: " << (s.stateless ? "stateless (steps may run in parallel)" : "serial (one step at a time, in order)")
-    << "\n";
+    << (s.compute ? ", tensor math (on the compute thread)" : "") << "\n";
   auto ports = [&](const char* title, const std::vector<PortSchema>& v) {
     if (v.empty()) return;
     o << "\n" << title << ":\n";

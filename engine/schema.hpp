@@ -6,6 +6,7 @@
 //   type: optimizer
 //   doc: One line that says what the node does.
 //   stateless: false          # true: may run several steps at once (no per-step order)
+//   compute: true             # its run() is tensor math: runs on the compute thread
 //   inputs:
 //     grads: { kind: value, type: grads, doc: ... }
 //     model: { kind: state, access: write, type: params }
@@ -73,6 +74,7 @@ struct NodeSchema {
   std::string type;
   std::string doc;
   bool stateless = false;
+  bool compute = false;  // tensor math: on the compute thread (RunOptions::compute_thread)
   std::vector<PortSchema> inputs, outputs;
   std::vector<ParamSchema> params;
   std::string origin = "built-in";  // or the plugin file it came from

@@ -26,6 +26,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   graphviz                                  # flowrun dot | dot -Tsvg, and its test
   fortunes                                  # English text for the GPT demo and tests
+  python3-torch                             # the benchmarks' PyTorch peers (bench/cpu_peers.py), same libtorch
 )
 missing=()
 for p in "${packages[@]}"; do

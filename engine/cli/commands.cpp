@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <thread>
 
 #include "comm.hpp"
 #include "comm/startup.hpp"
@@ -160,7 +161,12 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   const YAML::Node& run = g.run;
   RunInfo info = run_info(g);
-  configure_torch(run["threads"].as<int>(), info.seed);
+  // run.threads 0: the cores, shared by the ranks on this machine (mpirun -np 2 on 2 cores: one
+  // each, the same total as one process).
+  int threads = run["threads"].as<int>();
+  if (threads == 0 && comm::local_size() > 1)
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / comm::local_size());
+  configure_torch(threads, info.seed);
   // run.device, resolved once here (nodes resolve it the same way): a request this build or
   // machine cannot honour stops the run before any node is made.
   std::unique_ptr<DeviceStreams> streams;
@@ -214,6 +220,7 @@ int cmd_run(const std::vector<std::string>& args) {
     opt.stop = &g_sigint;
     opt.streams = streams.get();
     opt.on_step_done = [&](int64_t s) { progress.step_done(s); };
+    opt.on_worker_thread = single_math_thread;  // with run.compute_thread: the math is here
     // With other ranks waiting on this one, a failure ends the job now, naming rank and node.
     if (comm::distributed())
       opt.on_error = [](const NodeError& e) { comm::abort_job(comm::where() + ": " + e.what()); };

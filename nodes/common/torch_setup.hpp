@@ -3,6 +3,10 @@
 #include <cstdint>
 
 namespace flowrun {
-// Intra-op threads for tensor math (0 = number of cores) and the global seed.
+// Intra-op threads for tensor math on the calling thread (0 = number of cores), and the global
+// seed. Call it on the thread that runs the math: the compute thread (RunOptions::compute_thread).
 void configure_torch(int threads, uint64_t seed);
+// One intra-op thread on the calling thread only: the executor's workers when the compute
+// thread runs the math (RunOptions::on_worker_thread).
+void single_math_thread();
 }  // namespace flowrun

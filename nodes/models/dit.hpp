@@ -47,6 +47,7 @@
 #include <utility>
 
 #include "common/tensor_map.hpp"
+#include "models/gelu_tanh.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
 
@@ -189,7 +190,7 @@ class GeluProjImpl : public torch::nn::Cloneable<GeluProjImpl> {
  public:
   GeluProjImpl(int64_t in, int64_t out) : in_(in), out_(out) { reset(); }
   void reset() override { proj = register_module("proj", lora::Linear(in_, out_)); }
-  torch::Tensor forward(const torch::Tensor& x) { return torch::gelu(proj(x), "tanh"); }
+  torch::Tensor forward(const torch::Tensor& x) { return gelu_tanh(proj(x)); }
   lora::Linear proj{nullptr};
 
  private:

@@ -14,6 +14,7 @@
 #include "common/seed.hpp"
 #include "models/attention.hpp"
 #include "models/dropout.hpp"
+#include "models/gelu_tanh.hpp"
 #include "registry.hpp"
 
 namespace flowrun::gpt {
@@ -83,8 +84,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
   const int64_t H = heads_, D = dim_ / heads_;
   // The fused projection's columns are q | k | v, each split into heads. One copy turns
   // [B*T, 3*dim] = [B, T, 3, H, D] into [3, B, H, T, D], so q, k and v are each contiguous
-  // [B*H, T, D] for bmm (one copy instead of one per tensor; same in backward).
-  torch::Tensor qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous();
+  // [B*H, T, D] for bmm (one copy instead of one per tensor; same in backward: unbind's
+  // backward stacks the three gradients in one pass, where three selects would each fill a
+  // zero tensor of the whole size).
+  const std::vector<torch::Tensor> qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().unbind(0);
   torch::Tensor q = qkv[0].view({B * H, T, D});
   torch::Tensor k = qkv[1].view({B * H, T, D});
   torch::Tensor v = qkv[2].view({B * H, T, D});
@@ -112,8 +115,8 @@ void MlpImpl::reset() {
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  // GPT-2's "gelu_new" is the tanh approximation.
-  return flowrun::dropout(c_proj(torch::gelu(c_fc(x), "tanh")), dropout_);
+  // GPT-2's "gelu_new" is the tanh approximation (fused on the CPU: gelu_tanh.hpp).
+  return flowrun::dropout(c_proj(gelu_tanh(c_fc(x))), dropout_);
 }
 
 void BlockImpl::reset() {

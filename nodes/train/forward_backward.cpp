@@ -290,12 +290,18 @@ class ForwardBackwardNode : public Node {
     o.hooks = hooks_;
     o.buffer = params.empty() ? nullptr : take_buffer(params);
     // Each parameter once, as its gradient becomes final: allreduce reduces buckets meanwhile.
+    // With one process there is nothing to reduce during backward: all of them after it, in
+    // the buffer's order, rather than waking a worker for each parameter while backward runs.
     const int count = static_cast<int>(params.size());
+    const bool overlap = ctx.run().world > 1;
     int index = 0;
-    o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
-      ctx.emit("ready", GradReady{param, used, buffer}, index++, count);
-    };
+    if (overlap)
+      o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
+        ctx.emit("ready", GradReady{param, used, buffer}, index++, count);
+      };
     FwdBwdResult r = forward_backward(model, batch, objective_.loss, o);
+    if (!overlap)
+      for (int k = count; k-- > 0;) ctx.emit("ready", GradReady{k, r.grads[static_cast<size_t>(k)].defined(), o.buffer}, index++, count);
     ctx.out("loss", r.loss);
     ctx.out("grads", std::move(r.grads));
     ctx.out("tokens", objective_.targets(batch));

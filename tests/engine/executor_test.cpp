@@ -27,7 +27,7 @@ struct RandNode {
 
 // A random graph of test nodes: one source, a few state cells, ops/readers/writers with random
 // value edges, random state accesses, some periodic, random sleeps.
-std::vector<RandNode> random_graph(std::mt19937& rng, int cells) {
+std::vector<RandNode> random_graph(std::mt19937& rng, int cells, bool math = false) {
   std::vector<RandNode> g;
   g.push_back({"src", "t_source", {}, -1, 0, static_cast<int>(rng() % 100)});
   const int m = 4 + static_cast<int>(rng() % 6);
@@ -36,6 +36,7 @@ std::vector<RandNode> random_graph(std::mt19937& rng, int cells) {
     RandNode n;
     n.name = "n" + std::to_string(i);
     n.type = types[rng() % 6];
+    if (math && n.type == "t_op" && rng() % 2 == 0) n.type = "t_math";  // on the compute thread
     // Value inputs only from non-periodic producers (a periodic value needs a periodic reader).
     std::vector<int> candidates;
     for (size_t j = 0; j < g.size(); ++j)
@@ -89,7 +90,7 @@ std::map<std::pair<std::string, int64_t>, int64_t> sequential(const std::vector<
       if (n.type == "t_source") {
         out[i] = s * 1000 + n.k;
         rec[{n.name, s}] = out[i];
-      } else if (n.type == "t_op" || n.type == "t_par") {
+      } else if (n.type == "t_op" || n.type == "t_par" || n.type == "t_math") {
         out[i] = s * 1000 + sum % 1000;
         rec[{n.name, s}] = out[i];
       } else {
@@ -126,6 +127,101 @@ TEST(Executor, RandomGraphsMatchTheSequentialProgram) {
     for (const auto& [key, v] : expect)
       ASSERT_EQ(got[key], v) << "node " << key.first << " step " << key.second << " trial " << trial << "\n" << yaml;
   }
+}
+
+// The same with some nodes on the compute thread (RunOptions::compute_thread), handed there
+// from the workers and completing from there.
+TEST(Executor, RandomGraphsWithAComputeThreadMatchTheSequentialProgram) {
+  std::mt19937 rng(777);
+  for (int trial = 0; trial < 25; ++trial) {
+    const int cells = 1 + static_cast<int>(rng() % 3);
+    const int steps = 20 + static_cast<int>(rng() % 20);
+    const int prefetch = static_cast<int>(rng() % 5);
+    const int workers = 2 + static_cast<int>(rng() % 3);
+    auto g = random_graph(rng, cells, /*math=*/true);
+    std::string yaml = to_yaml(g, cells, steps, prefetch, workers);
+    Recorder::get().clear();
+    test::run_graph_text(yaml);
+    auto expect = sequential(g, cells, steps);
+    std::map<std::pair<std::string, int64_t>, int64_t> got;
+    for (const auto& e : Recorder::get().events()) got[{e.node, e.step}] = e.value;
+    ASSERT_EQ(Recorder::get().violations(), 0) << "overlapping write in trial " << trial << "\n" << yaml;
+    ASSERT_EQ(got.size(), expect.size()) << yaml;
+    for (const auto& [key, v] : expect)
+      ASSERT_EQ(got[key], v) << "node " << key.first << " step " << key.second << " trial " << trial << "\n" << yaml;
+  }
+}
+
+// run.compute_thread: nodes of compute types run on the thread that called run() (one thread
+// for the tensor math: one OpenMP team), everything else on the workers, which get
+// on_worker_thread once each; a reader on the workers still runs ahead of the math.
+TEST(Executor, ComputeNodesRunOnTheCallingThreadAndReadersOverlapThem) {
+  const char* yaml = R"(flowrun: 1
+run: { steps: 30, prefetch: 2, workers: 2 }
+nodes:
+  reader: { type: t_source, with: { sleep_ms: 20 } }
+  train: { type: t_math, in: { in: [reader.out] }, with: { sleep_us: 20000 } }
+  opt: { type: t_math, in: { in: [train.out] } }
+  log: { type: t_op, in: { in: [opt.out] } }
+)";
+  std::mutex mu;
+  std::set<std::thread::id> initialised;
+  int inits = 0;
+  RunOptions opt;
+  opt.on_worker_thread = [&] {
+    std::lock_guard<std::mutex> l(mu);
+    initialised.insert(std::this_thread::get_id());
+    ++inits;
+  };
+  Recorder::get().clear();
+  auto t0 = std::chrono::steady_clock::now();
+  test::run_graph_text(yaml, {}, opt);
+  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto me = std::this_thread::get_id();
+  std::set<std::thread::id> worker_threads;
+  for (const auto& e : Recorder::get().events()) {
+    if (e.node == "train" || e.node == "opt") {
+      EXPECT_EQ(e.thread, me) << e.node << " step " << e.step << " ran on a worker";
+    } else {
+      EXPECT_NE(e.thread, me) << e.node << " step " << e.step << " ran on the compute thread";
+      worker_threads.insert(e.thread);
+    }
+  }
+  EXPECT_EQ(Recorder::get().events().size(), 4u * 30);
+  // Each worker was set up once, before its first node; never the compute thread.
+  EXPECT_EQ(initialised.size(), static_cast<size_t>(inits));
+  EXPECT_EQ(initialised.count(me), 0u);
+  for (const auto& w : worker_threads) EXPECT_EQ(initialised.count(w), 1u);
+  // The reader (20 ms) runs ahead while the compute thread trains (20 ms): ~0.6 s, not 1.2.
+  const double serial = 30 * 0.040;
+  EXPECT_LT(t, 0.75 * serial) << "took " << t << " s; serial is " << serial << " s";
+
+  // Off: compute types run on the workers like any node, and workers keep their settings.
+  Recorder::get().clear();
+  inits = 0;
+  test::run_graph_text(yaml, {"run.compute_thread=false", "run.steps=5"}, opt);
+  EXPECT_EQ(inits, 0);
+}
+
+TEST(Executor, AFailureOnTheComputeThreadStopsTheRunWithNodeAndStep) {
+  const char* yaml = R"(flowrun: 1
+run: { steps: 1000, prefetch: 2 }
+nodes:
+  src: { type: t_source, with: { sleep_ms: 2 } }
+  boom: { type: t_math, in: { in: [src.out] }, with: { fail_at: 5 } }
+  after: { type: t_math, in: { in: [boom.out] } }
+)";
+  Recorder::get().clear();
+  try {
+    test::run_graph_text(yaml);
+    FAIL() << "expected NodeError";
+  } catch (const NodeError& e) {
+    EXPECT_EQ(std::string(e.what()), "node 'boom' (t_math) failed at step 5: boom (test failure)");
+    EXPECT_EQ(e.step, 5);
+  }
+  int64_t max_step = 0;
+  for (const auto& e : Recorder::get().events()) max_step = std::max(max_step, e.step);
+  EXPECT_LE(max_step, 5 + 3);
 }
 
 TEST(Executor, PrefetchOverlapsReaderAndConsumer) {

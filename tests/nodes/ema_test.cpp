@@ -140,13 +140,15 @@ TEST(EmaNode, OverlapsTheNextForwardButNeverTheOptimizer) {
   // wrote it and before opt of step s+1 writes it again (never at the same time as an opt
   // span), while forward_backward of step s+1 (another reader) may run beside it. The model is
   // big enough (~1M parameters) that the EMA's update takes about as long as a forward.
+  // Every node on the workers (run.compute_thread: false): with the compute thread, the
+  // default, tensor-math nodes run one after the other on that thread, so nothing overlaps.
   Tracer tracer;
   tracer.enable(true);
   RunOptions opt;
   opt.tracer = &tracer;
   auto r = test::run_graph_text(R"(
 flowrun: 1
-run: { steps: 30, seed: 1, prefetch: 2, workers: 2 }
+run: { steps: 30, seed: 1, prefetch: 2, workers: 2, compute_thread: false }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 256, out_dim: 1, batch: 64, hidden: 8 } }
   model: { type: mlp, with: { in_dim: 256, hidden: 512, layers: 4, out_dim: 1 } }

@@ -16,10 +16,10 @@ struct Toy {
   torch::nn::Linear lin{nullptr};
 };
 
-Toy toy(uint64_t seed = 0) {
+Toy toy(uint64_t seed = 0, int64_t in = 4, int64_t out = 3) {
   torch::manual_seed(seed);
   Toy t;
-  t.lin = torch::nn::Linear(4, 3);
+  t.lin = torch::nn::Linear(in, out);
   t.model = std::make_shared<ModelState>(
       t.lin.ptr(), [](torch::nn::Module& m, const TensorMap& b) { return m.as<torch::nn::LinearImpl>()->forward(b.at("x")); },
       "toy");
@@ -65,6 +65,41 @@ TEST(Optimizer, AdamwMatchesTorchAdamw) {
   EXPECT_TRUE(torch::allclose(ours.lin->bias, ref.lin->bias, 1e-6, 1e-7));
   EXPECT_EQ(st.updates, 6);
   EXPECT_EQ(st.slots[0].step, 6);
+}
+
+TEST(Optimizer, AdamwOnLargeTensorsWithClippingMatchesTorch) {
+  // 300 x 257 weights and 257 biases: the CPU kernel's vector body, its scalar tail and several
+  // parallel chunks; clipping on (the grads' norm is far above 1), so the clip factor enters.
+  Toy ours = toy(3, 300, 257), ref = toy(3, 300, 257);
+  OptimizerState st;
+  OptimConfig cfg;
+  cfg.beta1 = 0.9;
+  cfg.beta2 = 0.95;
+  cfg.weight_decay = 0.1;
+  cfg.clip = 1.0;
+  const double lr = 1e-3;
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  auto o_decay = std::make_unique<torch::optim::AdamWOptions>(lr);
+  o_decay->betas({0.9, 0.95}).eps(1e-8).weight_decay(0.1);
+  auto o_plain = std::make_unique<torch::optim::AdamWOptions>(lr);
+  o_plain->betas({0.9, 0.95}).eps(1e-8).weight_decay(0.0);
+  groups.emplace_back(std::vector<torch::Tensor>{ref.lin->weight}, std::move(o_decay));
+  groups.emplace_back(std::vector<torch::Tensor>{ref.lin->bias}, std::move(o_plain));
+  torch::optim::AdamW torch_opt(groups, torch::optim::AdamWOptions(lr));
+  for (int64_t step = 1; step <= 5; ++step) {
+    Grads g = random_grads(*ours.model, step);
+    optimizer_update(st, ours.model->named_parameters(true), g, cfg, lr);
+    ref.lin->weight.mutable_grad() = g[0].clone();
+    ref.lin->bias.mutable_grad() = g[1].clone();
+    torch::nn::utils::clip_grad_norm_(std::vector<torch::Tensor>{ref.lin->weight, ref.lin->bias}, 1.0);
+    torch_opt.step();
+  }
+  EXPECT_TRUE(torch::allclose(ours.lin->weight, ref.lin->weight, 1e-5, 1e-7))
+      << (ours.lin->weight - ref.lin->weight).abs().max().item<float>();
+  EXPECT_TRUE(torch::allclose(ours.lin->bias, ref.lin->bias, 1e-5, 1e-7));
+  const auto& ref_state = static_cast<const torch::optim::AdamWParamState&>(
+      *torch_opt.state().at(c10::guts::to_string(ref.lin->weight.unsafeGetTensorImpl())));
+  EXPECT_TRUE(torch::allclose(st.slots[0].exp_avg_sq, ref_state.exp_avg_sq(), 1e-5, 1e-12));
 }
 
 TEST(Optimizer, SgdMomentumMatchesTorchSgd) {

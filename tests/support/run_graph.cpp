@@ -49,6 +49,7 @@ RunResult run_graph_text(const std::string& yaml, const std::vector<std::string>
   const RunOptions from_graph = run_options(g);  // set them in the graph (or overrides), not here
   o.prefetch = from_graph.prefetch;
   o.workers = from_graph.workers;
+  o.compute_thread = from_graph.compute_thread;
   r.stats = ex.run(o);
   r.metrics = read_jsonl(info.out_dir + "/metrics.jsonl");
   return r;

@@ -22,6 +22,7 @@ void Recorder::clear() {
   t0_ = std::chrono::steady_clock::now();
 }
 void Recorder::add(Event e) {
+  e.thread = std::this_thread::get_id();
   std::lock_guard<std::mutex> l(mu_);
   ev_.push_back(std::move(e));
 }
@@ -66,14 +67,16 @@ class Source : public Node {
 };
 
 class Op : public Node {
-  int64_t sleep_us_ = 0, jitter_us_ = 0;
+  int64_t sleep_us_ = 0, jitter_us_ = 0, fail_at_ = 0;
 
  public:
   void setup(SetupContext& c) override {
     sleep_us_ = c.params().get<int64_t>("sleep_us");
     jitter_us_ = c.params().get<int64_t>("jitter_us");
+    if (c.params().has("fail_at")) fail_at_ = c.params().get<int64_t>("fail_at");
   }
   void run(StepContext& c) override {
+    if (c.step() == fail_at_) throw std::runtime_error("boom (test failure)");
     double t0 = Recorder::get().now_ms();
     sleep_us(jittered(c.name(), c.step(), sleep_us_, jitter_us_));
     int64_t sum = 0;
@@ -343,6 +346,9 @@ outputs: { out: { kind: value, type: int } }
 params:)";
   r.add("type: t_op\ndoc: test op" + op_ports + kSleepParams, [] { return std::make_unique<Op>(); }, origin);
   r.add("type: t_par\nstateless: true\ndoc: stateless test op" + op_ports + kSleepParams,
+        [] { return std::make_unique<Op>(); }, origin);
+  r.add("type: t_math\ncompute: true\ndoc: test op of a compute type (runs on the compute thread)" + op_ports +
+            kSleepParams + "\n  fail_at: { type: int, default: 0, min: 0, doc: \"throw at this step (0: never)\" }",
         [] { return std::make_unique<Op>(); }, origin);
   r.add(R"(type: t_cell
 doc: owns a test state cell

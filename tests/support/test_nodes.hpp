@@ -3,6 +3,7 @@
 //   t_source   out: value int = step*1000 + k                    params: k, sleep_ms
 //   t_op       in: list of int values -> out = step*1000 + sum(in) % 1000 (serial)
 //   t_par      same as t_op but stateless (steps may run in parallel)
+//   t_math     same as t_op, of a compute type (runs on the compute thread); fail_at: throws there
 //   t_cell     owns state `cell` (a Cell: version counter)
 //   t_read     reads state `s`, records the version it saw          params: sleep_us
 //   t_write    writes state `s`: records the version, then bumps it  params: sleep_us
@@ -22,6 +23,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,7 @@ struct Event {
   std::string what;  // "read", "write", "out", "item", "run"
   int64_t value;
   double t0_ms, t1_ms;  // since the recorder was cleared
+  std::thread::id thread = {};  // where it ran (Recorder::add fills it in)
 };
 
 // What test nodes saw, across threads.

@@ -15,6 +15,7 @@ namespace {
 
 const char* kSchema = R"yaml(type: lion
 doc: "Lion optimizer (sign of an interpolated momentum); a plugin drop-in for the optimizer node."
+compute: true
 inputs:
   grads: { kind: value, type: grads, doc: "gradients aligned with the model's trainable parameters" }
   model: { kind: state, access: write, type: params, doc: "the model whose trainable parameters are updated" }
