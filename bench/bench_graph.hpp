@@ -27,7 +27,7 @@ inline double time_graph(const std::string& name, const std::string& yaml, int64
   Executor ex(g, Registry::global(), info);
   RunOptions opt = run_options(g);  // run.compute_thread as the CLI runs it
   opt.prefetch = prefetch;
-  opt.on_worker_thread = single_math_thread;
+  opt.on_worker_thread = worker_thread_setup;
   const auto t0 = std::chrono::steady_clock::now();
   ex.run(opt);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

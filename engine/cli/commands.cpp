@@ -220,7 +220,7 @@ int cmd_run(const std::vector<std::string>& args) {
     opt.stop = &g_sigint;
     opt.streams = streams.get();
     opt.on_step_done = [&](int64_t s) { progress.step_done(s); };
-    opt.on_worker_thread = single_math_thread;  // with run.compute_thread: the math is here
+    opt.on_worker_thread = worker_thread_setup;  // with run.compute_thread: the math is here
     // With other ranks waiting on this one, a failure ends the job now, naming rank and node.
     if (comm::distributed())
       opt.on_error = [](const NodeError& e) { comm::abort_job(comm::where() + ": " + e.what()); };

@@ -1,6 +1,9 @@
 #include "common/torch_setup.hpp"
 
 #include <dlfcn.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <thread>
@@ -23,7 +26,11 @@ void configure_torch(int threads, uint64_t seed) {
 // torch's lazy setup of this thread has run and will not undo it. Without an OpenMP runtime
 // (a torch built without it) at::set_num_threads(1) is the only knob, and it is process-wide
 // for threads that start later; this thread is the one that matters.
-void single_math_thread() {
+void worker_thread_setup() {
+  // A thread's own nice value (Linux: setpriority on the thread id). A worker preempting one of
+  // the compute team's threads stalls the whole team at its next barrier; at nice 5 the
+  // scheduler gives the worker about a third of a core's share while the team is busy.
+  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 5);
   (void)at::get_num_threads();
   using SetNumThreads = void (*)(int);
   static const auto omp_set_num_threads = reinterpret_cast<SetNumThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));

@@ -6,7 +6,8 @@ namespace flowrun {
 // Intra-op threads for tensor math on the calling thread (0 = number of cores), and the global
 // seed. Call it on the thread that runs the math: the compute thread (RunOptions::compute_thread).
 void configure_torch(int threads, uint64_t seed);
-// One intra-op thread on the calling thread only: the executor's workers when the compute
-// thread runs the math (RunOptions::on_worker_thread).
-void single_math_thread();
+// For the executor's workers when the compute thread runs the math (RunOptions::on_worker_thread),
+// on the calling thread only: one intra-op thread, and a lower scheduling priority (nice +5), so
+// readers and decoders that run ahead take the cores the compute thread leaves, not its own.
+void worker_thread_setup();
 }  // namespace flowrun
