@@ -25,9 +25,10 @@
 // With a compute thread (RunOptions::compute_thread) the nodes whose type does tensor math
 // (schema `compute: true`: forward/backward, optimizer, EMA, evaluator, encoders) do not run on
 // the TBB workers but on the thread that called run(): the function_node hands the instance to
-// that thread and returns, holding the graph's wait open until it is done. Tensor math then comes from one
-// thread, so the math library's thread pool (OpenMP keeps one per calling thread) is one pool,
-// and the workers keep to the nodes that wait (I/O, communication, checkpoint writers).
+// that thread and returns, holding the graph's wait open until it is done. Tensor math then
+// comes from one thread, so the math library's thread pool (OpenMP keeps one per calling
+// thread) is one pool, and the workers keep to the nodes that wait (I/O, communication,
+// checkpoints). The graph itself then runs on a driver thread.
 #include "executor.hpp"
 
 #include <spdlog/spdlog.h>
@@ -613,39 +614,38 @@ struct Executor::Impl : ExecutorCore {
     compute.closed = false;
     auto drive = [&] {
       arena.execute([&] {
-      tbb::flow::graph g;
-      graph = &g;
-      int64_t next = info.first_step;
-      tbb::flow::input_node<int64_t> source(g, [&](tbb::flow_control& fc) -> int64_t {
-        if (next > info.last_step || failed.load() || (o.stop && o.stop->load() > 0)) {
-          fc.stop();
-          return 0;
+        tbb::flow::graph g;
+        graph = &g;
+        int64_t next = info.first_step;
+        tbb::flow::input_node<int64_t> source(g, [&](tbb::flow_control& fc) -> int64_t {
+          if (next > info.last_step || failed.load() || (o.stop && o.stop->load() > 0)) {
+            fc.stop();
+            return 0;
+          }
+          return next++;
+        });
+        tbb::flow::limiter_node<int64_t> lim(g, static_cast<size_t>(window));
+        limiter = &lim;
+        tbb::flow::function_node<int64_t> admitter(g, tbb::flow::serial, [&](int64_t s) { admit(s); });
+        tbb::flow::make_edge(source, lim);
+        tbb::flow::make_edge(lim, admitter);
+        fn.clear();
+        item_fn.clear();
+        for (int i = 0; i < n; ++i) {
+          size_t conc = rts[i]->stateless ? tbb::flow::unlimited : tbb::flow::serial;
+          fn.emplace_back(new tbb::flow::function_node<Instance*>(
+              g, conc, [this](Instance* x) { dispatch(x->node, [this, x] { execute(x); }); }));
+          item_fn.emplace_back(nullptr);
+          if (rts[i]->has_stream_inputs)
+            item_fn.back().reset(new tbb::flow::function_node<Instance*>(
+                g, tbb::flow::serial, [this](Instance* x) { dispatch(x->node, [this, x] { run_items(x); }); }));
         }
-        return next++;
-      });
-      tbb::flow::limiter_node<int64_t> lim(g, static_cast<size_t>(window));
-      limiter = &lim;
-      tbb::flow::function_node<int64_t> admitter(g, tbb::flow::serial, [&](int64_t s) { admit(s); });
-      tbb::flow::make_edge(source, lim);
-      tbb::flow::make_edge(lim, admitter);
-      fn.clear();
-      item_fn.clear();
-      for (int i = 0; i < n; ++i) {
-        size_t conc = rts[i]->stateless ? tbb::flow::unlimited : tbb::flow::serial;
-        fn.emplace_back(new tbb::flow::function_node<Instance*>(
-            g, conc, [this](Instance* x) { dispatch(x->node, [this, x] { execute(x); }); }));
-        item_fn.emplace_back(rts[i]->has_stream_inputs
-                                 ? new tbb::flow::function_node<Instance*>(
-                                       g, tbb::flow::serial,
-                                       [this](Instance* x) { dispatch(x->node, [this, x] { run_items(x); }); })
-                                 : nullptr);
-      }
-      source.activate();
-      g.wait_for_all();
-      fn.clear();
-      item_fn.clear();
-      limiter = nullptr;
-      graph = nullptr;
+        source.activate();
+        g.wait_for_all();
+        fn.clear();
+        item_fn.clear();
+        limiter = nullptr;
+        graph = nullptr;
       });
     };
     if (!use_compute) {
