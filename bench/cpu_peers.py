@@ -4,6 +4,9 @@
 Configs (graphs/gpt.yaml by overrides, and the same model in bench/torch_peers.py):
   gpt_bench      4 layers, 256 wide, 4 heads, 128 tokens, byte vocabulary, batch 16, fp32
   fortunes_tiny  the README's: 2 layers, 128 wide, 4 heads, 64 tokens, byte vocabulary, batch 32
+  dit_demo       graphs/dit_base.yaml as it is (shapes shards of scripts/data.sh, 32x32, batch
+                 32, frozen BERT, DiT 128 wide x 4, EMA every step) against the same loop in
+                 bench/torch_dit.py (DataLoader with 1 worker); eager only; also in images/s
 Modes:
   eager  one process, --threads intra-op threads: flowrun vs a plain PyTorch loop
   ddp    2 processes on the same cores, global batch as above: `mpirun -np 2 flowrun` (batch
@@ -14,10 +17,12 @@ Modes:
 Rounds alternate flowrun / PyTorch; each figure is the median over rounds of per-step medians
 (start-up and --warmup steps excluded). The peer trains on random tokens, flowrun on the
 fortunes byte shards of scripts/data.sh: the speed of a step does not depend on the tokens.
-Needs Debian's python3-torch (the same libtorch 1.13 that flowrun links).
+Both sides of dit_demo read the same image shards. Needs Debian's python3-torch (the same
+libtorch 1.13 that flowrun links), and python3-pil for dit_demo.
 
   /usr/bin/python3 bench/cpu_peers.py                         # gpt_bench, eager and ddp
   /usr/bin/python3 bench/cpu_peers.py --config fortunes_tiny --modes eager,wall
+  /usr/bin/python3 bench/cpu_peers.py --config dit_demo          # eager; data.path data/shapes/base
 """
 import argparse
 import json
@@ -56,18 +61,43 @@ def readme_run(flowrun):
     return secs, [r["val_loss"] for r in rows if "val_loss" in r][-1]
 
 
+def dit_main(args):
+    """dit_demo: flowrun graphs/dit_base.yaml vs bench/torch_dit.py's loop, eager only."""
+    from torch_dit import DIT_DEMO, dit_overrides, dit_round, make_dit, param_count  # needs python3-pil: imported here
+
+    if args.modes != "eager":
+        sys.exit("dit_demo has mode eager only (not %s)" % args.modes)
+    cfg, data = DIT_DEMO, args.data or "data/shapes/base"
+    print("DiT parameters (PyTorch loop): %d; flowrun logs its own at start" % param_count(make_dit(cfg["dit"], 0.0)))
+    fl, pt = [], []
+    for _ in range(args.rounds):
+        ov = dit_overrides(cfg, data, args.steps, args.window, threads=args.threads)
+        fl.append(flowrun_round(args.flowrun, ov, args.warmup)[0])
+        pt.append(dit_round(cfg, data, args.steps, args.warmup, args.window, threads=args.threads))
+    f, p = 1 / statistics.median(fl), 1 / statistics.median(pt)
+    print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch |")
+    print("|---|---|---|---|---|")
+    print("| %s | eager | %.2f (%.1f images/s) | %.2f (%.1f images/s) | %.3f |"
+          % (args.config, p, p * cfg["batch"], f, f * cfg["batch"], f / p), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flowrun", default="build/engine/flowrun")
-    ap.add_argument("--config", choices=sorted(CONFIGS), default="gpt_bench")
-    ap.add_argument("--modes", default="eager,ddp")
-    ap.add_argument("--data", default="data/text/fortunes_byte")
+    ap.add_argument("--config", choices=sorted(CONFIGS) + ["dit_demo"], default="gpt_bench")
+    ap.add_argument("--modes", default=None, help="default: eager,ddp (dit_demo: eager)")
+    ap.add_argument("--data", default=None, help="default: data/text/fortunes_byte (dit_demo: data/shapes/base)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.config == "dit_demo":
+        args.modes = args.modes or "eager"
+        return dit_main(args)
+    args.modes = args.modes or "eager,ddp"
+    args.data = args.data or "data/text/fortunes_byte"
     cfg = CONFIGS[args.config]
     print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch |")
     print("|---|---|---|---|---|")

@@ -11,6 +11,10 @@
 // optimizer moments are aligned with that order. LoRA-style models freeze the base weights
 // (requires_grad(false)) and leave only the adapters trainable.
 //
+// `flat`: the trainable parameters' data may live in flat buffers (common/flat_buffers.hpp).
+// The optimizer makes them so on its first update; readers that combine whole models (ema)
+// use the buffers while flat.buffers_of(trainable_parameters()) still finds them there.
+//
 // Concurrency: the executor orders accesses (a write waits for earlier reads and writes; a
 // read waits for the last earlier write), so a node touches parameter data only inside run()
 // and only as its port's access allows: readers (forward_backward, ema) never write
@@ -26,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/flat_buffers.hpp"
 #include "common/tensor_map.hpp"
 
 namespace flowrun {
@@ -37,6 +42,7 @@ struct ModelState {
   std::shared_ptr<torch::nn::Module> module;
   ForwardFn forward_fn;
   std::string kind;  // model type ("mlp"), for messages
+  FlatParams flat;   // empty in a copy (clone()): the copy's tensors are its own
 
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)

@@ -39,7 +39,16 @@ void EmaModel::update(const ModelState& source, double decay) {
     throw std::runtime_error("ema: the model has " + std::to_string(src.size()) +
                              " trainable parameters, the average was made for " + std::to_string(params_.size()));
   const double w = 1.0 - decay;
-  for (size_t i = 0; i < src.size(); ++i) params_[i].mul_(decay).add_(src[i], w);
+  // While the model's parameters live in flat buffers (the optimizer keeps them so), the
+  // average does too, in the same layout: two operations per buffer instead of two per tensor.
+  const std::vector<torch::Tensor>* from = source.flat.buffers_of(src);
+  if (from) flat_.ensure(params_);
+  if (from && flat_.layout() == source.flat.layout()) {
+    const std::vector<torch::Tensor>& mine = *flat_.buffers_of(params_);
+    for (size_t g = 0; g < mine.size(); ++g) mine[g].mul_(decay).add_((*from)[g], w);
+  } else {
+    for (size_t i = 0; i < src.size(); ++i) params_[i].mul_(decay).add_(src[i], w);
+  }
   if (!buffers_.empty()) {
     const ModelState::Named bufs = source.named_buffers();
     for (size_t i = 0; i < bufs.size() && i < buffers_.size(); ++i) buffers_[i].copy_(bufs[i].second);

@@ -26,6 +26,7 @@ class EmaModel {
   std::shared_ptr<ModelState> ema_;
   std::vector<torch::Tensor> params_;   // aligned with source.trainable_parameters()
   std::vector<torch::Tensor> buffers_;  // aligned with source.named_buffers()
+  FlatParams flat_;                     // params_ in flat buffers, once the source's are
 };
 
 // The decay of the update made at step `step` (1-based). Fixed: `max_decay`. With warm-up

@@ -8,50 +8,18 @@
 namespace flowrun {
 
 std::shared_ptr<GradBuffer> GradBuffer::make(const std::vector<torch::Tensor>& params) {
-  auto b = std::make_shared<GradBuffer>();
-  const int n = static_cast<int>(params.size());
-  b->slots.resize(static_cast<size_t>(n));
-  b->position.assign(static_cast<size_t>(n), -1);
-
-  // Groups by (dtype, device), numbered in the order their first parameter appears.
-  struct Group {
-    torch::Dtype dtype;
-    c10::Device device;
-    std::vector<int> members;  // module order
-  };
-  std::vector<Group> groups;
-  for (int i = 0; i < n; ++i) {
-    const torch::Tensor& p = params[static_cast<size_t>(i)];
-    if (!p.defined()) throw std::runtime_error("GradBuffer: parameter " + std::to_string(i) + " is undefined");
-    int g = 0;
-    while (g < static_cast<int>(groups.size()) &&
-           !(groups[static_cast<size_t>(g)].dtype == p.scalar_type() && groups[static_cast<size_t>(g)].device == p.device()))
-      ++g;
-    if (g == static_cast<int>(groups.size())) groups.push_back({p.scalar_type(), p.device(), {}});
-    groups[static_cast<size_t>(g)].members.push_back(i);
-    b->slots[static_cast<size_t>(i)].group = g;
-  }
-
   // Within a group, reverse module order: backward finishes the last layers first, so the
   // gradients that become ready together are neighbours and a bucket is one contiguous slice.
-  for (size_t g = 0; g < groups.size(); ++g) {
-    int64_t offset = 0;
-    for (auto it = groups[g].members.rbegin(); it != groups[g].members.rend(); ++it) {
-      Slot& s = b->slots[static_cast<size_t>(*it)];
-      s.offset = offset;
-      s.numel = params[static_cast<size_t>(*it)].numel();
-      offset += s.numel;
-      b->position[static_cast<size_t>(*it)] = static_cast<int>(b->order.size());
-      b->order.push_back(*it);
-    }
-    b->flats.push_back(torch::zeros({offset}, torch::TensorOptions().dtype(groups[g].dtype).device(groups[g].device)));
-  }
-
+  const FlatLayout layout = FlatLayout::of(params, /*reverse=*/true);
+  auto b = std::make_shared<GradBuffer>();
+  b->slots = layout.slots;
+  b->order = layout.order;
+  b->position = layout.position;
+  b->flats = layout.zeros();
+  const int n = static_cast<int>(params.size());
   b->views.reserve(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    const Slot& s = b->slots[static_cast<size_t>(i)];
-    b->views.push_back(b->flats[static_cast<size_t>(s.group)].narrow(0, s.offset, s.numel).view(params[static_cast<size_t>(i)].sizes()));
-  }
+  for (int i = 0; i < n; ++i)
+    b->views.push_back(layout.view(b->flats, static_cast<size_t>(i), params[static_cast<size_t>(i)].sizes()));
   return b;
 }
 

@@ -21,14 +21,12 @@
 #include <memory>
 #include <vector>
 
+#include "common/flat_buffers.hpp"
+
 namespace flowrun {
 
 struct GradBuffer {
-  struct Slot {
-    int group = 0;       // which flat buffer
-    int64_t offset = 0;  // first element in it
-    int64_t numel = 0;
-  };
+  using Slot = FlatLayout::Slot;
   // One flat 1-D buffer per (dtype, device) group of parameters.
   std::vector<torch::Tensor> flats;
   // Per trainable parameter (module order, as in common/grads.hpp): where its gradient lives,

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/cpu_simd.hpp"
@@ -90,14 +91,19 @@ bool fused_adamw(OptimizerState& st, const ModelState::Named& params, const Grad
 #endif
 }
 
-// AdamW on the CPU for an fp32 parameter (contiguous p, g, m, v): the loop below in one pass,
+// AdamW and SGD on the CPU for fp32 parameters: every update is one pass over its tensors,
 // 8 floats at a time, instead of the ~10 passes of tensor operations (each reading and writing
-// whole tensors) that the generic update takes. Same formulas, same order per element:
-//   g' = g * clip;  m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2
-//   p  = p (1 - lr wd)  -  (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
-// Returns false (nothing done) for other dtypes, devices or layouts, or CPUs without AVX2.
+// whole tensors) that the generic update below takes. Same formulas, same order per element:
+//   AdamW: g' = g * clip;  m = b1 m + (1 - b1) g';  v = b2 v + (1 - b2) g'^2
+//          p  = p (1 - lr wd)  -  (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
+//   SGD:   g' = g * clip;  m = mu m + g' (momentum; m starts at 0, so m = g' the first time)
+//          p  = p (1 - lr wd)  -  lr m        (or - lr g' without momentum)
+// (decay = 1 - lr wd only where decays(p), else 1; bc1, bc2 = 1 - b^t for the slot's step t).
 struct AdamwStep {
   float clip, b1, b2, decay, step_size, sqrt_bc2, eps;
+};
+struct SgdStep {
+  float clip, decay, lr, momentum;
 };
 
 #if FLOWRUN_HAVE_AVX2_CODE
@@ -125,45 +131,138 @@ FLOWRUN_AVX2 void adamw_cpu_kernel(float* p, const float* g, float* m, float* v,
     p[i] = p[i] * k.decay - k.step_size * m[i] / (std::sqrt(v[i]) / k.sqrt_bc2 + k.eps);
   }
 }
+
+// m == nullptr: no momentum. Plain loops: the compiler vectorizes them for AVX2.
+FLOWRUN_AVX2 void sgd_cpu_kernel(float* p, const float* g, float* m, int64_t b, int64_t e, const SgdStep& k) {
+  if (m) {
+    for (int64_t i = b; i < e; ++i) {
+      m[i] = k.momentum * m[i] + g[i] * k.clip;
+      p[i] = p[i] * k.decay - k.lr * m[i];
+    }
+  } else {
+    for (int64_t i = b; i < e; ++i) p[i] = p[i] * k.decay - k.lr * (g[i] * k.clip);
+  }
+}
 #else
 void adamw_cpu_kernel(float*, const float*, float*, float*, int64_t, int64_t, const AdamwStep&) {}
+void sgd_cpu_kernel(float*, const float*, float*, int64_t, int64_t, const SgdStep&) {}
 #endif
 
-bool adamw_cpu(OptimizerState::Slot& s, torch::Tensor& p, const torch::Tensor& g, const OptimConfig& cfg, double lr,
-               float clip) {
-  auto ok = [&](const torch::Tensor& t) {
-    return t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
-  };
-  if (!cpu_has_avx2() || !ok(p) || !ok(g)) return false;
-  if (!s.exp_avg.defined()) s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Contiguous);
-  if (!s.exp_avg_sq.defined()) s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Contiguous);
-  if (!ok(s.exp_avg) || !ok(s.exp_avg_sq)) return false;
-  s.step += 1;
-  const double t = static_cast<double>(s.step);
-  const double bc1 = 1.0 - std::pow(cfg.beta1, t), bc2 = 1.0 - std::pow(cfg.beta2, t);
-  const AdamwStep k{clip,
-                    static_cast<float>(cfg.beta1),
-                    static_cast<float>(cfg.beta2),
-                    cfg.weight_decay > 0 && decays(p) ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f,
-                    static_cast<float>(lr / bc1),
-                    static_cast<float>(std::sqrt(bc2)),
-                    static_cast<float>(cfg.eps)};
-  float* pp = p.data_ptr<float>();
-  const float* gp = g.data_ptr<float>();
-  float* mp = s.exp_avg.data_ptr<float>();
-  float* vp = s.exp_avg_sq.data_ptr<float>();
-  at::parallel_for(0, p.numel(), 32768, [&](int64_t b, int64_t e) { adamw_cpu_kernel(pp, gp, mp, vp, b, e, k); });
-  // Written through pointers: tell autograd the tensors changed, as an in-place op would.
-  for (torch::Tensor* t : {&p, &s.exp_avg, &s.exp_avg_sq}) torch::autograd::impl::bump_version(*t);
-  return true;
+// One tensor's share of a CPU update: its pointers and the constants of its step.
+struct CpuPiece {
+  float* p;
+  const float* g;
+  float* m;  // adamw: first moment; sgd: momentum (or nullptr)
+  float* v;  // adamw: second moment
+  int64_t n;
+  AdamwStep adamw;
+  SgdStep sgd;
+};
+
+// Runs fn(piece, begin, end) over the elements of all pieces as one index range, cut into
+// chunks of kChunk elements that the OpenMP threads share: one parallel region per update, not
+// one per tensor, and small tensors share a chunk (multi-tensor apply, as torch's _foreach
+// kernels on a GPU). The chunks do not depend on the number of threads.
+constexpr int64_t kChunk = 32768;
+
+template <class Fn>
+void for_each_chunk(const std::vector<CpuPiece>& pieces, const Fn& fn) {
+  std::vector<int64_t> start(pieces.size() + 1, 0);
+  for (size_t j = 0; j < pieces.size(); ++j) start[j + 1] = start[j] + pieces[j].n;
+  const int64_t total = start.back();
+  at::parallel_for(0, (total + kChunk - 1) / kChunk, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t b = c * kChunk, e = std::min(total, b + kChunk);
+      auto j = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), b) - start.begin() - 1);
+      for (; j < pieces.size() && start[j] < e; ++j)
+        fn(pieces[j], std::max(b, start[j]) - start[j], std::min(e, start[j + 1]) - start[j]);
+    }
+  });
 }
 
-// Copies of the saved moments (the given tensors may be aliases their owner goes on changing),
-// on `device`: where the parameter lives (a checkpoint is read onto the CPU).
+// The CPU pass above for every parameter it applies to (fp32, contiguous, on the CPU, with a
+// gradient; its moments made); marks them in `done`. Nothing on CPUs without AVX2.
+void cpu_update(OptimizerState& st, const ModelState::Named& params, const Grads& grads, const OptimConfig& cfg,
+                double lr, float clip, std::vector<char>& done) {
+  if (!cpu_has_avx2()) return;
+  auto ok = [](const torch::Tensor& t) {
+    return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
+  };
+  const bool adamw = cfg.kind == "adamw";
+  const bool momentum = !adamw && cfg.momentum > 0;
+  std::vector<CpuPiece> pieces;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const torch::Tensor& p = params[i].second;
+    const torch::Tensor& g = grads[i];
+    OptimizerState::Slot& s = st.slots[i];
+    if (!ok(p) || !ok(g)) continue;
+    if (adamw ? !(ok(s.exp_avg) && ok(s.exp_avg_sq)) : momentum && !ok(s.momentum)) continue;
+    s.step += 1;
+    const float decay = cfg.weight_decay > 0 && decays(p) ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
+    CpuPiece c{p.data_ptr<float>(), g.data_ptr<float>(), nullptr, nullptr, p.numel(), {}, {}};
+    if (adamw) {
+      const double t = static_cast<double>(s.step);
+      const double bc1 = 1.0 - std::pow(cfg.beta1, t), bc2 = 1.0 - std::pow(cfg.beta2, t);
+      c.m = s.exp_avg.data_ptr<float>();
+      c.v = s.exp_avg_sq.data_ptr<float>();
+      c.adamw = {clip, static_cast<float>(cfg.beta1), static_cast<float>(cfg.beta2), decay,
+                 static_cast<float>(lr / bc1), static_cast<float>(std::sqrt(bc2)), static_cast<float>(cfg.eps)};
+    } else {
+      if (momentum) c.m = s.momentum.data_ptr<float>();
+      c.sgd = {clip, decay, static_cast<float>(lr), static_cast<float>(cfg.momentum)};
+    }
+    pieces.push_back(c);
+    done[i] = 1;
+    // Written through pointers: tell autograd the tensors changed, as in-place ops would.
+    for (const torch::Tensor* t : std::initializer_list<const torch::Tensor*>{&p, &s.exp_avg, &s.exp_avg_sq, &s.momentum})
+      if (t->defined()) torch::autograd::impl::bump_version(*t);
+  }
+  if (adamw)
+    for_each_chunk(pieces, [](const CpuPiece& c, int64_t b, int64_t e) { adamw_cpu_kernel(c.p, c.g, c.m, c.v, b, e, c.adamw); });
+  else
+    for_each_chunk(pieces, [](const CpuPiece& c, int64_t b, int64_t e) { sgd_cpu_kernel(c.p, c.g, c.m, b, e, c.sgd); });
+}
+
+// The slots for these parameters, their moments zeroed in flat buffers (see OptimizerState),
+// and what load() kept for them.
+void make_slots(OptimizerState& st, const ModelState::Named& params, const OptimConfig& cfg) {
+  st.kind = cfg.kind;
+  st.slots.resize(params.size());
+  std::vector<torch::Tensor> ps;
+  for (size_t i = 0; i < params.size(); ++i) {
+    st.slots[i].name = params[i].first;
+    ps.push_back(params[i].second);
+  }
+  st.layout = FlatLayout::of(ps);
+  auto make = [&](std::vector<torch::Tensor>& flat, torch::Tensor OptimizerState::Slot::*moment) {
+    flat = st.layout.zeros();
+    for (size_t i = 0; i < ps.size(); ++i) st.slots[i].*moment = st.layout.view(flat, i, ps[i].sizes());
+  };
+  if (cfg.kind == "adamw") {
+    make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
+    make(st.flat_exp_avg_sq, &OptimizerState::Slot::exp_avg_sq);
+  } else if (cfg.momentum > 0) {
+    make(st.flat_momentum, &OptimizerState::Slot::momentum);
+  }
+}
+
+// The saved moments of a slot: copied into its moments where they exist (views into the flat
+// buffers, on the parameter's device), else copies on `device` (the given tensors may be
+// aliases their owner goes on changing; a checkpoint is read onto the CPU).
 void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tensor>& t, const c10::Device& device) {
+  torch::NoGradGuard no_grad;
   auto get = [&](const std::string& suffix, torch::Tensor& dst) {
     auto it = t.find(s.name + suffix);
-    if (it != t.end()) dst = it->second.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
+    if (it == t.end()) return;
+    if (!dst.defined()) {
+      dst = it->second.detach().to(device, /*non_blocking=*/false, /*copy=*/true);
+      return;
+    }
+    if (!dst.sizes().equals(it->second.sizes()))
+      throw std::runtime_error("optimizer state: '" + s.name + suffix + "' has shape " + c10::str(it->second.sizes()) +
+                               ", the parameter is " + c10::str(dst.sizes()) +
+                               "; the state was saved for another model");
+    dst.copy_(it->second);
   };
   get(".exp_avg", s.exp_avg);
   get(".exp_avg_sq", s.exp_avg_sq);
@@ -205,10 +304,14 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
   if (grads.size() != params.size())
     throw std::runtime_error("got " + std::to_string(grads.size()) + " grads for " + std::to_string(params.size()) +
                              " trainable parameters");
+  const bool adamw = cfg.kind == "adamw";
+  if (!adamw && cfg.kind != "sgd") throw std::runtime_error("unknown optimizer kind '" + cfg.kind + "'");
+  for (size_t i = 0; i < params.size(); ++i)
+    if (grads[i].defined() && !grads[i].sizes().equals(params[i].second.sizes()))
+      throw std::runtime_error("grad " + std::to_string(i) + " (" + params[i].first + ") has shape " +
+                               c10::str(grads[i].sizes()) + ", the parameter " + c10::str(params[i].second.sizes()));
   if (st.slots.empty()) {
-    st.kind = cfg.kind;
-    st.slots.resize(params.size());
-    for (size_t i = 0; i < params.size(); ++i) st.slots[i].name = params[i].first;
+    make_slots(st, params, cfg);
     if (!st.pending.empty()) {
       for (size_t i = 0; i < params.size(); ++i) load_slot(st.slots[i], st.pending, params[i].second.device());
       st.pending.clear();
@@ -227,23 +330,19 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
   torch::Tensor coef;  // clip factor, kept on the device (no host sync)
   if (cfg.clip > 0) coef = torch::clamp_max(cfg.clip / (norm + 1e-6), 1.0);
 
-  const bool adamw = cfg.kind == "adamw";
-  if (!adamw && cfg.kind != "sgd") throw std::runtime_error("unknown optimizer kind '" + cfg.kind + "'");
   if (adamw && fused_adamw(st, params, grads, cfg, lr, coef)) {
     st.updates += 1;
     return norm;
   }
-  // The clip factor as a number, for the CPU kernel (a CPU tensor: reading it costs no sync).
+  // The clip factor as a number, for the CPU kernels (a CPU tensor: reading it costs no sync).
   const float clip_cpu = coef.defined() && coef.device().is_cpu() ? coef.item<float>() : 1.0f;
+  std::vector<char> done(params.size(), 0);
+  cpu_update(st, params, grads, cfg, lr, clip_cpu, done);
   for (size_t i = 0; i < params.size(); ++i) {
     const torch::Tensor& g0 = grads[i];
-    if (!g0.defined()) continue;
+    if (done[i] || !g0.defined()) continue;
     torch::Tensor p = params[i].second;
     OptimizerState::Slot& s = st.slots[i];
-    if (!g0.sizes().equals(p.sizes()))
-      throw std::runtime_error("grad " + std::to_string(i) + " (" + s.name + ") has shape " + c10::str(g0.sizes()) +
-                               ", the parameter " + c10::str(p.sizes()));
-    if (adamw && adamw_cpu(s, p, g0, cfg, lr, clip_cpu)) continue;
     torch::Tensor g = coef.defined() ? g0 * coef.to(g0.dtype()) : g0;
     s.step += 1;
     if (cfg.weight_decay > 0 && decays(p)) p.mul_(1.0 - lr * cfg.weight_decay);
@@ -296,6 +395,9 @@ class OptimizerNode : public Node {
     ModelState& model = ctx.state_as<ModelState>("model");
     OptimizerState& st = ctx.state_as<OptimizerState>("state");
     const double lr = sched_.at(ctx.step(), ctx.run().last_step);
+    // The writer of the parameters keeps them in flat buffers (models/model_state.hpp); once
+    // they are, this only checks that they still are.
+    model.flat.ensure(model.trainable_parameters());
     torch::Tensor norm = optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
     if (cfg_.skip_nonfinite && !std::isfinite(norm.item<double>()))
       spdlog::warn("{}: step {}: gradients not finite, update skipped ({} skipped so far)", ctx.who(), ctx.step(),

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/flat_buffers.hpp"
 #include "common/grads.hpp"
 #include "models/model_state.hpp"
 
@@ -44,8 +45,10 @@ struct LrSchedule {
 };
 
 // The object behind the optimizer's `state` port (std::shared_ptr<OptimizerState>): per
-// trainable parameter (in module order) its moments and update count. Tensors are created on
-// the first update, like the parameters they follow (same shape, dtype and device).
+// trainable parameter (in module order) its moments and update count. The moments are made on
+// the first update, zeroed, in flat buffers laid out like the parameters (common/flat_buffers.hpp;
+// one buffer per dtype and device for each kind of moment); a slot's tensors are views into them,
+// shaped like its parameter.
 struct OptimizerState {
   struct Slot {
     std::string name;          // the parameter's name in the model
@@ -56,6 +59,8 @@ struct OptimizerState {
   };
   std::string kind;
   std::vector<Slot> slots;
+  FlatLayout layout;  // of the parameters (and so of the moments' buffers)
+  std::vector<torch::Tensor> flat_exp_avg, flat_exp_avg_sq, flat_momentum;
   int64_t updates = 0;  // optimizer steps taken
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
@@ -71,6 +76,11 @@ struct OptimizerState {
 // under NoGradGuard. Returns the global L2 norm of the grads before clipping (0-d float32).
 // Clipping scales the grads used for the update by min(1, clip / (norm + 1e-6)) without
 // modifying the grad tensors (other readers may hold them).
+//
+// How it runs: on a GPU, torch's fused multi-tensor AdamW where it applies; on the CPU, fp32
+// parameters take one pass over all of them (every tensor's elements as one range split among
+// the OpenMP threads, a fused kernel per element: read p, g, moments once, write them once);
+// anything else (bf16, old GPUs, CPUs without AVX2) the written-out tensor operations.
 torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& params, const Grads& grads,
                                const OptimConfig& cfg, double lr);
 
