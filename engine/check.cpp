@@ -16,6 +16,7 @@ std::string Schedule::str() const {
   if (every > 0) parts.push_back("every " + std::to_string(every));
   if (at_start) parts.push_back("at start");
   if (at_end) parts.push_back("at end");
+  if (at_stop) parts.push_back("at stop");
   return join(parts);
 }
 
@@ -58,22 +59,14 @@ struct Checker {
 
   Mark at(const YAML::Node& n) { return mark_of(n, file); }
 
-  void duplicate_keys(const YAML::Node& map, const std::string& path) {
-    std::set<std::string> seen;
-    for (auto it = map.begin(); it != map.end(); ++it) {
-      std::string k = it->first.as<std::string>();
-      if (!seen.insert(k).second)
-        diags.error(at(it->first), path + (path.empty() ? "" : ".") + k, "duplicate key '" + k + "'; the second one would be ignored");
-    }
-  }
-
   void load_plugins(const YAML::Node& top) {
     std::vector<std::pair<std::string, Mark>> paths;
     if (const char* env = std::getenv("FLOWRUN_PLUGIN_PATH"); env && *env)
       for (const auto& p : plugin_path_entries(env)) paths.push_back({p, Mark{"FLOWRUN_PLUGIN_PATH", 0, 0}});
     if (top["plugins"] && top["plugins"].IsSequence()) {
       for (const auto& p : top["plugins"]) {
-        fs::path path = p.as<std::string>();
+        if (!p.IsScalar()) continue;  // reported by check_params
+        fs::path path = p.Scalar();
         if (path.is_relative()) path = fs::path(g.dir) / path;
         paths.push_back({path.lexically_normal().string(), at(p)});
       }
@@ -95,6 +88,7 @@ struct Checker {
       for (const auto& a : entry["at"]) {
         if (a.Scalar() == "start") s.at_start = true;
         if (a.Scalar() == "end") s.at_end = true;
+        if (a.Scalar() == "stop") s.at_stop = true;
       }
     return s;
   }
@@ -180,7 +174,6 @@ struct Checker {
     const std::string base = "nodes." + ns.name + ".in";
     std::set<std::string> given;
     if (in && in.IsMap()) {
-      duplicate_keys(in, base);
       for (auto it = in.begin(); it != in.end(); ++it) {
         const std::string port = it->first.as<std::string>();
         const std::string path = base + "." + port;
@@ -231,7 +224,6 @@ struct Checker {
 
   void nodes(const YAML::Node& nodes) {
     if (!nodes || !nodes.IsMap()) return;  // reported by the top-level check
-    duplicate_keys(nodes, "nodes");
     std::vector<std::string> all_names;
     for (auto it = nodes.begin(); it != nodes.end(); ++it) all_names.push_back(it->first.as<std::string>());
     std::set<std::string> seen;
@@ -249,7 +241,6 @@ struct Checker {
         g.nodes.push_back(ns);
         continue;
       }
-      duplicate_keys(entry, path);
       // The entry's own keys (type, in, with, every, at, stream, doc).
       check_params(graph_schema().node_keys, entry, ns.mark, file, path, diags);
       ns.schedule = schedule(entry);
@@ -278,6 +269,13 @@ struct Checker {
       me.origin = t->schema.origin;
       me.params = check_params(t->schema.params, entry["with"], ns.mark, file, path + ".with", diags);
       inputs(me, *t, entry["in"], g.nodes.size() - 1, all_names);
+      if (me.schedule.at_stop)  // it runs after the last step retired: its values are gone
+        for (const auto& in : me.inputs)
+          if (in.schema->kind != PortKind::State)
+            diags.error(in.mark, path + ".in." + in.port,
+                        "'" + ns.name + "' runs at stop, after the last step's values are freed, so it can read "
+                        "state inputs only; '" + in.port + "' is a " + to_string(in.schema->kind) +
+                        " input: drop 'stop' from its at:, or split the node");
     }
   }
 };
@@ -294,7 +292,6 @@ GraphSpec check_graph(const YAML::Node& root, const std::string& file, const std
   g.overrides = overrides;
   g.root = root;
   Checker c{file, reg, diags, g};
-  c.duplicate_keys(root, "");
   YAML::Node top = check_params(graph_schema().top, root, Mark{file, 1, 1}, file, "", diags);
   g.name = top["name"] ? top["name"].as<std::string>() : fs::path(file).stem().string();
   g.run = top["run"];

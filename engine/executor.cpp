@@ -572,6 +572,37 @@ struct Executor::Impl : ExecutorCore {
     for (int k = 0; k < released; ++k) limiter->decrementer().try_put(tbb::flow::continue_msg());
   }
 
+  // ---- at stop ----
+  // A run stopped early (RunOptions::stop: Ctrl-C, SIGTERM) runs its `at: stop` nodes (a final
+  // checkpoint) once more after its last finished step s, in file order, on this thread. Every
+  // admitted step has retired, so they see the states as they were after step s: what they
+  // would have seen had they been due in step s. The checker allows them state inputs only
+  // (the values of step s are freed). A node that did run in step s does not run again.
+  void run_at_stop(int64_t s) {
+    Frame frame;
+    frame.values.resize(nslots);
+    frame.recorded.assign(streams ? rts.size() : 0, nullptr);
+    for (auto& rt : rts) {
+      const Schedule& when = rt->spec->schedule;
+      if (!when.at_stop || when.active(s, info.first_step, info.last_step)) continue;
+      const double t0 = tracer ? tracer->now_us() : 0;
+      guarded(*rt, s, [&] {
+        StepContext ctx(rt.get(), s, &frame);
+        if (!streams) return rt->node->run(ctx);
+        streams->begin(rt->stream, rt->spec->name + " at stop");
+        try {
+          rt->node->run(ctx);
+        } catch (...) {
+          streams->end(rt->stream);
+          throw;
+        }
+        streams->end(rt->stream);
+        streams->synchronize_all();
+      });
+      if (tracer) tracer->span(rt->spec->name, rt->spec->type, t0, tracer->now_us(), s, rt->spec->stream);
+    }
+  }
+
   RunStats run(const RunOptions& o) {
     opt = &o;
     tracer = (o.tracer && o.tracer->enabled()) ? o.tracer : nullptr;
@@ -681,6 +712,7 @@ struct Executor::Impl : ExecutorCore {
         failed.store(true);
       }
     }
+    if (stats.stopped && !failed.load() && stats.last_step_done >= info.first_step) run_at_stop(stats.last_step_done);
     // finish() in file order, also after a failure: background writers must be joined.
     for (auto& rt : rts) {
       SetupContext ctx(rt.get());

@@ -68,9 +68,11 @@ void apply_override(YAML::Node& root, const std::string& ov, Diagnostics& diags)
     }
   YAML::Node value;
   try {
-    value = without_marks(YAML::Load(ov.substr(eq + 1)));  // typed like the file: 50 is an int, [a, b] a list
-  } catch (const YAML::Exception& e) {
-    diags.error(where, path, "the value is not valid YAML: " + e.msg);
+    Diagnostics d;
+    value = without_marks(load_yaml(ov.substr(eq + 1), "command line", d));  // typed like the file: 50 is an int, [a, b] a list
+    if (!d.empty()) throw GraphError(d);
+  } catch (const GraphError& e) {
+    diags.error(where, path, "the value is not valid YAML: " + e.diagnostics().list().front().message);
     return;
   }
   if (!root["nodes"] || !root["nodes"].IsMap()) {
@@ -149,11 +151,19 @@ void substitute(YAML::Node n, const YAML::Node& root, const std::string& file, c
     const std::string s = n.Scalar();
     if (s.find("${") == std::string::npos) return;
     std::string out;
+    // Text between substitutions holding "${" is a substitution that did not parse.
+    auto literal = [&](const std::string& text) {
+      if (text.find("${") != std::string::npos)
+        diags.error(mark_of(n, file), path,
+                    "'" + s + "': a '${' that is not ${NAME}, ${NAME:-DEFAULT} or ${run.KEY} (a missing '}' or a name "
+                    "with characters other than letters, digits, '_' and '.'); fix it, or remove the '${'");
+      out += text;
+    };
     auto begin = std::sregex_iterator(s.begin(), s.end(), var_re());
     size_t last = 0;
     for (auto it = begin; it != std::sregex_iterator(); ++it) {
       const std::smatch& m = *it;
-      out += s.substr(last, m.position() - last);
+      literal(s.substr(last, m.position() - last));
       last = m.position() + m.length();
       const std::string name = m[1];
       const bool has_default = m[2].matched;
@@ -174,7 +184,7 @@ void substitute(YAML::Node n, const YAML::Node& root, const std::string& file, c
                     "environment variable " + name + " is not set; set it or give a default: ${" + name + ":-VALUE}");
       }
     }
-    out += s.substr(last);
+    literal(s.substr(last));
     if (out != s) n = out;
   }
 }
@@ -182,27 +192,30 @@ void substitute(YAML::Node n, const YAML::Node& root, const std::string& file, c
 }  // namespace
 
 YAML::Node parse_graph_file(const std::string& file, const std::vector<std::string>& overrides, Diagnostics& diags) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(file, ec);
+  std::string problem;
+  if (!fs::exists(status))
+    problem = "no such file";
+  else if (fs::is_directory(status))
+    problem = "it is a folder; name a .yaml file in it";
+  else if (!fs::is_regular_file(status))
+    problem = "it is not a regular file (a device or a pipe?)";
+  else if (fs::file_size(file, ec) > (16u << 20))
+    problem = "it is larger than 16 MiB; a graph file is a few KiB";
   std::ifstream in(file);
-  if (!in) {
-    Diagnostics d;
-    d.error({file, 0, 0}, "", std::string("cannot open the graph file: ") +
-                                  (std::filesystem::exists(file) ? "permission denied" : "no such file"));
-    throw GraphError(d);
+  if (problem.empty() && !in) problem = "permission denied";
+  if (!problem.empty()) {
+    diags.error({file, 0, 0}, "", "cannot read the graph file: " + problem);
+    throw GraphError(diags);
   }
   std::stringstream text;
   text << in.rdbuf();
-  YAML::Node root;
-  try {
-    root = YAML::Load(text.str());
-  } catch (const YAML::ParserException& e) {
-    Diagnostics d;
-    d.error({file, e.mark.line + 1, e.mark.column + 1}, "", "YAML syntax error: " + e.msg);
-    throw GraphError(d);
-  }
+  YAML::Node root = load_yaml(text.str(), file, diags);
   if (!root.IsMap()) {
-    Diagnostics d;
-    d.error({file, 1, 1}, "", "a graph file is a map with flowrun: 1, run:, nodes: ...");
-    throw GraphError(d);
+    diags.error({file, 1, 1}, "", "a graph file is a map with flowrun: 1, run:, nodes: ...");
+    throw GraphError(diags);
   }
   for (const auto& ov : overrides) apply_override(root, ov, diags);
   substitute(root, root, file, "", diags);
@@ -212,15 +225,16 @@ YAML::Node parse_graph_file(const std::string& file, const std::vector<std::stri
 GraphSpec load_graph(const std::string& file, const std::vector<std::string>& overrides, Registry& reg) {
   Diagnostics diags;
   YAML::Node root = parse_graph_file(file, overrides, diags);
+  GraphSpec g;
   try {
-    GraphSpec g = check_graph(root, file, overrides, reg);
-    if (!diags.empty()) throw GraphError(diags);
-    return g;
+    g = check_graph(root, file, overrides, reg);
   } catch (const GraphError& e) {
     if (diags.empty()) throw;
     diags.append(e.diagnostics());
     throw GraphError(diags);
   }
+  if (!diags.empty()) throw GraphError(diags);  // the parser's and the overrides' problems
+  return g;
 }
 
 YAML::Node resolved_config(const GraphSpec& g) {

@@ -213,7 +213,7 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
     diags.error(mark_of(n, origin), path, "a parameter is a map like { type: float, default: 1e-3, doc: ... }");
     return ps;
   }
-  r.unknown_keys(n, {"type", "default", "required", "nullable", "min", "max", "values", "items", "fields", "doc"},
+  r.unknown_keys(n, {"type", "default", "required", "nullable", "infinite", "min", "max", "values", "items", "fields", "doc"},
                  path);
   bool ok = true;
   std::string t = n["type"] ? n["type"].as<std::string>() : "any";
@@ -229,6 +229,7 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
   }
   if (n["required"]) ps.required = n["required"].as<bool>();
   if (n["nullable"]) ps.nullable = n["nullable"].as<bool>();
+  if (n["infinite"]) ps.infinite = n["infinite"].as<bool>();
   if (n["doc"]) ps.doc = n["doc"].as<std::string>();
   if (n["values"]) {
     for (const auto& v : n["values"]) ps.values.push_back(v.as<std::string>());
@@ -262,13 +263,7 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
   Diagnostics diags;
   NodeSchema s;
   s.origin = origin;
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::ParserException& e) {
-    diags.error({origin, e.mark.line + 1, e.mark.column + 1}, "", "YAML syntax error: " + e.msg);
-    throw GraphError(diags);
-  }
+  YAML::Node root = load_yaml(text, origin, diags);
   if (!root.IsMap()) {
     diags.error({origin, 1, 1}, "", "a schema is a map with type, doc, inputs, outputs, params");
     throw GraphError(diags);
@@ -306,11 +301,16 @@ static std::string scalar_text(const YAML::Node& v) { return v.IsScalar() ? v.Sc
 YAML::Node check_param(const ParamSchema& ps, const YAML::Node& value, const std::string& file,
                        const std::string& path, Diagnostics& diags) {
   const Mark m = mark_of(value, file);
+  // A rejected value is reported and replaced by the default (or null), so that what the
+  // checker returns has the schema's types everywhere and later reads cannot fail on it.
   auto bad = [&](const std::string& what) {
     diags.error(m, path, "expected " + ps.type_str() + ", got " + what + (ps.doc.empty() ? "" : " (" + ps.doc + ")"));
+    if (ps.has_default) return YAML::Clone(ps.default_value);
+    if (ps.type == ParamType::Map && !ps.fields.empty()) return check_params(ps.fields, YAML::Node(), m, file, path, diags);
+    return YAML::Node(YAML::NodeType::Null);
   };
   if (value.IsNull()) {
-    if (!ps.nullable) bad("null");
+    if (!ps.nullable) return bad("null");
     return value;
   }
   auto range = [&](double d) {
@@ -320,46 +320,37 @@ YAML::Node check_param(const ParamSchema& ps, const YAML::Node& value, const std
   switch (ps.type) {
     case ParamType::Int: {
       long long i = 0;
-      if (!value.IsScalar() || !YAML::convert<long long>::decode(value, i)) {
-        bad("'" + scalar_text(value) + "'");
-        return value;
-      }
+      if (!value.IsScalar() || !YAML::convert<long long>::decode(value, i)) return bad("'" + scalar_text(value) + "'");
       range(static_cast<double>(i));
       return value;
     }
     case ParamType::Float: {
       double d = 0;
-      if (!value.IsScalar() || !YAML::convert<double>::decode(value, d) || std::isnan(d)) {
-        bad("'" + scalar_text(value) + "'");
-        return value;
-      }
+      if (!value.IsScalar() || !YAML::convert<double>::decode(value, d) || std::isnan(d))
+        return bad("'" + scalar_text(value) + "'");
+      if (std::isinf(d) && !ps.infinite)
+        return bad("'" + scalar_text(value) + "' (infinite values are not allowed here; write a finite number)");
       range(d);
       return value;
     }
     case ParamType::Bool: {
       bool b = false;
-      if (!value.IsScalar() || !YAML::convert<bool>::decode(value, b)) bad("'" + scalar_text(value) + "'");
+      if (!value.IsScalar() || !YAML::convert<bool>::decode(value, b)) return bad("'" + scalar_text(value) + "'");
       return value;
     }
     case ParamType::String:
-      if (!value.IsScalar()) bad(scalar_text(value));
+      if (!value.IsScalar()) return bad(scalar_text(value));
       return value;
     case ParamType::Enum: {
-      if (!value.IsScalar()) {
-        bad(scalar_text(value));
-        return value;
-      }
+      if (!value.IsScalar()) return bad(scalar_text(value));
       const std::string s = value.Scalar();
       for (const auto& v : ps.values)
         if (v == s) return value;
       diags.error(m, path, "'" + s + "' is not one of {" + join(ps.values) + "}" + did_you_mean(s, ps.values));
-      return value;
+      return ps.has_default ? YAML::Clone(ps.default_value) : YAML::Node(ps.values.front());
     }
     case ParamType::List: {
-      if (!value.IsSequence()) {
-        bad(scalar_text(value));
-        return value;
-      }
+      if (!value.IsSequence()) return bad(scalar_text(value));
       if (!ps.items) return value;
       YAML::Node out(YAML::NodeType::Sequence);
       for (size_t i = 0; i < value.size(); ++i)
@@ -367,10 +358,7 @@ YAML::Node check_param(const ParamSchema& ps, const YAML::Node& value, const std
       return out;
     }
     case ParamType::Map: {
-      if (!value.IsMap()) {
-        bad(scalar_text(value));
-        return value;
-      }
+      if (!value.IsMap()) return bad(scalar_text(value));
       if (ps.fields.empty()) return value;
       return check_params(ps.fields, value, m, file, path, diags);
     }

@@ -59,6 +59,7 @@ struct ParamSchema {
   bool has_default = false;
   bool required = false;
   bool nullable = false;  // null is a valid value (e.g. weights: null = random init)
+  bool infinite = false;  // float: .inf and -.inf are valid values (NaN never is)
   std::optional<double> min, max;
   std::vector<std::string> values;     // enum choices
   std::shared_ptr<ParamSchema> items;  // list: schema of each item
@@ -102,6 +103,13 @@ YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node
                         const std::string& file, const std::string& path, Diagnostics& diags);
 
 Mark mark_of(const YAML::Node& n, const std::string& file);
+
+// YAML text from a user (graph file, override value, node schema) as a node (yaml_load.cpp).
+// Throws GraphError (with `diags` and the problem, naming `file` and the line) for syntax
+// errors, alias cycles, alias bombs, nesting over 64 levels and keys that are not plain
+// scalars; adds duplicate keys and a second document to `diags` and returns the node, so that
+// the checker goes on to report the rest.
+YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnostics& diags);
 
 // The schema as human docs (for `flowrun nodes TYPE`).
 std::string describe(const NodeSchema& s);

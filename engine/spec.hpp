@@ -33,7 +33,8 @@ struct InputSpec {
 struct Schedule {
   int64_t every = 0;  // 0: not by period
   bool at_start = false, at_end = false;
-  bool periodic() const { return every > 0 || at_start || at_end; }
+  bool at_stop = false;  // once more after a stopped run's last step (Ctrl-C, SIGTERM): executor.cpp
+  bool periodic() const { return every > 0 || at_start || at_end || at_stop; }
   // Steps are 1-based; first/last are the first and last step of this run.
   bool active(int64_t step, int64_t first, int64_t last) const {
     if (!periodic()) return true;

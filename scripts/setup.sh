@@ -27,6 +27,7 @@ packages=(
   graphviz                                  # flowrun dot | dot -Tsvg, and its test
   fortunes                                  # English text for the GPT demo and tests
   python3-torch                             # the benchmarks' PyTorch peers (bench/cpu_peers.py), same libtorch
+  python3-pil                               # PNG decoding in the DiT peer's data loader (bench/torch_dit.py)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -58,7 +59,7 @@ if [ $demo = 1 ]; then
     "$B" graphs/dit_base.yaml
   fi
   echo "== demo 2/2: flowrun graphs/hydit_lora.yaml (LoRA: purple shapes)"
-  "$B" graphs/hydit_lora.yaml
+  "$B" graphs/hydit_lora.yaml run.resume=never  # a rerun of this script starts the fine-tune over
   echo "== samples: runs/dit_base/samples/, runs/hydit_lora/samples/ (step_0000001.png = the base, the last = after LoRA)"
   echo "== adapters: runs/hydit_lora/checkpoints/latest names the folder; graph: $B dot graphs/hydit_lora.yaml | dot -Tsvg > g.svg"
 fi

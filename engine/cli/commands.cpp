@@ -1,11 +1,16 @@
 #include "cli/commands.hpp"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <thread>
@@ -113,20 +118,98 @@ bool load(const std::string& file, const std::vector<std::string>& overrides, Gr
     std::fprintf(stderr, "%s: %zu error%s\n", file.c_str(), e.diagnostics().size(), e.diagnostics().size() == 1 ? "" : "s");
     return false;
   }
+  // The checker reports problems as diagnostics; anything else is a flowrun bug, but still an
+  // error message and exit 2, never a crash.
+  catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: could not check the file: %s (a flowrun bug: please report it with the file)\n",
+                 file.c_str(), e.what());
+    return false;
+  }
 }
 
-std::atomic<int> g_sigint{0};
-
-extern "C" void on_sigint(int) {
-  if (g_sigint.fetch_add(1) >= 1) {
-    const char msg[] = "\nflowrun: second Ctrl-C, exiting now\n";
-    ssize_t rc = write(2, msg, sizeof msg - 1);
-    (void)rc;
-    _exit(130);
+// One run per out_dir: OUT_DIR/.flowrun.lock, held with flock(2) for the whole run. The kernel
+// releases it when the process ends in any way (exit, crash, SIGKILL), so a lock left by a
+// dead run is never in the way. The file says who holds it, for the error of the next run.
+class OutDirLock {
+ public:
+  // Throws naming the holder when another process has it.
+  explicit OutDirLock(const std::string& out_dir) : path_((fs::path(out_dir) / ".flowrun.lock").string()) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw std::runtime_error("cannot create " + path_ + ": " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      std::string holder(512, '\0');
+      const ssize_t n = ::pread(fd_, holder.data(), holder.size(), 0);
+      holder.resize(n > 0 ? static_cast<size_t>(n) : 0);
+      while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+      ::close(fd_);
+      if (err != EWOULDBLOCK)
+        throw std::runtime_error("cannot lock " + path_ + ": " + std::strerror(err));
+      throw std::runtime_error("another flowrun is running in " + out_dir + " (" +
+                               (holder.empty() ? "its process is starting" : holder) +
+                               "); two runs in one out_dir would overwrite each other's checkpoints and metrics: "
+                               "wait for it, stop it, or give this run another run.out_dir");
+    }
+    char host[256] = "?";
+    ::gethostname(host, sizeof host - 1);
+    const std::string who = "pid " + std::to_string(::getpid()) + " on " + host + ", started " + now_text();
+    if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, who.data(), who.size(), 0) < 0)
+      spdlog::warn("cannot write {}: {}", path_, std::strerror(errno));
   }
-  const char msg[] = "\nflowrun: Ctrl-C: stopping after the steps in flight (again to exit now)\n";
-  ssize_t rc = write(2, msg, sizeof msg - 1);
+  ~OutDirLock() { ::close(fd_); }  // releases the lock; the file stays (harmless, unlocked)
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  static std::string now_text() {
+    const std::time_t t = std::time(nullptr);
+    char buf[64];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+    return buf;
+  }
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Stopping by signal. SIGINT (Ctrl-C), SIGTERM (what Slurm, Kubernetes and systemd send before
+// killing) and SIGUSR1 (Slurm's `--signal=USR1@SECONDS`) stop admitting steps; the steps in
+// flight finish, the `at: stop` nodes run (a final checkpoint), finish() joins the writers and
+// the process exits 128 + the signal: 130, 143, 138. A second signal, or run.stop_grace_s
+// seconds after the first, exits at once with that code; `latest` then still names the newest
+// complete checkpoint (folders are renamed into place only when complete).
+std::atomic<int> g_stop{0};     // the first stop signal; 0: none
+std::atomic<int> g_signals{0};  // how many arrived
+unsigned g_grace_s = 0;         // run.stop_grace_s
+
+void say(const char* msg) {  // async-signal-safe
+  ssize_t rc = write(2, msg, std::strlen(msg));
   (void)rc;
+}
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_signals.fetch_add(1) >= 1) {
+    say("\nflowrun: second stop signal, exiting now\n");
+    _exit(128 + g_stop.load());
+  }
+  g_stop.store(sig);
+  say(sig == SIGINT    ? "\nflowrun: Ctrl-C: stopping after the steps in flight (again to exit now)\n"
+      : sig == SIGTERM ? "\nflowrun: SIGTERM: stopping after the steps in flight, then the nodes that run at stop\n"
+                       : "\nflowrun: SIGUSR1: stopping after the steps in flight, then the nodes that run at stop\n");
+  if (g_grace_s > 0) alarm(g_grace_s);
+}
+
+extern "C" void on_grace_over(int) {
+  say("\nflowrun: run.stop_grace_s passed before the stop finished; exiting now\n");
+  _exit(128 + g_stop.load());
+}
+
+void handle_stop_signals(bool on) {
+  struct sigaction sa {};
+  sigemptyset(&sa.sa_mask);
+  sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  sa.sa_handler = on ? on_grace_over : SIG_DFL;
+  sigaction(SIGALRM, &sa, nullptr);
 }
 
 const char* kRunUsage =
@@ -183,6 +266,16 @@ int cmd_run(const std::vector<std::string>& args) {
     spdlog::error("cannot create out_dir {}: {}", info.out_dir, ec.message());
     return 1;
   }
+  // Rank 0 holds the lock for the job: its ranks share out_dir, another job must not.
+  std::unique_ptr<OutDirLock> lock;
+  if (info.rank == 0) {
+    try {
+      lock = std::make_unique<OutDirLock>(info.out_dir);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      return 2;
+    }
+  }
   Tracer tracer(info.rank);
   std::string trace_file = run["trace"].as<std::string>();
   if (!trace_file.empty() && info.rank > 0) {  // one trace per rank: run.json, run.rank1.json, ...
@@ -190,6 +283,20 @@ int cmd_run(const std::vector<std::string>& args) {
     trace_file = (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(info.rank) + p.extension().string())).string();
   }
   tracer.enable(!trace_file.empty());
+  // The trace is written at the end; a path that cannot be written is an error now, not then.
+  if (!trace_file.empty()) {  // as Tracer::write will: create the folder, write TRACE.tmp
+    const fs::path parent = fs::path(trace_file).parent_path();
+    if (!parent.empty()) fs::create_directories(parent, ec);
+    const std::string probe = trace_file + ".tmp";
+    std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "w");
+    if (!f) {
+      spdlog::error("run.trace: cannot write {}: {}; give a path where a file can be created", trace_file,
+                    ec ? ec.message() : std::strerror(errno));
+      return 2;
+    }
+    std::fclose(f);
+    fs::remove(probe, ec);
+  }
 
   std::optional<ResumePoint> resume;
   try {
@@ -207,7 +314,8 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, device {}, out_dir {}", g.file, g.nodes.size(),
                info.first_step, info.last_step, run["prefetch"].as<int>(), info.device, info.out_dir);
-  std::signal(SIGINT, on_sigint);
+  g_grace_s = static_cast<unsigned>(run["stop_grace_s"].as<int>());
+  handle_stop_signals(true);
   int code = 0;
   try {
     Executor ex(g, Registry::global(), info);
@@ -217,7 +325,7 @@ int cmd_run(const std::vector<std::string>& args) {
                       info.rank == 0 ? run["progress"].as<std::string>() : "off");
     RunOptions opt = run_options(g);
     opt.tracer = &tracer;
-    opt.stop = &g_sigint;
+    opt.stop = &g_stop;
     opt.streams = streams.get();
     opt.on_step_done = [&](int64_t s) { progress.step_done(s); };
     opt.on_worker_thread = worker_thread_setup;  // with run.compute_thread: the math is here
@@ -229,7 +337,7 @@ int cmd_run(const std::vector<std::string>& args) {
     const int64_t n = st.last_step_done - st.first_step + 1;
     spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s)", st.stopped ? "stopped after" : "done:", n, st.seconds,
                  st.seconds > 0 ? n / st.seconds : 0.0);
-    if (st.stopped) code = 130;
+    if (st.stopped) code = 128 + g_stop.load();
   } catch (const NodeError& e) {
     spdlog::error("{}", e.what());
     code = 1;
@@ -237,13 +345,14 @@ int cmd_run(const std::vector<std::string>& args) {
     spdlog::error("{}", e.what());
     code = 1;
   }
-  std::signal(SIGINT, SIG_DFL);
+  handle_stop_signals(false);
   if (tracer.enabled()) {
     try {
       tracer.write(trace_file);
       spdlog::info("trace written to {} (open it in https://ui.perfetto.dev)", trace_file);
     } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
+      spdlog::error("run.trace: {}", e.what());
+      if (code == 0) code = 1;
     }
   }
   return code;

@@ -23,7 +23,8 @@ static const char* kUsage =
     "       flowrun COMMAND --help                              help for one command\n"
     "\n"
     "environment: FLOWRUN_PLUGIN_PATH (':'-separated plugin files or folders), FLOWRUN_LOG (debug, info, warn)\n"
-    "exit codes: 0 ok, 1 a node failed, 2 invalid graph file or usage, 130 stopped by Ctrl-C\n";
+    "exit codes: 0 ok, 1 a node failed, 2 invalid graph file, usage or out_dir in use,\n"
+    "            128 + signal when stopped by one: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1\n";
 
 // A training step frees its activations and allocates them again the next step. glibc hands
 // large blocks back to the kernel (blocks over the mmap threshold, and the top of the heap once

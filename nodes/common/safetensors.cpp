@@ -51,6 +51,12 @@ torch::ScalarType dtype_from_name(const std::string& name, const std::string& wh
 }
 
 File load(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    bad(path, "is a folder, not a .safetensors file; name the file in it (a checkpoint folder holds one per state, "
+              "e.g. " + (std::filesystem::path(path) / "ema.params.safetensors").string() + ")");
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    bad(path, "is not a regular file (a device or a pipe?)");
   std::ifstream in(path, std::ios::binary);
   if (!in) bad(path, std::filesystem::exists(path) ? "cannot be read" : "no such file");
   in.seekg(0, std::ios::end);

@@ -73,6 +73,8 @@ std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
       files.insert(files.end(), found.begin(), found.end());
     } else if (fs::is_regular_file(in, ec)) {
       files.push_back(in);
+    } else if (fs::exists(in, ec)) {
+      throw std::invalid_argument(in + ": not a regular file or folder (a device, pipe or socket); give text files or folders of them");
     } else {
       throw std::invalid_argument(in + ": no such file or folder");
     }

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/seed.hpp"
 #include "models/bert.hpp"
 #include "models/t5_encoder.hpp"
@@ -106,6 +107,9 @@ class TextEncodeNode : public Node {
         c.max_positions = size("max_positions", 512);
         c.type_vocab = size("type_vocab", 2);
         c.eps = p.has("eps") ? p.get<double>("eps") : 1e-12;
+        check_model_fits(ctx.who(), "bert, " + std::to_string(c.layers) + " layers of " + std::to_string(c.dim),
+                         static_cast<double>(c.vocab) * c.dim + static_cast<double>(c.layers) * (4.0 * c.dim * c.dim + 2.0 * c.dim * c.ffn),
+                         /*frozen=*/true);
         bert::Bert m(c);
         if (!weights.empty()) bert::load_hf_safetensors(*m, weights); else bert::init_weights(*m, seed);
         module = m.ptr();
@@ -122,6 +126,10 @@ class TextEncodeNode : public Node {
         c.max_distance = size("relative_attention_max_distance", 128);
         c.gated = p.get<std::string>("feed_forward_proj") == "gated-gelu";
         c.eps = p.has("eps") ? p.get<double>("eps") : 1e-6;
+        check_model_fits(ctx.who(), "t5, " + std::to_string(c.layers) + " layers of " + std::to_string(c.dim),
+                         static_cast<double>(c.vocab) * c.dim +
+                             static_cast<double>(c.layers) * (4.0 * c.dim * c.heads * c.d_kv + (c.gated ? 3.0 : 2.0) * c.dim * c.ffn),
+                         /*frozen=*/true);
         t5::T5Encoder m(c);
         if (!weights.empty()) t5::load_hf_safetensors(*m, weights); else t5::init_weights(*m, seed);
         module = m.ptr();

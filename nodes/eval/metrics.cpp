@@ -10,7 +10,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <cmath>
 #include <filesystem>
@@ -79,7 +81,7 @@ class MetricsNode : public Node {
     std::filesystem::create_directories(dir);
     path_ = (dir / "metrics.jsonl").string();
     file_.open(path_, std::ios::out | std::ios::app);
-    if (!file_) throw std::runtime_error(ctx.who() + ": cannot open " + path_ + " for writing");
+    if (!file_) throw std::runtime_error(ctx.who() + ": cannot open " + path_ + " for writing: " + std::strerror(errno));
   }
 
   void run(StepContext& ctx) override {
@@ -127,9 +129,12 @@ class MetricsNode : public Node {
       sum = 0.0;
     }
     line += fmt::format(" ({:.1f} steps/s)", rate);
+    errno = 0;
     file_ << j.dump() << '\n';
     file_.flush();
-    if (!file_) throw std::runtime_error(ctx.who() + ": writing " + path_ + " failed");
+    if (!file_)
+      throw std::runtime_error(ctx.who() + ": writing " + path_ + " failed: " +
+                               (errno ? std::strerror(errno) : "unknown reason") + " (disk full? out_dir removed?)");
     spdlog::info("{}", line);
   }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/attention.hpp"
@@ -439,6 +440,11 @@ class DitNode : public Node {
     cfg.cond_drop = p.get<double>("cond_drop");
     const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
 
+    {  // at least: per block self- and cross-attention (6 h^2), the MLP (2 r h^2), the text keys/values
+      const double h = static_cast<double>(cfg.hidden);
+      check_model_fits(ctx.who(), "depth " + std::to_string(cfg.depth) + ", hidden " + std::to_string(cfg.hidden),
+                       cfg.depth * ((6 + 2 * cfg.mlp_ratio) * h * h + 2 * h * static_cast<double>(cfg.text_dim)));
+    }
     Dit model(cfg);
     init_weights(*model, seed);
     std::string from = "DiT init, seed " + std::to_string(seed);

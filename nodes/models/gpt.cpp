@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/attention.hpp"
@@ -307,6 +308,11 @@ class GptNode : public Node {
     cfg.dropout = p.get<double>("dropout");
     const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
 
+    {  // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
+      const double d = static_cast<double>(cfg.dim);
+      check_model_fits(ctx.who(), describe(cfg),
+                       static_cast<double>(cfg.vocab + cfg.context) * d + cfg.layers * (12 * d * d + 13 * d) + 2 * d);
+    }
     Gpt model(cfg);
     std::string from;
     if (p.has("weights")) {

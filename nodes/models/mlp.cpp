@@ -1,8 +1,11 @@
 // mlp: a multi-layer perceptron model (owns its parameters; no per-step work).
 // Schema: schemas/mlp.yaml. Test: tests/nodes/mlp_test.cpp.
+#include <spdlog/fmt/fmt.h>
+
 #include <cmath>
 
 #include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/seed.hpp"
 #include "models/model_state.hpp"
 #include "registry.hpp"
@@ -26,6 +29,11 @@ class MlpNode : public Node {
     const std::string act = p.get<std::string>("activation");
     const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
 
+    check_model_fits(ctx.who(), fmt::format("{} layers of {}, {} in, {} out", layers, hidden, in_dim, out_dim),
+                     layers == 0 ? static_cast<double>(in_dim + 1) * out_dim
+                                 : static_cast<double>(in_dim + 1) * hidden +
+                                       static_cast<double>(layers - 1) * (hidden + 1) * hidden +
+                                       static_cast<double>(hidden + 1) * out_dim);
     // nn.Sequential layout, so names match PyTorch's: 0.weight, 0.bias, 2.weight, ...
     torch::nn::Sequential seq;
     int64_t d = in_dim;

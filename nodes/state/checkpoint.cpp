@@ -71,9 +71,24 @@ class Checkpoint : public Node {
     }
     if (writer_rank_) {
       fs::create_directories(dir_);
-      // Folders a killed run left half-written; `latest` never names them.
-      for (const auto& e : fs::directory_iterator(dir_))
-        if (e.path().filename().string().rfind(".step_", 0) == 0) fs::remove_all(e.path());
+      // Folders a killed run left half-written; `latest` never names them. With
+      // run.resume=never (start over, asked for by name) also the earlier run's checkpoints.
+      const bool start_over = c.run().graph && c.run().graph->run["resume"].as<std::string>("") == "never";
+      int removed = 0;
+      for (const auto& e : fs::directory_iterator(dir_)) {
+        const std::string n = e.path().filename().string();
+        if (n.rfind(".step_", 0) == 0) fs::remove_all(e.path());
+        if (start_over && (n.rfind("step_", 0) == 0 || n == "latest")) removed += fs::remove_all(e.path()) > 0;
+      }
+      if (removed) spdlog::warn("run.resume=never: deleted the earlier run's checkpoints in {}", dir_);
+      // `latest` is a one-line file this node replaces by rename; a folder there would stop it.
+      const fs::path latest = fs::path(dir_) / "latest";
+      if (fs::is_directory(latest)) {
+        if (!fs::is_empty(latest))
+          throw std::runtime_error(latest.string() + " is a folder; flowrun keeps a file of that name there (naming the "
+                                   "newest checkpoint): move the folder elsewhere");
+        fs::remove(latest);
+      }
     }
   }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -45,34 +46,88 @@ void write_manifest(const std::string& folder, const Manifest& m) {
   write_file_atomic(folder + "/manifest.json", j.dump(2) + "\n");
 }
 
+// Field by field, each error naming the file and the field: a manifest is read before any
+// state is, and a bad one must not become a negative step or a path outside the folder.
 Manifest read_manifest(const std::string& folder) {
   const std::string path = folder + "/manifest.json";
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw std::runtime_error("checkpoint " + folder + " has no manifest.json (incomplete or not a checkpoint)");
   std::ifstream in(path);
-  if (!in) throw std::runtime_error("checkpoint " + folder + " has no manifest.json (incomplete or not a checkpoint)");
+  if (!in) throw std::runtime_error(path + ": cannot read it: " + std::strerror(errno));
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(in);
-    if (j.value("format", "") != "flowrun-checkpoint") throw std::runtime_error("not a flowrun checkpoint manifest");
-    if (j.value("version", 0) != 1)
-      throw std::runtime_error("manifest version " + std::to_string(j.value("version", 0)) + ", this flowrun reads 1");
-    Manifest m;
-    m.step = j.at("step").get<int64_t>();
-    m.graph = j.value("graph", "");
-    m.name = j.value("name", "");
-    m.config = j.value("config", "");
-    m.states = j.at("states").get<std::map<std::string, std::string>>();
-    m.rng_file = j.value("rng", "");
-    return m;
-  } catch (const std::exception& e) {
-    throw std::runtime_error(path + ": " + e.what());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::runtime_error(path + ": not valid JSON (byte " + std::to_string(e.byte) +
+                             "); the checkpoint is damaged: resume from another one");
   }
+  auto bad = [&](const std::string& field, const std::string& expected) {
+    return std::runtime_error(path + ": field '" + field + "': expected " + expected +
+                              (j.is_object() && j.contains(field) ? ", got " + j[field].dump() : ", but it is missing"));
+  };
+  if (!j.is_object()) throw std::runtime_error(path + ": expected a JSON object, got " + std::string(j.type_name()));
+  if (!j.contains("format") || j["format"] != "flowrun-checkpoint") throw bad("format", "\"flowrun-checkpoint\"");
+  if (!j.contains("version") || !j["version"].is_number_integer()) throw bad("version", "1");
+  if (j["version"] != 1)
+    throw std::runtime_error(path + ": manifest version " + j["version"].dump() + ", this flowrun reads version 1");
+  Manifest m;
+  if (!j.contains("step") || !j["step"].is_number_integer() || j["step"].get<int64_t>() < 1)
+    throw bad("step", "the step number (an integer >= 1)");
+  m.step = j["step"].get<int64_t>();
+  auto text = [&](const char* field, std::string& out) {
+    if (!j.contains(field)) return;
+    if (!j[field].is_string()) throw bad(field, "a string");
+    out = j[field].get<std::string>();
+  };
+  text("graph", m.graph);
+  text("name", m.name);
+  text("config", m.config);
+  text("rng", m.rng_file);
+  // A file of the checkpoint is a plain name inside its folder.
+  auto plain = [](const std::string& f) { return !f.empty() && f.find('/') == std::string::npos && f != "." && f != ".."; };
+  if (!m.rng_file.empty() && !plain(m.rng_file)) throw bad("rng", "a file name in the checkpoint folder");
+  if (!j.contains("states") || !j["states"].is_object()) throw bad("states", "an object {state ref: file name}");
+  for (const auto& [ref, file] : j["states"].items()) {
+    if (!file.is_string() || !plain(file.get<std::string>()))
+      throw std::runtime_error(path + ": field 'states." + ref + "': expected a file name in the checkpoint folder, got " +
+                               file.dump());
+    if (ref.find('.') == std::string::npos || ref.front() == '.' || ref.back() == '.')
+      throw std::runtime_error(path + ": field 'states': '" + ref + "' is not a state ref NODE.PORT");
+    m.states[ref] = file.get<std::string>();
+  }
+  return m;
 }
 
 std::string latest(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(dir + "/latest", ec)) return "";
   std::ifstream in(dir + "/latest");
   std::string name;
   if (!in || !std::getline(in, name)) return "";
   return name;
+}
+
+std::vector<Found> checkpoints(const std::string& dir) {
+  std::vector<Found> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("step_", 0) != 0 || !e.is_directory(ec)) continue;
+    Found f;
+    f.folder = e.path().string();
+    try {
+      f.step = read_manifest(f.folder).step;
+    } catch (const std::exception& x) {
+      f.problem = x.what();
+    }
+    out.push_back(std::move(f));
+  }
+  std::sort(out.begin(), out.end(), [](const Found& a, const Found& b) {
+    if (a.problem.empty() != b.problem.empty()) return a.problem.empty();  // complete ones first
+    return a.step != b.step ? a.step > b.step : a.folder > b.folder;
+  });
+  return out;
 }
 
 void set_latest(const std::string& dir, const std::string& folder_name) {

@@ -27,10 +27,20 @@ struct Manifest {
 };
 
 void write_manifest(const std::string& folder, const Manifest& m);
-Manifest read_manifest(const std::string& folder);  // throws with the file named
+// Throws naming the file and the field (a step < 1, a file outside the folder, a wrong type).
+Manifest read_manifest(const std::string& folder);
 
-// The folder `latest` names under `dir`, or "" if there is none.
+// The folder `latest` names under `dir`, or "" if there is none (missing, empty, a folder).
 std::string latest(const std::string& dir);
+
+// Every step_* folder under `dir`: the complete ones (a valid manifest) first, newest step
+// first; then the others, with why they cannot be read.
+struct Found {
+  std::string folder;
+  int64_t step = 0;     // from the manifest
+  std::string problem;  // empty: complete
+};
+std::vector<Found> checkpoints(const std::string& dir);
 void set_latest(const std::string& dir, const std::string& folder_name);
 // A path through a checkpoint's `latest` file: each component named "latest" that is a file
 // (not a folder) is replaced by the folder it names, so

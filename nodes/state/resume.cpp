@@ -29,25 +29,68 @@ std::vector<const NodeSpec*> checkpoint_nodes(const GraphSpec& g) {
 
 std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir) {
   const std::string resume = g.run["resume"].as<std::string>("");
-  if (resume.empty()) return std::nullopt;
-  std::string folder;
-  if (resume == "auto") {
-    auto nodes = checkpoint_nodes(g);
-    if (nodes.empty())
-      throw std::runtime_error("run.resume=auto: the graph has no checkpoint node, so there is nothing to resume from");
-    const std::string dir = (fs::path(out_dir) / nodes[0]->params["dir"].as<std::string>()).string();
-    const std::string name = ckpt::latest(dir);
-    if (name.empty()) {
-      spdlog::info("run.resume=auto: no checkpoint in {} yet; starting from step 1", dir);
-      return std::nullopt;
-    }
-    folder = dir + "/" + name;
-  } else {
-    folder = resume;
-    if (!fs::is_directory(folder)) throw std::runtime_error("run.resume: no checkpoint folder " + folder);
+  const auto nodes = checkpoint_nodes(g);
+  auto dir_of = [&](const NodeSpec* n) { return (fs::path(out_dir) / n->params["dir"].as<std::string>()).string(); };
+
+  // A checkpoint folder named by path.
+  if (!resume.empty() && resume != "auto" && resume != "never") {
+    if (!fs::is_directory(resume))
+      throw std::runtime_error("run.resume: no checkpoint folder " + resume +
+                               " (give a step_* folder, or auto for OUT_DIR's newest checkpoint)");
+    return ResumePoint{resume, ckpt::read_manifest(resume).step};
   }
-  ckpt::Manifest m = ckpt::read_manifest(folder);
-  return ResumePoint{folder, m.step};
+  if (resume == "never") return std::nullopt;  // the checkpoint node deletes the old ones
+  if (nodes.empty()) {
+    if (resume == "auto")
+      throw std::runtime_error("run.resume=auto: the graph has no checkpoint node, so there is nothing to resume from");
+    return std::nullopt;
+  }
+
+  // A fresh start ("") over checkpoints of an earlier run would replace them: refuse.
+  if (resume.empty()) {
+    for (const NodeSpec* n : nodes) {
+      const auto found = ckpt::checkpoints(dir_of(n));
+      if (found.empty()) continue;
+      const std::string newest =
+          found.front().problem.empty() ? " (newest: step " + std::to_string(found.front().step) + ", " + found.front().folder + ")" : "";
+      throw std::runtime_error(dir_of(n) + " holds " + std::to_string(found.size()) + " checkpoint folder(s) of an earlier run" +
+                               newest + "; starting at step 1 would replace them. Continue that run with run.resume=auto, " +
+                               "start over with run.resume=never (deletes them), or give a new run.out_dir");
+    }
+    return std::nullopt;
+  }
+
+  // auto: `latest`, or else the newest complete checkpoint by its manifest.
+  const std::string dir = dir_of(nodes[0]);
+  const auto found = ckpt::checkpoints(dir);
+  const std::string name = ckpt::latest(dir);
+  std::string why;  // why `latest` is not used
+  if (name.empty()) {
+    why = fs::exists(dir + "/latest") ? dir + "/latest is empty or not a file" : "there is no " + dir + "/latest";
+  } else {
+    const std::string folder = dir + "/" + name;
+    try {
+      return ResumePoint{folder, ckpt::read_manifest(folder).step};
+    } catch (const std::exception& e) {
+      why = dir + "/latest names " + name + ", which cannot be used: " + e.what();
+    }
+  }
+  if (!found.empty() && found.front().problem.empty()) {
+    spdlog::warn("run.resume=auto: {}; resuming from the newest complete checkpoint, {} (step {})", why,
+                 found.front().folder, found.front().step);
+    return ResumePoint{found.front().folder, found.front().step};
+  }
+  if (!found.empty()) {
+    std::string problems;
+    for (const auto& f : found) problems += "\n  " + f.problem;
+    throw std::runtime_error("run.resume=auto: " + why + ", and none of the " + std::to_string(found.size()) +
+                             " step folders in " + dir + " is a complete checkpoint:" + problems +
+                             "\nRepair one, name one with run.resume=PATH, or start over with run.resume=never "
+                             "(deletes them) or a new run.out_dir");
+  }
+  if (!name.empty()) throw std::runtime_error("run.resume=auto: " + why);
+  spdlog::info("run.resume=auto: no checkpoint in {} yet; starting from step 1", dir);
+  return std::nullopt;
 }
 
 void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {

@@ -213,7 +213,7 @@ TEST(Check, MissingFileIsOneError) {
     FAIL();
   } catch (const GraphError& e) {
     ASSERT_EQ(e.diagnostics().size(), 1u);
-    EXPECT_NE(e.diagnostics().list()[0].str().find("/nonexistent/g.yaml: cannot open the graph file: no such file"),
+    EXPECT_NE(e.diagnostics().list()[0].str().find("/nonexistent/g.yaml: cannot read the graph file: no such file"),
               std::string::npos);
   }
 }
@@ -222,7 +222,7 @@ TEST(Check, DiagnosticFormat) {
   Loaded l = load_text("flowrun: 1\nrun: { stesp: 5 }\nnodes:\n  s: { type: t_source }\n");
   ASSERT_EQ(l.diags.size(), 1u);
   EXPECT_EQ(l.diags[0].str(), l.file + ":2:8: run.stesp: unknown parameter 'stesp' (did you mean 'steps'?); known: " +
-                                  "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, compute_thread, trace, progress, resume, comm_timeout_s");
+                                  "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, compute_thread, trace, progress, stop_grace_s, resume, comm_timeout_s");
 }
 
 TEST(Check, StreamNamesAreFreeNamesAndDefaultIsTheDefaultStream) {
@@ -247,7 +247,9 @@ nodes:
 TEST(Check, RunDeviceIsAutoCpuCudaOrCudaN) {
   for (const char* good : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"})
     EXPECT_TRUE(load_text(kGood, {std::string("run.device=") + good}).ok) << good;
-  for (const char* bad : {"gpu", "cuda:", "cuda:x", "cuda:-1", "CUDA"}) {
+  // "cuda:" is YAML for a map { cuda: null }: a type error, reported as such.
+  EXPECT_EQ(find(load_text(kGood, {"run.device=cuda:"}), "expected string, got (a map)").path, "run.device");
+  for (const char* bad : {"gpu", "cuda:x", "cuda:-1", "CUDA"}) {
     Loaded l = load_text(kGood, {std::string("run.device=") + bad});
     ASSERT_FALSE(l.ok) << bad;
     const Diagnostic& d = find(l, "is not a device: use auto, cpu, cuda or cuda:N");
@@ -256,4 +258,19 @@ TEST(Check, RunDeviceIsAutoCpuCudaOrCudaN) {
   Loaded in_file = load_text("flowrun: 1\nrun:\n  steps: 2\n  device: tpu\nnodes:\n  src: { type: t_source }\n");
   ASSERT_FALSE(in_file.ok);
   EXPECT_EQ(find(in_file, "'tpu' is not a device").mark.line, 4);
+}
+
+TEST(Check, AtStopNodesTakeStateInputsOnly) {
+  Loaded l = load_text(R"(flowrun: 1
+nodes:
+  src: { type: t_source }
+  cell: { type: t_cell }
+  ok: { type: t_read, at: [end, stop], in: { s: cell.cell } }
+  bad: { type: t_read, at: [stop], in: { s: cell.cell, in: [src.out] } }
+)");
+  ASSERT_FALSE(l.ok);
+  const Diagnostic& d = find(l, "runs at stop, after the last step's values are freed");
+  EXPECT_EQ(d.path, "nodes.bad.in.in");
+  EXPECT_EQ(d.mark.line, 6);
+  EXPECT_EQ(l.diags.size(), 1u);
 }

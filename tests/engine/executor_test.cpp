@@ -409,3 +409,41 @@ nodes:
   EXPECT_EQ(counters, 4 + 2 * 8);  // steps in flight per step; nodes ready up and down per node-step
   EXPECT_EQ(counter_names, (std::set<std::string>{"steps in flight", "nodes ready"}));
 }
+
+// `at: [stop]`: once more after the last step of a run stopped early (a final checkpoint),
+// seeing the state as that step left it; never in a run that ends normally; not twice when
+// the node was due in that step anyway.
+TEST(Executor, AtStopNodesRunOnceAfterTheLastStepOfAStoppedRun) {
+  const char* yaml = R"(flowrun: 1
+run: { steps: 100, prefetch: 2 }
+nodes:
+  src: { type: t_source }
+  cell: { type: t_cell }
+  w: { type: t_write, in: { s: cell.cell, in: [src.out] }, with: { sleep_us: 500 } }
+  final: { type: t_read, at: [stop], in: { s: cell.cell } }
+  every2: { type: t_read, every: 2, at: [stop], in: { s: cell.cell } }
+)";
+  for (int stop_after : {5, 6}) {
+    std::atomic<int> stop{0};
+    RunOptions opt;
+    opt.stop = &stop;
+    opt.on_step_done = [&](int64_t s) {
+      if (s == stop_after) stop = 1;
+    };
+    Recorder::get().clear();
+    auto r = test::run_graph_text(yaml, {}, opt);
+    ASSERT_TRUE(r.stats.stopped);
+    const int64_t last = r.stats.last_step_done;
+    std::vector<std::pair<int64_t, int64_t>> final, every2_last;  // (step, cell version seen)
+    for (const auto& e : Recorder::get().events()) {
+      if (e.node == "final") final.push_back({e.step, e.value});
+      if (e.node == "every2" && e.step == last) every2_last.push_back({e.step, e.value});
+    }
+    // One run, at the last finished step, after its write: the cell was written `last` times.
+    EXPECT_EQ(final, (std::vector<std::pair<int64_t, int64_t>>{{last, last}})) << stop_after;
+    EXPECT_EQ(every2_last.size(), 1u) << "due at step " << last << " or run at stop, never both";
+  }
+  Recorder::get().clear();
+  test::run_graph_text(yaml, {"run.steps=6"});
+  for (const auto& e : Recorder::get().events()) EXPECT_NE(e.node, "final") << "ran in a run that was not stopped";
+}

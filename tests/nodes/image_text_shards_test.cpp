@@ -530,9 +530,10 @@ std::string shapes_shards(int n, int size = 16) {
 }
 
 
-std::string graph_yaml(const std::string& path, int steps, const std::string& extra = "") {
+std::string graph_yaml(const std::string& path, int steps, const std::string& extra = "", int batch = 4) {
   return "flowrun: 1\nrun: { steps: " + std::to_string(steps) + ", seed: 3, prefetch: 2 }\nnodes:\n" +
-         "  data: { type: image_text_shards, with: { path: '" + path + "', size: 12, batch: 4" + extra + " } }\n" +
+         "  data: { type: image_text_shards, with: { path: '" + path + "', size: 12, batch: " + std::to_string(batch) +
+         extra + " } }\n" +
          "  probe: { type: t_batch_probe, in: { batch: data.batch } }\n";
 }
 
@@ -579,7 +580,7 @@ TEST(ImageTextShardsNode, TwoRanksReadDisjointBatchesAndResumeIsExact) {
   const auto seen0 = test::run_and_probe(*r0);
   auto r1 = test::load_graph_at(graph_yaml(p, 3, ", seed: 11"), 1, 2);
   const auto seen1 = test::run_and_probe(*r1);
-  auto whole = test::load_graph_at(graph_yaml(p, 3, ", seed: 11, batch: 8"), 0, 1);
+  auto whole = test::load_graph_at(graph_yaml(p, 3, ", seed: 11", /*batch=*/8), 0, 1);
   const auto seen_whole = test::run_and_probe(*whole);
   for (int64_t s = 1; s <= 3; ++s)
     EXPECT_TRUE(torch::equal(torch::cat({seen0.at(s).at("image"), seen1.at(s).at("image")}), seen_whole.at(s).at("image"))) << s;

@@ -100,4 +100,8 @@ TEST(Safetensors, DamagedFilesAreRejectedClearly) {
             std::string::npos);
   // every message names the file
   EXPECT_EQ(error_of(raw_file("{not json", data)).rfind("safetensors file /", 0), 0u);
+  // a folder (e.g. a checkpoint folder given as weights) was "bad header JSON"; a device
+  const std::string dir = test::temp_dir("st_dir");
+  EXPECT_NE(error_of(dir).find("is a folder, not a .safetensors file"), std::string::npos) << error_of(dir);
+  EXPECT_NE(error_of("/dev/zero").find("not a regular file"), std::string::npos) << error_of("/dev/zero");
 }

@@ -1,0 +1,206 @@
+// Hostile graph files: every one is an error with its line, never a crash or a hang
+// (issue 13). Each test names what a user wrote and what flowrun must answer.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+
+#include "registry.hpp"
+#include "spec.hpp"
+#include "support/run_graph.hpp"
+#include "support/test_nodes.hpp"
+
+using namespace flowrun;
+
+namespace {
+
+struct Loaded {
+  bool ok = false;
+  std::vector<Diagnostic> diags;
+  GraphSpec spec;
+  std::string all;  // every diagnostic, one per line
+};
+
+Loaded load_text(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  test::register_test_nodes();
+  Loaded l;
+  const std::string file = test::temp_dir("hostile") + "/g.yaml";
+  std::ofstream(file) << yaml;
+  try {
+    l.spec = load_graph(file, overrides, Registry::global());
+    l.ok = true;
+  } catch (const GraphError& e) {
+    l.diags = e.diagnostics().list();
+    l.all = e.diagnostics().str();
+  }
+  return l;
+}
+
+const Diagnostic& find(const Loaded& l, const std::string& needle) {
+  for (const auto& d : l.diags)
+    if (d.message.find(needle) != std::string::npos) return d;
+  ADD_FAILURE() << "no diagnostic containing '" << needle << "'; got:\n" << l.all;
+  static Diagnostic none;
+  return none;
+}
+
+const std::string kNodes = "nodes:\n  src: { type: t_source }\n";
+
+}  // namespace
+
+// Item 1: a scalar where a map belongs was std::terminate (YAML::BadSubscript).
+TEST(HostileInput, ScalarWhereAMapBelongs) {
+  Loaded l = load_text("flowrun: 1\nrun: 5\n" + kNodes);
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "expected map");
+  EXPECT_EQ(d.path, "run");
+  EXPECT_EQ(d.mark.line, 2);
+}
+
+// Wrong shapes anywhere in the file: each an error, none a crash.
+TEST(HostileInput, WrongShapesEverywhereAreErrors) {
+  const std::vector<std::string> files = {
+      "flowrun: 1\nrun: [1, 2]\n" + kNodes,
+      "flowrun: 1\nrun: { steps: { a: 1 } }\n" + kNodes,
+      "flowrun: 1\nrun: { out_dir: [a] }\n" + kNodes,
+      "flowrun: 1\nnodes: 5\n",
+      "flowrun: 1\nnodes: [a, b]\n",
+      "flowrun: 1\nnodes:\n  src: 5\n",
+      "flowrun: 1\nnodes:\n  src: { type: [t_source] }\n",
+      "flowrun: 1\nnodes:\n  src: { type: t_source, with: 5 }\n",
+      "flowrun: 1\nnodes:\n  src: { type: t_source, with: { k: [1] } }\n",
+      "flowrun: 1\nnodes:\n  src: { type: t_source, every: [2] }\n",
+      "flowrun: 1\nnodes:\n  src: { type: t_source, at: end }\n",
+      "flowrun: 1\nnodes:\n  src: { type: t_source, at: [{ a: 1 }] }\n",
+      "flowrun: 1\nnodes:\n  src: { type: t_source }\n  a: { type: t_op, in: 5 }\n",
+      "flowrun: 1\nnodes:\n  src: { type: t_source }\n  a: { type: t_op, in: { in: { x: 1 } } }\n",
+      "flowrun: 1\nplugins: [{ a: 1 }]\n" + kNodes,
+      "flowrun: 1\nplugins: lib.so\n" + kNodes,
+      "flowrun: [1]\n" + kNodes,
+      "flowrun: 1\nname: { a: 1 }\n" + kNodes,
+      "5\n",
+      "[a, b]\n",
+      "",
+  };
+  for (const auto& f : files) {
+    Loaded l = load_text(f);
+    EXPECT_FALSE(l.ok) << f;
+    EXPECT_FALSE(l.diags.empty()) << f;
+  }
+}
+
+// Item 2: an alias inside its own anchor made a node that contains itself (segfault).
+TEST(HostileInput, AliasInsideItsOwnAnchor) {
+  Loaded l = load_text("flowrun: 1\nrun: &r { steps: 5, self: *r }\n" + kNodes);
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "would contain itself");
+  EXPECT_EQ(d.mark.line, 2);
+  EXPECT_GT(d.mark.col, 20);
+}
+
+// Item 3: "billion laughs" took ×10 time per level. Refused at once, by expanded size.
+TEST(HostileInput, AliasBombIsRefusedQuickly) {
+  std::string y = "flowrun: 1\nl0: &l0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 9; ++i) {
+    y += "l" + std::to_string(i) + ": &l" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) y += std::string(k ? ", " : "") + "*l" + std::to_string(i - 1);
+    y += "]\n";
+  }
+  y += kNodes;
+  const auto t0 = std::chrono::steady_clock::now();
+  Loaded l = load_text(y);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(l.ok);
+  find(l, "alias bomb");
+  EXPECT_LT(s, 2.0);
+}
+
+// Aliases within reason still work: an anchor reused as a value.
+TEST(HostileInput, PlainAliasesStillWork) {
+  Loaded l = load_text("flowrun: 1\nrun: { steps: &n 4 }\nnodes:\n  src: { type: t_source, with: { k: *n } }\n");
+  ASSERT_TRUE(l.ok) << l.all;
+  EXPECT_EQ(l.spec.nodes[0].params["k"].as<int>(), 4);
+}
+
+// Item 8: duplicate keys validated and the last one won. Reported at the second one, and the
+// checker still reports the file's other problems.
+TEST(HostileInput, DuplicateKeysAnywhere) {
+  Loaded l = load_text("flowrun: 1\nrun:\n  steps: 5\n  steps: 7\nnodes:\n  src: { type: t_source, with: { k: 1, k: 2 } }\n"
+                       "  b: { type: t_source, evry: 3 }\n");
+  ASSERT_FALSE(l.ok);
+  EXPECT_EQ(find(l, "duplicate key 'steps'").mark.line, 4);
+  EXPECT_EQ(find(l, "duplicate key 'k'").mark.line, 6);
+  find(l, "unknown parameter 'evry'");
+}
+
+// Item 9: `.inf` validated (and the run failed at step 2). NaN and infinity are refused.
+TEST(HostileInput, InfiniteAndNanFloatsAreRefused) {
+  for (const std::string v : {".inf", "-.inf", ".Inf", ".nan", "1e999"}) {
+    Loaded l = load_text("flowrun: 1\nrun: { steps: 5, comm_timeout_s: " + v + " }\n" + kNodes);
+    ASSERT_FALSE(l.ok) << v;
+    EXPECT_EQ(find(l, "expected float").path, "run.comm_timeout_s") << v;
+  }
+  EXPECT_TRUE(load_text("flowrun: 1\nrun: { steps: 5, comm_timeout_s: 1e3 }\n" + kNodes).ok);
+}
+
+// A too-deep file was "bad file"; now it says what is wrong and where, at any depth.
+TEST(HostileInput, TooDeep) {
+  for (int depth : {100, 100000}) {
+    Loaded l = load_text("flowrun: 1\nx: " + std::string(depth, '[') + std::string(depth, ']') + "\n" + kNodes);
+    ASSERT_FALSE(l.ok) << depth;
+    EXPECT_EQ(find(l, "levels deep").mark.line, 2) << depth;
+  }
+}
+
+// A second YAML document was ignored silently.
+TEST(HostileInput, SecondDocument) {
+  Loaded l = load_text("flowrun: 1\n" + kNodes + "---\nflowrun: 1\n");
+  ASSERT_FALSE(l.ok);
+  EXPECT_EQ(find(l, "second YAML document").mark.line, 4);
+}
+
+// A malformed ${... was left in the value silently.
+TEST(HostileInput, MalformedSubstitution) {
+  for (const std::string v : {"${HOME", "a${1x}b", "${run.steps"}) {
+    Loaded l = load_text("flowrun: 1\nrun: { out_dir: \"" + v + "\" }\n" + kNodes);
+    ASSERT_FALSE(l.ok) << v;
+    EXPECT_EQ(find(l, "a '${' that is not").path, "run.out_dir") << v;
+  }
+  Loaded ok = load_text("flowrun: 1\nrun: { out_dir: \"x/${run.steps}/${NOT_SET_ANYWHERE:-d}\" }\n" + kNodes);
+  ASSERT_TRUE(ok.ok) << ok.all;
+  EXPECT_EQ(ok.spec.run["out_dir"].as<std::string>(), "x/100/d");
+}
+
+// Keys are names: a list, a map or an alias as a key is refused.
+TEST(HostileInput, KeysThatAreNotNames) {
+  for (const std::string bad : {"? [a, b]\n: 1\n", "? { a: 1 }\n: 1\n", "a: &k x\n*k : 1\n"}) {
+    Loaded l = load_text("flowrun: 1\n" + bad + kNodes);
+    ASSERT_FALSE(l.ok) << bad;
+    find(l, "a map key is");
+  }
+}
+
+// Override values go through the same loader.
+TEST(HostileInput, OverrideValues) {
+  Loaded l = load_text("flowrun: 1\n" + kNodes, {"src.k=&a [*a]"});
+  ASSERT_FALSE(l.ok);
+  find(l, "would contain itself");
+  Loaded d = load_text("flowrun: 1\n" + kNodes, {"src.k={a: 1, a: 2}"});
+  ASSERT_FALSE(d.ok);
+  find(d, "duplicate key 'a'");
+}
+
+// The graph file itself: a folder, a device, a missing file.
+TEST(HostileInput, GraphFileThatIsNotAFile) {
+  for (const auto& [path, says] : std::vector<std::pair<std::string, std::string>>{
+           {test::temp_dir("hostile_dir"), "it is a folder"},
+           {"/dev/zero", "not a regular file"},
+           {"/nonexistent/g.yaml", "no such file"}}) {
+    try {
+      load_graph(path, {}, Registry::global());
+      ADD_FAILURE() << path;
+    } catch (const GraphError& e) {
+      EXPECT_NE(e.diagnostics().str().find(says), std::string::npos) << e.diagnostics().str();
+    }
+  }
+}
