@@ -649,7 +649,8 @@ struct Executor::Impl : ExecutorCore {
         graph = &g;
         int64_t next = info.first_step;
         tbb::flow::input_node<int64_t> source(g, [&](tbb::flow_control& fc) -> int64_t {
-          if (next > info.last_step || failed.load() || (o.stop && o.stop->load() > 0)) {
+          if (next > info.last_step || failed.load() || (o.stop && o.stop->load() > 0) ||
+              (o.stop_before && o.stop_before(next))) {
             fc.stop();
             return 0;
           }

@@ -30,7 +30,11 @@ struct RunOptions {
   int prefetch = 2;
   int workers = 0;                          // executor threads; 0 = cores
   Tracer* tracer = nullptr;                 // optional
-  const std::atomic<int>* stop = nullptr;   // > 0: start no new steps (SIGINT)
+  const std::atomic<int>* stop = nullptr;   // > 0: start no new steps (a stop signal)
+  // Instead of `stop` where several processes must stop at the same step: called before step s
+  // is admitted, once per step in step order; true = admit no more. (The CLI's ranks agree on
+  // it with one small all-reduce per step, commands.cpp.)
+  std::function<bool(int64_t step)> stop_before;
   std::function<void(int64_t step)> on_step_done;  // called in step order
   // Called once, on the failing node's thread, as soon as the first node fails (before the
   // steps in flight drain). The CLI ends a multi-process job from here (comm::abort_job).
@@ -50,7 +54,7 @@ struct RunOptions {
 struct RunStats {
   int64_t first_step = 0, last_step_done = 0;
   double seconds = 0;
-  bool stopped = false;  // by `stop`
+  bool stopped = false;  // by `stop` or `stop_before`
 };
 
 // An exception in a node, with where it happened.

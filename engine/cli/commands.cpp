@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <deque>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -212,6 +213,45 @@ void handle_stop_signals(bool on) {
   sigaction(SIGALRM, &sa, nullptr);
 }
 
+// Several ranks must stop before the same step, or the ones still running wait in a collective
+// for the ones that stopped. Each step's admission adds this rank's stop signal (0 = none) to a
+// max-all-reduce on a channel of its own; step s is admitted unless the all-reduce added at
+// step s - kLag found a signal on some rank. So a signal on any rank stops every rank before
+// the same step, kLag steps later, and the wait for the result is off the critical path (it
+// arrived steps ago). All ranks exit with that signal's code.
+class StopAgreement {
+ public:
+  static constexpr size_t kLag = 2;
+  explicit StopAgreement(std::shared_ptr<comm::Channel> ch) : ch_(std::move(ch)) {}
+  ~StopAgreement() {  // the all-reduces in flight complete on every rank (same count)
+    for (auto& p : inflight_) try {
+        p.request.wait();
+      } catch (...) {
+      }
+  }
+  bool stop_before(int64_t) {
+    Pending p{std::make_unique<int64_t>(g_stop.load()), {}};
+    p.request = ch_->allreduce(p.signal.get(), 1, comm::DType::i64, comm::Op::max, "agreeing whether to stop");
+    inflight_.push_back(std::move(p));
+    if (inflight_.size() <= kLag) return false;
+    Pending& oldest = inflight_.front();
+    oldest.request.wait();
+    agreed_ = static_cast<int>(*oldest.signal);
+    inflight_.pop_front();
+    return agreed_ > 0;
+  }
+  int signal() const { return agreed_; }
+
+ private:
+  struct Pending {
+    std::unique_ptr<int64_t> signal;  // the buffer stays put while the all-reduce runs
+    comm::Request request;
+  };
+  std::shared_ptr<comm::Channel> ch_;
+  std::deque<Pending> inflight_;
+  int agreed_ = 0;
+};
+
 const char* kRunUsage =
     "usage: flowrun [run] FILE [KEY=VALUE...] [--print-config]\n"
     "  KEY=VALUE   run.KEY=V sets a run setting (run.steps=50); NODE.PARAM=V a node parameter\n"
@@ -234,8 +274,10 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   // Before any node makes its own channel: every rank creates its channels in the same order.
   std::shared_ptr<comm::Channel> startup;
+  std::unique_ptr<StopAgreement> agree;  // several ranks: where to stop
   try {
     startup = comm::Channel::create("startup");
+    if (comm::distributed()) agree = std::make_unique<StopAgreement>(comm::Channel::create("stop"));
     if (loaded) comm::set_timeout(g.run["comm_timeout_s"].as<double>());
     if (!same_graph_everywhere(*startup, loaded, loaded ? to_yaml(resolved_config(g)) : "")) return 2;
   } catch (const std::exception& e) {
@@ -325,7 +367,10 @@ int cmd_run(const std::vector<std::string>& args) {
                       info.rank == 0 ? run["progress"].as<std::string>() : "off");
     RunOptions opt = run_options(g);
     opt.tracer = &tracer;
-    opt.stop = &g_stop;
+    if (agree)
+      opt.stop_before = [&](int64_t s) { return agree->stop_before(s); };
+    else
+      opt.stop = &g_stop;
     opt.streams = streams.get();
     opt.on_step_done = [&](int64_t s) { progress.step_done(s); };
     opt.on_worker_thread = worker_thread_setup;  // with run.compute_thread: the math is here
@@ -337,7 +382,7 @@ int cmd_run(const std::vector<std::string>& args) {
     const int64_t n = st.last_step_done - st.first_step + 1;
     spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s)", st.stopped ? "stopped after" : "done:", n, st.seconds,
                  st.seconds > 0 ? n / st.seconds : 0.0);
-    if (st.stopped) code = 128 + g_stop.load();
+    if (st.stopped) code = 128 + (agree ? agree->signal() : g_stop.load());
   } catch (const NodeError& e) {
     spdlog::error("{}", e.what());
     code = 1;

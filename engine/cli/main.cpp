@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   const int rc = dispatch(args);
   // A rank that fails alone would leave the others waiting in their next collective: end the
   // whole job (node failures already did this the moment they happened, see cmd_run).
-  if (rc != 0 && flowrun::comm::distributed())
+  // A stop by signal (128 + signal) is agreed by every rank: they finalize normally.
+  if (rc != 0 && rc < 128 && flowrun::comm::distributed())
     flowrun::comm::abort_job(flowrun::comm::where() + ": flowrun exited with code " + std::to_string(rc), rc);
   flowrun::comm::finalize();
   return rc;

@@ -254,7 +254,7 @@ sigterm_final_checkpoint)
   [ -s "$tmp/a" ] && cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b" >&2; fail "losses after the resume differ"; }
   # SIGUSR1 (Slurm's --signal) stops the same way, exit 138. A stop that outlasts
   # run.stop_grace_s exits then, leaving latest on a complete checkpoint.
-  "$flowrun" "${g[@]}" run.steps=100000 run.out_dir="$tmp/u" ckpt.every=2 ckpt.with.write_delay_ms=3000 \
+  "$flowrun" "${g[@]}" run.steps=100000 run.out_dir="$tmp/u" ckpt.every=2 ckpt.with.write_delay_ms=1000 \
     run.stop_grace_s=1 >"$tmp/out" 2>&1 &
   pid=$!
   for i in $(seq 300); do [ -f "$tmp/u/checkpoints/latest" ] && break; sleep 0.1; done
