@@ -22,6 +22,7 @@
 #include "bench_graph.hpp"
 #include "data/image_text_shards.hpp"
 #include "encode/text_encode.hpp"
+#include "encode/tokenize.hpp"
 #include "encode/wordpiece.hpp"
 #include "models/bert.hpp"
 #include "models/dit.hpp"
@@ -75,7 +76,7 @@ double hand_loop(const std::string& data, const std::string& vocab, const Enc& e
   for (int s = 1; s <= steps; ++s) {
     const int64_t i = (s - 1) % per_epoch;
     TensorMap batch = ds.batch("train", i, kBatch, 0, 1);
-    const TensorMap cond = encode_text(*enc, tok->encode(ds.captions("train", i, kBatch, 0, 1)));
+    const TensorMap cond = encode_text(*enc, encode_texts(*tok, ds.captions("train", i, kBatch, 0, 1)));
     FwdBwdOptions o;
     o.dropout_seed = static_cast<uint64_t>(s);
     FwdBwdResult r = forward_backward(*model, merge_batches(batch, cond), def.loss, o);

@@ -190,7 +190,7 @@ struct Checker {
         is.port = port;
         is.schema = ps;
         is.mark = at(it->first);
-        const YAML::Node& v = it->second;
+        const YAML::Node v = it->second;  // a copy (a handle): it->second lives in a temporary
         if (v.IsSequence()) {
           if (!ps->many) {
             diags.error(at(v), path, "input '" + port + "' takes one NODE.PORT, not a list");
@@ -235,7 +235,7 @@ struct Checker {
       if (!seen.insert(ns.name).second) continue;
       if (!valid_name(ns.name))
         diags.error(ns.mark, path, "node names use letters, digits, '_' and '-' only (no '.')");
-      const YAML::Node& entry = it->second;
+      const YAML::Node entry = it->second;  // a copy (a handle): it->second lives in a temporary
       if (!entry.IsMap()) {
         diags.error(at(entry), path, "a node is a map: { type: TYPE, in: {...}, with: {...} }");
         g.nodes.push_back(ns);

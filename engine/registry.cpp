@@ -55,6 +55,13 @@ const std::string& builtin_schema(const std::string& type) {
   return it == m.end() ? none : it->second;
 }
 
+std::vector<std::string> builtin_types() {
+  std::vector<std::string> v;
+  for (const auto& [type, _] : detail::embedded_schemas())
+    if (type != "graph") v.push_back(type);
+  return v;
+}
+
 const ParamSchema* GraphFileSchema::run() const {
   for (const auto& p : top)
     if (p.name == "run") return &p;

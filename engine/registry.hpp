@@ -38,6 +38,8 @@ class Registry {
 
 // The schema text of a built-in type, embedded from schemas/TYPE.yaml ("" if none).
 const std::string& builtin_schema(const std::string& type);
+// The node types that have an embedded schema (schemas/*.yaml but graph.yaml), sorted.
+std::vector<std::string> builtin_types();
 // The graph file's own schema (schemas/graph.yaml), parsed once.
 struct GraphFileSchema {
   std::vector<ParamSchema> top;        // flowrun, name, run (with its fields), plugins, nodes

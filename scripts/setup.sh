@@ -18,6 +18,7 @@ done
 
 packages=(
   g++ cmake make ccache pkg-config
+  clang libclang-rt-14-dev                  # the sanitizer and fuzzing build (scripts/test.sh, scripts/fuzz.sh)
   libtorch-dev libopenblas0-openmp          # tensors; OpenBLAS or matmuls run ~20x slower
   libtbb-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libicu-dev
   libpng-dev libjpeg-dev                    # images: prep images/shapes, image_text_shards

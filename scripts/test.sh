@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
-# Build (if needed) and run the whole test suite with CTest. Extra arguments go to ctest
-# (e.g. -L engine, -R cli, --output-on-failure is already on).
+# Build (if needed) and run the whole test suite with CTest, in two build folders:
+#   build/      the product (gcc, libtorch): unit, node, end-to-end and multi-process tests;
+#   build-san/  the torch-free engine and file-format library built with clang,
+#               AddressSanitizer and UndefinedBehaviorSanitizer (FLOWRUN_TORCH=OFF): their
+#               tests, the fuzzers' corpora replayed, and each fuzzer run for a short time
+#               (FLOWRUN_FUZZ_SECONDS, default 20). docs/testing.md.
+# Extra arguments go to both ctest runs (e.g. -L engine, -R cli; --output-on-failure is on).
+# SANITIZE=0 skips the second folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
+SAN_BUILD_DIR=${SAN_BUILD_DIR:-build-san}
 [ -f "$BUILD_DIR/CMakeCache.txt" ] || cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$BUILD_DIR" -j "$(nproc)"
-cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 600 "$@"
+(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 "$@")
+[ "${SANITIZE:-1}" = 0 ] && exit 0
+
+[ -f "$SAN_BUILD_DIR/CMakeCache.txt" ] ||
+  CC=clang CXX=clang++ cmake -S . -B "$SAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DFLOWRUN_TORCH=OFF -DFLOWRUN_SANITIZE=address,undefined -DFLOWRUN_FUZZ=ON
+cmake --build "$SAN_BUILD_DIR" -j "$(nproc)"
+cd "$SAN_BUILD_DIR"
+# Any sanitizer report fails the test that triggered it (-fno-sanitize-recover, abort_on_error).
+ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
+  ctest --output-on-failure --timeout 600 "$@"

@@ -1,5 +1,7 @@
 #include "common/safetensors.hpp"
 
+#include "common/safetensors_header.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -17,20 +19,15 @@ namespace {
 
 struct DtypeInfo {
   const char* name;
-  torch::ScalarType type;
-  size_t size;
+  torch::ScalarType type;  // bytes per element: dtype_size (safetensors_header.cpp)
 };
 
 const DtypeInfo kDtypes[] = {
-    {"BOOL", torch::kBool, 1}, {"U8", torch::kUInt8, 1},    {"I8", torch::kInt8, 1},
-    {"I16", torch::kInt16, 2}, {"F16", torch::kHalf, 2},    {"BF16", torch::kBFloat16, 2},
-    {"I32", torch::kInt32, 4}, {"F32", torch::kFloat32, 4}, {"F64", torch::kFloat64, 8},
-    {"I64", torch::kInt64, 8},
+    {"BOOL", torch::kBool}, {"U8", torch::kUInt8},    {"I8", torch::kInt8},
+    {"I16", torch::kInt16}, {"F16", torch::kHalf},    {"BF16", torch::kBFloat16},
+    {"I32", torch::kInt32}, {"F32", torch::kFloat32}, {"F64", torch::kFloat64},
+    {"I64", torch::kInt64},
 };
-
-// The reference implementation refuses headers above 100 MB; so do we (a corrupt size field
-// must not make us allocate gigabytes).
-constexpr uint64_t kMaxHeader = 100u << 20;
 
 [[noreturn]] void bad(const std::string& path, const std::string& what) {
   throw std::runtime_error("safetensors file " + path + ": " + what);
@@ -62,85 +59,24 @@ File load(const std::string& path) {
   in.seekg(0, std::ios::end);
   const uint64_t file_size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
-  if (file_size < 8) bad(path, "truncated: " + std::to_string(file_size) + " bytes, not even the 8-byte header size");
-  unsigned char n8[8];
+  unsigned char n8[8] = {};
   in.read(reinterpret_cast<char*>(n8), 8);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | n8[i];
-  if (n > kMaxHeader) bad(path, "header size " + std::to_string(n) + " is implausible (corrupt file?)");
-  if (n > file_size - 8)
-    bad(path, "truncated: header says " + std::to_string(n) + " bytes, the file has " + std::to_string(file_size - 8));
-  std::string header(n, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(n));
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header);
-  } catch (const std::exception& e) {
-    bad(path, std::string("bad header JSON: ") + e.what());
-  }
-  if (!j.is_object()) bad(path, "bad header: not a JSON object");
-  const uint64_t data_size = file_size - 8 - n;
+  const uint64_t n = header_json_size(n8, file_size, path);
+  std::string json(n, '\0');
+  in.read(json.data(), static_cast<std::streamsize>(n));
+  if (!in) bad(path, "header read failed");
+  const Header h = parse_header(json, file_size - 8 - n, path);  // every check, before any allocation
   File f;
-  struct Span {
-    uint64_t b, e;
-    std::string name;
-  };
-  std::vector<Span> spans;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const auto& v = it.value();
-    if (name == "__metadata__") {
-      if (!v.is_object()) bad(path, "__metadata__ is not an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        if (!m.value().is_string()) bad(path, "__metadata__." + m.key() + " is not a string");
-        f.metadata[m.key()] = m.value().get<std::string>();
-      }
-      continue;
+  f.metadata = h.metadata;
+  for (const Entry& e : h.tensors) {
+    torch::Tensor t = torch::empty(e.shape, torch::TensorOptions().dtype(dtype_from_name(e.dtype, e.name)));
+    if (e.end > e.begin) {
+      in.seekg(static_cast<std::streamoff>(8 + n + e.begin));
+      in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e.end - e.begin));
+      if (!in) bad(path, "tensor '" + e.name + "': read failed");
     }
-    const std::string what = "tensor '" + name + "'";
-    if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets"))
-      bad(path, what + ": needs dtype, shape and data_offsets");
-    if (!v["dtype"].is_string()) bad(path, what + ": dtype is not a string");
-    torch::ScalarType dt;
-    try {
-      dt = dtype_from_name(v["dtype"].get<std::string>(), what);
-    } catch (const std::exception& e) {
-      bad(path, e.what());
-    }
-    size_t item = 0;
-    for (const auto& d : kDtypes)
-      if (d.type == dt) item = d.size;
-    std::vector<int64_t> shape;
-    uint64_t numel = 1;
-    if (!v["shape"].is_array()) bad(path, what + ": shape is not a list");
-    for (const auto& s : v["shape"]) {
-      if (!s.is_number_unsigned()) bad(path, what + ": shape has a negative or non-integer size");
-      uint64_t d = s.get<uint64_t>();
-      if (d != 0 && numel > (UINT64_C(1) << 62) / d) bad(path, what + ": shape is absurdly large");
-      numel *= d;
-      shape.push_back(static_cast<int64_t>(d));
-    }
-    const auto& off = v["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      bad(path, what + ": data_offsets must be [begin, end]");
-    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    if (b > e || e > data_size)
-      bad(path, what + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + "] are outside the " +
-                    std::to_string(data_size) + " data bytes (truncated file?)");
-    if (e - b != numel * item)
-      bad(path, what + ": " + std::to_string(e - b) + " bytes for a shape needing " + std::to_string(numel * item));
-    spans.push_back({b, e, name});
-    torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(dt));
-    if (e > b) {
-      in.seekg(static_cast<std::streamoff>(8 + n + b));
-      in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(e - b));
-      if (!in) bad(path, what + ": read failed");
-    }
-    f.tensors[name] = t;
+    f.tensors[e.name] = t;
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.b < b.b; });
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (spans[i].b < spans[i - 1].e) bad(path, "tensors '" + spans[i - 1].name + "' and '" + spans[i].name + "' overlap");
   return f;
 }
 

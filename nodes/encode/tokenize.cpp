@@ -19,6 +19,22 @@ std::shared_ptr<TextTokenizer> make_text_tokenizer(const std::string& kind, cons
   throw std::invalid_argument("tokenize: unknown kind '" + kind + "' (wordpiece or sentencepiece)");
 }
 
+TensorMap encode_texts(const TextTokenizer& tok, const std::vector<std::string>& texts) {
+  const int64_t B = static_cast<int64_t>(texts.size()), L = tok.max_length();
+  torch::Tensor input_ids = torch::full({B, L}, tok.pad_id(), torch::kInt64);
+  torch::Tensor mask = torch::zeros({B, L}, torch::kInt64);
+  auto ia = input_ids.accessor<int64_t, 2>();
+  auto ma = mask.accessor<int64_t, 2>();
+  for (int64_t b = 0; b < B; ++b) {
+    const std::vector<int64_t> row = tok.ids(texts[static_cast<size_t>(b)], L);
+    for (size_t i = 0; i < row.size() && static_cast<int64_t>(i) < L; ++i) {
+      ia[b][static_cast<int64_t>(i)] = row[i];
+      ma[b][static_cast<int64_t>(i)] = 1;
+    }
+  }
+  return {{"input_ids", input_ids}, {"attention_mask", mask}};
+}
+
 namespace {
 
 class TokenizeNode : public Node {
@@ -38,7 +54,7 @@ class TokenizeNode : public Node {
     ctx.own_state("tokenizer", tok_);
   }
 
-  void run(StepContext& ctx) override { ctx.out("tokens", tok_->encode(ctx.in<TextBatch>("text"))); }
+  void run(StepContext& ctx) override { ctx.out("tokens", encode_texts(*tok_, ctx.in<TextBatch>("text"))); }
 
  private:
   std::shared_ptr<TextTokenizer> tok_;

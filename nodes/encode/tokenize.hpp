@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "common/tensor_map.hpp"
 #include "encode/text_tokenizer.hpp"
 
 namespace flowrun {
@@ -17,5 +18,9 @@ using TextBatch = std::vector<std::string>;
 // Throws std::invalid_argument on another kind.
 std::shared_ptr<TextTokenizer> make_text_tokenizer(const std::string& kind, const std::string& vocab,
                                                    int64_t max_length, bool lowercase);
+
+// One row per text: {"input_ids", "attention_mask"}, both int64 [texts.size(), max_length()]
+// (1 = token, 0 = padding; padded with pad_id()).
+TensorMap encode_texts(const TextTokenizer& tok, const std::vector<std::string>& texts);
 
 }  // namespace flowrun

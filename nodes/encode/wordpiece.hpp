@@ -15,6 +15,7 @@
 // separated words ("a [SEP] b"), not glued to other text ("a[SEP]b" is split as text).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>

@@ -14,7 +14,7 @@
 
 #include "comm.hpp"
 #include "encode/text_encode.hpp"
-#include "encode/text_tokenizer.hpp"
+#include "encode/tokenize.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -106,7 +106,7 @@ class EvaluatorNode : public Node {
         const std::vector<std::string> caps = data.captions(o.split, i, o.batch, o.rank, o.world);
         if (caps.empty())
           throw std::runtime_error(ctx.who() + ": the dataset has no captions to encode; disconnect tokenizer and encoder");
-        return encode_text(enc, tok.encode(caps));
+        return encode_text(enc, encode_texts(tok, caps));
       };
     }
     const EvalResult r = evaluate(model, data, objective_, o);

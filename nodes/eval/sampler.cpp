@@ -25,7 +25,7 @@
 #include "data/image_text_shards.hpp"
 #include "encode/text_encode.hpp"
 #include "common/seed.hpp"
-#include "encode/text_tokenizer.hpp"
+#include "encode/tokenize.hpp"
 #include "models/dit.hpp"
 #include "registry.hpp"
 #include "train/precision.hpp"
@@ -184,7 +184,7 @@ class SamplerNode : public Node {
     std::vector<std::string> texts;  // per_prompt copies of each prompt: one grid row per prompt
     for (const auto& pr : prompts_)
       for (int64_t i = 0; i < per_prompt_; ++i) texts.push_back(pr);
-    const TensorMap cond = encode_text(encoder, tokenizer.encode(texts));
+    const TensorMap cond = encode_text(encoder, encode_texts(tokenizer, texts));
 
     SampleOptions o;
     o.schedule = schedule_;

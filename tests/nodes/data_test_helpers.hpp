@@ -1,5 +1,5 @@
-// Helpers for the data tests (tokenizer, indexed_dataset, prep_text, token_shards): where the
-// files made by scripts/data.sh are, the fortunes text, small file utilities.
+// Helpers for the data and file-format tests (tests/formats, tests/nodes): where the files made
+// by scripts/data.sh are, the fortunes text, small file utilities, test images. Torch-free.
 #pragma once
 #include <gtest/gtest.h>
 
@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "data/image_io.hpp"
 
 namespace flowrun::test {
 
@@ -67,6 +69,24 @@ inline std::vector<std::string> all_fortunes() {
     if (!cur.empty()) out.push_back(cur);
   }
   return out;
+}
+
+// An image whose pixels say where they are: (x * 16 + y, y * 8, (x + y) * 4).
+inline Image gradient(int w, int h) {
+  Image img(w, h, 3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) {
+      uint8_t* p = img.at(x, y);
+      p[0] = static_cast<uint8_t>(x * 16 + y), p[1] = static_cast<uint8_t>(y * 8), p[2] = static_cast<uint8_t>((x + y) * 4);
+    }
+  return img;
+}
+
+// A PNG whose header is fine but whose image data is corrupt (found only when decoding).
+inline std::string corrupt_body_png(const Image& img) {
+  std::string b = encode_png(img);
+  for (size_t i = b.size() - 24; i < b.size() - 16; ++i) b[i] = static_cast<char>(b[i] ^ 0x5A);
+  return b;
 }
 
 }  // namespace flowrun::test

@@ -460,9 +460,9 @@ nodes:
                            torch::tensor({1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, torch::kInt64).view({2, 8})));
   // A sampler's path: the shared tokenizer, then encode_text on the encoder's state.
   TextTokenizer& tok = g->state<TextTokenizer>("tok", "tokenizer");
-  TensorMap again = encode_text(bert, tok.encode({"a cat sat", "the cat sat on the mat"}));
+  TensorMap again = encode_text(bert, encode_texts(tok, {"a cat sat", "the cat sat on the mat"}));
   EXPECT_TRUE(torch::equal(again.at("text_emb"), emb.at("text_emb")));
-  TensorMap t5_out = encode_text(t5, tok.encode({"a cat sat"}));
+  TensorMap t5_out = encode_text(t5, encode_texts(tok, {"a cat sat"}));
   EXPECT_EQ(t5_out.count("t5_emb"), 1u);
   EXPECT_EQ(t5_out.at("t5_emb").scalar_type(), torch::kFloat);
   EXPECT_EQ(t5_out.at("t5_emb").sizes().vec(), (std::vector<int64_t>{1, 8, 16}));

@@ -1,6 +1,5 @@
-// tokenize: BERT WordPiece as Hugging Face's BertTokenizer (hand-checked on a small vocab:
-// cleaning, lowercasing and accents, punctuation, CJK, ## continuations, [UNK], the 100-char
-// limit), [CLS]/[SEP], truncation and padding; SentencePiece (T5 convention) on a model trained
+// tokenize: WordPiece batches ([CLS]/[SEP], truncation and padding; the tokenizer itself:
+// tests/formats/wordpiece_test.cpp); SentencePiece (T5 convention) on a model trained
 // in the test through the dlmopen'ed shim, in this process that also holds libtorch's libprotobuf,
 // and its error without the shim; the node in a graph, with both kinds.
 #include <gtest/gtest.h>
@@ -15,79 +14,20 @@
 #include "encode/sentencepiece.hpp"
 #include "encode/tokenize.hpp"
 #include "encode/wordpiece.hpp"
+#include "formats/wordpiece_test_vocab.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {
 namespace {
 
-using Strings = std::vector<std::string>;
-
-const Strings kVocab = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "un",   "##aff", "##able", "hello",
-                        "world", ",",     "!",     "a",     "##a",    "cat", "##s",  "sat",   "on",     "mat",
-                        "cafe",  "中",    "wait",  "—",     "what",   ".",   "runn", "##ing", "run"};
-
-WordPieceTokenizer make_wp(int64_t max_length = 16, bool lowercase = true) {
-  return WordPieceTokenizer(kVocab, max_length, lowercase, "test vocab");
-}
-
-std::string write_vocab(const Strings& v) {
-  const std::string file = test::temp_dir("tokenize") + "/vocab.txt";
-  std::ofstream out(file);
-  for (const auto& t : v) out << t << "\n";
-  return file;
-}
-
-TEST(TokenizeWordPiece, SplitsOnWhitespaceAndPunctuationAndLowercases) {
-  auto wp = make_wp();
-  EXPECT_EQ(wp.tokenize("Hello, World!"), (Strings{"hello", ",", "world", "!"}));
-  EXPECT_EQ(wp.tokenize("  hello\t\nworld  "), (Strings{"hello", "world"}));
-  EXPECT_EQ(wp.tokenize("wait\u2014what."), (Strings{"wait", "\u2014", "what", "."}));  // em dash is Pd
-  EXPECT_EQ(wp.tokenize(""), Strings{});
-}
-
-TEST(TokenizeWordPiece, StripsAccentsAndControlCharacters) {
-  auto wp = make_wp();
-  EXPECT_EQ(wp.tokenize("Caf\u00e9 CAF\u00c9"), (Strings{"cafe", "cafe"}));
-  EXPECT_EQ(wp.basic_tokenize("a\tcat\n\x01sat"), (Strings{"a", "cat", "sat"}));  // \x01 dropped
-  EXPECT_EQ(wp.basic_tokenize("a\xe2\x80\x8b" "cat"), (Strings{"acat"}));  // U+200B (Cf) dropped
-}
-
-TEST(TokenizeWordPiece, GreedyLongestMatchWithContinuations) {
-  auto wp = make_wp();
-  EXPECT_EQ(wp.tokenize("unaffable"), (Strings{"un", "##aff", "##able"}));
-  EXPECT_EQ(wp.tokenize("cats"), (Strings{"cat", "##s"}));
-  EXPECT_EQ(wp.tokenize("running"), (Strings{"runn", "##ing"}));  // longest first, not "run"
-  EXPECT_EQ(wp.tokenize("run"), (Strings{"run"}));
-  // A word with one uncoverable part is [UNK] as a whole.
-  EXPECT_EQ(wp.tokenize("xcats the"), (Strings{"[UNK]", "the"}));
-  EXPECT_EQ(wp.tokenize("catz"), (Strings{"[UNK]"}));
-}
-
-TEST(TokenizeWordPiece, WordsOverOneHundredCharactersAreUnk) {
-  auto wp = make_wp();
-  Strings hundred{"a"};
-  for (int i = 1; i < 100; ++i) hundred.push_back("##a");
-  EXPECT_EQ(wp.tokenize(std::string(100, 'a')), hundred);
-  EXPECT_EQ(wp.tokenize(std::string(101, 'a')), Strings{"[UNK]"});
-}
-
-TEST(TokenizeWordPiece, CjkCharactersAreWordsOfTheirOwn) {
-  auto wp = make_wp();
-  EXPECT_EQ(wp.basic_tokenize("\u732b\u4e2dcat"), (Strings{"\u732b", "\u4e2d", "cat"}));
-  EXPECT_EQ(wp.tokenize("\u732b\u4e2dcat"), (Strings{"[UNK]", "\u4e2d", "cat"}));
-}
-
-TEST(TokenizeWordPiece, SpecialTokensAndCase) {
-  auto wp = make_wp();
-  EXPECT_EQ(wp.ids("the [SEP] cat", 16), (std::vector<int64_t>{2, 5, 3, 15, 3}));
-  auto cased = make_wp(16, /*lowercase=*/false);
-  EXPECT_EQ(cased.basic_tokenize("Caf\u00e9 cat"), (Strings{"Caf\u00e9", "cat"}));
-  EXPECT_EQ(cased.tokenize("Hello cat"), (Strings{"[UNK]", "cat"}));
-}
+using test::kVocab;
+using test::make_wp;
+using test::Strings;
+using test::write_vocab;
 
 TEST(TokenizeWordPiece, EncodeAddsSpecialsTruncatesAndPads) {
   auto wp = make_wp(6);
-  TensorMap t = wp.encode({"The cat sat on the mat", "a cat", ""});
+  TensorMap t = encode_texts(wp, {"The cat sat on the mat", "a cat", ""});
   ASSERT_EQ(t.size(), 2u);
   const torch::Tensor ids = t.at("input_ids"), mask = t.at("attention_mask");
   EXPECT_EQ(ids.scalar_type(), torch::kInt64);
@@ -96,26 +36,6 @@ TEST(TokenizeWordPiece, EncodeAddsSpecialsTruncatesAndPads) {
                                               torch::kInt64).view({3, 6})));
   EXPECT_TRUE(torch::equal(mask, torch::tensor({1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 0, 0, 0, 0},
                                                torch::kInt64).view({3, 6})));
-}
-
-TEST(TokenizeWordPiece, LoadsVocabTxtAndNamesTheFileInErrors) {
-  const std::string file = write_vocab(kVocab);
-  auto wp = WordPieceTokenizer::load(file, 8);
-  EXPECT_EQ(wp->vocab_size(), static_cast<int64_t>(kVocab.size()));
-  EXPECT_EQ(wp->token_id("##aff"), 7);
-  EXPECT_EQ(wp->ids("unaffable!", 8), (std::vector<int64_t>{2, 6, 7, 8, 12, 3}));
-
-  const std::string bad = write_vocab({"[PAD]", "[UNK]", "the"});
-  try {
-    WordPieceTokenizer::load(bad);
-    FAIL() << "no error";
-  } catch (const std::runtime_error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(bad), std::string::npos) << msg;
-    EXPECT_NE(msg.find("[CLS]"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("[SEP]"), std::string::npos) << msg;
-  }
-  EXPECT_THROW(WordPieceTokenizer::load(bad + ".nope"), std::runtime_error);
 }
 
 // SentencePiece runs through the dlmopen'ed flowrun_spm_shim (sentencepiece.hpp): in a build that
@@ -181,7 +101,7 @@ TEST(TokenizeSentencePiece, T5ConventionEosPadTruncate) {
   const std::vector<int64_t> snow = sp->piece_ids("cat \u2603");
   EXPECT_NE(std::find(snow.begin(), snow.end(), 2), snow.end());
 
-  TensorMap t = sp->encode({"a red cat sits on the blue mat under the big sky", "dog"});
+  TensorMap t = encode_texts(*sp, {"a red cat sits on the blue mat under the big sky", "dog"});
   const torch::Tensor ids = t.at("input_ids"), mask = t.at("attention_mask");
   ASSERT_EQ(ids.sizes().vec(), (std::vector<int64_t>{2, 8}));
   // Row 0 is longer than 8: 7 pieces, then </s>.
@@ -274,7 +194,7 @@ nodes:
   EXPECT_TRUE(torch::equal(b.at("attention_mask"),
                            torch::tensor({1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1}, torch::kInt64).view({2, 6})));
   TextTokenizer& tok = g->state<TextTokenizer>("tok", "tokenizer");
-  EXPECT_TRUE(torch::equal(tok.encode({"a cat"}).at("input_ids"), b.at("input_ids").narrow(0, 0, 1)));
+  EXPECT_TRUE(torch::equal(encode_texts(tok, {"a cat"}).at("input_ids"), b.at("input_ids").narrow(0, 0, 1)));
 }
 
 TEST(TokenizeNode, SentencePieceKindInAGraph) {
@@ -301,7 +221,7 @@ nodes:
   std::lock_guard<std::mutex> l(test::BatchProbe::mu());
   ASSERT_EQ(test::BatchProbe::seen().size(), 2u);
   const TensorMap& b = test::BatchProbe::seen().at(2);
-  const TensorMap want = sp->encode({"a cat", "the cat sat on the mat step 2"});
+  const TensorMap want = encode_texts(*sp, {"a cat", "the cat sat on the mat step 2"});
   EXPECT_TRUE(torch::equal(b.at("input_ids"), want.at("input_ids"))) << b.at("input_ids");
   EXPECT_TRUE(torch::equal(b.at("attention_mask"), want.at("attention_mask")));
   // Each row: its pieces, cut to 5, then </s>, then pad 0.

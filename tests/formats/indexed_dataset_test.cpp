@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "data/indexed_dataset.hpp"
-#include "data_test_helpers.hpp"
+#include "nodes/data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun {

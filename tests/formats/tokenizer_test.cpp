@@ -9,7 +9,7 @@
 #include <random>
 
 #include "data/tokenizer.hpp"
-#include "data_test_helpers.hpp"
+#include "nodes/data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun {
