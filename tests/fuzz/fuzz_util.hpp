@@ -1,0 +1,47 @@
+// Shared by the fuzz targets: a per-process scratch folder, and writing an input to a file in it
+// for the readers that take a path (tar, .idx, manifests, graph files).
+#pragma once
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace flowrun::fuzz {
+
+// $TMPDIR/flowrun-fuzz-PID/, made once, removed at exit (the string lives as long as the
+// process: the exit handler runs after static objects are destroyed).
+inline const std::string& scratch() {
+  static const std::string* dir = [] {
+    const char* t = std::getenv("TMPDIR");
+    auto* d = new std::string(std::string(t && *t ? t : "/tmp") + "/flowrun-fuzz-" + std::to_string(getpid()));
+    std::filesystem::create_directories(*d);
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(scratch(), ec);
+    });
+    return d;
+  }();
+  return *dir;
+}
+
+inline std::string write(const std::string& name, const uint8_t* data, size_t size) {
+  const std::string path = scratch() + "/" + name;
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  return path;
+}
+
+inline std::string write(const std::string& name, const std::string& bytes) {
+  return write(name, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+}
+
+// A broken promise of the code under test: crash so libFuzzer keeps the input.
+#define FUZZ_CHECK(cond) \
+  do {                   \
+    if (!(cond)) __builtin_trap(); \
+  } while (0)
+
+}  // namespace flowrun::fuzz
