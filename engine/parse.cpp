@@ -127,7 +127,10 @@ const std::regex& var_re() {
 
 std::string lookup_run(const YAML::Node& root, const std::string& key, bool& found) {
   found = false;
-  YAML::Node v = root["run"] ? root["run"][key] : YAML::Node();
+  // `run` may be anything a user wrote (a scalar, a list): the checker reports that; here it
+  // only has no value for the key.
+  const YAML::Node run = root.IsMap() ? root["run"] : YAML::Node();
+  YAML::Node v = run && run.IsMap() ? run[key] : YAML::Node();
   if (v && v.IsScalar()) {
     found = true;
     return v.Scalar();

@@ -4,7 +4,7 @@
 #   build-san/  the torch-free engine and file-format library built with clang,
 #               AddressSanitizer and UndefinedBehaviorSanitizer (FLOWRUN_TORCH=OFF): their
 #               tests, the fuzzers' corpora replayed, and each fuzzer run for a short time
-#               (FLOWRUN_FUZZ_SECONDS, default 20). docs/testing.md.
+#               (FLOWRUN_FUZZ_SECONDS, default 15). docs/testing.md.
 # Extra arguments go to both ctest runs (e.g. -L engine, -R cli; --output-on-failure is on).
 # SANITIZE=0 skips the second folder.
 set -euo pipefail
@@ -23,4 +23,4 @@ cmake --build "$SAN_BUILD_DIR" -j "$(nproc)"
 cd "$SAN_BUILD_DIR"
 # Any sanitizer report fails the test that triggered it (-fno-sanitize-recover, abort_on_error).
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
-  ctest --output-on-failure --timeout 600 "$@"
+  ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@"

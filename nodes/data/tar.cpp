@@ -69,15 +69,20 @@ bool pread_all(int fd, char* buf, uint64_t n, uint64_t off) {
   return true;
 }
 
-// "path=..." from pax extended header records ("LEN key=value\n").
+// "path=..." from pax extended header records ("LEN key=value\n", LEN counting the whole
+// record). LEN is read strictly (digits, then a space, within what is left): a lenient parse
+// (strtoull skips blanks and saturates) let a record's length wrap the position around and
+// loop forever (found by tests/fuzz/fuzz_tar.cpp).
 std::string pax_path(const std::string& data) {
   size_t i = 0;
   while (i < data.size()) {
-    const size_t sp = data.find(' ', i);
-    if (sp == std::string::npos) break;
-    const uint64_t len = std::strtoull(data.c_str() + i, nullptr, 10);
-    if (len == 0 || i + len > data.size()) break;
-    const std::string rec = data.substr(sp + 1, i + len - sp - 2);  // without the trailing newline
+    size_t j = i;
+    uint64_t len = 0;
+    while (j < data.size() && data[j] >= '0' && data[j] <= '9' && len <= data.size())
+      len = len * 10 + static_cast<uint64_t>(data[j++] - '0');
+    // At least the digits, the space and the newline; at most what is left.
+    if (j == i || j >= data.size() || data[j] != ' ' || len > data.size() - i || len < j - i + 2) break;
+    const std::string rec = data.substr(j + 1, i + len - j - 2);  // without the trailing newline
     if (rec.rfind("path=", 0) == 0) return rec.substr(5);
     i += len;
   }

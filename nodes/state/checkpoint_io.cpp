@@ -61,6 +61,9 @@ Manifest read_manifest(const std::string& folder) {
   } catch (const nlohmann::json::parse_error& e) {
     throw std::runtime_error(path + ": not valid JSON (byte " + std::to_string(e.byte) +
                              "); the checkpoint is damaged: resume from another one");
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range (found by fuzz_manifest)
+    throw std::runtime_error(path + ": not a valid manifest (" + e.what() +
+                             "); the checkpoint is damaged: resume from another one");
   }
   auto bad = [&](const std::string& field, const std::string& expected) {
     return std::runtime_error(path + ": field '" + field + "': expected " + expected +

@@ -57,6 +57,14 @@ TEST(HostileInput, ScalarWhereAMapBelongs) {
   EXPECT_EQ(d.mark.line, 2);
 }
 
+// Found by the graph fuzzer (tests/fuzz/corpus/graph/crash-run-scalar-substitution.yaml):
+// ${run.KEY} with `run` a scalar escaped the checker as YAML::BadSubscript.
+TEST(HostileInput, RunSubstitutionWhenRunIsNotAMap) {
+  Loaded l = load_text("flowrun: 1\nrun: just_a_word\nnodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n");
+  ASSERT_FALSE(l.ok);
+  EXPECT_EQ(find(l, "expected map").path, "run");
+}
+
 // Wrong shapes anywhere in the file: each an error, none a crash.
 TEST(HostileInput, WrongShapesEverywhereAreErrors) {
   const std::vector<std::string> files = {

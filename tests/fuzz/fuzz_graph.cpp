@@ -2,34 +2,19 @@
 // node schema. Any input must end in a GraphSpec or a GraphError with its diagnostics.
 // Inputs that mention plugins are skipped: loading a plugin runs the library's code, and the
 // fuzzer would be dlopen()ing whatever paths it invents.
-#include <spdlog/spdlog.h>
-
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "registry.hpp"
 #include "spec.hpp"
 
 using namespace flowrun;
-
-namespace {
-Registry& builtins() {
-  static Registry* reg = [] {
-    spdlog::set_level(spdlog::level::off);
-    auto* r = new Registry;
-    for (const std::string& t : builtin_types()) r->add(builtin_schema(t), nullptr, "built-in");
-    return r;
-  }();
-  return *reg;
-}
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   if (text.find("plugin") != std::string::npos) return 0;
   const std::string path = fuzz::write("graph.yaml", text);
   try {
-    GraphSpec g = load_graph(path, {}, builtins());
+    GraphSpec g = load_graph(path, {}, fuzz::builtin_schemas());
     (void)to_yaml(resolved_config(g));  // a checked graph always prints
   } catch (const GraphError&) {
   }

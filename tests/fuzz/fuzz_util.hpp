@@ -1,6 +1,7 @@
-// Shared by the fuzz targets: a per-process scratch folder, and writing an input to a file in it
-// for the readers that take a path (tar, .idx, manifests, graph files).
+// Shared by the fuzz targets: a per-process scratch folder, writing an input to a file in it for
+// the readers that take a path (tar, .idx, manifests, graph files), the built-in schemas.
 #pragma once
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+
+#include "registry.hpp"
 
 namespace flowrun::fuzz {
 
@@ -36,6 +39,18 @@ inline std::string write(const std::string& name, const uint8_t* data, size_t si
 
 inline std::string write(const std::string& name, const std::string& bytes) {
   return write(name, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+}
+
+// A registry of every built-in node schema, without factories: enough to check graph files
+// (checking never makes a node). Logging off: the fuzzers' output is libFuzzer's.
+inline Registry& builtin_schemas() {
+  static Registry* reg = [] {
+    spdlog::set_level(spdlog::level::off);
+    auto* r = new Registry;
+    for (const std::string& t : builtin_types()) r->add(builtin_schema(t), nullptr, "built-in");
+    return r;
+  }();
+  return *reg;
 }
 
 // A broken promise of the code under test: crash so libFuzzer keeps the input.

@@ -97,41 +97,37 @@ graph_mismatch)
   [ ! -f "$tmp/m/metrics.jsonl" ] || [ ! -s "$tmp/m/metrics.jsonl" ] || fail "it trained anyway"
   ;;
 signal_stops_every_rank)
-  # SIGUSR1, then SIGTERM, to mpirun (which forwards both to the ranks): every rank stops before the same step,
-  # the at-stop checkpoint holds that step, the job exits 138, and resuming from that
-  # checkpoint with 2 ranks continues exactly as a job that was never stopped.
+  # SIGUSR1, then SIGTERM, to mpirun (which forwards both to the ranks): every rank stops before
+  # the same step and the at-stop checkpoint holds that step; resuming from it with 2 ranks
+  # continues exactly as a job that was never stopped.
   g=($graph ckpt.every=1000 'ckpt.at=[end, stop]' data.delay_ms=40)
-  "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=100000 run.out_dir="$tmp/s" >"$tmp/out" 2>&1 &
-  pid=$!
-  for i in $(seq 600); do [ "$(wc -l < "$tmp/s/metrics.jsonl" 2>/dev/null || echo 0)" -ge 5 ] && break; sleep 0.1; done
-  kill -USR1 $pid
-  for i in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
-  kill -0 $pid 2>/dev/null && { kill -9 $pid; cat "$tmp/out" >&2; fail "still running 30 s after SIGUSR1"; }
-  wait $pid; code=$?
+  # stop_job SIGNAL DIR: start a long job in DIR, send SIGNAL to mpirun after 5 steps; sets $code
+  # and $n (the last step) and checks that both ranks stopped cleanly with latest at step n.
+  stop_job() {
+    "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=100000 run.out_dir="$2" >"$tmp/out" 2>&1 &
+    local pid=$!
+    for i in $(seq 600); do [ "$(wc -l < "$2/metrics.jsonl" 2>/dev/null || echo 0)" -ge 5 ] && break; sleep 0.1; done
+    kill -"$1" $pid
+    for i in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+    kill -0 $pid 2>/dev/null && { kill -9 $pid; cat "$tmp/out" >&2; fail "still running 30 s after SIG$1"; }
+    code=0; wait $pid || code=$?
+    [ "$(grep -c 'stopped after' "$tmp/out")" = 2 ] || { cat "$tmp/out" >&2; fail "SIG$1: not both ranks stopped cleanly"; }
+    n=$(grep -o '"step":[0-9]*' "$2/metrics.jsonl" | tail -1 | cut -d: -f2)
+    [ "$(cat "$2/checkpoints/latest")" = "step_$(printf %08d "$n")" ] || fail "SIG$1: latest is not the last step $n"
+  }
+  stop_job USR1 "$tmp/s"
   [ $code = 138 ] || { cat "$tmp/out" >&2; fail "exit code $code after SIGUSR1, expected 138"; }
   expect_out "SIGUSR1: stopping after the steps in flight"
-  [ "$(grep -c 'stopped after' "$tmp/out")" = 2 ] || { cat "$tmp/out" >&2; fail "not both ranks stopped cleanly"; }
-  n=$(grep -o '"step":[0-9]*' "$tmp/s/metrics.jsonl" | tail -1 | cut -d: -f2)
-  [ "$(cat "$tmp/s/checkpoints/latest")" = "step_$(printf %08d "$n")" ] || fail "latest is not the last step $n"
   m=$((n + 4))
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=$m run.out_dir="$tmp/s" run.resume=auto
   expect_out "resumed from"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=$m run.out_dir="$tmp/straight"
   losses "$tmp/s/metrics.jsonl" | tail -4 > "$tmp/a"; losses "$tmp/straight/metrics.jsonl" | tail -4 > "$tmp/b"
   [ -s "$tmp/a" ] && cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b" >&2; fail "losses after the resume differ"; }
-  # SIGTERM to mpirun (what a scheduler sends) reaches the ranks too and they stop the same way;
-  # mpirun then exits with a code of its own (Open MPI 4: 1), the ranks with 143.
-  "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=100000 run.out_dir="$tmp/t" >"$tmp/out" 2>&1 &
-  pid=$!
-  for i in $(seq 600); do [ "$(wc -l < "$tmp/t/metrics.jsonl" 2>/dev/null || echo 0)" -ge 5 ] && break; sleep 0.1; done
-  kill -TERM $pid
-  for i in $(seq 300); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
-  kill -0 $pid 2>/dev/null && { kill -9 $pid; cat "$tmp/out" >&2; fail "still running 30 s after SIGTERM"; }
-  wait $pid; code=$?
+  # SIGTERM (what a scheduler sends) the same way; mpirun then exits with a code of its own
+  # (Open MPI 4: 1), the ranks with 143.
+  stop_job TERM "$tmp/t"
   [ $code != 0 ] || { cat "$tmp/out" >&2; fail "exit code 0 after SIGTERM to mpirun"; }
-  [ "$(grep -c 'stopped after' "$tmp/out")" = 2 ] || { cat "$tmp/out" >&2; fail "not both ranks stopped cleanly"; }
-  n=$(grep -o '"step":[0-9]*' "$tmp/t/metrics.jsonl" | tail -1 | cut -d: -f2)
-  [ "$(cat "$tmp/t/checkpoints/latest")" = "step_$(printf %08d "$n")" ] || fail "latest is not the last step $n"
   ;;
 *) fail "unknown case" ;;
 esac
