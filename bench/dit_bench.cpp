@@ -1,4 +1,4 @@
-// The DiT graph (image_text_shards -> tokenize -> text_encode -> dit forward_backward ->
+// The DiT graph (image_text_shards -> tokenize -> bert_encode -> dit forward_backward ->
 // optimizer) against the same work as a hand-written serial loop (read and decode the batch,
 // tokenize, encode the captions, then the training step), in one process, alternating rounds
 // (median of 3). In the graph the data, tokenizer and frozen encoder are value-only nodes, so
@@ -29,6 +29,7 @@
 #include "registry.hpp"
 #include "spec.hpp"
 #include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 #include "train/optimizer.hpp"
 
 using namespace flowrun;
@@ -48,7 +49,7 @@ struct Enc {
 dit::Config dit_config(int64_t text_dim) {
   dit::Config c;
   c.patch = 4, c.in_channels = 3, c.hidden = 128, c.depth = 4, c.heads = 4, c.mlp_ratio = 4.0;
-  c.text_dim = text_dim, c.t5_dim = 0, c.cond_drop = 0.1;
+  c.text_dim = text_dim, c.t5_dim = 0;
   return c;
 }
 
@@ -65,10 +66,11 @@ double hand_loop(const std::string& data, const std::string& vocab, const Enc& e
   dit::Dit m(dit_config(e.dim));
   dit::init_weights(*m, kSeed);
   auto model = dit::make_state(m);
-  YAML::Node p;
-  p["diffusion"]["x_key"] = "image";
-  p["diffusion"]["prediction"] = "v";
-  const ObjectiveDef def = make_objective_def("diffusion", p);
+  diffusion::Options objective_options;
+  objective_options.x_key = "image";
+  objective_options.prediction = diffusion::Prediction::v;
+  objective_options.cond_drop = 0.1;
+  const DiffusionLoss objective(objective_options);
   OptimizerState st;
   OptimConfig cfg;
   const int64_t per_epoch = ds.num_batches("train", kBatch, 0, 1);
@@ -79,7 +81,7 @@ double hand_loop(const std::string& data, const std::string& vocab, const Enc& e
     const TensorMap cond = encode_text(*enc, encode_texts(*tok, ds.captions("train", i, kBatch, 0, 1)));
     FwdBwdOptions o;
     o.dropout_seed = static_cast<uint64_t>(s);
-    FwdBwdResult r = forward_backward(*model, merge_batches(batch, cond), def.loss, o);
+    FwdBwdResult r = forward_backward(*model, merge_batches(batch, cond), objective, o);
     optimizer_update(st, model->named_parameters(true), r.grads, cfg, kLr);
   }
   return steps * kBatch / std::chrono::duration<double>(Clock::now() - t0).count();
@@ -92,15 +94,16 @@ double graph_run(const std::string& data, const std::string& vocab, const Enc& e
                       << ", progress: off }\nnodes:\n"
                       << "  data: { type: image_text_shards, with: { path: " << data << ", size: " << kSize
                       << ", batch: " << kBatch << " } }\n"
-                      << "  tok: { type: tokenize, in: { text: data.captions }, with: { vocab: " << vocab
+                      << "  tok: { type: wordpiece_tokenize, in: { text: data.captions }, with: { vocab: " << vocab
                       << ", max_length: " << e.max_length << " } }\n"
-                      << "  text: { type: text_encode, in: { tokens: tok.tokens }, with: { vocab: 128, dim: " << e.dim
+                      << "  text: { type: bert_encode, in: { tokens: tok.tokens }, with: { vocab: 128, dim: " << e.dim
                       << ", layers: " << e.layers << ", heads: " << e.heads << ", ffn: " << e.ffn << ", max_positions: 64 } }\n"
                       << "  model: { type: dit, with: { patch: 4, in_channels: 3, hidden: 128, depth: 4, heads: 4, "
                          "mlp_ratio: 4.0, text_dim: "
-                      << e.dim << ", t5_dim: 0, cond_drop: 0.1 } }\n"
-                      << "  fb: { type: forward_backward, in: { batch: data.batch, cond: text.emb, model: model.params }, "
-                         "with: { objective: diffusion, diffusion: { x_key: image, prediction: v } } }\n"
+                      << e.dim << ", t5_dim: 0 } }\n"
+                      << "  loss: { type: diffusion_loss, with: { x_key: image, prediction: v, cond_drop: 0.1 } }\n"
+                      << "  fb: { type: forward_backward, in: { batch: data.batch, cond: text.emb, objective: loss.objective, "
+                         "model: model.params } }\n"
                       << "  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: " << kLr
                       << " } }\n";
   return steps * kBatch / bench::time_graph("dit_bench", y.str(), steps, kSeed, prefetch);

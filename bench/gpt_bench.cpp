@@ -10,6 +10,7 @@
 #include "models/gpt.hpp"
 #include "support/gpt_reference.hpp"
 #include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 #include "train/optimizer.hpp"
 
 namespace {
@@ -40,7 +41,7 @@ void BM_GptStep(benchmark::State& state, bool reference, Precision precision = P
   OptimizerState opt;
   OptimConfig cfg;
   cfg.weight_decay = 0.1;
-  const Objective lm = *find_objective("lm");
+  const LmLoss lm;
   FwdBwdOptions o;
   o.precision = precision;
   auto step = [&] {

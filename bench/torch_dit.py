@@ -526,7 +526,7 @@ def dit_overrides(cfg, data, steps, window, threads=0):
             "tok.vocab=" + cfg["vocab_txt"], "tok.max_length=%d" % cfg["max_length"]] + \
            ["text.%s=%d" % kv for kv in sorted(b.items())] + \
            ["model.%s=%s" % kv for kv in sorted(d.items())] + \
-           ["model.cond_drop=%g" % cfg["cond_drop"], "opt.lr=%g" % cfg["lr"], "opt.warmup=%d" % cfg["warmup"],
+           ["loss.cond_drop=%g" % cfg["cond_drop"], "opt.lr=%g" % cfg["lr"], "opt.warmup=%d" % cfg["warmup"],
             "opt.weight_decay=%g" % cfg["weight_decay"], "opt.clip=%g" % cfg["clip"], "ema.decay=%g" % cfg["ema_decay"],
             "run.steps=%d" % steps, "run.log_every=%d" % window, "run.device=cpu", "run.threads=%d" % threads,
             "sample.every=1000000", "sample.at=[]", "eval.every=1000000", "eval.at=[]", "evlog.every=1000000",

@@ -22,6 +22,7 @@
 #include "registry.hpp"
 #include "spec.hpp"
 #include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 #include "train/optimizer.hpp"
 
 using namespace flowrun;
@@ -41,7 +42,7 @@ double hand_loop(const std::string& data, int steps, int delay_ms) {
   gpt::Gpt m(c);
   gpt::init_weights(*m, kSeed);
   std::shared_ptr<ModelState> model = gpt::make_state(m);
-  Objective lm = *find_objective("lm");
+  const LmLoss lm;
   OptimizerState st;
   OptimConfig cfg;  // adamw, as the graph
   auto t0 = Clock::now();
@@ -63,7 +64,8 @@ double graph_run(const std::string& data, int steps, int delay_ms, int prefetch)
                       << ", delay_ms: " << delay_ms << " } }\n"
                       << "  model: { type: gpt, with: { layers: " << kLayers << ", dim: " << kDim << ", heads: " << kHeads
                       << ", vocab: " << kVocab << ", context: " << kT << " } }\n"
-                      << "  fb: { type: forward_backward, in: { batch: data.batch, model: model.params }, with: { objective: lm } }\n"
+                      << "  loss: { type: lm_loss }\n"
+                      << "  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }\n"
                       << "  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: " << kLr << " } }\n";
   return steps / bench::time_graph("train_loop_bench", y.str(), steps, kSeed, prefetch);
 }

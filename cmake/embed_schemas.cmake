@@ -1,14 +1,21 @@
-# Writes OUT: a C++ file that holds every schemas/*.yaml as a string, so the flowrun binary
-# knows its built-in schemas wherever it is installed. Run as: cmake -DDIR=... -DOUT=... -P
-file(GLOB files "${DIR}/*.yaml")
-list(SORT files)
-set(body "// Generated from schemas/*.yaml by cmake/embed_schemas.cmake. Do not edit.\n#include <map>\n#include <string>\nnamespace flowrun::detail {\nconst std::map<std::string, std::string>& embedded_schemas() {\n  static const std::map<std::string, std::string> m = {\n")
-foreach(f ${files})
-  get_filename_component(name "${f}" NAME_WE)
-  file(READ "${f}" text)
-  string(APPEND body "    {\"${name}\", R\"flowrun_schema(${text})flowrun_schema\"},\n")
-endforeach()
-string(APPEND body "  };\n  return m;\n}\n}  // namespace flowrun::detail\n")
+# Writes OUT: a C++ file that holds every schemas/*.yaml (node types) and schemas/groups/*.yaml
+# (shared parameter groups) as strings, so the flowrun binary knows its built-in schemas
+# wherever it is installed. Run as: cmake -DDIR=... -DOUT=... -P
+function(embed_map var fn pattern)
+  file(GLOB files "${pattern}")
+  list(SORT files)
+  set(b "const std::map<std::string, std::string>& ${fn}() {\n  static const std::map<std::string, std::string> m = {\n")
+  foreach(f ${files})
+    get_filename_component(name "${f}" NAME_WE)
+    file(READ "${f}" text)
+    string(APPEND b "    {\"${name}\", R\"flowrun_schema(${text})flowrun_schema\"},\n")
+  endforeach()
+  string(APPEND b "  };\n  return m;\n}\n")
+  set(${var} "${b}" PARENT_SCOPE)
+endfunction()
+embed_map(types embedded_schemas "${DIR}/*.yaml")
+embed_map(groups embedded_groups "${DIR}/groups/*.yaml")
+set(body "// Generated from schemas/*.yaml and schemas/groups/*.yaml by cmake/embed_schemas.cmake. Do not edit.\n#include <map>\n#include <string>\nnamespace flowrun::detail {\n${types}${groups}}  // namespace flowrun::detail\n")
 # Only touch the file when it changes, so a rebuild does not recompile it for nothing.
 if(EXISTS "${OUT}")
   file(READ "${OUT}" old)

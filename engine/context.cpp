@@ -42,6 +42,12 @@ std::vector<std::string> SetupContext::input_ports() const {
   return v;
 }
 
+std::vector<std::string> SetupContext::value_outputs() const {
+  std::vector<std::string> v;
+  for (const auto& [port, _] : rt_->out_slot) v.push_back(port);
+  return v;
+}
+
 std::string SetupContext::what(const std::string& port) const { return rt_->who + " port '" + port + "'"; }
 
 // ---- step -------------------------------------------------------------------------------
@@ -98,8 +104,11 @@ Value& StepContext::state(const std::string& port) {
 
 void StepContext::out(const std::string& port, Value v) {
   auto it = rt_->out_slot.find(port);
-  if (it == rt_->out_slot.end())
+  if (it == rt_->out_slot.end()) {
+    const PortSchema* o = rt_->schema->output(port);
+    if (o && o->name == "*" && o->kind == PortKind::Value) return;  // a "*" output nobody reads by this name
     throw std::logic_error(rt_->who + ": out('" + port + "'): not a value output of its schema");
+  }
   frame_of(frame_).values[it->second] = std::move(v);
 }
 

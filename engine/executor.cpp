@@ -172,7 +172,10 @@ struct Executor::Impl : ExecutorCore {
           b.producers.push_back(ref.node_index);
           b.refs.push_back(ref.str());
           if (b.kind == PortKind::Value) {
-            b.slots.push_back(p.out_slot.at(ref.port));
+            // A name read from a "*" output (the checker matched it) gets its slot now.
+            auto slot = p.out_slot.find(ref.port);
+            if (slot == p.out_slot.end()) slot = p.out_slot.emplace(ref.port, nslots++).first;
+            b.slots.push_back(slot->second);
           } else if (b.kind == PortKind::State) {
             int sid = p.owned_state.at(ref.port);
             b.slots.push_back(sid);
@@ -186,7 +189,7 @@ struct Executor::Impl : ExecutorCore {
       }
       for (const auto& o : t->schema.outputs) {
         if (o.kind == PortKind::Value) {
-          rt->out_slot[o.name] = nslots++;
+          if (o.name != "*") rt->out_slot[o.name] = nslots++;  // "*": per name read, above
         } else if (o.kind == PortKind::State) {
           int sid = static_cast<int>(states.size());
           states.emplace_back();

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,12 @@ class Params {
   }
   template <class T>
   T get(const std::string& key, T fallback) const { return has(key) ? get<T>(key) : fallback; }
+  // Several parameters of one type into the fields of a config, in one statement:
+  //   p.read<int64_t>({{"vocab", &c.vocab}, {"dim", &c.dim}, {"layers", &c.layers}});
+  template <class T>
+  void read(std::initializer_list<std::pair<const char*, T*>> fields) const {
+    for (const auto& [key, to] : fields) *to = get<T>(key);
+  }
   YAML::Node node() const { return n_; }
   YAML::Node operator[](const std::string& key) const { return n_[key]; }
 
@@ -104,6 +111,9 @@ class SetupContext : public ContextBase {
   bool connected(const std::string& port) const;
   // Names of the connected input ports (for wildcard "*" ports), in file order.
   std::vector<std::string> input_ports() const;
+  // Names of the value outputs, sorted: the schema's named ones, and for a "*" output the
+  // names other nodes read from it (out() under any other name is dropped).
+  std::vector<std::string> value_outputs() const;
 
  private:
   std::string what(const std::string& port) const;
@@ -171,5 +181,11 @@ class Node {
 };
 
 using NodeFactory = std::function<std::unique_ptr<Node>()>;
+
+// The seed of a node whose schema has a nullable `seed` parameter: its value, or run.seed when
+// it is null (the schemas say so: "null: run.seed").
+inline uint64_t node_seed(const ContextBase& ctx) {
+  return ctx.params().has("seed") ? ctx.params().get<uint64_t>("seed") : ctx.run().seed;
+}
 
 }  // namespace flowrun

@@ -8,6 +8,7 @@ namespace flowrun {
 
 namespace detail {
 const std::map<std::string, std::string>& embedded_schemas();  // generated (schemas_embedded.cpp)
+const std::map<std::string, std::string>& embedded_groups();   // the same, schemas/groups/*.yaml
 
 Registrar::Registrar(const char* type, NodeFactory f) {
   const std::string& text = builtin_schema(type);
@@ -59,6 +60,33 @@ std::vector<std::string> builtin_types() {
   std::vector<std::string> v;
   for (const auto& [type, _] : detail::embedded_schemas())
     if (type != "graph") v.push_back(type);
+  return v;
+}
+
+// The built-in groups are parsed on first use: node types register at load time, in an order
+// the linker picks, and their schemas ask for groups as they are parsed.
+static const std::map<std::string, ParamGroup>& builtin_groups() {
+  static const std::map<std::string, ParamGroup> m = [] {
+    std::map<std::string, ParamGroup> g;
+    for (const auto& [name, text] : detail::embedded_groups()) {
+      ParamGroup pg = parse_param_group(text, "schemas/groups/" + name + ".yaml");
+      if (pg.name != name)
+        throw std::logic_error("schemas/groups/" + name + ".yaml names itself '" + pg.name + "'; make them equal");
+      g.emplace(name, std::move(pg));
+    }
+    return g;
+  }();
+  return m;
+}
+
+const ParamGroup* find_param_group(const std::string& name) {
+  auto it = builtin_groups().find(name);
+  return it == builtin_groups().end() ? nullptr : &it->second;
+}
+
+std::vector<std::string> param_group_names() {
+  std::vector<std::string> v;
+  for (const auto& [name, _] : builtin_groups()) v.push_back(name);
   return v;
 }
 

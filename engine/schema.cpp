@@ -204,6 +204,34 @@ ParamType param_type(const std::string& s, bool& ok) {
 
 }  // namespace
 
+// Append `p` to `to`, refusing a second parameter of the same name (a type's own parameter
+// clashing with a group's, or two groups sharing a name).
+static void add_param(std::vector<ParamSchema>& to, ParamSchema p, const YAML::Node& key, const std::string& origin,
+                      const std::string& path, Diagnostics& diags) {
+  for (const auto& q : to)
+    if (q.name == p.name) {
+      diags.error(mark_of(key, origin), path + "." + p.name,
+                  "parameter '" + p.name + "' is declared twice (a shared group already has it: drop one)");
+      return;
+    }
+  to.push_back(std::move(p));
+}
+
+// Append the parameters of the shared group named by `name` (a scalar) to `to`.
+static void add_group_params(std::vector<ParamSchema>& to, const YAML::Node& name, const std::string& origin,
+                             const std::string& path, Diagnostics& diags) {
+  const std::string g = name.IsScalar() ? name.Scalar() : "";
+  const ParamGroup* group = g.empty() ? nullptr : find_param_group(g);
+  if (!group) {
+    const std::vector<std::string> known = param_group_names();
+    diags.error(mark_of(name, origin), path,
+                "no shared parameter group '" + g + "'" + did_you_mean(g, known) + "; groups: " + join(known) +
+                    " (schemas/groups/NAME.yaml)");
+    return;
+  }
+  for (const auto& p : group->params) add_param(to, p, name, origin, path, diags);
+}
+
 ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, const std::string& origin,
                                const std::string& path, Diagnostics& diags) {
   ParamSchema ps;
@@ -213,10 +241,11 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
     diags.error(mark_of(n, origin), path, "a parameter is a map like { type: float, default: 1e-3, doc: ... }");
     return ps;
   }
-  r.unknown_keys(n, {"type", "default", "required", "nullable", "infinite", "min", "max", "values", "items", "fields", "doc"},
+  r.unknown_keys(n, {"type", "default", "required", "nullable", "infinite", "min", "max", "values", "items", "fields",
+                     "group", "doc"},
                  path);
   bool ok = true;
-  std::string t = n["type"] ? n["type"].as<std::string>() : "any";
+  std::string t = n["type"] ? n["type"].as<std::string>() : n["group"] ? "map" : "any";
   ps.type = param_type(t, ok);
   if (!ok)
     diags.error(mark_of(n["type"], origin), path + ".type",
@@ -237,11 +266,17 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
   if (ps.type == ParamType::Enum && ps.values.empty())
     diags.error(mark_of(n, origin), path, "an enum parameter needs values: [...]");
   if (n["items"]) ps.items = std::make_shared<ParamSchema>(parse_param_schema("item", n["items"], origin, path + ".items", diags));
+  if (n["group"]) {
+    // A map whose fields are a shared group's parameters (then its own `fields`, if any).
+    if (ps.type != ParamType::Map) diags.error(mark_of(n["group"], origin), path + ".group", "only a map parameter takes a group's fields");
+    add_group_params(ps.fields, n["group"], origin, path + ".group", diags);
+  }
   if (n["fields"]) {
     const YAML::Node& f = n["fields"];
     for (auto it = f.begin(); it != f.end(); ++it) {
       std::string k = it->first.as<std::string>();
-      ps.fields.push_back(parse_param_schema(k, it->second, origin, path + ".fields." + k, diags));
+      add_param(ps.fields, parse_param_schema(k, it->second, origin, path + ".fields." + k, diags), it->first, origin,
+                path, diags);
     }
   }
   if (n["default"]) {
@@ -269,7 +304,7 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     throw GraphError(diags);
   }
   SchemaReader r{origin, diags};
-  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "inputs", "outputs", "params", "node"}, "schema");
+  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "inputs", "outputs", "groups", "params", "node"}, "schema");
   if (!root["type"]) diags.error({origin, 1, 1}, "type", "the schema must name its node type: type: NAME");
   try {
     if (root["type"]) s.type = root["type"].as<std::string>();
@@ -278,10 +313,18 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     if (root["compute"]) s.compute = root["compute"].as<bool>();
     s.inputs = r.ports(root["inputs"], true, "inputs");
     s.outputs = r.ports(root["outputs"], false, "outputs");
+    // Shared groups' parameters first, in the order listed, then the type's own.
+    if (const YAML::Node& g = root["groups"]) {
+      if (!g.IsSequence())
+        diags.error(mark_of(g, origin), "groups", "groups is a list of shared parameter group names (schemas/groups/NAME.yaml)");
+      else
+        for (const auto& name : g) add_group_params(s.params, name, origin, "groups", diags);
+    }
     if (const YAML::Node& p = root["params"]; p && p.IsMap()) {
       for (auto it = p.begin(); it != p.end(); ++it) {
         std::string k = it->first.as<std::string>();
-        s.params.push_back(parse_param_schema(k, it->second, origin, "params." + k, diags));
+        add_param(s.params, parse_param_schema(k, it->second, origin, "params." + k, diags), it->first, origin, "params",
+                  diags);
       }
     }
   } catch (const YAML::Exception& e) {
@@ -292,6 +335,35 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
       diags.error({origin, 0, 0}, "outputs." + o.name, "an owned state output has access none or write");
   if (!diags.empty()) throw GraphError(diags);
   return s;
+}
+
+ParamGroup parse_param_group(const std::string& text, const std::string& origin) {
+  Diagnostics diags;
+  ParamGroup g;
+  g.origin = origin;
+  YAML::Node root = load_yaml(text, origin, diags);
+  if (!root.IsMap() || !root["group"] || !root["params"] || !root["params"].IsMap()) {
+    diags.error({origin, 1, 1}, "", "a parameter group is a map: group: NAME, doc: ..., params: { NAME: {...}, ... }");
+    throw GraphError(diags);
+  }
+  SchemaReader r{origin, diags};
+  r.unknown_keys(root, {"group", "doc", "params"}, "group");
+  try {
+    g.name = root["group"].as<std::string>();
+    if (root["doc"]) g.doc = root["doc"].as<std::string>();
+    for (auto it = root["params"].begin(); it != root["params"].end(); ++it) {
+      const std::string k = it->first.as<std::string>();
+      if (it->second.IsMap() && it->second["group"])
+        diags.error(mark_of(it->second["group"], origin), "params." + k + ".group", "a group cannot use another group");
+      else
+        add_param(g.params, parse_param_schema(k, it->second, origin, "params." + k, diags), it->first, origin, "params",
+                  diags);
+    }
+  } catch (const YAML::Exception& e) {
+    diags.error({origin, e.mark.line + 1, e.mark.column + 1}, "", e.what());
+  }
+  if (!diags.empty()) throw GraphError(diags);
+  return g;
 }
 
 // ---- checking values against parameter schemas -------------------------------------------

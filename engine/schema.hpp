@@ -14,9 +14,11 @@
 //   outputs:
 //     lr:    { kind: value, type: scalar }
 //     state: { kind: state, access: write, type: optimizer_state }  # owned, written each step
+//   groups: [text_encoder]    # shared parameter groups (schemas/groups/NAME.yaml), see ParamGroup
 //   params:
 //     lr:    { type: float, default: 1e-3, min: 0, doc: ... }
 //     kind:  { type: enum, values: [adamw, sgd], default: adamw }
+//     vae:   { group: autoencoder_kl, doc: ... }   # a map whose fields are a group's
 #pragma once
 #include <yaml-cpp/yaml.h>
 
@@ -87,6 +89,19 @@ struct NodeSchema {
   std::vector<std::string> output_names() const;
   std::vector<std::string> param_names() const;
 };
+
+// A shared parameter group: parameters several node types declare the same way, written once
+// in schemas/groups/NAME.yaml (`group: NAME`, `doc:`, `params:`). A schema uses one with
+// `groups: [NAME, ...]` (its parameters join the type's own, first) or, for a map parameter,
+// `group: NAME` (they become its fields, before any `fields:` of its own).
+struct ParamGroup {
+  std::string name, doc, origin;
+  std::vector<ParamSchema> params;
+};
+ParamGroup parse_param_group(const std::string& text, const std::string& origin);
+// The built-in groups (embedded from schemas/groups/*.yaml; registry.cpp), parsed once.
+const ParamGroup* find_param_group(const std::string& name);
+std::vector<std::string> param_group_names();
 
 // Parse a schema document. `origin` names where it came from in error messages.
 // Throws GraphError listing every problem in the schema itself.

@@ -22,7 +22,7 @@ packages=(
   libtorch-dev libopenblas0-openmp          # tensors; OpenBLAS or matmuls run ~20x slower
   libtbb-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libicu-dev
   libpng-dev libjpeg-dev                    # images: prep images/shapes, image_text_shards
-  libsentencepiece-dev                      # tokenize kind: sentencepiece (T5/mT5), via an isolated shim
+  libsentencepiece-dev                      # sentencepiece_tokenize (T5/mT5), via an isolated shim
   libopenmpi-dev openmpi-bin
   libgtest-dev libgmock-dev libbenchmark-dev
   graphviz                                  # flowrun dot | dot -Tsvg, and its test

@@ -1,5 +1,6 @@
 #include "common/safetensors.hpp"
 
+#include "common/files.hpp"
 #include "common/safetensors_header.hpp"
 
 #include <fcntl.h>
@@ -47,7 +48,8 @@ torch::ScalarType dtype_from_name(const std::string& name, const std::string& wh
   throw std::runtime_error(what + ": unsupported dtype '" + name + "'");
 }
 
-File load(const std::string& path) {
+File load(const std::string& given) {
+  const std::string path = resolve_latest(given);  // a path through a checkpoint's `latest`
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     bad(path, "is a folder, not a .safetensors file; name the file in it (a checkpoint folder holds one per state, "

@@ -2,11 +2,6 @@
 
 #include <mutex>
 
-#include "data/cursor.hpp"
-#include "models/model_state.hpp"
-#include "registry.hpp"  // FLOWRUN_CONCAT
-#include "train/optimizer.hpp"
-
 namespace flowrun {
 
 namespace {
@@ -30,10 +25,5 @@ const StateIO* find_state_io(const Value& v) {
   auto it = table().find(std::type_index(v.type()));
   return it == table().end() ? nullptr : &it->second;
 }
-
-// The built-in state types.
-FLOWRUN_STATE_TYPE(ModelState)
-FLOWRUN_STATE_TYPE(OptimizerState)
-FLOWRUN_STATE_TYPE(DataCursor)
 
 }  // namespace flowrun

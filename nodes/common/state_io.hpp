@@ -1,8 +1,9 @@
 // StateIO: how checkpoint and resume save and restore a state object they know nothing about.
 // A Value holds its object by exact type (std::shared_ptr<ModelState>, ...), so each state type
 // registers how to list its tensors by name and how to load them back, keyed by that type.
-// Built-in state types are registered in state_io.cpp; a plugin registers its own with
-// FLOWRUN_STATE_TYPE(MyState) (MyState needs tensors() and load(map)).
+// Every state type registers itself where it is defined, with FLOWRUN_STATE_TYPE(MyState) in a
+// .cpp file (MyState needs tensors() and load(map)): models/model_state.cpp, data/cursor.cpp,
+// train/optimizer.cpp; a plugin's state type the same way.
 #pragma once
 #include <functional>
 #include <map>
@@ -12,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include "registry.hpp"  // FLOWRUN_CONCAT
 #include "value.hpp"
 
 namespace flowrun {

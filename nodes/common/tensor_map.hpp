@@ -12,6 +12,9 @@ namespace flowrun {
 
 using TensorMap = std::map<std::string, torch::Tensor>;
 
+// "[2, 3, 32, 32]": a tensor's shape, for messages.
+inline std::string shape_str(const torch::Tensor& t) { return c10::str(t.sizes()); }
+
 // The batch with every tensor on `device`. From the CPU to a GPU the copy is staged in pinned
 // (page-locked) memory and queued without blocking the host, on the current stream: a data
 // node with `stream: io` copies on the io stream, and the executor makes its consumers wait

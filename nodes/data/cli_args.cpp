@@ -1,5 +1,6 @@
 #include "data/cli_args.hpp"
 
+#include <cstdio>
 #include <stdexcept>
 
 namespace flowrun {
@@ -38,6 +39,24 @@ double cli_number(const std::string& name, const std::string& value) {
   }
   if (value.empty() || used != value.size()) throw std::invalid_argument(name + ": '" + value + "' is not a number");
   return d;
+}
+
+int run_cli_command(const std::string& name, const char* usage, const std::vector<std::string>& args,
+                    const std::function<int(const CliArgs&)>& body) {
+  try {
+    const CliArgs cl = parse_cli_args(args);
+    if (cl.help) {
+      std::fputs(usage, stdout);
+      return 0;
+    }
+    return body(cl);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "flowrun %s: %s\n(flowrun %s --help for usage)\n", name.c_str(), e.what(), name.c_str());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flowrun %s: %s\n", name.c_str(), e.what());
+    return 1;
+  }
 }
 
 }  // namespace flowrun

@@ -3,6 +3,7 @@
 // std::invalid_argument naming the option, which the commands turn into exit code 2.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,5 +20,12 @@ CliArgs parse_cli_args(const std::vector<std::string>& args);
 // The value of option `name` as a non-negative integer / a number, or an error naming it.
 uint64_t cli_uint(const std::string& name, const std::string& value);
 double cli_number(const std::string& name, const std::string& value);
+
+// One `flowrun NAME` command ("prep images"): parses `args`, prints `usage` to stdout for
+// -h/--help (exit 0), else runs `body` with the parsed arguments and returns its exit code. A
+// std::invalid_argument (bad usage or input) prints "flowrun NAME: what" and a pointer to
+// --help, exit 2; any other exception prints "flowrun NAME: what", exit 1.
+int run_cli_command(const std::string& name, const char* usage, const std::vector<std::string>& args,
+                    const std::function<int(const CliArgs&)>& body);
 
 }  // namespace flowrun

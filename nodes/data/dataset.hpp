@@ -4,6 +4,7 @@
 // file format. A data node creates it in setup() (access none: it never changes).
 #pragma once
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,26 @@ class Dataset {
     return {};
   }
 };
+
+// The fixed pass the datasets share: the rows of a split in their stored order; batch `index`
+// of `batch` rows for rank r of `world` is rows index*world*batch + r*batch + [0, batch), so the
+// ranks of one batch read disjoint slices and together the rows one process would read in a
+// batch of world*batch. `who` names the dataset in errors.
+inline int64_t fixed_pass_batches(int64_t rows, int64_t batch, int rank, int world, const std::string& who) {
+  if (batch < 1 || world < 1 || rank < 0 || rank >= world) throw std::invalid_argument(who + ": bad batch/rank/world");
+  return rows / (batch * world);
+}
+inline std::vector<int64_t> fixed_pass_rows(int64_t rows, const std::string& split, int64_t index, int64_t batch, int rank,
+                                            int world, const std::string& who) {
+  const int64_t n = fixed_pass_batches(rows, batch, rank, world, who);
+  if (index < 0 || index >= n)
+    throw std::out_of_range(who + ": split '" + split + "' has " + std::to_string(n) + " batches of " +
+                            std::to_string(batch) + " for world " + std::to_string(world) + "; no batch " +
+                            std::to_string(index));
+  std::vector<int64_t> out(static_cast<size_t>(batch));
+  const int64_t first = index * world * batch + static_cast<int64_t>(rank) * batch;
+  for (int64_t j = 0; j < batch; ++j) out[static_cast<size_t>(j)] = first + j;
+  return out;
+}
 
 }  // namespace flowrun

@@ -16,6 +16,7 @@
 #include "common/device.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
+#include "data/image_tensor.hpp"
 #include "data/shuffle.hpp"
 #include "registry.hpp"
 
@@ -39,47 +40,6 @@ std::string trim(const std::string& s) {
 }
 bool is_image_ext(const std::string& e) { return e == "png" || e == "jpg" || e == "jpeg"; }
 }  // namespace
-
-// ---- tensors <-> images ----------------------------------------------------------------------
-
-torch::Tensor image_to_tensor(const Image& img) {
-  if (img.c != 3) throw std::invalid_argument("image_to_tensor: needs an RGB image, got " + std::to_string(img.c) + " channels");
-  torch::Tensor t = torch::empty({3, img.h, img.w}, torch::kFloat32);
-  float* out = t.data_ptr<float>();
-  const size_t plane = static_cast<size_t>(img.h) * img.w;
-  for (size_t p = 0; p < plane; ++p)
-    for (int k = 0; k < 3; ++k) out[k * plane + p] = img.px[p * 3 + k] / 127.5f - 1.f;
-  return t;
-}
-
-Image tensor_to_image(const torch::Tensor& t_in) {
-  torch::Tensor t = t_in.detach().to(torch::kCPU);
-  if (t.scalar_type() == torch::kUInt8) {
-    if (t.dim() != 3 || t.size(2) != 3) throw std::invalid_argument("tensor_to_image: a uint8 image is [H, W, 3]");
-  } else {
-    if (t.dim() != 3 || t.size(0) != 3) throw std::invalid_argument("tensor_to_image: a float image is [3, H, W] in [-1, 1]");
-    t = ((t.to(torch::kFloat32).clamp(-1, 1) + 1) * 127.5).round().to(torch::kUInt8).permute({1, 2, 0});
-  }
-  t = t.contiguous();
-  Image img(static_cast<int>(t.size(1)), static_cast<int>(t.size(0)), 3);
-  std::memcpy(img.px.data(), t.data_ptr<uint8_t>(), img.px.size());
-  return img;
-}
-
-Image image_grid(const torch::Tensor& images, int cols, int pad, uint8_t pad_value) {
-  if (images.dim() != 4 || images.size(1) != 3) throw std::invalid_argument("image_grid: images are [N, 3, H, W]");
-  const int n = static_cast<int>(images.size(0)), h = static_cast<int>(images.size(2)), w = static_cast<int>(images.size(3));
-  if (n < 1 || cols < 1) throw std::invalid_argument("image_grid: no images, or cols < 1");
-  cols = std::min(cols, n);
-  const int rows = (n + cols - 1) / cols;
-  Image grid(cols * w + (cols + 1) * pad, rows * h + (rows + 1) * pad, 3, pad_value);
-  for (int i = 0; i < n; ++i) {
-    const Image tile = tensor_to_image(images[i]);
-    const int x0 = pad + (i % cols) * (w + pad), y0 = pad + (i / cols) * (h + pad);
-    for (int y = 0; y < h; ++y) std::memcpy(grid.at(x0, y0 + y), tile.at(0, y), static_cast<size_t>(w) * 3);
-  }
-  return grid;
-}
 
 // ---- buckets ---------------------------------------------------------------------------------
 
@@ -365,19 +325,11 @@ size_t ImageTextDataset::find(const std::string& split) const {
 const ImageTextShards& ImageTextDataset::shards(const std::string& split) const { return *splits_[find(split)].second; }
 
 int64_t ImageTextDataset::num_batches(const std::string& split, int64_t batch, int rank, int world) const {
-  if (batch < 1 || world < 1 || rank < 0 || rank >= world) throw std::invalid_argument("image_text_shards dataset: bad batch/rank/world");
-  return shards(split).size() / (batch * world);
+  return fixed_pass_batches(shards(split).size(), batch, rank, world, "image_text_shards dataset");
 }
 
 std::vector<int64_t> ImageTextDataset::ids(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
-  const int64_t n = num_batches(split, batch, rank, world);
-  if (index < 0 || index >= n)
-    throw std::out_of_range("image_text_shards dataset: split '" + split + "' has " + std::to_string(n) + " batches of " +
-                            std::to_string(batch) + " for world " + std::to_string(world) + "; no batch " + std::to_string(index));
-  std::vector<int64_t> out(static_cast<size_t>(batch));
-  const int64_t first = index * world * batch + static_cast<int64_t>(rank) * batch;
-  for (int64_t j = 0; j < batch; ++j) out[static_cast<size_t>(j)] = first + j;
-  return out;
+  return fixed_pass_rows(shards(split).size(), split, index, batch, rank, world, "image_text_shards dataset");
 }
 
 TensorMap ImageTextDataset::batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
@@ -410,10 +362,8 @@ class ImageTextShardsNode : public Node {
     const bool multi = p.get<bool>("buckets");
     flip_ = p.get<bool>("flip");
     const int64_t batch = p.get<int64_t>("batch");
-    const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
-    const std::string on_bad = p.get<std::string>("on_bad");
-    if (on_bad != "skip" && on_bad != "error") throw std::runtime_error(ctx.who() + ": on_bad must be skip or error, not '" + on_bad + "'");
-    const OnBad mode = on_bad == "error" ? OnBad::Error : OnBad::Skip;
+    const uint64_t seed = node_seed(ctx);
+    const OnBad mode = p.get<std::string>("on_bad") == "error" ? OnBad::Error : OnBad::Skip;  // the schema's enum
     rank_ = ctx.run().rank, world_ = ctx.run().world;
 
     data_ = std::make_shared<const ImageTextShards>(path, split, mode);

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/files.hpp"
 #include "data/image_io.hpp"
 #include "data/shuffle.hpp"
 #include "data/cli_args.hpp"
@@ -40,14 +41,6 @@ const char* kImagesUsage =
     "without a caption (or with an empty one) or one that does not decode is warned about and\n"
     "skipped. Exit codes: 0 done, 2 bad usage or input, 1 a write failed.\n";
 
-std::string read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::string trim(const std::string& s) {
   const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
@@ -63,16 +56,6 @@ struct Pair {
   std::string image;    // full path
   std::string caption;  // full path of the .txt
 };
-
-void write_json_atomically(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out) throw std::runtime_error(tmp + ": write failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": cannot rename into place");
-}
 
 std::string shard_name(const std::string& prefix, const char* split, int64_t k) {
   char buf[32];
@@ -149,13 +132,13 @@ PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
   int64_t in_shard[2] = {0, 0};
   for (int64_t i = 0; i < n; ++i) {
     const Pair& p = pairs[static_cast<size_t>(i)];
-    const std::string caption = trim(read_whole(p.caption));
+    const std::string caption = trim(read_file(p.caption));
     if (caption.empty()) {
       ++s.empty_caption;
       if (!opt.quiet) std::fprintf(stderr, "warning: %s: empty caption: skipped\n", p.caption.c_str());
       continue;
     }
-    const std::string bytes = read_whole(p.image);
+    const std::string bytes = read_file(p.image);
     try {
       decode_image(bytes, p.image);
     } catch (const ImageError& e) {
@@ -196,19 +179,14 @@ PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
   j["val_fraction"] = opt.val_fraction;
   j["seed"] = opt.seed;
   j["source"] = opt.dir;
-  write_json_atomically(opt.out + ".json", j);
+  write_file_atomic(opt.out + ".json", j.dump(2) + "\n");
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
 
 int prep_images_command(const std::vector<std::string>& args) {
   PrepImagesOptions opt;
-  try {
-    const CliArgs cl = parse_cli_args(args);
-    if (cl.help) {
-      std::fputs(kImagesUsage, stdout);
-      return 0;
-    }
+  return run_cli_command("prep images", kImagesUsage, args, [&](const CliArgs& cl) {
     for (const auto& [a, v] : cl.options) {
       if (a == "--shard-size") {
         opt.shard_size = static_cast<int64_t>(cli_uint(a, v));
@@ -232,13 +210,7 @@ int prep_images_command(const std::vector<std::string>& args) {
                 s.seconds);
     std::printf("  %s.train-*.tar, %s.val-*.tar, %s.json\n", opt.out.c_str(), opt.out.c_str(), opt.out.c_str());
     return 0;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "flowrun prep images: %s\n(flowrun prep images --help for usage)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "flowrun prep images: %s\n", e.what());
-    return 1;
-  }
+  });
 }
 
 }  // namespace flowrun

@@ -15,6 +15,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/files.hpp"
 #include "data/cli_args.hpp"
 #include "data/indexed_dataset.hpp"
 #include "data/shuffle.hpp"
@@ -44,14 +45,6 @@ const char* kTextUsage =
     "\n"
     "gpt2 appends its end-of-text token (50256) to every document. Exit codes: 0 done, 2 bad usage\n"
     "or input, 1 a write failed.\n";
-
-std::string read_whole(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument(path + ": cannot read");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Input paths -> files, in a fixed order.
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
@@ -111,16 +104,6 @@ void for_each_document(std::string_view text, const std::optional<std::string>& 
   if (!blank(doc)) fn(doc);
 }
 
-void write_json_atomically(const std::string& path, const nlohmann::json& j) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << j.dump(2) << "\n";
-    if (!out) throw std::runtime_error(tmp + ": write failed");
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw std::runtime_error(path + ": cannot rename into place");
-}
-
 }  // namespace
 
 PrepTextSummary prep_text(const PrepTextOptions& opt) {
@@ -140,7 +123,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
 
   // Pass 1: count documents, then choose the val ones.
   int64_t n_docs = 0;
-  for (const std::string& f : files) for_each_document(read_whole(f), opt.split_on, [&](std::string_view) { ++n_docs; });
+  for (const std::string& f : files) for_each_document(read_file(f), opt.split_on, [&](std::string_view) { ++n_docs; });
   if (n_docs == 0) throw std::invalid_argument("the inputs hold no documents (all empty or blank)");
   int64_t n_val = 0;
   if (opt.val_fraction > 0) {
@@ -168,7 +151,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   std::vector<int32_t> ids;
   int64_t doc = 0;
   for (const std::string& f : files) {
-    const std::string text = read_whole(f);
+    const std::string text = read_file(f);
     s.bytes += static_cast<int64_t>(text.size());
     for_each_document(text, opt.split_on, [&](std::string_view d) {
       ids.clear();
@@ -195,7 +178,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   j["val_fraction"] = opt.val_fraction;
   j["split_on"] = opt.split_on ? nlohmann::json(*opt.split_on) : nlohmann::json(nullptr);
   j["files"] = s.files;
-  write_json_atomically(opt.out + ".json", j);
+  write_file_atomic(opt.out + ".json", j.dump(2) + "\n");
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return s;
 }
@@ -203,12 +186,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
 int prep_text_command(const std::vector<std::string>& args) {
   PrepTextOptions opt;
   bool have_tokenizer = false;
-  try {
-    const CliArgs cl = parse_cli_args(args);
-    if (cl.help) {
-      std::fputs(kTextUsage, stdout);
-      return 0;
-    }
+  return run_cli_command("prep text", kTextUsage, args, [&](const CliArgs& cl) {
     opt.inputs = cl.positional;
     for (const auto& [a, v] : cl.options) {
       if (a == "--tokenizer") {
@@ -247,13 +225,7 @@ int prep_text_command(const std::vector<std::string>& args) {
                   static_cast<long long>(s.documents[k]), static_cast<long long>(s.tokens[k]));
     std::printf("  %s.json\n", opt.out.c_str());
     return 0;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "flowrun prep text: %s\n(flowrun prep text --help for usage)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "flowrun prep text: %s\n", e.what());
-    return 1;
-  }
+  });
 }
 
 }  // namespace flowrun

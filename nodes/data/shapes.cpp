@@ -179,12 +179,7 @@ const char* kShapesUsage =
 
 int prep_shapes_command(const std::vector<std::string>& args) {
   ShapesOptions opt;
-  try {
-    const CliArgs cl = parse_cli_args(args);
-    if (cl.help) {
-      std::fputs(kShapesUsage, stdout);
-      return 0;
-    }
+  return run_cli_command("prep shapes", kShapesUsage, args, [&](const CliArgs& cl) {
     for (const auto& [a, v] : cl.options) {
       if (a == "--count") {
         opt.count = static_cast<int64_t>(cli_uint(a, v));
@@ -207,13 +202,7 @@ int prep_shapes_command(const std::vector<std::string>& args) {
                 static_cast<long long>(n), opt.size, opt.size, opt.set.c_str(), static_cast<unsigned long long>(opt.seed),
                 opt.out_dir.c_str(), opt.out_dir.c_str(), shapes_vocab().size());
     return 0;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "flowrun prep shapes: %s\n(flowrun prep shapes --help for usage)\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "flowrun prep shapes: %s\n", e.what());
-    return 1;
-  }
+  });
 }
 
 }  // namespace flowrun

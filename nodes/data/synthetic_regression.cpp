@@ -56,7 +56,7 @@ class SyntheticRegressionNode : public Node {
     const Params& p = ctx.params();
     batch_ = p.get<int64_t>("batch");
     delay_ms_ = p.get<int64_t>("delay_ms");
-    uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
+    uint64_t seed = node_seed(ctx);
     gen_ = std::make_unique<SyntheticRegression>(p.get<int64_t>("in_dim"), p.get<int64_t>("out_dim"),
                                                  p.get<int64_t>("hidden"), seed, p.get<double>("noise"));
     cursor_ = std::make_shared<DataCursor>();

@@ -94,19 +94,11 @@ const TokenWindows& TokenShardsDataset::find(const std::string& split) const {
 }
 
 int64_t TokenShardsDataset::num_batches(const std::string& split, int64_t batch, int rank, int world) const {
-  if (batch < 1 || world < 1 || rank < 0 || rank >= world) throw std::invalid_argument("token_shards dataset: bad batch/rank/world");
-  return find(split).count() / (batch * world);
+  return fixed_pass_batches(find(split).count(), batch, rank, world, "token_shards dataset");
 }
 
 TensorMap TokenShardsDataset::batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
-  const int64_t n = num_batches(split, batch, rank, world);
-  if (index < 0 || index >= n)
-    throw std::out_of_range("token_shards dataset: split '" + split + "' has " + std::to_string(n) + " batches of " +
-                            std::to_string(batch) + " for world " + std::to_string(world) + "; no batch " + std::to_string(index));
-  std::vector<int64_t> ids(static_cast<size_t>(batch));
-  const int64_t first = index * world * batch + static_cast<int64_t>(rank) * batch;
-  for (int64_t j = 0; j < batch; ++j) ids[static_cast<size_t>(j)] = first + j;
-  return find(split).batch(ids);
+  return find(split).batch(fixed_pass_rows(find(split).count(), split, index, batch, rank, world, "token_shards dataset"));
 }
 
 // ---- the node ------------------------------------------------------------------------------
@@ -133,7 +125,7 @@ class TokenShardsNode : public Node {
     const std::string path = p.get<std::string>("path"), split = p.get<std::string>("split");
     const int64_t seq_len = p.get<int64_t>("seq_len"), batch = p.get<int64_t>("batch");
     delay_ms_ = p.get<int64_t>("delay_ms");
-    const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
+    const uint64_t seed = node_seed(ctx);
     rank_ = ctx.run().rank, world_ = ctx.run().world;
 
     TokenWindows own(open_split(path, split), seq_len);

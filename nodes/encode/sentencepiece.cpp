@@ -130,7 +130,7 @@ const Shim& require_shim() {
         "). It needs Debian's libsentencepiece-dev when flowrun is configured (scripts/setup.sh installs it: "
         "apt-get install libsentencepiece-dev, then re-run cmake and rebuild; CMake option FLOWRUN_SENTENCEPIECE "
         "builds " + std::string(kShimName) + " next to libflowrun_nodes.so), or FLOWRUN_SPM_SHIM=/path/to/" +
-        std::string(kShimName) + "; otherwise use kind: wordpiece");
+        std::string(kShimName) + "; otherwise tokenize with wordpiece_tokenize");
   return s;
 }
 

@@ -1,37 +1,74 @@
-// Frozen text encoders (text_encode node): BERT (models/bert.hpp) or a T5 encoder
-// (models/t5_encoder.hpp), Hugging Face names, loaded from safetensors. The encoder never
-// trains: every parameter has requires_grad false, it runs under torch::NoGradGuard in eval
-// mode (no dropout). Not torch::InferenceMode: its outputs feed trainable models, which save
-// them for backward (inference tensors cannot be).
+// Frozen text encoders: the state the encoder nodes own (bert_encode: models/bert.hpp;
+// t5_encode: models/t5_encoder.hpp; Hugging Face names, loaded from safetensors) and the node
+// code they share. The encoder never trains: every parameter has requires_grad false, it runs
+// under torch::NoGradGuard in eval mode (no dropout). Not torch::InferenceMode: its outputs
+// feed trainable models, which save them for backward (inference tensors cannot be).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "common/tensor_map.hpp"
 #include "models/model_state.hpp"
+#include "node.hpp"
 
 namespace flowrun {
 
-// The ModelState behind text_encode's `params` port (held as std::shared_ptr<ModelState>;
-// dynamic_pointer_cast to this for arch and prefix). forward(tokens) reads "input_ids" and
+// The ModelState behind an encoder node's `params` port (held as std::shared_ptr<ModelState>;
+// dynamic_pointer_cast to this for the prefix). forward(tokens) reads "input_ids" and
 // "attention_mask" (optional: all ones) and returns the last hidden state [B, L, dim] as float32.
 struct TextEncoderState : ModelState {
-  std::string arch;            // "bert" or "t5"
-  std::string prefix = "text"; // output keys PREFIX_emb, PREFIX_mask
+  std::string prefix = "text";  // output keys PREFIX_emb, PREFIX_mask
   using ModelState::ModelState;
   std::shared_ptr<ModelState> clone() const override;
 };
 
-// A frozen encoder state around a bert::Bert or t5::T5Encoder module (already loaded and in its
-// dtype): sets requires_grad false everywhere and eval mode.
-std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<torch::nn::Module> module,
-                                                          const std::string& arch, const std::string& prefix = "text");
+// How an encoder module maps (input_ids [B, L], attention_mask [B, L] or undefined) to [B, L, dim].
+using EncoderForward = std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor& ids, const torch::Tensor& mask)>;
+
+// A frozen encoder state around a module (already loaded and in its dtype): sets requires_grad
+// false everywhere and eval mode. `kind` names it in messages ("bert").
+std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<torch::nn::Module> module, EncoderForward f,
+                                                          const std::string& kind, const std::string& prefix);
+// The same for a module type M with forward(input_ids, attention_mask) (bert::BertImpl,
+// t5::T5EncoderImpl).
+template <class M>
+std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<M> module, const std::string& kind,
+                                                          const std::string& prefix = "text") {
+  return make_text_encoder_state(
+      std::move(module),
+      [](torch::nn::Module& m, const torch::Tensor& ids, const torch::Tensor& mask) {
+        return dynamic_cast<M&>(m).forward(ids, mask);
+      },
+      kind, prefix);
+}
 
 // tokens {"input_ids": int [B, L], "attention_mask": int [B, L] (optional)} ->
 // {PREFIX_emb: float32 [B, L, dim], PREFIX_mask: int64 [B, L]}, on the encoder's device, under
 // NoGradGuard. PREFIX: the state's prefix if it is a TextEncoderState, else "text" (or the
-// explicit one). Used by the text_encode node and by samplers encoding prompts.
+// explicit one). Used by the encoder nodes and by samplers and evaluators encoding captions.
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens);
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens, const std::string& prefix);
+
+// The encoder nodes' shared part: the parameters of the text_encoder group (weights, dtype,
+// out_prefix, seed; schemas/groups/text_encoder.yaml), the frozen state on the `params` port,
+// the log lines, and run(): tokens -> emb. A node type adds its architecture in build().
+class TextEncodeNode : public Node {
+ public:
+  void setup(SetupContext& ctx) final;
+  void run(StepContext& ctx) final;
+
+ protected:
+  struct Built {
+    std::shared_ptr<TextEncoderState> state;  // make_text_encoder_state(module, ...)
+    std::string what;                          // "bert layers=2 dim=64", for the log
+  };
+  // The module from the node's own parameters: loaded from `weights`, or (empty) initialised
+  // from `seed`; its size checked before allocating (common/memory.hpp).
+  virtual Built build(SetupContext& ctx, const std::string& weights, uint64_t seed) = 0;
+
+ private:
+  std::shared_ptr<TextEncoderState> state_;
+};
 
 }  // namespace flowrun

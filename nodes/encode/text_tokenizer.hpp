@@ -1,5 +1,5 @@
 // TextTokenizer: captions -> a batch of fixed-length token ids, for frozen text encoders.
-// The object behind the tokenize node's `tokenizer` state port (port type `tokenizer`), held in a
+// The object behind the tokenizer nodes' `tokenizer` state port (port type `tokenizer`), held in a
 // Value as std::shared_ptr<TextTokenizer>, so a sampler node can tokenize its prompts exactly as
 // the training data was tokenized.
 //

@@ -1,23 +1,11 @@
-// tokenize node (see tokenize.hpp and schemas/tokenize.yaml).
+// The tokenizer nodes' shared part (tokenize.hpp) and encode_texts.
 #include "encode/tokenize.hpp"
 
 #include <spdlog/spdlog.h>
 
 #include <stdexcept>
 
-#include "encode/sentencepiece.hpp"
-#include "encode/wordpiece.hpp"
-#include "node.hpp"
-#include "registry.hpp"
-
 namespace flowrun {
-
-std::shared_ptr<TextTokenizer> make_text_tokenizer(const std::string& kind, const std::string& vocab,
-                                                   int64_t max_length, bool lowercase) {
-  if (kind == "wordpiece") return WordPieceTokenizer::load(vocab, max_length, lowercase);
-  if (kind == "sentencepiece") return SentencePieceTokenizer::load(vocab, max_length, lowercase);
-  throw std::invalid_argument("tokenize: unknown kind '" + kind + "' (wordpiece or sentencepiece)");
-}
 
 TensorMap encode_texts(const TextTokenizer& tok, const std::vector<std::string>& texts) {
   const int64_t B = static_cast<int64_t>(texts.size()), L = tok.max_length();
@@ -35,32 +23,20 @@ TensorMap encode_texts(const TextTokenizer& tok, const std::vector<std::string>&
   return {{"input_ids", input_ids}, {"attention_mask", mask}};
 }
 
-namespace {
-
-class TokenizeNode : public Node {
- public:
-  void setup(SetupContext& ctx) override {
-    const Params& p = ctx.params();
-    const std::string kind = p.get<std::string>("kind");
-    const bool lowercase = p.has("lowercase") ? p.get<bool>("lowercase") : kind == "wordpiece";
-    try {
-      tok_ = make_text_tokenizer(kind, p.get<std::string>("vocab"), p.get<int64_t>("max_length"), lowercase);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(ctx.who() + ": " + e.what());
-    }
-    if (ctx.run().rank == 0)
-      spdlog::info("{}: {} tokenizer, vocab {} ({}), max_length {}{}", ctx.who(), kind, tok_->vocab_size(),
-                   p.get<std::string>("vocab"), tok_->max_length(), lowercase ? ", lowercase" : "");
-    ctx.own_state("tokenizer", tok_);
+void TokenizeNode::setup(SetupContext& ctx) {
+  const Params& p = ctx.params();
+  const bool lowercase = p.get<bool>("lowercase");
+  try {
+    tok_ = load(p.get<std::string>("vocab"), p.get<int64_t>("max_length"), lowercase);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(ctx.who() + ": " + e.what());
   }
+  if (ctx.run().rank == 0)
+    spdlog::info("{}: vocab {} ({}), max_length {}{}", ctx.who(), tok_->vocab_size(), p.get<std::string>("vocab"),
+                 tok_->max_length(), lowercase ? ", lowercase" : "");
+  ctx.own_state("tokenizer", tok_);
+}
 
-  void run(StepContext& ctx) override { ctx.out("tokens", encode_texts(*tok_, ctx.in<TextBatch>("text"))); }
+void TokenizeNode::run(StepContext& ctx) { ctx.out("tokens", encode_texts(*tok_, ctx.in<TextBatch>("text"))); }
 
- private:
-  std::shared_ptr<TextTokenizer> tok_;
-};
-
-}  // namespace
 }  // namespace flowrun
-
-FLOWRUN_NODE(tokenize, flowrun::TokenizeNode)

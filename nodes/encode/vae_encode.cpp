@@ -7,6 +7,7 @@
 
 #include "common/device.hpp"
 #include "common/seed.hpp"
+#include "common/tensor_map.hpp"
 #include "node.hpp"
 #include "registry.hpp"
 
@@ -45,35 +46,36 @@ torch::Tensor encode_latents(vae::VaeState& state, const torch::Tensor& images, 
   return z * state.config.scaling_factor;
 }
 
+vae::Config autoencoder_kl_config(const YAML::Node& v) {
+  vae::Config c;
+  c.block_out_channels = v["block_out_channels"].as<std::vector<int64_t>>();
+  c.layers_per_block = v["layers_per_block"].as<int64_t>();
+  c.latent_channels = v["latent_channels"].as<int64_t>();
+  c.norm_num_groups = v["norm_num_groups"].as<int64_t>();
+  c.scaling_factor = v["scaling_factor"].as<double>();
+  return c;
+}
+
 namespace {
 
 class VaeEncodeNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    vae::Config c;
-    c.block_out_channels = p.get<std::vector<int64_t>>("block_out_channels");
-    c.layers_per_block = p.get<int64_t>("layers_per_block");
-    c.latent_channels = p.get<int64_t>("latent_channels");
-    c.norm_num_groups = p.get<int64_t>("norm_num_groups");
-    c.scaling_factor = p.get<double>("scaling_factor");
+    const vae::Config c = autoencoder_kl_config(p.node());
     in_key_ = p.get<std::string>("in_key");
     out_key_ = p.get<std::string>("out_key");
     if (in_key_ == out_key_)
       throw std::runtime_error(ctx.who() + ": in_key and out_key are both '" + in_key_ + "'; name the latents otherwise");
     sample_ = p.get<bool>("sample");
-    seed_ = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
+    seed_ = node_seed(ctx);
     const uint64_t init_seed = mix_seed({seed_, name_seed(ctx.name()), kSeedTagInit});
     const std::string weights = p.has("weights") ? p.get<std::string>("weights") : "";
     const std::string dtype = p.get<std::string>("dtype");
 
     vae::AutoencoderKL model{nullptr};
     try {
-      model = vae::AutoencoderKL(c, vae::Part::encoder);
-      if (!weights.empty())
-        vae::load_safetensors(*model, weights);
-      else
-        vae::init_weights(*model, init_seed);
+      model = vae::make_autoencoder(c, vae::Part::encoder, weights, init_seed);
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
@@ -110,7 +112,7 @@ class VaeEncodeNode : public Node {
     if (img.dim() != 4 || img.size(1) != in_ch || !img.is_floating_point())
       throw std::runtime_error(ctx.who() + ": '" + in_key_ + "' must be float images [B, " + std::to_string(in_ch) +
                                ", H, W] in [-1, 1], got " + std::string(c10::toString(img.scalar_type())) + " " +
-                               c10::str(img.sizes()));
+                               shape_str(img));
     if (img.size(2) % factor_ != 0 || img.size(3) % factor_ != 0)
       throw std::runtime_error(ctx.who() + ": '" + in_key_ + "' is " + std::to_string(img.size(2)) + "x" +
                                std::to_string(img.size(3)) + ", not divisible by the VAE's downsampling factor " +
@@ -133,10 +135,10 @@ class VaeEncodeNode : public Node {
 
  private:
   std::shared_ptr<vae::VaeState> state_;
-  std::string in_key_ = "image", out_key_ = "latents";
-  bool sample_ = true;
+  std::string in_key_, out_key_;  // setup: the schema's (defaults there)
+  bool sample_ = false;
   uint64_t seed_ = 0;
-  int64_t factor_ = 8;
+  int64_t factor_ = 0;
 };
 
 }  // namespace

@@ -1,13 +1,14 @@
 // vae_encode node: images -> latents with a frozen diffusers AutoencoderKL encoder
 // (models/vae.hpp). Schema: schemas/vae_encode.yaml. Test: tests/nodes/vae_encode_test.cpp.
 //
-// Like text_encode, the encoder never trains (requires_grad false, eval mode) and runs under
+// Like the text encoders (bert_encode, t5_encode), the encoder never trains (requires_grad false, eval mode) and runs under
 // torch::NoGradGuard (not InferenceMode: the latents feed a trainable model). The latent-sampling
 // noise of a row is drawn from its own generator, seeded by (seed, step, global row index), so a
 // resumed run, any prefetch order and any number of ranks (rank r holds global rows
 // [r*B, (r+1)*B)) give the same latents.
 #pragma once
 #include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
 
 #include <cstdint>
 
@@ -24,6 +25,10 @@ struct VaeEncodeOptions {
 
 // Seed of the sampling noise of global row `row` at `step`.
 uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row);
+
+// The architecture a node states with the shared autoencoder_kl group
+// (schemas/groups/autoencoder_kl.yaml): vae_encode's own parameters, sampler's `vae` map.
+vae::Config autoencoder_kl_config(const YAML::Node& group_params);
 
 // images [B, in_channels, H, W] in [-1, 1] (H, W multiples of the downsampling factor) ->
 // float32 latents [B, latent_channels, H/f, W/f] = (sample or mean) * scaling_factor, on the

@@ -19,7 +19,7 @@
 
 namespace flowrun {
 
-EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& objective, const EvalOptions& o) {
+EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& objective, const EvalOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   // Eval mode = no TrainingScope (models/dropout.hpp). module->eval() is not called: the
   // module is shared with forward_backward, which may be reading it at the same time.
@@ -36,6 +36,7 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& 
   for (int64_t i = 0; i < n; ++i) {
     TensorMap batch = to_device(data.batch(o.split, i, o.batch, o.rank, o.world), device);
     if (o.cond) batch = merge_batches(batch, o.cond(i, batch));
+    check_needs(objective, batch);
     const int64_t t = objective.targets(batch);
     torch::Tensor loss;
     {
@@ -60,11 +61,17 @@ class EvaluatorNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    objective_name_ = p.get<std::string>("objective");
-    try {
-      objective_ = make_objective_def(objective_name_, p.node());  // diffusion: its `diffusion` settings
-    } catch (const std::exception& e) {
-      throw std::runtime_error(ctx.who() + ": " + e.what());
+    objective_ = &ctx.state_as<Objective>("objective");
+    // The outputs other nodes read besides `loss` must be ones the objective reports.
+    std::string offered;
+    for (const auto& r : objective_->reports()) offered += (offered.empty() ? "" : ", ") + r.name;
+    for (const auto& port : ctx.value_outputs()) {
+      if (port == "loss") continue;
+      bool found = false;
+      for (const auto& r : objective_->reports()) found = found || r.name == port;
+      if (!found)
+        throw std::runtime_error(ctx.who() + ": a node reads its output '" + port + "', but objective " + objective_->type +
+                                 (offered.empty() ? " reports nothing beside loss" : " reports only {" + offered + "}"));
     }
     opts_.split = p.get<std::string>("split");
     opts_.batches = p.get<int64_t>("batches");
@@ -109,29 +116,26 @@ class EvaluatorNode : public Node {
         return encode_text(enc, encode_texts(tok, caps));
       };
     }
-    const EvalResult r = evaluate(model, data, objective_, o);
+    const EvalResult r = evaluate(model, data, *objective_, o);
     // Every rank's sums, added up: the mean over every target that any rank scored.
     double sums[3] = {r.loss_sum, static_cast<double>(r.targets), static_cast<double>(r.batches)};
     comm::allreduce(*ch_, sums, 3, comm::Op::sum, "evaluation sums of step " + std::to_string(ctx.step()));
     const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();
     const auto batches = static_cast<int64_t>(sums[2]);
-    // Perplexity is a language-model number; other objectives output NaN.
-    const double ppl = objective_name_ == "lm" ? std::exp(loss) : std::numeric_limits<double>::quiet_NaN();
-    if (ctx.run().rank == 0) {  // batches: of all ranks; seconds: rank 0's
-      if (objective_name_ == "lm")
-        spdlog::info("{} step {}: {} loss {:.4g} ppl {:.4g} ({} batches, {:.1f} s)", ctx.name(), ctx.step(),
-                     opts_.split, loss, ppl, batches, r.seconds);
-      else
-        spdlog::info("{} step {}: {} loss {:.4g} ({} batches, {:.1f} s)", ctx.name(), ctx.step(), opts_.split,
-                     loss, batches, r.seconds);
-    }
+    std::string reported;
     ctx.out("loss", loss);
-    ctx.out("ppl", ppl);
+    for (const auto& rep : objective_->reports()) {
+      const double v = rep.of(loss);
+      reported += fmt::format(" {} {:.4g}", rep.name, v);
+      ctx.out(rep.name, v);
+    }
+    if (ctx.run().rank == 0)  // batches: of all ranks; seconds: rank 0's
+      spdlog::info("{} step {}: {} loss {:.4g}{} ({} batches, {:.1f} s)", ctx.name(), ctx.step(), opts_.split, loss,
+                   reported, batches, r.seconds);
   }
 
  private:
-  std::string objective_name_;
-  ObjectiveDef objective_;
+  const Objective* objective_ = nullptr;
   bool with_text_ = false;
   EvalOptions opts_;
   std::shared_ptr<comm::Channel> ch_;

@@ -7,6 +7,7 @@
 #include "data/dataset.hpp"
 #include "models/model_state.hpp"
 #include "train/forward_backward.hpp"
+#include "train/objective.hpp"
 #include "train/precision.hpp"
 
 namespace flowrun {
@@ -36,6 +37,6 @@ struct EvalResult {
 // The objective's mean loss over fixed batches of this rank's shard (options.rank/world), under
 // NoGradGuard and in eval mode (outside any TrainingScope: no dropout). Only reads the model.
 // Throws when the shard holds no batch.
-EvalResult evaluate(ModelState& model, const Dataset& data, const ObjectiveDef& objective, const EvalOptions& options);
+EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& objective, const EvalOptions& options);
 
 }  // namespace flowrun

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm.hpp"
+#include "common/tensor_map.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -32,7 +33,7 @@ nlohmann::ordered_json scalar_json(const Value& v, const std::string& what) {
   if (const auto* t = v.get_if<torch::Tensor>()) {
     if (!t->defined()) return nullptr;
     if (t->numel() != 1)
-      throw std::runtime_error(what + ": expected a scalar, got a tensor of shape " + c10::str(t->sizes()));
+      throw std::runtime_error(what + ": expected a scalar, got a tensor of shape " + shape_str(*t));
     if (t->scalar_type() == torch::kBool) return t->item<bool>();
     if (at::isIntegralType(t->scalar_type(), /*includeBool=*/false)) return t->item<int64_t>();
     return t->item<double>();

@@ -3,8 +3,9 @@
 //
 // DDIM (eta 0, diffusers' "leading" timestep spacing) with classifier-free guidance: each
 // denoising step runs the model once on [conditional rows; null-condition rows] and mixes
-// out = uncond + guidance * (cond - uncond). The null condition is the one the dit node trains
-// with cond_drop (zero text states, an all-ones mask). The starting noise is drawn from the
+// out = uncond + guidance * (cond - uncond). The null condition is the one diffusion_loss trains
+// with cond_drop (zero text states, all-ones masks: diffusion::null_condition). The schedule and
+// the prediction type are the objective's (the `objective` input), so they are stated once. The starting noise is drawn from the
 // node's own seed, so every grid of a run (and of the base and LoRA runs) starts from the same
 // noise and differences between grids are the model's.
 //
@@ -22,12 +23,13 @@
 #include <filesystem>
 
 #include "data/image_io.hpp"
-#include "data/image_text_shards.hpp"
+#include "data/image_tensor.hpp"
 #include "encode/text_encode.hpp"
 #include "common/seed.hpp"
 #include "encode/tokenize.hpp"
-#include "models/dit.hpp"
+#include "encode/vae_encode.hpp"
 #include "registry.hpp"
+#include "train/losses.hpp"
 #include "train/precision.hpp"
 
 namespace flowrun {
@@ -51,8 +53,8 @@ torch::Tensor sample_ddim(ModelState& model, const TensorMap& cond, const Sample
     throw std::runtime_error("sampler: " + std::to_string(emb.size(0)) + " prompt embeddings for " +
                              std::to_string(n) + " noise rows");
   // [cond; uncond] once: the text part of the model's input never changes between steps.
-  // The unconditional rows are the dit's null condition, the input cond_drop trains with.
-  const TensorMap null = o.guidance == 1.0 ? TensorMap{} : dit::null_condition(cond);
+  // The unconditional rows are the null condition, the input cond_drop trains with.
+  const TensorMap null = o.guidance == 1.0 ? TensorMap{} : diffusion::null_condition(cond);
   TensorMap in;
   for (const auto& [k, v] : cond) in[k] = o.guidance == 1.0 ? v.to(device) : torch::cat({v, null.at(k)}).to(device);
   torch::Tensor x = o.noise.to(device);
@@ -128,22 +130,20 @@ class SamplerNode : public Node {
     width_ = p.get<int64_t>("width");
     channels_ = p.get<int64_t>("channels");
     seed_ = p.get<int64_t>("seed");
-    schedule_ = diffusion::NoiseSchedule::make(diffusion::parse_schedule(p.get<std::string>("schedule")),
-                                               p.get<double>("beta_start"), p.get<double>("beta_end"),
-                                               p.get<int64_t>("timesteps"));
-    prediction_ = diffusion::parse_prediction(p.get<std::string>("prediction"));
+    const Objective& objective = ctx.state_as<Objective>("objective");
+    const auto* diffusion = dynamic_cast<const DiffusionLoss*>(&objective);
+    if (!diffusion)
+      throw std::runtime_error(ctx.who() + ": its objective is " + objective.type +
+                               "; sampling needs the diffusion_loss the model trains with (its schedule and prediction)");
+    schedule_ = diffusion->schedule();
+    prediction_ = diffusion->options().prediction;
     ddim_timesteps(schedule_.timesteps(), steps_);  // a bad `steps` is a setup error, not a step-500 one
     if (p.has("vae")) setup_vae(ctx, p["vae"]);
   }
 
   // The decoder part of the VAE, once: loaded (decoder.* and post_quant_conv.*) or seeded.
   void setup_vae(SetupContext& ctx, const YAML::Node& v) {
-    vae::Config c;
-    c.block_out_channels = v["block_out_channels"].as<std::vector<int64_t>>();
-    c.layers_per_block = v["layers_per_block"].as<int64_t>();
-    c.latent_channels = v["latent_channels"].as<int64_t>();
-    c.norm_num_groups = v["norm_num_groups"].as<int64_t>();
-    c.scaling_factor = v["scaling_factor"].as<double>();
+    const vae::Config c = autoencoder_kl_config(v);
     if (channels_ != c.latent_channels)
       throw std::runtime_error(ctx.who() + ": channels is " + std::to_string(channels_) + " but vae.latent_channels is " +
                                std::to_string(c.latent_channels) + "; with a vae the samples are latents, so set "
@@ -151,16 +151,11 @@ class SamplerNode : public Node {
     const std::string weights = v["weights"] && !v["weights"].IsNull() ? v["weights"].as<std::string>() : "";
     const uint64_t seed = mix_seed({static_cast<uint64_t>(seed_), name_seed(ctx.name()), kSeedTagInit});
     try {
-      vae_ = vae::AutoencoderKL(c, vae::Part::decoder);
-      if (!weights.empty())
-        vae::load_safetensors(*vae_, weights);
-      else
-        vae::init_weights(*vae_, seed);
+      vae_ = vae::make_autoencoder(c, vae::Part::decoder, weights, seed);
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": vae: " + e.what());
     }
-    for (auto& t : vae_->parameters()) t.set_requires_grad(false);
-    vae_->eval();
+    freeze(*vae_);
     if (ctx.run().rank == 0) {
       const int64_t f = c.downsample_factor();
       spdlog::info("{}: decodes with the {} decoder ({}): {}x{} latents -> {}x{} images", ctx.who(), vae::describe(c),
@@ -217,8 +212,8 @@ class SamplerNode : public Node {
 
  private:
   std::vector<std::string> prompts_;
-  int64_t per_prompt_ = 4, zoom_ = 1, steps_ = 50, height_ = 32, width_ = 32, channels_ = 3, seed_ = 0;
-  double guidance_ = 4.0;
+  int64_t per_prompt_ = 0, zoom_ = 0, steps_ = 0, height_ = 0, width_ = 0, channels_ = 0, seed_ = 0;  // setup: the schema's
+  double guidance_ = 0;
   diffusion::NoiseSchedule schedule_;
   diffusion::Prediction prediction_ = diffusion::Prediction::eps;
   vae::AutoencoderKL vae_{nullptr};  // decoder part, when `vae` is given

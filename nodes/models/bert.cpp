@@ -7,6 +7,7 @@
 
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
+#include "common/tensor_map.hpp"
 #include "models/attention.hpp"
 #include "models/load_by_name.hpp"
 
@@ -117,7 +118,7 @@ void BertImpl::reset() {
 torch::Tensor BertImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   if (input_ids.dim() != 2 || !at::isIntegralType(input_ids.scalar_type(), false))
     throw std::runtime_error("bert: input_ids must be integer [batch, length], got " +
-                             std::string(c10::toString(input_ids.scalar_type())) + " " + c10::str(input_ids.sizes()));
+                             std::string(c10::toString(input_ids.scalar_type())) + " " + shape_str(input_ids));
   const int64_t L = input_ids.size(1);
   if (L > cfg_.max_positions)
     throw std::runtime_error("bert: " + std::to_string(L) + " tokens, more than max_positions " +
@@ -133,8 +134,8 @@ torch::Tensor BertImpl::forward(const torch::Tensor& input_ids, const torch::Ten
   torch::Tensor bias;
   if (attention_mask.defined()) {
     if (!attention_mask.sizes().equals(input_ids.sizes()))
-      throw std::runtime_error("bert: attention_mask " + c10::str(attention_mask.sizes()) + " does not match input_ids " +
-                               c10::str(input_ids.sizes()));
+      throw std::runtime_error("bert: attention_mask " + shape_str(attention_mask) + " does not match input_ids " +
+                               shape_str(input_ids));
     // HF's extended attention mask: (1 - mask) * finfo(dtype).min, added to the scores.
     const double lowest = x.scalar_type() == torch::kBFloat16 ? -3.3895313892515355e38
                           : x.scalar_type() == torch::kHalf   ? -65504.0

@@ -1,6 +1,6 @@
 // BERT encoder as a libtorch module, laid out exactly like Hugging Face transformers' BertModel
 // (without the pooler), so that its safetensors load by name. Used frozen, as a text encoder
-// (text_encode node, arch: bert; HunyuanDiT's CLIP-BERT is such a BertModel).
+// (bert_encode node; HunyuanDiT's CLIP-BERT is such a BertModel).
 //
 //   embeddings.word_embeddings.weight [vocab, dim]
 //   embeddings.position_embeddings.weight [max_positions, dim]

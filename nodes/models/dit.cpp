@@ -1,35 +1,20 @@
-// dit: a HunyuanDiT-style diffusion transformer (diffusers HunyuanDiT2DModel names), optionally
-// with LoRA adapters. Schema: schemas/dit.yaml. Test: tests/nodes/dit_test.cpp. Module: dit.hpp.
+// A HunyuanDiT-style diffusion transformer as a libtorch module (diffusers HunyuanDiT2DModel
+// names), its init, loader and state. Names and math: dit.hpp. The node type dit: dit_node.cpp.
+// Test: tests/nodes/dit_test.cpp.
 #include "models/dit.hpp"
 
-#include <spdlog/spdlog.h>
-
 #include <cmath>
-#include <filesystem>
 #include <regex>
 #include <sstream>
 
-#include "common/device.hpp"
-#include "common/memory.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/attention.hpp"
-#include "models/dropout.hpp"
-#include "registry.hpp"
-#include "state/checkpoint_io.hpp"
+#include "models/load_by_name.hpp"
 
 namespace flowrun::dit {
 
 namespace {
-
-std::string shape_str(const torch::Tensor& t) { return c10::str(t.sizes()); }
-
-std::string describe(const Config& c) {
-  std::ostringstream s;
-  s << "patch=" << c.patch << " in_channels=" << c.in_channels << " hidden=" << c.hidden << " depth=" << c.depth
-    << " heads=" << c.heads << " mlp_ratio=" << c.mlp_ratio << " text_dim=" << c.text_dim << " t5_dim=" << c.t5_dim;
-  return s.str();
-}
 
 bool ends_with(const std::string& s, const std::string& e) {
   return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
@@ -51,6 +36,13 @@ torch::Tensor mask_bias(const torch::Tensor& mask) {
 
 }  // namespace
 
+std::string describe(const Config& c) {
+  std::ostringstream s;
+  s << "patch=" << c.patch << " in_channels=" << c.in_channels << " hidden=" << c.hidden << " depth=" << c.depth
+    << " heads=" << c.heads << " mlp_ratio=" << c.mlp_ratio << " text_dim=" << c.text_dim << " t5_dim=" << c.t5_dim;
+  return s.str();
+}
+
 void Config::check() const {
   if (patch < 1 || in_channels < 1 || hidden < 1 || depth < 1 || heads < 1 || text_dim < 1 || t5_dim < 0)
     throw std::runtime_error("dit: sizes must be >= 1 (t5_dim >= 0): " + describe(*this));
@@ -61,7 +53,6 @@ void Config::check() const {
     throw std::runtime_error("dit: the head width hidden/heads = " + std::to_string(head_dim()) +
                              " must be a multiple of 4 (2-D RoPE rotates pairs in two halves)");
   if (!(mlp_ratio > 0) || ff_inner() < 1) throw std::runtime_error("dit: mlp_ratio must be > 0");
-  if (!(cond_drop >= 0.0 && cond_drop <= 1.0)) throw std::runtime_error("dit: cond_drop must be in [0, 1]");
 }
 
 // ---- leaf modules and blocks
@@ -316,36 +307,7 @@ torch::Tensor DitImpl::forward_batch(const TensorMap& batch) {
   };
   torch::Tensor x = get("x", true), t = get("t", true), text = get("text_emb", true);
   torch::Tensor text_mask = get("text_mask", false), t5 = get("t5_emb", false), t5_mask = get("t5_mask", false);
-  at::Generator* g = TrainingScope::current();
-  if (g && cfg_.cond_drop > 0.0 && text.defined() && text.dim() >= 1) {
-    // Classifier-free guidance training: each row is dropped (-> null condition) with P = cond_drop.
-    const int64_t B = text.size(0);
-    torch::Tensor drop;
-    {
-      torch::NoGradGuard no_grad;
-      drop = torch::empty({B}).bernoulli_(cfg_.cond_drop, *g).to(torch::kBool).to(text.device());
-    }
-    auto drop_emb = [&](const torch::Tensor& e) {
-      return e.defined() ? torch::where(drop.view({B, 1, 1}), torch::zeros_like(e), e) : e;
-    };
-    auto drop_mask = [&](const torch::Tensor& m) {
-      return m.defined() ? torch::where(drop.view({B, 1}), torch::ones_like(m), m) : m;
-    };
-    text = drop_emb(text);
-    text_mask = drop_mask(text_mask);
-    t5 = drop_emb(t5);
-    t5_mask = drop_mask(t5_mask);
-  }
   return forward(x, t, text, text_mask, t5, t5_mask);
-}
-
-TensorMap null_condition(const TensorMap& batch) {
-  TensorMap out = batch;
-  for (const char* k : {"text_emb", "t5_emb"})
-    if (auto it = out.find(k); it != out.end() && it->second.defined()) it->second = torch::zeros_like(it->second);
-  for (const char* k : {"text_mask", "t5_mask"})
-    if (auto it = out.find(k); it != out.end() && it->second.defined()) it->second = torch::ones_like(it->second);
-  return out;
 }
 
 void init_weights(DitImpl& model, uint64_t seed) {
@@ -374,38 +336,10 @@ void init_weights(DitImpl& model, uint64_t seed) {
 }
 
 void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source) {
-  auto mine = model.named_parameters(true);
-  std::vector<std::string> missing, unexpected, misshaped;
-  std::map<std::string, torch::Tensor> given;
-  for (const auto& [name, t] : tensors) {
-    const torch::Tensor* p = mine.find(name);
-    if (!p) {
-      unexpected.push_back(name + " " + shape_str(t));
-    } else if (!p->sizes().equals(t.sizes())) {
-      misshaped.push_back(name + ": " + shape_str(t) + " in the file, the model's is " + shape_str(*p));
-      given[name] = torch::Tensor();
-    } else if (!t.is_floating_point()) {
-      misshaped.push_back(name + ": dtype " + std::string(c10::toString(t.scalar_type())) + " is not a float type");
-      given[name] = torch::Tensor();
-    } else {
-      given[name] = t;
-    }
-  }
-  for (const auto& item : mine)
-    if (!given.count(item.key()) && !is_adapter(item.key())) missing.push_back(item.key() + " " + shape_str(item.value()));
-  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
-    std::ostringstream msg;
-    msg << "dit: cannot load " << source << " into a model with " << describe(model.config()) << ": "
-        << missing.size() << " missing, " << unexpected.size() << " unexpected, " << misshaped.size()
-        << " mis-shaped tensor(s)";
-    for (const auto& s : missing) msg << "\n  missing: " << s;
-    for (const auto& s : unexpected) msg << "\n  unexpected: " << s;
-    for (const auto& s : misshaped) msg << "\n  mis-shaped: " << s;
-    throw std::runtime_error(msg.str());
-  }
-  torch::NoGradGuard no_grad;
-  for (auto& item : mine)
-    if (auto it = given.find(item.key()); it != given.end()) item.value().copy_(it->second);
+  LoadByNameOptions o;
+  o.model = "dit (" + describe(model.config()) + ")";
+  o.optional = is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
+  load_by_name(model, tensors, source, o);
 }
 
 void load_safetensors(DitImpl& model, const std::string& path) {
@@ -419,81 +353,9 @@ std::shared_ptr<ModelState> make_state(Dit model) {
     if (!dit) throw std::runtime_error("dit: the model's module is not a DiT");
     return dit->forward_batch(batch);
   };
-  return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "dit");
+  auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "dit");
+  state->exporter = lora::peft_export;  // its adapters, once it has some (checkpoint `exports`)
+  return state;
 }
 
-namespace {
-
-class DitNode : public Node {
- public:
-  void setup(SetupContext& ctx) override {
-    const Params& p = ctx.params();
-    Config cfg;
-    cfg.patch = p.get<int64_t>("patch");
-    cfg.in_channels = p.get<int64_t>("in_channels");
-    cfg.hidden = p.get<int64_t>("hidden");
-    cfg.depth = p.get<int64_t>("depth");
-    cfg.heads = p.get<int64_t>("heads");
-    cfg.mlp_ratio = p.get<double>("mlp_ratio");
-    cfg.text_dim = p.get<int64_t>("text_dim");
-    cfg.t5_dim = p.get<int64_t>("t5_dim");
-    cfg.cond_drop = p.get<double>("cond_drop");
-    const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
-
-    {  // at least: per block self- and cross-attention (6 h^2), the MLP (2 r h^2), the text keys/values
-      const double h = static_cast<double>(cfg.hidden);
-      check_model_fits(ctx.who(), "depth " + std::to_string(cfg.depth) + ", hidden " + std::to_string(cfg.hidden),
-                       cfg.depth * ((6 + 2 * cfg.mlp_ratio) * h * h + 2 * h * static_cast<double>(cfg.text_dim)));
-    }
-    Dit model(cfg);
-    init_weights(*model, seed);
-    std::string from = "DiT init, seed " + std::to_string(seed);
-    auto state = make_state(model);
-    if (p.has("lora")) {
-      YAML::Node l = p["lora"];
-      lora::Config lc;
-      lc.rank = l["rank"].as<int64_t>();
-      lc.alpha = l["alpha"].as<double>();
-      lc.dropout = l["dropout"].as<double>();
-      lc.targets = l["targets"].as<std::vector<std::string>>();
-      try {
-        const auto names = lora::apply_lora(*model, lc, seed);
-        from += ", LoRA r=" + std::to_string(lc.rank) + " on " + std::to_string(names.size()) + " layers";
-      } catch (const std::exception& e) {
-        throw std::runtime_error(ctx.who() + ": " + e.what());
-      }
-    }
-    if (p.has("weights")) {
-      // Through a checkpoint's `latest` file, so a graph can name "the newest base checkpoint".
-      const std::string path = ckpt::resolve_latest(p.get<std::string>("weights"));
-      if (!std::filesystem::is_regular_file(path))
-        throw std::runtime_error(ctx.who() + ": weights: " + path +
-                                 " does not exist (train the base first, e.g. flowrun graphs/dit_base.yaml, or set " +
-                                 ctx.name() + ".weights=PATH)");
-      load_safetensors(*model, path);
-      from += (p.has("lora") ? "; base weights from " : "; weights from ") + path;
-    }
-    if (p.has("adapters")) {
-      const std::string dir = ckpt::resolve_latest(p.get<std::string>("adapters"));
-      lora::load_peft(*state, dir, seed);
-      from += "; adapters from " + dir;
-    }
-    int64_t n = 0, trainable = 0;
-    for (const auto& t : model->parameters()) {
-      n += t.numel();
-      if (t.requires_grad()) trainable += t.numel();
-    }
-    if (ctx.run().rank == 0)
-      spdlog::info("{}: {:.2f}M parameters, {:.3f}M trainable ({}; {})", ctx.who(), static_cast<double>(n) / 1e6,
-                   static_cast<double>(trainable) / 1e6, describe(cfg), from);
-    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
-    ctx.own_state("params", state);
-  }
-
-  void run(StepContext&) override {}  // parameters change only through the optimizer
-};
-
-}  // namespace
 }  // namespace flowrun::dit
-
-FLOWRUN_NODE(dit, flowrun::dit::DitNode)

@@ -59,11 +59,12 @@ struct Config {
   double mlp_ratio = 4.3637;                        // DiT-g: inner = int(1408 * 4.3637) = 6144
   int64_t text_dim = 1024;                          // width of batch["text_emb"] (CLIP/BERT states)
   int64_t t5_dim = 2048;                            // width of batch["t5_emb"]; 0 = no T5 input
-  double cond_drop = 0.0;                           // training: P(a row's text is replaced by the null condition)
   int64_t head_dim() const { return hidden / heads; }
   int64_t ff_inner() const { return static_cast<int64_t>(static_cast<double>(hidden) * mlp_ratio); }
   void check() const;
 };
+// "patch=2 in_channels=4 hidden=1408 ...", for messages.
+std::string describe(const Config& c);
 
 // LayerNorm computed in fp32 (diffusers' FP32LayerNorm), eps 1e-6; affine or not.
 class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
@@ -242,9 +243,7 @@ class DitImpl : public torch::nn::Cloneable<DitImpl> {
                         const torch::Tensor& text_mask = {}, const torch::Tensor& t5 = {},
                         const torch::Tensor& t5_mask = {});
   // The same from a batch: "x", "t", "text_emb", optional "text_mask", "t5_emb", "t5_mask".
-  // Inside a TrainingScope (forward_backward) with cond_drop > 0, each row's text is replaced by
-  // the null condition (null_condition) with probability cond_drop, drawn from the scope's
-  // generator.
+  // (Classifier-free guidance dropout is the objective's: diffusion_loss's cond_drop.)
   torch::Tensor forward_batch(const TensorMap& batch);
   const Config& config() const { return cfg_; }
 
@@ -266,11 +265,6 @@ class DitImpl : public torch::nn::Cloneable<DitImpl> {
   std::shared_ptr<RopeCache> rope_cache_;
 };
 TORCH_MODULE(Dit);
-
-// The null (unconditional) text condition, for classifier-free guidance: the batch with
-// text_emb (and t5_emb) zeroed and their masks all ones. Training with cond_drop replaces
-// dropped rows by exactly this, so a sampler's unconditional branch is null_condition(batch).
-TensorMap null_condition(const TensorMap& batch);
 
 // DiT's init (HunyuanDiT's initialize_weights), drawn from a generator seeded by `seed` alone:
 // Linear weights and the patch conv (as [out, in*p*p]) xavier-uniform, biases 0; the timestep

@@ -1,32 +1,20 @@
-// gpt: a GPT-2 language model (Hugging Face GPT2LMHeadModel layout; owns its parameters).
-// Schema: schemas/gpt.yaml. Test: tests/nodes/gpt_test.cpp. Module and names: gpt.hpp.
+// GPT-2 as a libtorch module (Hugging Face GPT2LMHeadModel layout): init, loading, the state.
+// Names and math: gpt.hpp. The node type gpt: gpt_node.cpp. Test: tests/nodes/gpt_test.cpp.
 #include "models/gpt.hpp"
-
-#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <limits>
 #include <regex>
 #include <sstream>
 
-#include "common/device.hpp"
-#include "common/memory.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/attention.hpp"
 #include "models/dropout.hpp"
 #include "models/gelu_tanh.hpp"
-#include "registry.hpp"
+#include "models/load_by_name.hpp"
 
 namespace flowrun::gpt {
-
-namespace {
-
-std::string shape_str(const torch::Tensor& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
 
 std::string describe(const Config& c) {
   std::ostringstream s;
@@ -34,8 +22,6 @@ std::string describe(const Config& c) {
     << " context=" << c.context;
   return s.str();
 }
-
-}  // namespace
 
 void Config::check() const {
   if (layers < 1 || dim < 1 || heads < 1 || vocab < 1 || context < 1)
@@ -197,79 +183,41 @@ void init_weights(GptImpl& model, uint64_t seed) {
 
 void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tensor>& tensors,
                         const std::string& source) {
-  // HF's non-parameter buffers: the causal mask (h.N.attn.bias) and its fill value.
+  LoadByNameOptions o;
+  o.model = "gpt (" + describe(model.config()) + ")";
+  o.prefixes = {"transformer."};
+  // HF's non-parameter buffers (the causal mask h.N.attn.bias and its fill value), and the LM
+  // head, which this model ties to wte (checked below).
   static const std::regex kHfBuffer(R"(h\.\d+\.attn\.(bias|masked_bias))");
-  const std::string prefix = "transformer.";
-
-  auto mine = model.named_parameters(true);
-  std::map<std::string, torch::Tensor> given;  // by the model's names
-  std::vector<std::string> missing, unexpected, misshaped;
-  torch::Tensor lm_head;
-  for (const auto& [raw, t] : tensors) {
-    const std::string name = raw.rfind(prefix, 0) == 0 ? raw.substr(prefix.size()) : raw;
-    if (name == "lm_head.weight") {
-      lm_head = t;
-      continue;
-    }
-    if (std::regex_match(name, kHfBuffer)) continue;
-    const torch::Tensor* p = mine.find(name);
-    if (!p) {
-      unexpected.push_back(raw + " " + shape_str(t));
-    } else if (given.count(name)) {
-      unexpected.push_back(raw + " " + shape_str(t) + " (given twice, with and without '" + prefix + "')");
-    } else if (!p->sizes().equals(t.sizes())) {
-      misshaped.push_back(raw + ": " + shape_str(t) + " in the file, the model's is " + shape_str(*p));
-      given[name] = torch::Tensor();  // present, but wrong: not "missing"
-    } else if (!t.is_floating_point()) {
-      misshaped.push_back(raw + ": dtype " + std::string(c10::toString(t.scalar_type())) + " is not a float type");
-      given[name] = torch::Tensor();
-    } else {
-      given[name] = t;
-    }
-  }
-  for (const auto& item : mine)
-    if (!given.count(item.key())) missing.push_back(item.key() + " " + shape_str(item.value()));
-  if (lm_head.defined()) {
-    auto wte = given.find("wte.weight");
-    if (wte != given.end() && wte->second.defined() &&
-        !(lm_head.sizes().equals(wte->second.sizes()) && torch::equal(lm_head.to(wte->second.dtype()), wte->second)))
-      misshaped.push_back("lm_head.weight " + shape_str(lm_head) +
-                          ": differs from wte.weight, but this model ties its LM head to wte (an untied head "
-                          "cannot be loaded)");
-  }
-
-  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
-    std::ostringstream msg;
-    msg << "gpt: cannot load " << source << " into a model with " << describe(model.config()) << ": "
-        << missing.size() << " missing, " << unexpected.size() << " unexpected, " << misshaped.size()
-        << " mis-shaped tensor(s)";
-    auto list = [&](const char* what, const std::vector<std::string>& items) {
-      for (const auto& s : items) msg << "\n  " << what << ": " << s;
-    };
-    list("missing", missing);
-    list("unexpected", unexpected);
-    list("mis-shaped", misshaped);
-    // What the file looks like, so a wrong `layers`/`dim`/... is obvious.
-    auto find = [&](const std::string& n) {
-      auto it = tensors.find(n);
-      if (it == tensors.end()) it = tensors.find(prefix + n);
-      return it == tensors.end() ? torch::Tensor() : it->second;
-    };
-    torch::Tensor fwte = find("wte.weight"), fwpe = find("wpe.weight");
-    int64_t flayers = 0;
+  o.ignore = [](const std::string& n) { return n == "lm_head.weight" || std::regex_match(n, kHfBuffer); };
+  auto find = [](const std::map<std::string, torch::Tensor>& file, const std::string& n) {
+    auto it = file.find(n);
+    if (it == file.end()) it = file.find("transformer." + n);
+    return it == file.end() ? torch::Tensor() : it->second;
+  };
+  o.check = [find](const std::map<std::string, torch::Tensor>& file) {
+    std::vector<std::string> problems;
+    const torch::Tensor head = find(file, "lm_head.weight"), wte = find(file, "wte.weight");
+    if (head.defined() && wte.defined() && wte.is_floating_point() &&
+        !(head.sizes().equals(wte.sizes()) && torch::equal(head.to(wte.dtype()), wte)))
+      problems.push_back("lm_head.weight " + shape_str(head) +
+                         ": differs from wte.weight, but this model ties its LM head to wte (an untied head "
+                         "cannot be loaded)");
+    return problems;
+  };
+  o.describe_file = [find](const std::map<std::string, torch::Tensor>& file) -> std::string {
+    const torch::Tensor wte = find(file, "wte.weight"), wpe = find(file, "wpe.weight");
+    if (!(wte.defined() && wte.dim() == 2 && wpe.defined() && wpe.dim() == 2)) return "";
+    int64_t layers = 0;
     static const std::regex kLayer(R"((?:transformer\.)?h\.(\d+)\..*)");
-    for (const auto& [raw, _] : tensors) {
+    for (const auto& [raw, _] : file) {
       std::smatch m;
-      if (std::regex_match(raw, m, kLayer)) flayers = std::max<int64_t>(flayers, std::stoll(m[1].str()) + 1);
+      if (std::regex_match(raw, m, kLayer)) layers = std::max<int64_t>(layers, std::stoll(m[1].str()) + 1);
     }
-    if (fwte.defined() && fwte.dim() == 2 && fwpe.defined() && fwpe.dim() == 2)
-      msg << "\n  (the file looks like layers=" << flayers << " dim=" << fwte.size(1) << " vocab=" << fwte.size(0)
-          << " context=" << fwpe.size(0) << ")";
-    throw std::runtime_error(msg.str());
-  }
-
-  torch::NoGradGuard no_grad;
-  for (auto& item : mine) item.value().copy_(given.at(item.key()));  // converts fp16/bf16 files
+    return "the file looks like layers=" + std::to_string(layers) + " dim=" + std::to_string(wte.size(1)) +
+           " vocab=" + std::to_string(wte.size(0)) + " context=" + std::to_string(wpe.size(0));
+  };
+  load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
 }
 
 void load_hf_safetensors(GptImpl& model, const std::string& path) {
@@ -293,48 +241,4 @@ std::shared_ptr<ModelState> make_state(Gpt model) {
   return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");
 }
 
-namespace {
-
-class GptNode : public Node {
- public:
-  void setup(SetupContext& ctx) override {
-    const Params& p = ctx.params();
-    Config cfg;
-    cfg.layers = p.get<int64_t>("layers");
-    cfg.dim = p.get<int64_t>("dim");
-    cfg.heads = p.get<int64_t>("heads");
-    cfg.vocab = p.get<int64_t>("vocab");
-    cfg.context = p.get<int64_t>("context");
-    cfg.dropout = p.get<double>("dropout");
-    const uint64_t seed = p.has("seed") ? p.get<uint64_t>("seed") : ctx.run().seed;
-
-    {  // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
-      const double d = static_cast<double>(cfg.dim);
-      check_model_fits(ctx.who(), describe(cfg),
-                       static_cast<double>(cfg.vocab + cfg.context) * d + cfg.layers * (12 * d * d + 13 * d) + 2 * d);
-    }
-    Gpt model(cfg);
-    std::string from;
-    if (p.has("weights")) {
-      const std::string path = p.get<std::string>("weights");
-      load_hf_safetensors(*model, path);
-      from = "weights from " + path;
-    } else {
-      init_weights(*model, seed);
-      from = "GPT-2 init, seed " + std::to_string(seed);
-    }
-    int64_t n = 0;
-    for (const auto& t : model->parameters()) n += t.numel();
-    if (ctx.run().rank == 0)
-      spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(cfg), from);
-    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
-    ctx.own_state("params", make_state(model));
-  }
-
-  void run(StepContext&) override {}  // parameters change only through the optimizer
-};
-
-}  // namespace
 }  // namespace flowrun::gpt
-
-FLOWRUN_NODE(gpt, flowrun::gpt::GptNode)

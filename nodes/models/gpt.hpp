@@ -34,6 +34,8 @@ struct Config {
   double dropout = 0.0;  // HF's embd_pdrop = attn_pdrop = resid_pdrop (see models/dropout.hpp)
   void check() const;    // throws on dim % heads != 0, non-positive sizes, dropout outside [0, 1)
 };
+// "layers=12 dim=768 heads=12 vocab=50257 context=1024", for messages.
+std::string describe(const Config& c);
 
 // ---- leaf modules (own their parameters; reset() only allocates, init is separate) ----
 

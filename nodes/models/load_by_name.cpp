@@ -1,20 +1,16 @@
+// The one weight loader (load_by_name.hpp). Test: tests/nodes/load_by_name_test.cpp.
 #include "models/load_by_name.hpp"
 
 #include <sstream>
 #include <stdexcept>
 
+#include "common/tensor_map.hpp"
+
 namespace flowrun {
-namespace {
-std::string shape_of(const torch::Tensor& t) { return c10::str(t.sizes()); }
-}  // namespace
 
-void load_by_name(torch::nn::Module& module, const std::map<std::string, torch::Tensor>& tensors,
-                  const std::string& source, const LoadByNameOptions& options) {
-  std::map<std::string, torch::Tensor> mine;
-  for (const auto& item : module.named_parameters(true)) mine[item.key()] = item.value();
-  for (const auto& item : module.named_buffers(true)) mine[item.key()] = item.value();
-
-  std::map<std::string, torch::Tensor> given;
+void load_by_name(NamedTensorMap mine, const NamedTensorMap& tensors, const std::string& source,
+                  const LoadByNameOptions& options) {
+  NamedTensorMap given;  // by the model's names; undefined: present but unusable
   std::vector<std::string> missing, unexpected, misshaped;
   for (const auto& [raw, t] : tensors) {
     std::string name = raw;
@@ -23,14 +19,15 @@ void load_by_name(torch::nn::Module& module, const std::map<std::string, torch::
         name = name.substr(p.size());
         break;
       }
+    if (options.rename) name = options.rename(name);
     if (options.ignore && options.ignore(name)) continue;
     auto it = mine.find(name);
     if (it == mine.end()) {
-      unexpected.push_back(raw + " " + shape_of(t));
+      unexpected.push_back(raw + " " + shape_str(t));
     } else if (given.count(name)) {
-      unexpected.push_back(raw + " " + shape_of(t) + " (given twice, with and without a prefix)");
+      unexpected.push_back(raw + " " + shape_str(t) + " (given twice, under two names)");
     } else if (!it->second.sizes().equals(t.sizes())) {
-      misshaped.push_back(raw + ": " + shape_of(t) + " in the file, the model's is " + shape_of(it->second));
+      misshaped.push_back(raw + ": " + shape_str(t) + " in the file, the model's is " + shape_str(it->second));
       given[name] = torch::Tensor();
     } else if (!t.is_floating_point()) {
       misshaped.push_back(raw + ": dtype " + std::string(c10::toString(t.scalar_type())) + " is not a float type");
@@ -40,7 +37,10 @@ void load_by_name(torch::nn::Module& module, const std::map<std::string, torch::
     }
   }
   for (const auto& [name, t] : mine)
-    if (!given.count(name)) missing.push_back(name + " " + shape_of(t));
+    if (!given.count(name) && !(options.optional && options.optional(name)))
+      missing.push_back(name + " " + shape_str(t));
+  if (options.check)
+    for (auto& s : options.check(tensors)) misshaped.push_back(std::move(s));
   if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
     std::ostringstream msg;
     msg << source << ": cannot load into " << options.model << ": " << missing.size() << " missing, "
@@ -51,10 +51,21 @@ void load_by_name(torch::nn::Module& module, const std::map<std::string, torch::
     list("missing", missing);
     list("unexpected", unexpected);
     list("mis-shaped", misshaped);
+    if (options.describe_file)
+      if (const std::string d = options.describe_file(tensors); !d.empty()) msg << "\n  (" << d << ")";
     throw std::runtime_error(msg.str());
   }
   torch::NoGradGuard no_grad;
-  for (auto& [name, t] : mine) t.copy_(given.at(name));
+  for (auto& [name, t] : mine)
+    if (auto it = given.find(name); it != given.end()) t.copy_(it->second);
+}
+
+void load_by_name(torch::nn::Module& module, const NamedTensorMap& tensors, const std::string& source,
+                  const LoadByNameOptions& options) {
+  NamedTensorMap mine;
+  for (const auto& item : module.named_parameters(true)) mine[item.key()] = item.value();
+  for (const auto& item : module.named_buffers(true)) mine[item.key()] = item.value();
+  load_by_name(std::move(mine), tensors, source, options);
 }
 
 }  // namespace flowrun

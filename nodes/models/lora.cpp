@@ -9,10 +9,11 @@
 #include <set>
 #include <sstream>
 
+#include "common/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
-#include "state/checkpoint_io.hpp"
+#include "models/load_by_name.hpp"
 
 namespace flowrun::lora {
 
@@ -23,7 +24,6 @@ namespace {
 constexpr const char* kPeftPrefix = "base_model.model.";
 enum : uint64_t { kSeedTagLora = 0x6c6f7261ull };
 
-std::string shape_str(const torch::Tensor& t) { return c10::str(t.sizes()); }
 
 }  // namespace
 
@@ -199,10 +199,16 @@ PeftFiles peft_files(const ModelState& model, const std::string& base_model) {
 void write_peft(const std::string& dir, const PeftFiles& files) {
   fs::create_directories(dir);
   safetensors::save(dir + "/adapter_model.safetensors", files.tensors, {{"format", "pt"}});
-  ckpt::write_file_atomic(dir + "/adapter_config.json", files.config_json);
+  write_file_atomic(dir + "/adapter_config.json", files.config_json);
 }
 
-void load_peft(ModelState& model, const std::string& dir, uint64_t seed) {
+ModelState::ExportWriter peft_export(const ModelState& model) {
+  if (!has_lora(model)) return {};
+  return [files = peft_files(model)](const std::string& dir) { write_peft(dir, files); };
+}
+
+void load_peft(ModelState& model, const std::string& given_dir, uint64_t seed) {
+  const std::string dir = resolve_latest(given_dir);  // a folder through a checkpoint's `latest`
   if (!model.module) throw std::runtime_error("lora: model '" + model.kind + "' has no module");
   const std::string cfg_path = dir + "/adapter_config.json", st_path = dir + "/adapter_model.safetensors";
   std::ifstream in(cfg_path);
@@ -232,61 +238,28 @@ void load_peft(ModelState& model, const std::string& dir, uint64_t seed) {
   }
   if (!has_lora(model)) apply_lora(*model.module, c, seed);
 
-  safetensors::File f = safetensors::load(st_path);
-  auto layers = adapted_layers(*model.module);
-  std::vector<std::string> missing, unexpected, misshaped;
-  std::map<std::string, torch::Tensor*> mine;
-  for (auto& [name, lin] : layers) {
-    mine[kPeftPrefix + name + ".lora_A.weight"] = &lin->lora_A->weight;
-    mine[kPeftPrefix + name + ".lora_B.weight"] = &lin->lora_B->weight;
+  // The adapters, by their names in PEFT's file (PEFT may keep the adapter's name in a key,
+  // ".lora_A.default.weight": accepted).
+  NamedTensorMap mine;
+  std::vector<std::string> disagree;
+  for (auto& [name, lin] : adapted_layers(*model.module)) {
+    mine[kPeftPrefix + name + ".lora_A.weight"] = lin->lora_A->weight;
+    mine[kPeftPrefix + name + ".lora_B.weight"] = lin->lora_B->weight;
     if (lin->rank() != c.rank || lin->alpha() != c.alpha)
-      misshaped.push_back(name + ": the model's adapter has r=" + std::to_string(lin->rank()) + " alpha=" +
-                          std::to_string(lin->alpha()) + ", the file's r=" + std::to_string(c.rank) +
-                          " alpha=" + std::to_string(c.alpha));
+      disagree.push_back(name + ": the model's adapter has r=" + std::to_string(lin->rank()) + " alpha=" +
+                         std::to_string(lin->alpha()) + ", the file's r=" + std::to_string(c.rank) +
+                         " alpha=" + std::to_string(c.alpha));
   }
-  for (const auto& [k, t] : f.tensors) {
-    // PEFT may keep the adapter name in the key (".lora_A.default.weight"): accept it.
-    std::string key = k;
-    for (const char* ab : {".lora_A.default.weight", ".lora_B.default.weight"}) {
-      const std::string s(ab);
-      if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0)
-        key = key.substr(0, key.size() - s.size()) + s.substr(0, 7) + ".weight";
-    }
-    auto it = mine.find(key);
-    if (it == mine.end()) {
-      unexpected.push_back(k + " " + shape_str(t));
-    } else if (!it->second->sizes().equals(t.sizes())) {
-      misshaped.push_back(k + ": " + shape_str(t) + " in the file, the model's is " + shape_str(*it->second));
-    }
-  }
-  for (const auto& [k, p] : mine) {
-    bool found = f.tensors.count(k) > 0;
-    if (!found) {
-      std::string alt = k;
-      alt.insert(alt.size() - std::string(".weight").size(), ".default");
-      found = f.tensors.count(alt) > 0;
-    }
-    if (!found) missing.push_back(k + " " + shape_str(*p));
-  }
-  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
-    std::ostringstream msg;
-    msg << "lora: cannot load " << st_path << " into model '" << model.kind << "': " << missing.size() << " missing, "
-        << unexpected.size() << " unexpected, " << misshaped.size() << " mis-shaped tensor(s)";
-    for (const auto& s : missing) msg << "\n  missing: " << s;
-    for (const auto& s : unexpected) msg << "\n  unexpected: " << s;
-    for (const auto& s : misshaped) msg << "\n  mis-shaped: " << s;
-    throw std::runtime_error(msg.str());
-  }
-  torch::NoGradGuard no_grad;
-  for (const auto& [k, t] : f.tensors) {
-    std::string key = k;
-    for (const char* ab : {".lora_A.default.weight", ".lora_B.default.weight"}) {
-      const std::string s(ab);
-      if (key.size() > s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0)
-        key = key.substr(0, key.size() - s.size()) + s.substr(0, 7) + ".weight";
-    }
-    mine.at(key)->copy_(t);
-  }
+  LoadByNameOptions o;
+  o.model = "the adapters of model '" + model.kind + "'";
+  o.rename = [](const std::string& k) {
+    for (const std::string s : {".lora_A.default.weight", ".lora_B.default.weight"})
+      if (k.size() > s.size() && k.compare(k.size() - s.size(), s.size(), s) == 0)
+        return k.substr(0, k.size() - s.size()) + s.substr(0, 7) + ".weight";
+    return k;
+  };
+  o.check = [&disagree](const NamedTensorMap&) { return disagree; };
+  load_by_name(std::move(mine), safetensors::load(st_path).tensors, "lora: " + st_path, o);
 }
 
 void merge_lora(ModelState& model) {

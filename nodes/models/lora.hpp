@@ -117,8 +117,11 @@ void write_peft(const std::string& dir, const PeftFiles& files);
 inline void export_peft(const ModelState& model, const std::string& dir, const std::string& base_model = "") {
   write_peft(dir, peft_files(model, base_model));
 }
+// The ModelState::exporter of models built from lora::Linear layers: with adapters, a writer of
+// their PEFT files as they are now (copied); without, none.
+ModelState::ExportWriter peft_export(const ModelState& model);
 
-// Load DIR's PEFT adapters into the model. A model without adapters gets them first, from
+// Load DIR's PEFT adapters into the model (DIR may go through a checkpoint's `latest`). A model without adapters gets them first, from
 // adapter_config.json (r, lora_alpha, target_modules, lora_dropout; base frozen); a model that
 // has them must agree with the file on the adapted layers. Every adapter tensor must be in the
 // file with its shape; problems (missing, unexpected, mis-shaped) are listed in one error.

@@ -44,6 +44,15 @@ struct ModelState {
   std::string kind;  // model type ("mlp"), for messages
   FlatParams flat;   // empty in a copy (clone()): the copy's tensors are its own
 
+  // Files the model offers for tools outside flowrun, written into a checkpoint folder beside
+  // its tensors when the checkpoint node has `exports: true` (a LoRA model: its adapters in
+  // PEFT's layout, lora::peft_export). The checkpoint calls `exporter` when it snapshots the
+  // state, under its read access; the writer it returns holds copies of what it needs and runs
+  // later on the checkpoint's writer thread, given the folder to write into. Unset, or an
+  // empty writer: nothing to export. Copies (clone(), the EMA) keep it.
+  using ExportWriter = std::function<void(const std::string& dir)>;
+  std::function<ExportWriter(const ModelState&)> exporter;
+
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)
       : module(std::move(m)), forward_fn(std::move(f)), kind(std::move(k)) {}
@@ -118,21 +127,33 @@ struct ModelState {
         continue;
       }
       if (!it->second.sizes().equals(v.sizes()))
-        throw std::runtime_error("model '" + kind + "': tensor '" + k + "' has shape " + shape(it->second) +
-                                 ", the one given has " + shape(v));
+        throw std::runtime_error("model '" + kind + "': tensor '" + k + "' has shape " + shape_str(it->second) +
+                                 ", the one given has " + shape_str(v));
       it->second.copy_(v);
     }
     if (strict)
       for (const auto& [k, _] : mine)
         if (!in.count(k)) throw std::runtime_error("model '" + kind + "': tensor '" + k + "' is missing");
   }
-
- private:
-  static std::string shape(const torch::Tensor& t) {
-    std::string s = "[";
-    for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-    return s + "]";
-  }
 };
+
+// Frozen models (text encoders, a VAE): no parameter trains (requires_grad false) and eval
+// mode (no dropout).
+inline void freeze(torch::nn::Module& m) {
+  for (auto& p : m.parameters()) p.set_requires_grad(false);
+  m.eval();
+}
+
+// A deep copy of a frozen model's state of type S (a ModelState subclass with fields of its
+// own): every field copied, the module cloned and frozen. What such an S's clone() returns.
+template <class S>
+std::shared_ptr<ModelState> clone_frozen(const S& s) {
+  if (!s.module) throw std::runtime_error("model state '" + s.kind + "' has no module to clone");
+  torch::NoGradGuard no_grad;
+  auto copy = std::make_shared<S>(s);
+  copy->module = s.module->clone();
+  freeze(*copy->module);
+  return copy;
+}
 
 }  // namespace flowrun

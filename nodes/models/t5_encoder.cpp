@@ -7,6 +7,7 @@
 
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
+#include "common/tensor_map.hpp"
 #include "models/attention.hpp"
 #include "models/load_by_name.hpp"
 
@@ -156,7 +157,7 @@ void T5EncoderImpl::reset() {
 torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& attention_mask) {
   if (input_ids.dim() != 2 || !at::isIntegralType(input_ids.scalar_type(), false))
     throw std::runtime_error("t5: input_ids must be integer [batch, length], got " +
-                             std::string(c10::toString(input_ids.scalar_type())) + " " + c10::str(input_ids.sizes()));
+                             std::string(c10::toString(input_ids.scalar_type())) + " " + shape_str(input_ids));
   if (input_ids.is_cpu() && input_ids.numel() > 0) {
     const int64_t lo = input_ids.min().item<int64_t>(), hi = input_ids.max().item<int64_t>();
     if (lo < 0 || hi >= cfg_.vocab)
@@ -168,8 +169,8 @@ torch::Tensor T5EncoderImpl::forward(const torch::Tensor& input_ids, const torch
   torch::Tensor bias = encoder->block->ptr<BlockImpl>(0)->attention().SelfAttention->compute_bias(L);
   if (attention_mask.defined()) {
     if (!attention_mask.sizes().equals(input_ids.sizes()))
-      throw std::runtime_error("t5: attention_mask " + c10::str(attention_mask.sizes()) + " does not match input_ids " +
-                               c10::str(input_ids.sizes()));
+      throw std::runtime_error("t5: attention_mask " + shape_str(attention_mask) + " does not match input_ids " +
+                               shape_str(input_ids));
     torch::Tensor m = (attention_mask == 0).to(x.scalar_type()).mul(lowest_of(x.scalar_type())).view({B, 1, 1, L});
     bias = bias + m;
   }

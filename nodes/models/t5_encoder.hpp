@@ -1,6 +1,6 @@
 // The encoder of T5 (T5 v1.0, v1.1, mT5) as a libtorch module, laid out exactly like Hugging
 // Face transformers' T5EncoderModel, so that its safetensors load by name. Used frozen, as a
-// text encoder (text_encode node, arch: t5; HunyuanDiT's mT5 is such an encoder).
+// text encoder (t5_encode node; HunyuanDiT's mT5 is such an encoder).
 //
 //   shared.weight [vocab, dim]                                   token embedding
 //   encoder.block.N.layer.0.layer_norm.weight [dim]              T5 RMS norm (no bias, no mean)

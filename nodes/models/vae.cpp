@@ -247,7 +247,7 @@ std::pair<torch::Tensor, torch::Tensor> AutoencoderKLImpl::encode(const torch::T
   const int64_t f = cfg_.downsample_factor();
   if (images.dim() != 4 || images.size(1) != cfg_.in_channels)
     throw std::runtime_error("vae: encode expects images [B, " + std::to_string(cfg_.in_channels) + ", H, W], got " +
-                             c10::str(images.sizes()));
+                             shape_str(images));
   if (images.size(2) % f != 0 || images.size(3) % f != 0)
     throw std::runtime_error("vae: image size " + std::to_string(images.size(2)) + "x" + std::to_string(images.size(3)) +
                              " is not divisible by the downsampling factor " + std::to_string(f));
@@ -260,7 +260,7 @@ torch::Tensor AutoencoderKLImpl::decode(const torch::Tensor& latents) {
   if (!decoder) throw std::runtime_error("vae: this module holds only the encoder; it cannot decode");
   if (latents.dim() != 4 || latents.size(1) != cfg_.latent_channels)
     throw std::runtime_error("vae: decode expects latents [B, " + std::to_string(cfg_.latent_channels) +
-                             ", h, w], got " + c10::str(latents.sizes()));
+                             ", h, w], got " + shape_str(latents));
   return decoder(post_quant_conv(latents));
 }
 
@@ -327,6 +327,15 @@ void load_safetensors(AutoencoderKLImpl& model, const std::string& path) {
   load_state_dict(model, safetensors::load(path).tensors, path);
 }
 
+AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed) {
+  AutoencoderKL m(c, part);
+  if (!weights.empty())
+    load_safetensors(*m, weights);
+  else
+    init_weights(*m, seed);
+  return m;
+}
+
 // ---- the state ----
 
 AutoencoderKLImpl& VaeState::vae() const {
@@ -335,19 +344,10 @@ AutoencoderKLImpl& VaeState::vae() const {
   return *m;
 }
 
-std::shared_ptr<ModelState> VaeState::clone() const {
-  if (!module) throw std::runtime_error("vae: no module to clone");
-  torch::NoGradGuard no_grad;
-  auto copy = std::make_shared<VaeState>(*this);
-  copy->module = module->clone();
-  for (auto& p : copy->module->parameters()) p.set_requires_grad(false);
-  copy->module->eval();
-  return copy;
-}
+std::shared_ptr<ModelState> VaeState::clone() const { return clone_frozen(*this); }
 
 std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model) {
-  for (auto& p : model->parameters()) p.set_requires_grad(false);
-  model->eval();
+  freeze(*model);
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
     auto* vae = m.as<AutoencoderKLImpl>();
     if (!vae) throw std::runtime_error("vae: the module is not an AutoencoderKL");

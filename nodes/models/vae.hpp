@@ -227,6 +227,10 @@ void load_state_dict(AutoencoderKLImpl& model, const std::map<std::string, torch
                      const std::string& source);
 void load_safetensors(AutoencoderKLImpl& model, const std::string& path);
 
+// The `part` of an AutoencoderKL of config `c`: loaded from `weights` (a safetensors file, as
+// load_safetensors), or, with weights empty, initialised from `seed` (init_weights). On the CPU.
+AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed);
+
 // The ModelState behind vae_encode's `params` port (held as std::shared_ptr<ModelState>;
 // dynamic_pointer_cast to this for the config). Frozen: requires_grad false everywhere, eval mode.
 // forward(batch): with a decoder part and a "latents" key, decode(latents / scaling_factor);

@@ -21,7 +21,6 @@
 #include "common/device.hpp"
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
-#include "models/lora.hpp"
 #include "models/model_state.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
@@ -38,7 +37,7 @@ struct Snapshot {
   std::vector<std::pair<std::string, NamedTensors>> states;  // ref -> CPU copies
   std::shared_ptr<DeviceEvent> copied;  // device state: the copies are done after this event
   NamedTensors rng;
-  std::vector<std::pair<std::string, lora::PeftFiles>> peft;  // lora_export: ref -> adapter files
+  std::vector<std::pair<std::string, ModelState::ExportWriter>> exports;  // exports: ref -> its writer
 };
 
 void fsync_dir(const std::string& dir) {
@@ -51,9 +50,9 @@ void fsync_dir(const std::string& dir) {
 
 class Checkpoint : public Node {
   std::string dir_, graph_file_, name_, config_;
-  int keep_ = 3;
+  int keep_ = 0;  // setup: the schema's (defaults there)
   int delay_ms_ = 0;
-  bool lora_export_ = false;
+  bool exports_ = false;
   bool writer_rank_ = true;
   std::future<void> pending_;
 
@@ -62,7 +61,7 @@ class Checkpoint : public Node {
     dir_ = (fs::path(c.run().out_dir) / c.params().get<std::string>("dir")).string();
     keep_ = c.params().get<int>("keep_last");
     delay_ms_ = c.params().get<int>("write_delay_ms");
-    lora_export_ = c.params().get<bool>("lora_export", false);
+    exports_ = c.params().get<bool>("exports");
     writer_rank_ = c.run().rank == 0;
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
@@ -103,7 +102,7 @@ class Checkpoint : public Node {
       const StateIO* io = find_state_io(*values[i]);
       if (!io)
         throw std::runtime_error("state '" + refs[i] + "' holds a " + values[i]->type_name() +
-                                 ", which registers no way to save it (FLOWRUN_STATE_TYPE in common/state_io.hpp)");
+                                 ", which registers no way to save it (FLOWRUN_STATE_TYPE in common/state_io.hpp, beside the type)");
       NamedTensors copy;
       for (const auto& [k, t] : io->tensors(*values[i])) {
         if (t.is_cpu()) {
@@ -118,9 +117,10 @@ class Checkpoint : public Node {
         on_device = true;
       }
       snap.states.emplace_back(refs[i], std::move(copy));
-      if (lora_export_ && values[i]->is<std::shared_ptr<ModelState>>()) {
+      if (exports_ && values[i]->is<std::shared_ptr<ModelState>>()) {
         const auto& model = values[i]->as<std::shared_ptr<ModelState>>();
-        if (model && lora::has_lora(*model)) snap.peft.emplace_back(refs[i], lora::peft_files(*model));
+        if (model && model->exporter)
+          if (ModelState::ExportWriter w = model->exporter(*model)) snap.exports.emplace_back(refs[i], std::move(w));
       }
     }
     if (on_device) {
@@ -162,10 +162,10 @@ class Checkpoint : public Node {
       safetensors::save(tmp + "/" + file, tensors, {{"ref", ref}, {"step", std::to_string(s.step)}});
       m.states[ref] = file;
     }
-    // PEFT adapters (lora_export): in the folder itself for one LoRA model, in REF/ for several.
-    for (const auto& [ref, files] : s.peft) {
+    // What the models export (exports: true): in the folder itself for one, in REF/ each for several.
+    for (const auto& [ref, writer] : s.exports) {
       pause();
-      lora::write_peft(s.peft.size() == 1 ? tmp : tmp + "/" + ref, files);
+      writer(s.exports.size() == 1 ? tmp : tmp + "/" + ref);
     }
     pause();
     safetensors::save(tmp + "/rng.safetensors", s.rng);

@@ -1,7 +1,6 @@
 #include "state/checkpoint_io.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include "common/files.hpp"
 
 #include <cerrno>
 #include <cstdio>
@@ -21,16 +20,6 @@ std::string step_folder(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));
   return buf;
-}
-
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) && ::fsync(fd) == 0;
-  ok = (::close(fd) == 0) && ok;
-  if (!ok) throw std::runtime_error("writing " + tmp + " failed: " + std::strerror(errno));
-  fs::rename(tmp, path);
 }
 
 void write_manifest(const std::string& folder, const Manifest& m) {
@@ -102,14 +91,7 @@ Manifest read_manifest(const std::string& folder) {
   return m;
 }
 
-std::string latest(const std::string& dir) {
-  std::error_code ec;
-  if (!fs::is_regular_file(dir + "/latest", ec)) return "";
-  std::ifstream in(dir + "/latest");
-  std::string name;
-  if (!in || !std::getline(in, name)) return "";
-  return name;
-}
+std::string latest(const std::string& dir) { return read_latest(dir); }
 
 std::vector<Found> checkpoints(const std::string& dir) {
   std::vector<Found> out;
@@ -135,22 +117,6 @@ std::vector<Found> checkpoints(const std::string& dir) {
 
 void set_latest(const std::string& dir, const std::string& folder_name) {
   write_file_atomic(dir + "/latest", folder_name + "\n");
-}
-
-std::string resolve_latest(const std::string& path) {
-  namespace fs = std::filesystem;
-  fs::path out;
-  for (const auto& part : fs::path(path)) {
-    if (part == "latest" && fs::is_regular_file(out / part)) {
-      const std::string name = latest(out.string());
-      if (!name.empty()) {
-        out /= name;
-        continue;
-      }
-    }
-    out /= part;
-  }
-  return out.string();
 }
 
 }  // namespace flowrun::ckpt

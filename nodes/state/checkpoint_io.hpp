@@ -30,7 +30,8 @@ void write_manifest(const std::string& folder, const Manifest& m);
 // Throws naming the file and the field (a step < 1, a file outside the folder, a wrong type).
 Manifest read_manifest(const std::string& folder);
 
-// The folder `latest` names under `dir`, or "" if there is none (missing, empty, a folder).
+// The folder `latest` names under `dir`, or "" if there is none (missing, empty, a folder):
+// common/files.hpp's read_latest.
 std::string latest(const std::string& dir);
 
 // Every step_* folder under `dir`: the complete ones (a valid manifest) first, newest step
@@ -42,13 +43,6 @@ struct Found {
 };
 std::vector<Found> checkpoints(const std::string& dir);
 void set_latest(const std::string& dir, const std::string& folder_name);
-// A path through a checkpoint's `latest` file: each component named "latest" that is a file
-// (not a folder) is replaced by the folder it names, so
-// runs/dit_base/checkpoints/latest/ema.params.safetensors reads the newest checkpoint's file.
-// Other paths come back unchanged.
-std::string resolve_latest(const std::string& path);
-
-// Write `text` to PATH.tmp, fsync, rename over PATH.
-void write_file_atomic(const std::string& path, const std::string& text);
+// (Paths through `latest`, atomic writes: common/files.hpp.)
 
 }  // namespace flowrun::ckpt

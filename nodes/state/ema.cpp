@@ -83,7 +83,7 @@ class EmaNode : public Node {
   }
 
  private:
-  double decay_ = 0.999, power_ = 2.0 / 3.0;
+  double decay_ = 0, power_ = 0;  // setup: the schema's (defaults there)
   bool warmup_ = false;
   std::unique_ptr<EmaModel> ema_;
 };

@@ -304,8 +304,8 @@ class AllreduceNode : public Node {
     }
   }
 
-  double bucket_mb_ = 25, first_bucket_mb_ = 1;
-  bool compress_bf16_ = false, overlap_ = true;
+  double bucket_mb_ = 0, first_bucket_mb_ = 0;  // setup: the schema's (defaults there)
+  bool compress_bf16_ = false, overlap_ = false;
   std::shared_ptr<comm::Channel> channel_;
   int world_ = 1;
   BucketPlan plan_;

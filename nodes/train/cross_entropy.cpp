@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "common/tensor_map.hpp"
+
 namespace flowrun {
 
 namespace {
@@ -58,7 +60,7 @@ struct CrossEntropyMean : torch::autograd::Function<CrossEntropyMean> {
 torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets) {
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
     throw std::runtime_error("cross_entropy_mean: logits must be [N, V] and targets [N], got " +
-                             std::string(c10::str(logits.sizes())) + " and " + std::string(c10::str(targets.sizes())));
+                             shape_str(logits) + " and " + shape_str(targets));
   if (!logits.is_floating_point() || logits.element_size() < 4)
     throw std::runtime_error("cross_entropy_mean: logits must be fp32 or wider (cast bf16/fp16 logits first)");
   if (targets.scalar_type() != torch::kLong) throw std::runtime_error("cross_entropy_mean: targets must be int64");

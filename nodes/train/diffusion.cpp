@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/seed.hpp"
+#include "common/tensor_map.hpp"
 #include "models/dropout.hpp"
 
 namespace flowrun::diffusion {
@@ -95,13 +96,13 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
   if (it == batch.end()) {
     std::string have;
     for (const auto& [k, _] : batch) have += (have.empty() ? "" : ", ") + k;
-    throw std::runtime_error("objective diffusion needs the batch's '" + o.x_key + "' (the clean sample, x_key); it has {" +
+    throw std::runtime_error("objective diffusion_loss needs the batch's '" + o.x_key + "' (the clean sample, x_key); it has {" +
                              have + "}");
   }
   const torch::Tensor& x0 = it->second;
   if (x0.dim() < 2 || !x0.is_floating_point())
-    throw std::runtime_error("objective diffusion: batch '" + o.x_key + "' must be a float [batch, C, ...] tensor, got " +
-                             std::string(c10::str(x0.sizes())));
+    throw std::runtime_error("objective diffusion_loss: batch '" + o.x_key + "' must be a float [batch, C, ...] tensor, got " +
+                             shape_str(x0));
   // One schedule per option set is cheap to make (T float64 values); made per call to stay stateless.
   const NoiseSchedule sched = NoiseSchedule::make(o.schedule, o.beta_start, o.beta_end, o.timesteps);
   const int64_t B = x0.size(0);
@@ -127,14 +128,43 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
   torch::Tensor xt = add_noise(sched, x0, noise, t);
   torch::Tensor tgt = target(sched, o.prediction, x0, noise, t);
   TensorMap in = batch;
+  // Classifier-free guidance training: each row's condition becomes the null condition with
+  // P = cond_drop. Training only (inside a TrainingScope), drawn after t and the noise.
+  at::Generator* training = TrainingScope::current();
+  auto text = batch.find("text_emb");
+  if (training && o.cond_drop > 0.0 && text != batch.end() && text->second.defined() && text->second.dim() >= 1) {
+    const int64_t rows = text->second.size(0);
+    torch::Tensor drop;
+    {
+      torch::NoGradGuard no_grad;
+      drop = torch::empty({rows}).bernoulli_(o.cond_drop, *training).to(torch::kBool).to(text->second.device());
+    }
+    const TensorMap null = null_condition(batch);
+    for (const char* k : {"text_emb", "text_mask", "t5_emb", "t5_mask"}) {
+      auto it = in.find(k);
+      if (it == in.end() || !it->second.defined()) continue;
+      std::vector<int64_t> shape(static_cast<size_t>(it->second.dim()), 1);
+      shape[0] = rows;
+      it->second = torch::where(drop.view(shape), null.at(k), it->second);
+    }
+  }
   in["x"] = xt;
   in["t"] = t.to(x0.device());
   torch::Tensor pred = model.forward(in);
   if (!pred.sizes().equals(x0.sizes()))
-    throw std::runtime_error("objective diffusion: model output " + std::string(c10::str(pred.sizes())) +
-                             " and the sample '" + o.x_key + "' " + std::string(c10::str(x0.sizes())) +
+    throw std::runtime_error("objective diffusion_loss: model output " + shape_str(pred) +
+                             " and the sample '" + o.x_key + "' " + shape_str(x0) +
                              " differ in shape");
   return torch::mse_loss(pred.to(torch::kFloat), tgt.to(torch::kFloat));
+}
+
+TensorMap null_condition(const TensorMap& batch) {
+  TensorMap out = batch;
+  for (const char* k : {"text_emb", "t5_emb"})
+    if (auto it = out.find(k); it != out.end() && it->second.defined()) it->second = torch::zeros_like(it->second);
+  for (const char* k : {"text_mask", "t5_mask"})
+    if (auto it = out.find(k); it != out.end() && it->second.defined()) it->second = torch::ones_like(it->second);
+  return out;
 }
 
 }  // namespace flowrun::diffusion

@@ -1,5 +1,5 @@
-// Denoising diffusion (DDPM training, DDIM sampling) as free functions: the `diffusion`
-// objective of forward_backward (train/forward_backward.cpp) and samplers use the same schedule.
+// Denoising diffusion (DDPM training, DDIM sampling) as free functions: the diffusion_loss
+// objective (train/diffusion_loss.cpp) and the sampler use the same schedule.
 //
 // Notation: ab_t = alphas_cumprod[t] = prod_{s<=t} (1 - beta_s), t in [0, T).
 //   add_noise:  x_t = sqrt(ab_t) x0 + sqrt(1 - ab_t) eps
@@ -58,14 +58,23 @@ struct Options {
   Prediction prediction = Prediction::eps;
   double noise_offset = 0.0;  // noise += noise_offset * N(0, 1) per (row, channel)
   std::string x_key = "latents";
+  // Classifier-free guidance training: P(a row's condition is replaced by null_condition).
+  double cond_drop = 0.0;
 };
+
+// The condition of "no text": text_emb and t5_emb (where present) zeroed, text_mask and t5_mask
+// all ones. Training with cond_drop swaps it in for dropped rows; a sampler's unconditional
+// branch is exactly this.
+TensorMap null_condition(const TensorMap& batch);
 
 // The diffusion training loss: x0 = batch[x_key] [B, C, H, W]; t ~ U{0..T-1} per row, eps ~
 // N(0, I) (+ offset); the model sees the batch plus "x" = x_t and "t" = t (int64 [B]) and
 // predicts eps or v; the loss is the MSE over all elements (in fp32). Randomness: the current
 // TrainingScope's generator (forward_backward seeds it by run seed, step, rank, micro-batch),
-// drawn in the order t, noise, offset; outside a scope (evaluators) a fixed seed, so the value
-// is deterministic.
+// drawn in the order t, noise, offset, then the rows whose condition is dropped (cond_drop:
+// the batch's text_emb/text_mask/t5_emb/t5_mask of those rows replaced by null_condition's);
+// outside a scope (evaluators) a fixed seed and no condition dropped, so the value is
+// deterministic.
 torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& options);
 
 }  // namespace flowrun::diffusion

@@ -10,112 +10,8 @@
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
 #include "registry.hpp"
-#include "train/cross_entropy.hpp"
-#include "train/diffusion.hpp"
 
 namespace flowrun {
-
-namespace {
-
-const torch::Tensor& need(const TensorMap& batch, const char* key, const char* objective) {
-  auto it = batch.find(key);
-  if (it == batch.end()) {
-    std::string have;
-    for (const auto& [k, _] : batch) have += (have.empty() ? "" : ", ") + k;
-    throw std::runtime_error(std::string("objective ") + objective + " needs the batch's '" + key + "'; it has {" +
-                             have + "}");
-  }
-  return it->second;
-}
-
-// Mean squared error between the model's output and the batch's "y".
-torch::Tensor mse(ModelState& model, const TensorMap& batch) {
-  const torch::Tensor& y = need(batch, "y", "mse");
-  torch::Tensor pred = model.forward(batch);
-  if (!pred.sizes().equals(y.sizes()))
-    throw std::runtime_error("objective mse: model output " + std::string(c10::str(pred.sizes())) +
-                             " and target y " + std::string(c10::str(y.sizes())) + " differ in shape");
-  return torch::mse_loss(pred, y.to(pred.dtype()));
-}
-
-int64_t mse_targets(const TensorMap& batch) { return batch_rows(batch); }
-
-// Next-token cross-entropy of a language model: the model maps batch["tokens"] [B, T+1] to
-// logits [B, T, vocab] for tokens[:, :-1] (models/gpt.hpp); the targets are tokens[:, 1:].
-// Mean over the B*T targets. The softmax over the vocabulary runs in fp32 whatever precision
-// the model computed its logits in, fused (train/cross_entropy.hpp: with a 50k vocabulary the
-// loss is a large part of a small model's step).
-torch::Tensor lm(ModelState& model, const TensorMap& batch) {
-  const torch::Tensor& tokens = need(batch, "tokens", "lm");
-  if (tokens.dim() != 2 || tokens.size(1) < 2)
-    throw std::runtime_error("objective lm: batch 'tokens' must be [batch, T+1] with T >= 1, got " +
-                             std::string(c10::str(tokens.sizes())));
-  const int64_t B = tokens.size(0), T = tokens.size(1) - 1;
-  torch::Tensor logits = model.forward(batch);
-  if (logits.dim() != 3 || logits.size(0) != B || logits.size(1) != T)
-    throw std::runtime_error("objective lm: the model returned " + std::string(c10::str(logits.sizes())) +
-                             " for tokens " + std::string(c10::str(tokens.sizes())) + "; expected [" +
-                             std::to_string(B) + ", " + std::to_string(T) + ", vocab]");
-  const int64_t V = logits.size(2);
-  torch::Tensor targets = tokens.narrow(1, 1, T).reshape({B * T}).to(torch::kLong);
-  return cross_entropy_mean(logits.reshape({B * T, V}).to(torch::kFloat), targets);
-}
-
-int64_t lm_targets(const TensorMap& batch) {
-  const torch::Tensor& tokens = need(batch, "tokens", "lm");
-  return tokens.dim() == 2 && tokens.size(1) >= 2 ? tokens.size(0) * (tokens.size(1) - 1) : 0;
-}
-
-// Denoising diffusion with default options (diffusion.hpp; the node configures its own with
-// make_objective_def): the targets are the batch's rows (images).
-torch::Tensor diffusion_default(ModelState& model, const TensorMap& batch) {
-  return diffusion::loss(model, batch, diffusion::Options{});
-}
-
-int64_t rows_targets(const TensorMap& batch) { return batch_rows(batch); }
-
-const std::map<std::string, ObjectiveDef>& objectives() {
-  static const std::map<std::string, ObjectiveDef> m = {
-      {"mse", {&mse, &mse_targets}},
-      {"lm", {&lm, &lm_targets}},
-      {"diffusion", {&diffusion_default, &rows_targets}},
-  };
-  return m;
-}
-
-}  // namespace
-
-const ObjectiveDef* find_objective_def(const std::string& name) {
-  auto it = objectives().find(name);
-  return it == objectives().end() ? nullptr : &it->second;
-}
-
-const Objective* find_objective(const std::string& name) {
-  const ObjectiveDef* d = find_objective_def(name);
-  return d ? &d->loss : nullptr;
-}
-
-ObjectiveDef make_objective_def(const std::string& name, const YAML::Node& params) {
-  const ObjectiveDef* d = find_objective_def(name);
-  if (!d) throw std::runtime_error("unknown objective '" + name + "'");
-  ObjectiveDef def = *d;
-  if (name == "diffusion") {
-    diffusion::Options o;
-    const YAML::Node n = params["diffusion"];
-    if (n && n.IsMap()) {
-      if (n["schedule"]) o.schedule = diffusion::parse_schedule(n["schedule"].as<std::string>());
-      if (n["beta_start"]) o.beta_start = n["beta_start"].as<double>();
-      if (n["beta_end"]) o.beta_end = n["beta_end"].as<double>();
-      if (n["timesteps"]) o.timesteps = n["timesteps"].as<int64_t>();
-      if (n["prediction"]) o.prediction = diffusion::parse_prediction(n["prediction"].as<std::string>());
-      if (n["noise_offset"]) o.noise_offset = n["noise_offset"].as<double>();
-      if (n["x_key"]) o.x_key = n["x_key"].as<std::string>();
-    }
-    diffusion::NoiseSchedule::make(o.schedule, o.beta_start, o.beta_end, o.timesteps);  // checks the values now
-    def.loss = [o](ModelState& model, const TensorMap& batch) { return diffusion::loss(model, batch, o); };
-  }
-  return def;
-}
 
 TensorMap merge_batches(const TensorMap& batch, const TensorMap& extra) {
   TensorMap out = batch;
@@ -163,10 +59,11 @@ std::vector<TensorMap> split_batch(const TensorMap& batch, int64_t n) {
   return parts;
 }
 
-FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, Objective objective,
+FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const Objective& objective,
                               const FwdBwdOptions& options) {
   const int64_t accumulate = options.accumulate;
   const c10::Device device = model_device(model);
+  check_needs(objective, given);
   // Data nodes place batches on the run's device; a batch from elsewhere (a plugin) follows.
   const TensorMap batch = to_device(given, device);
   std::vector<torch::Tensor> params = model.trainable_parameters();
@@ -219,9 +116,9 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, Objecti
       std::optional<TrainingScope> training;
       if (options.dropout_seed) training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(i)}));
       AutocastScope autocast(options.precision, device);
-      loss = objective(model, part);
+      loss = objective.loss(model, part);
     }
-    if (loss.dim() != 0) throw std::runtime_error("the objective returned a non-scalar loss");
+    if (loss.dim() != 0) throw std::runtime_error("objective " + objective.type + " returned a non-scalar loss");
     if (!loss.requires_grad()) throw std::runtime_error("the loss does not depend on any trainable parameter");
     {
       std::lock_guard<std::mutex> l(mu);
@@ -251,12 +148,7 @@ namespace {
 class ForwardBackwardNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
-    const std::string name = ctx.params().get<std::string>("objective");
-    try {
-      objective_ = make_objective_def(name, ctx.params().node());
-    } catch (const std::exception& e) {
-      throw std::runtime_error(ctx.who() + ": " + e.what());
-    }
+    objective_ = &ctx.state_as<Objective>("objective");
     has_cond_ = ctx.connected("cond");
     options_.accumulate = ctx.params().get<int64_t>("accumulate");
     options_.precision = run_precision(ctx.run());
@@ -299,12 +191,12 @@ class ForwardBackwardNode : public Node {
       o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
         ctx.emit("ready", GradReady{param, used, buffer}, index++, count);
       };
-    FwdBwdResult r = forward_backward(model, batch, objective_.loss, o);
+    FwdBwdResult r = forward_backward(model, batch, *objective_, o);
     if (!overlap)
       for (int k = count; k-- > 0;) ctx.emit("ready", GradReady{k, r.grads[static_cast<size_t>(k)].defined(), o.buffer}, index++, count);
     ctx.out("loss", r.loss);
     ctx.out("grads", std::move(r.grads));
-    ctx.out("tokens", objective_.targets(batch));
+    ctx.out("tokens", objective_->targets(batch));
   }
 
  private:
@@ -327,7 +219,7 @@ class ForwardBackwardNode : public Node {
   }
 
   static constexpr size_t kPool = 2;
-  ObjectiveDef objective_{};
+  const Objective* objective_ = nullptr;  // the objective node's; read-only, lives as long as the graph
   bool has_cond_ = false;
   FwdBwdOptions options_;
   uint64_t seed_ = 0;

@@ -13,32 +13,10 @@
 #include "models/model_state.hpp"
 #include "train/grad_buffer.hpp"
 #include "train/grad_hooks.hpp"
+#include "train/objective.hpp"
 #include "train/precision.hpp"
 
-namespace YAML {
-class Node;
-}
-
 namespace flowrun {
-
-// An objective: the mean loss of the model on a (micro-)batch, with autograd attached.
-// Adding one is a function and a line in objectives() (forward_backward.cpp) plus its name
-// in schemas/forward_backward.yaml. A std::function so that an objective with options (the
-// node's `diffusion:` settings) is a closure.
-using Objective = std::function<torch::Tensor(ModelState& model, const TensorMap& batch)>;
-// How many targets the objective's mean loss averages over in a batch (lm: B*T tokens; mse:
-// rows): forward_backward's `tokens` output (throughput) and the evaluator's weights (the
-// mean over several batches is sum(loss_i * targets_i) / sum(targets_i)).
-using TargetCount = int64_t (*)(const TensorMap& batch);
-struct ObjectiveDef {
-  Objective loss;
-  TargetCount targets;
-};
-const ObjectiveDef* find_objective_def(const std::string& name);
-const Objective* find_objective(const std::string& name);  // &find_objective_def(name)->loss
-// Objectives with options: the named objective configured by the forward_backward node's
-// parameters (`diffusion:` for objective diffusion; others have none). Throws for unknown names.
-ObjectiveDef make_objective_def(const std::string& name, const YAML::Node& params);
 
 // The batch with the entries of `extra` added (forward_backward's `cond` input); a key in both
 // is an error naming it.
@@ -81,12 +59,13 @@ struct FwdBwdOptions {
 };
 
 // Clear the trainable parameters' grads (undefined; with options.buffer: zero the buffer and
-// attach it), then for each of `accumulate` micro-batches run forward + backward of
+// attach it), check the batch has what the objective needs, then for each of `accumulate`
+// micro-batches run forward + backward of
 // loss * rows/total, so the grads equal those of the whole batch's mean loss. Writes only
 // .grad() (and the buffer), never parameter data.
-FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,
+FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, const Objective& objective,
                               const FwdBwdOptions& options);
-inline FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, Objective objective,
+inline FwdBwdResult forward_backward(ModelState& model, const TensorMap& batch, const Objective& objective,
                                      int64_t accumulate) {
   FwdBwdOptions o;
   o.accumulate = accumulate;

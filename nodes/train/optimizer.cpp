@@ -11,18 +11,31 @@
 #include <cmath>
 
 #include "common/cpu_simd.hpp"
+#include "common/state_io.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
 
+OptimKind optim_kind(const std::string& name) {
+  if (name == "adamw") return OptimKind::adamw;
+  if (name == "sgd") return OptimKind::sgd;
+  throw std::invalid_argument("unknown optimizer kind '" + name + "' (adamw or sgd)");
+}
+
+LrDecay lr_decay(const std::string& name) {
+  if (name == "constant") return LrDecay::constant;
+  if (name == "cosine") return LrDecay::cosine;
+  if (name == "linear") return LrDecay::linear;
+  throw std::invalid_argument("unknown lr schedule '" + name + "' (constant, cosine or linear)");
+}
+
 double LrSchedule::at(int64_t step, int64_t last_step) const {
   if (warmup > 0 && step <= warmup) return lr * static_cast<double>(step) / static_cast<double>(warmup);
-  if (kind == "constant" || last_step <= warmup) return lr;
+  if (kind == LrDecay::constant || last_step <= warmup) return lr;
   double progress = static_cast<double>(step - warmup) / static_cast<double>(last_step - warmup);
   progress = std::min(1.0, std::max(0.0, progress));
-  if (kind == "cosine") return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
-  if (kind == "linear") return lr - (lr - min_lr) * progress;
-  throw std::runtime_error("unknown lr schedule '" + kind + "'");
+  if (kind == LrDecay::cosine) return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  return lr - (lr - min_lr) * progress;  // linear
 }
 
 std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
@@ -188,7 +201,7 @@ void cpu_update(OptimizerState& st, const ModelState::Named& params, const Grads
   auto ok = [](const torch::Tensor& t) {
     return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
   };
-  const bool adamw = cfg.kind == "adamw";
+  const bool adamw = cfg.kind == OptimKind::adamw;
   const bool momentum = !adamw && cfg.momentum > 0;
   std::vector<CpuPiece> pieces;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -226,7 +239,6 @@ void cpu_update(OptimizerState& st, const ModelState::Named& params, const Grads
 // The slots for these parameters, their moments zeroed in flat buffers (see OptimizerState),
 // and what load() kept for them.
 void make_slots(OptimizerState& st, const ModelState::Named& params, const OptimConfig& cfg) {
-  st.kind = cfg.kind;
   st.slots.resize(params.size());
   std::vector<torch::Tensor> ps;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -238,7 +250,7 @@ void make_slots(OptimizerState& st, const ModelState::Named& params, const Optim
     flat = st.layout.zeros();
     for (size_t i = 0; i < ps.size(); ++i) st.slots[i].*moment = st.layout.view(flat, i, ps[i].sizes());
   };
-  if (cfg.kind == "adamw") {
+  if (cfg.kind == OptimKind::adamw) {
     make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
     make(st.flat_exp_avg_sq, &OptimizerState::Slot::exp_avg_sq);
   } else if (cfg.momentum > 0) {
@@ -259,8 +271,8 @@ void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tenso
       return;
     }
     if (!dst.sizes().equals(it->second.sizes()))
-      throw std::runtime_error("optimizer state: '" + s.name + suffix + "' has shape " + c10::str(it->second.sizes()) +
-                               ", the parameter is " + c10::str(dst.sizes()) +
+      throw std::runtime_error("optimizer state: '" + s.name + suffix + "' has shape " + shape_str(it->second) +
+                               ", the parameter is " + shape_str(dst) +
                                "; the state was saved for another model");
     dst.copy_(it->second);
   };
@@ -304,12 +316,11 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
   if (grads.size() != params.size())
     throw std::runtime_error("got " + std::to_string(grads.size()) + " grads for " + std::to_string(params.size()) +
                              " trainable parameters");
-  const bool adamw = cfg.kind == "adamw";
-  if (!adamw && cfg.kind != "sgd") throw std::runtime_error("unknown optimizer kind '" + cfg.kind + "'");
+  const bool adamw = cfg.kind == OptimKind::adamw;
   for (size_t i = 0; i < params.size(); ++i)
     if (grads[i].defined() && !grads[i].sizes().equals(params[i].second.sizes()))
       throw std::runtime_error("grad " + std::to_string(i) + " (" + params[i].first + ") has shape " +
-                               c10::str(grads[i].sizes()) + ", the parameter " + c10::str(params[i].second.sizes()));
+                               shape_str(grads[i]) + ", the parameter " + shape_str(params[i].second));
   if (st.slots.empty()) {
     make_slots(st, params, cfg);
     if (!st.pending.empty()) {
@@ -375,7 +386,7 @@ class OptimizerNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    cfg_.kind = p.get<std::string>("kind");
+    cfg_.kind = optim_kind(p.get<std::string>("kind"));
     cfg_.momentum = p.get<double>("momentum");
     cfg_.beta1 = p.get<double>("beta1");
     cfg_.beta2 = p.get<double>("beta2");
@@ -384,7 +395,7 @@ class OptimizerNode : public Node {
     cfg_.clip = p.get<double>("clip");
     sched_.lr = p.get<double>("lr");
     sched_.warmup = p.get<int64_t>("warmup");
-    sched_.kind = p.get<std::string>("schedule");
+    sched_.kind = lr_decay(p.get<std::string>("schedule"));
     sched_.min_lr = p.get<double>("min_lr");
     cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
     ctx.own_state("state", std::make_shared<OptimizerState>());
@@ -416,3 +427,4 @@ class OptimizerNode : public Node {
 }  // namespace flowrun
 
 FLOWRUN_NODE(optimizer, flowrun::OptimizerNode)
+FLOWRUN_STATE_TYPE(flowrun::OptimizerState)  // saved and restored by checkpoint/resume

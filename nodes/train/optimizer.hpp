@@ -14,8 +14,12 @@
 
 namespace flowrun {
 
+// The update rule (the schema's `kind`), parsed once at setup.
+enum class OptimKind { adamw, sgd };
+OptimKind optim_kind(const std::string& name);  // "adamw" | "sgd"; throws for others
+
 struct OptimConfig {
-  std::string kind = "adamw";  // adamw | sgd
+  OptimKind kind = OptimKind::adamw;
   double momentum = 0.9;       // sgd; 0 = plain SGD
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   double weight_decay = 0.0;   // decoupled (p -= lr * wd * p), only where decays(p)
@@ -36,10 +40,13 @@ inline bool decays(const torch::Tensor& p) { return p.dim() >= 2; }
 
 // Learning rate schedule: linear warmup over `warmup` steps (step/warmup * lr), then constant,
 // cosine or linear decay from lr to min_lr at the run's last step.
+enum class LrDecay { constant, cosine, linear };
+LrDecay lr_decay(const std::string& name);  // the schema's `schedule`; throws for others
+
 struct LrSchedule {
   double lr = 1e-3;
   int64_t warmup = 0;
-  std::string kind = "constant";  // constant | cosine | linear
+  LrDecay kind = LrDecay::constant;
   double min_lr = 0.0;
   double at(int64_t step, int64_t last_step) const;
 };
@@ -57,7 +64,6 @@ struct OptimizerState {
     torch::Tensor momentum;    // sgd: momentum buffer
     int64_t step = 0;          // updates applied to this parameter (bias correction)
   };
-  std::string kind;
   std::vector<Slot> slots;
   FlatLayout layout;  // of the parameters (and so of the moments' buffers)
   std::vector<torch::Tensor> flat_exp_avg, flat_exp_avg_sq, flat_momentum;

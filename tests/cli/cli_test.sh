@@ -37,7 +37,8 @@ run: { stesp: 10 }
 nodes:
   data: { type: synthetic_regresion }
   model: { type: mlp, with: { hiden: 4 } }
-  fb: { type: forward_backward, in: { batch: dat.batch, model: model.params } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: dat.batch, objective: loss.objective, model: model.params } }
 YAML
   expect_code 2 "$flowrun" validate "$tmp/bad.yaml" graphs/regression.yaml
   expect_out "$tmp/bad.yaml:2:8: run.stesp: unknown parameter 'stesp' (did you mean 'steps'?)"
@@ -113,6 +114,30 @@ plugin_swap)
   first=$(loss_at "$tmp/lion/metrics.jsonl" 1p); last=$(loss_at "$tmp/lion/metrics.jsonl" '$p')
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a / 4) }' || fail "lion did not train: $first -> $last"
   "$flowrun" dot examples/plugins/regression_lion.yaml | grep -q 'opt : lion\\nplugin' || fail "dot does not mark the plugin node"
+  ;;
+objective_plugin)
+  # A loss as a plugin (examples/plugins/zloss): listed by `flowrun nodes`, trains a graph,
+  # and with label smoothing and z-loss off gives lm_loss's losses (graphs/gpt.yaml at the
+  # same sizes), though the plugin computes the cross-entropy its own way.
+  plugin="$build/examples/plugins/libzloss.so"
+  ldd "$flowrun" | grep -q libzloss && fail "flowrun links the plugin"
+  expect_code 0 "$flowrun" nodes --plugin "$plugin"; expect_out "lm_zloss"
+  expect_code 0 "$flowrun" nodes lm_zloss --plugin "$plugin"; expect_out "z_loss: float >= 0, default 1.0e-4"
+  expect_code 0 "$flowrun" examples/plugins/gpt_zloss.yaml run.steps=60 run.log_every=1 eval.every=60 evlog.every=60 \
+    run.out_dir="$tmp/z"
+  first=$(loss_at "$tmp/z/metrics.jsonl" 1p); last=$(loss_at "$tmp/z/metrics.jsonl" 60p)
+  awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a * 0.7) }' || fail "lm_zloss did not train: $first -> $last"
+  expect_out "eval step 60: val loss"
+  small=(run.steps=3 run.log_every=1 eval.every=1000 evlog.every=1000)
+  expect_code 0 "$flowrun" examples/plugins/gpt_zloss.yaml "${small[@]}" loss.label_smoothing=0 loss.z_loss=0 run.out_dir="$tmp/z0"
+  expect_code 0 "$flowrun" graphs/gpt.yaml "${small[@]}" data.path=data/text/fortunes_byte data.seq_len=64 data.batch=16 \
+    model.layers=2 model.dim=64 model.heads=4 model.vocab=256 model.context=64 opt.lr=3.0e-3 opt.warmup=20 \
+    opt.schedule=constant opt.weight_decay=0.0 opt.beta2=0.999 opt.clip=0 ckpt.every=1000 ckpt.at=[] run.out_dir="$tmp/lm"
+  for i in 1 2 3; do
+    a=$(loss_at "$tmp/z0/metrics.jsonl" ${i}p); b=$(loss_at "$tmp/lm/metrics.jsonl" ${i}p)
+    awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||
+      fail "step $i: lm_zloss with smoothing and z-loss off gives $a, lm_loss $b"
+  done
   ;;
 node_failure_exit_code)
   cat > "$tmp/fail.yaml" <<YAML

@@ -8,6 +8,7 @@
 #include <random>
 #include <sstream>
 
+#include "registry.hpp"
 #include "support/run_graph.hpp"
 #include "support/test_nodes.hpp"
 #include "trace.hpp"
@@ -446,4 +447,44 @@ nodes:
   Recorder::get().clear();
   test::run_graph_text(yaml, {"run.steps=6"});
   for (const auto& e : Recorder::get().events()) EXPECT_NE(e.node, "final") << "ran in a run that was not stopped";
+}
+
+// A value output named "*": one port per name that other nodes read, filled by out(name);
+// the node sees those names in setup (value_outputs) and out() under a name nobody reads is
+// dropped.
+namespace {
+std::vector<std::string> g_named_outputs_seen;
+std::vector<std::pair<std::string, int64_t>> g_named_values;
+struct NamedOutputs : Node {
+  void setup(SetupContext& c) override { g_named_outputs_seen = c.value_outputs(); }
+  void run(StepContext& c) override {
+    c.out("fixed", int64_t{1});
+    for (const char* n : {"a", "b", "unread"}) c.out(n, c.step() * 10 + (n[0] - 'a'));
+  }
+};
+struct NamedReader : Node {
+  void run(StepContext& c) override {
+    for (const auto& port : c.input_ports()) g_named_values.push_back({port, c.in<int64_t>(port)});
+  }
+};
+}  // namespace
+
+TEST(Executor, WildcardValueOutputsGiveOnePortPerNameRead) {
+  Registry& r = Registry::global();
+  r.add("type: t_named\ndoc: named outputs\noutputs:\n  fixed: { kind: value, type: int }\n"
+        "  \"*\": { kind: value, type: int }",
+        [] { return std::make_unique<NamedOutputs>(); }, "tests");
+  r.add("type: t_named_reader\ndoc: reads any ports\ninputs: { \"*\": { kind: value, type: int } }",
+        [] { return std::make_unique<NamedReader>(); }, "tests");
+  g_named_values.clear();
+  test::run_graph_text(R"(
+flowrun: 1
+run: { steps: 2 }
+nodes:
+  p: { type: t_named }
+  q: { type: t_named_reader, in: { x: p.b, y: p.a, z: p.fixed } }
+)");
+  EXPECT_EQ(g_named_outputs_seen, (std::vector<std::string>{"a", "b", "fixed"}));
+  std::vector<std::pair<std::string, int64_t>> want = {{"x", 11}, {"y", 10}, {"z", 1}, {"x", 21}, {"y", 20}, {"z", 1}};
+  EXPECT_EQ(g_named_values, want);
 }

@@ -57,3 +57,58 @@ params: { lr: { type: float, default: 0.1, min: 0, doc: "learning rate" } })",
   EXPECT_NE(d.find("  s: state (write) cursor"), std::string::npos) << d;
   EXPECT_NE(d.find("  lr: float >= 0, default 0.1\n      learning rate"), std::string::npos) << d;
 }
+
+// Shared parameter groups (schemas/groups/NAME.yaml): `groups: [NAME]` adds a group's
+// parameters before the type's own; a map parameter with `group: NAME` takes them as fields,
+// before its own `fields`. Every built-in group parses, and the types that use one get the
+// same parameters, defaults and docs from it.
+TEST(Schema, SharedGroupsAreDeclaredOnceAndUsedByName) {
+  for (const auto& g : param_group_names()) {
+    const ParamGroup* pg = find_param_group(g);
+    ASSERT_NE(pg, nullptr) << g;
+    EXPECT_FALSE(pg->doc.empty()) << g;
+    EXPECT_FALSE(pg->params.empty()) << g;
+  }
+  ASSERT_NE(find_param_group("autoencoder_kl"), nullptr);
+  const NodeSchema s = parse_node_schema(R"(type: demo
+doc: "a demo node"
+groups: [autoencoder_kl]
+params:
+  extra: { type: int, default: 1, doc: "own" }
+  decoder: { group: autoencoder_kl, nullable: true, default: null, doc: "a map", fields: { weights: { type: string, default: w, doc: "own field" } } }
+)",
+                                         "demo.yaml");
+  std::vector<std::string> names = s.param_names();
+  EXPECT_EQ(names.front(), "block_out_channels");
+  EXPECT_EQ(names.back(), "decoder");
+  const ParamSchema* dec = s.param("decoder");
+  ASSERT_NE(dec, nullptr);
+  EXPECT_EQ(dec->type, ParamType::Map);
+  EXPECT_EQ(dec->field_names().front(), "block_out_channels");
+  EXPECT_EQ(dec->field_names().back(), "weights");
+  EXPECT_EQ(s.param("scaling_factor")->default_value.as<double>(), 0.18215);
+
+  // The built-in users agree: vae_encode's parameters are sampler.vae's fields.
+  const NodeSchema vae = parse_node_schema(builtin_schema("vae_encode"), "vae_encode");
+  const NodeSchema sampler = parse_node_schema(builtin_schema("sampler"), "sampler");
+  for (const auto& p : find_param_group("autoencoder_kl")->params) {
+    ASSERT_NE(vae.param(p.name), nullptr) << p.name;
+    ASSERT_NE(sampler.param("vae")->field(p.name), nullptr) << p.name;
+    EXPECT_EQ(vae.param(p.name)->doc, sampler.param("vae")->field(p.name)->doc);
+  }
+
+  try {
+    parse_node_schema("type: x\ngroups: [autoencoder_k1]\nparams:\n  latent_channels: { type: int, default: 1 }\n", "x.yaml");
+    FAIL();
+  } catch (const GraphError& e) {
+    const std::string m = e.diagnostics().str();
+    EXPECT_NE(m.find("no shared parameter group 'autoencoder_k1' (did you mean 'autoencoder_kl'?)"), std::string::npos) << m;
+  }
+  try {
+    parse_node_schema("type: x\ngroups: [autoencoder_kl]\nparams:\n  latent_channels: { type: int, default: 1 }\n", "x.yaml");
+    FAIL();
+  } catch (const GraphError& e) {
+    const std::string m = e.diagnostics().str();
+    EXPECT_NE(m.find("x.yaml:4:3: params.latent_channels: parameter 'latent_channels' is declared twice"), std::string::npos) << m;
+  }
+}

@@ -209,7 +209,7 @@ TEST(Gpu, Bf16LossIsCloseToFp32OnTheSameBatch) {
 TEST(Gpu, FusedAdamwMatchesTheWrittenOutUpdate) {
   torch::manual_seed(0);
   OptimConfig cfg;
-  cfg.kind = "adamw";
+  cfg.kind = OptimKind::adamw;
   cfg.weight_decay = 0.1;
   cfg.clip = 1.0;
   ModelState::Named cpu = {{"w", torch::randn({64, 32})}, {"b", torch::randn({32})}};

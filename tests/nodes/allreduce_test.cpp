@@ -120,7 +120,8 @@ run: { steps: 20, seed: 1, prefetch: 2, log_every: 1 }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 8, out_dim: 1, batch: 64, hidden: 32, noise: 0.01 } }
   model: { type: mlp, with: { in_dim: 8, hidden: 32, layers: 2, out_dim: 1, activation: relu } }
-  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params }, with: { objective: mse } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
 )";
   if (with_sync)
     g += "  sync:  { type: allreduce, in: { ready: fb.ready }, with: { bucket_mb: 0.002, first_bucket_mb: 0.0005 } }\n";
@@ -268,7 +269,8 @@ run: { steps: 3, seed: 2 }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 3, batch: 8 } }
   model: { type: t_unused_model, with: { in_dim: 3 } }
-  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   sync:  { type: allreduce, in: { ready: fb.ready }, with: { bucket_mb: 0.00001, first_bucket_mb: 0.00001 } }
   probe: { type: t_grads_probe, in: { a: fb.grads, b: sync.grads } }
   opt:   { type: optimizer, in: { grads: sync.grads, model: model.params }, with: { kind: sgd, lr: 0.1 } }

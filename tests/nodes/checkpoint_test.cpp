@@ -34,7 +34,8 @@ run: { steps: 20, seed: 3, prefetch: 2, log_every: 1, progress: off }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 8, out_dim: 1, batch: 64, hidden: 16, noise: 0.01 } }
   model: { type: mlp, with: { in_dim: 8, hidden: 32, layers: 2, out_dim: 1 } }
-  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params }, with: { objective: mse } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: adamw, lr: 1.0e-2, weight_decay: 0.01 } }
   ema:   { type: ema, in: { model: model.params }, with: { decay: 0.9 } }
   log:   { type: metrics, in: { loss: fb.loss } }

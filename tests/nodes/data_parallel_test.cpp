@@ -13,6 +13,7 @@
 #include "data/synthetic_regression.hpp"
 #include "eval/evaluator.hpp"
 #include "node_test_helpers.hpp"
+#include "train/losses.hpp"
 
 namespace flowrun {
 namespace {
@@ -26,7 +27,8 @@ nodes:
   data: { type: synthetic_regression, with: { in_dim: 4, batch: 8, noise: 0.1 } }
   probe: { type: t_batch_probe, in: { batch: data.batch } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  fb: { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 0.01 } }
   log: { type: metrics, in: { loss: fb.loss, lr: opt.lr } }
   ckpt: { type: checkpoint, every: 3, in: { state: [model.params, opt.state, data.cursor] } }
@@ -98,7 +100,8 @@ run: { steps: 1, seed: 2 }
 nodes:
   data: { type: t_dp_regression_dataset }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  eval: { type: evaluator, in: { model: model.params, data: data.dataset }, with: { objective: mse, batches: 3, batch: )" +
+  loss: { type: mse_loss }
+  eval: { type: evaluator, in: { objective: loss.objective, model: model.params, data: data.dataset }, with: { batches: 3, batch: )" +
            std::to_string(batch) + R"( } }
   log: { type: metrics, in: { val_loss: eval.loss } }
 )";
@@ -118,7 +121,7 @@ nodes:
   EvalOptions o;
   o.batches = 3, o.batch = 4, o.rank = 1, o.world = 2;
   RegressionDataset data;
-  const double r1 = evaluate(g1->state<ModelState>("model", "params"), data, *find_objective_def("mse"), o).loss;
+  const double r1 = evaluate(g1->state<ModelState>("model", "params"), data, MseLoss(), o).loss;
   EXPECT_NE(r0, whole);
   EXPECT_NEAR((r0 + r1) / 2, whole, 1e-5);
 }

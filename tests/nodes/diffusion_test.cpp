@@ -7,12 +7,15 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "common/seed.hpp"
 #include "dit_test_helpers.hpp"
 #include "models/dit.hpp"
+#include "models/dropout.hpp"
 #include "train/diffusion.hpp"
 #include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 
 namespace flowrun {
 namespace {
@@ -85,16 +88,16 @@ std::vector<double> train_losses(int steps, uint64_t seed) {
   dit::Dit m(tiny());
   dit::init_weights(*m, 1);
   auto state = dit::make_state(m);
-  YAML::Node p;
-  p["diffusion"]["x_key"] = "image";
-  ObjectiveDef def = make_objective_def("diffusion", p);
+  diffusion::Options opts;
+  opts.x_key = "image";
+  const DiffusionLoss objective(opts);
   torch::optim::AdamW opt(state->trainable_parameters(), torch::optim::AdamWOptions(2e-3).weight_decay(0));
   const TensorMap data = tiny_dataset();
   std::vector<double> losses;
   for (int s = 0; s < steps; ++s) {
     FwdBwdOptions o;
     o.dropout_seed = mix_seed({seed, static_cast<uint64_t>(s)});  // as the node: (seed, step, ...)
-    losses.push_back(forward_backward(*state, data, def.loss, o).loss.item<double>());
+    losses.push_back(forward_backward(*state, data, objective, o).loss.item<double>());
     opt.step();
   }
   return losses;
@@ -132,10 +135,35 @@ TEST(ForwardBackwardCond, MergesIntoTheBatchAndRefusesDuplicateKeys) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("'text_emb'"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(make_objective_def("nope", YAML::Node()), std::runtime_error);
-  YAML::Node bad;
-  bad["diffusion"]["prediction"] = "x0";
-  EXPECT_THROW(make_objective_def("diffusion", bad), std::runtime_error);
+}
+
+// Classifier-free guidance dropout is the objective's: with cond_drop 1, every row trains on
+// the null condition (text states zeroed, masks all ones), drawn after t and the noise, so the
+// loss equals that of the null-condition batch without dropping; outside training (an
+// evaluator: no TrainingScope) nothing is dropped.
+TEST(Diffusion, CondDropReplacesTheConditionByTheNullOneInTrainingOnly) {
+  dit::Dit m(tiny());
+  dit_test::randomize(*m, 1);  // the DiT init zeroes the output path: every condition would score alike
+  auto state = dit::make_state(m);
+  TensorMap batch = tiny_dataset();
+  batch["text_mask"] = torch::tensor({{1, 1, 0}, {1, 0, 0}, {1, 1, 1}, {1, 1, 0}}, torch::kLong);
+  const TensorMap null = diffusion::null_condition(batch);
+  EXPECT_TRUE(torch::equal(null.at("text_emb"), torch::zeros_like(batch.at("text_emb"))));
+  EXPECT_TRUE(torch::equal(null.at("text_mask"), torch::ones_like(batch.at("text_mask"))));
+  EXPECT_TRUE(torch::equal(null.at("image"), batch.at("image")));
+
+  diffusion::Options keep, drop;
+  keep.x_key = drop.x_key = "image";
+  drop.cond_drop = 1.0;
+  torch::NoGradGuard no_grad;
+  auto loss = [&](const diffusion::Options& o, const TensorMap& b, bool training) {
+    std::optional<TrainingScope> scope;
+    if (training) scope.emplace(42);
+    return DiffusionLoss(o).loss(*state, b).item<double>();
+  };
+  EXPECT_EQ(loss(drop, batch, true), loss(keep, null, true));
+  EXPECT_NE(loss(keep, batch, true), loss(keep, null, true));  // the condition matters
+  EXPECT_EQ(loss(drop, batch, false), loss(keep, batch, false));
 }
 
 }  // namespace

@@ -9,7 +9,6 @@
 
 #include "common/safetensors.hpp"
 #include "models/dit.hpp"
-#include "models/dropout.hpp"
 #include "models/lora.hpp"
 #include "dit_test_helpers.hpp"
 #include "node_test_helpers.hpp"
@@ -165,18 +164,6 @@ TEST(Dit, TextMaskAndNullCondition) {
   EXPECT_LT((m->forward_batch(masked) - ym).abs().max().item<double>(), 1e-6);
   EXPECT_GT((ym - y).abs().max().item<double>(), 1e-5);
 
-  // cond_drop 1 inside training = the null condition; outside training it is off.
-  dit::Config c = tiny();
-  c.cond_drop = 1.0;
-  dit::Dit d(c);
-  torch::NoGradGuard ng;
-  for (const auto& it : m->named_parameters()) d->named_parameters()[it.key()].copy_(it.value());
-  torch::Tensor uncond = d->forward_batch(dit::null_condition(b));
-  EXPECT_TRUE(torch::equal(d->forward_batch(b), y));
-  {
-    TrainingScope s(1);
-    EXPECT_TRUE(torch::allclose(d->forward_batch(b), uncond, 1e-5, 1e-6));
-  }
 }
 
 TEST(Dit, T5StatesAreProjectedAndRequired) {
@@ -264,7 +251,8 @@ run: { steps: 6, seed: 3, log_every: 1 }
 nodes:
   data: { type: t_fixed_images, with: { batch: 4 } }
   model: { type: dit, with: )" + model + R"( } }
-  fb: { type: forward_backward, in: { batch: data.batch, cond: data.cond, model: model.params }, with: { objective: diffusion, diffusion: { x_key: image } } }
+  loss: { type: diffusion_loss, with: { x_key: image } }
+  fb: { type: forward_backward, in: { batch: data.batch, cond: data.cond, objective: loss.objective, model: model.params } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1e-3 } }
   ckpt: { type: checkpoint, every: 6, in: { state: [model.params] } }
 )");
@@ -277,11 +265,12 @@ flowrun: 1
 run: { steps: 6, seed: 4, log_every: 1 }
 nodes:
   data: { type: t_fixed_images, with: { batch: 4 } }
-  model: { type: dit, with: )" + model + ", cond_drop: 0.5, weights: " + base_file +
+  model: { type: dit, with: )" + model + ", weights: " + base_file +
                                          R"(, lora: { rank: 4, alpha: 8, targets: [to_q, to_v, to_out.0] } } }
-  fb: { type: forward_backward, in: { batch: data.batch, cond: data.cond, model: model.params }, with: { objective: diffusion, diffusion: { x_key: image, prediction: v } } }
+  loss: { type: diffusion_loss, with: { x_key: image, prediction: v, cond_drop: 0.5 } }
+  fb: { type: forward_backward, in: { batch: data.batch, cond: data.cond, objective: loss.objective, model: model.params } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1e-2 } }
-  ckpt: { type: checkpoint, every: 6, in: { state: [model.params] }, with: { lora_export: true } }
+  ckpt: { type: checkpoint, every: 6, in: { state: [model.params] }, with: { exports: true } }
 )");
   lora_run->run();
   const std::string folder = lora_run->out_dir + "/checkpoints/step_00000006";

@@ -152,7 +152,8 @@ run: { steps: 30, seed: 1, prefetch: 2, workers: 2, compute_thread: false }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 256, out_dim: 1, batch: 64, hidden: 8 } }
   model: { type: mlp, with: { in_dim: 256, hidden: 512, layers: 4, out_dim: 1 } }
-  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1.0e-3 } }
   ema:   { type: ema, in: { model: model.params }, with: { decay: 0.99, warmup: true } }
 )",

@@ -8,6 +8,7 @@
 #include "eval/evaluator.hpp"
 #include "models/gpt.hpp"
 #include "node_test_helpers.hpp"
+#include "train/losses.hpp"
 
 namespace flowrun {
 namespace {
@@ -70,7 +71,7 @@ TEST(Evaluator, TokenWeightedMeanOverTheFirstBatches) {
     EvalOptions o;
     o.batches = n;
     o.batch = 5;
-    EvalResult r = evaluate(*model, data, *find_objective_def("lm"), o);
+    EvalResult r = evaluate(*model, data, LmLoss(), o);
     double sum = 0;
     int64_t count = 0;
     for (int64_t i = 0; i < std::min<int64_t>(n, 4); ++i) {
@@ -118,20 +119,20 @@ TEST(Evaluator, RanksSumsGiveTheMeanOfOneProcessOverTheSameRows) {
   auto model = bigram_model(V);
   EvalOptions one;
   one.batches = 3, one.batch = 8;
-  const EvalResult whole = evaluate(*model, data, *find_objective_def("lm"), one);
+  const EvalResult whole = evaluate(*model, data, LmLoss(), one);
   EvalOptions part = one;
   part.batch = 4, part.world = 2;
   double loss_sum = 0;
   int64_t targets = 0, batches = 0;
   for (int r = 0; r < 2; ++r) {
     part.rank = r;
-    const EvalResult x = evaluate(*model, data, *find_objective_def("lm"), part);
+    const EvalResult x = evaluate(*model, data, LmLoss(), part);
     loss_sum += x.loss_sum, targets += x.targets, batches += x.batches;
   }
   EXPECT_EQ(targets, whole.targets);
   EXPECT_EQ(batches, 2 * whole.batches);
   EXPECT_NEAR(loss_sum / static_cast<double>(targets), whole.loss, 1e-5);
-  EXPECT_NE(whole.loss, evaluate(*model, data, *find_objective_def("lm"), part).loss);  // one shard alone differs
+  EXPECT_NE(whole.loss, evaluate(*model, data, LmLoss(), part).loss);  // one shard alone differs
 }
 
 // A node that owns a TinyDataset (what token_shards' `dataset` port provides).
@@ -162,7 +163,8 @@ run: { steps: 4, seed: 2, log_every: 1 }
 nodes:
   data: { type: t_tiny_dataset, with: { vocab: 50 } }
   model: { type: gpt, with: { layers: 1, dim: 32, heads: 2, vocab: 50, context: 16, dropout: 0.1 } }
-  eval: { type: evaluator, every: 2, in: { model: model.params, data: data.dataset }, with: { batches: 3, batch: 2 } }
+  loss: { type: lm_loss }
+  eval: { type: evaluator, every: 2, in: { objective: loss.objective, model: model.params, data: data.dataset }, with: { batches: 3, batch: 2 } }
   log: { type: metrics, every: 2, in: { val_loss: eval.loss, val_ppl: eval.ppl } }
 )");
   g->run();
@@ -176,7 +178,7 @@ nodes:
   o.batches = 3;
   o.batch = 2;
   TinyDataset data(50);
-  EvalResult r = evaluate(g->state<ModelState>("model", "params"), data, *find_objective_def("lm"), o);
+  EvalResult r = evaluate(g->state<ModelState>("model", "params"), data, LmLoss(), o);
   EXPECT_NEAR(loss, r.loss, 1e-9);
   EXPECT_NEAR(loss, std::log(50.0), 0.3);
   EXPECT_EQ(m[1]["val_loss"].get<double>(), loss);  // nothing trains the model
@@ -191,7 +193,8 @@ run: { steps: 1 }
 nodes:
   data: { type: t_tiny_dataset }
   model: { type: gpt, with: { layers: 1, dim: 32, heads: 2, vocab: 50, context: 16 } }
-  eval: { type: evaluator, in: { model: model.params, data: data.dataset }, with: { split: test } }
+  loss: { type: lm_loss }
+  eval: { type: evaluator, in: { objective: loss.objective, model: model.params, data: data.dataset }, with: { split: test } }
 )");
     FAIL() << "no error";
   } catch (const std::exception& e) {

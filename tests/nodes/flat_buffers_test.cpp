@@ -132,11 +132,11 @@ TEST(Optimizer, ManyTensorsInOnePassMatchTorchAdamwAndSgd) {
     ours->flat.ensure(ours->trainable_parameters());
     OptimizerState st;
     OptimConfig cfg;
-    cfg.kind = kind;
+    cfg.kind = optim_kind(kind);
     cfg.beta1 = 0.9, cfg.beta2 = 0.95, cfg.weight_decay = 0.1, cfg.clip = 1.0, cfg.momentum = 0.9;
     const double lr = 1e-2;
     std::unique_ptr<torch::optim::Optimizer> torch_opt;
-    if (cfg.kind == "adamw")
+    if (cfg.kind == OptimKind::adamw)
       torch_opt = torch_adamw(*ref, lr, 0.1);
     else
       torch_opt = std::make_unique<torch::optim::SGD>(ref->trainable_parameters(),
@@ -153,7 +153,7 @@ TEST(Optimizer, ManyTensorsInOnePassMatchTorchAdamwAndSgd) {
         if (g[i].defined()) with_grad.push_back(rp[i]);
       }
       torch::nn::utils::clip_grad_norm_(with_grad, 1.0);
-      if (cfg.kind == "sgd") {
+      if (cfg.kind == OptimKind::sgd) {
         torch::NoGradGuard ng;
         for (auto& p : with_grad)
           if (decays(p)) p.mul_(1.0 - lr * 0.1);
@@ -206,7 +206,8 @@ run: { steps: 5, seed: 5 }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 16 } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 2, out_dim: 1 } }
-  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: adamw, lr: 0.01 } }
   ema:   { type: ema, in: { model: model.params }, with: { decay: 0.5 } }
 )");

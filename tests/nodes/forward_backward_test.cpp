@@ -15,6 +15,7 @@
 #include "node_test_helpers.hpp"
 #include "train/cross_entropy.hpp"
 #include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 #include "train/grad_buffer.hpp"
 
 namespace flowrun {
@@ -33,7 +34,7 @@ std::shared_ptr<ModelState> small_model(int64_t in = 3, int64_t out = 2) {
 TEST(ForwardBackward, MseLossAndGradsMatchAutograd) {
   auto m = small_model();
   TensorMap batch = {{"x", torch::randn({8, 3})}, {"y", torch::randn({8, 2})}};
-  FwdBwdResult r = forward_backward(*m, batch, *find_objective("mse"), 1);
+  FwdBwdResult r = forward_backward(*m, batch, MseLoss(), 1);
 
   // Reference: the same computation on a copy, by hand.
   auto ref = m->clone();
@@ -56,12 +57,12 @@ TEST(ForwardBackward, MseLossAndGradsMatchAutograd) {
 TEST(ForwardBackward, MicroBatchesGiveTheWholeBatchsGrads) {
   auto m = small_model();
   TensorMap batch = {{"x", torch::randn({10, 3})}, {"y", torch::randn({10, 2})}};
-  FwdBwdResult whole = forward_backward(*m, batch, *find_objective("mse"), 1);
+  FwdBwdResult whole = forward_backward(*m, batch, MseLoss(), 1);
   std::vector<torch::Tensor> want;
   for (const auto& g : whole.grads) want.push_back(g.clone());
   // 10 rows in 3 parts (4, 3, 3) and in 10 parts of one row each.
   for (int64_t acc : {2, 3, 10}) {
-    FwdBwdResult r = forward_backward(*m, batch, *find_objective("mse"), acc);
+    FwdBwdResult r = forward_backward(*m, batch, MseLoss(), acc);
     EXPECT_NEAR(r.loss.item<double>(), whole.loss.item<double>(), 1e-6) << acc;
     for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(torch::allclose(r.grads[i], want[i], 1e-5, 1e-7)) << acc;
   }
@@ -72,12 +73,12 @@ TEST(ForwardBackward, GradsAreFreshEachStep) {
   auto m = small_model();
   TensorMap b1 = {{"x", torch::randn({4, 3})}, {"y", torch::randn({4, 2})}};
   TensorMap b2 = {{"x", torch::randn({4, 3})}, {"y", torch::randn({4, 2})}};
-  FwdBwdResult r1 = forward_backward(*m, b1, *find_objective("mse"), 1);
+  FwdBwdResult r1 = forward_backward(*m, b1, MseLoss(), 1);
   std::vector<torch::Tensor> kept;
   for (const auto& g : r1.grads) kept.push_back(g.clone());
-  FwdBwdResult r2 = forward_backward(*m, b2, *find_objective("mse"), 1);
+  FwdBwdResult r2 = forward_backward(*m, b2, MseLoss(), 1);
   auto fresh = small_model();  // same init (seed 0)
-  FwdBwdResult only2 = forward_backward(*fresh, b2, *find_objective("mse"), 1);
+  FwdBwdResult only2 = forward_backward(*fresh, b2, MseLoss(), 1);
   for (size_t i = 0; i < kept.size(); ++i) {
     EXPECT_TRUE(torch::equal(r1.grads[i], kept[i])) << i;
     EXPECT_TRUE(torch::allclose(r2.grads[i], only2.grads[i])) << i;
@@ -101,14 +102,13 @@ TEST(ForwardBackward, ErrorsSayWhatIsMissing) {
   auto m = small_model();
   TensorMap no_y = {{"x", torch::randn({4, 3})}};
   try {
-    forward_backward(*m, no_y, *find_objective("mse"), 1);
+    forward_backward(*m, no_y, MseLoss(), 1);
     FAIL() << "no error";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("'y'"), std::string::npos) << e.what();
   }
   TensorMap wrong_shape = {{"x", torch::randn({4, 3})}, {"y", torch::randn({4, 3})}};
-  EXPECT_THROW(forward_backward(*m, wrong_shape, *find_objective("mse"), 1), std::runtime_error);
-  EXPECT_EQ(find_objective("nope"), nullptr);
+  EXPECT_THROW(forward_backward(*m, wrong_shape, MseLoss(), 1), std::runtime_error);
 }
 
 // A "language model" whose logits are a trainable table indexed by the previous token:
@@ -149,19 +149,18 @@ TEST(ForwardBackward, LmIsTheMeanNextTokenCrossEntropy) {
   auto m = bigram_model(7);
   torch::Tensor tokens = torch::randint(7, {3, 6}, torch::kLong);
   TensorMap batch = {{"tokens", tokens}};
-  const ObjectiveDef* lm = find_objective_def("lm");
-  ASSERT_NE(lm, nullptr);
+  const LmLoss lm;
   const double want = cross_entropy_by_hand(m->named_parameters()[0].second.detach(), tokens);
-  FwdBwdResult r = forward_backward(*m, batch, lm->loss, 1);
+  FwdBwdResult r = forward_backward(*m, batch, lm, 1);
   EXPECT_NEAR(r.loss.item<double>(), want, 1e-5);
-  EXPECT_EQ(lm->targets(batch), 3 * 5);  // B * T
-  EXPECT_EQ(find_objective_def("mse")->targets({{"x", torch::zeros({4, 2})}, {"y", torch::zeros({4, 1})}}), 4);
+  EXPECT_EQ(lm.targets(batch), 3 * 5);  // B * T
+  EXPECT_EQ(MseLoss().targets({{"x", torch::zeros({4, 2})}, {"y", torch::zeros({4, 1})}}), 4);
   // Micro-batches: same loss (every row has T targets, so row shares are token shares).
-  EXPECT_NEAR(forward_backward(*m, batch, lm->loss, 3).loss.item<double>(), want, 1e-5);
+  EXPECT_NEAR(forward_backward(*m, batch, lm, 3).loss.item<double>(), want, 1e-5);
 
   // Errors name what is wrong.
-  EXPECT_THROW(forward_backward(*m, {{"x", tokens}}, lm->loss, 1), std::runtime_error);
-  EXPECT_THROW(forward_backward(*m, {{"tokens", tokens.narrow(1, 0, 1)}}, lm->loss, 1), std::runtime_error);
+  EXPECT_THROW(forward_backward(*m, {{"x", tokens}}, lm, 1), std::runtime_error);
+  EXPECT_THROW(forward_backward(*m, {{"tokens", tokens.narrow(1, 0, 1)}}, lm, 1), std::runtime_error);
 }
 
 TEST(CrossEntropy, FusedMatchesTorchsValueAndGradient) {
@@ -202,11 +201,11 @@ TEST(ForwardBackward, Bf16AutocastOnCpuIsCloseToFp32) {
   at::Generator g = make_cpu_generator(5);
   TensorMap batch = {{"tokens", torch::randint(50, {4, 17}, g, torch::kLong)}};
   FwdBwdOptions o;
-  FwdBwdResult f32 = forward_backward(*state, batch, *find_objective("lm"), o);
+  FwdBwdResult f32 = forward_backward(*state, batch, LmLoss(), o);
   std::vector<torch::Tensor> g32;
   for (const auto& t : f32.grads) g32.push_back(t.clone());
   o.precision = Precision::bf16;
-  FwdBwdResult b16 = forward_backward(*state, batch, *find_objective("lm"), o);
+  FwdBwdResult b16 = forward_backward(*state, batch, LmLoss(), o);
   const double l32 = f32.loss.item<double>(), l16 = b16.loss.item<double>();
   EXPECT_TRUE(std::isfinite(l16));
   EXPECT_NE(l16, l32);  // autocast really ran in bf16
@@ -229,7 +228,8 @@ run: { steps: 1, seed: 3 }
 nodes:
   data: { type: synthetic_regression, with: { in_dim: 4, batch: 16 } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  fb: { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   log: { type: metrics, in: { loss: fb.loss, rows: fb.tokens } }
 )";
   try {
@@ -254,7 +254,8 @@ run: { steps: 2, seed: 3 }
 nodes:
   data: { type: synthetic_regression, with: { in_dim: 4, batch: 16 } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  fb: { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 0.1 } }
 )";
   auto a = test::load_graph_text(yaml);
@@ -364,7 +365,7 @@ TEST(ForwardBackward, BufferGivesBitIdenticalGradsAsViews) {
   for (int64_t acc : {1, 3}) {
     FwdBwdOptions plain;
     plain.accumulate = acc;
-    FwdBwdResult r0 = forward_backward(*m, batch, *find_objective("mse"), plain);
+    FwdBwdResult r0 = forward_backward(*m, batch, MseLoss(), plain);
     std::vector<torch::Tensor> want;
     for (const auto& g : r0.grads) want.push_back(g.clone());
 
@@ -372,7 +373,7 @@ TEST(ForwardBackward, BufferGivesBitIdenticalGradsAsViews) {
     auto params = m->trainable_parameters();
     o.buffer = GradBuffer::make(params);
     o.buffer->flats[0].fill_(7);  // stale values: forward_backward zeroes the buffer first
-    FwdBwdResult r = forward_backward(*m, batch, *find_objective("mse"), o);
+    FwdBwdResult r = forward_backward(*m, batch, MseLoss(), o);
     EXPECT_EQ(r.loss.item<double>(), r0.loss.item<double>());
     ASSERT_EQ(r.grads.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
@@ -404,7 +405,7 @@ std::vector<ReadyCall> run_with_ready(ModelState& m, const TensorMap& batch, int
     calls.push_back({i, used, buffer->views[static_cast<size_t>(i)].clone(),
                      buffer->views[0].abs().sum().item<double>() == 0.0});
   };
-  r = forward_backward(m, batch, *find_objective("mse"), o);
+  r = forward_backward(m, batch, MseLoss(), o);
   return calls;
 }
 
@@ -442,7 +443,7 @@ TEST(ForwardBackward, ReadyReportsEachParameterOnceWithItsFinalGrad) {
     for (int i = 0; i < n; ++i)
       if (i != unused) EXPECT_TRUE(r.grads[static_cast<size_t>(i)].defined()) << i;
     // Same grads as without the buffer and hooks.
-    FwdBwdResult plain = forward_backward(*m, batch, *find_objective("mse"), acc);
+    FwdBwdResult plain = forward_backward(*m, batch, MseLoss(), acc);
     for (int i = 0; i < n; ++i)
       EXPECT_TRUE(same_bits(r.grads[static_cast<size_t>(i)], plain.grads[static_cast<size_t>(i)])) << i;
   }
@@ -477,22 +478,22 @@ TEST(ForwardBackward, HooksKeptAcrossCallsReportEveryStep) {
   o.on_ready = [&](int, bool used) { calls += used ? 1 : 0; };
   for (int step = 0; step < 3; ++step) {
     TensorMap batch = {{"x", torch::randn({4, 3})}, {"y", torch::randn({4, 2})}};
-    forward_backward(*m, batch, *find_objective("mse"), o);
+    forward_backward(*m, batch, MseLoss(), o);
   }
   EXPECT_EQ(calls, 12);
   // Without on_ready nothing is called, and grads still come out right.
   o.on_ready = nullptr;
   TensorMap batch = {{"x", torch::randn({4, 3})}, {"y", torch::randn({4, 2})}};
-  FwdBwdResult r = forward_backward(*m, batch, *find_objective("mse"), o);
+  FwdBwdResult r = forward_backward(*m, batch, MseLoss(), o);
   EXPECT_EQ(calls, 12);
   std::vector<torch::Tensor> got;
   for (const auto& g : r.grads) got.push_back(g.clone());
-  FwdBwdResult plain = forward_backward(*m, batch, *find_objective("mse"), 1);
+  FwdBwdResult plain = forward_backward(*m, batch, MseLoss(), 1);
   for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(same_bits(got[i], plain.grads[i])) << i;
   // Hooks made for other parameters are refused.
   FwdBwdOptions other = o;
   other.hooks = std::make_shared<GradHooks>(small_model()->trainable_parameters());
-  EXPECT_THROW(forward_backward(*m, batch, *find_objective("mse"), other), std::runtime_error);
+  EXPECT_THROW(forward_backward(*m, batch, MseLoss(), other), std::runtime_error);
 }
 
 // A consumer that holds step s's grads while step s+1's backward runs must not see them change.
@@ -546,7 +547,8 @@ run: { steps: 6, seed: 3, prefetch: 4 }
 nodes:
   data: { type: synthetic_regression, with: { in_dim: 4, batch: 16 } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  fb: { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   copy: { type: t_grads_copy, in: { grads: fb.grads, model: model.params } }
   slow: { type: t_grads_slow, in: { grads: fb.grads, copy: copy.copy } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 0.1 } }

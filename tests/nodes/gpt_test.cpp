@@ -12,6 +12,7 @@
 #include "node_test_helpers.hpp"
 #include "support/gpt_reference.hpp"
 #include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 
 namespace flowrun {
 namespace {
@@ -313,9 +314,9 @@ TEST(Gpt, DropoutIsOffOutsideTrainingAndReproducibleInside) {
   FwdBwdOptions o;
   o.dropout_seed = 5;
   TensorMap batch = {{"tokens", tokens}};
-  const double l1 = forward_backward(*state, batch, *find_objective("lm"), o).loss.item<double>();
-  const double l2 = forward_backward(*state, batch, *find_objective("lm"), o).loss.item<double>();
-  const double l0 = forward_backward(*state, batch, *find_objective("lm"), 1).loss.item<double>();
+  const double l1 = forward_backward(*state, batch, LmLoss(), o).loss.item<double>();
+  const double l2 = forward_backward(*state, batch, LmLoss(), o).loss.item<double>();
+  const double l0 = forward_backward(*state, batch, LmLoss(), 1).loss.item<double>();
   EXPECT_EQ(l1, l2);
   EXPECT_NE(l1, l0);
 }
@@ -333,7 +334,7 @@ TEST(Gpt, TwoLayerModelOverfitsOneBatch) {
   torch::optim::AdamW opt(state->trainable_parameters(), torch::optim::AdamWOptions(3e-3).weight_decay(0.0));
   double first = 0, loss = 0;
   for (int step = 0; step < 150; ++step) {
-    loss = forward_backward(*state, batch, *find_objective("lm"), 1).loss.item<double>();
+    loss = forward_backward(*state, batch, LmLoss(), 1).loss.item<double>();
     if (step == 0) first = loss;
     opt.step();
     if (loss < 0.05) break;
@@ -376,7 +377,8 @@ run: { steps: 40, seed: 4, log_every: 10 }
 nodes:
   data: { type: t_fixed_tokens, with: { batch: 4, seq_len: 16, vocab: 64 } }
   model: { type: gpt, with: { layers: 2, dim: 64, heads: 4, vocab: 64, context: 16 } }
-  fb: { type: forward_backward, in: { batch: data.batch, model: model.params }, with: { objective: lm, accumulate: 2 } }
+  loss: { type: lm_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params }, with: { accumulate: 2 } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 3e-3, clip: 1.0 } }
   log: { type: metrics, in: { loss: fb.loss, tokens: fb.tokens } }
 )");

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <set>
 
+#include "data/image_tensor.hpp"
 #include "data/cursor.hpp"
 #include "data/image_io.hpp"
 #include "data/image_text_shards.hpp"

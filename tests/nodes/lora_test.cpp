@@ -14,6 +14,7 @@
 #include "models/lora.hpp"
 #include "support/run_graph.hpp"
 #include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 
 namespace flowrun {
 namespace {
@@ -49,7 +50,7 @@ void train(ModelState& m, int steps) {
   for (int s = 0; s < steps; ++s) {
     FwdBwdOptions o;
     o.dropout_seed = mix_seed({7, static_cast<uint64_t>(s)});
-    forward_backward(m, batch(3), *find_objective("diffusion"), o);
+    forward_backward(m, batch(3), DiffusionLoss(diffusion::Options{}), o);
     opt.step();
   }
 }

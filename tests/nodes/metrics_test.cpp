@@ -16,7 +16,8 @@ run: { steps: 25, seed: 1, log_every: 10 }
 nodes:
   data: { type: synthetic_regression, with: { in_dim: 4, batch: 16 } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  fb: { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 0.01 } }
   log: { type: metrics, in: { loss: fb.loss, lr: opt.lr, grad_norm: opt.grad_norm } }
 )";

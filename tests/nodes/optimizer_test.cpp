@@ -39,7 +39,7 @@ TEST(Optimizer, AdamwMatchesTorchAdamw) {
   Toy ours = toy(), ref = toy();
   OptimizerState st;
   OptimConfig cfg;
-  cfg.kind = "adamw";
+  cfg.kind = OptimKind::adamw;
   cfg.beta1 = 0.8;
   cfg.beta2 = 0.95;
   cfg.eps = 1e-6;
@@ -106,7 +106,7 @@ TEST(Optimizer, SgdMomentumMatchesTorchSgd) {
   Toy ours = toy(), ref = toy();
   OptimizerState st;
   OptimConfig cfg;
-  cfg.kind = "sgd";
+  cfg.kind = OptimKind::sgd;
   cfg.momentum = 0.9;
   const double lr = 0.1;
   torch::optim::SGD torch_opt(ref.model->trainable_parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
@@ -144,7 +144,8 @@ run: { steps: 50 }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 16 } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 2, out_dim: 1 } }
-  fb:    { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 1.0e+30 } }
 )");
     FAIL() << "a diverging run must stop";
@@ -175,7 +176,7 @@ TEST(Optimizer, ClippingScalesTheUpdateNotTheGrads) {
   torch::Tensor w0 = t.lin->weight.detach().clone();
   OptimizerState st;
   OptimConfig cfg;
-  cfg.kind = "sgd";
+  cfg.kind = OptimKind::sgd;
   cfg.momentum = 0;
   cfg.clip = 0.5;
   Grads g = random_grads(*t.model, 1);
@@ -227,12 +228,12 @@ TEST(Optimizer, LearningRateSchedules) {
   EXPECT_DOUBLE_EQ(s.at(1, 100), 0.1);
   EXPECT_DOUBLE_EQ(s.at(10, 100), 1.0);
   EXPECT_DOUBLE_EQ(s.at(50, 100), 1.0);
-  s.kind = "cosine";
+  s.kind = LrDecay::cosine;
   s.min_lr = 0.1;
   EXPECT_DOUBLE_EQ(s.at(10, 110), 1.0);
   EXPECT_NEAR(s.at(60, 110), 0.55, 1e-12);  // half way: (1 + 0.1) / 2
   EXPECT_NEAR(s.at(110, 110), 0.1, 1e-12);
-  s.kind = "linear";
+  s.kind = LrDecay::linear;
   EXPECT_NEAR(s.at(35, 110), 1.0 - 0.9 * 0.25, 1e-12);
   EXPECT_NEAR(s.at(110, 110), 0.1, 1e-12);
 }

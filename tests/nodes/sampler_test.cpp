@@ -118,16 +118,16 @@ flowrun: 1
 run: { steps: )" << steps << R"(, seed: 2, log_every: 1 }
 nodes:
   data:  { type: image_text_shards, with: { path: )" << data << R"(/shapes, size: 16, batch: 8 } }
-  tok:   { type: tokenize, in: { text: data.captions }, with: { vocab: )" << data << R"(/png/vocab.txt, max_length: 12 } }
-  text:  { type: text_encode, in: { tokens: tok.tokens }, with: { vocab: 90, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 16, seed: 7 } }
-  model: { type: dit, with: { patch: 4, in_channels: 3, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0, cond_drop: 0.1 } }
-  fb:    { type: forward_backward, in: { batch: data.batch, cond: text.emb, model: model.params },
-           with: { objective: diffusion, diffusion: { x_key: image, prediction: v } } }
+  tok:   { type: wordpiece_tokenize, in: { text: data.captions }, with: { vocab: )" << data << R"(/png/vocab.txt, max_length: 12 } }
+  text:  { type: bert_encode, in: { tokens: tok.tokens }, with: { vocab: 90, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 16, seed: 7 } }
+  model: { type: dit, with: { patch: 4, in_channels: 3, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0 } }
+  loss:  { type: diffusion_loss, with: { x_key: image, prediction: v, cond_drop: 0.1 } }
+  fb:    { type: forward_backward, in: { batch: data.batch, cond: text.emb, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 2.0e-3 } }
 )" << extra << R"(
-  sample: { type: sampler, at: [end], in: { model: model.params, tokenizer: tok.tokenizer, encoder: text.params },
+  sample: { type: sampler, at: [end], in: { objective: loss.objective, model: model.params, tokenizer: tok.tokenizer, encoder: text.params },
             with: { prompts: ["a large red circle in the center on a white background", "a small blue square at the top left on a black background"],
-                    per_prompt: 3, steps: 8, guidance: 2.0, height: 16, width: 16, prediction: v } }
+                    per_prompt: 3, steps: 8, guidance: 2.0, height: 16, width: 16 } }
 )";
   return g.str();
 }
@@ -187,14 +187,14 @@ flowrun: 1
 run: { steps: 2, seed: 2 }
 nodes:
   data:  { type: image_text_shards, with: { path: )" + data + R"(/shapes, size: 16, batch: 4 } }
-  tok:   { type: tokenize, in: { text: data.captions }, with: { vocab: )" + data + R"(/png/vocab.txt, max_length: 12 } }
-  text:  { type: text_encode, in: { tokens: tok.tokens }, with: { vocab: 90, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 16, seed: 7 } }
+  tok:   { type: wordpiece_tokenize, in: { text: data.captions }, with: { vocab: )" + data + R"(/png/vocab.txt, max_length: 12 } }
+  text:  { type: bert_encode, in: { tokens: tok.tokens }, with: { vocab: 90, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 16, seed: 7 } }
   enc:   { type: vae_encode, in: { batch: data.batch }, with: { )" + vae_with + R"( } }
   model: { type: dit, with: { patch: 2, in_channels: 4, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0 } }
-  fb:    { type: forward_backward, in: { batch: enc.latents, cond: text.emb, model: model.params },
-           with: { objective: diffusion, diffusion: { x_key: latents } } }
+  loss:  { type: diffusion_loss, with: { x_key: latents } }
+  fb:    { type: forward_backward, in: { batch: enc.latents, cond: text.emb, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1.0e-3 } }
-  sample: { type: sampler, at: [end], in: { model: model.params, tokenizer: tok.tokenizer, encoder: text.params },
+  sample: { type: sampler, at: [end], in: { objective: loss.objective, model: model.params, tokenizer: tok.tokenizer, encoder: text.params },
             with: { prompts: ["a large red circle", "a small blue square"], per_prompt: 3, steps: 3,
                     height: 8, width: 8, channels: )" + channels + R"(, vae: { )" + vae_with + R"( } } }
 )";

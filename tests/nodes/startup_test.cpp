@@ -72,7 +72,8 @@ nodes:
   data: { type: synthetic_regression, with: { in_dim: 4, batch: 8 } }
   other: { type: t_opaque_state }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  fb: { type: forward_backward, in: { batch: data.batch, model: model.params } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 0.01 } }
   ema: { type: ema, in: { model: model.params }, with: { decay: 0.5 } }
 )";

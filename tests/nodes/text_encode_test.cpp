@@ -425,13 +425,13 @@ flowrun: 1
 run: { steps: 2, seed: 5 }
 nodes:
   caps: { type: t_te_captions }
-  tok: { type: tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"(, max_length: 8 } }
-  bert: { type: text_encode, in: { tokens: tok.tokens },
-          with: { arch: bert, vocab: 10, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 8 } }
-  bert2: { type: text_encode, in: { tokens: tok.tokens },
-           with: { arch: bert, vocab: 10, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 8 } }
-  t5: { type: text_encode, in: { tokens: tok.tokens },
-        with: { arch: t5, vocab: 10, dim: 16, layers: 1, heads: 2, d_kv: 8, ffn: 24, dtype: bfloat16, out_prefix: t5 } }
+  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"(, max_length: 8 } }
+  bert: { type: bert_encode, in: { tokens: tok.tokens },
+          with: { vocab: 10, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 8 } }
+  bert2: { type: bert_encode, in: { tokens: tok.tokens },
+           with: { vocab: 10, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 8 } }
+  t5: { type: t5_encode, in: { tokens: tok.tokens },
+        with: { vocab: 10, dim: 16, layers: 1, heads: 2, d_kv: 8, ffn: 24, dtype: bfloat16, out_prefix: t5 } }
   probe: { type: t_batch_probe, in: { batch: bert.emb } }
 )");
   {
@@ -489,9 +489,9 @@ flowrun: 1
 run: { steps: 1 }
 nodes:
   caps: { type: t_te_captions2 }
-  tok: { type: tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"( } }
-  enc: { type: text_encode, in: { tokens: tok.tokens },
-         with: { arch: bert, vocab: 5, dim: 16, layers: 1, heads: 2, ffn: 32, weights: )" + file + R"( } }
+  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"( } }
+  enc: { type: bert_encode, in: { tokens: tok.tokens },
+         with: { vocab: 5, dim: 16, layers: 1, heads: 2, ffn: 32, weights: )" + file + R"( } }
 )");
     FAIL() << "no error";
   } catch (const std::exception& e) {

@@ -178,7 +178,7 @@ flowrun: 1
 run: { steps: 2, seed: 1 }
 nodes:
   caps: { type: t_tok_captions }
-  tok: { type: tokenize, in: { text: caps.text }, with: { kind: wordpiece, vocab: )" + vocab + R"(, max_length: 6 } }
+  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"(, max_length: 6 } }
   probe: { type: t_batch_probe, in: { batch: tok.tokens } }
 )");
   {
@@ -205,7 +205,7 @@ flowrun: 1
 run: { steps: 2, seed: 1 }
 nodes:
   caps: { type: t_tok_captions }
-  tok: { type: tokenize, in: { text: caps.text }, with: { kind: sentencepiece, vocab: )" + tiny_spm_model() +
+  tok: { type: sentencepiece_tokenize, in: { text: caps.text }, with: { vocab: )" + tiny_spm_model() +
                                  R"(, max_length: 6 } }
   probe: { type: t_batch_probe, in: { batch: tok.tokens } }
 )");
@@ -245,7 +245,7 @@ flowrun: 1
 run: { steps: 1 }
 nodes:
   caps: { type: t_tok_captions }
-  tok: { type: tokenize, in: { text: caps.text }, with: { vocab: /nonexistent/vocab.txt } }
+  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: /nonexistent/vocab.txt } }
 )"));
 }
 

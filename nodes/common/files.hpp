@@ -1,0 +1,27 @@
+// Small file helpers shared by every layer that writes or names files (torch-free; part of the
+// flowrun_formats library): atomic writes and paths through a checkpoint's `latest` file.
+#pragma once
+#include <string>
+
+namespace flowrun {
+
+// The whole file. Throws std::invalid_argument naming the path and why it cannot be read (a
+// bad input, not a failed write: the prep commands exit 2 for it).
+std::string read_file(const std::string& path);
+
+// Write `text` to PATH.tmp, fsync, rename over PATH: a reader sees the old file or the new
+// one, never half of one.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+// The name in DIR/latest (the one-line file a checkpoint node moves to its newest complete
+// folder), or "" if there is none (missing, empty, a folder).
+std::string read_latest(const std::string& dir);
+
+// A path through a checkpoint's `latest` file: each component named "latest" that is a file
+// (not a folder) is replaced by the folder it names, so
+// runs/dit_base/checkpoints/latest/ema.params.safetensors reads the newest checkpoint's file.
+// Other paths come back unchanged. Every weights file (safetensors::load) and PEFT adapter
+// folder is opened through it.
+std::string resolve_latest(const std::string& path);
+
+}  // namespace flowrun

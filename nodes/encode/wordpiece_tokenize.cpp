@@ -1,0 +1,19 @@
+// wordpiece_tokenize: captions -> token ids with BERT's WordPiece (encode/wordpiece.hpp).
+// Schema: schemas/wordpiece_tokenize.yaml. Test: tests/nodes/tokenize_test.cpp.
+#include "encode/tokenize.hpp"
+#include "encode/wordpiece.hpp"
+#include "registry.hpp"
+
+namespace flowrun {
+namespace {
+
+class WordPieceTokenizeNode : public TokenizeNode {
+  std::shared_ptr<TextTokenizer> load(const std::string& vocab, int64_t max_length, bool lowercase) override {
+    return WordPieceTokenizer::load(vocab, max_length, lowercase);
+  }
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(wordpiece_tokenize, flowrun::WordPieceTokenizeNode)

@@ -1,0 +1,85 @@
+// dit: a HunyuanDiT-style diffusion transformer node (owns its parameters; optional LoRA
+// adapters, base weights and PEFT adapters loaded by name). The module: models/dit.hpp.
+// Schema: schemas/dit.yaml. Test: tests/nodes/dit_test.cpp, lora_test.cpp.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "common/device.hpp"
+#include "common/files.hpp"
+#include "common/memory.hpp"
+#include "models/dit.hpp"
+#include "models/lora.hpp"
+#include "registry.hpp"
+
+namespace flowrun::dit {
+
+namespace {
+
+class DitNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    Config cfg;
+    p.read<int64_t>({{"patch", &cfg.patch}, {"in_channels", &cfg.in_channels}, {"hidden", &cfg.hidden},
+                     {"depth", &cfg.depth}, {"heads", &cfg.heads}, {"text_dim", &cfg.text_dim}, {"t5_dim", &cfg.t5_dim}});
+    cfg.mlp_ratio = p.get<double>("mlp_ratio");
+    const uint64_t seed = node_seed(ctx);
+
+    {  // at least: per block self- and cross-attention (6 h^2), the MLP (2 r h^2), the text keys/values
+      const double h = static_cast<double>(cfg.hidden);
+      check_model_fits(ctx.who(), "depth " + std::to_string(cfg.depth) + ", hidden " + std::to_string(cfg.hidden),
+                       cfg.depth * ((6 + 2 * cfg.mlp_ratio) * h * h + 2 * h * static_cast<double>(cfg.text_dim)));
+    }
+    Dit model(cfg);
+    init_weights(*model, seed);
+    std::string from = "DiT init, seed " + std::to_string(seed);
+    auto state = make_state(model);
+    if (p.has("lora")) {
+      YAML::Node l = p["lora"];
+      lora::Config lc;
+      lc.rank = l["rank"].as<int64_t>();
+      lc.alpha = l["alpha"].as<double>();
+      lc.dropout = l["dropout"].as<double>();
+      lc.targets = l["targets"].as<std::vector<std::string>>();
+      try {
+        const auto names = lora::apply_lora(*model, lc, seed);
+        from += ", LoRA r=" + std::to_string(lc.rank) + " on " + std::to_string(names.size()) + " layers";
+      } catch (const std::exception& e) {
+        throw std::runtime_error(ctx.who() + ": " + e.what());
+      }
+    }
+    if (p.has("weights")) {
+      // Through a checkpoint's `latest` file, so a graph can name "the newest base checkpoint".
+      const std::string path = resolve_latest(p.get<std::string>("weights"));
+      if (!std::filesystem::is_regular_file(path))
+        throw std::runtime_error(ctx.who() + ": weights: " + path +
+                                 " does not exist (train the base first, e.g. flowrun graphs/dit_base.yaml, or set " +
+                                 ctx.name() + ".weights=PATH)");
+      load_safetensors(*model, path);
+      from += (p.has("lora") ? "; base weights from " : "; weights from ") + path;
+    }
+    if (p.has("adapters")) {
+      const std::string dir = resolve_latest(p.get<std::string>("adapters"));
+      lora::load_peft(*state, dir, seed);
+      from += "; adapters from " + dir;
+    }
+    int64_t n = 0, trainable = 0;
+    for (const auto& t : model->parameters()) {
+      n += t.numel();
+      if (t.requires_grad()) trainable += t.numel();
+    }
+    if (ctx.run().rank == 0)
+      spdlog::info("{}: {:.2f}M parameters, {:.3f}M trainable ({}; {})", ctx.who(), static_cast<double>(n) / 1e6,
+                   static_cast<double>(trainable) / 1e6, describe(cfg), from);
+    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
+    ctx.own_state("params", state);
+  }
+
+  void run(StepContext&) override {}  // parameters change only through the optimizer
+};
+
+}  // namespace
+}  // namespace flowrun::dit
+
+FLOWRUN_NODE(dit, flowrun::dit::DitNode)

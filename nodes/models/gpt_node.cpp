@@ -1,0 +1,53 @@
+// gpt: a GPT-2 language model node (owns its parameters; no per-step work). The module, its
+// init and its loader are models/gpt.hpp. Schema: schemas/gpt.yaml. Test: tests/nodes/gpt_test.cpp.
+#include <spdlog/spdlog.h>
+
+#include "common/device.hpp"
+#include "common/memory.hpp"
+#include "models/gpt.hpp"
+#include "registry.hpp"
+
+namespace flowrun::gpt {
+
+namespace {
+
+class GptNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    Config cfg;
+    p.read<int64_t>({{"layers", &cfg.layers}, {"dim", &cfg.dim}, {"heads", &cfg.heads}, {"vocab", &cfg.vocab},
+                     {"context", &cfg.context}});
+    cfg.dropout = p.get<double>("dropout");
+    const uint64_t seed = node_seed(ctx);
+
+    {  // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
+      const double d = static_cast<double>(cfg.dim);
+      check_model_fits(ctx.who(), describe(cfg),
+                       static_cast<double>(cfg.vocab + cfg.context) * d + cfg.layers * (12 * d * d + 13 * d) + 2 * d);
+    }
+    Gpt model(cfg);
+    std::string from;
+    if (p.has("weights")) {
+      const std::string path = p.get<std::string>("weights");
+      load_hf_safetensors(*model, path);
+      from = "weights from " + path;
+    } else {
+      init_weights(*model, seed);
+      from = "GPT-2 init, seed " + std::to_string(seed);
+    }
+    int64_t n = 0;
+    for (const auto& t : model->parameters()) n += t.numel();
+    if (ctx.run().rank == 0)
+      spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(cfg), from);
+    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
+    ctx.own_state("params", make_state(model));
+  }
+
+  void run(StepContext&) override {}  // parameters change only through the optimizer
+};
+
+}  // namespace
+}  // namespace flowrun::gpt
+
+FLOWRUN_NODE(gpt, flowrun::gpt::GptNode)
