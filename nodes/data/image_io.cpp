@@ -22,7 +22,16 @@ namespace flowrun {
 
 namespace {
 
-constexpr uint64_t kMaxPixels = uint64_t(1) << 28;  // 268M pixels: refuse decompression bombs
+// Decompression bombs: a 200-byte JPEG can claim a huge size (found by fuzzing, 14088 x 16129:
+// 680 MB and seconds of work per image). Larger than any training image needs; PIL refuses
+// 179M pixels, flowrun 67M (8192 x 8192).
+constexpr uint64_t kMaxPixels = uint64_t(1) << 26;
+
+std::string too_large(uint64_t w, uint64_t h) {
+  return "image too large (" + std::to_string(w) + "x" + std::to_string(h) + " = " + std::to_string(w * h) +
+         " pixels; flowrun decodes at most " + std::to_string(kMaxPixels) +
+         ", 8192x8192): shrink the dataset's images before sharding";
+}
 
 bool is_png(const std::string& b) { return b.size() >= 8 && std::memcmp(b.data(), "\x89PNG\r\n\x1a\n", 8) == 0; }
 bool is_jpeg(const std::string& b) {
@@ -36,7 +45,7 @@ uint32_t be16(const std::string& b, size_t i) { return (uint32_t(uint8_t(b[i])) 
 
 void check_size(uint64_t w, uint64_t h, const std::string& name) {
   if (w == 0 || h == 0) throw ImageError(name + ": image has no pixels (" + std::to_string(w) + "x" + std::to_string(h) + ")");
-  if (w * h > kMaxPixels) throw ImageError(name + ": image too large (" + std::to_string(w) + "x" + std::to_string(h) + ")");
+  if (w * h > kMaxPixels) throw ImageError(name + ": " + too_large(w, h));
 }
 
 // ---- PNG ----
@@ -103,9 +112,13 @@ std::string decode_jpeg_raw(const unsigned char* data, unsigned long n, Image* o
     jpeg_destroy_decompress(&cinfo);
     return "CMYK JPEG is not supported (convert it to RGB)";
   }
-  if (static_cast<uint64_t>(cinfo.image_width) * cinfo.image_height > kMaxPixels || cinfo.image_width == 0 || cinfo.image_height == 0) {
+  if (cinfo.image_width == 0 || cinfo.image_height == 0) {
     jpeg_destroy_decompress(&cinfo);
     return "bad JPEG size " + std::to_string(cinfo.image_width) + "x" + std::to_string(cinfo.image_height);
+  }
+  if (static_cast<uint64_t>(cinfo.image_width) * cinfo.image_height > kMaxPixels) {
+    jpeg_destroy_decompress(&cinfo);
+    return too_large(cinfo.image_width, cinfo.image_height);
   }
   cinfo.out_color_space = JCS_RGB;
   jpeg_start_decompress(&cinfo);

@@ -37,7 +37,8 @@ std::string sniff_image_format(const std::string& bytes);
 bool probe_image_size(const std::string& bytes, int* w, int* h);
 
 // Decodes PNG or JPEG (found by magic number) into RGB. Throws ImageError naming `name` on
-// anything else, on corrupt or truncated data, and on CMYK JPEGs.
+// anything else, on corrupt or truncated data, on CMYK JPEGs and on images over 8192x8192
+// pixels (decompression bombs), the last from the header, before decoding.
 Image decode_image(const std::string& bytes, const std::string& name);
 
 // PNG bytes of an image with 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/files.hpp"
 #include "data/image_io.hpp"
 #include "nodes/data_test_helpers.hpp"
 #include "support/run_graph.hpp"
@@ -99,6 +100,26 @@ TEST(ImageIo, CorruptOrTruncatedDataThrowsNamingTheItem) {
   expect_error(jpg.substr(0, jpg.size() / 2), "truncated JPEG");
   expect_error(jpg.substr(0, 40), "JPEG header only");
   EXPECT_NO_THROW(decode_image(png, "ok"));
+}
+
+// A decompression bomb (found by fuzzing): 196 bytes of JPEG that claim 14088 x 16129 pixels
+// (680 MB decoded, seconds of work) are refused from the header, before decoding.
+TEST(ImageIo, ImagesOverTheSizeLimitAreRefusedFromTheirHeader) {
+  // The fuzzer's input, kept in its corpus (replayed there too).
+  const std::string bytes =
+      read_file(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fuzz/corpus/image/crash-jpeg-decompression-bomb.jpg");
+  ASSERT_EQ(bytes.size(), 196u);
+  int w = 0, h = 0;
+  ASSERT_TRUE(probe_image_size(bytes, &w, &h));
+  EXPECT_EQ(w * int64_t{1} * h, 16129 * int64_t{14088});
+  try {
+    decode_image(bytes, "shard.tar: 000009.jpg");
+    FAIL() << "decoded";
+  } catch (const ImageError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("shard.tar: 000009.jpg"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("image too large (14088x16129"), std::string::npos) << msg;
+  }
 }
 
 TEST(ImageIo, ResizeCropAndFlipShapes) {

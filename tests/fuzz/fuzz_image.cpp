@@ -1,5 +1,5 @@
 // Images (PNG, JPEG) as they come out of a shard: format sniffing, the size probe and the
-// decoder (libpng, libjpeg; refused: more than 2^28 pixels). What decodes must be an RGB image
+// decoder (libpng, libjpeg; refused: more than 2^26 pixels). What decodes must be an RGB image
 // of the probed size.
 #include <stdexcept>
 #include <string>
