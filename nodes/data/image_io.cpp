@@ -264,6 +264,21 @@ std::string encode_png(const Image& img) {
   return out;
 }
 
+std::string png_data_uri(const Image& img) {
+  static const char* kDigits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const std::string b = encode_png(img);
+  std::string out = "data:image/png;base64,";
+  for (size_t i = 0; i < b.size(); i += 3) {  // 3 bytes -> 4 digits, '=' padding at the end
+    const uint32_t n = (uint32_t(uint8_t(b[i])) << 16) | (i + 1 < b.size() ? uint32_t(uint8_t(b[i + 1])) << 8 : 0) |
+                       (i + 2 < b.size() ? uint32_t(uint8_t(b[i + 2])) : 0);
+    out += kDigits[(n >> 18) & 63];
+    out += kDigits[(n >> 12) & 63];
+    out += i + 1 < b.size() ? kDigits[(n >> 6) & 63] : '=';
+    out += i + 2 < b.size() ? kDigits[n & 63] : '=';
+  }
+  return out;
+}
+
 std::string encode_jpeg(const Image& img, int quality) {
   check_image(img, "encode_jpeg");
   if (img.c != 1 && img.c != 3) throw std::invalid_argument("encode_jpeg: needs 1 or 3 channels, not " + std::to_string(img.c));

@@ -43,6 +43,8 @@ Image decode_image(const std::string& bytes, const std::string& name);
 
 // PNG bytes of an image with 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels.
 std::string encode_png(const Image& img);
+// "data:image/png;base64,..." of encode_png(img): an image inlined in an HTML page.
+std::string png_data_uri(const Image& img);
 // JPEG bytes (c = 1 or 3), quality 1..100.
 std::string encode_jpeg(const Image& img, int quality = 95);
 // Writes encode_png(img) to path atomically: a temporary file in the same folder, renamed

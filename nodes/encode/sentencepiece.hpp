@@ -41,11 +41,11 @@ class SentencePieceTokenizer : public TextTokenizer {
   std::string name() const override { return "sentencepiece"; }
   int64_t vocab_size() const override;
   int64_t pad_id() const override { return pad_; }
-  int64_t eos_id() const { return eos_; }
+  int64_t eos_id() const override { return eos_; }
   std::vector<int64_t> ids(const std::string& text, int64_t max_length) const override;
   // The pieces' ids alone (no </s>, no truncation).
   std::vector<int64_t> piece_ids(const std::string& text) const;
-  std::string decode(const std::vector<int64_t>& ids) const;
+  std::string decode(const std::vector<int64_t>& ids) const override;
 
   // Trains a small unigram model on a text file (one sentence per line) into PREFIX.model with
   // T5's special ids (pad 0, eos 1, unk 2, no bos): for tests and tiny demos.

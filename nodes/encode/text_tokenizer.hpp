@@ -28,6 +28,11 @@ class TextTokenizer {
   virtual int64_t pad_id() const = 0;
   // The ids of one text with the special tokens, truncated to at most `max_length` ids.
   virtual std::vector<int64_t> ids(const std::string& text, int64_t max_length) const = 0;
+  // The id that ends a text ([SEP], </s>): decoders stop there.
+  virtual int64_t eos_id() const = 0;
+  // The text of ids, special tokens and padding dropped (as Hugging Face's
+  // decode(skip_special_tokens=True)): for showing what a model generated.
+  virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
 
   int64_t max_length() const { return max_length_; }
 

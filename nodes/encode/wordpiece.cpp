@@ -245,4 +245,17 @@ std::vector<int64_t> WordPieceTokenizer::ids(const std::string& text, int64_t ma
   return out;
 }
 
+std::string WordPieceTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::string out;
+  for (int64_t id : ids) {
+    if (id < 0 || id >= vocab_size() || id == cls_ || id == sep_ || id == pad_) continue;
+    const std::string& t = vocab_[static_cast<size_t>(id)];
+    if (t.rfind("##", 0) == 0 && !out.empty())
+      out += t.substr(2);
+    else
+      out += (out.empty() ? "" : " ") + t;
+  }
+  return out;
+}
+
 }  // namespace flowrun

@@ -38,6 +38,10 @@ class WordPieceTokenizer : public TextTokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(vocab_.size()); }
   int64_t pad_id() const override { return pad_; }
   std::vector<int64_t> ids(const std::string& text, int64_t max_length) const override;
+  int64_t eos_id() const override { return sep_; }
+  // Tokens joined by spaces, "##" pieces glued to the one before; [CLS], [SEP], [PAD] and ids
+  // outside the vocabulary dropped.
+  std::string decode(const std::vector<int64_t>& ids) const override;
 
   // Step 1 alone: the basic tokenizer's tokens (UTF-8).
   std::vector<std::string> basic_tokenize(const std::string& text) const;

@@ -55,6 +55,22 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& obj
   return r;
 }
 
+void check_eval_split(const Dataset& data, const EvalOptions& o, const std::string& who) {
+  std::string have;
+  bool found = false;
+  for (const auto& s : data.splits()) {
+    found = found || s == o.split;
+    have += (have.empty() ? "" : ", ") + s;
+  }
+  if (!found) throw std::runtime_error(who + ": the dataset has no split '" + o.split + "'; it has {" + have + "}");
+  // Now rather than at the first evaluation, where a rank with an empty shard would fail
+  // alone while the others wait for it in the all-reduce.
+  if (data.num_batches(o.split, o.batch, o.rank, o.world) <= 0)
+    throw std::runtime_error(who + ": split '" + o.split + "' holds no batch of " + std::to_string(o.batch) +
+                             " rows per rank for " + (o.world > 1 ? std::to_string(o.world) + " ranks" : "one process") +
+                             "; lower `batch` or add data");
+}
+
 namespace {
 
 class EvaluatorNode : public Node {
@@ -86,20 +102,7 @@ class EvaluatorNode : public Node {
     if (ctx.connected("tokenizer") != ctx.connected("encoder"))
       throw std::runtime_error(ctx.who() + ": connect both `tokenizer` and `encoder` (the captions are tokenized, then encoded), or neither");
     with_text_ = ctx.connected("encoder");
-    std::string have;
-    bool found = false;
-    for (const auto& s : data.splits()) {
-      found = found || s == opts_.split;
-      have += (have.empty() ? "" : ", ") + s;
-    }
-    if (!found)
-      throw std::runtime_error(ctx.who() + ": the dataset has no split '" + opts_.split + "'; it has {" + have + "}");
-    // Now rather than at the first evaluation, where a rank with an empty shard would fail
-    // alone while the others wait for it in the all-reduce.
-    if (data.num_batches(opts_.split, opts_.batch, opts_.rank, opts_.world) <= 0)
-      throw std::runtime_error(ctx.who() + ": split '" + opts_.split + "' holds no batch of " + std::to_string(opts_.batch) +
-                               " rows per rank for " + (opts_.world > 1 ? std::to_string(opts_.world) + " ranks" : "one process") +
-                               "; lower `batch` or add data");
+    check_eval_split(data, opts_, ctx.who());
   }
 
   void run(StepContext& ctx) override {

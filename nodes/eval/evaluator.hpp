@@ -39,4 +39,9 @@ struct EvalResult {
 // Throws when the shard holds no batch.
 EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& objective, const EvalOptions& options);
 
+// At setup (on every rank, before any collective): the dataset has options.split and this
+// rank's shard of it holds at least one batch; otherwise an error that names `who`, the splits
+// there are, and what to change.
+void check_eval_split(const Dataset& data, const EvalOptions& options, const std::string& who);
+
 }  // namespace flowrun

@@ -24,7 +24,7 @@
 namespace flowrun {
 
 // Seed tag for dropout streams (see common/seed.hpp).
-enum : uint64_t { kSeedTagDropout = 0x64726f706f7574ull };
+enum : uint64_t { kSeedTagDropout = 0x64726f706f7574ull, kSeedTagRows = 0x726f7773ull };
 
 class TrainingScope {
  public:
@@ -36,6 +36,24 @@ class TrainingScope {
   TrainingScope& operator=(const TrainingScope&) = delete;
   // The innermost scope's generator on this thread, or null (eval mode).
   static at::Generator* current() { return current_ref() ? &current_ref()->gen_ : nullptr; }
+
+  // Draws that must not depend on how a step's rows are split among ranks and micro-batches
+  // (caption_loss's parallel rows: 2 ranks of B rows must draw what 1 process of 2B draws)
+  // come from a seed per global row of the step. forward_backward gives each micro-batch's
+  // scope the step's rank-independent seed and the global index of its first row (rank x
+  // rows per rank + the rows of the micro-batches before it); a scope made without them uses
+  // its own seed and row 0.
+  void set_rows(uint64_t step_seed, int64_t first_row) {
+    rows_seed_ = step_seed;
+    first_row_ = first_row;
+  }
+  // The seed of local row `row` of the batch the current scope runs, for draws tagged `tag`;
+  // throws outside a scope.
+  static uint64_t row_seed(int64_t row, uint64_t tag) {
+    const TrainingScope* s = current_ref();
+    if (!s) throw std::logic_error("TrainingScope::row_seed outside a training scope");
+    return mix_seed({s->rows_seed_, tag, static_cast<uint64_t>(s->first_row_ + row)});
+  }
   // The same, for drawing tensors on `device`: the CPU generator for the CPU; for a GPU, a
   // generator there seeded from the scope's seed (made on first use), so masks are drawn
   // where they are used and a step's masks still depend only on the scope's seed.
@@ -62,6 +80,8 @@ class TrainingScope {
     return s;
   }
   uint64_t seed_;
+  uint64_t rows_seed_ = seed_;
+  int64_t first_row_ = 0;
   at::Generator gen_;
   at::Generator device_gen_;  // undefined until a draw on a GPU
   TrainingScope* prev_;

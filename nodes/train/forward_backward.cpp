@@ -108,13 +108,17 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
   std::vector<TensorMap> parts =
       accumulate == 1 ? std::vector<TensorMap>{batch} : split_batch(batch, accumulate);
   torch::Tensor loss_sum;
+  int64_t first_row = options.first_row;  // the global index of parts[i]'s first row
   for (size_t i = 0; i < parts.size(); ++i) {
     const TensorMap& part = parts[i];
     const double w = static_cast<double>(batch_rows(part)) / static_cast<double>(total);
     torch::Tensor loss;
     {
       std::optional<TrainingScope> training;
-      if (options.dropout_seed) training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(i)}));
+      if (options.dropout_seed) {
+        training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(i)}));
+        training->set_rows(options.rows_seed, first_row);
+      }
       AutocastScope autocast(options.precision, device);
       loss = objective.loss(model, part);
     }
@@ -124,6 +128,7 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
       std::lock_guard<std::mutex> l(mu);
       last = i + 1 == parts.size();
     }
+    first_row += batch_rows(part);
     (loss * w).backward();
     torch::Tensor l = loss.detach() * w;
     loss_sum = loss_sum.defined() ? loss_sum + l : l;
@@ -171,6 +176,9 @@ class ForwardBackwardNode : public Node {
     // Dropout masks of step s depend only on (run seed, s, rank): reproducible and resumable.
     FwdBwdOptions o = options_;
     o.dropout_seed = mix_seed({seed_, kSeedTagDropout, static_cast<uint64_t>(ctx.step()), static_cast<uint64_t>(rank_)});
+    // Per-row draws of step s depend on (run seed, s, global row): the same for any number of ranks.
+    o.rows_seed = mix_seed({seed_, kSeedTagRows, static_cast<uint64_t>(ctx.step())});
+    o.first_row = static_cast<int64_t>(rank_) * batch_rows(batch);
 
     const std::vector<torch::Tensor> params = model.trainable_parameters();
     if (!hooks_ || !hooks_->covers(params)) {

@@ -41,6 +41,10 @@ struct FwdBwdOptions {
   // Set: each micro-batch's forward runs in a TrainingScope (models/dropout.hpp: dropout on),
   // micro-batch i seeded by mix_seed({*dropout_seed, i}). Unset: no dropout.
   std::optional<uint64_t> dropout_seed;
+  // With dropout_seed: the scopes' per-row seeds (TrainingScope::set_rows): the step's seed,
+  // the same on every rank, and the global index of this batch's first row (rank x rows).
+  uint64_t rows_seed = 0;
+  int64_t first_row = 0;
 
   // Set: the grads live in this buffer (train/grad_buffer.hpp), made for the model's trainable
   // parameters: it is zeroed and attached (.grad() = its views) first, and autograd accumulates

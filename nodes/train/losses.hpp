@@ -1,5 +1,5 @@
 // The built-in objectives (train/objective.hpp), one node type each: mse_loss (mse_loss.cpp),
-// lm_loss (lm_loss.cpp), diffusion_loss (diffusion_loss.cpp). Declared here so that tests and
+// lm_loss (lm_loss.cpp), diffusion_loss (diffusion_loss.cpp), caption_loss (caption_loss.cpp). Declared here so that tests and
 // benches can make one without a graph.
 #pragma once
 #include "train/diffusion.hpp"
@@ -45,6 +45,61 @@ class DiffusionLoss : public Objective {
  private:
   diffusion::Options o_;
   diffusion::NoiseSchedule schedule_;
+};
+
+// Captioning (CapPa): teacher-forced cross-entropy over a caption's tokens given the image, with
+// parallel prediction on a fraction of the rows. The caption is the batch's input_ids [B, T]
+// (attention_mask [B, T]: 1 on tokens, 0 on padding). The targets are the tokens after the
+// start token: with start_token unset the caption's first token is the start (WordPiece's
+// [CLS]) and the targets are input_ids[:, 1:]; with start_token s every token is a target and s
+// is put before them (SentencePiece captions, which have no start token: s = the pad id, as T5
+// and big_vision). A target counts where its mask is 1; a caption's loss is the mean over its
+// counted targets of
+//   (1 - ls) * -log p(y) + ls * mean_k -log p(k)          (label smoothing ls)
+// and the batch's the mean over captions (targets() = rows). big_vision divides by the batch's
+// token count instead; the mean over captions is what forward_backward's micro-batches and the
+// allreduce over ranks (both averaging by rows) reproduce exactly, so N ranks or micro-batches
+// train exactly what one process does.
+// In training (inside forward_backward's TrainingScope) each row is, with probability
+// masked_pred_prob, a parallel-prediction row: its decoder inputs are the targets themselves
+// with round-down(masking_ratio * L) positions (chosen at random; all of them with ratio 1)
+// replaced by the mask token, and it is decoded without the causal mask; the other rows are
+// autoregressive (inputs = start + targets[:-1], causal). Each row draws from a generator of
+// its own, seeded by its global row index in the step (TrainingScope::row_seed), so any
+// number of ranks and micro-batches draw what one process does: first u ~ U[0, 1) (parallel
+// when u < p), then, for ratio < 1, the order of its positions (the first n masked). In an
+// evaluator (no scope) every row is autoregressive. The model (models/cappa.hpp) reads image, decoder_input, decoder_masked,
+// parallel.
+class CaptionLoss : public Objective {
+ public:
+  struct Options {
+    double masked_pred_prob = 0.75, masking_ratio = 1.0, label_smoothing = 0.0;
+    int64_t start_token = -1;  // < 0: the caption's first token is the start token
+    std::string image_key = "image";
+  };
+  explicit CaptionLoss(Options o);
+  explicit CaptionLoss(SetupContext& ctx);
+  std::vector<std::string> needs() const override { return {o_.image_key, "input_ids"}; }
+  torch::Tensor loss(ModelState& model, const TensorMap& batch) const override;
+  int64_t targets(const TensorMap& batch) const override;
+  std::vector<Report> reports() const override;  // ppl = exp(loss)
+
+  // What one batch becomes: the model's inputs, and the targets with their weights (float [B, L]).
+  struct Prepared {
+    TensorMap model;  // image, decoder_input [B, L], decoder_masked [B, L], parallel [B]
+    torch::Tensor labels, weights;
+  };
+  // `row_seed(r)`: the seed of local row r's draws (in training: TrainingScope::row_seed);
+  // unset: every row autoregressive (evaluation).
+  Prepared prepare(const TensorMap& batch, const std::function<uint64_t(int64_t row)>& row_seed) const;
+  // The start token of row b's caption (the evaluator's decoding starts there), int64 [B].
+  torch::Tensor start_tokens(const torch::Tensor& input_ids) const;
+  // The targets of a caption and their mask, as prepare() makes them: [B, L] each.
+  std::pair<torch::Tensor, torch::Tensor> labels_of(const torch::Tensor& input_ids, const torch::Tensor& mask) const;
+  const Options& options() const { return o_; }
+
+ private:
+  Options o_;
 };
 
 }  // namespace flowrun

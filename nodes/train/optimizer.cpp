@@ -19,7 +19,8 @@ namespace flowrun {
 OptimKind optim_kind(const std::string& name) {
   if (name == "adamw") return OptimKind::adamw;
   if (name == "sgd") return OptimKind::sgd;
-  throw std::invalid_argument("unknown optimizer kind '" + name + "' (adamw or sgd)");
+  if (name == "adafactor") return OptimKind::adafactor;
+  throw std::invalid_argument("unknown optimizer kind '" + name + "' (adamw, sgd or adafactor)");
 }
 
 LrDecay lr_decay(const std::string& name) {
@@ -38,12 +39,58 @@ double LrSchedule::at(int64_t step, int64_t last_step) const {
   return lr - (lr - min_lr) * progress;  // linear
 }
 
+std::pair<int64_t, int64_t> adafactor_factored_dims(c10::IntArrayRef shape, int64_t min_dim_size_to_factor) {
+  if (shape.size() < 2) return {-1, -1};
+  std::vector<int64_t> order(shape.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return shape[x] < shape[y]; });
+  const int64_t a = order[order.size() - 1], b = order[order.size() - 2];
+  if (shape[b] < min_dim_size_to_factor) return {-1, -1};
+  return {a, b};
+}
+
+namespace {
+
+// Adafactor's direction for one parameter (optimizer.hpp, OptimConfig::adafactor), its slot's
+// moments updated in place; s.step is this update's t (1-based).
+torch::Tensor adafactor_direction(OptimizerState::Slot& s, const torch::Tensor& g0, const AdafactorConfig& c) {
+  const torch::Tensor g = g0.to(torch::kFloat);
+  const double beta2 = std::min(c.beta2_cap, 1.0 - std::pow(static_cast<double>(s.step), -c.decay_rate));
+  const torch::Tensor r = g.square().add_(c.eps);
+  torch::Tensor u;
+  if (s.v_row.defined()) {
+    const auto [a, b] = adafactor_factored_dims(g.sizes(), 0);  // the slot was made factored: same dims
+    s.v_row.mul_(beta2).add_(r.mean(a), 1.0 - beta2);
+    s.v_col.mul_(beta2).add_(r.mean(b), 1.0 - beta2);
+    const int64_t b_in_row = b > a ? b - 1 : b;  // dim b of p within v_row (dim a removed)
+    const torch::Tensor row = (s.v_row / s.v_row.mean(b_in_row, /*keepdim=*/true)).rsqrt();
+    u = g * row.unsqueeze(a) * s.v_col.rsqrt().unsqueeze(b);
+  } else {
+    s.v.mul_(beta2).add_(r, 1.0 - beta2);
+    u = g * s.v.rsqrt();
+  }
+  if (c.clipping_threshold > 0) {  // clip_by_block_rms
+    const torch::Tensor rms = u.square().mean().sqrt();
+    u = u / torch::clamp_min(rms / c.clipping_threshold, 1.0);
+  }
+  if (c.momentum > 0) {
+    s.exp_avg.mul_(c.momentum).add_(u, 1.0 - c.momentum);
+    u = s.exp_avg;
+  }
+  return u.to(g0.dtype());
+}
+
+}  // namespace
+
 std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
   std::map<std::string, torch::Tensor> out;
   for (const Slot& s : slots) {
     if (s.exp_avg.defined()) out[s.name + ".exp_avg"] = s.exp_avg;
     if (s.exp_avg_sq.defined()) out[s.name + ".exp_avg_sq"] = s.exp_avg_sq;
     if (s.momentum.defined()) out[s.name + ".momentum_buffer"] = s.momentum;
+    if (s.v_row.defined()) out[s.name + ".v_row"] = s.v_row;
+    if (s.v_col.defined()) out[s.name + ".v_col"] = s.v_col;
+    if (s.v.defined()) out[s.name + ".v"] = s.v;
     out[s.name + ".step"] = torch::tensor(s.step, torch::kInt64);
   }
   out["updates"] = torch::tensor(updates, torch::kInt64);
@@ -197,7 +244,7 @@ void for_each_chunk(const std::vector<CpuPiece>& pieces, const Fn& fn) {
 // gradient; its moments made); marks them in `done`. Nothing on CPUs without AVX2.
 void cpu_update(OptimizerState& st, const ModelState::Named& params, const Grads& grads, const OptimConfig& cfg,
                 double lr, float clip, std::vector<char>& done) {
-  if (!cpu_has_avx2()) return;
+  if (!cpu_has_avx2() || cfg.kind == OptimKind::adafactor) return;
   auto ok = [](const torch::Tensor& t) {
     return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
   };
@@ -253,8 +300,22 @@ void make_slots(OptimizerState& st, const ModelState::Named& params, const Optim
   if (cfg.kind == OptimKind::adamw) {
     make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
     make(st.flat_exp_avg_sq, &OptimizerState::Slot::exp_avg_sq);
-  } else if (cfg.momentum > 0) {
+  } else if (cfg.kind == OptimKind::sgd && cfg.momentum > 0) {
     make(st.flat_momentum, &OptimizerState::Slot::momentum);
+  } else if (cfg.kind == OptimKind::adafactor) {
+    if (cfg.adafactor.momentum > 0) make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
+    // The second moments are shaped otherwise (factored: a row and a column statistic), so
+    // they are tensors of their own.
+    for (size_t i = 0; i < ps.size(); ++i) {
+      OptimizerState::Slot& s = st.slots[i];
+      const auto [a, b] = adafactor_factored_dims(ps[i].sizes(), cfg.adafactor.min_dim_size_to_factor);
+      if (a >= 0) {
+        s.v_row = torch::zeros_like(ps[i].select(a, 0), at::MemoryFormat::Contiguous);
+        s.v_col = torch::zeros_like(ps[i].select(b, 0), at::MemoryFormat::Contiguous);
+      } else {
+        s.v = torch::zeros_like(ps[i], at::MemoryFormat::Contiguous);
+      }
+    }
   }
 }
 
@@ -279,6 +340,9 @@ void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tenso
   get(".exp_avg", s.exp_avg);
   get(".exp_avg_sq", s.exp_avg_sq);
   get(".momentum_buffer", s.momentum);
+  get(".v_row", s.v_row);
+  get(".v_col", s.v_col);
+  get(".v", s.v);
   auto it = t.find(s.name + ".step");
   if (it != t.end()) s.step = it->second.item<int64_t>();
 }
@@ -357,7 +421,9 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
     torch::Tensor g = coef.defined() ? g0 * coef.to(g0.dtype()) : g0;
     s.step += 1;
     if (cfg.weight_decay > 0 && decays(p)) p.mul_(1.0 - lr * cfg.weight_decay);
-    if (adamw) {
+    if (cfg.kind == OptimKind::adafactor) {
+      p.add_(adafactor_direction(s, g, cfg.adafactor), -lr);
+    } else if (adamw) {
       if (!s.exp_avg.defined()) s.exp_avg = torch::zeros_like(p, at::MemoryFormat::Preserve);
       if (!s.exp_avg_sq.defined()) s.exp_avg_sq = torch::zeros_like(p, at::MemoryFormat::Preserve);
       s.exp_avg.mul_(cfg.beta1).add_(g, 1.0 - cfg.beta1);
@@ -398,6 +464,15 @@ class OptimizerNode : public Node {
     sched_.kind = lr_decay(p.get<std::string>("schedule"));
     sched_.min_lr = p.get<double>("min_lr");
     cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
+    if (cfg_.kind == OptimKind::adafactor) {
+      const YAML::Node a = p["adafactor"];
+      cfg_.adafactor.decay_rate = a["decay_rate"].as<double>();
+      cfg_.adafactor.beta2_cap = a["beta2_cap"].as<double>();
+      cfg_.adafactor.eps = a["eps"].as<double>();
+      cfg_.adafactor.min_dim_size_to_factor = a["min_dim_size_to_factor"].as<int64_t>();
+      cfg_.adafactor.clipping_threshold = a["clipping_threshold"].IsNull() ? 0.0 : a["clipping_threshold"].as<double>();
+      cfg_.adafactor.momentum = a["momentum"].as<double>();
+    }
     ctx.own_state("state", std::make_shared<OptimizerState>());
   }
 

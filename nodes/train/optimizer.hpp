@@ -15,8 +15,30 @@
 namespace flowrun {
 
 // The update rule (the schema's `kind`), parsed once at setup.
-enum class OptimKind { adamw, sgd };
-OptimKind optim_kind(const std::string& name);  // "adamw" | "sgd"; throws for others
+enum class OptimKind { adamw, sgd, adafactor };
+OptimKind optim_kind(const std::string& name);  // "adamw" | "sgd" | "adafactor"; throws for others
+
+// Adafactor (Shazeer & Stern 2018) as big_vision's scale_by_adafactor (the CapPa and ViT-g
+// trainers), per parameter p with gradient g (after global-norm clipping), step t = 1, 2, ...:
+//   beta2_t = min(beta2_cap, 1 - t^-decay_rate)
+//   r = g^2 + eps
+//   factored (p has 2+ dims and its second-largest dim >= min_dim_size_to_factor; a = the
+//   largest dim, b = the second largest):
+//     v_row = beta2_t v_row + (1 - beta2_t) mean_a(r)        (the shape of p without dim a)
+//     v_col = beta2_t v_col + (1 - beta2_t) mean_b(r)        (the shape of p without dim b)
+//     u = g / sqrt(v_row / mean_b(v_row))  [broadcast over a]  / sqrt(v_col)  [over b]
+//   else:
+//     v = beta2_t v + (1 - beta2_t) r;   u = g / sqrt(v)
+//   update clipping (clipping_threshold d > 0): u = u / max(1, rms(u) / d)
+//   momentum m (> 0): m = momentum m + (1 - momentum) u; u = m   (an EMA, not debiased)
+//   p = p (1 - lr wd) - lr u            (decay only where decays(p), as AdamW here)
+// No relative step size: lr comes from the schedule, like every other kind.
+struct AdafactorConfig {
+  double decay_rate = 0.8, beta2_cap = 0.999, eps = 1e-30;
+  int64_t min_dim_size_to_factor = 32;
+  double clipping_threshold = 0.0;  // 0 = off (big_vision's CapPa config)
+  double momentum = 0.9;            // 0 = none
+};
 
 struct OptimConfig {
   OptimKind kind = OptimKind::adamw;
@@ -27,6 +49,7 @@ struct OptimConfig {
   // A non-finite grad norm (NaN or inf, e.g. from a diverged loss) either stops the run with
   // the step (false) or skips this update, leaving parameters and moments untouched (true).
   bool skip_nonfinite = false;
+  AdafactorConfig adafactor;   // kind adafactor
 };
 
 // Thrown by optimizer_update when the grads are not finite and skip_nonfinite is off.
@@ -62,6 +85,7 @@ struct OptimizerState {
     torch::Tensor exp_avg;     // adamw: first moment
     torch::Tensor exp_avg_sq;  // adamw: second moment
     torch::Tensor momentum;    // sgd: momentum buffer
+    torch::Tensor v_row, v_col, v;  // adafactor: factored second moments, or the full one
     int64_t step = 0;          // updates applied to this parameter (bias correction)
   };
   std::vector<Slot> slots;
@@ -71,7 +95,8 @@ struct OptimizerState {
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
   // Every tensor by name, for checkpoints: "NAME.exp_avg", "NAME.exp_avg_sq",
-  // "NAME.momentum_buffer", "NAME.step" (0-d int64), and "updates" (0-d int64). Aliases.
+  // "NAME.momentum_buffer", "NAME.v_row", "NAME.v_col", "NAME.v", "NAME.step" (0-d int64),
+  // and "updates" (0-d int64). Aliases. (Adafactor's momentum is NAME.exp_avg.)
   std::map<std::string, torch::Tensor> tensors() const;
   // Restore from tensors(); before the first update it is kept and applied then.
   void load(const std::map<std::string, torch::Tensor>& t);
@@ -89,6 +114,10 @@ struct OptimizerState {
 // anything else (bf16, old GPUs, CPUs without AVX2) the written-out tensor operations.
 torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& params, const Grads& grads,
                                const OptimConfig& cfg, double lr);
+
+// Adafactor's factored dims of a shape: {a, b} = the largest and the second-largest dim (the
+// later one first among equals, as numpy's argsort), or {-1, -1} when p is not factored.
+std::pair<int64_t, int64_t> adafactor_factored_dims(c10::IntArrayRef shape, int64_t min_dim_size_to_factor);
 
 // The global L2 norm of the defined tensors (0-d float32; 0 if none).
 torch::Tensor global_norm(const Grads& grads);

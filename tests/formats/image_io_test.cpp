@@ -122,6 +122,31 @@ TEST(ImageIo, ImagesOverTheSizeLimitAreRefusedFromTheirHeader) {
   }
 }
 
+// The page of a caption evaluator inlines its images: the data URI's base64 decodes (by a
+// decoder written here from RFC 4648) to exactly encode_png's bytes, padding included.
+TEST(ImageIo, PngDataUriIsTheBase64OfThePng) {
+  for (int w : {1, 2, 3, 7}) {  // byte counts that leave 0, 1 and 2 bytes in the last group
+    const Image img(w, 2, 3, static_cast<uint8_t>(40 * w));
+    const std::string uri = png_data_uri(img), png = encode_png(img);
+    const std::string prefix = "data:image/png;base64,";
+    ASSERT_EQ(uri.rfind(prefix, 0), 0u);
+    const std::string b64 = uri.substr(prefix.size());
+    ASSERT_EQ(b64.size() % 4, 0u);
+    std::string bytes;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (char ch : b64) {
+      if (ch == '=') break;
+      const std::string digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+      acc = (acc << 6) | static_cast<uint32_t>(digits.find(ch));
+      bits += 6;
+      if (bits >= 8) bytes += static_cast<char>((acc >> (bits -= 8)) & 0xff);
+    }
+    EXPECT_EQ(bytes, png) << w;
+    EXPECT_EQ(b64.size(), (png.size() + 2) / 3 * 4) << w;
+  }
+}
+
 TEST(ImageIo, ResizeCropAndFlipShapes) {
   // A constant image stays constant at any size.
   const Image flat(40, 30, 3, 200);

@@ -40,6 +40,17 @@ TEST(TokenizeWordPiece, GreedyLongestMatchWithContinuations) {
   EXPECT_EQ(wp.tokenize("catz"), (Strings{"[UNK]"}));
 }
 
+// decode: what a captioner generated, as text: specials and padding dropped, "##" glued.
+TEST(TokenizeWordPiece, DecodeJoinsPiecesAndDropsSpecialTokens) {
+  auto wp = make_wp();
+  std::vector<int64_t> ids = wp.ids("Unaffable cats run", 16);
+  ids.push_back(wp.pad_id());
+  EXPECT_EQ(ids.front(), wp.cls_id());
+  EXPECT_EQ(wp.decode(ids), "unaffable cats run");
+  EXPECT_EQ(wp.eos_id(), wp.sep_id());
+  EXPECT_EQ(wp.decode({wp.token_id("##s"), wp.token_id("cat"), -1, 100000}), "##s cat");  // a leading ## stays
+}
+
 TEST(TokenizeWordPiece, WordsOverOneHundredCharactersAreUnk) {
   auto wp = make_wp();
   Strings hundred{"a"};

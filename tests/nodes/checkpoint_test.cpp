@@ -27,6 +27,7 @@ extern char** environ;
 namespace {
 
 const std::string kFlowrun = std::string(FLOWRUN_BINARY_DIR) + "/engine/flowrun";
+using test::run_flowrun;
 
 const char* kGraph = R"(flowrun: 1
 name: ckpt_regression
@@ -46,14 +47,6 @@ nodes:
 std::string write_graph(const std::string& dir) {
   std::ofstream(dir + "/g.yaml") << kGraph;
   return dir + "/g.yaml";
-}
-
-int run_flowrun(const std::vector<std::string>& args, const std::string& log) {
-  std::string cmd = kFlowrun;
-  for (const auto& a : args) cmd += " '" + a + "'";
-  cmd += " > '" + log + "' 2>&1";
-  int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 std::string slurp(const std::string& path) {

@@ -1,6 +1,9 @@
 #include "support/run_graph.hpp"
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <atomic>
 #include <filesystem>
@@ -53,6 +56,14 @@ RunResult run_graph_text(const std::string& yaml, const std::vector<std::string>
   r.stats = ex.run(o);
   r.metrics = read_jsonl(info.out_dir + "/metrics.jsonl");
   return r;
+}
+
+int run_flowrun(const std::vector<std::string>& args, const std::string& log) {
+  std::string cmd = std::string(FLOWRUN_BINARY_DIR) + "/engine/flowrun";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  cmd += " > '" + log + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
 }  // namespace flowrun::test

@@ -24,6 +24,10 @@ std::string temp_dir(const std::string& prefix = "t");
 RunResult run_graph_text(const std::string& yaml, const std::vector<std::string>& overrides = {},
                          const RunOptions& opt = {});
 
+// Run the flowrun binary of this build folder with `args` (each passed as one argument),
+// stdout and stderr to `log`; its exit code (-1 if it did not exit).
+int run_flowrun(const std::vector<std::string>& args, const std::string& log);
+
 // Read a JSON-lines file.
 std::vector<nlohmann::json> read_jsonl(const std::string& path);
 

@@ -1,0 +1,358 @@
+// The CapPa module (cappa.hpp).
+#include "models/cappa.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/safetensors.hpp"
+#include "common/seed.hpp"
+#include "models/attention.hpp"
+#include "models/load_by_name.hpp"
+
+namespace flowrun::cappa {
+
+void Config::check() const {
+  auto positive = [&](int64_t v, const char* name) {
+    if (v < 1) throw std::invalid_argument(std::string("cappa: ") + name + " must be >= 1, got " + std::to_string(v));
+  };
+  positive(image_size, "image_size"), positive(patch, "patch"), positive(channels, "channels");
+  positive(width, "width"), positive(depth, "depth"), positive(heads, "heads"), positive(mlp_dim, "mlp_dim");
+  positive(dec_width, "dec_width"), positive(dec_depth, "dec_depth"), positive(dec_heads, "dec_heads");
+  positive(dec_mlp_dim, "dec_mlp_dim"), positive(vocab, "vocab"), positive(max_len, "max_len");
+  if (image_size % patch != 0)
+    throw std::invalid_argument("cappa: image_size " + std::to_string(image_size) + " is not a multiple of patch " +
+                                std::to_string(patch));
+  if (width % heads != 0 || dec_width % dec_heads != 0)
+    throw std::invalid_argument("cappa: width must be divisible by heads and dec_width by dec_heads (" + describe(*this) +
+                                ")");
+  if (posemb != "learn" && posemb != "sincos2d")
+    throw std::invalid_argument("cappa: posemb is learn or sincos2d, not '" + posemb + "'");
+  if (posemb == "sincos2d" && width % 4 != 0)
+    throw std::invalid_argument("cappa: posemb sincos2d needs a width divisible by 4");
+}
+
+double Config::parameter_count() const {
+  const double W = static_cast<double>(width), D = static_cast<double>(dec_width);
+  const double enc = W * (channels * patch * patch + 1) + (posemb == "learn" ? tokens() * W : 0.0) +
+                     depth * (4 * W * W + 4 * W + 2 * W * mlp_dim + mlp_dim + W + 4 * W) + 2 * W;
+  const double dec = (vocab + 1.0) * D + max_len * D +
+                     dec_depth * (4 * D * D + 2 * D * D + 2 * D * W + 2 * D * dec_mlp_dim + 6 * D) + 2 * D +
+                     vocab * (D + 1.0);
+  return enc + dec;
+}
+
+std::string describe(const Config& c) {
+  std::ostringstream s;
+  s << "vit " << c.width << "x" << c.depth << " (patch " << c.patch << ", " << c.image_size << " px, " << c.heads
+    << " heads, mlp " << c.mlp_dim << ", posemb " << c.posemb << "), decoder " << c.dec_width << "x" << c.dec_depth
+    << " (" << c.dec_heads << " heads, mlp " << c.dec_mlp_dim << (c.decoder_bias ? "" : ", no biases")
+    << "), vocab " << c.vocab << ", max_len " << c.max_len;
+  return s.str();
+}
+
+// ---- leaf modules ------------------------------------------------------------------------
+
+void NormImpl::reset() {
+  weight = register_parameter("weight", torch::ones({dim_}));
+  if (has_bias_) bias = register_parameter("bias", torch::zeros({dim_}));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, bias, 1e-6); }
+
+void MlpImpl::reset() {
+  fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(dim_, hidden_).bias(bias_)));
+  fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(hidden_, dim_).bias(bias_)));
+}
+
+namespace {
+
+// [B, L, heads*hd] -> [B, heads, L, hd]
+torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
+  return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
+}
+
+// softmax(q k^T / sqrt(hd) + bias) v over [B, H, L, hd] -> [B, L, H*hd]
+torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& bias) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  torch::Tensor out;
+  if (fused_attention_available(q)) {
+    out = fused_attention(q, k, v, bias, /*causal=*/false, scale);
+  } else {
+    torch::Tensor s = torch::matmul(q, k.transpose(-2, -1)) * scale;
+    if (bias.defined()) s = s + bias.to(s.scalar_type());
+    out = torch::matmul(torch::softmax(s, -1), v);
+  }
+  return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
+}
+
+}  // namespace
+
+void EncoderAttentionImpl::reset() {
+  qkv = register_module("qkv", torch::nn::Linear(dim_, 3 * dim_));
+  proj = register_module("proj", torch::nn::Linear(dim_, dim_));
+}
+
+torch::Tensor EncoderAttentionImpl::forward(const torch::Tensor& x) {
+  auto parts = qkv(x).chunk(3, -1);
+  return proj(attend(split_heads(parts[0], heads_), split_heads(parts[1], heads_), split_heads(parts[2], heads_), {}));
+}
+
+void EncoderBlockImpl::reset() {
+  norm1 = register_module("norm1", Norm(dim_, true));
+  attn = register_module("attn", EncoderAttention(dim_, heads_));
+  norm2 = register_module("norm2", Norm(dim_, true));
+  mlp = register_module("mlp", Mlp(dim_, mlp_, true));
+}
+
+torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
+  x = x + attn(norm1(x));
+  return x + mlp(norm2(x));
+}
+
+void DecoderAttentionImpl::reset() {
+  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  q = register_module("q", lin(dim_, dim_));
+  k = register_module("k", lin(kv_dim_, dim_));
+  v = register_module("v", lin(kv_dim_, dim_));
+  proj = register_module("proj", lin(dim_, dim_));
+}
+
+torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& kv, const torch::Tensor& bias) {
+  return proj(attend(split_heads(q(x), heads_), split_heads(k(kv), heads_), split_heads(v(kv), heads_), bias));
+}
+
+void DecoderBlockImpl::reset() {
+  const bool b = c_.decoder_bias;
+  norm1 = register_module("norm1", Norm(c_.dec_width, b));
+  self_attn = register_module("self_attn", DecoderAttention(c_.dec_width, c_.dec_width, c_.dec_heads));
+  norm2 = register_module("norm2", Norm(c_.dec_width, b));
+  cross_attn = register_module("cross_attn", DecoderAttention(c_.dec_width, c_.width, c_.dec_heads));
+  norm3 = register_module("norm3", Norm(c_.dec_width, b));
+  mlp = register_module("mlp", Mlp(c_.dec_width, c_.dec_mlp_dim, b));
+}
+
+torch::Tensor DecoderBlockImpl::forward(torch::Tensor x, const torch::Tensor& encoded, const torch::Tensor& self_bias) {
+  torch::Tensor h = norm1(x);
+  x = x + self_attn(h, h, self_bias);
+  x = x + cross_attn(norm2(x), encoded, torch::Tensor());
+  return x + mlp(norm3(x));
+}
+
+// ---- encoder and decoder -----------------------------------------------------------------
+
+namespace {
+
+// big_vision's posemb_sincos_2d: for a gh x gw grid, W/4 frequencies omega_k = 1/10000^(k/(W/4-1)),
+// [sin(x w), cos(x w), sin(y w), cos(y w)] per token (x the column, y the row). [1, N, W]
+torch::Tensor sincos2d(int64_t gh, int64_t gw, int64_t width) {
+  const int64_t q = width / 4;
+  torch::Tensor omega = torch::arange(q, torch::kDouble) / std::max<int64_t>(q - 1, 1);
+  omega = 1.0 / torch::pow(10000.0, omega);
+  torch::Tensor y = torch::arange(gh, torch::kDouble).repeat_interleave(gw);
+  torch::Tensor x = torch::arange(gw, torch::kDouble).repeat({gh});
+  torch::Tensor xo = x.unsqueeze(1) * omega.unsqueeze(0), yo = y.unsqueeze(1) * omega.unsqueeze(0);
+  return torch::cat({xo.sin(), xo.cos(), yo.sin(), yo.cos()}, 1).to(torch::kFloat).unsqueeze(0);
+}
+
+}  // namespace
+
+void PatchEmbedImpl::reset() {
+  proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(channels_, width_, patch_).stride(patch_)));
+}
+
+void EncoderImpl::reset() {
+  patch_embed = register_module("patch_embed", PatchEmbed(c_.channels, c_.width, c_.patch));
+  const int64_t g = c_.image_size / c_.patch;
+  if (c_.posemb == "learn")
+    pos_embed = register_parameter("pos_embed", torch::zeros({1, g * g, c_.width}));
+  else
+    pos_embed = register_buffer("pos_embed", sincos2d(g, g, c_.width));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c_.depth; ++i) blocks->push_back(EncoderBlock(c_.width, c_.heads, c_.mlp_dim));
+  norm = register_module("norm", Norm(c_.width, true));
+}
+
+torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
+  if (images.dim() != 4 || images.size(1) != c_.channels || images.size(2) != c_.image_size ||
+      images.size(3) != c_.image_size)
+    throw std::runtime_error("cappa: images must be [batch, " + std::to_string(c_.channels) + ", " +
+                             std::to_string(c_.image_size) + ", " + std::to_string(c_.image_size) + "] (image_size " +
+                             std::to_string(c_.image_size) + "), got " + shape_str(images) +
+                             "; make the data node's size equal the model's image_size");
+  torch::Tensor x = patch_embed(images.to(pos_embed.scalar_type())).flatten(2).transpose(1, 2);  // [B, N, W]
+  x = x + pos_embed;
+  for (const auto& b : *blocks) x = b->as<EncoderBlockImpl>()->forward(x);
+  return norm(x);
+}
+
+void DecoderImpl::reset() {
+  embed = register_module("embed", torch::nn::Embedding(c_.vocab + 1, c_.dec_width));
+  pos_embed = register_parameter("pos_embed", torch::zeros({1, c_.max_len, c_.dec_width}));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c_.dec_depth; ++i) blocks->push_back(DecoderBlock(c_));
+  norm = register_module("norm", Norm(c_.dec_width, true));
+  head = register_module("head", torch::nn::Linear(c_.dec_width, c_.vocab));
+}
+
+torch::Tensor DecoderImpl::forward(const torch::Tensor& encoded, const torch::Tensor& ids, const torch::Tensor& parallel) {
+  if (ids.dim() != 2 || ids.size(1) < 1 || ids.size(1) > c_.max_len)
+    throw std::runtime_error("cappa: decoder inputs must be [batch, L] with 1 <= L <= max_len " +
+                             std::to_string(c_.max_len) + ", got " + shape_str(ids) +
+                             "; raise the model's max_len or lower the tokenizer's max_length");
+  const int64_t B = ids.size(0), L = ids.size(1);
+  torch::Tensor x = embed(ids.to(torch::kLong)) + pos_embed.narrow(1, 0, L);
+  const torch::Tensor bias = self_attention_bias(parallel, B, L, x.options());
+  for (const auto& b : *blocks) x = b->as<DecoderBlockImpl>()->forward(x, encoded, bias);
+  return head(norm(x));
+}
+
+CappaImpl::CappaImpl(Config c) : c_(std::move(c)) {
+  c_.check();
+  reset();
+}
+
+void CappaImpl::reset() {
+  encoder = register_module("encoder", Encoder(c_));
+  decoder = register_module("decoder", Decoder(c_));
+}
+
+torch::Tensor CappaImpl::forward_batch(const TensorMap& batch) {
+  auto get = [&](const char* k, bool required) {
+    auto it = batch.find(k);
+    if (it == batch.end() || !it->second.defined()) {
+      if (!required) return torch::Tensor();
+      std::string have;
+      for (const auto& [key, _] : batch) have += (have.empty() ? "" : ", ") + key;
+      throw std::runtime_error(std::string("cappa: the batch has no '") + k + "' (it has {" + have + "})");
+    }
+    return it->second;
+  };
+  const torch::Tensor ids = decoder_inputs(get("decoder_input", true), get("decoder_masked", false), c_.vocab);
+  return decode(encode(get("image", true)), ids, get("parallel", false));
+}
+
+torch::Tensor decoder_inputs(const torch::Tensor& ids, const torch::Tensor& masked, int64_t vocab) {
+  if (!masked.defined()) return ids;
+  if (!masked.sizes().equals(ids.sizes()))
+    throw std::runtime_error("cappa: decoder_masked " + shape_str(masked) + " must be shaped like the inputs " +
+                             shape_str(ids));
+  return torch::where(masked.to(torch::kBool), torch::full_like(ids, vocab), ids);
+}
+
+torch::Tensor self_attention_bias(const torch::Tensor& parallel, int64_t B, int64_t L, const torch::TensorOptions& o) {
+  torch::Tensor causal = torch::full({L, L}, -std::numeric_limits<float>::infinity(), o).triu(1);
+  if (!parallel.defined()) return causal.view({1, 1, L, L}).expand({B, 1, L, L});
+  const torch::Tensor par = parallel.to(o.device(), torch::kBool).view({B, 1, 1, 1});
+  return torch::where(par, torch::zeros({1, 1, L, L}, o), causal.view({1, 1, L, L}));
+}
+
+// ---- init, load, state -------------------------------------------------------------------
+
+namespace {
+
+// x ~ N(0, std^2) truncated to +-2 std (redrawn), as flax's truncated_normal.
+void truncated_normal_(torch::Tensor t, double std, at::Generator& g) {
+  torch::Tensor v = torch::randn(t.sizes(), g, torch::TensorOptions().dtype(torch::kFloat));
+  for (torch::Tensor bad = v.abs() > 2.0; bad.any().item<bool>(); bad = v.abs() > 2.0)
+    v = torch::where(bad, torch::randn(t.sizes(), g, torch::TensorOptions().dtype(torch::kFloat)), v);
+  t.copy_(v * std);
+}
+
+void xavier_uniform_(torch::Tensor w, at::Generator& g) {  // w [out, in]
+  const double a = std::sqrt(6.0 / static_cast<double>(w.size(0) + w.size(1)));
+  w.copy_(torch::rand(w.sizes(), g) * (2 * a) - a);
+}
+
+void lecun_normal_(torch::Tensor w, int64_t fan_in, at::Generator& g) {
+  truncated_normal_(w, std::sqrt(1.0 / static_cast<double>(fan_in)) / 0.87962566103423978, g);
+}
+
+}  // namespace
+
+void init_weights(CappaImpl& m, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator g = make_cpu_generator(mix_seed({seed, kSeedTagInit}));
+  const Config& c = m.config();
+  auto& e = *m.encoder;
+  lecun_normal_(e.patch_embed->proj->weight, c.channels * c.patch * c.patch, g);
+  e.patch_embed->proj->bias.zero_();
+  if (c.posemb == "learn") e.pos_embed.copy_(torch::randn(e.pos_embed.sizes(), g) / std::sqrt(double(c.width)));
+  auto mlp_init = [&](MlpImpl& mlp) {
+    for (auto* lin : {&mlp.fc1, &mlp.fc2}) {
+      xavier_uniform_((*lin)->weight, g);
+      if ((*lin)->bias.defined()) (*lin)->bias.copy_(torch::randn((*lin)->bias.sizes(), g) * 1e-6);
+    }
+  };
+  for (const auto& b : *e.blocks) {
+    auto& blk = *b->as<EncoderBlockImpl>();
+    for (int64_t j = 0; j < 3; ++j) xavier_uniform_(blk.attn->qkv->weight.narrow(0, j * c.width, c.width), g);
+    blk.attn->qkv->bias.zero_();
+    xavier_uniform_(blk.attn->proj->weight, g);
+    blk.attn->proj->bias.zero_();
+    mlp_init(*blk.mlp);
+  }
+  auto& d = *m.decoder;
+  d.embed->weight.copy_(torch::randn(d.embed->weight.sizes(), g));
+  d.pos_embed.copy_(torch::randn(d.pos_embed.sizes(), g) / std::sqrt(double(c.dec_width)));
+  for (const auto& b : *d.blocks) {
+    auto& blk = *b->as<DecoderBlockImpl>();
+    for (auto* a : {&blk.self_attn, &blk.cross_attn})
+      for (auto* lin : {&(*a)->q, &(*a)->k, &(*a)->v, &(*a)->proj}) lecun_normal_((*lin)->weight, (*lin)->weight.size(1), g);
+    mlp_init(*blk.mlp);
+  }
+  d.head->weight.zero_();
+  d.head->bias.zero_();
+  // Norms: ones and zeros, as constructed.
+}
+
+void load_safetensors(CappaImpl& model, const std::string& path) {
+  LoadByNameOptions o;
+  o.model = "cappa (" + describe(model.config()) + ")";
+  // A sincos2d position table is a fixed function of the config, not a weight.
+  o.optional = [&](const std::string& n) { return model.config().posemb == "sincos2d" && n == "encoder.pos_embed"; };
+  load_by_name(model, safetensors::load(path).tensors, path, o);
+}
+
+std::shared_ptr<ModelState> make_state(Cappa model) {
+  ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
+    auto* c = m.as<CappaImpl>();
+    if (!c) throw std::runtime_error("cappa: the model's module is not a CapPa");
+    return c->forward_batch(batch);
+  };
+  return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "cappa");
+}
+
+CappaImpl& module_of(ModelState& state) {
+  auto* c = state.module ? state.module->as<CappaImpl>() : nullptr;
+  if (!c) throw std::runtime_error("model '" + state.kind + "' is not a cappa model (its params must come from a cappa node)");
+  return *c;
+}
+
+torch::Tensor greedy_decode(CappaImpl& model, const torch::Tensor& images, const torch::Tensor& start, int64_t steps,
+                            int64_t eos) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor encoded = model.encode(images);
+  torch::Tensor seq = start.to(encoded.device(), torch::kLong).view({-1, 1});
+  torch::Tensor done = torch::zeros({seq.size(0)}, seq.options().dtype(torch::kBool));
+  for (int64_t t = 0; t < steps; ++t) {
+    const torch::Tensor logits = model.decode(encoded, seq);  // causal
+    torch::Tensor next = logits.select(1, logits.size(1) - 1).argmax(-1);
+    next = torch::where(done, torch::full_like(next, eos), next);
+    done = done | (next == eos);
+    seq = torch::cat({seq, next.unsqueeze(1)}, 1);
+  }
+  return seq.narrow(1, 1, steps);
+}
+
+torch::Tensor parallel_decode(CappaImpl& model, const torch::Tensor& images, int64_t steps) {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor encoded = model.encode(images);
+  const int64_t B = encoded.size(0);
+  const torch::Tensor ids = torch::full({B, steps}, model.config().vocab, encoded.options().dtype(torch::kLong));
+  const torch::Tensor parallel = torch::ones({B}, encoded.options().dtype(torch::kBool));
+  return model.decode(encoded, ids, parallel).argmax(-1);
+}
+
+}  // namespace flowrun::cappa

@@ -1,0 +1,70 @@
+// cappa: a CapPa image captioner (ViT encoder + parallel-prediction decoder) node; owns its
+// parameters, no per-step work. The module: models/cappa.hpp. Schema: schemas/cappa.yaml.
+// Test: tests/nodes/cappa_test.cpp.
+#include <spdlog/spdlog.h>
+
+#include "common/device.hpp"
+#include "common/memory.hpp"
+#include "encode/text_tokenizer.hpp"
+#include "models/cappa.hpp"
+#include "registry.hpp"
+
+namespace flowrun::cappa {
+
+namespace {
+
+class CappaNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    Config c;
+    p.read<int64_t>({{"image_size", &c.image_size}, {"patch", &c.patch}, {"channels", &c.channels},
+                     {"width", &c.width}, {"depth", &c.depth}, {"heads", &c.heads}, {"mlp_dim", &c.mlp_dim},
+                     {"dec_width", &c.dec_width}, {"dec_depth", &c.dec_depth}, {"dec_heads", &c.dec_heads},
+                     {"dec_mlp_dim", &c.dec_mlp_dim}});
+    c.posemb = p.get<std::string>("posemb");
+    c.decoder_bias = p.get<bool>("decoder_bias");
+    // The vocabulary and caption length, stated once: the tokenizer's unless given here.
+    const TextTokenizer* tok = ctx.connected("tokenizer") ? &ctx.state_as<TextTokenizer>("tokenizer") : nullptr;
+    auto from_tokenizer = [&](const char* key, int64_t tok_value, int64_t* to) {
+      if (p.has(key))
+        *to = p.get<int64_t>(key);
+      else if (tok)
+        *to = tok_value;
+      else
+        throw std::runtime_error(ctx.who() + ": " + key + " is null and no tokenizer is connected; connect one (in: { tokenizer: tok.tokenizer }) or set " + ctx.name() + "." + key);
+    };
+    from_tokenizer("vocab", tok ? tok->vocab_size() : 0, &c.vocab);
+    from_tokenizer("max_len", tok ? tok->max_length() - 1 : 0, &c.max_len);  // inputs: every token but the last
+    try {
+      c.check();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    check_model_fits(ctx.who(), describe(c), c.parameter_count());
+    Cappa model(c);
+    std::string from;
+    if (p.has("weights")) {
+      const std::string path = p.get<std::string>("weights");
+      load_safetensors(*model, path);
+      from = "weights from " + path;
+    } else {
+      const uint64_t seed = node_seed(ctx);
+      init_weights(*model, seed);
+      from = "big_vision init, seed " + std::to_string(seed);
+    }
+    int64_t n = 0;
+    for (const auto& t : model->parameters()) n += t.numel();
+    if (ctx.run().rank == 0)
+      spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(c), from);
+    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
+    ctx.own_state("params", make_state(model));
+  }
+
+  void run(StepContext&) override {}  // parameters change only through the optimizer
+};
+
+}  // namespace
+}  // namespace flowrun::cappa
+
+FLOWRUN_NODE(cappa, flowrun::cappa::CappaNode)
