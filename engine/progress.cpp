@@ -11,7 +11,7 @@ namespace flowrun {
 
 Progress::Progress(int64_t first, int64_t last, int log_every, const std::string& mode)
     : first_(first), last_(last), log_every_(log_every) {
-  tty_ = isatty(fileno(stderr)) != 0;
+  tty_ = isatty(fileno(stderr)) != 0 && !log_is_json();  // JSON logs: plain log lines only
   enabled_ = mode == "on" || (mode == "auto" && tty_);
   t0_ = last_draw_ = std::chrono::steady_clock::now();
 }

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include "comm.hpp"
@@ -115,8 +116,16 @@ bool load(const std::string& file, const std::vector<std::string>& overrides, Gr
     out = load_graph(file, overrides, Registry::global());
     return true;
   } catch (const GraphError& e) {
-    std::fputs(e.diagnostics().str().c_str(), stderr);
-    std::fprintf(stderr, "%s: %zu error%s\n", file.c_str(), e.diagnostics().size(), e.diagnostics().size() == 1 ? "" : "s");
+    const std::string count = fmt::format("{}: {} error{}", file, e.diagnostics().size(), e.diagnostics().size() == 1 ? "" : "s");
+    if (log_is_json()) {  // for log collectors: each diagnostic one error line
+      std::stringstream lines(e.diagnostics().str());
+      for (std::string l; std::getline(lines, l);)
+        if (!l.empty()) spdlog::error("{}", l);
+      spdlog::error("{}", count);
+    } else {
+      std::fputs(e.diagnostics().str().c_str(), stderr);
+      std::fprintf(stderr, "%s\n", count.c_str());
+    }
     return false;
   }
   // The checker reports problems as diagnostics; anything else is a flowrun bug, but still an

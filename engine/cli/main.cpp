@@ -22,7 +22,7 @@ static const char* kUsage =
     "       flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text files\n"
     "       flowrun COMMAND --help                              help for one command\n"
     "\n"
-    "environment: FLOWRUN_PLUGIN_PATH (':'-separated plugin files or folders), FLOWRUN_LOG (debug, info, warn)\n"
+    "environment: FLOWRUN_PLUGIN_PATH (':'-separated plugin files or folders), FLOWRUN_LOG (a level: debug, info, warn, ...; json: one JSON object per log line)\n"
     "exit codes: 0 ok, 1 a node failed, 2 invalid graph file, usage or out_dir in use,\n"
     "            128 + signal when stopped by one: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1\n";
 
@@ -44,7 +44,12 @@ static int dispatch(const std::vector<std::string>& args);
 int main(int argc, char** argv) {
   keep_freed_memory();
   std::vector<std::string> args(argv + 1, argv + argc);
-  flowrun::setup_logging(0, 1);
+  try {
+    flowrun::setup_logging(0, 1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flowrun: %s\n", e.what());
+    return 2;
+  }
   // Under mpirun/srun: join the MPI world (every log line then carries the rank).
   try {
     flowrun::comm::init(&argc, &argv);

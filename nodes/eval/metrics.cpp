@@ -1,5 +1,6 @@
-// metrics: logs named scalars to OUT_DIR/metrics.jsonl and the console.
-// Schema: schemas/metrics.yaml. Test: tests/nodes/metrics_test.cpp.
+// metrics: logs named scalars to OUT_DIR/metrics.jsonl and the console, and with
+// `tensorboard: true` to OUT_DIR/tb/ (common/tfevents.hpp).
+// Schema: schemas/metrics.yaml. Tests: tests/nodes/metrics_test.cpp, cli.tensorboard_events.
 //
 // Several ranks: every rank runs the node and reads its inputs at the same log points; one
 // all-reduce per log point (on the node's own channel) sums the numeric values and the
@@ -21,6 +22,7 @@
 
 #include "comm.hpp"
 #include "common/tensor_map.hpp"
+#include "common/tfevents.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -83,6 +85,7 @@ class MetricsNode : public Node {
     path_ = (dir / "metrics.jsonl").string();
     file_.open(path_, std::ios::out | std::ios::app);
     if (!file_) throw std::runtime_error(ctx.who() + ": cannot open " + path_ + " for writing: " + std::strerror(errno));
+    if (ctx.params().get<bool>("tensorboard")) tb_ = tfevents::EventFile::open((dir / "tb").string());
   }
 
   void run(StepContext& ctx) override {
@@ -136,11 +139,20 @@ class MetricsNode : public Node {
     if (!file_)
       throw std::runtime_error(ctx.who() + ": writing " + path_ + " failed: " +
                                (errno ? std::strerror(errno) : "unknown reason") + " (disk full? out_dir removed?)");
+    if (tb_) {  // every number of the line as NODE/NAME; flushed so TensorBoard sees the step
+      std::vector<std::pair<std::string, double>> scalars;
+      for (const auto& [name, v] : j.items())
+        if (name != "step" && name != "time" && v.is_number()) scalars.emplace_back(ctx.name() + "/" + name, v.get<double>());
+      tb_->scalars(s, scalars);
+      tb_->flush();
+    }
     spdlog::info("{}", line);
   }
 
   void finish(ContextBase&) override {
     if (file_.is_open()) file_.close();
+    if (tb_) tb_->flush();
+    tb_.reset();
   }
 
  private:
@@ -179,6 +191,7 @@ class MetricsNode : public Node {
   Clock::time_point t0_, last_time_;
   std::string path_;
   std::ofstream file_;
+  std::shared_ptr<tfevents::EventFile> tb_;  // rank 0 with tensorboard: true
 };
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "data/image_tensor.hpp"
 #include "encode/text_encode.hpp"
 #include "common/seed.hpp"
+#include "common/tfevents.hpp"
 #include "encode/tokenize.hpp"
 #include "encode/vae_encode.hpp"
 #include "registry.hpp"
@@ -130,6 +131,8 @@ class SamplerNode : public Node {
     width_ = p.get<int64_t>("width");
     channels_ = p.get<int64_t>("channels");
     seed_ = p.get<int64_t>("seed");
+    if (p.get<bool>("tensorboard") && ctx.run().rank == 0)
+      tb_ = tfevents::EventFile::open(ctx.run().out_dir + "/tb");
     const Objective& objective = ctx.state_as<Objective>("objective");
     const auto* diffusion = dynamic_cast<const DiffusionLoss*>(&objective);
     if (!diffusion)
@@ -204,7 +207,12 @@ class SamplerNode : public Node {
     std::snprintf(name, sizeof name, "step_%07lld.png", static_cast<long long>(ctx.step()));
     const std::string dir = ctx.run().out_dir + "/samples";
     std::filesystem::create_directories(dir);
-    write_png(dir + "/" + name, zoom(sample_grid(img, per_prompt_), static_cast<int>(zoom_)));
+    const Image grid = zoom(sample_grid(img, per_prompt_), static_cast<int>(zoom_));
+    write_png(dir + "/" + name, grid);
+    if (tb_) {  // the same PNG as an image summary, tagged by the node's name
+      tb_->image(ctx.step(), ctx.name(), encode_png(grid), grid.h, grid.w, grid.c);
+      tb_->flush();
+    }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     spdlog::info("{} step {}: wrote {}/{} ({} prompts x {}, {} DDIM steps, guidance {}, {:.1f} s)", ctx.name(),
                  ctx.step(), dir, name, prompts_.size(), per_prompt_, steps_, guidance_, s);
@@ -217,6 +225,7 @@ class SamplerNode : public Node {
   diffusion::NoiseSchedule schedule_;
   diffusion::Prediction prediction_ = diffusion::Prediction::eps;
   vae::AutoencoderKL vae_{nullptr};  // decoder part, when `vae` is given
+  std::shared_ptr<tfevents::EventFile> tb_;  // rank 0 with tensorboard: true
 };
 
 }  // namespace

@@ -16,6 +16,16 @@ expect_code() {
   [ "$got" = "$want" ] || { cat "$tmp/out" >&2; fail "'$*' exited $got, expected $want"; }
 }
 expect_out() { grep -qF -- "$1" "$tmp/out" || { cat "$tmp/out" >&2; fail "output lacks: $1"; }; }
+# write_failing_graph FILE: a graph whose one node (a test plugin's) fails at step 4
+write_failing_graph() {
+  cat > "$1" <<YAML
+flowrun: 1
+run: { steps: 10, out_dir: "$tmp/failrun" }
+plugins: [ "$build/tests/plugins/libt_plugin_ok.so" ]
+nodes:
+  boom: { type: t_plugin_fail, with: { at: 4 } }
+YAML
+}
 # first and last "loss" in a metrics.jsonl
 loss_at() { grep -o '"loss":[0-9.eE+-]*' "$1" | sed -n "$2" | cut -d: -f2; }
 
@@ -140,13 +150,7 @@ objective_plugin)
   done
   ;;
 node_failure_exit_code)
-  cat > "$tmp/fail.yaml" <<YAML
-flowrun: 1
-run: { steps: 10, out_dir: "$tmp/failrun" }
-plugins: [ "$build/tests/plugins/libt_plugin_ok.so" ]
-nodes:
-  boom: { type: t_plugin_fail, with: { at: 4 } }
-YAML
+  write_failing_graph "$tmp/fail.yaml"
   expect_code 1 "$flowrun" "$tmp/fail.yaml"
   expect_out "node 'boom' (t_plugin_fail) failed at step 4: deliberate failure"
   ;;
@@ -249,6 +253,75 @@ out_dir_lock)
   kill -9 $pid; wait $pid 2>/dev/null
   # The lock died with its process: the next run goes ahead.
   expect_code 0 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/l"
+  ;;
+tensorboard_events)
+  # graphs/dit_base.yaml at a tiny size: two metrics nodes and the sampler write one event file
+  # (OUT_DIR/tb). tests/tools/read_tfevents.py, a reader written apart from the writer, checks
+  # every record's length and data CRC and each PNG, and decodes the events; every number of
+  # metrics.jsonl is there as a scalar NODE/NAME of its step, and the grid as an image of the
+  # PNG's size.
+  [ -f data/shapes/base.json ] || fail "data/shapes is missing: run scripts/data.sh"
+  expect_code 0 "$flowrun" graphs/dit_base.yaml run.out_dir="$tmp/o" run.steps=6 run.log_every=2 run.progress=off \
+    log.tensorboard=true evlog.tensorboard=true sample.tensorboard=true data.batch=8 tok.max_length=12 text.dim=16 \
+    text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16 \
+    sample.steps=2 sample.per_prompt=1 sample.every=6 eval.every=3 evlog.every=3 eval.batch=8 eval.batches=1
+  [ "$(ls "$tmp/o/tb" | wc -l)" = 1 ] || { ls -l "$tmp/o/tb" >&2; fail "expected one event file in OUT_DIR/tb"; }
+  python3 tests/tools/read_tfevents.py "$tmp/o/tb" > "$tmp/events" || fail "the event file does not read back"
+  python3 - "$tmp/events" "$tmp/o/metrics.jsonl" "$tmp/o/samples/step_0000006.png" <<'PY' || fail "events differ from metrics.jsonl"
+import json, struct, sys
+node = {"loss": "log", "val_loss": "evlog"}  # which metrics node logged a line, by its input
+events = [json.loads(l) for l in open(sys.argv[1])]
+assert events[0].get("file_version") == "brain.Event:2", events[0]
+scalars = {}
+for e in events:
+    for tag, v in e["scalars"].items():
+        scalars[(e["step"], tag)] = v
+n = 0
+for line in open(sys.argv[2]):
+    j = json.loads(line)
+    prefix = next(node[k] for k in j if k in node)
+    for k, v in j.items():
+        if k in ("step", "time") or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        got = scalars.pop((j["step"], prefix + "/" + k))
+        assert abs(got - v) <= 1e-6 * max(1.0, abs(v)), (j["step"], k, got, v)
+        n += 1
+assert not scalars, "scalars not in metrics.jsonl: %s" % scalars
+assert n >= 3 * 5 + 2 * 2, n  # 3 training lines (loss lr grad_norm skipped steps_per_s), 2 val lines
+images = [(e["step"], t, i) for e in events for t, i in e["images"].items()]
+w, h = struct.unpack(">II", open(sys.argv[3], "rb").read()[16:24])
+assert images == [(6, "sample", images[0][2])], images
+i = images[0][2]
+assert (i["width"], i["height"], i["colorspace"]) == (w, h, 3), (i, w, h)
+print("ok: %d scalars, image %dx%d" % (n, w, h))
+PY
+  ;;
+json_logs)
+  # FLOWRUN_LOG=json: every stderr line of a run is one JSON object (time, level, rank, msg),
+  # the progress among them; a failure is an error line; an unknown word is refused.
+  FLOWRUN_LOG=json expect_code 0 "$flowrun" graphs/regression.yaml run.steps=20 run.log_every=10 run.progress=on \
+    run.out_dir="$tmp/j \"q\""$'\t'"b"   # a quote and a tab in a logged path
+  python3 - "$tmp/out" <<'PY' || { cat "$tmp/out" >&2; fail "a line is not a JSON log object"; }
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+objs = [json.loads(l) for l in lines]
+for o in objs:
+    assert list(o) == ["time", "level", "rank", "msg"] and o["rank"] == 0, o
+    assert o["time"].endswith("Z") and o["time"][10] == "T", o
+msgs = [o["msg"] for o in objs]
+assert any(m.startswith("step 10/20 | ") for m in msgs), msgs   # the progress line, logged
+assert any(m.startswith("done: 20 steps") for m in msgs), msgs
+assert any('j "q"\tb' in m for m in msgs), msgs
+PY
+  write_failing_graph "$tmp/fail.yaml"
+  FLOWRUN_LOG=json,debug expect_code 1 "$flowrun" "$tmp/fail.yaml"
+  python3 -c 'import json,sys; o=[json.loads(l) for l in open(sys.argv[1])]; assert any(x["level"]=="error" for x in o); assert any(x["level"]=="debug" for x in o)' "$tmp/out" \
+    || { cat "$tmp/out" >&2; fail "no JSON error/debug lines"; }
+  FLOWRUN_LOG=json expect_code 2 "$flowrun" graphs/regression.yaml run.stesp=5
+  python3 -c 'import json,sys; o=[json.loads(l) for l in open(sys.argv[1])]; assert any("stesp" in x["msg"] for x in o)' "$tmp/out" \
+    || { cat "$tmp/out" >&2; fail "graph errors are not JSON lines"; }
+  FLOWRUN_LOG=verbose expect_code 2 "$flowrun" graphs/regression.yaml run.steps=5
+  expect_out "FLOWRUN_LOG: unknown word 'verbose'"
   ;;
 trace_unwritable)
   expect_code 2 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/t" run.trace=/proc/nope/trace.json
