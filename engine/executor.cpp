@@ -84,6 +84,7 @@ struct Instance {
   // Device streams only: this instance's event, and those its stream waits for first.
   std::shared_ptr<Recorded> rec;
   std::vector<std::shared_ptr<Recorded>> device_waits;
+  TraceDeps trace_deps;  // with a tracer: what admission made it wait for (node name, step)
 };
 
 struct StepSlot {
@@ -331,7 +332,9 @@ struct Executor::Impl : ExecutorCore {
       streams->end(rt.stream);
       i->rec->event = streams->record(rt.stream);  // before complete(): waiters see it set
     });
-    if (tracer) tracer->span(rt.spec->name, rt.spec->type, t0, tracer->now_us(), i->step, rt.spec->stream);
+    if (tracer)
+      tracer->node_span(rt.spec->name, rt.spec->type, t0, tracer->now_us(), i->step, rt.spec->stream,
+                        std::move(i->trace_deps));
     complete(i);
   }
 
@@ -519,6 +522,10 @@ struct Executor::Impl : ExecutorCore {
           t.reads.clear();
         }
       }
+      if (tracer && tracer->records()) {
+        x.trace_deps.clear();
+        for (const auto& [d, stream] : deps) x.trace_deps.emplace_back(rts[d.node]->spec->name, d.step);
+      }
       // Device order: wait for the events of dependencies on other streams (a stream input's
       // items carry their own events; its end is host order only).
       if (streams)
@@ -602,7 +609,7 @@ struct Executor::Impl : ExecutorCore {
         streams->end(rt->stream);
         streams->synchronize_all();
       });
-      if (tracer) tracer->span(rt->spec->name, rt->spec->type, t0, tracer->now_us(), s, rt->spec->stream);
+      if (tracer) tracer->node_span(rt->spec->name, rt->spec->type, t0, tracer->now_us(), s, rt->spec->stream, {});
     }
   }
 

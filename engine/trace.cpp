@@ -26,13 +26,42 @@ static int thread_id() {
 
 void Tracer::span(const std::string& name, const std::string& cat, double t0_us, double t1_us, int64_t step,
                   const std::string& stream) {
-  if (!enabled_) return;
+  if (!record_) return;
   std::lock_guard<std::mutex> l(mu_);
   events_.push_back({'X', name, cat, stream, t0_us, t1_us - t0_us, thread_id(), step, 0});
 }
 
+void Tracer::node_span(const std::string& node, const std::string& type, double t0_us, double t1_us, int64_t step,
+                       const std::string& stream, TraceDeps deps) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (tally_) {
+    auto& [us, runs] = tally_us_[node];
+    us += t1_us - t0_us;
+    ++runs;
+  }
+  if (record_)
+    events_.push_back({'X', node, type, stream, t0_us, t1_us - t0_us, thread_id(), step, 0, true, std::move(deps)});
+}
+
+Tracer::Busiest Tracer::take_busiest() {
+  std::lock_guard<std::mutex> l(mu_);
+  Busiest b;
+  for (const auto& [node, t] : tally_us_)
+    if (t.first > b.us) b = {node, t.first, t.second};
+  tally_us_.clear();
+  return b;
+}
+
+std::vector<TraceSpan> Tracer::node_spans() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<TraceSpan> out;
+  for (const auto& e : events_)
+    if (e.node) out.push_back({e.name, e.cat, e.stream, e.step, e.ts, e.ts + e.dur, e.tid, e.deps});
+  return out;
+}
+
 void Tracer::counter(const std::string& name, double value) {
-  if (!enabled_) return;
+  if (!record_) return;
   double t = now_us();
   std::lock_guard<std::mutex> l(mu_);
   events_.push_back({'C', name, "counter", "", t, 0, 0, -1, value});
@@ -67,6 +96,12 @@ void Tracer::write(const std::string& path) const {
         o << "{\"ph\":\"X\",\"name\":\"" << esc(e.name) << "\",\"cat\":\"" << esc(e.cat) << "\",\"pid\":" << pid_
           << ",\"tid\":" << e.tid << "," << buf << ",\"args\":{\"step\":" << e.step;
         if (!e.stream.empty()) o << ",\"stream\":\"" << esc(e.stream) << "\"";
+        if (e.node) {  // what it waited for: [["data",5],["opt",4]]
+          o << ",\"deps\":[";
+          for (size_t k = 0; k < e.deps.size(); ++k)
+            o << (k ? "," : "") << "[\"" << esc(e.deps[k].first) << "\"," << e.deps[k].second << "]";
+          o << "]";
+        }
         o << "}}";
       } else {
         std::snprintf(buf, sizeof buf, "\"ts\":%.3f", e.ts);

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "executor.hpp"
 #include "log.hpp"
 #include "plugin.hpp"
+#include "profile.hpp"
 #include "progress.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
@@ -265,7 +267,39 @@ const char* kRunUsage =
     "usage: flowrun [run] FILE [KEY=VALUE...] [--print-config]\n"
     "  KEY=VALUE   run.KEY=V sets a run setting (run.steps=50); NODE.PARAM=V a node parameter\n"
     "              (opt.lr=1e-3, model.lora.rank=8); NODE.every=N a node's schedule\n"
-    "  --print-config  print the resolved file (overrides, substitutions and defaults applied) and exit\n";
+    "  --print-config  print the resolved file (overrides, substitutions and defaults applied) and exit\n"
+    "where the time goes:\n"
+    "  run.profile=true     at the end, a table per node (runs, mean, p50, p95, max, total, share of wall\n"
+    "                       time, overlapped, waited on inputs), the critical path and the workers' idle\n"
+    "                       fraction; also OUT_DIR/profile.json\n"
+    "  run.trace=FILE       a Chrome trace (ui.perfetto.dev); flowrun dot --trace FILE GRAPH draws it\n"
+    "  NODE.tensorboard=true  metrics nodes (and the sampler) also write OUT_DIR/tb (TensorBoard)\n";
+
+// run.profile: the profile of this rank's node spans, logged (rank 0) and written as
+// OUT_DIR/profile.json (rank N > 0: profile.rankN.json), to a temporary name, then renamed.
+bool write_profile(const GraphSpec& g, const Tracer& tracer, const RunInfo& info) {
+  try {
+    const Profile p = make_profile(g, tracer.node_spans());
+    if (info.rank == 0) {
+      std::stringstream lines(profile_table(p));
+      for (std::string l; std::getline(lines, l);) spdlog::info("{}", l);
+    }
+    const fs::path dir = info.out_dir.empty() ? fs::path(".") : fs::path(info.out_dir);
+    const fs::path path = dir / (info.rank == 0 ? "profile.json" : "profile.rank" + std::to_string(info.rank) + ".json");
+    const std::string tmp = path.string() + ".tmp";
+    {
+      std::ofstream o(tmp);
+      o << profile_json(p);
+      if (!o) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
+    }
+    fs::rename(tmp, path);
+    spdlog::info("profile written to {}", path.string());
+    return true;
+  } catch (const std::exception& e) {
+    spdlog::error("run.profile: {}", e.what());
+    return false;
+  }
+}
 
 }  // namespace
 
@@ -333,7 +367,8 @@ int cmd_run(const std::vector<std::string>& args) {
     const fs::path p(trace_file);
     trace_file = (p.parent_path() / (p.stem().string() + ".rank" + std::to_string(info.rank) + p.extension().string())).string();
   }
-  tracer.enable(!trace_file.empty());
+  const bool profile = run["profile"].as<bool>();
+  tracer.enable(!trace_file.empty() || profile);
   // The trace is written at the end; a path that cannot be written is an error now, not then.
   if (!trace_file.empty()) {  // as Tracer::write will: create the folder, write TRACE.tmp
     const fs::path parent = fs::path(trace_file).parent_path();
@@ -373,7 +408,7 @@ int cmd_run(const std::vector<std::string>& args) {
     if (resume) restore(ex, g, *resume);
     sync_start_state(ex, g, *startup);
     Progress progress(info.first_step, info.last_step, info.log_every,
-                      info.rank == 0 ? run["progress"].as<std::string>() : "off");
+                      info.rank == 0 ? run["progress"].as<std::string>() : "off", &tracer);
     RunOptions opt = run_options(g);
     opt.tracer = &tracer;
     if (agree)
@@ -400,7 +435,8 @@ int cmd_run(const std::vector<std::string>& args) {
     code = 1;
   }
   handle_stop_signals(false);
-  if (tracer.enabled()) {
+  if (profile && !write_profile(g, tracer, info) && code == 0) code = 1;
+  if (!trace_file.empty()) {
     try {
       tracer.write(trace_file);
       spdlog::info("trace written to {} (open it in https://ui.perfetto.dev)", trace_file);
@@ -430,13 +466,37 @@ int cmd_validate(const std::vector<std::string>& args) {
 }
 
 int cmd_dot(const std::vector<std::string>& args) {
-  const char* usage = "usage: flowrun dot FILE [KEY=VALUE...]   e.g. flowrun dot graphs/gpt.yaml | dot -Tsvg > gpt.svg\n";
+  const char* usage =
+      "usage: flowrun dot [--trace TRACE] FILE [KEY=VALUE...]   e.g. flowrun dot graphs/gpt.yaml | dot -Tsvg > gpt.svg\n"
+      "  --trace TRACE  label the graph with the times measured in TRACE (a run's run.trace=TRACE; under mpirun,\n"
+      "                 one rank's file): per node mean and p95 per run, share of the wall time, overlap; per\n"
+      "                 edge the consumer's wait; the critical path of a typical step bold\n";
   if (wants_help(args)) return std::fputs(usage, stdout), 0;
-  FileArgs f = split_args(args);
+  std::vector<std::string> rest;
+  std::string trace;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--trace") {
+      if (i + 1 >= args.size()) return usage_error("dot", "--trace needs a file", usage);
+      trace = args[++i];
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  FileArgs f = split_args(rest);
   if (!f.error.empty()) return usage_error("dot", f.error, usage);
   GraphSpec g;
   if (!load(f.file, f.overrides, g)) return 2;
-  std::cout << to_dot(g, Registry::global());
+  if (trace.empty()) {
+    std::cout << to_dot(g, Registry::global());
+    return 0;
+  }
+  try {
+    const Profile p = make_profile(g, read_trace_file(trace));
+    std::cout << to_dot(g, Registry::global(), &p);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flowrun dot: %s\n", e.what());
+    return 2;
+  }
   return 0;
 }
 

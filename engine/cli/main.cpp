@@ -17,11 +17,13 @@
 static const char* kUsage =
     "usage: flowrun [run] FILE [KEY=VALUE...] [--print-config]   run a graph (overrides: run.steps=50, opt.lr=1e-3)\n"
     "       flowrun validate FILE...                            check graph files, report every error, run nothing\n"
-    "       flowrun dot FILE [KEY=VALUE...]                     the graph as Graphviz dot\n"
+    "       flowrun dot [--trace TRACE] FILE [KEY=VALUE...]     the graph as Graphviz dot (with a run's measured times)\n"
     "       flowrun nodes [TYPE] [--plugin LIB.so]              list node types, or one type's ports and parameters\n"
     "       flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text files\n"
     "       flowrun COMMAND --help                              help for one command\n"
     "\n"
+    "where the time goes: run.profile=true (a table per node at the end), run.trace=FILE (Chrome trace),\n"
+    "                     NODE.tensorboard=true (metrics to TensorBoard); flowrun run --help\n"
     "environment: FLOWRUN_PLUGIN_PATH (':'-separated plugin files or folders), FLOWRUN_LOG (a level: debug, info, warn, ...; json: one JSON object per log line)\n"
     "exit codes: 0 ok, 1 a node failed, 2 invalid graph file, usage or out_dir in use,\n"
     "            128 + signal when stopped by one: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1\n";

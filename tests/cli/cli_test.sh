@@ -323,6 +323,51 @@ PY
   FLOWRUN_LOG=verbose expect_code 2 "$flowrun" graphs/regression.yaml run.steps=5
   expect_out "FLOWRUN_LOG: unknown word 'verbose'"
   ;;
+profile_and_dot_trace)
+  # graphs/regression.yaml with its reader slowed on purpose (synthetic_regression delay_ms:
+  # 60 ms a step, far above the rest of a step even on a busy machine; a serial node: it reads
+  # its steps in order): the progress line names it, the
+  # profile shows it as the bottleneck (largest share, first on the critical path, fb waiting on
+  # it), profile.json's totals are the trace's spans summed, and `dot --trace` puts it on the
+  # bold critical path with its mean within 10 % of the trace's spans; Graphviz renders it.
+  expect_code 0 "$flowrun" graphs/regression.yaml run.steps=30 run.log_every=10 run.progress=on data.delay_ms=60 \
+    run.out_dir="$tmp/p" run.trace="$tmp/p/trace.json" run.profile=true
+  expect_out "| slowest data "; expect_out "critical path ("; expect_out "profile written to $tmp/p/profile.json"
+  "$flowrun" dot --trace "$tmp/p/trace.json" graphs/regression.yaml > "$tmp/g.dot" 2> "$tmp/err" ||
+    { cat "$tmp/err" >&2; fail "dot --trace failed"; }
+  dot -Tsvg "$tmp/g.dot" > "$tmp/g.svg" && grep -q "<svg" "$tmp/g.svg" || fail "graphviz rejected the dot output"
+  python3 - "$tmp/p/trace.json" "$tmp/p/profile.json" "$tmp/g.dot" <<'PY' || fail "profile or dot --trace wrong"
+import json, re, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+spans = {}
+for e in events:
+    if e.get("ph") == "X" and "deps" in e.get("args", {}):
+        spans.setdefault(e["name"], []).append(e["dur"])
+prof = json.load(open(sys.argv[2]))
+for n in prof["nodes"]:
+    total_us = sum(spans[n["name"]])
+    assert n["runs"] == len(spans[n["name"]]), n
+    assert abs(n["total_s"] * 1e6 - total_us) <= 1e-3 * total_us + 1, (n, total_us)
+top = max(prof["nodes"], key=lambda n: n["share_of_wall"])
+assert top["name"] == "data" and top["share_of_wall"] > 0.8, top
+assert prof["critical_path"]["nodes"][0] == "data", prof["critical_path"]
+waits = {(w["from"], w["to"]): w["total_s"] for w in prof["waits"]}
+into_fb = {f: t for (f, to), t in waits.items() if to == "fb"}
+assert max(into_fb, key=into_fb.get) == "data", waits  # fb waited for the reader more than for anything else
+dot = open(sys.argv[3]).read()
+line = next(l for l in dot.splitlines() if l.strip().startswith('"data" [label='))
+assert "penwidth=3" in line, line
+mean_ms = float(re.search(r"mean ([0-9.]+) ms", line).group(1))
+trace_ms = sum(spans["data"]) / len(spans["data"]) / 1000
+assert abs(mean_ms - trace_ms) <= 0.1 * trace_ms and mean_ms >= 60, (mean_ms, trace_ms)
+assert re.search(r'"data" -> "fb" \[penwidth=3, label="batch, waited [0-9.]+ ms/run"', dot), dot
+print("ok: data mean %.2f ms (trace %.2f ms), critical path %s" % (mean_ms, trace_ms, prof["critical_path"]["nodes"]))
+PY
+  expect_code 2 "$flowrun" dot --trace "$tmp/p/trace.json" graphs/gpt.yaml
+  expect_out "are not the graph's"
+  expect_code 2 "$flowrun" dot --trace "$tmp/none.json" graphs/regression.yaml
+  expect_out "cannot read the trace $tmp/none.json"
+  ;;
 trace_unwritable)
   expect_code 2 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/t" run.trace=/proc/nope/trace.json
   expect_out "run.trace: cannot write /proc/nope/trace.json"

@@ -222,7 +222,7 @@ TEST(Check, DiagnosticFormat) {
   Loaded l = load_text("flowrun: 1\nrun: { stesp: 5 }\nnodes:\n  s: { type: t_source }\n");
   ASSERT_EQ(l.diags.size(), 1u);
   EXPECT_EQ(l.diags[0].str(), l.file + ":2:8: run.stesp: unknown parameter 'stesp' (did you mean 'steps'?); known: " +
-                                  "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, compute_thread, trace, progress, stop_grace_s, resume, comm_timeout_s");
+                                  "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, compute_thread, trace, profile, progress, stop_grace_s, resume, comm_timeout_s");
 }
 
 TEST(Check, StreamNamesAreFreeNamesAndDefaultIsTheDefaultStream) {

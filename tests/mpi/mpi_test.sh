@@ -52,10 +52,17 @@ equivalence)
 overlap_trace)
   # A model with several buckets and a backward long enough to see: bucket all-reduces must
   # start while forward_backward (backward) is still running.
+  # Each rank's trace and profile (run.profile) draws on the graph with `flowrun dot --trace`.
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/o" run.steps=6 run.trace="$tmp/trace.json" \
-    model.hidden=512 model.layers=4 data.batch=256 sync.bucket_mb=0.5 sync.first_bucket_mb=0.25
+    model.hidden=512 model.layers=4 data.batch=256 sync.bucket_mb=0.5 sync.first_bucket_mb=0.25 run.profile=true
   [ -f "$tmp/trace.json" ] && [ -f "$tmp/trace.rank1.json" ] || fail "expected one trace per rank"
   "$tool" trace-overlap "$tmp/trace.json" fb sync || fail "no bucket started before backward ended"
+  [ -f "$tmp/o/profile.json" ] && [ -f "$tmp/o/profile.rank1.json" ] || fail "expected one profile per rank"
+  expect_out "[rank 0] critical path ("
+  for t in "$tmp/trace.json" "$tmp/trace.rank1.json"; do
+    "$flowrun" dot --trace "$t" $graph > "$tmp/g.dot" 2>&1 || { cat "$tmp/g.dot" >&2; fail "dot --trace $t failed"; }
+    grep -q '"sync" \[label="sync : allreduce.*mean ' "$tmp/g.dot" || { cat "$tmp/g.dot" >&2; fail "sync not timed in $t"; }
+  done
   ;;
 throw_ends_job)
   start=$(date +%s)
