@@ -94,20 +94,30 @@ void shape_geometry(const ShapeSpec& s, int size, double* cx, double* cy, double
   *r = (s.large ? 0.19 : 0.11) * size;
 }
 
-Image render_shape(const ShapeSpec& s, int size) {
+std::vector<double> shape_coverage(const ShapeSpec& s, int size) {
   if (size < 8) throw std::invalid_argument("shapes: size must be >= 8, not " + std::to_string(size));
   double cx, cy, r;
   shape_geometry(s, size, &cx, &cy, &r);
-  const uint8_t* fg = shape_colors()[static_cast<size_t>(s.color)].rgb;
-  const uint8_t* bg = shape_colors()[static_cast<size_t>(s.background)].rgb;
-  Image img(size, size, 3);
+  std::vector<double> a(static_cast<size_t>(size) * size);
   constexpr int kSS = 4;
   for (int y = 0; y < size; ++y)
     for (int x = 0; x < size; ++x) {
       int hits = 0;
       for (int sy = 0; sy < kSS; ++sy)
         for (int sx = 0; sx < kSS; ++sx) hits += inside(s, cx, cy, r, x + (sx + 0.5) / kSS, y + (sy + 0.5) / kSS);
-      const double a = static_cast<double>(hits) / (kSS * kSS);
+      a[static_cast<size_t>(y) * size + x] = static_cast<double>(hits) / (kSS * kSS);
+    }
+  return a;
+}
+
+Image render_shape(const ShapeSpec& s, int size) {
+  const std::vector<double> cover = shape_coverage(s, size);
+  const uint8_t* fg = shape_colors()[static_cast<size_t>(s.color)].rgb;
+  const uint8_t* bg = shape_colors()[static_cast<size_t>(s.background)].rgb;
+  Image img(size, size, 3);
+  for (int y = 0; y < size; ++y)
+    for (int x = 0; x < size; ++x) {
+      const double a = cover[static_cast<size_t>(y) * size + x];
       uint8_t* p = img.at(x, y);
       for (int k = 0; k < 3; ++k) p[k] = static_cast<uint8_t>(std::lround(a * fg[k] + (1 - a) * bg[k]));
     }
@@ -157,6 +167,125 @@ int64_t write_shapes(const ShapesOptions& opt) {
   for (const auto& t : shapes_vocab()) v << t << "\n";
   if (!v) throw std::runtime_error(opt.out_dir + "/vocab.txt: write failed");
   return opt.count;
+}
+
+// ---- prompt fidelity ----------------------------------------------------------------------------
+
+ShapeSpec parse_shape_caption(const std::string& caption) {
+  auto bad = [&](const std::string& why) {
+    return std::invalid_argument("not a shapes caption: '" + caption + "': " + why +
+                                 " (expected e.g. 'a small red circle at the top left on a blue background')");
+  };
+  auto color = [&](const std::string& w) {
+    for (size_t i = 0; i < shape_colors().size(); ++i)
+      if (shape_colors()[i].name == w) return static_cast<int>(i);
+    throw bad("unknown color '" + w + "'");
+  };
+  std::istringstream in(caption);
+  std::vector<std::string> w;
+  for (std::string t; in >> t;) w.push_back(t);
+  // a SIZE COLOR KIND WHERE... on a COLOR background
+  if (w.size() < 8 || w[0] != "a" || w[w.size() - 1] != "background" || w[w.size() - 3] != "a" ||
+      w[w.size() - 4] != "on")
+    throw bad("not 'a SIZE COLOR SHAPE WHERE on a COLOR background'");
+  ShapeSpec s;
+  if (w[1] != "small" && w[1] != "large") throw bad("size '" + w[1] + "' is not small or large");
+  s.large = w[1] == "large";
+  s.color = color(w[2]);
+  s.kind = w[3];
+  if (std::find(shape_kinds().begin(), shape_kinds().end(), s.kind) == shape_kinds().end())
+    throw bad("unknown shape '" + s.kind + "'");
+  s.background = color(w[w.size() - 2]);
+  std::string where;  // "in the center", "on the left", "at the top left"
+  for (size_t i = 4; i + 4 < w.size(); ++i) where += (where.empty() ? "" : " ") + w[i];
+  s.position = -1;
+  for (size_t i = 0; i < shape_positions().size(); ++i) {
+    ShapeSpec t = s;
+    t.position = static_cast<int>(i);
+    if (shape_caption(t) == caption) s.position = static_cast<int>(i);
+  }
+  if (s.position < 0) throw bad("unknown place '" + where + "'");
+  return s;
+}
+
+namespace {
+
+double distance(const uint8_t* a, const double* b) {
+  double d = 0;
+  for (int k = 0; k < 3; ++k) d += (a[k] - b[k]) * (a[k] - b[k]);
+  return std::sqrt(d);
+}
+
+int nearest_color(const double* rgb) {
+  int best = 0;
+  double best_d = 1e30;
+  for (size_t i = 0; i < shape_colors().size(); ++i) {
+    const double d = distance(shape_colors()[i].rgb, rgb);
+    if (d < best_d) best_d = d, best = static_cast<int>(i);
+  }
+  return best;
+}
+
+}  // namespace
+
+ShapeScore score_shape_image(const Image& img, const ShapeSpec& want) {
+  if (img.w != img.h || img.c != 3 || img.w < 8)
+    throw std::invalid_argument("score_shape_image: expected a square RGB image of at least 8x8, got " +
+                                std::to_string(img.w) + "x" + std::to_string(img.h) + "x" + std::to_string(img.c));
+  const int n = img.w;
+  ShapeScore sc;
+  // Background: the per-channel median of the border pixels, named by the nearest palette color.
+  std::vector<uint8_t> border[3];
+  for (int i = 0; i < n; ++i)
+    for (const auto& [x, y] : {std::pair{i, 0}, std::pair{i, n - 1}, std::pair{0, i}, std::pair{n - 1, i}})
+      for (int k = 0; k < 3; ++k) border[k].push_back(img.at(x, y)[k]);
+  double bg[3];
+  for (int k = 0; k < 3; ++k) {
+    std::nth_element(border[k].begin(), border[k].begin() + border[k].size() / 2, border[k].end());
+    bg[k] = border[k][border[k].size() / 2];
+  }
+  sc.background = nearest_color(bg);
+  // The shape: pixels far from the background (half the distance between the two closest palette
+  // colors, gray and the others, is well above 60).
+  constexpr double kFar = 60;
+  auto far = [&](int x, int y) { return distance(img.at(x, y), bg) > kFar; };
+  int64_t shape_px = 0;
+  for (int y = 0; y < n; ++y)
+    for (int x = 0; x < n; ++x) shape_px += far(x, y);
+  // Its color at the prompted place: inside the small shape of the prompted kind there (which a
+  // large one covers too), the mean of the far pixels, if they are most of that region.
+  ShapeSpec small = want;
+  small.large = false;
+  const std::vector<double> core = shape_coverage(small, n);
+  double sum[3] = {0, 0, 0};
+  int64_t in_core = 0, far_core = 0;
+  for (int y = 0; y < n; ++y)
+    for (int x = 0; x < n; ++x) {
+      if (core[static_cast<size_t>(y) * n + x] < 1.0) continue;
+      ++in_core;
+      if (!far(x, y)) continue;
+      ++far_core;
+      for (int k = 0; k < 3; ++k) sum[k] += img.at(x, y)[k];
+    }
+  if (in_core > 0 && far_core * 2 > in_core) {
+    for (double& v : sum) v /= static_cast<double>(far_core);
+    sc.color = nearest_color(sum);
+  }
+  // Size: the shape's pixel count against the rendered small and large shape of that kind
+  // (the nearer one in ratio).
+  ShapeSpec large = want;
+  large.large = true;
+  double area_small = 0, area_large = 0;
+  for (double a : core) area_small += a;
+  for (double a : shape_coverage(large, n)) area_large += a;
+  if (shape_px > 0) {
+    const double px = static_cast<double>(shape_px);
+    sc.large = std::abs(std::log(px / area_large)) < std::abs(std::log(px / area_small)) ? 1 : 0;
+  }
+  sc.background_ok = sc.background == want.background;
+  sc.color_ok = sc.color == want.color;
+  sc.size_ok = sc.large == (want.large ? 1 : 0);
+  return sc;
 }
 
 namespace {

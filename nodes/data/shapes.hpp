@@ -47,6 +47,25 @@ std::string shape_caption(const ShapeSpec& s);
 void shape_geometry(const ShapeSpec& s, int size, double* cx, double* cy, double* r);
 // Renders an RGB size x size image (4x4 supersampled).
 Image render_shape(const ShapeSpec& s, int size);
+// The shape's coverage of each pixel (0..1, row-major size x size): what render_shape blends by.
+std::vector<double> shape_coverage(const ShapeSpec& s, int size);
+
+// Prompt fidelity: does an image (a generated sample) show what its caption asked for?
+//   background  the palette color nearest the per-channel median of the border pixels
+//   color       inside the small shape of the prompted kind at the prompted place (a large one
+//               covers it too), the palette color nearest the mean of the pixels far (> 60 in
+//               RGB) from the background, when they are most of that region; -1 otherwise
+//   size        large when the count of far pixels in the whole image is nearer (in ratio) to
+//               the rendered large shape's area than to the small one's; -1 when there are none
+// The shape's kind is not scored. Test: tests/nodes/shapes_fidelity_test.cpp.
+struct ShapeScore {
+  int background = -1, color = -1, large = -1;  // what the image shows (color indices)
+  bool background_ok = false, color_ok = false, size_ok = false;
+  int checks_ok() const { return background_ok + color_ok + size_ok; }  // of 3
+};
+ShapeScore score_shape_image(const Image& img, const ShapeSpec& want);
+// shape_caption's inverse; std::invalid_argument naming the caption and the word it does not know.
+ShapeSpec parse_shape_caption(const std::string& caption);
 // Every word either set can emit, in a fixed order; and the WordPiece vocab built from them.
 std::vector<std::string> shape_words();
 std::vector<std::string> shapes_vocab();
