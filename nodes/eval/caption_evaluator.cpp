@@ -89,8 +89,8 @@ class CaptionEvaluatorNode : public Node {
     const TextTokenizer& tok = ctx.state_as<TextTokenizer>("tokenizer");
     const c10::Device device = model_device(model);
     const int64_t n = std::min(opts_.batches, data.num_batches(opts_.split, opts_.batch, opts_.rank, opts_.world));
-    // Sums: loss x captions, captions, greedy correct, greedy exact, parallel correct, parallel exact, tokens, batches.
-    double sums[8] = {0, 0, 0, 0, 0, 0, 0, static_cast<double>(n)};
+    // Sums: loss x captions, captions, greedy correct, greedy exact, parallel correct, parallel exact, tokens.
+    double sums[7] = {0, 0, 0, 0, 0, 0, 0};
     std::vector<Sample> page;
     torch::NoGradGuard no_grad;
     for (int64_t i = 0; i < n; ++i) {
@@ -107,8 +107,9 @@ class CaptionEvaluatorNode : public Node {
       const torch::Tensor counted = mask.to(torch::kBool);
       const int64_t L = labels.size(1);
       const torch::Tensor& images = batch.at(loss_->options().image_key);
-      const torch::Tensor greedy = cappa::greedy_decode(net, images, loss_->start_tokens(batch.at("input_ids")), L, tok.eos_id());
-      const torch::Tensor parallel = cappa::parallel_decode(net, images, L);
+      const torch::Tensor encoded = net.encode(images);  // once, for both decoders
+      const torch::Tensor greedy = cappa::greedy_decode(net, encoded, loss_->start_tokens(batch.at("input_ids")), L, tok.eos_id());
+      const torch::Tensor parallel = cappa::parallel_decode(net, encoded, L);
       auto score = [&](const torch::Tensor& pred, double* correct, double* exact) {
         const torch::Tensor right = pred.eq(labels) | ~counted;  // positions not counted are right
         *correct += (pred.eq(labels) & counted).sum().item<double>();
@@ -122,7 +123,7 @@ class CaptionEvaluatorNode : public Node {
           page.push_back({png_data_uri(tensor_to_image(images[r])), caps[static_cast<size_t>(r)],
                           tok.decode(until_eos(greedy[r], tok.eos_id())), tok.decode(until_eos(parallel[r], tok.eos_id()))});
     }
-    comm::allreduce(*ch_, sums, 8, comm::Op::sum, "caption evaluation sums of step " + std::to_string(ctx.step()));
+    comm::allreduce(*ch_, sums, 7, comm::Op::sum, "caption evaluation sums of step " + std::to_string(ctx.step()));
     const double rows = std::max(sums[1], 1.0), tokens = std::max(sums[6], 1.0);
     const double loss = sums[0] / rows, acc = sums[2] / tokens, exact = sums[3] / rows;
     const double pacc = sums[4] / tokens, pexact = sums[5] / rows;

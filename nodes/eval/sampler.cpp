@@ -25,6 +25,7 @@
 #include "data/image_io.hpp"
 #include "data/image_tensor.hpp"
 #include "encode/text_encode.hpp"
+#include "common/files.hpp"
 #include "common/seed.hpp"
 #include "common/tfevents.hpp"
 #include "encode/tokenize.hpp"
@@ -208,9 +209,10 @@ class SamplerNode : public Node {
     const std::string dir = ctx.run().out_dir + "/samples";
     std::filesystem::create_directories(dir);
     const Image grid = zoom(sample_grid(img, per_prompt_), static_cast<int>(zoom_));
-    write_png(dir + "/" + name, grid);
-    if (tb_) {  // the same PNG as an image summary, tagged by the node's name
-      tb_->image(ctx.step(), ctx.name(), encode_png(grid), grid.h, grid.w, grid.c);
+    const std::string png = encode_png(grid);  // once: the file and the TensorBoard image
+    write_file_atomic(dir + "/" + name, png);
+    if (tb_) {  // tagged by the node's name
+      tb_->image(ctx.step(), ctx.name(), png, grid.h, grid.w, grid.c);
       tb_->flush();
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -330,10 +330,9 @@ CappaImpl& module_of(ModelState& state) {
   return *c;
 }
 
-torch::Tensor greedy_decode(CappaImpl& model, const torch::Tensor& images, const torch::Tensor& start, int64_t steps,
+torch::Tensor greedy_decode(CappaImpl& model, const torch::Tensor& encoded, const torch::Tensor& start, int64_t steps,
                             int64_t eos) {
   torch::NoGradGuard no_grad;
-  const torch::Tensor encoded = model.encode(images);
   torch::Tensor seq = start.to(encoded.device(), torch::kLong).view({-1, 1});
   torch::Tensor done = torch::zeros({seq.size(0)}, seq.options().dtype(torch::kBool));
   for (int64_t t = 0; t < steps; ++t) {
@@ -346,9 +345,8 @@ torch::Tensor greedy_decode(CappaImpl& model, const torch::Tensor& images, const
   return seq.narrow(1, 1, steps);
 }
 
-torch::Tensor parallel_decode(CappaImpl& model, const torch::Tensor& images, int64_t steps) {
+torch::Tensor parallel_decode(CappaImpl& model, const torch::Tensor& encoded, int64_t steps) {
   torch::NoGradGuard no_grad;
-  const torch::Tensor encoded = model.encode(images);
   const int64_t B = encoded.size(0);
   const torch::Tensor ids = torch::full({B, steps}, model.config().vocab, encoded.options().dtype(torch::kLong));
   const torch::Tensor parallel = torch::ones({B}, encoded.options().dtype(torch::kBool));

@@ -234,12 +234,13 @@ void load_safetensors(CappaImpl& model, const std::string& path);
 std::shared_ptr<ModelState> make_state(Cappa model);
 CappaImpl& module_of(ModelState& state);  // throws if the state is not a CapPa
 
+// Both decoders take the image tokens, `model.encode(images)`, so one encoding serves both.
 // Greedy autoregressive decoding: from `start` (int64 [B]) each next token is the argmax of
 // the logits at the last position, for `steps` tokens; rows that produced `eos` keep producing
 // it. -> [B, steps] (the tokens after the start). No gradients.
-torch::Tensor greedy_decode(CappaImpl& model, const torch::Tensor& images, const torch::Tensor& start, int64_t steps,
+torch::Tensor greedy_decode(CappaImpl& model, const torch::Tensor& encoded, const torch::Tensor& start, int64_t steps,
                             int64_t eos);
 // Parallel decoding: one pass over `steps` mask tokens without the causal mask. -> [B, steps].
-torch::Tensor parallel_decode(CappaImpl& model, const torch::Tensor& images, int64_t steps);
+torch::Tensor parallel_decode(CappaImpl& model, const torch::Tensor& encoded, int64_t steps);
 
 }  // namespace flowrun::cappa
