@@ -46,10 +46,10 @@ struct Enc {
   int64_t dim, layers, heads, ffn, max_length;
 };
 
-dit::Config dit_config(int64_t text_dim) {
+dit::Config dit_config(const Enc& e) {  // the graph's model (its other settings the schema's defaults)
   dit::Config c;
   c.patch = 4, c.in_channels = 3, c.hidden = 128, c.depth = 4, c.heads = 4, c.mlp_ratio = 4.0;
-  c.text_dim = text_dim, c.t5_dim = 0;
+  c.text_dim = e.dim, c.t5_dim = 0, c.text_len = e.max_length;
   return c;
 }
 
@@ -63,7 +63,7 @@ double hand_loop(const std::string& data, const std::string& vocab, const Enc& e
   bert::Bert b(bc);
   bert::init_weights(*b, kSeed);
   auto enc = make_text_encoder_state(b.ptr(), "bert");
-  dit::Dit m(dit_config(e.dim));
+  dit::Dit m(dit_config(e));
   dit::init_weights(*m, kSeed);
   auto model = dit::make_state(m);
   diffusion::Options objective_options;
@@ -98,7 +98,7 @@ double graph_run(const std::string& data, const std::string& vocab, const Enc& e
                       << ", max_length: " << e.max_length << " } }\n"
                       << "  text: { type: bert_encode, in: { tokens: tok.tokens }, with: { vocab: 128, dim: " << e.dim
                       << ", layers: " << e.layers << ", heads: " << e.heads << ", ffn: " << e.ffn << ", max_positions: 64 } }\n"
-                      << "  model: { type: dit, with: { patch: 4, in_channels: 3, hidden: 128, depth: 4, heads: 4, "
+                      << "  model: { type: dit, in: { tokenizer: tok.tokenizer }, with: { patch: 4, in_channels: 3, hidden: 128, depth: 4, heads: 4, "
                          "mlp_ratio: 4.0, text_dim: "
                       << e.dim << ", t5_dim: 0 } }\n"
                       << "  loss: { type: diffusion_loss, with: { x_key: image, prediction: v, cond_drop: 0.1 } }\n"

@@ -36,7 +36,8 @@ from PIL import Image  # python3-pil
 DIT_DEMO = dict(
     batch=32, size=32, max_length=16, vocab_txt="data/shapes/vocab.txt",                       # data, tok
     bert=dict(vocab=128, dim=64, layers=2, heads=4, ffn=128, max_positions=32, seed=7),       # text
-    dit=dict(patch=4, in_channels=3, hidden=128, depth=4, heads=4, mlp_ratio=4.0, text_dim=64),  # model (t5_dim 0)
+    dit=dict(patch=4, in_channels=3, hidden=128, depth=4, heads=4, mlp_ratio=4.0, text_dim=64,
+             text_len=16),  # model (t5_dim 0, learn_sigma false, no size/style conditioning; text_len = max_length)
     cond_drop=0.1, timesteps=1000, beta_start=0.00085, beta_end=0.012,                        # fb (scaled_linear, v)
     lr=2e-3, warmup=100, weight_decay=0.0, clip=1.0,                                          # opt (adamw, constant)
     ema_decay=0.999, ema_power=2.0 / 3.0,                                                     # ema (warmup: true)
@@ -294,7 +295,8 @@ class AdaNormContinuous(nn.Module):  # norm_out: LN(x, no affine) * (1 + scale) 
 
 class Attention(nn.Module):
     """qk-LayerNorm per head, 2-D RoPE on q (and on k for self-attention; the text keys of the
-    cross-attention are not rotated), additive key mask."""
+    cross-attention are not rotated); every key attended to (padded text tokens are learned
+    embeddings, HunyuanDiT's text_embedding_padding)."""
 
     def __init__(self, d, kv_dim, heads, cross):
         super().__init__()
@@ -381,6 +383,7 @@ class Dit(nn.Module):
     def __init__(self, c, cond_drop=0.0):
         super().__init__()
         self.c, self.cond_drop = c, cond_drop
+        self.text_embedding_padding = nn.Parameter(torch.zeros(c["text_len"], c["text_dim"]))
         self.pos_embed = PatchEmbed(c)
         self.time_extra_emb = TimeEmbed(c["hidden"])
         self.blocks = nn.ModuleList(DitBlock(c, i > c["depth"] // 2) for i in range(c["depth"]))
@@ -401,13 +404,13 @@ class Dit(nn.Module):
             drop = torch.rand(B, device=x.device) < self.cond_drop
             text = torch.where(drop[:, None, None], torch.zeros_like(text), text)
             text_mask = torch.where(drop[:, None], torch.ones_like(text_mask), text_mask)
-        bias = torch.zeros(text_mask.shape, device=x.device).masked_fill(text_mask == 0, -1e4)[:, None, None, :]
+        text = torch.where(text_mask[:, :, None].bool(), text, self.text_embedding_padding)  # padded -> learned rows
         h = self.pos_embed.proj(x).flatten(2).transpose(1, 2)  # [B, N, hidden], row-major patches
         temb = self.time_extra_emb.timestep_embedder(timestep_features(t))
         cos, sin = self.rope(gh, gw, x.device)
         d, skips = self.c["depth"], []
         for i, blk in enumerate(self.blocks):
-            h = blk(h, temb, text, bias, cos, sin, skips.pop() if blk.has_skip else None)
+            h = blk(h, temb, text, None, cos, sin, skips.pop() if blk.has_skip else None)
             if i < d - 1 - d // 2:
                 skips.append(h)
         h = self.proj_out(self.norm_out(h, temb))
@@ -427,6 +430,8 @@ def make_dit(c, cond_drop):
                 p.fill_(1.0)
             elif "timestep_embedder." in name:
                 p.normal_(0.0, 0.02)
+            elif name == "text_embedding_padding":
+                p.normal_(0.0, 1.0)
             else:
                 a = math.sqrt(6.0 / (p[0].numel() + p.size(0)))
                 p.uniform_(-a, a)

@@ -368,11 +368,16 @@ Image crop(const Image& img, int x0, int y0, int w, int h) {
 Image resize_center_crop(const Image& img, int w, int h) {
   check_image(img, "resize_center_crop");
   if (w < 1 || h < 1) throw std::invalid_argument("resize_center_crop: bad target size");
-  const double s = std::max(static_cast<double>(w) / img.w, static_cast<double>(h) / img.h);
-  const int rw = std::max(w, static_cast<int>(std::lround(img.w * s))), rh = std::max(h, static_cast<int>(std::lround(img.h * s)));
-  const Image r = resize(img, rw, rh);
-  if (rw == w && rh == h) return r;
-  return crop(r, (rw - w) / 2, (rh - h) / 2, w, h);
+  const CenterCrop c = center_crop_box(img.w, img.h, w, h);
+  const Image r = resize(img, c.rw, c.rh);
+  if (c.rw == w && c.rh == h) return r;
+  return crop(r, c.left, c.top, w, h);
+}
+
+CenterCrop center_crop_box(int iw, int ih, int w, int h) {
+  const double s = std::max(static_cast<double>(w) / iw, static_cast<double>(h) / ih);
+  const int rw = std::max(w, static_cast<int>(std::lround(iw * s))), rh = std::max(h, static_cast<int>(std::lround(ih * s)));
+  return {rw, rh, (rw - w) / 2, (rh - h) / 2};
 }
 
 Image hflip(const Image& img) {

@@ -59,6 +59,12 @@ Image resize(const Image& img, int w, int h);
 // Scaled (keeping the aspect ratio) to the smallest size that covers w x h, then the centre
 // w x h cut out: what image_text_shards feeds the model.
 Image resize_center_crop(const Image& img, int w, int h);
+// What resize_center_crop does to an iw x ih image: the scaled size rw x rh and the top-left
+// corner (left, top) of the cut, in scaled pixels (HunyuanDiT's crops_coords_top_left).
+struct CenterCrop {
+  int rw, rh, left, top;
+};
+CenterCrop center_crop_box(int iw, int ih, int w, int h);
 // The x0, y0, w x h rectangle (must lie inside the image).
 Image crop(const Image& img, int x0, int y0, int w, int h);
 // Mirrored left to right.

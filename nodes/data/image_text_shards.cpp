@@ -218,10 +218,15 @@ TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_
                            const std::vector<char>& flips, std::vector<std::string>* captions) {
   const auto n = static_cast<int64_t>(ids.size());
   torch::Tensor out = torch::empty({n, 3, h, w}, torch::kFloat32);
+  torch::Tensor meta = torch::empty({n, 6}, torch::kFloat32);
   std::vector<int64_t> used(ids.size());
   tbb::parallel_for(int64_t(0), n, [&](int64_t j) {
     Image img;
     used[static_cast<size_t>(j)] = data.load(ids[static_cast<size_t>(j)], pool, &img);
+    const CenterCrop c = center_crop_box(img.w, img.h, w, h);
+    float* m = meta[j].data_ptr<float>();
+    m[0] = static_cast<float>(img.h), m[1] = static_cast<float>(img.w), m[2] = static_cast<float>(h);
+    m[3] = static_cast<float>(w), m[4] = static_cast<float>(c.top), m[5] = static_cast<float>(c.left);
     img = resize_center_crop(img, w, h);
     if (!flips.empty() && flips[static_cast<size_t>(j)]) img = hflip(img);
     out[j].copy_(image_to_tensor(img));
@@ -230,7 +235,7 @@ TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_
     captions->clear();
     for (int64_t id : used) captions->push_back(data.caption(id));
   }
-  return {{"image", out}};
+  return {{"image", out}, {"image_meta_size", meta}, {"style", torch::zeros({n}, torch::kLong)}};
 }
 
 // ---- training order --------------------------------------------------------------------------

@@ -112,8 +112,10 @@ class ImageTextShards {
   mutable std::atomic<int64_t> bad_count_{0};
 };
 
-// Decodes, resizes and crops samples `ids` into {"image": float [n, 3, h, w] in [-1, 1]};
-// flips[j] mirrors row j. Decodes in parallel. `captions` (if not null) gets the captions of
+// Decodes, resizes and crops samples `ids` into {"image": float [n, 3, h, w] in [-1, 1],
+// "image_meta_size": float [n, 6] = (original h, original w, h, w, crop top, crop left) as
+// HunyuanDiT's size conditioning counts them (the crop in the scaled image's pixels), "style":
+// int64 [n] zeros}; flips[j] mirrors row j. Decodes in parallel. `captions` (if not null) gets the captions of
 // the samples actually used (after replacements).
 TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_t>& ids, const std::vector<int64_t>& pool,
                            int w, int h, const std::vector<char>& flips, std::vector<std::string>* captions);

@@ -183,7 +183,14 @@ class SamplerNode : public Node {
     std::vector<std::string> texts;  // per_prompt copies of each prompt: one grid row per prompt
     for (const auto& pr : prompts_)
       for (int64_t i = 0; i < per_prompt_; ++i) texts.push_back(pr);
-    const TensorMap cond = encode_text(encoder, encode_texts(tokenizer, texts));
+    TensorMap cond = encode_text(encoder, encode_texts(tokenizer, texts));
+    // Size and style conditioning (models that have it read these; others ignore them): as
+    // HunyuanDiT's pipeline, the image size as both original and target size, no crop, style 0.
+    const int64_t n = static_cast<int64_t>(texts.size()), f = vae_ ? vae_->config().downsample_factor() : 1;
+    cond["image_meta_size"] = torch::tensor({static_cast<float>(height_ * f), static_cast<float>(width_ * f),
+                                             static_cast<float>(height_ * f), static_cast<float>(width_ * f), 0.f, 0.f})
+                                  .repeat({n, 1});
+    cond["style"] = torch::zeros({n}, torch::kLong);
 
     SampleOptions o;
     o.schedule = schedule_;
@@ -191,7 +198,7 @@ class SamplerNode : public Node {
     o.steps = steps_;
     o.guidance = guidance_;
     torch::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed_));
-    o.noise = torch::randn({static_cast<int64_t>(texts.size()), channels_, height_, width_}, gen);
+    o.noise = torch::randn({n, channels_, height_, width_}, gen);
     const torch::Tensor x = sample_ddim(model, cond, o);
     if (!torch::isfinite(x).all().item<bool>())
       throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) +

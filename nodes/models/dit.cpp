@@ -16,6 +16,8 @@ namespace flowrun::dit {
 
 namespace {
 
+constexpr int64_t kPoolHeads = 8;  // diffusers' HunyuanDiTAttentionPool(num_heads=8)
+
 bool ends_with(const std::string& s, const std::string& e) {
   return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
 }
@@ -24,28 +26,25 @@ bool is_adapter(const std::string& name) {
   return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
-// Additive attention bias from a key mask [B, L] (nonzero = attend): 0 or -1e4, [B, 1, 1, L].
-// -1e4 rather than -inf: a row whose keys are all masked attends uniformly instead of giving
-// NaN, and the value fits fp16; with qk-normed scores (|s| ~ sqrt(head_dim)) exp(-1e4) is 0.
-torch::Tensor mask_bias(const torch::Tensor& mask) {
-  torch::Tensor keep = mask.to(torch::kBool);
-  return torch::zeros(keep.sizes(), torch::TensorOptions().device(mask.device()))
-      .masked_fill(keep.logical_not(), -1e4)
-      .view({mask.size(0), 1, 1, mask.size(1)});
-}
-
 }  // namespace
 
 std::string describe(const Config& c) {
   std::ostringstream s;
   s << "patch=" << c.patch << " in_channels=" << c.in_channels << " hidden=" << c.hidden << " depth=" << c.depth
-    << " heads=" << c.heads << " mlp_ratio=" << c.mlp_ratio << " text_dim=" << c.text_dim << " t5_dim=" << c.t5_dim;
+    << " heads=" << c.heads << " mlp_ratio=" << c.mlp_ratio << " text_dim=" << c.text_dim << " t5_dim=" << c.t5_dim << " text_len=" << c.text_len;
+  if (c.t5_dim > 0) s << " text_len_t5=" << c.text_len_t5 << " pooled_projection_dim=" << c.pooled_projection_dim;
+  s << " use_style_cond_and_image_meta_size=" << (c.use_style_cond_and_image_meta_size ? "true" : "false")
+    << " learn_sigma=" << (c.learn_sigma ? "true" : "false");
   return s.str();
 }
 
 void Config::check() const {
-  if (patch < 1 || in_channels < 1 || hidden < 1 || depth < 1 || heads < 1 || text_dim < 1 || t5_dim < 0)
+  if (patch < 1 || in_channels < 1 || hidden < 1 || depth < 1 || heads < 1 || text_dim < 1 || t5_dim < 0 ||
+      text_len < 1 || (t5_dim > 0 && (text_len_t5 < 1 || pooled_projection_dim < 1)))
     throw std::runtime_error("dit: sizes must be >= 1 (t5_dim >= 0): " + describe(*this));
+  if (t5_dim % kPoolHeads != 0)
+    throw std::runtime_error("dit: t5_dim " + std::to_string(t5_dim) + " must be a multiple of " +
+                             std::to_string(kPoolHeads) + " (the T5 pooler's heads)");
   if (hidden % heads != 0)
     throw std::runtime_error("dit: hidden " + std::to_string(hidden) + " is not a multiple of heads " +
                              std::to_string(heads));
@@ -80,6 +79,48 @@ void TwoLayerImpl::reset() {
   linear_2 = register_module("linear_2", lora::Linear(mid_, out_));
 }
 
+void AttentionPoolImpl::reset() {
+  positional_embedding = register_parameter("positional_embedding", torch::zeros({len_ + 1, dim_}));
+  k_proj = register_module("k_proj", lora::Linear(dim_, dim_));
+  q_proj = register_module("q_proj", lora::Linear(dim_, dim_));
+  v_proj = register_module("v_proj", lora::Linear(dim_, dim_));
+  c_proj = register_module("c_proj", lora::Linear(dim_, out_));
+}
+
+torch::Tensor AttentionPoolImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), L = x.size(1) + 1, H = heads_, D = dim_ / heads_;
+  torch::Tensor seq = torch::cat({x.mean(1, /*keepdim=*/true), x}, 1) + positional_embedding.to(x.scalar_type());
+  torch::Tensor q = q_proj(seq.narrow(1, 0, 1)).view({B, 1, H, D}).transpose(1, 2);  // the mean token asks
+  torch::Tensor k = k_proj(seq).view({B, L, H, D}).transpose(1, 2);
+  torch::Tensor v = v_proj(seq).view({B, L, H, D}).transpose(1, 2);
+  torch::Tensor a = torch::softmax(torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D)), -1);
+  return c_proj(torch::matmul(a, v).transpose(1, 2).reshape({B, dim_}));
+}
+
+void TimeEmbedImpl::reset() {
+  timestep_embedder = register_module("timestep_embedder", TwoLayer(256, cfg_.hidden, cfg_.hidden));
+  if (cfg_.t5_dim > 0)
+    pooler = register_module("pooler", AttentionPool(cfg_.text_len_t5, cfg_.t5_dim, kPoolHeads, cfg_.pooled_projection_dim));
+  if (cfg_.use_style_cond_and_image_meta_size)
+    style_embedder = register_module("style_embedder", torch::nn::Embedding(1, cfg_.hidden));
+  if (cfg_.extra_in() > 0)
+    extra_embedder = register_module("extra_embedder", TwoLayer(cfg_.extra_in(), 4 * cfg_.hidden, cfg_.hidden));
+}
+
+torch::Tensor TimeEmbedImpl::forward(const torch::Tensor& t, const torch::Tensor& t5, const torch::Tensor& meta,
+                                     const torch::Tensor& style, torch::ScalarType dtype) {
+  torch::Tensor temb = timestep_embedder(timestep_features(t, 256).to(dtype));
+  std::vector<torch::Tensor> extra;
+  if (pooler) extra.push_back(pooler(t5.to(dtype)));
+  if (style_embedder) {
+    // Six numbers, 256 sinusoidal features each, side by side: [B, 1536].
+    extra.push_back(timestep_features(meta.reshape({-1}), 256).to(dtype).view({meta.size(0), 6 * 256}));
+    extra.push_back(style_embedder(style.to(torch::kLong)).to(dtype));
+  }
+  if (extra_embedder) temb = temb + extra_embedder(torch::cat(extra, 1));
+  return temb;
+}
+
 void AdaNormShiftImpl::reset() {
   linear = register_module("linear", lora::Linear(dim_, dim_));
   norm = register_module("norm", LayerNorm(dim_));
@@ -112,7 +153,7 @@ void AttentionImpl::reset() {
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& ctx, const torch::Tensor& cos,
-                                     const torch::Tensor& sin, const torch::Tensor& bias) {
+                                     const torch::Tensor& sin) {
   const int64_t B = x.size(0), N = x.size(1), H = heads_, D = dim_ / heads_;
   const torch::Tensor& kv = cross_ ? ctx : x;
   const int64_t L = kv.size(1);
@@ -122,11 +163,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   q = apply_rope(q, cos, sin);
   if (!cross_) k = apply_rope(k, cos, sin);  // HunyuanDiT: the text keys are not rotated
   if (fused_attention_available(q)) {
-    torch::Tensor y = fused_attention(q, k, v, bias, /*causal=*/false, 1.0 / std::sqrt(static_cast<double>(D)));
+    torch::Tensor y = fused_attention(q, k, v, torch::Tensor(), /*causal=*/false, 1.0 / std::sqrt(static_cast<double>(D)));
     return to_out[0]->as<lora::LinearImpl>()->forward(y.transpose(1, 2).reshape({B, N, dim_}));
   }
   torch::Tensor s = torch::matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));
-  if (bias.defined()) s = s + bias.to(s.scalar_type());
   torch::Tensor y = torch::matmul(torch::softmax(s, -1), v);  // [B, H, N, D]
   y = y.transpose(1, 2).reshape({B, N, dim_});
   return to_out[0]->as<lora::LinearImpl>()->forward(y);
@@ -157,11 +197,10 @@ void BlockImpl::reset() {
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor h, const torch::Tensor& temb, const torch::Tensor& ctx,
-                                 const torch::Tensor& ctx_bias, const torch::Tensor& cos, const torch::Tensor& sin,
-                                 const torch::Tensor& skip) {
+                                 const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& skip) {
   if (skip_) h = skip_linear(skip_norm(torch::cat({h, skip}, -1)));
-  h = h + attn1(norm1(h, temb), torch::Tensor(), cos, sin, torch::Tensor());
-  h = h + attn2(norm2(h), ctx, cos, sin, ctx_bias);
+  h = h + attn1(norm1(h, temb), torch::Tensor(), cos, sin);
+  h = h + attn2(norm2(h), ctx, cos, sin);
   return h + ff(norm3(h));
 }
 
@@ -194,7 +233,9 @@ torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const
 torch::Tensor timestep_features(const torch::Tensor& t, int64_t dim) {
   const int64_t half = dim / 2;
   auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(t.device());
-  torch::Tensor freqs = torch::exp(torch::arange(half, f32) * (-std::log(10000.0) / static_cast<double>(half)));
+  // diffusers' get_timestep_embedding, in its order of float32 operations (the image sizes of
+  // the size conditioning, ~1000, make a different rounding of f visible in sin(v f)).
+  torch::Tensor freqs = torch::exp(-std::log(10000.0) * torch::arange(half, f32) / static_cast<double>(half));
   torch::Tensor a = t.to(torch::kFloat).reshape({-1, 1}) * freqs.unsqueeze(0);
   return torch::cat({a.cos(), a.sin()}, 1);
 }
@@ -207,13 +248,15 @@ DitImpl::DitImpl(Config cfg) : cfg_(cfg), rope_cache_(std::make_shared<RopeCache
 }
 
 void DitImpl::reset() {
+  const int64_t tokens = cfg_.text_len + (cfg_.t5_dim > 0 ? cfg_.text_len_t5 : 0);
+  text_embedding_padding = register_parameter("text_embedding_padding", torch::zeros({tokens, cfg_.text_dim}));
   if (cfg_.t5_dim > 0) text_embedder = register_module("text_embedder", TwoLayer(cfg_.t5_dim, 4 * cfg_.t5_dim, cfg_.text_dim));
   pos_embed = register_module("pos_embed", PatchEmbed(cfg_.in_channels, cfg_.hidden, cfg_.patch));
-  time_extra_emb = register_module("time_extra_emb", TimeEmbed(cfg_.hidden));
+  time_extra_emb = register_module("time_extra_emb", TimeEmbed(cfg_));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg_.depth; ++i) blocks->push_back(Block(cfg_, i > cfg_.depth / 2));
   norm_out = register_module("norm_out", AdaNormContinuous(cfg_.hidden));
-  proj_out = register_module("proj_out", lora::Linear(cfg_.hidden, cfg_.patch * cfg_.patch * cfg_.in_channels));
+  proj_out = register_module("proj_out", lora::Linear(cfg_.hidden, cfg_.patch * cfg_.patch * cfg_.out_channels()));
 }
 
 std::pair<torch::Tensor, torch::Tensor> DitImpl::rope(int64_t gh, int64_t gw, const torch::Device& device) {
@@ -228,50 +271,71 @@ std::pair<torch::Tensor, torch::Tensor> DitImpl::rope(int64_t gh, int64_t gw, co
   return v;
 }
 
-torch::Tensor DitImpl::forward(const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& text,
-                               const torch::Tensor& text_mask, const torch::Tensor& t5, const torch::Tensor& t5_mask) {
+torch::Tensor DitImpl::forward(const Inputs& in) {
+  const torch::Tensor& x = in.x;
   const int64_t p = cfg_.patch, C = cfg_.in_channels;
-  if (x.dim() != 4 || x.size(1) != C || x.size(2) % p != 0 || x.size(3) % p != 0 || x.size(2) == 0 || x.size(3) == 0)
+  if (!x.defined() || x.dim() != 4 || x.size(1) != C || x.size(2) % p != 0 || x.size(3) % p != 0 || x.size(2) == 0 ||
+      x.size(3) == 0)
     throw std::runtime_error("dit: x must be [batch, " + std::to_string(C) + ", H, W] with H and W multiples of patch " +
-                             std::to_string(p) + ", got " + shape_str(x));
+                             std::to_string(p) + ", got " + (x.defined() ? shape_str(x) : "nothing"));
   const int64_t B = x.size(0), gh = x.size(2) / p, gw = x.size(3) / p;
+  const torch::Tensor& t = in.t;
   if (!t.defined() || !(t.dim() == 0 || (t.dim() == 1 && (t.size(0) == B || t.size(0) == 1))))
     throw std::runtime_error("dit: t must be [batch] or a scalar, got " + (t.defined() ? shape_str(t) : "nothing"));
-  if (!text.defined() || text.dim() != 3 || text.size(0) != B || text.size(2) != cfg_.text_dim)
-    throw std::runtime_error("dit: text_emb must be [batch=" + std::to_string(B) + ", L, text_dim=" +
-                             std::to_string(cfg_.text_dim) + "], got " + (text.defined() ? shape_str(text) : "nothing"));
-  auto check_mask = [&](const torch::Tensor& m, const torch::Tensor& emb, const char* what) {
-    if (m.defined() && (m.dim() != 2 || m.size(0) != B || m.size(1) != emb.size(1)))
-      throw std::runtime_error(std::string("dit: ") + what + " must be [batch, L] matching its embeddings " +
-                               shape_str(emb) + ", got " + shape_str(m));
+  // Fixed-length text, as the padding table has a row per token position.
+  auto check_text = [&](const torch::Tensor& emb, const torch::Tensor& mask, const char* key, int64_t len, int64_t dim,
+                        const char* len_param) {
+    if (!emb.defined() || emb.dim() != 3 || emb.size(0) != B || emb.size(2) != dim)
+      throw std::runtime_error("dit: " + std::string(key) + " must be [batch=" + std::to_string(B) + ", " + len_param +
+                               "=" + std::to_string(len) + ", " + std::to_string(dim) + "], got " +
+                               (emb.defined() ? shape_str(emb) : "nothing"));
+    if (emb.size(1) != len)
+      throw std::runtime_error("dit: " + std::string(key) + " has " + std::to_string(emb.size(1)) +
+                               " tokens but the model's " + len_param + " is " + std::to_string(len) +
+                               " (HunyuanDiT's text is fixed-length: set the dit's " + len_param +
+                               " to the tokenizer's max_length)");
+    if (mask.defined() && (mask.dim() != 2 || mask.size(0) != B || mask.size(1) != len))
+      throw std::runtime_error("dit: the mask of " + std::string(key) + " must be [batch, " + std::to_string(len) +
+                               "], got " + shape_str(mask));
   };
-  check_mask(text_mask, text, "text_mask");
-
-  // Text: the first encoder's states, then the T5 states projected to text_dim.
-  torch::Tensor ctx = text, mask = text_mask;
+  check_text(in.text, in.text_mask, "text_emb", cfg_.text_len, cfg_.text_dim, "text_len");
   if (cfg_.t5_dim > 0) {
-    if (!t5.defined())
+    if (!in.t5.defined())
       throw std::runtime_error("dit: the model has t5_dim " + std::to_string(cfg_.t5_dim) +
                                " but the batch has no 't5_emb' (set t5_dim: 0 for a model without T5)");
-    if (t5.dim() != 3 || t5.size(0) != B || t5.size(2) != cfg_.t5_dim)
-      throw std::runtime_error("dit: t5_emb must be [batch, L5, t5_dim=" + std::to_string(cfg_.t5_dim) + "], got " +
-                               shape_str(t5));
-    check_mask(t5_mask, t5, "t5_mask");
-    torch::Tensor proj = text_embedder(t5.to(text.scalar_type()));
-    ctx = torch::cat({text, proj.to(text.scalar_type())}, 1);
-    if (text_mask.defined() || t5_mask.defined()) {
-      torch::Tensor m1 = text_mask.defined() ? text_mask.to(torch::kFloat) : torch::ones({B, text.size(1)}, text.device());
-      torch::Tensor m2 = t5_mask.defined() ? t5_mask.to(torch::kFloat) : torch::ones({B, t5.size(1)}, t5.device());
-      mask = torch::cat({m1, m2}, 1);
-    }
-  } else if (t5.defined()) {
+    check_text(in.t5, in.t5_mask, "t5_emb", cfg_.text_len_t5, cfg_.t5_dim, "text_len_t5");
+  } else if (in.t5.defined()) {
     throw std::runtime_error("dit: the batch has 't5_emb' but the model has t5_dim 0 (set t5_dim to its width)");
   }
-  torch::Tensor bias = mask.defined() ? mask_bias(mask) : torch::Tensor();
+  if (cfg_.use_style_cond_and_image_meta_size) {
+    if (!in.image_meta_size.defined() || !in.style.defined())
+      throw std::runtime_error(
+          "dit: the model has size and style conditioning (use_style_cond_and_image_meta_size) but the batch has no "
+          "'image_meta_size' [batch, 6] and 'style' [batch] (image_text_shards and sampler give them; or set "
+          "use_style_cond_and_image_meta_size: false)");
+    if (!in.image_meta_size.sizes().equals({B, 6}) || !in.style.sizes().equals({B}))
+      throw std::runtime_error("dit: image_meta_size must be [batch, 6] and style [batch], got " +
+                               shape_str(in.image_meta_size) + " and " + shape_str(in.style));
+    // (On the CPU only: on a GPU the check would wait for the device every step.)
+    if (!in.style.is_cuda() && in.style.numel() > 0 && (in.style.min().item<int64_t>() != 0 || in.style.max().item<int64_t>() != 0))
+      throw std::runtime_error("dit: style must be 0 (the model has one style embedding, as diffusers')");
+  }
+
+  // Text: the first encoder's states, then the T5 states projected to text_dim; padded tokens
+  // (mask 0) become their learned rows of text_embedding_padding.
+  const auto dtype = in.text.scalar_type();
+  torch::Tensor ctx = in.text, keep = in.text_mask.defined() ? in.text_mask : torch::ones({B, cfg_.text_len}, x.device());
+  if (cfg_.t5_dim > 0) {
+    ctx = torch::cat({ctx, text_embedder(in.t5.to(dtype)).to(dtype)}, 1);
+    keep = torch::cat({keep.to(torch::kFloat),
+                       (in.t5_mask.defined() ? in.t5_mask : torch::ones({B, cfg_.text_len_t5}, x.device())).to(torch::kFloat)},
+                      1);
+  }
+  ctx = torch::where(keep.to(torch::kBool).unsqueeze(2), ctx, text_embedding_padding.to(dtype));
 
   torch::Tensor h = pos_embed->proj(x).flatten(2).transpose(1, 2);  // [B, N, hidden], row-major patches
   torch::Tensor tt = t.dim() == 0 ? t.reshape({1}).expand({B}) : (t.size(0) == 1 ? t.expand({B}) : t);
-  torch::Tensor temb = time_extra_emb->timestep_embedder(timestep_features(tt, 256).to(h.scalar_type()));
+  torch::Tensor temb = time_extra_emb->forward(tt, in.t5, in.image_meta_size, in.style, h.scalar_type());
   auto [cos, sin] = rope(gh, gw, x.device());
 
   const int64_t d = cfg_.depth;
@@ -285,16 +349,17 @@ torch::Tensor DitImpl::forward(const torch::Tensor& x, const torch::Tensor& t, c
       skip = skips.back();  // the output of block depth-1-i
       skips.pop_back();
     }
-    h = blk->forward(h, temb, ctx, bias, cos, sin, skip);
+    h = blk->forward(h, temb, ctx, cos, sin, skip);
     if (i < d - 1 - d / 2) skips.push_back(h);
     ++i;
   }
-  h = proj_out(norm_out(h, temb));  // [B, N, p*p*C]
-  // Unpatchify: [B, gh, gw, p, p, C] -> [B, C, gh, p, gw, p] -> [B, C, H, W].
-  return h.reshape({B, gh, gw, p, p, C}).permute({0, 5, 1, 3, 2, 4}).reshape({B, C, gh * p, gw * p});
+  h = proj_out(norm_out(h, temb));  // [B, N, p*p*C']
+  // Unpatchify: [B, gh, gw, p, p, C'] -> [B, C', gh, p, gw, p] -> [B, C', H, W].
+  const int64_t Co = cfg_.out_channels();
+  return h.reshape({B, gh, gw, p, p, Co}).permute({0, 5, 1, 3, 2, 4}).reshape({B, Co, gh * p, gw * p});
 }
 
-torch::Tensor DitImpl::forward_batch(const TensorMap& batch) {
+torch::Tensor DitImpl::forward_all(const TensorMap& batch) {
   auto get = [&](const char* k, bool required) {
     auto it = batch.find(k);
     if (it == batch.end()) {
@@ -305,9 +370,21 @@ torch::Tensor DitImpl::forward_batch(const TensorMap& batch) {
     }
     return it->second;
   };
-  torch::Tensor x = get("x", true), t = get("t", true), text = get("text_emb", true);
-  torch::Tensor text_mask = get("text_mask", false), t5 = get("t5_emb", false), t5_mask = get("t5_mask", false);
-  return forward(x, t, text, text_mask, t5, t5_mask);
+  Inputs in;
+  in.x = get("x", true);
+  in.t = get("t", true);
+  in.text = get("text_emb", true);
+  in.text_mask = get("text_mask", false);
+  in.t5 = get("t5_emb", false);
+  in.t5_mask = get("t5_mask", false);
+  in.image_meta_size = get("image_meta_size", false);
+  in.style = get("style", false);
+  return forward(in);
+}
+
+torch::Tensor DitImpl::forward_batch(const TensorMap& batch) {
+  torch::Tensor y = forward_all(batch);
+  return cfg_.learn_sigma ? y.narrow(1, 0, cfg_.in_channels) : y;
 }
 
 void init_weights(DitImpl& model, uint64_t seed) {
@@ -324,8 +401,12 @@ void init_weights(DitImpl& model, uint64_t seed) {
       // zero (adaLN modulation, final projection, biases)
     } else if (name.find("norm") != std::string::npos && p.dim() == 1) {
       v.fill_(1.0);  // LayerNorm gains (norm2, norm3, norm1.norm, norm_q, norm_k, skip_norm)
-    } else if (name.find("timestep_embedder.") != std::string::npos) {
+    } else if (name.find("timestep_embedder.") != std::string::npos || name.find("extra_embedder.") != std::string::npos) {
       v.normal_(0.0, 0.02, g);
+    } else if (name == "text_embedding_padding" || name.find("style_embedder.") != std::string::npos) {
+      v.normal_(0.0, 1.0, g);  // diffusers' constructor: torch.randn / nn.Embedding's default
+    } else if (name.find("pooler.positional_embedding") != std::string::npos) {
+      v.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))), g);
     } else {
       const int64_t fan_out = p.size(0), fan_in = p.numel() / p.size(0);
       const double a = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));

@@ -1,12 +1,20 @@
-// A HunyuanDiT-style diffusion transformer as a libtorch module, with the parameter names of
-// diffusers' HunyuanDiT2DModel so that its state dicts load by name. Used by the dit node
-// (dit.cpp), the diffusion objective (train/diffusion.hpp) and samplers.
+// A HunyuanDiT diffusion transformer as a libtorch module: diffusers' HunyuanDiT2DModel with its
+// parameter names, so a diffusers-format checkpoint loads by name with every tensor accounted
+// for (tests/nodes/dit_diffusers_test.cpp lists diffusers' tensors and transcribes its forward).
+// Used by the dit node (dit_node.cpp), the diffusion objective (train/diffusion.hpp), samplers.
 //
+//   text_embedding_padding [text_len (+ text_len_t5), text_dim]   learned stand-in for padded tokens
+//   text_embedder.linear_1 [4*t5_dim, t5_dim], linear_2 [text_dim, 4*t5_dim]   (only t5_dim > 0)
+//                                                          projects T5 states to the cross-attention width
 //   pos_embed.proj.weight [hidden, C, p, p], .bias        patch embedding (a strided conv)
 //   time_extra_emb.timestep_embedder.linear_1 [hidden, 256], linear_2 [hidden, hidden]
 //                                                          sinusoidal(t, 256; cos|sin) -> MLP (SiLU)
-//   text_embedder.linear_1 [4*t5_dim, t5_dim], linear_2 [text_dim, 4*t5_dim]   (only t5_dim > 0)
-//                                                          projects T5 states to the cross-attention width
+//   time_extra_emb.pooler.positional_embedding [text_len_t5+1, t5_dim], .{q,k,v}_proj [t5_dim, t5_dim],
+//                     .c_proj [pooled_projection_dim, t5_dim]   (only t5_dim > 0)
+//                                                          attention pooling of the T5 states (8 heads)
+//   time_extra_emb.style_embedder.weight [1, hidden]       (only use_style_cond_and_image_meta_size)
+//   time_extra_emb.extra_embedder.linear_1 [4*hidden, E], linear_2 [hidden, 4*hidden]
+//                     E = pooled_projection_dim (t5_dim > 0) + 6*256 + hidden (size/style cond)
 //   blocks.N.norm1.linear [hidden, hidden], norm1.norm.weight/bias   AdaLayerNormShift:
 //                                                          LN(x) + linear(SiLU(temb))
 //   blocks.N.attn1.{to_q,to_k,to_v,to_out.0} [hidden, hidden] (+bias), attn1.norm_q / norm_k [head_dim]
@@ -19,7 +27,19 @@
 //   blocks.N.skip_norm.weight/bias [2*hidden], skip_linear [hidden, 2*hidden]
 //                                                          only blocks N > depth/2 (long skips)
 //   norm_out.linear [2*hidden, hidden]                     AdaLayerNormContinuous: LN(x)*(1+scale)+shift
-//   proj_out [p*p*C, hidden]                               then unpatchify to [B, C, H, W]
+//   proj_out [p*p*C', hidden]                              C' = 2C with learn_sigma, else C; unpatchify
+//
+// The conditioning vector (diffusers' HunyuanCombinedTimestepTextSizeStyleEmbedding):
+//   temb = timestep_embedder(sin256(t)) + extra_embedder(cat(pool(t5), sin256(meta) x 6, style_emb))
+// where meta = image_meta_size [B, 6] = (original h, w, target h, w, crop top, left) and each of
+// the six numbers gets its own 256 sinusoidal features; the pooled and size/style parts are there
+// only when the model has them (no extra_embedder at all when it has neither).
+//
+// Text (diffusers' forward): the first encoder's states [B, text_len, text_dim] and, with T5,
+// text_embedder(T5 states) [B, text_len_t5, text_dim] are concatenated; every token whose mask is
+// 0 is replaced by its row of text_embedding_padding; cross-attention then attends to all of them
+// (no key mask). The lengths are fixed: text_len must be the tokenizer's max_length. The pooler
+// reads the raw T5 states, padded tokens included (so does HunyuanDiT).
 //
 // Long skips (HunyuanDiT / diffusers): block i with i > depth/2 first replaces its input h by
 // skip_linear(skip_norm(cat(h, out_j))) where out_j is the output of block j = depth-1-i; the
@@ -32,10 +52,11 @@
 // to a 512-px base grid; here any H, W divisible by patch — aspect-ratio buckets — gets its
 // own table, computed per shape and cached).
 //
-// Not included (diffusers has them): time_extra_emb.pooler / extra_embedder (pooled T5 and
-// image-size/style conditioning) and text_embedding_padding (a learned value for masked text
-// tokens; here masked tokens are left out of the attention instead). learn_sigma is false: the
-// output has the input's C channels.
+// learn_sigma (HunyuanDiT's checkpoints have it): proj_out predicts 2C channels, the prediction
+// and a variance; forward() returns all 2C, the model's forward for objectives and samplers the
+// first C (diffusers' pipeline: noise_pred.chunk(2)[0]); nothing here trains the variance half.
+// t5_dim 0 (flowrun's one-encoder variant, not in diffusers): no text_embedder, no pooler, the
+// padding has text_len rows.
 #pragma once
 #include <torch/torch.h>
 
@@ -59,6 +80,15 @@ struct Config {
   double mlp_ratio = 4.3637;                        // DiT-g: inner = int(1408 * 4.3637) = 6144
   int64_t text_dim = 1024;                          // width of batch["text_emb"] (CLIP/BERT states)
   int64_t t5_dim = 2048;                            // width of batch["t5_emb"]; 0 = no T5 input
+  int64_t text_len = 77, text_len_t5 = 256;         // tokens of text_emb / t5_emb (the tokenizers' lengths)
+  int64_t pooled_projection_dim = 1024;             // width of the pooled T5 vector (t5_dim > 0)
+  bool use_style_cond_and_image_meta_size = true;   // size and style conditioning (v1.2: false)
+  bool learn_sigma = true;                          // proj_out predicts 2C channels (prediction | variance)
+  int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
+  // Width of extra_embedder's input; 0: the model has none.
+  int64_t extra_in() const {
+    return (t5_dim > 0 ? pooled_projection_dim : 0) + (use_style_cond_and_image_meta_size ? 6 * 256 + hidden : 0);
+  }
   int64_t head_dim() const { return hidden / heads; }
   int64_t ff_inner() const { return static_cast<int64_t>(static_cast<double>(hidden) * mlp_ratio); }
   void check() const;
@@ -117,14 +147,39 @@ class TwoLayerImpl : public torch::nn::Cloneable<TwoLayerImpl> {
 };
 TORCH_MODULE(TwoLayer);
 
-class TimeEmbedImpl : public torch::nn::Cloneable<TimeEmbedImpl> {
+// HunyuanDiT's attention pooling (diffusers' HunyuanDiTAttentionPool, from CLIP's AttnPool2d): the
+// mean token is prepended, positions added, and the mean token alone queries all of them with
+// 8 heads; c_proj maps the result to out. x [B, L, dim] (L = positional rows - 1) -> [B, out].
+class AttentionPoolImpl : public torch::nn::Cloneable<AttentionPoolImpl> {
  public:
-  explicit TimeEmbedImpl(int64_t hidden) : hidden_(hidden) { reset(); }
-  void reset() override { timestep_embedder = register_module("timestep_embedder", TwoLayer(256, hidden_, hidden_)); }
-  TwoLayer timestep_embedder{nullptr};
+  AttentionPoolImpl(int64_t len, int64_t dim, int64_t heads, int64_t out)
+      : len_(len), dim_(dim), heads_(heads), out_(out) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor positional_embedding;
+  lora::Linear k_proj{nullptr}, q_proj{nullptr}, v_proj{nullptr}, c_proj{nullptr};
 
  private:
-  int64_t hidden_;
+  int64_t len_, dim_, heads_, out_;
+};
+TORCH_MODULE(AttentionPool);
+
+// time_extra_emb: the timestep MLP and, when the model has them, the pooled-T5 and size/style
+// conditions through extra_embedder (see the top of this file).
+class TimeEmbedImpl : public torch::nn::Cloneable<TimeEmbedImpl> {
+ public:
+  explicit TimeEmbedImpl(const Config& cfg) : cfg_(cfg) { reset(); }
+  void reset() override;
+  // t [B]; t5 [B, text_len_t5, t5_dim] (t5_dim > 0); meta [B, 6] and style [B] (int) with size/style cond.
+  torch::Tensor forward(const torch::Tensor& t, const torch::Tensor& t5, const torch::Tensor& meta,
+                        const torch::Tensor& style, torch::ScalarType dtype);
+  TwoLayer timestep_embedder{nullptr};
+  AttentionPool pooler{nullptr};          // t5_dim > 0
+  torch::nn::Embedding style_embedder{nullptr};  // use_style_cond_and_image_meta_size
+  TwoLayer extra_embedder{nullptr};       // extra_in() > 0
+
+ private:
+  Config cfg_;
 };
 TORCH_MODULE(TimeEmbed);
 
@@ -161,10 +216,10 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   AttentionImpl(int64_t dim, int64_t kv_dim, int64_t heads, bool cross)
       : dim_(dim), kv_dim_(kv_dim), heads_(heads), cross_(cross) { reset(); }
   void reset() override;
-  // x [B, N, dim]; ctx [B, L, kv_dim] (cross) or undefined (self); cos/sin [N, head_dim];
-  // bias: additive [B, 1, 1, L] key mask or undefined.
+  // x [B, N, dim]; ctx [B, L, kv_dim] (cross) or undefined (self); cos/sin [N, head_dim]. Every
+  // key is attended to (padded text tokens are learned embeddings, not masked out).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& ctx, const torch::Tensor& cos,
-                        const torch::Tensor& sin, const torch::Tensor& bias);
+                        const torch::Tensor& sin);
   lora::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
   LayerNorm norm_q{nullptr}, norm_k{nullptr};
   torch::nn::ModuleList to_out{nullptr};  // [0]: lora::Linear (diffusers' to_out.0; to_out.1 is dropout)
@@ -204,8 +259,7 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   BlockImpl(const Config& cfg, bool skip) : cfg_(cfg), skip_(skip) { reset(); }
   void reset() override;
   torch::Tensor forward(torch::Tensor h, const torch::Tensor& temb, const torch::Tensor& ctx,
-                        const torch::Tensor& ctx_bias, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& skip);
+                        const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& skip);
   bool has_skip() const { return skip_; }
   AdaNormShift norm1{nullptr};
   Attention attn1{nullptr};
@@ -236,17 +290,24 @@ class DitImpl : public torch::nn::Cloneable<DitImpl> {
  public:
   explicit DitImpl(Config cfg);
   void reset() override;
-  // x [B, C, H, W] (H, W multiples of patch), t [B] or 0-d timesteps (any dtype), text
-  // [B, L, text_dim], text_mask [B, L] or undefined (nonzero = attend), t5 [B, L5, t5_dim] and
-  // t5_mask (only with t5_dim > 0) -> [B, C, H, W].
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& t, const torch::Tensor& text,
-                        const torch::Tensor& text_mask = {}, const torch::Tensor& t5 = {},
-                        const torch::Tensor& t5_mask = {});
-  // The same from a batch: "x", "t", "text_emb", optional "text_mask", "t5_emb", "t5_mask".
-  // (Classifier-free guidance dropout is the objective's: diffusion_loss's cond_drop.)
+  // The model's inputs, by diffusers' forward arguments. x [B, C, H, W] (H, W multiples of patch);
+  // t [B] or 0-d timesteps (any dtype); text [B, text_len, text_dim] with text_mask [B, text_len]
+  // or undefined (= all ones; nonzero = a token, 0 = padding); with t5_dim > 0 t5 [B, text_len_t5,
+  // t5_dim] and t5_mask; with size/style conditioning image_meta_size [B, 6] and style [B] (int).
+  struct Inputs {
+    torch::Tensor x, t, text, text_mask, t5, t5_mask, image_meta_size, style;
+  };
+  // -> [B, out_channels(), H, W] (with learn_sigma the prediction, then the variance channels).
+  torch::Tensor forward(const Inputs& in);
+  // From a batch with the same keys as the batch of forward_batch; all out_channels().
+  torch::Tensor forward_all(const TensorMap& batch);
+  // The prediction [B, C, H, W] from a batch: "x", "t", "text_emb", optional "text_mask", and
+  // "t5_emb" / "t5_mask", "image_meta_size" / "style" as the model needs them. With learn_sigma
+  // the first C channels. (Classifier-free guidance dropout is the objective's: diffusion_loss.)
   torch::Tensor forward_batch(const TensorMap& batch);
   const Config& config() const { return cfg_; }
 
+  torch::Tensor text_embedding_padding;  // [text_len (+ text_len_t5), text_dim]
   TwoLayer text_embedder{nullptr};  // only with t5_dim > 0
   PatchEmbed pos_embed{nullptr};
   TimeEmbed time_extra_emb{nullptr};
@@ -268,8 +329,10 @@ TORCH_MODULE(Dit);
 
 // DiT's init (HunyuanDiT's initialize_weights), drawn from a generator seeded by `seed` alone:
 // Linear weights and the patch conv (as [out, in*p*p]) xavier-uniform, biases 0; the timestep
-// MLP N(0, 0.02); LayerNorm gains 1; the adaLN modulations (blocks.N.norm1.linear,
-// norm_out.linear) and proj_out zero (so the untrained model outputs 0). Adapters untouched.
+// and extra MLPs N(0, 0.02); LayerNorm gains 1; the adaLN modulations (blocks.N.norm1.linear,
+// norm_out.linear) and proj_out zero (so the untrained model outputs 0); as diffusers'
+// constructor: text_embedding_padding and style_embedder N(0, 1), the pooler's positions
+// N(0, 1/t5_dim). Adapters untouched.
 void init_weights(DitImpl& model, uint64_t seed);
 
 // Copy a state dict in by name (any float dtype, converted). Every parameter that is not a LoRA

@@ -8,6 +8,7 @@
 #include "common/device.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
+#include "encode/text_tokenizer.hpp"
 #include "models/dit.hpp"
 #include "models/lora.hpp"
 #include "registry.hpp"
@@ -22,8 +23,29 @@ class DitNode : public Node {
     const Params& p = ctx.params();
     Config cfg;
     p.read<int64_t>({{"patch", &cfg.patch}, {"in_channels", &cfg.in_channels}, {"hidden", &cfg.hidden},
-                     {"depth", &cfg.depth}, {"heads", &cfg.heads}, {"text_dim", &cfg.text_dim}, {"t5_dim", &cfg.t5_dim}});
+                     {"depth", &cfg.depth}, {"heads", &cfg.heads}, {"text_dim", &cfg.text_dim}, {"t5_dim", &cfg.t5_dim},
+                     {"pooled_projection_dim", &cfg.pooled_projection_dim}});
+    // The text lengths, stated once: the tokenizers' max_length unless given here.
+    auto from_tokenizer = [&](const char* key, const char* port, int64_t* to) {
+      if (p.has(key))
+        *to = p.get<int64_t>(key);
+      else if (ctx.connected(port))
+        *to = ctx.state_as<TextTokenizer>(port).max_length();
+      else
+        throw std::runtime_error(ctx.who() + ": " + key + " is null and no " + port + " is connected; connect the " +
+                                 "prompts' tokenizer (in: { " + port + ": tok.tokenizer }) or set " + ctx.name() + "." +
+                                 key + " (HunyuanDiT: " + (cfg.t5_dim > 0 && std::string(key) == "text_len_t5" ? "256" : "77") + ")");
+    };
+    from_tokenizer("text_len", "tokenizer", &cfg.text_len);
+    if (cfg.t5_dim > 0) from_tokenizer("text_len_t5", "t5_tokenizer", &cfg.text_len_t5);
     cfg.mlp_ratio = p.get<double>("mlp_ratio");
+    cfg.use_style_cond_and_image_meta_size = p.get<bool>("use_style_cond_and_image_meta_size");
+    cfg.learn_sigma = p.get<bool>("learn_sigma");
+    try {
+      cfg.check();
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
     const uint64_t seed = node_seed(ctx);
 
     {  // at least: per block self- and cross-attention (6 h^2), the MLP (2 r h^2), the text keys/values

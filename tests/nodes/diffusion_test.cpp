@@ -81,7 +81,7 @@ TensorMap tiny_dataset() {
     img[i].narrow(1, 2 * i, 2).narrow(2, 2 * i, 2).fill_(1.0);
   }
   at::Generator g = make_cpu_generator(1);
-  return {{"image", img * 2 - 1}, {"text_emb", torch::randn({4, 3, 8}, g)}};
+  return {{"image", img * 2 - 1}, {"text_emb", torch::randn({4, dit_test::tiny().text_len, 8}, g)}};
 }
 
 std::vector<double> train_losses(int steps, uint64_t seed) {
@@ -146,7 +146,7 @@ TEST(Diffusion, CondDropReplacesTheConditionByTheNullOneInTrainingOnly) {
   dit_test::randomize(*m, 1);  // the DiT init zeroes the output path: every condition would score alike
   auto state = dit::make_state(m);
   TensorMap batch = tiny_dataset();
-  batch["text_mask"] = torch::tensor({{1, 1, 0}, {1, 0, 0}, {1, 1, 1}, {1, 1, 0}}, torch::kLong);
+  batch["text_mask"] = torch::tensor({{1, 1, 0, 0, 0}, {1, 0, 0, 0, 0}, {1, 1, 1, 1, 1}, {1, 1, 0, 1, 0}}, torch::kLong);
   const TensorMap null = diffusion::null_condition(batch);
   EXPECT_TRUE(torch::equal(null.at("text_emb"), torch::zeros_like(batch.at("text_emb"))));
   EXPECT_TRUE(torch::equal(null.at("text_mask"), torch::ones_like(batch.at("text_mask"))));

@@ -34,7 +34,7 @@ std::set<std::string> names(torch::nn::Module& m) {
 }
 
 TEST(Dit, ParameterNamesFollowDiffusersHunyuanDiT) {
-  dit::Dit m(tiny(4, 12));
+  dit::Dit m(tiny(4, 16));
   auto n = names(*m);
   for (const char* k :
        {"pos_embed.proj.weight", "pos_embed.proj.bias", "time_extra_emb.timestep_embedder.linear_1.weight",
@@ -50,8 +50,8 @@ TEST(Dit, ParameterNamesFollowDiffusersHunyuanDiT) {
   EXPECT_FALSE(n.count("norm_out.norm.weight"));  // AdaLayerNormContinuous: no affine
   auto p = m->named_parameters();
   EXPECT_EQ(p["blocks.0.attn2.to_k.weight"].sizes(), torch::IntArrayRef({32, 8}));         // text_dim -> hidden
-  EXPECT_EQ(p["text_embedder.linear_1.weight"].sizes(), torch::IntArrayRef({48, 12}));     // t5 -> 4*t5
-  EXPECT_EQ(p["text_embedder.linear_2.weight"].sizes(), torch::IntArrayRef({8, 48}));      // -> text_dim
+  EXPECT_EQ(p["text_embedder.linear_1.weight"].sizes(), torch::IntArrayRef({64, 16}));     // t5 -> 4*t5
+  EXPECT_EQ(p["text_embedder.linear_2.weight"].sizes(), torch::IntArrayRef({8, 64}));      // -> text_dim
   EXPECT_EQ(p["blocks.3.skip_linear.weight"].sizes(), torch::IntArrayRef({32, 64}));
   EXPECT_EQ(p["blocks.0.attn1.norm_q.weight"].sizes(), torch::IntArrayRef({16}));           // head width
   EXPECT_EQ(p["proj_out.weight"].sizes(), torch::IntArrayRef({2 * 2 * 3, 32}));
@@ -167,12 +167,12 @@ TEST(Dit, TextMaskAndNullCondition) {
 }
 
 TEST(Dit, T5StatesAreProjectedAndRequired) {
-  dit::Dit m(tiny(2, 12));
+  dit::Dit m(tiny(2, 16));
   randomize(*m, 3);
   TensorMap b = make_batch(2, 3, 4, 4, 4);
-  EXPECT_THROW(m->forward_batch(b), std::runtime_error);  // t5_dim 12 but no t5_emb
+  EXPECT_THROW(m->forward_batch(b), std::runtime_error);  // t5_dim 16 but no t5_emb
   at::Generator g = make_cpu_generator(9);
-  b["t5_emb"] = torch::randn({2, 3, 12}, g);
+  b["t5_emb"] = torch::randn({2, 3, 16}, g);
   b["t5_mask"] = torch::ones({2, 3});
   torch::Tensor y = m->forward_batch(b);
   TensorMap b2 = b;
@@ -209,7 +209,7 @@ TEST(Dit, SafetensorsRoundTripGivesIdenticalOutputsAndErrorsListEveryProblem) {
   }
 }
 
-// Test data node: `batch` {image [B, 3, 8, 8]} and `cond` {text_emb [B, 4, 8], text_mask}, the
+// Test data node: `batch` {image [B, 3, 8, 8]} and `cond` {text_emb [B, 5, 8], text_mask}, the
 // same every step.
 class FixedImages : public Node {
   TensorMap batch_, cond_;
@@ -219,8 +219,8 @@ class FixedImages : public Node {
     const int64_t B = c.params().get<int64_t>("batch");
     at::Generator g = make_cpu_generator(21);
     batch_["image"] = torch::rand({B, 3, 8, 8}, g) * 2 - 1;
-    cond_["text_emb"] = torch::randn({B, 4, 8}, g);
-    cond_["text_mask"] = torch::ones({B, 4}, torch::kLong);
+    cond_["text_emb"] = torch::randn({B, 5, 8}, g);
+    cond_["text_mask"] = torch::ones({B, 5}, torch::kLong);
   }
   void run(StepContext& c) override {
     c.out("batch", batch_);
@@ -235,7 +235,7 @@ void register_fixed_images() {
 doc: the same images and text embeddings every step
 outputs:
   batch: { kind: value, type: batch, doc: "{image: [batch, 3, 8, 8]}" }
-  cond: { kind: value, type: batch, doc: "{text_emb: [batch, 4, 8], text_mask}" }
+  cond: { kind: value, type: batch, doc: "{text_emb: [batch, 5, 8], text_mask}" }
 params:
   batch: { type: int, default: 4, doc: rows })",
                            [] { return std::make_unique<FixedImages>(); }, "tests");
@@ -244,7 +244,8 @@ params:
 
 TEST(DitNode, BaseRunThenLoraRunFromItsCheckpointExportsPeftAdapters) {
   register_fixed_images();
-  const std::string model = "{ patch: 2, in_channels: 3, hidden: 32, depth: 4, heads: 2, mlp_ratio: 2.0, text_dim: 8, t5_dim: 0";
+  const std::string model = "{ patch: 2, in_channels: 3, hidden: 32, depth: 4, heads: 2, mlp_ratio: 2.0, text_dim: 8, t5_dim: 0, text_len: 5,"
+                            " use_style_cond_and_image_meta_size: false, learn_sigma: false";  // = tiny(); t_fixed_images has no image sizes
   auto base = test::load_graph_text(R"(
 flowrun: 1
 run: { steps: 6, seed: 3, log_every: 1 }
@@ -293,7 +294,7 @@ nodes:
   dit::load_safetensors(*fresh, base_file);
   auto fs = dit::make_state(fresh);
   lora::load_peft(*fs, folder);
-  TensorMap b = make_batch(2, 3, 8, 8, 5, 4);
+  TensorMap b = make_batch(2, 3, 8, 8, 5);
   EXPECT_LT((fs->forward(b) - trained.forward(b)).abs().max().item<double>(), 1e-5);
 }
 

@@ -7,7 +7,8 @@
 
 namespace flowrun::dit_test {
 
-// patch 2, RGB, hidden 32, 2 heads, MLP 64, text width 8.
+// patch 2, RGB, hidden 32, 2 heads, MLP 64, text 5 tokens of width 8 (T5: 3 tokens), no size/style
+// conditioning, no learned sigma (dit_diffusers_test.cpp covers those).
 inline dit::Config tiny(int64_t depth = 4, int64_t t5 = 0) {
   dit::Config c;
   c.patch = 2;
@@ -18,6 +19,11 @@ inline dit::Config tiny(int64_t depth = 4, int64_t t5 = 0) {
   c.mlp_ratio = 2.0;
   c.text_dim = 8;
   c.t5_dim = t5;
+  c.text_len = 5;
+  c.text_len_t5 = 3;
+  c.pooled_projection_dim = 16;
+  c.use_style_cond_and_image_meta_size = false;
+  c.learn_sigma = false;
   return c;
 }
 

@@ -231,6 +231,35 @@ TEST(ImageTextShards, BadSamplesAreSkippedCountedAndNamed) {
   EXPECT_EQ(d.bad().back().member, "k5.png");
 }
 
+// HunyuanDiT's size conditioning: each row's original size, the size fed to the model and the
+// top-left corner of the centre cut in the scaled image (what resize_center_crop cuts out).
+TEST(ImageTextShards, BatchesCarryOriginalSizeCropAndStyle) {
+  const std::string prefix = test::temp_dir("meta") + "/d";
+  {
+    TarWriter w(prefix + ".train-000000.tar");
+    w.add("wide.png", png_of(gradient(20, 12)));  // 20 wide, 12 high
+    w.add("wide.txt", "wide");
+    w.add("tall.png", png_of(gradient(10, 30)));
+    w.add("tall.txt", "tall");
+    w.add("square.png", png_of(gradient(8, 8)));
+    w.add("square.txt", "square");
+    w.finish();
+  }
+  ImageTextShards d(prefix, "train", OnBad::Error, false);
+  const TensorMap b = load_image_batch(d, {0, 1, 2}, {0, 1, 2}, 8, 8, {}, nullptr);
+  // wide: scaled by 8/12 to 13 x 8, cut at x = (13 - 8) / 2 = 2; tall: by 8/10 to 8 x 24, cut
+  // at y = 8; square: as it is.
+  const torch::Tensor want = torch::tensor({12.f, 20.f, 8.f, 8.f, 0.f, 2.f,  //
+                                            30.f, 10.f, 8.f, 8.f, 8.f, 0.f,  //
+                                            8.f, 8.f, 8.f, 8.f, 0.f, 0.f})
+                                 .view({3, 6});
+  EXPECT_TRUE(torch::equal(b.at("image_meta_size"), want)) << b.at("image_meta_size");
+  EXPECT_TRUE(torch::equal(b.at("style"), torch::zeros({3}, torch::kLong)));
+  // The crop box is resize_center_crop's: cutting the scaled image there gives the batch's pixels.
+  const CenterCrop c = center_crop_box(20, 12, 8, 8);
+  EXPECT_TRUE(torch::equal(image_to_tensor(crop(resize(gradient(20, 12), c.rw, c.rh), c.left, c.top, 8, 8)), b.at("image")[0]));
+}
+
 TEST(ImageTextShards, OnBadErrorThrowsNamingShardAndMember) {
   const std::string p = bad_shard();
   try {

@@ -120,7 +120,7 @@ nodes:
   data:  { type: image_text_shards, with: { path: )" << data << R"(/shapes, size: 16, batch: 8 } }
   tok:   { type: wordpiece_tokenize, in: { text: data.captions }, with: { vocab: )" << data << R"(/png/vocab.txt, max_length: 12 } }
   text:  { type: bert_encode, in: { tokens: tok.tokens }, with: { vocab: 90, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 16, seed: 7 } }
-  model: { type: dit, with: { patch: 4, in_channels: 3, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0 } }
+  model: { type: dit, in: { tokenizer: tok.tokenizer }, with: { patch: 4, in_channels: 3, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0 } }
   loss:  { type: diffusion_loss, with: { x_key: image, prediction: v, cond_drop: 0.1 } }
   fb:    { type: forward_backward, in: { batch: data.batch, cond: text.emb, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 2.0e-3 } }
@@ -190,7 +190,7 @@ nodes:
   tok:   { type: wordpiece_tokenize, in: { text: data.captions }, with: { vocab: )" + data + R"(/png/vocab.txt, max_length: 12 } }
   text:  { type: bert_encode, in: { tokens: tok.tokens }, with: { vocab: 90, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 16, seed: 7 } }
   enc:   { type: vae_encode, in: { batch: data.batch }, with: { )" + vae_with + R"( } }
-  model: { type: dit, with: { patch: 2, in_channels: 4, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0 } }
+  model: { type: dit, in: { tokenizer: tok.tokenizer }, with: { patch: 2, in_channels: 4, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0 } }
   loss:  { type: diffusion_loss, with: { x_key: latents } }
   fb:    { type: forward_backward, in: { batch: enc.latents, cond: text.emb, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1.0e-3 } }
