@@ -26,7 +26,7 @@ class DitNode : public Node {
                      {"depth", &cfg.depth}, {"heads", &cfg.heads}, {"text_dim", &cfg.text_dim}, {"t5_dim", &cfg.t5_dim},
                      {"pooled_projection_dim", &cfg.pooled_projection_dim}});
     // The text lengths, stated once: the tokenizers' max_length unless given here.
-    auto from_tokenizer = [&](const char* key, const char* port, int64_t* to) {
+    auto from_tokenizer = [&](const char* key, const char* port, int64_t hunyuan, int64_t* to) {
       if (p.has(key))
         *to = p.get<int64_t>(key);
       else if (ctx.connected(port))
@@ -34,10 +34,10 @@ class DitNode : public Node {
       else
         throw std::runtime_error(ctx.who() + ": " + key + " is null and no " + port + " is connected; connect the " +
                                  "prompts' tokenizer (in: { " + port + ": tok.tokenizer }) or set " + ctx.name() + "." +
-                                 key + " (HunyuanDiT: " + (cfg.t5_dim > 0 && std::string(key) == "text_len_t5" ? "256" : "77") + ")");
+                                 key + " (HunyuanDiT: " + std::to_string(hunyuan) + ")");
     };
-    from_tokenizer("text_len", "tokenizer", &cfg.text_len);
-    if (cfg.t5_dim > 0) from_tokenizer("text_len_t5", "t5_tokenizer", &cfg.text_len_t5);
+    from_tokenizer("text_len", "tokenizer", 77, &cfg.text_len);
+    if (cfg.t5_dim > 0) from_tokenizer("text_len_t5", "t5_tokenizer", 256, &cfg.text_len_t5);
     cfg.mlp_ratio = p.get<double>("mlp_ratio");
     cfg.use_style_cond_and_image_meta_size = p.get<bool>("use_style_cond_and_image_meta_size");
     cfg.learn_sigma = p.get<bool>("learn_sigma");

@@ -242,6 +242,24 @@ params:
   });
 }
 
+// The text length is stated once: the tokenizer's max_length (sampler_test's graphs connect it);
+// with neither a tokenizer nor text_len the setup error says how to give one.
+TEST(DitNode, TextLenIsTheTokenizersOrMustBeGiven) {
+  try {
+    test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 1 }
+nodes:
+  model: { type: dit, with: { patch: 2, in_channels: 3, hidden: 32, depth: 2, heads: 2, text_dim: 8, t5_dim: 0 } }
+)");
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    const std::string w = e.what();
+    EXPECT_NE(w.find("node 'model' (dit): text_len is null and no tokenizer is connected"), std::string::npos) << w;
+    EXPECT_NE(w.find("in: { tokenizer: tok.tokenizer }"), std::string::npos) << w;
+  }
+}
+
 TEST(DitNode, BaseRunThenLoraRunFromItsCheckpointExportsPeftAdapters) {
   register_fixed_images();
   const std::string model = "{ patch: 2, in_channels: 3, hidden: 32, depth: 4, heads: 2, mlp_ratio: 2.0, text_dim: 8, t5_dim: 0, text_len: 5,"
