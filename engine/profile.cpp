@@ -14,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "diag.hpp"
 #include "spec.hpp"
 
 namespace flowrun {
@@ -81,12 +82,6 @@ double percentile(const std::vector<double>& sorted, double p) {  // nearest ran
   return sorted[std::min(sorted.size() - 1, k == 0 ? 0 : k - 1)];
 }
 
-std::string names(const std::set<std::string>& s) {
-  std::string o;
-  for (const auto& n : s) o += (o.empty() ? "" : ", ") + n;
-  return o;
-}
-
 }  // namespace
 
 Profile make_profile(const GraphSpec& g, const std::vector<TraceSpan>& all) {
@@ -105,7 +100,8 @@ Profile make_profile(const GraphSpec& g, const std::vector<TraceSpan>& all) {
   if (spans.empty() || !foreign.empty()) {
     std::set<std::string> graph;
     for (const auto& n : g.nodes) graph.insert(n.name + " : " + n.type);
-    throw std::runtime_error("the trace's nodes (" + names(foreign) + ") are not the graph's (" + names(graph) +
+    throw std::runtime_error("the trace's nodes (" + join({foreign.begin(), foreign.end()}) + ") are not the graph's (" +
+                             join({graph.begin(), graph.end()}) +
                              "): give the graph file the trace was made with");
   }
 
@@ -250,12 +246,6 @@ namespace {
 
 std::string ms(double us) { return fmt::format("{:.3f}", us / 1000.0); }
 
-std::string path_str(const std::vector<std::string>& path) {
-  std::string o;
-  for (const auto& n : path) o += (o.empty() ? "" : " -> ") + n;
-  return o;
-}
-
 }  // namespace
 
 std::string profile_table(const Profile& p) {
@@ -269,7 +259,7 @@ std::string profile_table(const Profile& p) {
                      n.type, n.runs, ms(n.mean_us), ms(n.p50_us), ms(n.p95_us), ms(n.max_us), n.total_us / 1e6,
                      100 * n.share, n.total_us > 0 ? 100 * n.overlapped_us / n.total_us : 0.0, n.waited_us / 1e6);
   o << fmt::format("critical path ({} of {} steps, {} ms): {}", p.critical_path_steps, p.steps,
-                   ms(p.critical_path_us), path_str(p.critical_path));
+                   ms(p.critical_path_us), join(p.critical_path, " -> "));
   return o.str();
 }
 
