@@ -3,8 +3,10 @@ loop written as a PyTorch user writes it, and the overrides that make flowrun ru
 config for bench/cpu_peers.py (--config dit_demo).
 
 The loop: a torch.utils.data Dataset over the same tar shards (tarfile + PIL, scaled to [-1, 1]
-as image_text_shards does), WordPiece tokenization in the DataLoader's collate, a frozen BERT
-(no_grad) and a HunyuanDiT-style DiT transcribed from nodes/models/bert.* and nodes/models/dit.*
+as image_text_shards does), WordPiece tokenization in the DataLoader's collate, a frozen VAE
+encoder (diffusers' AutoencoderKL encoder transcribed from nodes/models/vae.*, no_grad: images to
+a posterior sample of the latents times scaling_factor), a frozen BERT (no_grad) and a
+HunyuanDiT-style DiT transcribed from nodes/models/bert.* and nodes/models/dit.*
 (same layers, widths, attention and parameter count; the DiT also with flowrun's parameter
 names, so its checkpoints load with load_state_dict), the diffusion step of
 nodes/train/diffusion.cpp (t ~ U{0..999}, noise, v target, MSE; 10 % of captions dropped for
@@ -36,7 +38,9 @@ from PIL import Image  # python3-pil
 DIT_DEMO = dict(
     batch=32, size=32, max_length=16, vocab_txt="data/shapes/vocab.txt",                       # data, tok
     bert=dict(vocab=128, dim=64, layers=2, heads=4, ffn=128, max_positions=32, seed=7),       # text
-    dit=dict(patch=4, in_channels=3, hidden=128, depth=4, heads=4, mlp_ratio=4.0, text_dim=64,
+    vae=dict(block_out_channels=[16, 32, 32], layers_per_block=1, latent_channels=4, norm_num_groups=8,
+             scaling_factor=0.36),                                                            # vae (vae_encode)
+    dit=dict(patch=2, in_channels=4, hidden=128, depth=4, heads=4, mlp_ratio=4.0, text_dim=64,
              text_len=16),  # model (t5_dim 0, learn_sigma false, no size/style conditioning; text_len = max_length)
     cond_drop=0.1, timesteps=1000, beta_start=0.00085, beta_end=0.012,                        # fb (scaled_linear, v)
     lr=2e-3, warmup=100, weight_decay=0.0, clip=1.0,                                          # opt (adamw, constant)
@@ -236,6 +240,102 @@ def make_encoder(c):
 
 
 # ---- the DiT (HunyuanDiT, diffusers' names; nodes/models/dit.hpp) ----
+
+# ---- the frozen VAE encoder (diffusers' AutoencoderKL encoder, names as nodes/models/vae.hpp) ----
+
+class VaeResnet(nn.Module):  # ResnetBlock2D without a time embedding
+    def __init__(self, cin, cout, groups):
+        super().__init__()
+        self.norm1, self.conv1 = nn.GroupNorm(groups, cin, eps=1e-6), nn.Conv2d(cin, cout, 3, padding=1)
+        self.norm2, self.conv2 = nn.GroupNorm(groups, cout, eps=1e-6), nn.Conv2d(cout, cout, 3, padding=1)
+        self.conv_shortcut = nn.Conv2d(cin, cout, 1) if cin != cout else None
+
+    def forward(self, x):
+        h = self.conv2(F.silu(self.norm2(self.conv1(F.silu(self.norm1(x))))))
+        return (x if self.conv_shortcut is None else self.conv_shortcut(x)) + h
+
+
+class VaeAttention(nn.Module):  # the mid block's one-head attention over the H*W positions, residual
+    def __init__(self, c, groups):
+        super().__init__()
+        self.group_norm = nn.GroupNorm(groups, c, eps=1e-6)
+        self.to_q, self.to_k, self.to_v = nn.Linear(c, c), nn.Linear(c, c), nn.Linear(c, c)
+        self.to_out = nn.ModuleList([nn.Linear(c, c)])
+
+    def forward(self, x):
+        B, C, H, W = x.shape
+        h = self.group_norm(x).view(B, C, H * W).transpose(1, 2)
+        q, k, v = self.to_q(h), self.to_k(h), self.to_v(h)
+        a = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(C), dim=-1) @ v
+        return x + self.to_out[0](a).transpose(1, 2).reshape(B, C, H, W)
+
+
+class VaeDownsample(nn.Module):  # pad right and bottom by one, 3x3 stride 2
+    def __init__(self, c):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, stride=2)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (0, 1, 0, 1)))
+
+
+class VaeDownBlock(nn.Module):  # DownEncoderBlock2D
+    def __init__(self, cin, cout, layers, down, groups):
+        super().__init__()
+        self.resnets = nn.ModuleList([VaeResnet(cin if i == 0 else cout, cout, groups) for i in range(layers)])
+        self.downsamplers = nn.ModuleList([VaeDownsample(cout)]) if down else None
+
+    def forward(self, x):
+        for r in self.resnets:
+            x = r(x)
+        return self.downsamplers[0](x) if self.downsamplers is not None else x
+
+
+class VaeMidBlock(nn.Module):  # UNetMidBlock2D: resnet, attention, resnet
+    def __init__(self, c, groups):
+        super().__init__()
+        self.attentions = nn.ModuleList([VaeAttention(c, groups)])
+        self.resnets = nn.ModuleList([VaeResnet(c, c, groups), VaeResnet(c, c, groups)])
+
+    def forward(self, x):
+        return self.resnets[1](self.attentions[0](self.resnets[0](x)))
+
+
+class VaeEncoder(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        ch, g = c["block_out_channels"], c["norm_num_groups"]
+        self.conv_in = nn.Conv2d(3, ch[0], 3, padding=1)
+        self.down_blocks = nn.ModuleList([VaeDownBlock(ch[max(i - 1, 0)], ch[i], c["layers_per_block"], i + 1 < len(ch), g)
+                                          for i in range(len(ch))])
+        self.mid_block = VaeMidBlock(ch[-1], g)
+        self.conv_norm_out = nn.GroupNorm(g, ch[-1], eps=1e-6)
+        self.conv_out = nn.Conv2d(ch[-1], 2 * c["latent_channels"], 3, padding=1)
+
+    def forward(self, x):
+        x = self.conv_in(x)
+        for b in self.down_blocks:
+            x = b(x)
+        return self.conv_out(F.silu(self.conv_norm_out(self.mid_block(x))))
+
+
+class VaeEncode(nn.Module):
+    """vae_encode: images -> (mean + exp(logvar / 2) * eps) * scaling_factor (logvar clamped)."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.encoder = VaeEncoder(c)
+        self.quant_conv = nn.Conv2d(2 * c["latent_channels"], 2 * c["latent_channels"], 1)
+        self.scaling = c["scaling_factor"]
+
+    def forward(self, images):
+        mean, logvar = self.quant_conv(self.encoder(images)).chunk(2, dim=1)
+        return (mean + torch.exp(0.5 * logvar.clamp(-30.0, 20.0)) * torch.randn_like(mean)) * self.scaling
+
+
+def make_vae(c):
+    return VaeEncode(c).eval().requires_grad_(False)
+
 
 def ln(d, affine=True):
     return nn.LayerNorm(d, eps=1e-6, elementwise_affine=affine)
@@ -474,7 +574,7 @@ def ema_update(ema_params, params, decay):
     torch._foreach_add_(ema_params, params, alpha=1.0 - decay)
 
 
-def timed_steps(cfg, model, ema, encoder, opt, sched, batches, steps, warmup, window):
+def timed_steps(cfg, model, ema, vae, encoder, opt, sched, batches, steps, warmup, window):
     """Trains `steps` steps; seconds per step, one per window of `window` steps after `warmup`."""
     ab = alphas_cumprod(cfg)
     params = [p for p in model.parameters()]
@@ -485,8 +585,9 @@ def timed_steps(cfg, model, ema, encoder, opt, sched, batches, steps, warmup, wi
             t0 = time.perf_counter()
         images, ids, mask = next(batches)
         with torch.no_grad():
+            latents = vae(images)
             text = encoder(ids, mask)
-        loss = diffusion_loss(model, images, text, mask, ab)
+        loss = diffusion_loss(model, latents, text, mask, ab)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg["clip"])
         opt.step()
@@ -502,33 +603,37 @@ def timed_steps(cfg, model, ema, encoder, opt, sched, batches, steps, warmup, wi
 
 
 def setup(cfg, data, workers=1):
-    """The loop's objects, made before the clock starts: (model, ema, encoder, opt, sched, batches)."""
+    """The loop's objects, made before the clock starts: (model, ema, vae, encoder, opt, sched, batches)."""
     model = make_dit(cfg["dit"], cfg["cond_drop"]).train()
     ema = copy.deepcopy(model).requires_grad_(False)
+    vae = make_vae(cfg["vae"])
     encoder = make_encoder(cfg["bert"])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     warm = cfg["warmup"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)  # step/warmup * lr
-    return model, ema, encoder, opt, sched, forever(make_loader(cfg, data, workers=workers))
+    return model, ema, vae, encoder, opt, sched, forever(make_loader(cfg, data, workers=workers))
 
 
 def dit_round(cfg, data, steps, warmup, window, threads=None, workers=1):
     """Seconds per step of the loop: the median over windows after warm-up."""
     if threads:
         torch.set_num_threads(threads)
-    model, ema, encoder, opt, sched, batches = setup(cfg, data, workers)
-    return statistics.median(timed_steps(cfg, model, ema, encoder, opt, sched, batches, steps, warmup, window))
+    model, ema, vae, encoder, opt, sched, batches = setup(cfg, data, workers)
+    return statistics.median(timed_steps(cfg, model, ema, vae, encoder, opt, sched, batches, steps, warmup, window))
 
 
 # ---- flowrun ----
 
 def dit_overrides(cfg, data, steps, window, threads=0):
-    """graphs/dit_base.yaml as the loop: the same data, model, objective, optimizer and EMA
-    (every step); the sampler, evaluation and checkpoints, which the loop does not have, moved
-    past the last step."""
+    """graphs/dit_base.yaml as the loop: the same data, VAE encoder (seeded random in both: the
+    work is the same without a trained one), model, objective, optimizer and EMA (every step);
+    the sampler, evaluation and checkpoints, which the loop does not have, moved past the last
+    step."""
     b, d = cfg["bert"], cfg["dit"]
     return ["graphs/dit_base.yaml", "data.path=" + data, "data.batch=%d" % cfg["batch"], "data.size=%d" % cfg["size"],
             "tok.vocab=" + cfg["vocab_txt"], "tok.max_length=%d" % cfg["max_length"]] + \
+           ["vae.weights=null", "sample.vae.weights=null"] + \
+           ["vae.%s=%s" % kv for kv in sorted(cfg["vae"].items())] + \
            ["text.%s=%d" % kv for kv in sorted(b.items())] + \
            ["model.%s=%s" % kv for kv in sorted(d.items())] + \
            ["loss.cond_drop=%g" % cfg["cond_drop"], "opt.lr=%g" % cfg["lr"], "opt.warmup=%d" % cfg["warmup"],
@@ -548,8 +653,9 @@ def main():
     ap.add_argument("--window", type=int, default=5)
     args = ap.parse_args()
     cfg = DIT_DEMO
-    print("DiT parameters: %d (frozen BERT: %d)" % (param_count(make_dit(cfg["dit"], 0.0)),
-                                                    param_count(make_encoder(cfg["bert"]))), flush=True)
+    print("DiT parameters: %d (frozen BERT: %d, frozen VAE encoder: %d)" % (
+        param_count(make_dit(cfg["dit"], 0.0)), param_count(make_encoder(cfg["bert"])),
+        param_count(make_vae(cfg["vae"]))), flush=True)
     s = dit_round(cfg, args.data, args.steps, args.warmup, args.window, args.threads, args.workers)
     print("%.3f s/step, %.2f steps/s, %.1f images/s" % (s, 1 / s, cfg["batch"] / s))
 

@@ -13,6 +13,7 @@
 #      triangles, diamonds with exact captions), packed by flowrun prep images:
 #        data/shapes/base-png/, data/shapes/base.{train,val}-NNNNNN.tar   3000 images, no purple
 #        data/shapes/lora-png/, data/shapes/lora.{train,val}-NNNNNN.tar   1000 purple shapes
+#        data/shapes/all-png/, data/shapes/all.{train,val}-NNNNNN.tar     3000 in all eight colors (the VAE's)
 #        data/shapes/vocab.txt                                           BERT WordPiece vocabulary
 # Usage: scripts/data.sh [--force] [FLOWRUN_BINARY]   (default: ${BUILD_DIR:-build}/engine/flowrun)
 set -euo pipefail
@@ -72,9 +73,9 @@ for tok in byte gpt2; do
   "$flowrun" prep text "${args[@]}" --split-on % --val-fraction 0.05 --seed 1 --out "$out" "${fortune_files[@]}"
 done
 
-# ---- 3. the shapes demo sets (graphs/dit_base.yaml, graphs/hydit_lora.yaml) --------------------
+# ---- 3. the shapes demo sets (graphs/vae.yaml, graphs/dit_base.yaml, graphs/hydit_lora.yaml) ----
 mkdir -p data/shapes
-for spec in base:3000 lora:1000; do
+for spec in base:3000 lora:1000 all:3000; do
   set=${spec%%:*} count=${spec##*:}
   if [ $force = 0 ] && ls data/shapes/$set.train-*.tar > /dev/null 2>&1; then
     echo "== data/shapes/$set.*: already there"

@@ -2,8 +2,8 @@
 # Set up a fresh Debian 12 machine and run the demo:
 #   1. install the Debian packages flowrun needs (only those missing; sudo if not root),
 #   2. configure and build into build/ (RelWithDebInfo, ccache if present),
-#   3. make the demo data (scripts/data.sh) and run the demo: graphs/dit_base.yaml (once), then
-#      graphs/hydit_lora.yaml.
+#   3. make the demo data (scripts/data.sh) and run the demo: graphs/vae.yaml and
+#      graphs/dit_base.yaml (once each), then graphs/hydit_lora.yaml.
 # Options: --no-demo (stop after building), BUILD_DIR=... to build elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,14 +53,23 @@ scripts/data.sh "$BUILD_DIR/engine/flowrun"
 
 if [ $demo = 1 ]; then
   B="$BUILD_DIR/engine/flowrun"
-  # The HunyuanDiT-style LoRA demo, in pixel space (README): the base DiT first if there is
-  # no base checkpoint yet, then the LoRA fine-tune that teaches it the color purple.
+  # The HunyuanDiT-style LoRA demo in latent space (README): the VAE and the base DiT first if
+  # there are no checkpoints of them yet, then the LoRA fine-tune that teaches it the color purple.
+  if [ ! -f runs/vae/checkpoints/latest ]; then
+    echo "== demo 1/3: flowrun graphs/vae.yaml (the VAE: 32x32 shapes <-> 4x8x8 latents; once)"
+    "$B" graphs/vae.yaml
+    if [ -d runs/dit_base ]; then  # a base trained without this VAE does not fit it: kept, moved aside
+      old=runs/dit_base.before-vae-$(date +%Y%m%d-%H%M%S)
+      echo "== a new VAE: moving the base trained without it, runs/dit_base, to $old"
+      mv runs/dit_base "$old"
+    fi
+  fi
   if [ ! -f runs/dit_base/checkpoints/latest ]; then
-    echo "== demo 1/2: flowrun graphs/dit_base.yaml (the base DiT on the shapes set; once)"
+    echo "== demo 2/3: flowrun graphs/dit_base.yaml (the base DiT on the shapes set, in the VAE's latents; once)"
     "$B" graphs/dit_base.yaml
   fi
-  echo "== demo 2/2: flowrun graphs/hydit_lora.yaml (LoRA: purple shapes)"
+  echo "== demo 3/3: flowrun graphs/hydit_lora.yaml (LoRA: purple shapes)"
   "$B" graphs/hydit_lora.yaml run.resume=never  # a rerun of this script starts the fine-tune over
-  echo "== samples: runs/dit_base/samples/, runs/hydit_lora/samples/ (step_0000001.png = the base, the last = after LoRA)"
+  echo "== samples: runs/dit_base/samples/, runs/hydit_lora/samples/ (step_0000001.png = the base, the last = after LoRA); VAE reconstructions: runs/vae/recon/"
   echo "== adapters: runs/hydit_lora/checkpoints/latest names the folder; graph: $B dot graphs/hydit_lora.yaml | dot -Tsvg > g.svg"
 fi

@@ -387,4 +387,12 @@ Image hflip(const Image& img) {
   return out;
 }
 
+Image zoom(const Image& img, int z) {
+  if (z <= 1) return img;
+  Image out(img.w * z, img.h * z, img.c);
+  for (int y = 0; y < out.h; ++y)
+    for (int x = 0; x < out.w; ++x) std::memcpy(out.at(x, y), img.at(x / z, y / z), static_cast<size_t>(img.c));
+  return out;
+}
+
 }  // namespace flowrun

@@ -69,5 +69,7 @@ CenterCrop center_crop_box(int iw, int ih, int w, int h);
 Image crop(const Image& img, int x0, int y0, int w, int h);
 // Mirrored left to right.
 Image hflip(const Image& img);
+// Each pixel as a z x z block (z <= 1: the image itself), so small images stay sharp when viewed.
+Image zoom(const Image& img, int z);
 
 }  // namespace flowrun

@@ -67,17 +67,20 @@ const std::vector<std::string>& shape_positions() {
 }
 
 ShapeSpec shape_spec(uint64_t seed, const std::string& set, int64_t index) {
-  if (set != "base" && set != "lora") throw std::invalid_argument("unknown shapes set '" + set + "' (known: base, lora)");
-  const bool lora = set == "lora";
-  Rng rng{mix_seed({seed, kTagShapes, lora ? 1ull : 0ull, static_cast<uint64_t>(index)})};
+  if (set != "base" && set != "lora" && set != "all")
+    throw std::invalid_argument("unknown shapes set '" + set + "' (known: base, lora, all)");
+  const bool lora = set == "lora", all = set == "all";
+  Rng rng{mix_seed({seed, kTagShapes, lora ? 1ull : all ? 2ull : 0ull, static_cast<uint64_t>(index)})};
   ShapeSpec s;
   const int base_colors = purple_index();  // colors 0 .. base_colors-1 never include purple
   s.kind = shape_kinds()[static_cast<size_t>(rng.below(static_cast<int>(shape_kinds().size())))];
   s.large = rng.below(2) == 1;
   s.position = rng.below(9);
-  s.color = lora ? purple_index() : rng.below(base_colors);
-  s.background = rng.below(lora ? base_colors : base_colors - 1);
-  if (!lora && s.background >= s.color) ++s.background;  // any base color but the shape's
+  s.color = lora ? purple_index() : rng.below(all ? base_colors + 1 : base_colors);
+  // Backgrounds are base colors in every set; in base and all, any but the shape's.
+  const bool base_shape = s.color < base_colors;
+  s.background = rng.below(base_shape ? base_colors - 1 : base_colors);
+  if (base_shape && s.background >= s.color) ++s.background;
   return s;
 }
 
@@ -290,7 +293,7 @@ ShapeScore score_shape_image(const Image& img, const ShapeSpec& want) {
 
 namespace {
 const char* kShapesUsage =
-    "usage: flowrun prep shapes OUT_DIR [--count 2000] [--size 32] [--seed 1] [--set base|lora]\n"
+    "usage: flowrun prep shapes OUT_DIR [--count 2000] [--size 32] [--seed 1] [--set base|lora|all]\n"
     "\n"
     "Draws the DiT demo's image-text set: one colored shape (circle, square, triangle, diamond;\n"
     "small or large) in a cell of a 3x3 grid on a plain background, with an exact caption:\n"
@@ -302,6 +305,7 @@ const char* kShapesUsage =
     "  --seed K       the same seed gives the same images (default 1)\n"
     "  --set base     colors red green blue yellow white black gray: never purple\n"
     "  --set lora     every shape purple: a concept the base set never shows\n"
+    "  --set all      all eight colors (the VAE's set: it must draw what either DiT set shows)\n"
     "\n"
     "Pack it for training with: flowrun prep images OUT_DIR PREFIX\n";
 }  // namespace
@@ -325,7 +329,11 @@ int prep_shapes_command(const std::vector<std::string>& args) {
     const std::vector<std::string>& positional = cl.positional;
     if (positional.size() != 1) throw std::invalid_argument("expected one OUT_DIR, got " + std::to_string(positional.size()));
     opt.out_dir = positional[0];
-    if (opt.set != "base" && opt.set != "lora") throw std::invalid_argument("--set: unknown set '" + opt.set + "' (known: base, lora)");
+    try {
+      shape_spec(opt.seed, opt.set, 0);  // the one list of sets
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--set: ") + e.what());
+    }
     const int64_t n = write_shapes(opt);
     std::printf("prep shapes: %lld %dx%d images (set %s, seed %llu) -> %s/NNNNNN.{png,txt}, %s/vocab.txt (%zu tokens)\n",
                 static_cast<long long>(n), opt.size, opt.size, opt.set.c_str(), static_cast<unsigned long long>(opt.seed),

@@ -1,6 +1,6 @@
 // The demo image-text sets of the DiT LoRA demo: colored shapes with exact captions.
 //
-//   flowrun prep shapes OUT_DIR [--count 2000] [--size 32] [--seed 1] [--set base|lora]
+//   flowrun prep shapes OUT_DIR [--count 2000] [--size 32] [--seed 1] [--set base|lora|all]
 //
 // Each image is one shape (circle, square, triangle, diamond), small or large, in one cell of
 // a 3x3 grid (top left ... bottom right), in one color on a plain background of another
@@ -9,7 +9,9 @@
 //   "a large yellow diamond in the center on a black background"
 // Sets: `base` never uses the color purple (shape or background); `lora` draws every shape in
 // purple (backgrounds from the base colors), so a LoRA trained on it learns the word "purple",
-// which the base model never saw. Writes OUT_DIR/NNNNNN.png + NNNNNN.txt (caption, one line)
+// which the base model never saw; `all` draws shapes in all eight colors (backgrounds from the
+// base colors, never the shape's): the VAE's set (graphs/vae.yaml), since the one VAE of both DiT
+// graphs must draw purple too. Writes OUT_DIR/NNNNNN.png + NNNNNN.txt (caption, one line)
 // and OUT_DIR/vocab.txt: a BERT WordPiece vocabulary ([PAD] [UNK] [CLS] [SEP] [MASK], every word
 // either set can emit, then a..z and ##a..##z), the same for both sets. Image i is a pure
 // function of (seed, set, i, size): the same seed gives the same files.
@@ -40,7 +42,7 @@ struct ShapeSpec {
   int position = 4;        // index into shape_positions(): row * 3 + column
 };
 
-// The spec of image `index` of a set ("base" or "lora"); throws std::invalid_argument on another set.
+// The spec of image `index` of a set ("base", "lora" or "all"); throws std::invalid_argument on another set.
 ShapeSpec shape_spec(uint64_t seed, const std::string& set, int64_t index);
 std::string shape_caption(const ShapeSpec& s);
 // Centre and "radius" of the shape in pixels for an image of size x size.

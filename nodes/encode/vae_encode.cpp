@@ -81,6 +81,8 @@ class VaeEncodeNode : public Node {
     }
     model->to(run_device(ctx.run()), dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
     state_ = vae::make_vae_state(model);
+    state_->in_key = in_key_;
+    state_->out_key = out_key_;
     factor_ = c.downsample_factor();
     if (ctx.run().rank == 0) {
       int64_t n = 0;

@@ -15,6 +15,7 @@
 #include "comm.hpp"
 #include "encode/text_encode.hpp"
 #include "encode/tokenize.hpp"
+#include "encode/vae_encode.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -102,6 +103,8 @@ class EvaluatorNode : public Node {
     if (ctx.connected("tokenizer") != ctx.connected("encoder"))
       throw std::runtime_error(ctx.who() + ": connect both `tokenizer` and `encoder` (the captions are tokenized, then encoded), or neither");
     with_text_ = ctx.connected("encoder");
+    if (ctx.connected("vae") && !dynamic_cast<vae::VaeState*>(&ctx.state_as<ModelState>("vae")))
+      throw std::runtime_error(ctx.who() + ": its vae input is not a VAE's params (connect a vae_encode node's params)");
     check_eval_split(data, opts_, ctx.who());
   }
 
@@ -109,14 +112,27 @@ class EvaluatorNode : public Node {
     ModelState& model = ctx.state_as<ModelState>("model");
     const Dataset& data = ctx.state_as<Dataset>("data");
     EvalOptions o = opts_;
-    if (with_text_) {
-      const TextTokenizer& tok = ctx.state_as<TextTokenizer>("tokenizer");
-      ModelState& enc = ctx.state_as<ModelState>("encoder");
-      o.cond = [&](int64_t i, const TensorMap&) {
-        const std::vector<std::string> caps = data.captions(o.split, i, o.batch, o.rank, o.world);
-        if (caps.empty())
-          throw std::runtime_error(ctx.who() + ": the dataset has no captions to encode; disconnect tokenizer and encoder");
-        return encode_text(enc, encode_texts(tok, caps));
+    auto* vae = ctx.connected("vae") ? dynamic_cast<vae::VaeState*>(&ctx.state_as<ModelState>("vae")) : nullptr;
+    if (with_text_ || vae) {
+      const TextTokenizer* tok = with_text_ ? &ctx.state_as<TextTokenizer>("tokenizer") : nullptr;
+      ModelState* enc = with_text_ ? &ctx.state_as<ModelState>("encoder") : nullptr;
+      o.cond = [&, tok, enc, vae](int64_t i, const TensorMap& batch) {
+        TensorMap cond;
+        if (tok) {
+          const std::vector<std::string> caps = data.captions(o.split, i, o.batch, o.rank, o.world);
+          if (caps.empty())
+            throw std::runtime_error(ctx.who() + ": the dataset has no captions to encode; disconnect tokenizer and encoder");
+          cond = encode_text(*enc, encode_texts(*tok, caps));
+        }
+        if (vae) {  // as training's vae_encode, but the posterior mean: the same latents at every evaluation
+          auto it = batch.find(vae->in_key);
+          if (it == batch.end())
+            throw std::runtime_error(ctx.who() + ": the dataset's batches have no '" + vae->in_key + "' for the vae to encode");
+          VaeEncodeOptions mean;
+          mean.sample = false;
+          cond[vae->out_key] = encode_latents(*vae, it->second, mean);
+        }
+        return cond;
       };
     }
     const EvalResult r = evaluate(model, data, *objective_, o);

@@ -19,7 +19,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 
 #include "data/image_io.hpp"
@@ -108,15 +107,6 @@ torch::Tensor decode_latents(vae::AutoencoderKLImpl& vae, const torch::Tensor& l
 }
 
 namespace {
-
-// Each pixel as a z x z block: small samples (32x32) stay sharp when viewed.
-Image zoom(const Image& img, int z) {
-  if (z <= 1) return img;
-  Image out(img.w * z, img.h * z, img.c);
-  for (int y = 0; y < out.h; ++y)
-    for (int x = 0; x < out.w; ++x) std::memcpy(out.at(x, y), img.at(x / z, y / z), static_cast<size_t>(img.c));
-  return out;
-}
 
 class SamplerNode : public Node {
  public:

@@ -2,6 +2,7 @@
 #include "models/vae.hpp"
 
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -344,14 +345,20 @@ AutoencoderKLImpl& VaeState::vae() const {
   return *m;
 }
 
-std::shared_ptr<ModelState> VaeState::clone() const { return clone_frozen(*this); }
+std::shared_ptr<ModelState> VaeState::clone() const {
+  if (frozen) return clone_frozen(*this);
+  auto copy = std::make_shared<VaeState>(*this);
+  copy->module = ModelState::clone()->module;  // new tensors, each parameter's requires_grad kept
+  return copy;
+}
 
-std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model) {
-  freeze(*model);
-  ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
+std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model, bool frozen) {
+  if (frozen) freeze(*model);
+  ModelState::ForwardFn fwd = [frozen](torch::nn::Module& m, const TensorMap& batch) {
     auto* vae = m.as<AutoencoderKLImpl>();
     if (!vae) throw std::runtime_error("vae: the module is not an AutoencoderKL");
-    torch::NoGradGuard no_grad;
+    std::optional<torch::NoGradGuard> no_grad;
+    if (frozen) no_grad.emplace();
     const double s = vae->config().scaling_factor;
     torch::Tensor w = vae->parameters().front();
     if (auto it = batch.find("latents"); it != batch.end() && vae->decoder)
@@ -364,6 +371,7 @@ std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model) {
                                       std::string("vae/") + to_string(model->part()));
   s->config = model->config();
   s->part = model->part();
+  s->frozen = frozen;
   return s;
 }
 

@@ -1,7 +1,8 @@
 // A KL autoencoder laid out exactly like diffusers' AutoencoderKL (DownEncoderBlock2D /
 // UpDecoderBlock2D, the SD / SDXL / HunyuanDiT VAE), so a diffusers
-// `diffusion_pytorch_model.safetensors` loads by name. Used frozen: vae_encode turns images into
-// latents, the sampler decodes latents into images.
+// `diffusion_pytorch_model.safetensors` loads by name. Trained by the vae node (graphs/vae.yaml,
+// objective vae_loss); used frozen: vae_encode turns images into latents, the sampler decodes
+// latents into images.
 //
 //   encoder.conv_in                               3x3, in_channels -> C[0]
 //   encoder.down_blocks.I.resnets.J.{norm1,conv1,norm2,conv2,conv_shortcut}   (layers_per_block
@@ -231,18 +232,25 @@ void load_safetensors(AutoencoderKLImpl& model, const std::string& path);
 // load_safetensors), or, with weights empty, initialised from `seed` (init_weights). On the CPU.
 AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed);
 
-// The ModelState behind vae_encode's `params` port (held as std::shared_ptr<ModelState>;
-// dynamic_pointer_cast to this for the config). Frozen: requires_grad false everywhere, eval mode.
+// The ModelState of an AutoencoderKL (held as std::shared_ptr<ModelState>; dynamic_pointer_cast
+// to this for the config). Frozen (vae_encode's `params`): requires_grad false everywhere, eval
+// mode, forward under NoGradGuard. Trainable (the vae node's `params`, trained by vae_loss):
+// every parameter trains and copies (clone(): the EMA) keep each parameter's flag.
 // forward(batch): with a decoder part and a "latents" key, decode(latents / scaling_factor);
 // otherwise the scaled mean latents of batch["image"] (encoder part).
 struct VaeState : ModelState {
   Config config;
   Part part = Part::both;
+  bool frozen = true;
+  // vae_encode's batch keys (its in_key and out_key), so that readers of its params (the
+  // evaluator) encode batches as it does.
+  std::string in_key = "image", out_key = "latents";
   using ModelState::ModelState;
   AutoencoderKLImpl& vae() const;
   std::shared_ptr<ModelState> clone() const override;
 };
 
-std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model);
+// frozen: freeze(model) first (no parameter trains, eval mode).
+std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model, bool frozen = true);
 
 }  // namespace flowrun::vae

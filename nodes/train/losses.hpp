@@ -1,6 +1,6 @@
 // The built-in objectives (train/objective.hpp), one node type each: mse_loss (mse_loss.cpp),
-// lm_loss (lm_loss.cpp), diffusion_loss (diffusion_loss.cpp), caption_loss (caption_loss.cpp). Declared here so that tests and
-// benches can make one without a graph.
+// lm_loss (lm_loss.cpp), diffusion_loss (diffusion_loss.cpp), caption_loss (caption_loss.cpp),
+// vae_loss (vae_loss.cpp). Declared here so that tests and benches can make one without a graph.
 #pragma once
 #include "train/diffusion.hpp"
 #include "train/objective.hpp"
@@ -96,6 +96,37 @@ class CaptionLoss : public Objective {
   torch::Tensor start_tokens(const torch::Tensor& input_ids) const;
   // The targets of a caption and their mask, as prepare() makes them: [B, L] each.
   std::pair<torch::Tensor, torch::Tensor> labels_of(const torch::Tensor& input_ids, const torch::Tensor& mask) const;
+  const Options& options() const { return o_; }
+
+ private:
+  Options o_;
+};
+
+// A KL autoencoder's first-stage objective (latent diffusion's AutoencoderKL, without its
+// perceptual and adversarial terms), for a vae node's model. Per batch of images x [B, C, H, W]:
+//   (mean, logvar) = encode(x)                       (logvar clamped to [-30, 20])
+//   z   = mean + exp(logvar / 2) * eps,  eps ~ N(0, I)   in training with `sample`; mean otherwise
+//   rec = mean over b, c, h, w of |x - decode(z)|     (recon l1; mse: squared)
+//   kl  = mean over b of 0.5 * sum over latent elements of (mean^2 + exp(logvar) - 1 - logvar)
+//   loss = rec + kl_weight * kl / (C * H * W)
+// That is LDM's loss (sum of the per-pixel terms over an image + kl_weight * KL, averaged over
+// images) divided by the pixels per image, so kl_weight means what it means in LDM and diffusers
+// configs (1e-6) while the loss stays per pixel. eps comes from the TrainingScope's generator
+// (forward_backward's, seeded per step, rank and micro-batch); in an evaluator (no scope) z is
+// the mean, so the loss is deterministic. targets: rows.
+class VaeLoss : public Objective {
+ public:
+  struct Options {
+    double kl_weight = 1e-6;
+    bool l1 = true;  // false: mse
+    bool sample = true;
+    std::string image_key = "image";
+  };
+  explicit VaeLoss(Options o);
+  explicit VaeLoss(SetupContext& ctx);
+  std::vector<std::string> needs() const override { return {o_.image_key}; }
+  torch::Tensor loss(ModelState& model, const TensorMap& batch) const override;
+  int64_t targets(const TensorMap& batch) const override;
   const Options& options() const { return o_; }
 
  private:

@@ -255,8 +255,8 @@ out_dir_lock)
   expect_code 0 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/l"
   ;;
 tensorboard_events)
-  # graphs/dit_base.yaml at a tiny size: two metrics nodes and the sampler write one event file
-  # (OUT_DIR/tb). tests/tools/read_tfevents.py, a reader written apart from the writer, checks
+  # graphs/dit_base.yaml at a tiny size (its VAE seeded random: no trained one needed): two
+  # metrics nodes and the sampler write one event file (OUT_DIR/tb). tests/tools/read_tfevents.py, a reader written apart from the writer, checks
   # every record's length and data CRC and each PNG, and decodes the events; every number of
   # metrics.jsonl is there as a scalar NODE/NAME of its step, and the grid as an image of the
   # PNG's size.
@@ -264,7 +264,8 @@ tensorboard_events)
   expect_code 0 "$flowrun" graphs/dit_base.yaml run.out_dir="$tmp/o" run.steps=6 run.log_every=2 run.progress=off \
     log.tensorboard=true evlog.tensorboard=true sample.tensorboard=true data.batch=8 tok.max_length=12 text.dim=16 \
     text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16 \
-    sample.steps=2 sample.per_prompt=1 sample.every=6 eval.every=3 evlog.every=3 eval.batch=8 eval.batches=1
+    sample.steps=2 sample.per_prompt=1 sample.every=6 eval.every=3 evlog.every=3 eval.batch=8 eval.batches=1 \
+    vae.weights=null sample.vae.weights=null
   [ "$(ls "$tmp/o/tb" | wc -l)" = 1 ] || { ls -l "$tmp/o/tb" >&2; fail "expected one event file in OUT_DIR/tb"; }
   python3 tests/tools/read_tfevents.py "$tmp/o/tb" > "$tmp/events" || fail "the event file does not read back"
   python3 - "$tmp/events" "$tmp/o/metrics.jsonl" "$tmp/o/samples/step_0000006.png" <<'PY' || fail "events differ from metrics.jsonl"

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "data/image_io.hpp"
+#include "data/prep_images.hpp"
+#include "data/shapes.hpp"
 
 namespace flowrun::test {
 
@@ -87,6 +89,24 @@ inline std::string corrupt_body_png(const Image& img) {
   std::string b = encode_png(img);
   for (size_t i = b.size() - 24; i < b.size() - 16; ++i) b[i] = static_cast<char>(b[i] ^ 0x5A);
   return b;
+}
+
+// The shapes set `set` ("base", "lora") of `count` images of size x size, rendered into
+// DIR/SET-png (with vocab.txt) and packed into DIR/SET.{train,val}-NNNNNN.tar with 10 % held
+// out, as scripts/data.sh makes the demo's at 32x32: what the DiT and VAE graph tests train on.
+inline void make_shapes_set(const std::string& dir, const std::string& set, int64_t count, int size = 16) {
+  ShapesOptions so;
+  so.out_dir = dir + "/" + set + "-png";
+  so.count = count;
+  so.size = size;
+  so.set = set;
+  write_shapes(so);
+  PrepImagesOptions po;
+  po.dir = so.out_dir;
+  po.out = dir + "/" + set;
+  po.val_fraction = 0.1;  // the graphs' evaluators read val
+  po.quiet = true;
+  prep_images(po);
 }
 
 }  // namespace flowrun::test

@@ -78,6 +78,18 @@ TEST(Shapes, DeterministicAndCaptionsMatchWhatIsDrawn) {
       colors_seen.insert(fg.name);
     }
   EXPECT_GE(colors_seen.size(), 6u);
+  // all: every color, purple included, and never the shape's color as its background. base and
+  // lora images are unchanged by its addition (their first captions, recorded before it).
+  std::set<std::string> all_colors;
+  for (int64_t i = 0; i < 200; ++i) {
+    const ShapeSpec s = shape_spec(5, "all", i);
+    EXPECT_NE(s.color, s.background);
+    EXPECT_NE(shape_colors()[static_cast<size_t>(s.background)].name, "purple");
+    all_colors.insert(shape_colors()[static_cast<size_t>(s.color)].name);
+  }
+  EXPECT_EQ(all_colors.size(), shape_colors().size());
+  EXPECT_EQ(shape_caption(shape_spec(1, "base", 0)), "a small blue circle at the bottom left on a yellow background");
+  EXPECT_EQ(shape_caption(shape_spec(1, "lora", 0)), "a small purple square at the top right on a black background");
   EXPECT_NE(shape_caption(shape_spec(5, "base", 0)) + shape_caption(shape_spec(5, "base", 1)),
             shape_caption(shape_spec(6, "base", 0)) + shape_caption(shape_spec(6, "base", 1)));
   EXPECT_THROW(shape_spec(1, "other", 0), std::invalid_argument);

@@ -1,0 +1,56 @@
+// vae: a trainable diffusers AutoencoderKL (the module: models/vae.hpp), the model of
+// graphs/vae.yaml; objective vae_loss trains it, vae_recon shows and scores its reconstructions,
+// and the checkpoint's files load by name into vae_encode and the sampler's `vae`.
+// Schema: schemas/vae.yaml. Test: tests/nodes/vae_loss_test.cpp, graph_vae_test.cpp.
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "common/device.hpp"
+#include "common/files.hpp"
+#include "encode/vae_encode.hpp"
+#include "models/vae.hpp"
+#include "registry.hpp"
+
+namespace flowrun::vae {
+namespace {
+
+class VaeNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    const Config cfg = autoencoder_kl_config(p.node());
+    const uint64_t seed = node_seed(ctx);
+    std::string weights;
+    if (p.has("weights")) {
+      weights = resolve_latest(p.get<std::string>("weights"));
+      if (!std::filesystem::is_regular_file(weights))
+        throw std::runtime_error(ctx.who() + ": weights: " + weights + " does not exist (set " + ctx.name() +
+                                 ".weights=PATH to a diffusers AutoencoderKL safetensors file, or null to start from a " +
+                                 "seeded init)");
+    }
+    AutoencoderKL model{nullptr};
+    try {
+      cfg.check();
+      model = make_autoencoder(cfg, Part::both, weights, seed);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    if (ctx.run().rank == 0) {
+      int64_t n = 0;
+      for (const auto& t : model->parameters()) n += t.numel();
+      spdlog::info("{}: {:.2f}M parameters, all trainable ({}, /{} per side; {})", ctx.who(),
+                   static_cast<double>(n) / 1e6, describe(cfg), cfg.downsample_factor(),
+                   weights.empty() ? "init, seed " + std::to_string(seed) : "weights from " + weights);
+    }
+    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
+    ctx.own_state("params", std::static_pointer_cast<ModelState>(make_vae_state(model, /*frozen=*/false)));
+  }
+
+  void run(StepContext&) override {}  // parameters change only through the optimizer
+};
+
+}  // namespace
+}  // namespace flowrun::vae
+
+FLOWRUN_NODE(vae, flowrun::vae::VaeNode)
