@@ -71,11 +71,7 @@ class CaptionEvaluatorNode : public Node {
       throw std::runtime_error(ctx.who() + ": its objective is " + objective.type +
                                "; a caption evaluator needs the caption_loss the model trains with (its start token)");
     cappa::module_of(ctx.state_as<ModelState>("model"));  // a clear error now if the model is not a captioner
-    opts_.split = p.get<std::string>("split");
-    opts_.batches = p.get<int64_t>("batches");
-    opts_.batch = p.get<int64_t>("batch");
-    opts_.rank = ctx.run().rank;
-    opts_.world = ctx.run().world;
+    opts_ = eval_options(ctx);
     samples_ = p.get<int64_t>("samples");
     check_eval_split(ctx.state_as<Dataset>("data"), opts_, ctx.who());
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank

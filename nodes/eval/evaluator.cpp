@@ -56,6 +56,17 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& obj
   return r;
 }
 
+EvalOptions eval_options(const SetupContext& ctx) {
+  const Params& p = ctx.params();
+  EvalOptions o;
+  o.split = p.get<std::string>("split");
+  o.batches = p.get<int64_t>("batches");
+  o.batch = p.get<int64_t>("batch");
+  o.rank = ctx.run().rank;
+  o.world = ctx.run().world;
+  return o;
+}
+
 void check_eval_split(const Dataset& data, const EvalOptions& o, const std::string& who) {
   std::string have;
   bool found = false;
@@ -77,7 +88,6 @@ namespace {
 class EvaluatorNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
-    const Params& p = ctx.params();
     objective_ = &ctx.state_as<Objective>("objective");
     // The outputs other nodes read besides `loss` must be ones the objective reports.
     std::string offered;
@@ -90,11 +100,7 @@ class EvaluatorNode : public Node {
         throw std::runtime_error(ctx.who() + ": a node reads its output '" + port + "', but objective " + objective_->type +
                                  (offered.empty() ? " reports nothing beside loss" : " reports only {" + offered + "}"));
     }
-    opts_.split = p.get<std::string>("split");
-    opts_.batches = p.get<int64_t>("batches");
-    opts_.batch = p.get<int64_t>("batch");
-    opts_.rank = ctx.run().rank;
-    opts_.world = ctx.run().world;
+    opts_ = eval_options(ctx);
     opts_.precision = run_precision(ctx.run());
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());

@@ -6,6 +6,7 @@
 
 #include "data/dataset.hpp"
 #include "models/model_state.hpp"
+#include "node.hpp"
 #include "train/forward_backward.hpp"
 #include "train/objective.hpp"
 #include "train/precision.hpp"
@@ -38,6 +39,11 @@ struct EvalResult {
 // NoGradGuard and in eval mode (outside any TrainingScope: no dropout). Only reads the model.
 // Throws when the shard holds no batch.
 EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& objective, const EvalOptions& options);
+
+// The held-out pass a node reads, from its `split`, `batches` and `batch` parameters and the run's
+// rank and world: what every evaluating node (evaluator, caption_evaluator, vae_recon) states
+// the same way.
+EvalOptions eval_options(const SetupContext& ctx);
 
 // At setup (on every rank, before any collective): the dataset has options.split and this
 // rank's shard of it holds at least one batch; otherwise an error that names `who`, the splits

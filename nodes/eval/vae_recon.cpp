@@ -56,11 +56,7 @@ class VaeReconNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    opts_.split = p.get<std::string>("split");
-    opts_.batches = p.get<int64_t>("batches");
-    opts_.batch = p.get<int64_t>("batch");
-    opts_.rank = ctx.run().rank;
-    opts_.world = ctx.run().world;
+    opts_ = eval_options(ctx);
     grid_ = p.get<int64_t>("grid");
     zoom_ = p.get<int64_t>("zoom");
     if (grid_ > opts_.batch)

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <mutex>
 
 #include "common/seed.hpp"
+#include "data_test_helpers.hpp"
+#include "encode/vae_encode.hpp"
 #include "eval/evaluator.hpp"
 #include "models/gpt.hpp"
 #include "node_test_helpers.hpp"
@@ -182,6 +185,57 @@ nodes:
   EXPECT_NEAR(loss, r.loss, 1e-9);
   EXPECT_NEAR(loss, std::log(50.0), 0.3);
   EXPECT_EQ(m[1]["val_loss"].get<double>(), loss);  // nothing trains the model
+}
+
+// A test objective that scores the batch's z itself: its mean (the model is not used).
+class MeanOfZ : public Objective {
+ public:
+  explicit MeanOfZ(SetupContext&) {}
+  std::vector<std::string> needs() const override { return {"z"}; }
+  torch::Tensor loss(ModelState&, const TensorMap& b) const override { return b.at("z").mean(); }
+  int64_t targets(const TensorMap& b) const override { return b.at("z").size(0); }
+};
+
+TEST(EvaluatorNode, WithAVaeItScoresThePosteriorMeanLatentsOfEachHeldOutBatchUnderTheEncodersKey) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Registry::global().add(R"(type: t_mean_of_z
+doc: the mean of the batch's z (a test objective)
+stateless: true
+outputs: { objective: { kind: state, type: objective, doc: the objective } })",
+                           objective_factory<MeanOfZ>(), "tests");
+  });
+  const std::string data = test::temp_dir("eval_vae");
+  test::make_shapes_set(data, "all", 40);  // 4 held out
+  auto g = test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 2, seed: 2, log_every: 1 }
+nodes:
+  data: { type: image_text_shards, with: { path: )" + data + R"(/all, size: 16, batch: 4 } }
+  enc:  { type: vae_encode, in: { batch: data.batch },
+          with: { block_out_channels: [8, 16], layers_per_block: 1, norm_num_groups: 4, seed: 3, out_key: z } }
+  loss: { type: t_mean_of_z }
+  eval: { type: evaluator, every: 2, in: { objective: loss.objective, model: enc.params, data: data.dataset, vae: enc.params },
+          with: { split: val, batches: 2, batch: 2 } }
+  log:  { type: metrics, every: 2, in: { val_loss: eval.loss } }
+)");
+  g->run();
+  const auto m = g->metrics();
+  ASSERT_EQ(m.size(), 1u);
+  // What the evaluator must have scored: each of the 2 held-out batches encoded as enc encodes,
+  // but from the posterior mean (no noise), times scaling_factor; the row-weighted mean of the means.
+  auto& enc = dynamic_cast<vae::VaeState&>(g->state<ModelState>("enc", "params"));
+  const Dataset& ds = g->state<Dataset>("data", "dataset");
+  VaeEncodeOptions mean;
+  mean.sample = false;
+  double want = 0;
+  for (int64_t i = 0; i < 2; ++i)
+    want += encode_latents(enc, ds.batch("val", i, 2, 0, 1).at("image"), mean).mean().item<double>() / 2;
+  EXPECT_NEAR(m[0]["val_loss"].get<double>(), want, 1e-6);
+  VaeEncodeOptions sampled;  // a sample would differ
+  EXPECT_GT(std::abs(encode_latents(enc, ds.batch("val", 0, 2, 0, 1).at("image"), sampled).mean().item<double>() -
+                     encode_latents(enc, ds.batch("val", 0, 2, 0, 1).at("image"), mean).mean().item<double>()),
+            1e-6);
 }
 
 TEST(EvaluatorNode, UnknownSplitIsAClearError) {
