@@ -109,8 +109,11 @@ class EvaluatorNode : public Node {
     if (ctx.connected("tokenizer") != ctx.connected("encoder"))
       throw std::runtime_error(ctx.who() + ": connect both `tokenizer` and `encoder` (the captions are tokenized, then encoded), or neither");
     with_text_ = ctx.connected("encoder");
-    if (ctx.connected("vae") && !dynamic_cast<vae::VaeState*>(&ctx.state_as<ModelState>("vae")))
-      throw std::runtime_error(ctx.who() + ": its vae input is not a VAE's params (connect a vae_encode node's params)");
+    if (ctx.connected("vae")) {
+      vae_ = dynamic_cast<vae::VaeState*>(&ctx.state_as<ModelState>("vae"));
+      if (!vae_)
+        throw std::runtime_error(ctx.who() + ": its vae input is not a VAE's params (connect a vae_encode node's params)");
+    }
     check_eval_split(data, opts_, ctx.who());
   }
 
@@ -118,11 +121,10 @@ class EvaluatorNode : public Node {
     ModelState& model = ctx.state_as<ModelState>("model");
     const Dataset& data = ctx.state_as<Dataset>("data");
     EvalOptions o = opts_;
-    auto* vae = ctx.connected("vae") ? dynamic_cast<vae::VaeState*>(&ctx.state_as<ModelState>("vae")) : nullptr;
-    if (with_text_ || vae) {
+    if (with_text_ || vae_) {
       const TextTokenizer* tok = with_text_ ? &ctx.state_as<TextTokenizer>("tokenizer") : nullptr;
       ModelState* enc = with_text_ ? &ctx.state_as<ModelState>("encoder") : nullptr;
-      o.cond = [&, tok, enc, vae](int64_t i, const TensorMap& batch) {
+      o.cond = [&, tok, enc, vae = vae_](int64_t i, const TensorMap& batch) {
         TensorMap cond;
         if (tok) {
           const std::vector<std::string> caps = data.captions(o.split, i, o.batch, o.rank, o.world);
@@ -162,6 +164,7 @@ class EvaluatorNode : public Node {
  private:
   const Objective* objective_ = nullptr;
   bool with_text_ = false;
+  vae::VaeState* vae_ = nullptr;  // the vae input's state (frozen: never written), when connected
   EvalOptions opts_;
   std::shared_ptr<comm::Channel> ch_;
 };

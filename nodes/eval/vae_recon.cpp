@@ -39,13 +39,16 @@ torch::Tensor reconstruct(vae::AutoencoderKLImpl& vae, const torch::Tensor& imag
   const torch::Tensor w = vae.parameters().front();
   const torch::Tensor mean = vae.encode(images.to(w.device(), w.scalar_type())).first;
   const torch::Tensor rec = vae.decode(mean).to(images.device(), torch::kFloat);
-  const torch::Tensor err = rec - images.to(torch::kFloat);
+  const torch::Tensor err = (rec - images.to(torch::kFloat)).to(torch::kDouble);
   const torch::Tensor m = mean.to(torch::kDouble);
-  sums.abs += err.abs().sum().item<double>();
-  sums.sq += err.pow(2).sum().item<double>();
+  // One read from the device for the four sums.
+  const torch::Tensor s = torch::stack({err.abs().sum(), err.pow(2).sum(), m.sum(), m.pow(2).sum()}).cpu();
+  const double* v = s.data_ptr<double>();
+  sums.abs += v[0];
+  sums.sq += v[1];
+  sums.z += v[2];
+  sums.z2 += v[3];
   sums.pixels += static_cast<double>(err.numel());
-  sums.z += m.sum().item<double>();
-  sums.z2 += m.pow(2).sum().item<double>();
   sums.latents += static_cast<double>(m.numel());
   return rec;
 }

@@ -31,8 +31,7 @@ class VaeNode : public Node {
     }
     AutoencoderKL model{nullptr};
     try {
-      cfg.check();
-      model = make_autoencoder(cfg, Part::both, weights, seed);
+      model = make_autoencoder(cfg, Part::both, weights, seed);  // checks cfg (AutoencoderKL's constructor)
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
