@@ -639,7 +639,7 @@ def dit_overrides(cfg, data, steps, window, threads=0):
            ["loss.cond_drop=%g" % cfg["cond_drop"], "opt.lr=%g" % cfg["lr"], "opt.warmup=%d" % cfg["warmup"],
             "opt.weight_decay=%g" % cfg["weight_decay"], "opt.clip=%g" % cfg["clip"], "ema.decay=%g" % cfg["ema_decay"],
             "run.steps=%d" % steps, "run.log_every=%d" % window, "run.device=cpu", "run.threads=%d" % threads,
-            "sample.every=1000000", "sample.at=[]", "eval.every=1000000", "eval.at=[]", "evlog.every=1000000",
+            "sample.every=1000000", "sample.at=[]", "fid.every=1000000", "fid.at=[]", "eval.every=1000000", "eval.at=[]", "evlog.every=1000000",
             "evlog.at=[]", "ckpt.every=1000000", "ckpt.at=[]"]
 
 

@@ -70,6 +70,25 @@ if [ $demo = 1 ]; then
   fi
   echo "== demo 3/3: flowrun graphs/hydit_lora.yaml (LoRA: purple shapes)"
   "$B" graphs/hydit_lora.yaml run.resume=never  # a rerun of this script starts the fine-tune over
+  # What the samples show (shapes_fidelity's figures, logged by evlog in metrics.jsonl): the
+  # base's last evaluation; this LoRA run's first (the base) and last.
+  python3 - <<'PY' || echo "== (no fidelity figures in the metrics: see runs/*/metrics.jsonl)"
+import json
+def evals(path):
+    return [j for j in map(json.loads, open(path)) if "fidelity" in j]
+def prompts(j):
+    return {k[len("per_prompt/"):]: v for k, v in j.items() if k.startswith("per_prompt/")}
+base = evals("runs/dit_base/metrics.jsonl")[-1]
+lora = evals("runs/hydit_lora/metrics.jsonl")
+lora = lora[max(i for i, j in enumerate(lora) if j["step"] == 1):]  # this run's (the file appends)
+print("== prompt fidelity (% of background, color and size checks the samples pass):")
+print("   base (step %d): %.1f %% on prompts in its seven colors" % (base["step"], base["fidelity"]))
+for what, j in (("before LoRA", lora[0]), ("after LoRA", lora[-1])):
+    p = prompts(j)
+    purple = [v for k, v in p.items() if " purple " in k]
+    rest = ", ".join("%.1f %% \"%s\"" % (v, k) for k, v in p.items() if " purple " not in k)
+    print("   %s (step %d): purple prompts %.1f %%; control %s" % (what, j["step"], sum(purple) / len(purple), rest))
+PY
   echo "== samples: runs/dit_base/samples/, runs/hydit_lora/samples/ (step_0000001.png = the base, the last = after LoRA); VAE reconstructions: runs/vae/recon/"
   echo "== adapters: runs/hydit_lora/checkpoints/latest names the folder; graph: $B dot graphs/hydit_lora.yaml | dot -Tsvg > g.svg"
 fi

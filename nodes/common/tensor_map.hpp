@@ -15,6 +15,13 @@ using TensorMap = std::map<std::string, torch::Tensor>;
 // "[2, 3, 32, 32]": a tensor's shape, for messages.
 inline std::string shape_str(const torch::Tensor& t) { return c10::str(t.sizes()); }
 
+// "image, style": a batch's keys, for messages ("(none)" when empty).
+inline std::string keys_of(const TensorMap& m) {
+  std::string s;
+  for (const auto& [k, _] : m) s += (s.empty() ? "" : ", ") + k;
+  return s.empty() ? "(none)" : s;
+}
+
 // The batch with every tensor on `device`. From the CPU to a GPU the copy is staged in pinned
 // (page-locked) memory and queued without blocking the host, on the current stream: a data
 // node with `stream: io` copies on the io stream, and the executor makes its consumers wait

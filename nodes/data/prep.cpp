@@ -12,7 +12,7 @@ namespace flowrun {
 static const char* kPrepUsage =
     "usage: flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text\n"
     "       flowrun prep images DIR OUT_PREFIX [--shard-size N] [--val-fraction F]   WebDataset tar shards from image+caption pairs\n"
-    "       flowrun prep shapes OUT_DIR [--count N] [--size S] [--set base|lora]     the DiT demo's colored-shapes image set\n"
+    "       flowrun prep shapes OUT_DIR [--count N] [--size S] [--set base|lora|all] the DiT demo's colored-shapes image set\n"
     "       flowrun prep KIND --help                                                 options of one kind\n";
 
 int prep_command(const std::vector<std::string>& args) {

@@ -16,12 +16,6 @@ namespace {
 
 constexpr uint64_t kSeedTagLatent = 0x7661656c6174ull;  // "vaelat"
 
-std::string keys_of(const TensorMap& m) {
-  std::string s;
-  for (const auto& [k, _] : m) s += (s.empty() ? "" : ", ") + k;
-  return s.empty() ? "(none)" : s;
-}
-
 }  // namespace
 
 uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row) {

@@ -1,4 +1,4 @@
-// metrics: logs named scalars to OUT_DIR/metrics.jsonl and the console, and with
+// metrics: logs scalars by name to OUT_DIR/metrics.jsonl and the console, and with
 // `tensorboard: true` to OUT_DIR/tb/ (common/tfevents.hpp).
 // Schema: schemas/metrics.yaml. Tests: tests/nodes/metrics_test.cpp, cli.tensorboard_events.
 //
@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm.hpp"
+#include "common/named_scalars.hpp"
 #include "common/tensor_map.hpp"
 #include "common/tfevents.hpp"
 #include "registry.hpp"
@@ -47,7 +48,18 @@ nlohmann::ordered_json scalar_json(const Value& v, const std::string& what) {
   if (const auto* b = v.get_if<bool>()) return *b;
   if (const auto* s = v.get_if<std::string>()) return *s;
   throw std::runtime_error(what + ": cannot log a " + v.type_name() +
-                           " (metrics takes 0-d tensors, double, float, int64, int, bool or string)");
+                           " (metrics takes 0-d tensors, double, float, int64, int, bool, string or NamedScalars)");
+}
+
+// One input as the fields of the line: {port: scalar}, or for named scalars (a per-prompt
+// score) {port/name: number} for each entry, in order.
+using Fields = std::vector<std::pair<std::string, nlohmann::ordered_json>>;
+void add_fields(const Value& v, const std::string& port, const std::string& what, Fields& fields) {
+  if (const auto* named = v.get_if<NamedScalars>()) {
+    for (const auto& [name, x] : *named) fields.emplace_back(port + "/" + name, x);
+    return;
+  }
+  fields.emplace_back(port, scalar_json(v, what));
 }
 
 // A value that takes part in the mean over ranks: numbers, not bools or strings (nor null).
@@ -104,13 +116,12 @@ class MetricsNode : public Node {
     last_time_ = now;
     last_logged_ = s;
 
-    std::vector<nlohmann::ordered_json> values;
-    values.reserve(ports_.size());
+    Fields fields;
     for (const auto& port : ports_) {
       ctx.sync(port);  // on a device: the host waits for this producer, on logged steps only
-      values.push_back(scalar_json(ctx.in(port), "input '" + port + "' of " + ctx.who()));
+      add_fields(ctx.in(port), port, "input '" + port + "' of " + ctx.who(), fields);
     }
-    std::vector<double> totals = reduce_over_ranks(values, s);  // counter sums of all ranks, in sums_ order
+    std::vector<double> totals = reduce_over_ranks(fields, s);  // counter sums of all ranks, in sums_ order
     if (!rank0_) {
       for (auto& [name, sum] : sums_) sum = 0.0;
       return;
@@ -121,9 +132,9 @@ class MetricsNode : public Node {
     j["time"] = since_start;
     j["steps_per_s"] = rate;
     std::string line = fmt::format("step {}/{}", s, last_);
-    for (size_t i = 0; i < ports_.size(); ++i) {
-      line += " " + ports_[i] + " " + text(values[i]);
-      j[ports_[i]] = std::move(values[i]);
+    for (auto& [key, v] : fields) {
+      line += " " + key + " " + text(v);
+      j[key] = std::move(v);
     }
     size_t k = 0;
     for (auto& [name, sum] : sums_) {
@@ -157,27 +168,29 @@ class MetricsNode : public Node {
 
  private:
   // One f64 sum over ranks of [value_0, count_0, value_1, count_1, ..., counter sums...]:
-  // count_i = 1 where port i holds a number on that rank. Replaces each numeric value by its
+  // count_i = 1 where field i holds a number on that rank (the fields line up: every rank has
+  // the same ports, and a port's named scalars the same names). Replaces each numeric value by its
   // mean over the ranks that logged a number; returns the counters' job-wide sums. With one
   // rank (count 1) the value is left as it was, so a single process writes it unchanged
   // (an int64 stays an integer, bit for bit).
-  std::vector<double> reduce_over_ranks(std::vector<nlohmann::ordered_json>& values, int64_t step) {
-    const size_t n = values.size();
+  std::vector<double> reduce_over_ranks(Fields& fields, int64_t step) {
+    const size_t n = fields.size();
     std::vector<double> buf(2 * n + sums_.size(), 0.0);
     for (size_t i = 0; i < n; ++i)
-      if (averaged(values[i])) buf[2 * i] = values[i].get<double>(), buf[2 * i + 1] = 1.0;
+      if (averaged(fields[i].second)) buf[2 * i] = fields[i].second.get<double>(), buf[2 * i + 1] = 1.0;
     size_t k = 2 * n;
     for (const auto& [name, sum] : sums_) buf[k++] = sum;
     comm::allreduce(*ch_, buf.data(), buf.size(), comm::Op::sum, "metrics of step " + std::to_string(step));
     for (size_t i = 0; i < n; ++i) {
+      nlohmann::ordered_json& value = fields[i].second;
       const double count = buf[2 * i + 1];
-      if (!averaged(values[i]) || count <= 1) continue;  // rank 0's own value (string, bool, or world 1)
+      if (!averaged(value) || count <= 1) continue;  // rank 0's own value (string, bool, or world 1)
       const double mean = buf[2 * i] / count;
       // An integer (a token count) stays one when the ranks' mean is whole.
-      if (values[i].is_number_integer() && std::floor(mean) == mean && std::fabs(mean) < 9.0e15)
-        values[i] = static_cast<int64_t>(mean);
+      if (value.is_number_integer() && std::floor(mean) == mean && std::fabs(mean) < 9.0e15)
+        value = static_cast<int64_t>(mean);
       else
-        values[i] = mean;
+        value = mean;
     }
     return std::vector<double>(buf.begin() + static_cast<std::ptrdiff_t>(2 * n), buf.end());
   }

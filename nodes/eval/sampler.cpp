@@ -13,6 +13,8 @@
 // holds the decoder part of a diffusers AutoencoderKL (models/vae.hpp; built once at setup) and
 // decodes x / scaling_factor to RGB, one image at a time. Latents without a VAE decoder: the
 // first three channels, stretched to [0, 255] per image, so a person still sees structure.
+// The node also outputs the samples the grid shows and each one's prompt, so an evaluator of
+// what they show (shapes_fidelity) scores exactly the grid.
 #include "eval/sampler.hpp"
 
 #include <spdlog/spdlog.h>
@@ -163,16 +165,21 @@ class SamplerNode : public Node {
   }
 
   void run(StepContext& ctx) override {
-    // The grid is the same on every rank (same seed, same weights): only rank 0 makes it.
-    if (ctx.run().rank != 0) return;
+    TextBatch texts;  // per_prompt copies of each prompt: one grid row per prompt
+    for (const auto& pr : prompts_)
+      for (int64_t i = 0; i < per_prompt_; ++i) texts.push_back(pr);
+    ctx.out("captions", texts);
+    // The grid is the same on every rank (same seed, same weights): only rank 0 makes it; the
+    // others output no samples (what shapes_fidelity expects of them).
+    if (ctx.run().rank != 0) {
+      ctx.out("samples", TensorMap{});
+      return;
+    }
     const auto t0 = std::chrono::steady_clock::now();
     auto& model = ctx.state_as<ModelState>("model");
     const TextTokenizer& tokenizer = ctx.state_as<TextTokenizer>("tokenizer");
     auto& encoder = ctx.state_as<ModelState>("encoder");
 
-    std::vector<std::string> texts;  // per_prompt copies of each prompt: one grid row per prompt
-    for (const auto& pr : prompts_)
-      for (int64_t i = 0; i < per_prompt_; ++i) texts.push_back(pr);
     TensorMap cond = encode_text(encoder, encode_texts(tokenizer, texts));
     // Size and style conditioning (models that have it read these; others ignore them): as
     // HunyuanDiT's pipeline, the image size as both original and target size, no crop, style 0.
@@ -200,6 +207,7 @@ class SamplerNode : public Node {
       if (w.device() != x.device()) vae_->to(x.device());
       img = decode_latents(*vae_, x);
     }
+    ctx.out("samples", TensorMap{{img.size(1) == 3 ? "image" : "latents", img}});
 
     char name[32];
     std::snprintf(name, sizeof name, "step_%07lld.png", static_cast<long long>(ctx.step()));

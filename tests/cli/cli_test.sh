@@ -264,7 +264,7 @@ tensorboard_events)
   expect_code 0 "$flowrun" graphs/dit_base.yaml run.out_dir="$tmp/o" run.steps=6 run.log_every=2 run.progress=off \
     log.tensorboard=true evlog.tensorboard=true sample.tensorboard=true data.batch=8 tok.max_length=12 text.dim=16 \
     text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16 \
-    sample.steps=2 sample.per_prompt=1 sample.every=6 eval.every=3 evlog.every=3 eval.batch=8 eval.batches=1 \
+    sample.steps=2 sample.per_prompt=1 sample.every=6 fid.every=6 eval.every=3 evlog.every=6 eval.batch=8 eval.batches=1 \
     vae.weights=null sample.vae.weights=null
   [ "$(ls "$tmp/o/tb" | wc -l)" = 1 ] || { ls -l "$tmp/o/tb" >&2; fail "expected one event file in OUT_DIR/tb"; }
   python3 tests/tools/read_tfevents.py "$tmp/o/tb" > "$tmp/events" || fail "the event file does not read back"
@@ -288,7 +288,9 @@ for line in open(sys.argv[2]):
         assert abs(got - v) <= 1e-6 * max(1.0, abs(v)), (j["step"], k, got, v)
         n += 1
 assert not scalars, "scalars not in metrics.jsonl: %s" % scalars
-assert n >= 3 * 5 + 2 * 2, n  # 3 training lines (loss lr grad_norm skipped steps_per_s), 2 val lines
+# 3 training lines (loss lr grad_norm skipped steps_per_s), 1 eval line (val_loss fidelity steps_per_s and
+# per_prompt/PROMPT for each of the 7 prompts)
+assert n == 3 * 5 + 10, n
 images = [(e["step"], t, i) for e in events for t, i in e["images"].items()]
 w, h = struct.unpack(">II", open(sys.argv[3], "rb").read()[16:24])
 assert images == [(6, "sample", images[0][2])], images

@@ -7,7 +7,8 @@
 //   2. the LoRA graph loads the base's EMA weights through checkpoints/latest, trains only the
 //      adapters (every base tensor in its checkpoint equals the base file's), exports them in
 //      PEFT's layout, and writes the sample grids of the first step (the base) and the last,
-//      decoded to 16x16 images.
+//      decoded to 16x16 images;
+//   3. both log shapes_fidelity's figures of their samples (a figure per prompt, their mean).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -47,6 +48,28 @@ double mean_loss(const std::vector<nlohmann::json>& metrics, size_t from, size_t
   return s;
 }
 
+// Every line with `fidelity` has one per_prompt/PROMPT field per prompt, each a share of checks
+// in [0, 100], and fidelity is their mean.
+void expect_fidelity(const std::vector<nlohmann::json>& metrics, int prompts) {
+  int lines = 0;
+  for (const auto& j : metrics) {
+    if (!j.contains("fidelity")) continue;
+    ++lines;
+    double sum = 0;
+    int n = 0;
+    for (const auto& [k, v] : j.items())
+      if (k.rfind("per_prompt/", 0) == 0) {
+        EXPECT_GE(v.get<double>(), 0.0) << k;
+        EXPECT_LE(v.get<double>(), 100.0) << k;
+        sum += v.get<double>();
+        ++n;
+      }
+    EXPECT_EQ(n, prompts) << j.dump();
+    EXPECT_NEAR(j["fidelity"].get<double>(), sum / prompts, 1e-9) << j.dump();
+  }
+  EXPECT_GE(lines, 1);
+}
+
 }  // namespace
 
 TEST(GraphHyditLora, BaseLearnsTheShapesThenLoraTrainsOnlyAdaptersOnTheNewColor) {
@@ -65,7 +88,7 @@ TEST(GraphHyditLora, BaseLearnsTheShapesThenLoraTrainsOnlyAdaptersOnTheNewColor)
 
   // 1. The base, 300 steps of batch 16 (15 epochs of 320 images).
   std::vector<std::string> o = tiny(data, "base", vae_ckpt);
-  for (const char* s : {"run.steps=300", "sample.every=300", "ckpt.every=300", "eval.every=300", "evlog.every=300",
+  for (const char* s : {"run.steps=300", "sample.every=300", "fid.every=300", "ckpt.every=300", "eval.every=300", "evlog.every=300",
                         "opt.lr=2e-3", "opt.warmup=20"})
     o.push_back(s);
   auto base = test::run_graph_text(test::read_text(src + "/graphs/dit_base.yaml"), o);
@@ -84,14 +107,18 @@ TEST(GraphHyditLora, BaseLearnsTheShapesThenLoraTrainsOnlyAdaptersOnTheNewColor)
     if (j.contains("val_loss")) val = j["val_loss"].get<double>();
   EXPECT_GT(val, 0) << "no val_loss logged";
   EXPECT_LT(val, 0.8 * first) << "val " << val;
+  // shapes_fidelity scored the base's samples: a figure for each of the seven prompts (the
+  // colors the base knows) and their mean, in evlog's line. At this size the figures are not a
+  // quality bar (the demo's are, docs/data.md); here: the fields are there and add up.
+  expect_fidelity(base.metrics, 7);
   const std::string base_ckpt = base.out_dir + "/checkpoints";
   ASSERT_TRUE(std::filesystem::exists(base_ckpt + "/step_00000300/ema.params.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(base.out_dir + "/samples/step_0000300.png"));
 
   // 2. LoRA on the purple set from the base's EMA weights, through `latest`.
   o = tiny(data, "lora", vae_ckpt);
-  for (std::string s : {"run.steps=40", "ckpt.every=40", "model.lora.rank=4", "model.lora.alpha=4", "eval.every=40",
-                        "evlog.every=40"})
+  for (std::string s : {"run.steps=40", "ckpt.every=40", "model.lora.rank=4", "model.lora.alpha=4", "sample.every=40",
+                        "fid.every=40", "eval.every=40", "evlog.every=40"})
     o.push_back(s);
   o.push_back("model.weights=" + base_ckpt + "/latest/ema.params.safetensors");
   auto lora = test::run_graph_text(test::read_text(src + "/graphs/hydit_lora.yaml"), o);
@@ -109,6 +136,7 @@ TEST(GraphHyditLora, BaseLearnsTheShapesThenLoraTrainsOnlyAdaptersOnTheNewColor)
       EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
     }
   EXPECT_EQ(evals, 2);
+  expect_fidelity(lora.metrics, 4);  // three purple prompts and the red control, at steps 1 and 40
   const std::string folder = lora.out_dir + "/checkpoints/step_00000040";
   // Two models with adapters are saved (the trained one and its EMA): one PEFT folder each.
   for (const char* ref : {"model.params", "ema.params"}) {

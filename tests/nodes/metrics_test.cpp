@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "executor.hpp"
+#include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {
@@ -73,6 +74,30 @@ nodes:
   EXPECT_DOUBLE_EQ(j["t"].get<double>(), 0.5);
   EXPECT_TRUE(j["ti"].is_number_integer());
   EXPECT_EQ(j["ti"].get<int64_t>(), 20);
+}
+
+// A set of named scalars (a score per prompt) is one field per entry, PORT/NAME, in order;
+// the names may hold spaces and slashes.
+TEST(Metrics, LogsNamedScalarsAsPortSlashName) {
+  test::register_node_test_types();
+  test::RunResult r = test::run_graph_text(R"(
+flowrun: 1
+run: { steps: 2, log_every: 1 }
+nodes:
+  s: { type: t_scalars }
+  log: { type: metrics, in: { d: s.d, per: s.n } }
+)");
+  ASSERT_EQ(r.metrics.size(), 2u);
+  const nlohmann::json& j = r.metrics[1];  // step 2
+  EXPECT_DOUBLE_EQ(j["per/first"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(j["per/a b/c"].get<double>(), -2.0);
+  EXPECT_FALSE(j.contains("per")) << j.dump();
+  // In the file, in input order, the entries in their own order.
+  const std::string line = test::read_text(r.out_dir + "/metrics.jsonl");
+  const size_t d = line.find("\"d\""), first = line.find("\"per/first\""), abc = line.find("\"per/a b/c\"");
+  ASSERT_NE(abc, std::string::npos) << line;
+  EXPECT_LT(d, first);
+  EXPECT_LT(first, abc);
 }
 
 TEST(Metrics, RefusesANonScalarTensor) {

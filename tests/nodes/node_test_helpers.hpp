@@ -4,7 +4,8 @@
 //   t_set_params   writes model: fills every trainable parameter with `value` each step
 //   t_zero_grads   reads model; outputs grads: zeros shaped like the trainable parameters
 //   t_batch_probe  reads a batch; remembers each step's batch (BatchProbe::seen)
-//   t_scalars      outputs d: double, i: int64, t: 0-d float tensor, ti: 0-d int64 tensor, v: [2] tensor
+//   t_scalars      outputs d: double, i: int64, t: 0-d float tensor, ti: 0-d int64 tensor, v: [2] tensor,
+//                  n: NamedScalars
 #pragma once
 #include <torch/torch.h>
 
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "common/grads.hpp"
+#include "common/named_scalars.hpp"
 #include "common/tensor_map.hpp"
 #include "executor.hpp"
 #include "models/model_state.hpp"
@@ -77,6 +79,7 @@ class Scalars : public Node {
     c.out("t", torch::tensor(0.25f * static_cast<float>(s)));
     c.out("ti", torch::tensor(s * 10, torch::kInt64));
     c.out("v", torch::ones({2}));
+    c.out("n", NamedScalars{{"first", 0.5 * static_cast<double>(s)}, {"a b/c", -static_cast<double>(s)}});
   }
 };
 
@@ -107,7 +110,8 @@ outputs:
   i: { kind: value, type: scalar, doc: int64 }
   t: { kind: value, type: scalar, doc: 0-d float tensor }
   ti: { kind: value, type: scalar, doc: 0-d int64 tensor }
-  v: { kind: value, type: tensor, doc: a tensor of 2 elements })",
+  v: { kind: value, type: tensor, doc: a tensor of 2 elements }
+  n: { kind: value, type: scalars, doc: "NamedScalars first = step / 2, 'a b/c' = -step" })",
           [] { return std::make_unique<detail::Scalars>(); }, "tests");
   });
 }

@@ -9,10 +9,12 @@
 #include <sstream>
 
 #include "data/image_io.hpp"
+#include "data/image_tensor.hpp"
 #include "data/prep_images.hpp"
 #include "common/safetensors.hpp"
 #include "data/shapes.hpp"
 #include "eval/sampler.hpp"
+#include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {
@@ -148,6 +150,39 @@ TEST(SamplerNode, WritesANonConstantGridAtTheEnd) {
   for (int y = 2; y < 2 + 16; ++y)
     rows.push_back(torch::from_blob(const_cast<uint8_t*>(img.at(2, y)), {16, 3}, torch::kUInt8).to(torch::kFloat));
   EXPECT_GT(torch::cat(rows).std().item<double>(), 5.0);
+}
+
+// The sampler's outputs: the samples the grid shows (image, in grid order) and each one's
+// prompt, which shapes_fidelity scores into metrics (one figure per prompt, and their mean).
+TEST(SamplerNode, OutputsTheGridsSamplesAndTheirPromptsForAnEvaluator) {
+  const std::string data = make_shapes(test::temp_dir("sampler_out"));
+  auto run = test::load_graph_text(shapes_graph(data, 3) + R"(
+  probe: { type: t_batch_probe, at: [end], in: { batch: sample.samples } }
+  fid:   { type: shapes_fidelity, at: [end], in: { images: sample.samples, captions: sample.captions } }
+  evlog: { type: metrics, at: [end], in: { fidelity: fid.fidelity, per_prompt: fid.per_prompt } }
+)");
+  const TensorMap samples = test::run_and_probe(*run).at(3);
+  ASSERT_TRUE(samples.count("image"));
+  const torch::Tensor x = samples.at("image");
+  EXPECT_EQ(x.sizes().vec(), (std::vector<int64_t>{6, 3, 16, 16}));
+  // Tile (row 1, column 2) of the PNG is sample 1 * 3 + 2.
+  const std::string png = run->out_dir + "/samples/step_0000003.png";
+  const Image grid = decode_image(test::read_text(png), png);
+  const Image tile = tensor_to_image(x[5]);
+  for (int y = 0; y < 16; ++y)
+    for (int xx = 0; xx < 16; ++xx)
+      for (int k = 0; k < 3; ++k)
+        ASSERT_EQ(grid.at(2 + 2 * 18 + xx, 2 + 18 + y)[k], tile.at(xx, y)[k]) << xx << "," << y;
+  const std::vector<nlohmann::json> m = run->metrics();
+  ASSERT_EQ(m.size(), 1u);
+  const double a = m[0]["per_prompt/a large red circle in the center on a white background"].get<double>();
+  const double b = m[0]["per_prompt/a small blue square at the top left on a black background"].get<double>();
+  EXPECT_DOUBLE_EQ(m[0]["fidelity"].get<double>(), (a + b) / 2);
+  for (double v : {a, b}) {  // 3 images x 3 checks: a multiple of 100/9
+    EXPECT_GE(v, 0);
+    EXPECT_LE(v, 100);
+    EXPECT_NEAR(v * 9 / 100, std::round(v * 9 / 100), 1e-9);
+  }
 }
 
 TEST(SamplerNode, ADivergedModelIsAnErrorNamingTheStep) {

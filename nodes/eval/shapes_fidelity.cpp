@@ -1,0 +1,165 @@
+// shapes_fidelity: do generated images show what their prompts asked for? Scores each image
+// against its caption with the shapes set's own checks (data/shapes.hpp: background color,
+// shape color at the prompted place, size), per prompt and overall.
+// Schema: schemas/shapes_fidelity.yaml. Test: tests/nodes/shapes_fidelity_test.cpp.
+//
+// Per image, score_shape_image passes 0 to 3 of its checks; a prompt's figure is the share of
+// the checks its images passed, in %, and `fidelity` is the mean over the prompts (each prompt
+// counts the same however many images it has). Several ranks: each scores the images it holds
+// (the sampler's rank 0 all of them, the others none), then one all-reduce of the counts gives
+// every rank the same figures; the ranks must hold the same captions (checked with a hash first),
+// so that count i is the same prompt everywhere.
+#include "eval/shapes_fidelity.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <limits>
+
+#include "comm.hpp"
+#include "common/named_scalars.hpp"
+#include "common/tensor_map.hpp"
+#include "data/image_tensor.hpp"
+#include "data/shapes.hpp"
+#include "encode/tokenize.hpp"
+#include "registry.hpp"
+
+namespace flowrun {
+
+double PromptTally::percent() const {
+  if (samples == 0) return std::numeric_limits<double>::quiet_NaN();
+  return 100.0 * static_cast<double>(background + color + size) / (3.0 * static_cast<double>(samples));
+}
+
+namespace {
+
+// The distinct captions, in the order of first appearance, as empty tallies.
+std::vector<PromptTally> prompts_of(const std::vector<std::string>& captions) {
+  std::vector<PromptTally> out;
+  for (const auto& c : captions) {
+    bool seen = false;
+    for (const auto& t : out) seen = seen || t.caption == c;
+    if (!seen) out.push_back(PromptTally{c});
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<PromptTally> score_captioned_images(const torch::Tensor& images, const std::vector<std::string>& captions) {
+  if (images.dim() != 4 || images.size(1) != 3)
+    throw std::runtime_error("expected images [N, 3, H, W], got shape " + shape_str(images));
+  if (images.size(0) != static_cast<int64_t>(captions.size()))
+    throw std::runtime_error(std::to_string(images.size(0)) + " images but " + std::to_string(captions.size()) +
+                             " captions; give one caption per image");
+  std::vector<PromptTally> tallies = prompts_of(captions);
+  const torch::Tensor cpu = images.detach().to(torch::kCPU, torch::kFloat);
+  for (size_t i = 0; i < captions.size(); ++i) {
+    ShapeSpec want;
+    try {
+      want = parse_shape_caption(captions[i]);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(std::string(e.what()) + " (shapes_fidelity scores captions in the shapes set's words)");
+    }
+    const ShapeScore s = score_shape_image(tensor_to_image(cpu[static_cast<int64_t>(i)]), want);
+    for (auto& t : tallies)
+      if (t.caption == captions[i]) {
+        ++t.samples;
+        t.background += s.background_ok;
+        t.color += s.color_ok;
+        t.size += s.size_ok;
+      }
+  }
+  return tallies;
+}
+
+namespace {
+
+// FNV-1a over the captions (32 bits, so a double holds it exactly): the same on every rank
+// exactly when the prompts are.
+double captions_hash(const std::vector<PromptTally>& prompts) {
+  uint32_t h = 2166136261u;
+  for (const auto& p : prompts)
+    for (unsigned char c : p.caption + '\n') h = (h ^ c) * 16777619u;
+  return static_cast<double>(h);
+}
+
+class ShapesFidelityNode : public Node {
+ public:
+  void setup(SetupContext& ctx) override {
+    ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
+  }
+
+  void run(StepContext& ctx) override {
+    ctx.sync("images");  // the host reads the pixels (a sampler on a device)
+    const auto& images = ctx.in<TensorMap>("images");
+    const auto& captions = ctx.in<TextBatch>("captions");
+    const std::string at = ctx.who() + " step " + std::to_string(ctx.step());
+    std::vector<PromptTally> tallies;
+    if (images.empty()) {
+      tallies = prompts_of(captions);  // this rank holds no images (a sampler on rank > 0)
+    } else {
+      auto it = images.find("image");
+      if (it == images.end())
+        throw std::runtime_error(at + ": its images input has no 'image' (keys: " + keys_of(images) +
+                                 "); connect a sampler's samples with a vae (decoded RGB) or an image batch");
+      try {
+        tallies = score_captioned_images(it->second, captions);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(at + ": " + e.what());
+      }
+    }
+    if (tallies.empty()) throw std::runtime_error(at + ": no captions to score");
+
+    // Same prompts on every rank? Then the counts line up: one sum gives everyone the totals.
+    const size_t n = tallies.size();
+    double id[2] = {static_cast<double>(n), captions_hash(tallies)}, lo[2] = {id[0], id[1]};
+    comm::allreduce(*ch_, id, 2, comm::Op::max, at + ": captions check");
+    comm::allreduce(*ch_, lo, 2, comm::Op::min, at + ": captions check");
+    if (id[0] != lo[0] || id[1] != lo[1])
+      throw std::runtime_error(at + ": the ranks hold different captions; shapes_fidelity needs the same prompts on "
+                               "every rank (a sampler's samples and captions, not a data node's batch)");
+    std::vector<double> counts;
+    for (const auto& t : tallies)
+      for (int64_t c : {t.samples, t.background, t.color, t.size}) counts.push_back(static_cast<double>(c));
+    comm::allreduce(*ch_, counts.data(), counts.size(), comm::Op::sum, at + ": counts");
+
+    NamedScalars per_prompt;
+    PromptTally all;
+    double sum = 0;
+    const PromptTally* worst = nullptr;
+    for (size_t i = 0; i < n; ++i) {
+      PromptTally& t = tallies[i];
+      t.samples = static_cast<int64_t>(counts[4 * i]);
+      t.background = static_cast<int64_t>(counts[4 * i + 1]);
+      t.color = static_cast<int64_t>(counts[4 * i + 2]);
+      t.size = static_cast<int64_t>(counts[4 * i + 3]);
+      if (t.samples == 0)
+        throw std::runtime_error(at + ": no images of \"" + t.caption + "\" on any rank; connect the images that "
+                                 "go with the captions (a sampler's samples and captions)");
+      per_prompt.emplace_back(t.caption, t.percent());
+      sum += t.percent();
+      if (!worst || t.percent() < worst->percent()) worst = &t;
+      all.samples += t.samples, all.background += t.background, all.color += t.color, all.size += t.size;
+    }
+    const double fidelity = sum / static_cast<double>(n);
+    auto share = [&](int64_t k) { return 100.0 * static_cast<double>(k) / static_cast<double>(all.samples); };
+    ctx.out("fidelity", fidelity);
+    ctx.out("per_prompt", std::move(per_prompt));
+    ctx.out("background", share(all.background));
+    ctx.out("color", share(all.color));
+    ctx.out("size", share(all.size));
+    if (ctx.run().rank == 0)
+      spdlog::info("{}: fidelity {:.1f} % over {} prompts, {} images (background {:.0f} %, color {:.0f} %, size "
+                   "{:.0f} %); lowest {:.1f} % \"{}\"", at, fidelity, n, all.samples, share(all.background),
+                   share(all.color), share(all.size), worst->percent(), worst->caption);
+  }
+
+ private:
+  std::shared_ptr<comm::Channel> ch_;
+};
+
+}  // namespace
+}  // namespace flowrun
+
+FLOWRUN_NODE(shapes_fidelity, flowrun::ShapesFidelityNode)
