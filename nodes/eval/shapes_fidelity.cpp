@@ -13,7 +13,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cmath>
 #include <limits>
 
 #include "comm.hpp"

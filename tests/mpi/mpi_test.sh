@@ -155,6 +155,28 @@ cappa_equivalence)
   [ "$(wc -l < "$tmp/l1")" = 10 ] && [ "$(wc -l < "$tmp/l2")" = 10 ] || fail "expected 10 logged losses each"
   same_numbers "$tmp/l1" "$tmp/l2" 1e-5 || fail "logged losses differ"
   ;;
+fidelity_ranks)
+  # The sampler samples on rank 0 only; shapes_fidelity's all-reduce of the counts gives every
+  # rank the figures of rank 0's images, so evlog's line (the mean over ranks) is the one-process
+  # line. graphs/dit_base.yaml at a tiny size, lr 0 (the same model in both runs).
+  [ -f data/shapes/base.json ] || fail "data/shapes is missing: run scripts/data.sh"
+  tiny=(graphs/dit_base.yaml run.steps=2 run.log_every=1 run.progress=off opt.lr=0 tok.max_length=12 text.dim=16
+        text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16
+        sample.steps=3 sample.per_prompt=2 eval.batch=8 eval.batches=1 vae.weights=null sample.vae.weights=null
+        ckpt.at=[])
+  run_code 0 "$flowrun" "${tiny[@]}" run.out_dir="$tmp/one" data.batch=16
+  expect_out "over 7 prompts, 14 images"
+  run_code 0 "${mpi[@]}" "$flowrun" "${tiny[@]}" run.out_dir="$tmp/two" data.batch=8
+  expect_out "over 7 prompts, 14 images"
+  for d in one two; do
+    grep '"fidelity"' "$tmp/$d/metrics.jsonl" | python3 -c 'import json, sys
+j = json.loads(sys.stdin.read())
+print(json.dumps({k: v for k, v in j.items() if k == "fidelity" or k.startswith("per_prompt/")}, sort_keys=True))' \
+      > "$tmp/$d.fid" || fail "no fidelity line in $d/metrics.jsonl"
+  done
+  grep -q per_prompt/ "$tmp/one.fid" || fail "no per_prompt fields"
+  cmp -s "$tmp/one.fid" "$tmp/two.fid" || { cat "$tmp/one.fid" "$tmp/two.fid" >&2; fail "the figures differ"; }
+  ;;
 *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"
