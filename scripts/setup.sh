@@ -78,11 +78,14 @@ def evals(path):
     return [j for j in map(json.loads, open(path)) if "fidelity" in j]
 def prompts(j):
     return {k[len("per_prompt/"):]: v for k, v in j.items() if k.startswith("per_prompt/")}
-base = evals("runs/dit_base/metrics.jsonl")[-1]
+base = evals("runs/dit_base/metrics.jsonl")
 lora = evals("runs/hydit_lora/metrics.jsonl")
 lora = lora[max(i for i, j in enumerate(lora) if j["step"] == 1):]  # this run's (the file appends)
 print("== prompt fidelity (% of background, color and size checks the samples pass):")
-print("   base (step %d): %.1f %% on prompts in its seven colors" % (base["step"], base["fidelity"]))
+if base:
+    print("   base (step %d): %.1f %% on prompts in its seven colors" % (base[-1]["step"], base[-1]["fidelity"]))
+else:  # a base trained before its graph scored samples
+    print("   base: no figures in runs/dit_base/metrics.jsonl (its run did not score samples)")
 for what, j in (("before LoRA", lora[0]), ("after LoRA", lora[-1])):
     p = prompts(j)
     purple = [v for k, v in p.items() if " purple " in k]
