@@ -13,9 +13,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "comm.hpp"
+#include "comm/state_descriptor.hpp"
 #include "common/named_scalars.hpp"
 #include "common/tensor_map.hpp"
 #include "data/image_tensor.hpp"
@@ -32,13 +34,15 @@ double PromptTally::percent() const {
 
 namespace {
 
-// The distinct captions, in the order of first appearance, as empty tallies.
-std::vector<PromptTally> prompts_of(const std::vector<std::string>& captions) {
+// The distinct captions, in the order of first appearance, as empty tallies; `index` (when
+// given) gets each caption's position among them.
+std::vector<PromptTally> prompts_of(const std::vector<std::string>& captions, std::vector<size_t>* index = nullptr) {
   std::vector<PromptTally> out;
   for (const auto& c : captions) {
-    bool seen = false;
-    for (const auto& t : out) seen = seen || t.caption == c;
-    if (!seen) out.push_back(PromptTally{c});
+    size_t k = 0;
+    while (k < out.size() && out[k].caption != c) ++k;
+    if (k == out.size()) out.push_back(PromptTally{c});
+    if (index) index->push_back(k);
   }
   return out;
 }
@@ -51,37 +55,29 @@ std::vector<PromptTally> score_captioned_images(const torch::Tensor& images, con
   if (images.size(0) != static_cast<int64_t>(captions.size()))
     throw std::runtime_error(std::to_string(images.size(0)) + " images but " + std::to_string(captions.size()) +
                              " captions; give one caption per image");
-  std::vector<PromptTally> tallies = prompts_of(captions);
-  const torch::Tensor cpu = images.detach().to(torch::kCPU, torch::kFloat);
-  for (size_t i = 0; i < captions.size(); ++i) {
-    ShapeSpec want;
+  std::vector<size_t> prompt;  // of each image
+  std::vector<PromptTally> tallies = prompts_of(captions, &prompt);
+  std::vector<ShapeSpec> want;  // each prompt's, parsed once
+  for (const auto& t : tallies) {
     try {
-      want = parse_shape_caption(captions[i]);
+      want.push_back(parse_shape_caption(t.caption));
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(std::string(e.what()) + " (shapes_fidelity scores captions in the shapes set's words)");
     }
-    const ShapeScore s = score_shape_image(tensor_to_image(cpu[static_cast<int64_t>(i)]), want);
-    for (auto& t : tallies)
-      if (t.caption == captions[i]) {
-        ++t.samples;
-        t.background += s.background_ok;
-        t.color += s.color_ok;
-        t.size += s.size_ok;
-      }
+  }
+  const torch::Tensor cpu = images.detach().to(torch::kCPU, torch::kFloat);
+  for (size_t i = 0; i < captions.size(); ++i) {
+    PromptTally& t = tallies[prompt[i]];
+    const ShapeScore s = score_shape_image(tensor_to_image(cpu[static_cast<int64_t>(i)]), want[prompt[i]]);
+    ++t.samples;
+    t.background += s.background_ok;
+    t.color += s.color_ok;
+    t.size += s.size_ok;
   }
   return tallies;
 }
 
 namespace {
-
-// FNV-1a over the captions (32 bits, so a double holds it exactly): the same on every rank
-// exactly when the prompts are.
-double captions_hash(const std::vector<PromptTally>& prompts) {
-  uint32_t h = 2166136261u;
-  for (const auto& p : prompts)
-    for (unsigned char c : p.caption + '\n') h = (h ^ c) * 16777619u;
-  return static_cast<double>(h);
-}
 
 class ShapesFidelityNode : public Node {
  public:
@@ -110,12 +106,15 @@ class ShapesFidelityNode : public Node {
     }
     if (tallies.empty()) throw std::runtime_error(at + ": no captions to score");
 
-    // Same prompts on every rank? Then the counts line up: one sum gives everyone the totals.
+    // Same prompts on every rank (every rank sees every rank's hash, so all decide alike)? Then
+    // the counts line up: one sum gives everyone the totals.
     const size_t n = tallies.size();
-    double id[2] = {static_cast<double>(n), captions_hash(tallies)}, lo[2] = {id[0], id[1]};
-    comm::allreduce(*ch_, id, 2, comm::Op::max, at + ": captions check");
-    comm::allreduce(*ch_, lo, 2, comm::Op::min, at + ": captions check");
-    if (id[0] != lo[0] || id[1] != lo[1])
+    std::string prompts;
+    for (const auto& t : tallies) prompts += t.caption + '\n';
+    const uint64_t mine = descriptor_hash(prompts);
+    std::vector<uint64_t> hashes(static_cast<size_t>(comm::size()));
+    ch_->allgather(&mine, hashes.data(), sizeof mine, at + ": captions check").wait();
+    if (std::any_of(hashes.begin(), hashes.end(), [&](uint64_t h) { return h != hashes[0]; }))
       throw std::runtime_error(at + ": the ranks hold different captions; shapes_fidelity needs the same prompts on "
                                "every rank (a sampler's samples and captions, not a data node's batch)");
     std::vector<double> counts;

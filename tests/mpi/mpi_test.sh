@@ -176,6 +176,17 @@ print(json.dumps({k: v for k, v in j.items() if k == "fidelity" or k.startswith(
   done
   grep -q per_prompt/ "$tmp/one.fid" || fail "no per_prompt fields"
   cmp -s "$tmp/one.fid" "$tmp/two.fid" || { cat "$tmp/one.fid" "$tmp/two.fid" >&2; fail "the figures differ"; }
+  # Each rank's own training batch: different captions on each rank, so the counts would not
+  # line up; every rank refuses, none hangs.
+  cat > "$tmp/batch.yaml" <<'EOF'
+flowrun: 1
+run: { steps: 1 }
+nodes:
+  data: { type: image_text_shards, with: { path: data/shapes/base, size: 32, batch: 4 } }
+  fid:  { type: shapes_fidelity, in: { images: data.batch, captions: data.captions } }
+EOF
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" "$tmp/batch.yaml" run.out_dir="$tmp/b"
+  expect_out "the ranks hold different captions"
   ;;
 *) fail "unknown case" ;;
 esac
