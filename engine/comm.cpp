@@ -444,7 +444,14 @@ struct Channel::Impl {
 Channel::Channel(std::string name, std::unique_ptr<Impl> impl) : name_(std::move(name)), impl_(std::move(impl)) {}
 Channel::~Channel() = default;  // communicators are freed by MPI_Finalize
 
+namespace {
+std::atomic<uint64_t> channels_created{0};
+}  // namespace
+
+uint64_t Channel::created() { return channels_created.load(); }
+
 std::shared_ptr<Channel> Channel::create(const std::string& name) {
+  channels_created.fetch_add(1);
   auto impl = std::make_unique<Impl>();
 #ifdef FLOWRUN_MPI
   if (world().mpi && world().size > 1) {

@@ -21,6 +21,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -87,6 +88,9 @@ class Channel {
   // Collective over all ranks: every rank must create its channels in the same order (nodes do
   // it in setup(), which runs in file order). `name` appears in error messages.
   static std::shared_ptr<Channel> create(const std::string& name);
+  // How many channels this process has created (the executor tells the nodes that communicate
+  // by the count before and after their setup()).
+  static uint64_t created();
   ~Channel();
   const std::string& name() const { return name_; }
 

@@ -29,6 +29,16 @@
 // comes from one thread, so the math library's thread pool (OpenMP keeps one per calling
 // thread) is one pool, and the workers keep to the nodes that wait (I/O, communication,
 // checkpoints). The graph itself then runs on a driver thread.
+//
+// With several processes, a node that made a communication channel in setup() (allreduce,
+// metrics, evaluators: comm::Channel) waits in run() until the other ranks make the same call.
+// On a shared thread that wait could hold the thread another node needs first, on this rank,
+// for the other rank's matching call to ever come (one worker: rank 0's metrics waits for rank
+// 1's, whose only worker waits in a gradient all-reduce that needs rank 0's next backward, which
+// waits for a worker). So each such node runs on a lane of its own: a thread that serves only
+// it. Each channel's calls come in the node's step order on every rank, and every rank runs the
+// same dependency graph, so no wait can close a cycle: any graph that validates runs without
+// deadlock. The compute thread is the same kind of lane, served by the thread in run().
 #include "executor.hpp"
 
 #include <spdlog/spdlog.h>
@@ -129,14 +139,17 @@ struct Executor::Impl : ExecutorCore {
   tbb::flow::limiter_node<int64_t>* limiter = nullptr;
   tbb::flow::graph* graph = nullptr;
 
-  // ---- the compute thread (RunOptions::compute_thread): jobs the thread in run() serves ----
-  struct ComputeQueue {
+  // ---- lanes: the compute thread (RunOptions::compute_thread), served by the thread in run(),
+  // and with several processes a thread per communicating node (see the top) ----
+  struct Lane {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::function<void()>> jobs;
     bool closed = false;
-  } compute;
+  };
+  Lane compute;
   bool use_compute = false;
+  std::vector<std::unique_ptr<Lane>> own_lane;  // per node: its own lane, or null
 
   Impl(const GraphSpec& gs, const Registry& reg, RunInfo ri) : g(gs), info(std::move(ri)) {
     info.graph = &g;
@@ -203,17 +216,26 @@ struct Executor::Impl : ExecutorCore {
         }
       }
       accesses.push_back(std::move(acc));
-      rt->node = t->factory();
+      try {
+        rt->node = t->factory();
+      } catch (const std::exception& e) {
+        throw NodeError(ns.name, ns.type, 0, rt->who + ": its factory (" + t->schema.origin + ") failed: " + e.what());
+      }
+      if (!rt->node)
+        throw NodeError(ns.name, ns.type, 0,
+                        rt->who + ": its factory (" + t->schema.origin + ") returned no node; the plugin is broken");
       rts.push_back(std::move(rt));
     }
     // setup() in file order: a node's state inputs were created by earlier nodes' setup().
     for (auto& rt : rts) {
       SetupContext ctx(rt.get());
+      const uint64_t channels = comm::Channel::created();
       try {
         rt->node->setup(ctx);
       } catch (const std::exception& e) {
         throw NodeError(rt->spec->name, rt->spec->type, 0, rt->who + " failed in setup: " + e.what());
       }
+      rt->communicates = comm::Channel::created() != channels;
       for (const auto& [port, sid] : rt->owned_state)
         if (states[sid].empty())
           throw NodeError(rt->spec->name, rt->spec->type, 0,
@@ -256,22 +278,27 @@ struct Executor::Impl : ExecutorCore {
     fn[i->node]->try_put(i);
   }
 
-  // ---- the compute thread ----
-  // Nodes of compute types run on the compute thread when there is one. The graph's wait stays
-  // reserved until the job is done, so wait_for_all() cannot return while the compute thread
-  // still holds work that will fire more instances.
-  bool on_compute(int node) const { return use_compute && rts[node]->compute; }
+  // ---- lanes ----
+  // A node runs on its own lane if it has one, else on the compute thread if its type computes
+  // and there is one, else on the TBB worker that took it. The graph's wait stays reserved
+  // until a lane's job is done, so wait_for_all() cannot return while a lane still holds work
+  // that will fire more instances.
+  Lane* lane_of(int node) {
+    if (own_lane[node]) return own_lane[node].get();
+    return use_compute && rts[node]->compute ? &compute : nullptr;
+  }
 
   template <class F>
   void dispatch(int node, F f) {
-    if (!on_compute(node)) {
+    Lane* lane = lane_of(node);
+    if (!lane) {
       worker_thread_init();
       return f();
     }
     graph->reserve_wait();
     {
-      std::lock_guard<std::mutex> l(compute.mu);
-      compute.jobs.push_back([this, f] {
+      std::lock_guard<std::mutex> l(lane->mu);
+      lane->jobs.push_back([this, f] {
         struct Release {
           tbb::flow::graph* g;
           ~Release() { g->release_wait(); }
@@ -279,30 +306,36 @@ struct Executor::Impl : ExecutorCore {
         f();
       });
     }
-    compute.cv.notify_one();
+    lane->cv.notify_one();
   }
 
-  // The loop of the thread that called run(): jobs in arrival order until closed.
-  void serve_compute() {
+  // A lane's loop: its jobs in arrival order until closed.
+  static void serve(Lane& lane) {
     for (;;) {
       std::function<void()> job;
       {
-        std::unique_lock<std::mutex> l(compute.mu);
-        compute.cv.wait(l, [&] { return !compute.jobs.empty() || compute.closed; });
-        if (compute.jobs.empty()) return;
-        job = std::move(compute.jobs.front());
-        compute.jobs.pop_front();
+        std::unique_lock<std::mutex> l(lane.mu);
+        lane.cv.wait(l, [&] { return !lane.jobs.empty() || lane.closed; });
+        if (lane.jobs.empty()) return;
+        job = std::move(lane.jobs.front());
+        lane.jobs.pop_front();
       }
       job();
     }
   }
 
-  void close_compute() {
+  static void open(Lane& lane) {
+    std::lock_guard<std::mutex> l(lane.mu);
+    lane.jobs.clear();
+    lane.closed = false;
+  }
+
+  static void close(Lane& lane) {
     {
-      std::lock_guard<std::mutex> l(compute.mu);
-      compute.closed = true;
+      std::lock_guard<std::mutex> l(lane.mu);
+      lane.closed = true;
     }
-    compute.cv.notify_all();
+    lane.cv.notify_all();
   }
 
   // RunOptions::on_worker_thread, once per worker thread and run (TBB keeps its threads
@@ -651,8 +684,29 @@ struct Executor::Impl : ExecutorCore {
     static std::atomic<uint64_t> runs{0};
     run_id = ++runs;
     use_compute = o.compute_thread;
-    compute.jobs.clear();
-    compute.closed = false;
+    open(compute);
+    // With several processes, a lane per communicating node (see the top): the threads start
+    // here and end with the run. A lane of a compute type does its math with the compute
+    // thread's settings; the others are set up like workers.
+    own_lane.clear();
+    own_lane.resize(static_cast<size_t>(n));
+    std::vector<std::thread> lane_threads;
+    if (info.world > 1)
+      for (int i = 0; i < n; ++i)
+        if (rts[i]->communicates) {
+          own_lane[i] = std::make_unique<Lane>();
+          Lane* lane = own_lane[i].get();
+          const bool worker_like = use_compute && !rts[i]->compute && opt->on_worker_thread;
+          lane_threads.emplace_back([this, lane, worker_like] {
+            if (worker_like) opt->on_worker_thread();
+            serve(*lane);
+          });
+        }
+    auto close_lanes = [&] {
+      for (auto& lane : own_lane)
+        if (lane) close(*lane);
+      for (auto& t : lane_threads) t.join();
+    };
     auto drive = [&] {
       arena.execute([&] {
         tbb::flow::graph g;
@@ -691,7 +745,13 @@ struct Executor::Impl : ExecutorCore {
       });
     };
     if (!use_compute) {
-      drive();
+      try {
+        drive();
+      } catch (...) {
+        close_lanes();
+        throw;
+      }
+      close_lanes();
     } else {
       // The graph runs on a driver thread; this thread serves the compute jobs until it ends.
       std::exception_ptr drive_error;
@@ -701,10 +761,11 @@ struct Executor::Impl : ExecutorCore {
         } catch (...) {
           drive_error = std::current_exception();
         }
-        close_compute();
+        close(compute);
       });
-      serve_compute();
+      serve(compute);
       driver.join();
+      close_lanes();
       if (drive_error) std::rethrow_exception(drive_error);
     }
     stats.last_step_done = lo.load() - 1;

@@ -52,6 +52,7 @@ class NodeRuntime {
   std::string who;  // "node 'opt' (optimizer)"
   bool stateless = false;
   bool compute = false;  // schema `compute: true`: runs on the compute thread when there is one
+  bool communicates = false;  // made a communication channel in setup(): waits on other ranks in run()
   bool has_stream_inputs = false;
   DeviceStreams* streams = nullptr;  // set for a run with device streams (RunOptions::streams)
   int stream = -1;                   // this node's stream id there
