@@ -26,11 +26,13 @@ inline std::string keys_of(const TensorMap& m) {
 // (page-locked) memory and queued without blocking the host, on the current stream: a data
 // node with `stream: io` copies on the io stream, and the executor makes its consumers wait
 // for it (engine/device_streams.hpp). Tensors already there are shared, not copied.
+inline torch::Tensor to_device(const torch::Tensor& t, const torch::Device& device) {
+  if (!t.defined() || t.device() == device) return t;
+  return (t.is_cpu() && device.is_cuda() ? t.pin_memory() : t).to(device, /*non_blocking=*/true);
+}
 inline TensorMap to_device(const TensorMap& batch, const torch::Device& device) {
   TensorMap out = batch;
-  for (auto& [_, t] : out)
-    if (t.defined() && t.device() != device)
-      t = (t.is_cpu() && device.is_cuda() ? t.pin_memory() : t).to(device, /*non_blocking=*/true);
+  for (auto& [_, t] : out) t = to_device(t, device);
   return out;
 }
 

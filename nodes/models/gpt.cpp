@@ -69,6 +69,16 @@ void AttentionImpl::reset() {
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
   const int64_t H = heads_, D = dim_ / heads_;
+  if (fused_attention_available(x) && (dropout_ == 0.0 || !TrainingScope::current())) {
+    // On a GPU, as the eager loop does it: q, k and v are strided views of the projection
+    // ([B, T, H, D] seen as [B, H, T, D]), which the fused kernels read as they are: no copy
+    // forward, and backward's gradient of the split is one concatenation.
+    const std::vector<torch::Tensor> qkv = c_attn(x).view({B, T, 3 * dim_}).split(dim_, 2);
+    auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
+    torch::Tensor y = fused_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, /*causal=*/true,
+                                      1.0 / std::sqrt(double(D)));
+    return flowrun::dropout(c_proj(y.transpose(1, 2).reshape({B * T, dim_})), dropout_);
+  }
   // The fused projection's columns are q | k | v, each split into heads. One copy turns
   // [B*T, 3*dim] = [B, T, 3, H, D] into [3, B, H, T, D], so q, k and v are each contiguous
   // [B*H, T, D] for bmm (one copy instead of one per tensor; same in backward: unbind's
@@ -78,11 +88,6 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
   torch::Tensor q = qkv[0].view({B * H, T, D});
   torch::Tensor k = qkv[1].view({B * H, T, D});
   torch::Tensor v = qkv[2].view({B * H, T, D});
-  if (fused_attention_available(q) && (dropout_ == 0.0 || !TrainingScope::current())) {
-    torch::Tensor y = fused_attention(q.view({B, H, T, D}), k.view({B, H, T, D}), v.view({B, H, T, D}), {},
-                                      /*causal=*/true, 1.0 / std::sqrt(double(D)));
-    return flowrun::dropout(c_proj(y.permute({0, 2, 1, 3}).reshape({B * T, dim_})), dropout_);
-  }
   // scores = mask + (q @ k^T) / sqrt(D) in one call; the [T, T] mask broadcasts over B*H.
   // (libtorch 1.13 has no public scaled_dot_product_attention; its private
   // _scaled_dot_product_attention rebuilds the mask on every call and drops out with the

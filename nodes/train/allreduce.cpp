@@ -130,12 +130,17 @@ class AllreduceNode : public Node {
 
   void on_item(StepContext& ctx, const std::string& /*port*/, const Value& v, int /*index*/, int count) override {
     const GradReady& r = v.as<GradReady>(ctx.who() + " input 'ready'");
-    if (!r.buffer) throw std::runtime_error(ctx.who() + ": an item on 'ready' carries no gradient buffer");
-    if (!buffer_) begin_step(ctx, r.buffer, count);
+    if (!r.buffer && world_ > 1)
+      throw std::runtime_error(ctx.who() + ": an item on 'ready' carries no gradient buffer, which the all-reduce "
+                               "of " + std::to_string(world_) + " processes needs");
+    if (r.used && !r.grad.defined())
+      throw std::runtime_error(ctx.who() + ": the item on 'ready' for parameter " + std::to_string(r.param) +
+                               " says it has a gradient but carries none");
+    if (!started_) begin_step(ctx, r.buffer, count);
     if (r.buffer != buffer_)
       throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) +
                                ": the items on 'ready' name two different gradient buffers");
-    const int n = static_cast<int>(buffer_->views.size());
+    const int n = static_cast<int>(grads_.size());
     if (r.param < 0 || r.param >= n)
       throw std::runtime_error(ctx.who() + ": item for parameter " + std::to_string(r.param) + ", the model has " +
                                std::to_string(n) + " trainable parameters");
@@ -145,14 +150,16 @@ class AllreduceNode : public Node {
                                std::to_string(r.param) + " arrived twice on 'ready'");
     ready_[i] = 1;
     used_[i] = r.used ? 1 : 0;
+    if (r.used) grads_[i] = r.grad;
     ++items_;
+    if (world_ == 1) return;  // nothing to reduce: the grads pass through
     --missing_[static_cast<size_t>(plan_.bucket_of[i])];
     if (overlap_) launch_ready(ctx);
   }
 
   void run(StepContext& ctx) override {
-    const int n = buffer_ ? static_cast<int>(buffer_->views.size()) : -1;
-    if (!buffer_ || items_ != n)
+    const int n = started_ ? static_cast<int>(grads_.size()) : -1;
+    if (!started_ || items_ != n)
       throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) + ": got " + std::to_string(items_) +
                                " items on 'ready' for " + (n < 0 ? std::string("a model") : std::to_string(n) + " trainable parameters") +
                                "; connect it to forward_backward's `ready`, which sends each parameter once a step");
@@ -183,33 +190,40 @@ class AllreduceNode : public Node {
                                               "used-parameter flags (step " + std::to_string(ctx.step()) + ")");
       req.wait();
     }
+    // After the reduction in place, a used parameter's grad (its view of the buffer) holds the average.
     Grads grads(static_cast<size_t>(n));
     for (size_t i = 0; i < grads.size(); ++i)
-      if (used_[i]) grads[i] = buffer_->views[i];
+      if (used_[i]) grads[i] = grads_[i];
     end_step();
     ctx.out("grads", std::move(grads));
   }
 
  private:
+  // The first item of a step: the buffer it names (null in a single process with fresh grads)
+  // and, with several processes, its bucket plan.
   void begin_step(StepContext& ctx, const std::shared_ptr<GradBuffer>& buffer, int count) {
-    const int n = static_cast<int>(buffer->views.size());
-    if (count != n)
+    const int n = count;
+    if (buffer && static_cast<int>(buffer->views.size()) != n)
       throw std::runtime_error(ctx.who() + ": the 'ready' stream announces " + std::to_string(count) +
-                               " items, its gradient buffer holds " + std::to_string(n) + " parameters");
+                               " items, its gradient buffer holds " + std::to_string(buffer->views.size()) +
+                               " parameters");
 #if FLOWRUN_CUDA
     if (cuda_) finish_previous_step(ctx);
 #endif
-    if (plan_.bucket_of.empty() || !plan_.fits(*buffer)) {
+    if (world_ > 1 && (plan_.bucket_of.empty() || !plan_.fits(*buffer))) {
       plan_ = plan_buckets(*buffer, first_bucket_mb_, bucket_mb_);
       if (ctx.run().rank == 0)
         spdlog::debug("{}: {} parameters in {} buckets", ctx.who(), n, plan_.buckets.size());
-      if (world_ > 1) choose_transport(ctx, *buffer);
+      choose_transport(ctx, *buffer);
     }
+    started_ = true;
     buffer_ = buffer;
+    grads_.assign(static_cast<size_t>(n), torch::Tensor());
     ready_.assign(static_cast<size_t>(n), 0);
     used_.assign(static_cast<size_t>(n), 0);
     missing_.clear();
-    for (const auto& b : plan_.buckets) missing_.push_back(b.end - b.first);
+    if (world_ > 1)
+      for (const auto& b : plan_.buckets) missing_.push_back(b.end - b.first);
     items_ = 0;
     next_ = 0;
     step_ = ctx.step();
@@ -254,7 +268,9 @@ class AllreduceNode : public Node {
 #endif
 
   void end_step() {
+    started_ = false;
     buffer_.reset();
+    grads_.clear();
     requests_.clear();
     compressed_.clear();
     ready_.clear();
@@ -269,15 +285,16 @@ class AllreduceNode : public Node {
     return buffer_->flats[static_cast<size_t>(b.group)].narrow(0, b.offset, b.numel);
   }
 
-  // Launch buckets in order while the next one has all its parameters.
+  // Launch buckets in order while the next one has all its parameters (none in a single
+  // process: nothing to average, no copy, no division, no message).
   void launch_ready(StepContext& ctx) {
+    if (world_ == 1) return;
     while (next_ < plan_.buckets.size() && missing_[next_] == 0) launch(ctx, next_++);
   }
 
   void launch(StepContext& ctx, size_t k) {
     requests_.emplace_back();
     compressed_.emplace_back();
-    if (world_ == 1) return;  // nothing to average: no copy, no division, no message
     torch::NoGradGuard no_grad;
     torch::Tensor s = slice(k);
     // Average = sum of grad / world: divide before the sum (exact for a power-of-two world), as
@@ -318,7 +335,9 @@ class AllreduceNode : public Node {
 #endif
 
   // This step's state (reset by end_step()).
+  bool started_ = false;  // its first item arrived
   std::shared_ptr<GradBuffer> buffer_;
+  Grads grads_;  // per parameter: the grad its item carried
   std::vector<uint8_t> ready_, used_;  // per parameter; used_ is all-reduced in place (u8 max)
   std::vector<int> missing_;           // per bucket: parameters not ready yet
   std::vector<comm::Request> requests_;      // per launched bucket

@@ -60,8 +60,9 @@ CaptionLoss::Prepared CaptionLoss::prepare(const TensorMap& batch, const std::fu
         positions[r].index_fill_(0, torch::rand({L}, g).argsort().narrow(0, 0, n_masked), true);
       }
     }
-    parallel = torch::tensor(std::vector<int64_t>(par.begin(), par.end())).to(torch::kBool).to(ids.device());
-    masked = positions.to(ids.device()) & parallel.view({B, 1});
+    // Drawn on the host (per-row generators); copied without making the host wait.
+    parallel = to_device(torch::tensor(std::vector<int64_t>(par.begin(), par.end())).to(torch::kBool), ids.device());
+    masked = to_device(positions, ids.device()) & parallel.view({B, 1});
     input = torch::where(parallel.view({B, 1}), labels, input);  // parallel rows: the targets, unshifted
   }
   Prepared p;
@@ -79,7 +80,7 @@ torch::Tensor CaptionLoss::loss(ModelState& model, const TensorMap& batch) const
   if (logits.dim() != 3 || logits.size(0) != p.labels.size(0) || logits.size(1) != p.labels.size(1))
     throw std::runtime_error("objective " + type + ": the model returned " + shape_str(logits) + " for targets " +
                              shape_str(p.labels) + "; expected [batch, L, vocab]");
-  const torch::Tensor logp = torch::log_softmax(logits.to(torch::kFloat), -1);
+  const torch::Tensor logp = torch::log_softmax(logits, -1, torch::kFloat);  // fp16 logits read as they are on a GPU
   const torch::Tensor w = p.weights.to(logp.device());
   torch::Tensor per_token = -logp.gather(2, p.labels.to(logp.device()).unsqueeze(2)).squeeze(2);
   if (o_.label_smoothing > 0)

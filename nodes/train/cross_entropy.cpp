@@ -57,15 +57,18 @@ struct CrossEntropyMean : torch::autograd::Function<CrossEntropyMean> {
 
 }  // namespace
 
-torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets) {
+torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets, CrossEntropyKernel kernel) {
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
     throw std::runtime_error("cross_entropy_mean: logits must be [N, V] and targets [N], got " +
                              shape_str(logits) + " and " + shape_str(targets));
-  if (!logits.is_floating_point() || logits.element_size() < 4)
-    throw std::runtime_error("cross_entropy_mean: logits must be fp32 or wider (cast bf16/fp16 logits first)");
+  if (!logits.is_floating_point()) throw std::runtime_error("cross_entropy_mean: logits must be floating point");
   if (targets.scalar_type() != torch::kLong) throw std::runtime_error("cross_entropy_mean: targets must be int64");
   if (logits.size(0) == 0) throw std::runtime_error("cross_entropy_mean: no rows");
-  return CrossEntropyMean::apply(logits, targets);
+  if (kernel == CrossEntropyKernel::automatic)
+    kernel = logits.is_cpu() ? CrossEntropyKernel::chunked : CrossEntropyKernel::library;
+  if (kernel == CrossEntropyKernel::library)  // fp32 log-probabilities, as autocast's cross_entropy
+    return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat), targets);
+  return CrossEntropyMean::apply(logits.element_size() < 4 ? logits.to(torch::kFloat) : logits, targets);
 }
 
 }  // namespace flowrun

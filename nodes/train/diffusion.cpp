@@ -25,11 +25,11 @@ Prediction parse_prediction(const std::string& s) {
   throw std::runtime_error("diffusion: unknown prediction '" + s + "' (eps, v)");
 }
 
-NoiseSchedule NoiseSchedule::make(Schedule kind, double beta_start, double beta_end, int64_t T) {
+NoiseSchedule NoiseSchedule::make(Schedule kind, double beta_start, double beta_end, int64_t T, const torch::Device& device) {
   if (T < 1) throw std::runtime_error("diffusion: timesteps must be >= 1");
   if (!(beta_start > 0 && beta_end > 0 && beta_start < 1 && beta_end < 1))
     throw std::runtime_error("diffusion: beta_start and beta_end must be in (0, 1)");
-  auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(device);
   NoiseSchedule s;
   if (kind == Schedule::linear)
     s.betas = torch::linspace(beta_start, beta_end, T, f64);
@@ -40,9 +40,11 @@ NoiseSchedule NoiseSchedule::make(Schedule kind, double beta_start, double beta_
 }
 
 torch::Tensor NoiseSchedule::ab(const torch::Tensor& t, const torch::Tensor& x) const {
-  torch::Tensor ti = t.to(torch::kCPU).to(torch::kLong).reshape({-1});
+  // Where the schedule lives; the range is checked on the host only where reading costs no
+  // device sync (training draws t below T itself).
+  torch::Tensor ti = t.to(alphas_cumprod.device()).to(torch::kLong).reshape({-1});
   const int64_t T = timesteps();
-  if (ti.numel() > 0 && ti.max().item<int64_t>() >= T)
+  if (ti.is_cpu() && ti.numel() > 0 && ti.max().item<int64_t>() >= T)
     throw std::runtime_error("diffusion: timestep " + std::to_string(ti.max().item<int64_t>()) +
                              " is outside the schedule's [0, " + std::to_string(T) + ")");
   torch::Tensor neg = ti < 0;
@@ -103,41 +105,49 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
   if (x0.dim() < 2 || !x0.is_floating_point())
     throw std::runtime_error("objective diffusion_loss: batch '" + o.x_key + "' must be a float [batch, C, ...] tensor, got " +
                              shape_str(x0));
-  // One schedule per option set is cheap to make (T float64 values); made per call to stay stateless.
-  const NoiseSchedule sched = NoiseSchedule::make(o.schedule, o.beta_start, o.beta_end, o.timesteps);
+  // One schedule per option set is cheap to make (T float64 values); made per call, where the
+  // batch is, to stay stateless.
+  const NoiseSchedule sched = NoiseSchedule::make(o.schedule, o.beta_start, o.beta_end, o.timesteps, x0.device());
   const int64_t B = x0.size(0);
+  // Draws are made where the batch is (training: the scope's generator for that device; on the
+  // CPU the scope's own), so no step copies noise from the host. An evaluation (no scope) draws
+  // from a fixed CPU generator.
   at::Generator fallback;
-  at::Generator* g = TrainingScope::current();
+  at::Generator* g = TrainingScope::current_on(x0.device());
   if (!g) {
     fallback = make_cpu_generator(mix_seed({kSeedTagDiffusion}));
     g = &fallback;
   }
+  const auto on_g = torch::TensorOptions().device(g->device());
   torch::Tensor t, noise;
   {
     torch::NoGradGuard no_grad;
-    t = torch::randint(o.timesteps, {B}, *g, torch::kLong);
-    noise = torch::randn(x0.sizes(), *g, torch::kFloat);
+    t = torch::randint(o.timesteps, {B}, *g, on_g.dtype(torch::kLong));
+    noise = torch::randn(x0.sizes(), *g, on_g.dtype(torch::kFloat));
     if (o.noise_offset != 0.0) {
       std::vector<int64_t> shape(static_cast<size_t>(x0.dim()), 1);
       shape[0] = B;
       shape[1] = x0.size(1);
-      noise = noise + o.noise_offset * torch::randn(shape, *g, torch::kFloat);
+      noise = noise + o.noise_offset * torch::randn(shape, *g, on_g.dtype(torch::kFloat));
     }
     noise = noise.to(x0.device(), x0.scalar_type());
+    t = t.to(x0.device());
   }
   torch::Tensor xt = add_noise(sched, x0, noise, t);
   torch::Tensor tgt = target(sched, o.prediction, x0, noise, t);
   TensorMap in = batch;
   // Classifier-free guidance training: each row's condition becomes the null condition with
   // P = cond_drop. Training only (inside a TrainingScope), drawn after t and the noise.
-  at::Generator* training = TrainingScope::current();
   auto text = batch.find("text_emb");
-  if (training && o.cond_drop > 0.0 && text != batch.end() && text->second.defined() && text->second.dim() >= 1) {
+  const bool has_text = text != batch.end() && text->second.defined() && text->second.dim() >= 1;
+  at::Generator* training = has_text ? TrainingScope::current_on(text->second.device()) : nullptr;
+  if (training && o.cond_drop > 0.0) {
     const int64_t rows = text->second.size(0);
     torch::Tensor drop;
     {
       torch::NoGradGuard no_grad;
-      drop = torch::empty({rows}).bernoulli_(o.cond_drop, *training).to(torch::kBool).to(text->second.device());
+      drop = torch::empty({rows}, text->second.options().dtype(torch::kFloat)).bernoulli_(o.cond_drop, *training)
+                 .to(torch::kBool);
     }
     const TensorMap null = null_condition(batch);
     for (const char* k : {"text_emb", "text_mask", "t5_emb", "t5_mask"}) {
@@ -149,7 +159,7 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
     }
   }
   in["x"] = xt;
-  in["t"] = t.to(x0.device());
+  in["t"] = t;
   torch::Tensor pred = model.forward(in);
   if (!pred.sizes().equals(x0.sizes()))
     throw std::runtime_error("objective diffusion_loss: model output " + shape_str(pred) +

@@ -27,9 +27,11 @@ Schedule parse_schedule(const std::string& s);      // "linear" | "scaled_linear
 Prediction parse_prediction(const std::string& s);  // "eps" | "v"
 
 struct NoiseSchedule {
-  static NoiseSchedule make(Schedule kind, double beta_start, double beta_end, int64_t timesteps);
-  torch::Tensor betas;           // [T] float64, CPU
-  torch::Tensor alphas_cumprod;  // [T] float64, CPU
+  // On `device` (the training loss makes it where its batch is, so that no step copies it there).
+  static NoiseSchedule make(Schedule kind, double beta_start, double beta_end, int64_t timesteps,
+                            const torch::Device& device = torch::kCPU);
+  torch::Tensor betas;           // [T] float64
+  torch::Tensor alphas_cumprod;  // [T] float64
   int64_t timesteps() const { return alphas_cumprod.size(0); }
   // ab_t for integer timesteps t (any shape), broadcastable against x [B, ...]: [B, 1, ..., 1]
   // in x's dtype and device; t < 0 gives 1.

@@ -77,8 +77,11 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
   if (track && !hooks) hooks = std::make_shared<GradHooks>(params);
   if (track && !hooks->covers(params))
     throw std::runtime_error("forward_backward: the gradient hooks were made for other parameters than the model's");
+  // GradFill::copy: each finished gradient goes into its view once (settle), the .grad() then
+  // pointing there.
+  const bool copy = options.buffer && options.fill == GradFill::copy;
   std::mutex mu;  // hooks may run on autograd's device threads (CUDA)
-  std::vector<char> used(n, 0), reported(n, 0);
+  std::vector<char> used(n, 0), reported(n, 0), settled(n, 0);
   bool last = false;  // in the last micro-batch's backward
   std::optional<GradHooks::Armed> armed;
   if (track)
@@ -86,21 +89,28 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
       std::lock_guard<std::mutex> l(mu);
       const size_t k = static_cast<size_t>(i);
       used[k] = 1;
-      if (last && options.on_ready && !reported[k]) {
+      if (!last) return;
+      if (copy && !settled[k]) {
+        settled[k] = 1;
+        options.buffer->settle(k, params[k]);
+      }
+      if (options.on_ready && !reported[k]) {
         reported[k] = 1;
         options.on_ready(i, true);
       }
     });
 
-  if (options.buffer) {
+  if (options.buffer && !copy) {
     // Zeroed grads that autograd adds into in place (AccumulateGrad: grad += new, grad mode
     // being off in backward); 0 + g is g exactly, so the result equals the fresh-tensor path.
     options.buffer->zero();
     options.buffer->attach(params);
   } else {
-    // Fresh grads each step (like zero_grad(set_to_none=True)): the previous step's grads,
-    // still held by their consumers, are never overwritten.
+    // Fresh grads each step (like zero_grad(set_to_none=True)): autograd takes the first
+    // gradient it computes as the .grad() itself, and the previous step's grads, still held by
+    // their consumers, are never overwritten.
     for (auto& p : params) p.mutable_grad() = torch::Tensor();
+    if (copy) options.buffer->remember(params);
   }
 
   torch::AutoGradMode grad_on(true);
@@ -136,6 +146,9 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
   armed.reset();
   // The parameters backward did not reach in the last micro-batch, in reverse module order
   // (the buffer's order): all at once, now that backward is over.
+  if (copy)
+    for (size_t k = n; k-- > 0;)
+      if (!settled[k]) options.buffer->settle(k, params[k]);
   if (options.on_ready)
     for (size_t k = n; k-- > 0;)
       if (!reported[k]) options.on_ready(static_cast<int>(k), used[k] != 0);
@@ -167,6 +180,7 @@ class ForwardBackwardNode : public Node {
                    ctx.who());
     seed_ = ctx.run().seed;
     rank_ = ctx.run().rank;
+    fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
   }
 
   void run(StepContext& ctx) override {
@@ -188,20 +202,26 @@ class ForwardBackwardNode : public Node {
       if (!params.empty()) hooks_ = std::make_shared<GradHooks>(params);
     }
     o.hooks = hooks_;
-    o.buffer = params.empty() ? nullptr : take_buffer(params);
     // Each parameter once, as its gradient becomes final: allreduce reduces buckets meanwhile.
     // With one process there is nothing to reduce during backward: all of them after it, in
     // the buffer's order, rather than waking a worker for each parameter while backward runs.
     const int count = static_cast<int>(params.size());
     const bool overlap = ctx.run().world > 1;
+    // The all-reduce needs the grads in a buffer; one process needs none with fresh grads.
+    o.buffer = params.empty() || (fresh_ && !overlap) ? nullptr : take_buffer(params);
+    o.fill = fresh_ ? GradFill::copy : GradFill::accumulate;
     int index = 0;
     if (overlap)
       o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
-        ctx.emit("ready", GradReady{param, used, buffer}, index++, count);
+        torch::Tensor grad = used ? buffer->views[static_cast<size_t>(param)] : torch::Tensor();
+        ctx.emit("ready", GradReady{param, used, buffer, std::move(grad)}, index++, count);
       };
     FwdBwdResult r = forward_backward(model, batch, *objective_, o);
     if (!overlap)
-      for (int k = count; k-- > 0;) ctx.emit("ready", GradReady{k, r.grads[static_cast<size_t>(k)].defined(), o.buffer}, index++, count);
+      for (int k = count; k-- > 0;) {
+        const torch::Tensor& grad = r.grads[static_cast<size_t>(k)];
+        ctx.emit("ready", GradReady{k, grad.defined(), o.buffer, grad}, index++, count);
+      }
     ctx.out("loss", r.loss);
     ctx.out("grads", std::move(r.grads));
     ctx.out("tokens", objective_->targets(batch));
@@ -229,6 +249,7 @@ class ForwardBackwardNode : public Node {
   static constexpr size_t kPool = 2;
   const Objective* objective_ = nullptr;  // the objective node's; read-only, lives as long as the graph
   bool has_cond_ = false;
+  bool fresh_ = true;  // grad_layout fresh
   FwdBwdOptions options_;
   uint64_t seed_ = 0;
   int rank_ = 0;

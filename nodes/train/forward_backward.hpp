@@ -46,11 +46,13 @@ struct FwdBwdOptions {
   uint64_t rows_seed = 0;
   int64_t first_row = 0;
 
-  // Set: the grads live in this buffer (train/grad_buffer.hpp), made for the model's trainable
-  // parameters: it is zeroed and attached (.grad() = its views) first, and autograd accumulates
-  // into it in place. The caller makes sure nobody still holds it (GradBuffer::reusable()).
-  // Unset: fresh grad tensors each step. The grads are bit-identical either way.
+  // Set: the grads end up in this buffer (train/grad_buffer.hpp), made for the model's trainable
+  // parameters, each .grad() one of its views; how they get there is `fill`. The caller makes
+  // sure nobody still holds it (GradBuffer::reusable()). Unset: fresh grad tensors each step
+  // (autograd writes each parameter's gradient once, into a tensor of its own). The grads are
+  // bit-identical every way.
   std::shared_ptr<GradBuffer> buffer;
+  GradFill fill = GradFill::accumulate;
   // Set: on_ready(i, true) is called from inside the LAST micro-batch's backward the moment
   // trainable parameter i's gradient is final, and after that backward, on_ready(i, used) once
   // for each parameter not reported yet (used: it got a gradient in an earlier micro-batch).
@@ -62,8 +64,8 @@ struct FwdBwdOptions {
   std::shared_ptr<GradHooks> hooks;
 };
 
-// Clear the trainable parameters' grads (undefined; with options.buffer: zero the buffer and
-// attach it), check the batch has what the objective needs, then for each of `accumulate`
+// Clear the trainable parameters' grads (undefined; with options.buffer and GradFill::accumulate:
+// zero the buffer and attach it), check the batch has what the objective needs, then for each of `accumulate`
 // micro-batches run forward + backward of
 // loss * rows/total, so the grads equal those of the whole batch's mean loss. Writes only
 // .grad() (and the buffer), never parameter data.

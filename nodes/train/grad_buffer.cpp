@@ -58,13 +58,28 @@ void GradBuffer::attach(const std::vector<torch::Tensor>& params) const {
                                std::string(c10::str(views[i].sizes(), " ", views[i].scalar_type(), " on ",
                                                     views[i].device())));
   }
-  attached_to.clear();
-  attached_to.reserve(params.size());
+  remember(params);
   for (size_t i = 0; i < params.size(); ++i) {
     torch::Tensor p = params[i];  // a handle to the same parameter (mutable_grad() is non-const)
     p.mutable_grad() = views[i];
-    attached_to.emplace_back(p.getIntrusivePtr());
   }
+}
+
+void GradBuffer::remember(const std::vector<torch::Tensor>& params) const {
+  attached_to.clear();
+  attached_to.reserve(params.size());
+  for (const torch::Tensor& p : params) attached_to.emplace_back(p.getIntrusivePtr());
+}
+
+void GradBuffer::settle(size_t i, torch::Tensor param) const {
+  torch::NoGradGuard no_grad;
+  torch::Tensor& grad = param.mutable_grad();
+  const torch::Tensor& view = views.at(i);
+  if (!grad.defined())
+    view.zero_();
+  else if (grad.unsafeGetTensorImpl() != view.unsafeGetTensorImpl())
+    view.copy_(grad);
+  grad = view;
 }
 
 }  // namespace flowrun

@@ -8,8 +8,14 @@
 // node reduces such slices in place as buckets: no copy into a bucket and none back out (like
 // DDP's gradient_as_bucket_view and Megatron-LM's contiguous grad buffer).
 //
-// Each step forward_backward zeroes a buffer and points the .grad()s at its views; autograd then
-// accumulates into them in place. During the backward of the last micro-batch an autograd hook
+// How the gradients get into the buffer (GradFill): `accumulate` zeroes it and points the
+// .grad()s at its views before backward, and autograd adds each micro-batch's gradient into them
+// in place (a zero fill, then a read-add-write per parameter and micro-batch); `copy` leaves the
+// .grad()s empty, so autograd writes each parameter's first gradient into a tensor of its own
+// (and adds later micro-batches to it), and the finished gradient is copied into its view the
+// moment it is final, the .grad() then pointing at the view (one copy per parameter, as DDP
+// does; the zero fill and the add passes are gone). Both give bit-identical buffers.
+// During the backward of the last micro-batch an autograd hook
 // on each parameter's grad accumulator emits a GradReady on the `ready` stream the moment that
 // parameter's gradient is final; after backward, parameters that got no gradient are emitted
 // with used = false. So every trainable parameter is emitted exactly once per step, in the order
@@ -24,6 +30,8 @@
 #include "common/flat_buffers.hpp"
 
 namespace flowrun {
+
+enum class GradFill { accumulate, copy };
 
 struct GradBuffer {
   using Slot = FlatLayout::Slot;
@@ -45,6 +53,11 @@ struct GradBuffer {
   void zero();
   // Point each parameter's .grad() at its view.
   void attach(const std::vector<torch::Tensor>& params) const;
+  // GradFill::copy: note the parameters (for reusable()) without touching their .grad().
+  void remember(const std::vector<torch::Tensor>& params) const;
+  // GradFill::copy: parameter i's finished gradient (its .grad(), or zeros when it has none)
+  // into its view, and its .grad() pointed at the view.
+  void settle(size_t i, torch::Tensor param) const;
 
   // The parameters last attach()ed (weakly: the buffer does not keep a model alive), so that
   // reusable() can tell the parameters' own .grad() references from a consumer's.
@@ -54,8 +67,11 @@ struct GradBuffer {
 // What the `ready` stream carries.
 struct GradReady {
   int param = 0;      // index of the trainable parameter (module order)
-  bool used = true;   // false: it got no gradient this step (its view stays zero)
+  bool used = true;   // false: it got no gradient this step (its view, if any, is zero)
+  // Where the gradients live: with data parallelism the buffer (grad is its view); in a single
+  // process forward_backward may need none (grad is the tensor autograd wrote; buffer null).
   std::shared_ptr<GradBuffer> buffer;
+  torch::Tensor grad;  // the finished gradient (undefined when !used)
 };
 
 }  // namespace flowrun

@@ -26,7 +26,7 @@ torch::Tensor LmLoss::loss(ModelState& model, const TensorMap& batch) const {
                              std::to_string(B) + ", " + std::to_string(T) + ", vocab]");
   const int64_t V = logits.size(2);
   torch::Tensor targets = tokens.narrow(1, 1, T).reshape({B * T}).to(torch::kLong);
-  return cross_entropy_mean(logits.reshape({B * T, V}).to(torch::kFloat), targets);
+  return cross_entropy_mean(logits.reshape({B * T, V}), targets);
 }
 
 int64_t LmLoss::targets(const TensorMap& batch) const {

@@ -1,5 +1,5 @@
-// optimizer: AdamW or SGD with momentum, decoupled weight decay, grad-norm clipping and a
-// learning-rate schedule. Schema: schemas/optimizer.yaml. Test: tests/nodes/optimizer_test.cpp.
+// optimizer: AdamW, SGD with momentum or Adafactor, decoupled weight decay, grad-norm clipping and
+// a learning-rate schedule. Schema: schemas/optimizer.yaml. Test: tests/nodes/optimizer_test.cpp.
 #include "train/optimizer.hpp"
 
 #include <spdlog/spdlog.h>
@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "common/cpu_simd.hpp"
+#include "common/device.hpp"
 #include "common/state_io.hpp"
 #include "registry.hpp"
 
@@ -84,6 +85,8 @@ torch::Tensor adafactor_direction(OptimizerState::Slot& s, const torch::Tensor& 
 
 std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
   std::map<std::string, torch::Tensor> out;
+  // The fused path's step lives on the device (a read here, where a checkpoint copies anyway).
+  const int64_t fused = fused_step.defined() ? static_cast<int64_t>(fused_step.item<double>()) : -1;
   for (const Slot& s : slots) {
     if (s.exp_avg.defined()) out[s.name + ".exp_avg"] = s.exp_avg;
     if (s.exp_avg_sq.defined()) out[s.name + ".exp_avg_sq"] = s.exp_avg_sq;
@@ -91,7 +94,7 @@ std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
     if (s.v_row.defined()) out[s.name + ".v_row"] = s.v_row;
     if (s.v_col.defined()) out[s.name + ".v_col"] = s.v_col;
     if (s.v.defined()) out[s.name + ".v"] = s.v;
-    out[s.name + ".step"] = torch::tensor(s.step, torch::kInt64);
+    out[s.name + ".step"] = torch::tensor(fused >= 0 ? fused : s.step, torch::kInt64);
   }
   out["updates"] = torch::tensor(updates, torch::kInt64);
   return out;
@@ -102,12 +105,14 @@ namespace {
 // AdamW on a GPU with libtorch >= 2: the update below, as torch's fused multi-tensor kernel
 // (torch.optim.AdamW(fused=True)): one launch for all parameters of a group instead of ~8 per
 // parameter. Same math (decoupled decay, bias corrections, eps outside the sqrt); the clip
-// factor enters as the kernel's grad_scale (it divides: 1 / coef). Two groups: parameters
-// that decay and those that do not (decays()). Returns false, doing nothing, where it does
-// not apply (CPU tensors, an older libtorch, mixed devices or dtypes, a parameter without a
-// gradient this step): the loop below then runs.
-bool fused_adamw(OptimizerState& st, const ModelState::Named& params, const Grads& grads, const OptimConfig& cfg,
-                 double lr, const torch::Tensor& coef) {
+// factor enters as the kernel's grad_scale (it divides: 1 / coef), a non-finite step's flag
+// as its found_inf (the kernel then changes nothing, and the step tensor does not advance).
+// Two groups: parameters that decay and those that do not (decays()).
+//
+// fused_adamw_applies says whether it applies: not for CPU tensors, an older libtorch, mixed
+// devices or dtypes, a parameter without a gradient this step, or moments of different ages
+// (a parameter that once had no gradient); the loop below then runs.
+bool fused_adamw_applies(const OptimizerState& st, const ModelState::Named& params, const Grads& grads) {
 #if TORCH_VERSION_MAJOR >= 2
   if (params.empty() || !params.front().second.is_cuda()) return false;
   const torch::Device device = params.front().second.device();
@@ -116,39 +121,62 @@ bool fused_adamw(OptimizerState& st, const ModelState::Named& params, const Grad
     if (!grads[i].defined() || params[i].second.device() != device || params[i].second.scalar_type() != dtype ||
         grads[i].scalar_type() != dtype)
       return false;
-  // All parameters take this step together, so one step tensor serves every one of them;
-  // moments of different ages (a parameter that once had no gradient) take the loop instead.
-  const int64_t step = st.slots.front().step + 1;
+  // All parameters take this step together, so one step tensor serves every one of them.
   for (const auto& s : st.slots)
-    if (s.step + 1 != step) return false;
+    if (s.step != st.slots.front().step) return false;
+  return true;
+#else
+  (void)st, (void)params, (void)grads;
+  return false;
+#endif
+}
+
+void fused_adamw(OptimizerState& st, const ModelState::Named& params, const Grads& grads, const OptimConfig& cfg,
+                 double lr, const torch::Tensor& coef, const torch::Tensor& found_inf) {
+#if TORCH_VERSION_MAJOR >= 2
+  const torch::Device device = params.front().second.device();
+  if (!st.fused_step.defined())
+    st.fused_step = torch::full({}, static_cast<double>(st.slots.front().step),
+                                torch::TensorOptions().dtype(torch::kFloat).device(device));
+  // step += 1 - found: a skipped update does not count (torch's fused AdamW does the same).
+  if (found_inf.defined())
+    st.fused_step.sub_(found_inf).add_(1);
+  else
+    st.fused_step.add_(1);
   std::vector<at::Tensor> p[2], g[2], m[2], v[2], steps[2];
   for (size_t i = 0; i < params.size(); ++i) {
     OptimizerState::Slot& s = st.slots[i];
     torch::Tensor w = params[i].second;
     if (!s.exp_avg.defined()) s.exp_avg = torch::zeros_like(w, at::MemoryFormat::Preserve);
     if (!s.exp_avg_sq.defined()) s.exp_avg_sq = torch::zeros_like(w, at::MemoryFormat::Preserve);
-    s.step = step;
+    s.step += 1;  // the host's count; fused_step is the truth (tensors() reports it)
     const int k = decays(w) ? 0 : 1;
     p[k].push_back(w);
     g[k].push_back(grads[i]);
     m[k].push_back(s.exp_avg);
     v[k].push_back(s.exp_avg_sq);
   }
-  const torch::Tensor t = torch::full({}, static_cast<double>(step), torch::TensorOptions().dtype(torch::kFloat).device(device));
-  c10::optional<at::Tensor> scale;
+  c10::optional<at::Tensor> scale, found;
   if (coef.defined()) scale = coef.reciprocal().to(torch::kFloat);
+  if (found_inf.defined()) found = found_inf;
   for (int k = 0; k < 2; ++k) {
     if (p[k].empty()) continue;
-    steps[k].assign(p[k].size(), t);
+    steps[k].assign(p[k].size(), st.fused_step);
     at::_fused_adamw_(p[k], g[k], m[k], v[k], /*max_exp_avg_sqs=*/{}, steps[k], lr, cfg.beta1, cfg.beta2,
-                      k == 0 ? cfg.weight_decay : 0.0, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale,
-                      /*found_inf=*/c10::nullopt);
+                      k == 0 ? cfg.weight_decay : 0.0, cfg.eps, /*amsgrad=*/false, /*maximize=*/false, scale, found);
   }
-  return true;
 #else
-  (void)st, (void)params, (void)grads, (void)cfg, (void)lr, (void)coef;
-  return false;
+  (void)st, (void)params, (void)grads, (void)cfg, (void)lr, (void)coef, (void)found_inf;
+  throw std::logic_error("fused_adamw: this libtorch has no fused AdamW (check fused_adamw_applies first)");
 #endif
+}
+
+// Leaving the fused path (or loading a state): each slot's host step from the device's.
+void settle_fused_step(OptimizerState& st) {
+  if (!st.fused_step.defined()) return;
+  const auto step = static_cast<int64_t>(st.fused_step.item<double>());
+  for (auto& s : st.slots) s.step = step;
+  st.fused_step = torch::Tensor();
 }
 
 // AdamW and SGD on the CPU for fp32 parameters: every update is one pass over its tensors,
@@ -350,6 +378,7 @@ void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tenso
 }  // namespace
 
 void OptimizerState::load(const std::map<std::string, torch::Tensor>& t) {
+  fused_step = torch::Tensor();  // the loaded steps rule
   auto it = t.find("updates");
   if (it != t.end()) updates = it->second.item<int64_t>();
   if (slots.empty()) {
@@ -366,12 +395,26 @@ void OptimizerState::load(const std::map<std::string, torch::Tensor>& t) {
 }
 
 torch::Tensor global_norm(const Grads& grads) {
-  std::vector<torch::Tensor> norms;
-  norms.reserve(grads.size());
+  std::vector<torch::Tensor> given;
+  given.reserve(grads.size());
   for (const auto& g : grads)
-    if (g.defined()) norms.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, torch::kFloat));
-  if (norms.empty()) return torch::zeros({}, torch::kFloat);
+    if (g.defined()) given.push_back(g);
+  if (given.empty()) return torch::zeros({}, torch::kFloat);
+  bool foreach = !given.front().is_cpu();
+  for (const auto& g : given)
+    foreach = foreach && g.scalar_type() == torch::kFloat && g.device() == given.front().device();
+  std::vector<torch::Tensor> norms;
+  if (foreach) {
+    norms = at::_foreach_norm(given, 2);
+  } else {
+    norms.reserve(given.size());
+    for (const auto& g : given) norms.push_back(at::linalg_vector_norm(g, 2, c10::nullopt, false, torch::kFloat));
+  }
   return at::linalg_vector_norm(torch::stack(norms), 2);
+}
+
+int64_t nonfinite_count(const OptimizerState& st) {
+  return st.nonfinite.defined() ? static_cast<int64_t>(st.nonfinite.item<double>()) : 0;
 }
 
 torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& params, const Grads& grads,
@@ -397,18 +440,33 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
   }
 
   torch::Tensor norm = global_norm(grads);
-  if (!std::isfinite(norm.item<double>())) {
-    if (cfg.skip_nonfinite) return norm;  // the caller counts and reports skipped steps
-    throw NonFiniteGrads("the gradients are not finite (global norm " + std::to_string(norm.item<double>()) +
-                         "): the loss diverged or overflowed; lower the lr, add clip, or set skip_nonfinite: true");
-  }
   torch::Tensor coef;  // clip factor, kept on the device (no host sync)
   if (cfg.clip > 0) coef = torch::clamp_max(cfg.clip / (norm + 1e-6), 1.0);
 
-  if (adamw && fused_adamw(st, params, grads, cfg, lr, coef)) {
+  // Where the device can skip a non-finite step itself, the flag goes into the kernel and no
+  // host reads it (defer_nonfinite); the count stays on the device too.
+  if (adamw && cfg.defer_nonfinite && fused_adamw_applies(st, params, grads)) {
+    const torch::Tensor found = norm.isfinite().logical_not().to(torch::kFloat);
+    st.nonfinite = st.nonfinite.defined() ? st.nonfinite.add_(found) : found.clone();
+    fused_adamw(st, params, grads, cfg, lr, coef, found);
     st.updates += 1;
     return norm;
   }
+  if (!std::isfinite(norm.item<double>())) {
+    if (cfg.skip_nonfinite || cfg.defer_nonfinite) {  // the caller counts and reports skipped steps
+      torch::Tensor one = torch::ones({}, norm.options().dtype(torch::kFloat));
+      st.nonfinite = st.nonfinite.defined() ? st.nonfinite.add_(one) : one;
+      return norm;
+    }
+    throw NonFiniteGrads("the gradients are not finite (global norm " + std::to_string(norm.item<double>()) +
+                         "): the loss diverged or overflowed; lower the lr, add clip, or set skip_nonfinite: true");
+  }
+  if (adamw && fused_adamw_applies(st, params, grads)) {
+    fused_adamw(st, params, grads, cfg, lr, coef, torch::Tensor());
+    st.updates += 1;
+    return norm;
+  }
+  settle_fused_step(st);  // the paths below count steps on the host
   // The clip factor as a number, for the CPU kernels (a CPU tensor: reading it costs no sync).
   const float clip_cpu = coef.defined() && coef.device().is_cpu() ? coef.item<float>() : 1.0f;
   std::vector<char> done(params.size(), 0);
@@ -464,6 +522,10 @@ class OptimizerNode : public Node {
     sched_.kind = lr_decay(p.get<std::string>("schedule"));
     sched_.min_lr = p.get<double>("min_lr");
     cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
+    // On a GPU no step reads the grad norm on the host: non-finite steps are skipped on the
+    // device and counted, and the count is read on logged steps (check_nonfinite). On the CPU
+    // reading it costs nothing, so the step that diverged stops the run itself.
+    cfg_.defer_nonfinite = !run_device(ctx.run()).is_cpu();
     if (cfg_.kind == OptimKind::adafactor) {
       const YAML::Node a = p["adafactor"];
       cfg_.adafactor.decay_rate = a["decay_rate"].as<double>();
@@ -485,17 +547,43 @@ class OptimizerNode : public Node {
     // they are, this only checks that they still are.
     model.flat.ensure(model.trainable_parameters());
     torch::Tensor norm = optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
-    if (cfg_.skip_nonfinite && !std::isfinite(norm.item<double>()))
-      spdlog::warn("{}: step {}: gradients not finite, update skipped ({} skipped so far)", ctx.who(), ctx.step(),
-                   ++skipped_);
+    const int64_t step = ctx.step();
+    if (!cfg_.defer_nonfinite) {
+      if (cfg_.skip_nonfinite && !std::isfinite(norm.item<double>()))
+        spdlog::warn("{}: step {}: gradients not finite, update skipped ({} skipped so far)", ctx.who(), step,
+                     nonfinite_count(st));
+    } else if (step % ctx.run().log_every == 0 || step == ctx.run().last_step) {
+      check_nonfinite(ctx, st, step);
+    }
     ctx.out("lr", lr);
     ctx.out("grad_norm", norm);
   }
 
  private:
+  // defer_nonfinite: what the device counted since the last check, told (skip_nonfinite) or
+  // stopping the run (the updates were skipped on the device, so the parameters are those of
+  // the last finite step).
+  void check_nonfinite(StepContext& ctx, const OptimizerState& st, int64_t step) {
+    const int64_t count = nonfinite_count(st);
+    const int64_t since = checked_ >= 0 ? checked_ + 1 : ctx.run().first_step;
+    checked_ = step;
+    if (count == reported_) return;
+    const std::string when = since == step ? "at step " + std::to_string(step)
+                                           : "between step " + std::to_string(since) + " and step " + std::to_string(step);
+    const int64_t fresh = count - reported_;
+    reported_ = count;
+    if (!cfg_.skip_nonfinite)
+      throw NonFiniteGrads("the gradients were not finite in " + std::to_string(fresh) + " step(s) " + when +
+                           " (those updates were skipped on the device): the loss diverged or overflowed; lower the "
+                           "lr, add clip, or set skip_nonfinite: true");
+    spdlog::warn("{}: {} step(s) with non-finite gradients {}, their updates skipped ({} skipped so far)", ctx.who(),
+                 fresh, when, count);
+  }
+
   OptimConfig cfg_;
   LrSchedule sched_;
-  int64_t skipped_ = 0;
+  int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far
+  int64_t checked_ = -1;  // the step of the last check (-1: none yet)
 };
 
 }  // namespace

@@ -49,6 +49,12 @@ struct OptimConfig {
   // A non-finite grad norm (NaN or inf, e.g. from a diverged loss) either stops the run with
   // the step (false) or skips this update, leaving parameters and moments untouched (true).
   bool skip_nonfinite = false;
+  // Leave the stop to the caller: a non-finite step is skipped (as with skip_nonfinite) and
+  // counted in OptimizerState::nonfinite, and optimizer_update never throws NonFiniteGrads; the
+  // caller reads the count when it logs (the optimizer node on a GPU, so that no step waits
+  // for the host: where torch's fused AdamW applies, the skip happens on the device, the flag
+  // being its found_inf; other paths read the flag on the host).
+  bool defer_nonfinite = false;
   AdafactorConfig adafactor;   // kind adafactor
 };
 
@@ -92,6 +98,13 @@ struct OptimizerState {
   FlatLayout layout;  // of the parameters (and so of the moments' buffers)
   std::vector<torch::Tensor> flat_exp_avg, flat_exp_avg_sq, flat_momentum;
   int64_t updates = 0;  // optimizer steps taken
+  // Updates skipped for non-finite grads (a 0-d float32 count on the grads' device; undefined
+  // while there was none on the host's count). Read it where a message needs it.
+  torch::Tensor nonfinite;
+  // The fused GPU path's step (0-d float32 on the device, shared by every slot): it does not
+  // advance when the device skips an update. Undefined elsewhere; tensors() reports it as each
+  // slot's step.
+  torch::Tensor fused_step;
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
   // Every tensor by name, for checkpoints: "NAME.exp_avg", "NAME.exp_avg_sq",
@@ -108,10 +121,12 @@ struct OptimizerState {
 // Clipping scales the grads used for the update by min(1, clip / (norm + 1e-6)) without
 // modifying the grad tensors (other readers may hold them).
 //
-// How it runs: on a GPU, torch's fused multi-tensor AdamW where it applies; on the CPU, fp32
+// How it runs: on a GPU, torch's fused multi-tensor AdamW where it applies (the grads then come
+// back scaled by the clip factor: the kernel stores what it used); on the CPU, fp32
 // parameters take one pass over all of them (every tensor's elements as one range split among
 // the OpenMP threads, a fused kernel per element: read p, g, moments once, write them once);
 // anything else (bf16, old GPUs, CPUs without AVX2) the written-out tensor operations.
+// Non-finite grads: see OptimConfig::skip_nonfinite and defer_nonfinite.
 torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& params, const Grads& grads,
                                const OptimConfig& cfg, double lr);
 
@@ -119,7 +134,13 @@ torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& p
 // later one first among equals, as numpy's argsort), or {-1, -1} when p is not factored.
 std::pair<int64_t, int64_t> adafactor_factored_dims(c10::IntArrayRef shape, int64_t min_dim_size_to_factor);
 
-// The global L2 norm of the defined tensors (0-d float32; 0 if none).
+// The global L2 norm of the defined tensors (0-d float32; 0 if none). fp32 tensors on a GPU
+// take torch's multi-tensor norm (a few launches for all of them, as clip_grad_norm_'s foreach
+// path), anything else one reduction per tensor.
 torch::Tensor global_norm(const Grads& grads);
+
+// The count of skipped non-finite updates (OptimizerState::nonfinite) as a number: 0 while
+// there was none; a host read (a device sync on a GPU).
+int64_t nonfinite_count(const OptimizerState& state);
 
 }  // namespace flowrun

@@ -3,24 +3,36 @@
 // syntax-only. What the CPU stream tests check with a test double (tests/engine/
 // device_streams_test.cpp), these check with real CUDA streams, plus placement, resume and
 // precision on the device, through the real graph files at tiny sizes.
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/Sleep.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
+#include "comm.hpp"
+#include "comm/nccl.hpp"
 #include "common/device.hpp"
+#include "common/seed.hpp"
 #include "common/state_io.hpp"
 #include "executor.hpp"
+#include "models/gpt.hpp"
 #include "nodes/data_test_helpers.hpp"
 #include "registry.hpp"
 #include "schema.hpp"
 #include "spec.hpp"
 #include "state/resume.hpp"
+#include "train/cross_entropy.hpp"
+#include "train/forward_backward.hpp"
+#include "train/losses.hpp"
 #include "train/optimizer.hpp"
 #include "support/run_graph.hpp"
 
@@ -112,13 +124,15 @@ struct GpuRun {
   int64_t state_tensors = 0, on_gpu = 0;
 };
 
-// Runs a graph's text with overrides in OUT_DIR on the GPU, resuming as the CLI does
-// (run.resume=auto: from OUT_DIR's latest checkpoint, if there is one).
+// Runs a graph's text with overrides in OUT_DIR on the GPU; with `resume`, as the CLI does with
+// run.resume=auto: from OUT_DIR's latest checkpoint, if there is one (the graph must then have a
+// checkpoint node: run.resume=auto is refused without one).
 GpuRun run_gpu(const std::string& yaml, const std::string& out_dir, std::vector<std::string> ov,
-               DeviceStreams* streams) {
+               DeviceStreams* streams, bool resume = true) {
   const std::string file = test::temp_dir("gpu") + "/graph.yaml";
   std::ofstream(file) << yaml;
-  ov.insert(ov.end(), {"run.device=cuda", "run.progress=off", "run.resume=auto", "run.out_dir=" + out_dir});
+  ov.insert(ov.end(), {"run.device=cuda", "run.progress=off", "run.out_dir=" + out_dir});
+  if (resume) ov.push_back("run.resume=auto");
   GraphSpec g = load_graph(file, ov, Registry::global());
   RunInfo info = run_info(g);
   info.device = resolve_device(info.device, 0);
@@ -169,7 +183,7 @@ std::string graph(const std::string& name) { return test::read_text(std::string(
 TEST(Gpu, RegressionGraphPlacesEveryStateOnTheGpuAndLearns) {
   auto streams = make_device_streams("cuda:0");
   GpuRun r = run_gpu(graph("regression.yaml"), test::temp_dir("gpu_reg"), {"run.steps=200", "run.log_every=50"},
-                     streams.get());
+                     streams.get(), /*resume=*/false);
   EXPECT_GT(r.state_tensors, 0);
   EXPECT_EQ(r.on_gpu, r.state_tensors);
   EXPECT_LT(r.last_loss, r.first_loss / 2);
@@ -226,4 +240,275 @@ TEST(Gpu, FusedAdamwMatchesTheWrittenOutUpdate) {
     EXPECT_TRUE(torch::allclose(gpu[i].second.cpu(), cpu[i].second, 1e-5, 1e-6)) << cpu[i].first;
     EXPECT_TRUE(torch::allclose(s_gpu.slots[i].exp_avg_sq.cpu(), s_cpu.slots[i].exp_avg_sq, 1e-5, 1e-7));
   }
+}
+
+// ---- issue 30: the step's kernels, its host waits, and the streams around it ----
+
+namespace {
+
+gpt::Gpt tiny_gpt_module(int64_t vocab = 512) {
+  gpt::Config c;
+  c.layers = 2;
+  c.dim = 128;
+  c.heads = 4;
+  c.vocab = vocab;
+  c.context = 64;
+  gpt::Gpt m(c);
+  gpt::init_weights(*m, 7);
+  return m;
+}
+
+}  // namespace
+
+// The LM loss on CUDA takes torch's log_softmax + nll_loss (one fused kernel each way) and
+// agrees with the CPU's chunked kernel, for fp32 and bf16 logits.
+TEST(Gpu, CrossEntropyOnTheGpuMatchesTheCpuKernel) {
+  at::Generator g = make_cpu_generator(3);
+  const torch::Tensor x = torch::randn({64, 50304}, g) * 3, t = torch::randint(50304, {64}, g, torch::kLong);
+  for (torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    torch::Tensor xc = x.to(dtype).requires_grad_(true), xg = x.to(dtype).to(torch::kCUDA).requires_grad_(true);
+    torch::Tensor lc = cross_entropy_mean(xc, t), lg = cross_entropy_mean(xg, t.to(torch::kCUDA));
+    EXPECT_NEAR(lg.item<double>(), lc.item<double>(), 1e-5 * lc.item<double>()) << dtype;
+    torch::Tensor gc = torch::autograd::grad({lc}, {xc})[0].to(torch::kFloat);
+    torch::Tensor gg = torch::autograd::grad({lg}, {xg})[0].cpu().to(torch::kFloat);
+    EXPECT_TRUE(torch::allclose(gg, gc, 1e-2, 1e-8)) << dtype << ": " << (gg - gc).abs().max().item<double>();
+  }
+}
+
+// GPT's GPU attention (strided q, k, v views into the fused kernels) gives the CPU path's logits
+// and gradients.
+TEST(Gpu, GptAttentionOnTheGpuMatchesTheCpuPath) {
+  gpt::Gpt cpu = tiny_gpt_module();
+  gpt::Gpt gpu = std::dynamic_pointer_cast<gpt::GptImpl>(cpu->clone());
+  gpu->to(torch::kCUDA);
+  const torch::Tensor idx = torch::randint(512, {3, 40}, make_cpu_generator(4), torch::kLong);
+  torch::Tensor yc = cpu->forward(idx), yg = gpu->forward(idx.to(torch::kCUDA));
+  EXPECT_TRUE(torch::allclose(yg.cpu(), yc, 1e-4, 1e-4)) << (yg.cpu() - yc).abs().max().item<double>();
+  (yc.square().mean()).backward();
+  (yg.square().mean()).backward();
+  auto pc = cpu->named_parameters(), pg = gpu->named_parameters();
+  for (const auto& item : pc)
+    EXPECT_TRUE(torch::allclose(pg[item.key()].grad().cpu(), item.value().grad(), 1e-3, 1e-5)) << item.key();
+}
+
+// grad_layout fresh (the default: autograd writes each gradient once) and buffer (zeroed
+// and added into) train the GPT graph alike.
+TEST(Gpu, FreshAndBufferGradLayoutsTrainAlike) {
+  auto streams = make_device_streams("cuda:0");
+  std::vector<double> last;
+  for (const char* layout : {"fb.grad_layout=fresh", "fb.grad_layout=buffer"})
+    last.push_back(run_gpu(graph("gpt.yaml"), test::temp_dir("gpu_layout"),
+                           tiny_gpt(32, 64, 2, {"run.steps=20", "ckpt.every=1000", "ckpt.at=[]", layout}), streams.get())
+                       .last_loss);
+  ASSERT_GT(last[0], 0);
+  EXPECT_NEAR(last[0], last[1], 1e-4 * last[1]);
+}
+
+// Steady-state training steps (forward, backward, clip and fused AdamW with the device-side
+// non-finite flag) make the host wait for the GPU nowhere: torch's sync debug mode turns any
+// host synchronization (an .item(), a blocking copy) into an error.
+TEST(Gpu, TrainingStepsNeverWaitForTheHost) {
+  auto state = gpt::make_state(tiny_gpt_module());
+  state->module->to(torch::kCUDA);
+  const LmLoss lm;
+  OptimizerState opt;
+  OptimConfig cfg;
+  cfg.clip = 1.0;
+  cfg.weight_decay = 0.1;
+  cfg.defer_nonfinite = true;
+  const torch::Tensor tokens = torch::randint(512, {8, 65}, make_cpu_generator(5), torch::kLong).to(torch::kCUDA);
+  for (int step = 1; step <= 6; ++step) {
+    if (step == 3) c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    try {
+      FwdBwdOptions o;
+      o.precision = Precision::bf16;
+      FwdBwdResult r = forward_backward(*state, {{"tokens", tokens}}, lm, o);
+      optimizer_update(opt, state->named_parameters(true), r.grads, cfg, 1e-3);
+    } catch (...) {
+      c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+      ADD_FAILURE() << "step " << step << " waited for the GPU on the host";
+      throw;
+    }
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  EXPECT_EQ(nonfinite_count(opt), 0);
+  EXPECT_EQ(opt.tensors().at("h.0.ln_1.weight.step").item<int64_t>(), 6);
+}
+
+// On the fused path a non-finite step is skipped by the kernel itself: parameters, moments and
+// the step count stay; the count of skipped steps is on the device.
+TEST(Gpu, NonFiniteStepsAreSkippedOnTheDevice) {
+  ModelState::Named params = {{"w", torch::randn({64, 32}).to(torch::kCUDA)}, {"b", torch::randn({32}).to(torch::kCUDA)}};
+  OptimizerState st;
+  OptimConfig cfg;
+  cfg.defer_nonfinite = true;
+  cfg.clip = 1.0;
+  auto grads = [&](float bad) {
+    Grads g = {torch::randn({64, 32}).to(torch::kCUDA), torch::randn({32}).to(torch::kCUDA)};
+    g[0].view({-1})[5].fill_(bad);
+    return g;
+  };
+  optimizer_update(st, params, grads(1.0f), cfg, 1e-2);
+  const torch::Tensor w = params[0].second.clone(), m = st.slots[0].exp_avg.clone();
+  optimizer_update(st, params, grads(std::numeric_limits<float>::quiet_NaN()), cfg, 1e-2);
+  EXPECT_TRUE(torch::equal(params[0].second, w));
+  EXPECT_TRUE(torch::equal(st.slots[0].exp_avg, m));
+  EXPECT_EQ(nonfinite_count(st), 1);
+  EXPECT_EQ(st.tensors().at("w.step").item<int64_t>(), 1);
+  optimizer_update(st, params, grads(1.0f), cfg, 1e-2);
+  EXPECT_EQ(st.tensors().at("w.step").item<int64_t>(), 2);
+  EXPECT_FALSE(torch::equal(params[0].second, w));
+}
+
+// On the GPU the diverged run stops on the first logged step after the divergence, naming the
+// steps, with the parameters of the last finite step.
+TEST(Gpu, DivergedRunStopsOnTheNextLoggedStep) {
+  auto streams = make_device_streams("cuda:0");
+  try {
+    run_gpu(R"(flowrun: 1
+run: { steps: 50, log_every: 10 }
+nodes:
+  data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 16 } }
+  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 2, out_dim: 1 } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1.0e+30 } }
+)",
+            test::temp_dir("gpu_diverge"), {}, streams.get(), /*resume=*/false);
+    FAIL() << "a diverging run must stop";
+  } catch (const NodeError& e) {
+    EXPECT_EQ(e.node, "opt");
+    EXPECT_EQ(e.step % 10, 0) << "the check runs on logged steps";
+    EXPECT_NE(std::string(e.what()).find("the gradients were not finite"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 11's stream overlap, measured: the EMA of step s on its own stream runs while the next
+// step's forward (a reader of the same parameters, on the default stream) runs. Timing events
+// bracket both on the device; with the EMA on the default stream the same graph shows none.
+namespace {
+
+struct Stamp {
+  std::string tag;
+  int64_t step;
+  std::shared_ptr<at::cuda::CUDAEvent> ev;
+};
+std::vector<Stamp>& stamps() {
+  static std::vector<Stamp> s;
+  return s;
+}
+std::mutex stamps_mu;
+void stamp(const std::string& tag, int64_t step) {
+  auto ev = std::make_shared<at::cuda::CUDAEvent>(cudaEventDefault);
+  ev->record(c10::cuda::getCurrentCUDAStream());
+  std::lock_guard<std::mutex> l(stamps_mu);
+  stamps().push_back({tag, step, ev});
+}
+
+class GpuSpinRead : public Node {
+  int64_t cycles_ = 0;
+
+ public:
+  void setup(SetupContext& c) override { cycles_ = c.params().get<int64_t>("cycles"); }
+  void run(StepContext& c) override {
+    (void)c.state_as<ModelState>("model");
+    stamp("fwd_start", c.step());
+    at::cuda::sleep(cycles_);
+    stamp("fwd_end", c.step());
+  }
+};
+class GpuTouch : public Node {
+ public:
+  void run(StepContext& c) override {
+    torch::NoGradGuard ng;
+    c.state_as<ModelState>("model").trainable_parameters().front().add_(1e-3);
+  }
+};
+class GpuStamp : public Node {
+ public:
+  void run(StepContext& c) override { stamp(c.params().get<std::string>("tag"), c.step()); }
+};
+
+void register_overlap_nodes() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Registry& r = Registry::global();
+    r.add(R"(type: t_gpu_spin_read
+doc: reads the params, spins on its stream between two timing events
+inputs: { model: { kind: state, access: read, type: params } }
+params: { cycles: { type: int, default: 2000000, min: 0 } })",
+          [] { return std::make_unique<GpuSpinRead>(); }, "tests");
+    r.add(R"(type: t_gpu_touch
+doc: writes the params (a tiny add)
+inputs: { model: { kind: state, access: write, type: params } })",
+          [] { return std::make_unique<GpuTouch>(); }, "tests");
+    r.add(R"(type: t_gpu_stamp
+doc: a timing event on its stream after the params it reads are ready
+inputs: { model: { kind: state, access: read, type: params } }
+params: { tag: { type: string, default: stamp } })",
+          [] { return std::make_unique<GpuStamp>(); }, "tests");
+  });
+}
+
+// Steps s in which [pre(s), post(s)] (the EMA) and [fwd_start(s+1), fwd_end(s+1)] intersect.
+int overlapping_steps(int64_t steps) {
+  std::map<std::pair<std::string, int64_t>, std::shared_ptr<at::cuda::CUDAEvent>> at;
+  for (const Stamp& s : stamps()) at[{s.tag, s.step}] = s.ev;
+  const auto& base = *at.at({"fwd_start", 1});
+  auto ms = [&](const std::string& tag, int64_t step) { return base.elapsed_time(*at.at({tag, step})); };
+  int n = 0;
+  for (int64_t s = 2; s < steps; ++s)
+    if (ms("pre", s) < ms("fwd_end", s + 1) && ms("fwd_start", s + 1) < ms("post", s)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(Gpu, EmaOnItsStreamOverlapsTheNextForward) {
+  register_overlap_nodes();
+  auto streams = make_device_streams("cuda:0");
+  const std::string yaml = R"(flowrun: 1
+run: { steps: 8, prefetch: 2 }
+nodes:
+  model: { type: mlp, with: { in_dim: 8192, hidden: 8192, layers: 4, out_dim: 8 } }
+  fwd:   { type: t_gpu_spin_read, in: { model: model.params } }
+  upd:   { type: t_gpu_touch, in: { model: model.params } }
+  pre:   { type: t_gpu_stamp, stream: ema, in: { model: model.params }, with: { tag: pre } }
+  ema:   { type: ema, stream: ema, in: { model: model.params }, with: { decay: 0.9 } }
+  post:  { type: t_gpu_stamp, stream: ema, in: { model: ema.params }, with: { tag: post } }
+)";
+  stamps().clear();
+  run_on_gpu(yaml, {}, streams.get());
+  torch::cuda::synchronize();
+  const int own_stream = overlapping_steps(8);
+  stamps().clear();
+  run_on_gpu(yaml, {"pre.stream=default", "ema.stream=default", "post.stream=default"}, streams.get());
+  torch::cuda::synchronize();
+  const int one_stream = overlapping_steps(8);
+  stamps().clear();
+  EXPECT_GE(own_stream, 4) << "of 6 steps";
+  EXPECT_EQ(one_stream, 0) << "the measurement sees overlap where there can be none";
+}
+
+// The NCCL path with a world of one: a real communicator made over the bootstrap channel, and
+// ncclAllReduce on a gradient buffer's bucket, ordered after the compute stream's writes by the
+// events the allreduce node uses, waited for with the timeout.
+TEST(Gpu, NcclWithAWorldOfOneReducesABucket) {
+  ASSERT_EQ(comm::size(), 1);
+  auto channel = comm::Channel::create("gpu test");
+  std::unique_ptr<nccl::Communicator> nc = nccl::Communicator::create(*channel, 0);
+  ASSERT_NE(nc, nullptr);
+  auto params = std::vector<torch::Tensor>{torch::zeros({300, 200}, torch::kCUDA), torch::zeros({200}, torch::kCUDA)};
+  std::shared_ptr<GradBuffer> buffer = GradBuffer::make(params);
+  nccl::Events ready(1, 0), done(1, 0);
+  void* compute = c10::cuda::getCurrentCUDAStream(0).stream();
+  at::cuda::sleep(50000000);  // the bucket is written late on the compute stream
+  buffer->flats[0].fill_(3.0f);
+  ready.record(0, compute);
+  nc->allreduce(buffer->flats[0].data_ptr(), static_cast<size_t>(buffer->flats[0].numel()), comm::DType::f32,
+                ready.at(0), done.at(0), "bucket 0");
+  done.make_wait(compute, 0);
+  const double sum = buffer->flats[0].sum().item<double>();
+  nc->wait(done.at(0), "bucket 0");
+  EXPECT_EQ(sum, 3.0 * (300 * 200 + 200));
 }

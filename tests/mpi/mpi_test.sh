@@ -48,6 +48,20 @@ equivalence)
   losses "$tmp/one/metrics.jsonl" > "$tmp/l1"; losses "$tmp/two/metrics.jsonl" > "$tmp/l2"
   [ "$(wc -l < "$tmp/l1")" = 10 ] && [ "$(wc -l < "$tmp/l2")" = 10 ] || fail "expected 10 logged losses each"
   same_numbers "$tmp/l1" "$tmp/l2" 1e-5 || fail "logged losses differ"
+  # Grads accumulated into the all-reduce buffer (grad_layout buffer) train bit for bit like
+  # fresh grads copied into it (the default).
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/buffer" data.batch=8 fb.grad_layout=buffer
+  "$tool" tensor-diff "$(params "$tmp/two" 10)" "$(params "$tmp/buffer" 10)" 0 || fail "grad_layout buffer differs from fresh"
+  ;;
+independent_collectives)
+  # Collective nodes the graph leaves unordered (two metrics nodes, the gradient all-reduce),
+  # one worker thread per rank, with the compute thread and without: every step completes
+  # (before each communicating node got a thread of its own, rank 0 waited in the metrics
+  # all-reduce while rank 1 waited in a bucket's, until run.comm_timeout_s ended the job).
+  for ct in true false; do
+    run_code 0 timeout 120 "${mpi[@]}" "$flowrun" tests/mpi/independent.yaml run.out_dir="$tmp/ind_$ct" run.compute_thread=$ct
+    [ "$(grep -c '"loss"' "$tmp/ind_$ct/metrics.jsonl")" = 30 ] || fail "expected 30 logged losses (compute_thread $ct)"
+  done
   ;;
 overlap_trace)
   # A model with several buckets and a backward long enough to see: bucket all-reduces must

@@ -160,6 +160,12 @@ TEST(AllreduceNode, OneProcessTrainsExactlyLikeNoSync) {
   // With micro-batches, only the last one's backward feeds the stream.
   expect_identical(train(regression(true), {"fb.accumulate=3"}), train(regression(false), {"fb.accumulate=3"}),
                    "accumulate=3");
+  // Fresh grads (no buffer in one process: the items carry autograd's own tensors) train the same.
+  for (const char* layout : {"fb.grad_layout=fresh", "fb.grad_layout=buffer"}) {
+    expect_identical(train(regression(true), {layout}), want, layout);
+    expect_identical(train(regression(true), {layout, "fb.accumulate=3"}), train(regression(false), {"fb.accumulate=3"}),
+                     std::string(layout) + ", accumulate=3");
+  }
 }
 
 TEST(AllreduceNode, LoggedLossesMatchThroughRunGraphText) {
@@ -230,7 +236,7 @@ class ShortReadyNode : public Node {
     auto params = c.state_as<ModelState>("model").trainable_parameters();
     auto buffer = GradBuffer::make(params);
     const int n = static_cast<int>(params.size());
-    c.emit("ready", GradReady{0, true, buffer}, 0, n);  // one item of n
+    c.emit("ready", GradReady{0, true, buffer, buffer->views[0]}, 0, n);  // one item of n
   }
 };
 

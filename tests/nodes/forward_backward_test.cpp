@@ -180,8 +180,30 @@ TEST(CrossEntropy, FusedMatchesTorchsValueAndGradient) {
     auto gr = torch::autograd::grad({ref * w}, {x64})[0].to(torch::kFloat);
     EXPECT_TRUE(torch::allclose(gm, gr, 1e-5, 1e-7)) << V << ": " << (gm - gr).abs().max().item<double>();
   }
-  EXPECT_THROW(cross_entropy_mean(torch::zeros({2, 3}, torch::kBFloat16), torch::zeros({2}, torch::kLong)),
+  EXPECT_THROW(cross_entropy_mean(torch::zeros({2, 3}, torch::kLong), torch::zeros({2}, torch::kLong)),
                std::runtime_error);
+}
+
+// The GPU's kernel (torch's log_softmax + nll_loss, chosen for any non-CPU logits) and the CPU's
+// chunked one give the same value and gradient, and both take bf16 logits (softmax in fp32).
+TEST(CrossEntropy, LibraryAndChunkedKernelsAgreeForFp32AndBf16Logits) {
+  at::Generator g = make_cpu_generator(5);
+  const torch::Tensor x32 = torch::randn({12, 300000}, g) * 3, t = torch::randint(300000, {12}, g, torch::kLong);
+  for (torch::Dtype dtype : {torch::kFloat, torch::kBFloat16}) {
+    std::vector<torch::Tensor> value, grad;
+    for (CrossEntropyKernel k : {CrossEntropyKernel::chunked, CrossEntropyKernel::library}) {
+      torch::Tensor x = x32.to(dtype).requires_grad_(true);
+      torch::Tensor l = cross_entropy_mean(x, t, k);
+      EXPECT_EQ(l.scalar_type(), torch::kFloat);
+      value.push_back(l.detach());
+      grad.push_back(torch::autograd::grad({l * 1.7}, {x})[0]);
+      EXPECT_EQ(grad.back().scalar_type(), dtype);  // the gradient comes back in the logits' dtype
+    }
+    EXPECT_NEAR(value[0].item<double>(), value[1].item<double>(), 1e-5 * value[1].item<double>()) << dtype;  // fp32 sums of 300k terms in two orders
+    const double tol = dtype == torch::kFloat ? 1e-8 : 1e-7;  // softmax entries are ~1e-5 each
+    EXPECT_TRUE(torch::allclose(grad[0].to(torch::kFloat), grad[1].to(torch::kFloat), 1e-2, tol))
+        << dtype << ": " << (grad[0].to(torch::kFloat) - grad[1].to(torch::kFloat)).abs().max().item<double>();
+  }
 }
 
 gpt::Gpt tiny_gpt() {
@@ -359,9 +381,13 @@ std::shared_ptr<ModelState> model_with_unused_param() {
   return ::testing::AssertionFailure() << "max difference " << (a - b).abs().max().item<double>();
 }
 
+// Both ways of filling the buffer (GradFill::accumulate: zeroed, autograd adds into it;
+// GradFill::copy: autograd writes fresh tensors, each finished one copied into its view) give the
+// fresh-tensor grads bit for bit, as views of the buffer that the parameters' .grad() are.
 TEST(ForwardBackward, BufferGivesBitIdenticalGradsAsViews) {
   auto m = small_model();
   TensorMap batch = {{"x", torch::randn({9, 3})}, {"y", torch::randn({9, 2})}};
+  for (GradFill fill : {GradFill::accumulate, GradFill::copy})
   for (int64_t acc : {1, 3}) {
     FwdBwdOptions plain;
     plain.accumulate = acc;
@@ -372,12 +398,13 @@ TEST(ForwardBackward, BufferGivesBitIdenticalGradsAsViews) {
     FwdBwdOptions o = plain;
     auto params = m->trainable_parameters();
     o.buffer = GradBuffer::make(params);
-    o.buffer->flats[0].fill_(7);  // stale values: forward_backward zeroes the buffer first
+    o.fill = fill;
+    o.buffer->flats[0].fill_(7);  // stale values: every slot is zeroed or overwritten
     FwdBwdResult r = forward_backward(*m, batch, MseLoss(), o);
     EXPECT_EQ(r.loss.item<double>(), r0.loss.item<double>());
     ASSERT_EQ(r.grads.size(), want.size());
     for (size_t i = 0; i < want.size(); ++i) {
-      EXPECT_TRUE(same_bits(r.grads[i], want[i])) << "accumulate " << acc << ", grad " << i;
+      EXPECT_TRUE(same_bits(r.grads[i], want[i])) << "fill " << int(fill) << ", accumulate " << acc << ", grad " << i;
       // Views of the buffer: same storage, at the slot's place; and the parameter's own .grad().
       EXPECT_TRUE(r.grads[i].is_alias_of(o.buffer->flats[0])) << i;
       EXPECT_EQ(r.grads[i].data_ptr(), o.buffer->views[i].data_ptr()) << i;
@@ -394,13 +421,14 @@ struct ReadyCall {
 };
 
 std::vector<ReadyCall> run_with_ready(ModelState& m, const TensorMap& batch, int64_t acc, FwdBwdResult& r,
-                                      std::shared_ptr<GradBuffer>& buffer) {
+                                      std::shared_ptr<GradBuffer>& buffer, GradFill fill = GradFill::accumulate) {
   auto params = m.trainable_parameters();
   buffer = GradBuffer::make(params);
   std::vector<ReadyCall> calls;
   FwdBwdOptions o;
   o.accumulate = acc;
   o.buffer = buffer;
+  o.fill = fill;
   o.on_ready = [&](int i, bool used) {
     calls.push_back({i, used, buffer->views[static_cast<size_t>(i)].clone(),
                      buffer->views[0].abs().sum().item<double>() == 0.0});
@@ -419,10 +447,11 @@ TEST(ForwardBackward, ReadyReportsEachParameterOnceWithItsFinalGrad) {
     if (named[static_cast<size_t>(i)].first == "unused") unused = i;
   ASSERT_GE(unused, 0);
   TensorMap batch = {{"x", torch::randn({6, 3})}, {"y", torch::randn({6, 2})}};
+  for (GradFill fill : {GradFill::accumulate, GradFill::copy})
   for (int64_t acc : {1, 3}) {
     FwdBwdResult r;
     std::shared_ptr<GradBuffer> buffer;
-    std::vector<ReadyCall> calls = run_with_ready(*m, batch, acc, r, buffer);
+    std::vector<ReadyCall> calls = run_with_ready(*m, batch, acc, r, buffer, fill);
     // Exactly n calls: the earlier micro-batches reported nothing.
     ASSERT_EQ(calls.size(), static_cast<size_t>(n)) << acc;
     std::vector<int> seen(static_cast<size_t>(n), 0);
@@ -455,9 +484,10 @@ TEST(ForwardBackward, ReadyFiresWhileBackwardIsStillRunning) {
   // the call it is not zero.
   auto m = small_model();
   TensorMap batch = {{"x", torch::randn({6, 3})}, {"y", torch::randn({6, 2})}};
+  for (GradFill fill : {GradFill::accumulate, GradFill::copy}) {
   FwdBwdResult r;
   std::shared_ptr<GradBuffer> buffer;
-  std::vector<ReadyCall> calls = run_with_ready(*m, batch, 1, r, buffer);
+  std::vector<ReadyCall> calls = run_with_ready(*m, batch, 1, r, buffer, fill);
   ASSERT_EQ(calls.size(), 4u);
   EXPECT_GE(calls.front().param, 2);  // a parameter of the last layer comes first
   EXPECT_TRUE(calls.front().first_layer_zero);
@@ -465,6 +495,7 @@ TEST(ForwardBackward, ReadyFiresWhileBackwardIsStillRunning) {
   // Parameter 0 is reported after its own gradient is in.
   for (const auto& c : calls)
     if (c.param == 0) EXPECT_FALSE(c.first_layer_zero);
+  }
 }
 
 TEST(ForwardBackward, HooksKeptAcrossCallsReportEveryStep) {

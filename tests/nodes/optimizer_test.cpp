@@ -137,6 +137,41 @@ TEST(Optimizer, NonFiniteGradsStopOrSkip) {
   EXPECT_EQ(st.slots[0].step, 0);
 }
 
+// defer_nonfinite (the optimizer node on a GPU, where reading the norm would make each step wait
+// for the host): a non-finite step never throws; it is skipped, leaving parameters, moments and
+// step counts as they were, and counted in the state for the caller to read when it logs.
+TEST(Optimizer, DeferredNonFiniteStepsAreSkippedAndCounted) {
+  for (OptimKind kind : {OptimKind::adamw, OptimKind::sgd, OptimKind::adafactor}) {
+    Toy t = toy();
+    OptimizerState st;
+    OptimConfig cfg;
+    cfg.kind = kind;
+    cfg.defer_nonfinite = true;
+    cfg.clip = 1.0;
+    optimizer_update(st, t.model->named_parameters(true), random_grads(*t.model, 1), cfg, 0.1);
+    EXPECT_EQ(nonfinite_count(st), 0);
+    const std::map<std::string, torch::Tensor> before = test::snapshot(*t.model);
+    std::map<std::string, torch::Tensor> moments;
+    for (const auto& [k, v] : st.tensors()) moments[k] = v.clone();
+    for (int bad = 1; bad <= 2; ++bad) {
+      Grads g = random_grads(*t.model, 1 + bad);
+      g[bad - 1].view({-1})[0] = bad == 1 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+      torch::Tensor norm;
+      EXPECT_NO_THROW(norm = optimizer_update(st, t.model->named_parameters(true), g, cfg, 0.1));
+      EXPECT_FALSE(std::isfinite(norm.item<double>()));
+      EXPECT_EQ(nonfinite_count(st), bad);
+    }
+    const std::map<std::string, torch::Tensor> after = test::snapshot(*t.model);
+    for (const auto& [k, v] : before) EXPECT_TRUE(torch::equal(v, after.at(k))) << int(kind) << " " << k;
+    for (const auto& [k, v] : st.tensors()) EXPECT_TRUE(torch::equal(v, moments.at(k))) << int(kind) << " " << k;
+    // A finite step after them updates as usual and leaves the count.
+    optimizer_update(st, t.model->named_parameters(true), random_grads(*t.model, 9), cfg, 0.1);
+    EXPECT_EQ(nonfinite_count(st), 2);
+    EXPECT_EQ(st.slots[0].step, 2);
+    EXPECT_FALSE(torch::equal(t.lin->weight, before.at("weight")));
+  }
+}
+
 TEST(OptimizerNode, DivergedRunStopsWithTheStep) {
   try {
     test::run_graph_text(R"(flowrun: 1
