@@ -34,6 +34,20 @@ Value& SetupContext::state(const std::string& port) {
   throw std::logic_error(rt_->who + ": state('" + port + "'): not a connected state port");
 }
 
+std::vector<Value*> SetupContext::states_all(const std::string& port) {
+  const InputBinding* b = rt_->input(port);
+  if (!b || b->kind != PortKind::State) throw std::logic_error(rt_->who + ": states_all('" + port + "'): not a connected state input");
+  std::vector<Value*> out;
+  for (int s : b->slots) out.push_back(&(*rt_->states)[s]);
+  return out;
+}
+
+std::vector<std::string> SetupContext::refs(const std::string& port) const {
+  const InputBinding* b = rt_->input(port);
+  if (!b) throw std::logic_error(rt_->who + ": refs('" + port + "'): not a connected input");
+  return b->refs;
+}
+
 bool SetupContext::connected(const std::string& port) const { return rt_->input(port) != nullptr; }
 
 std::vector<std::string> SetupContext::input_ports() const {

@@ -108,6 +108,9 @@ class SetupContext : public ContextBase {
   Value& state(const std::string& port);
   template <class T>
   T& state_as(const std::string& port) { return *state(port).as<std::shared_ptr<T>>(what(port)); }
+  // A `many` state input: the state objects, in the order written; and the refs as written.
+  std::vector<Value*> states_all(const std::string& port);
+  std::vector<std::string> refs(const std::string& port) const;
   bool connected(const std::string& port) const;
   // Names of the connected input ports (for wildcard "*" ports), in file order.
   std::vector<std::string> input_ports() const;

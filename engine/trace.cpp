@@ -110,8 +110,17 @@ void Tracer::write(const std::string& path) const {
       }
     }
     o << "\n]}\n";
+    if (!o.flush()) {
+      std::filesystem::remove(tmp);
+      throw std::runtime_error("trace: writing " + tmp + " failed (disk full?)");
+    }
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {  // e.g. a folder of that name: no .tmp left behind
+    std::filesystem::remove(tmp);
+    throw std::runtime_error("trace: cannot write " + path + ": " + ec.message());
+  }
 }
 
 }  // namespace flowrun

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 machine and run the demo:
 #   1. install the Debian packages flowrun needs (only those missing; sudo if not root),
-#   2. configure and build into build/ (RelWithDebInfo, ccache if present),
+#   2. configure and build the flowrun binary into build/ (RelWithDebInfo, ccache if present;
+#      the tests are built by scripts/test.sh),
 #   3. make the demo data (scripts/data.sh) and run the demo: graphs/vae.yaml and
-#      graphs/dit_base.yaml (once each), then graphs/hydit_lora.yaml.
+#      graphs/dit_base.yaml (trained once each; an interrupted training continues where it
+#      stopped), then graphs/hydit_lora.yaml.
 # Options: --no-demo (stop after building), BUILD_DIR=... to build elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,33 +45,35 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "== building in $BUILD_DIR"
+echo "== building flowrun in $BUILD_DIR (the tests: scripts/test.sh)"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
 rm -f "$BUILD_DIR.cmake.log"
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+cmake --build "$BUILD_DIR" -j "$(nproc)" --target flowrun
 
 echo "== data: GPT-2 BPE files, fortunes token shards, the shapes image sets (data/)"
 scripts/data.sh "$BUILD_DIR/engine/flowrun"
 
 if [ $demo = 1 ]; then
   B="$BUILD_DIR/engine/flowrun"
-  # The HunyuanDiT-style LoRA demo in latent space (README): the VAE and the base DiT first if
-  # there are no checkpoints of them yet, then the LoRA fine-tune that teaches it the color purple.
-  if [ ! -f runs/vae/checkpoints/latest ]; then
-    echo "== demo 1/3: flowrun graphs/vae.yaml (the VAE: 32x32 shapes <-> 4x8x8 latents; once)"
-    "$B" graphs/vae.yaml
-    if [ -d runs/dit_base ]; then  # a base trained without this VAE does not fit it: kept, moved aside
-      old=runs/dit_base.before-vae-$(date +%Y%m%d-%H%M%S)
-      echo "== a new VAE: moving the base trained without it, runs/dit_base, to $old"
-      mv runs/dit_base "$old"
-    fi
+  # The HunyuanDiT-style LoRA demo in latent space (README): the VAE and the base DiT, each
+  # trained to its graph's last step once (run.resume=auto: the first time from step 1; after an
+  # interruption, Ctrl-C included, from its last checkpoint; when finished, nothing to do), then
+  # the LoRA fine-tune that teaches the base the color purple.
+  vae_before=$(cat runs/vae/checkpoints/latest 2> /dev/null || true)
+  echo "== demo 1/3: flowrun graphs/vae.yaml run.resume=auto (the VAE: 32x32 shapes <-> 4x8x8 latents; trained once)"
+  "$B" graphs/vae.yaml run.resume=auto
+  if [ "$(cat runs/vae/checkpoints/latest)" != "$vae_before" ] && [ -d runs/dit_base ]; then
+    # The VAE trained (further) now, so a base trained before does not fit it: kept, moved aside.
+    old=runs/dit_base.before-vae-$(date +%Y%m%d-%H%M%S)
+    echo "== the VAE changed: moving the base trained with the earlier one, runs/dit_base, to $old"
+    mv runs/dit_base "$old"
   fi
-  if [ ! -f runs/dit_base/checkpoints/latest ]; then
-    echo "== demo 2/3: flowrun graphs/dit_base.yaml (the base DiT on the shapes set, in the VAE's latents; once)"
-    "$B" graphs/dit_base.yaml
-  fi
+  echo "== demo 2/3: flowrun graphs/dit_base.yaml run.resume=auto (the base DiT on the shapes set, in the VAE's latents; trained once)"
+  "$B" graphs/dit_base.yaml run.resume=auto
   echo "== demo 3/3: flowrun graphs/hydit_lora.yaml (LoRA: purple shapes)"
-  "$B" graphs/hydit_lora.yaml run.resume=never  # a rerun of this script starts the fine-tune over
+  # A rerun of this script starts the fine-tune over; the earlier one's checkpoints move to
+  # runs/hydit_lora/checkpoints.previous-*, its metrics to metrics.previous-*.jsonl.
+  "$B" graphs/hydit_lora.yaml run.resume=never
   # What the samples show (shapes_fidelity's figures, logged by evlog in metrics.jsonl): the
   # base's last evaluation; this LoRA run's first (the base) and last.
   python3 - <<'PY' || echo "== (no fidelity figures in the metrics: see runs/*/metrics.jsonl)"
@@ -79,8 +83,7 @@ def evals(path):
 def prompts(j):
     return {k[len("per_prompt/"):]: v for k, v in j.items() if k.startswith("per_prompt/")}
 base = evals("runs/dit_base/metrics.jsonl")
-lora = evals("runs/hydit_lora/metrics.jsonl")
-lora = lora[max(i for i, j in enumerate(lora) if j["step"] == 1):]  # this run's (the file appends)
+lora = evals("runs/hydit_lora/metrics.jsonl")  # this run's: a fresh start moves the earlier file aside
 print("== prompt fidelity (% of background, color and size checks the samples pass):")
 if base:
     print("   base (step %d): %.1f %% on prompts in its seven colors" % (base[-1]["step"], base[-1]["fidelity"]))

@@ -329,6 +329,20 @@ int cmd_run(const std::vector<std::string>& args) {
   }
   const YAML::Node& run = g.run;
   RunInfo info = run_info(g);
+  // Several ranks training without an all-reduce train a replica each, on its own slice of the
+  // data, and only rank 0's is saved: allowed (independent replicas), never by surprise.
+  if (info.world > 1 && info.rank == 0) {
+    bool trains = false, reduces = false;
+    for (const auto& n : g.nodes) {
+      trains = trains || n.type == "forward_backward";
+      reduces = reduces || n.type == "allreduce";
+    }
+    if (trains && !reduces)
+      spdlog::warn("{}: {} ranks but no allreduce node: each rank trains a replica of its own on its slice of the data, "
+                   "and only rank 0's state is checkpointed; for data parallel add sync: {{ type: allreduce, in: {{ "
+                   "ready: fb.ready }} }} and read sync.grads in the optimizer",
+                   g.file, info.world);
+  }
   // run.threads 0: the cores, shared by the ranks on this machine (mpirun -np 2 on 2 cores: one
   // each, the same total as one process).
   int threads = run["threads"].as<int>();
@@ -370,6 +384,16 @@ int cmd_run(const std::vector<std::string>& args) {
   const bool profile = run["profile"].as<bool>();
   tracer.enable(!trace_file.empty() || profile);
   // The trace is written at the end; a path that cannot be written is an error now, not then.
+  if (!trace_file.empty() && fs::is_directory(trace_file)) {
+    spdlog::error("run.trace: {} is a folder; give the path of a file to write (e.g. {}/trace.json)", trace_file,
+                  trace_file);
+    return 2;
+  }
+  if (profile && info.rank == 0 && fs::is_directory(fs::path(info.out_dir) / "profile.json")) {
+    spdlog::error("run.profile: {}/profile.json is a folder, so the profile could not be written at the end; move it",
+                  info.out_dir);
+    return 2;
+  }
   if (!trace_file.empty()) {  // as Tracer::write will: create the folder, write TRACE.tmp
     const fs::path parent = fs::path(trace_file).parent_path();
     if (!parent.empty()) fs::create_directories(parent, ec);
@@ -394,8 +418,18 @@ int cmd_run(const std::vector<std::string>& args) {
   if (resume) {
     info.first_step = resume->step + 1;
     if (info.first_step > info.last_step) {
-      spdlog::info("{} is at step {}, run.steps is {}: nothing to do", resume->folder, resume->step, info.last_step);
+      spdlog::info("{} is at step {}, run.steps is {}: nothing to do (raise run.steps to train on)", resume->folder,
+                   resume->step, info.last_step);
       return 0;
+    }
+  }
+  if (info.rank == 0) {
+    try {
+      const std::string moved = prepare_run_logs(info.out_dir, info.first_step);
+      if (!moved.empty()) spdlog::info("{}", moved);
+    } catch (const std::exception& e) {
+      spdlog::error("preparing the logs in {}: {}", info.out_dir, e.what());
+      return 1;
     }
   }
   spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, device {}, out_dir {}", g.file, g.nodes.size(),

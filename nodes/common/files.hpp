@@ -24,4 +24,7 @@ std::string read_latest(const std::string& dir);
 // folder is opened through it.
 std::string resolve_latest(const std::string& path);
 
+// The local time as "20261126-071502", for the names of files moved aside (metrics.previous-STAMP.jsonl).
+std::string local_timestamp();
+
 }  // namespace flowrun

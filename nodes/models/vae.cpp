@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/memory.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/attention.hpp"
@@ -328,7 +329,45 @@ void load_safetensors(AutoencoderKLImpl& model, const std::string& path) {
   load_state_dict(model, safetensors::load(path).tensors, path);
 }
 
-AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed) {
+double parameter_count(const Config& c, Part part) {
+  c.check();
+  const std::vector<int64_t>& C = c.block_out_channels;
+  const double L = static_cast<double>(c.latent_channels);
+  auto conv = [](double in, double out, double k) { return in * out * k * k + out; };
+  auto norm = [](double ch) { return 2 * ch; };
+  auto resnet = [&](double in, double out) {
+    return norm(in) + conv(in, out, 3) + norm(out) + conv(out, out, 3) + (in != out ? conv(in, out, 1) : 0.0);
+  };
+  auto mid = [&](double ch) { return 2 * resnet(ch, ch) + norm(ch) + 4 * (ch * ch + ch); };
+  const double last = static_cast<double>(C.back()), first = static_cast<double>(C.front());
+  double n = 0;
+  if (has_encoder(part)) {
+    n += conv(static_cast<double>(c.in_channels), first, 3);
+    double out = first;
+    for (size_t i = 0; i < C.size(); ++i) {
+      const double in = out;
+      out = static_cast<double>(C[i]);
+      for (int64_t j = 0; j < c.layers_per_block; ++j) n += resnet(j == 0 ? in : out, out);
+      if (i + 1 < C.size()) n += conv(out, out, 3);
+    }
+    n += mid(last) + norm(last) + conv(last, 2 * L, 3) + conv(2 * L, 2 * L, 1);
+  }
+  if (has_decoder(part)) {
+    n += conv(L, L, 1) + conv(L, last, 3) + mid(last);
+    double out = last;
+    for (size_t i = C.size(); i-- > 0;) {
+      const double in = out;
+      out = static_cast<double>(C[i]);
+      for (int64_t j = 0; j < c.layers_per_block + 1; ++j) n += resnet(j == 0 ? in : out, out);
+      if (i > 0) n += conv(out, out, 3);
+    }
+    n += norm(first) + conv(first, static_cast<double>(c.out_channels), 3);
+  }
+  return n;
+}
+
+AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed, bool trainable) {
+  check_model_fits(std::string("AutoencoderKL ") + to_string(part), describe(c), parameter_count(c, part), !trainable);
   AutoencoderKL m(c, part);
   if (!weights.empty())
     load_safetensors(*m, weights);

@@ -228,9 +228,16 @@ void load_state_dict(AutoencoderKLImpl& model, const std::map<std::string, torch
                      const std::string& source);
 void load_safetensors(AutoencoderKLImpl& model, const std::string& path);
 
+// How many parameters the `part` of an AutoencoderKL of config `c` has, from the config alone
+// (nothing allocated): what the size check below uses.
+double parameter_count(const Config& c, Part part);
+
 // The `part` of an AutoencoderKL of config `c`: loaded from `weights` (a safetensors file, as
 // load_safetensors), or, with weights empty, initialised from `seed` (init_weights). On the CPU.
-AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed);
+// A config whose weights cannot fit in memory is refused first (common/memory.hpp: weights only
+// for a frozen part, `trainable`: weights, gradients and AdamW's moments).
+AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed,
+                               bool trainable = false);
 
 // The ModelState of an AutoencoderKL (held as std::shared_ptr<ModelState>; dynamic_pointer_cast
 // to this for the config). Frozen (vae_encode's `params`): requires_grad false everywhere, eval

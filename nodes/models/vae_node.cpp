@@ -31,7 +31,7 @@ class VaeNode : public Node {
     }
     AutoencoderKL model{nullptr};
     try {
-      model = make_autoencoder(cfg, Part::both, weights, seed);  // checks cfg (AutoencoderKL's constructor)
+      model = make_autoencoder(cfg, Part::both, weights, seed, /*trainable=*/true);  // checks cfg and its size
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }

@@ -5,6 +5,13 @@
 // A background thread writes the files; one write is in flight at a time (the next run()
 // waits for the previous write: memory stays bounded). Layout: state/checkpoint_io.hpp.
 //
+// Nothing written is lost: a complete step folder is never removed except by keep_last's
+// pruning of this run's own. With run.resume=never the earlier run's folders stay where they are
+// until this run's first checkpoint is complete; then they move, with `latest`, into
+// DIR.previous-STAMP beside DIR (a run that fails before its first checkpoint has lost nothing).
+// A folder of the same name that is still there when a new one is written (run.resume=PATH over
+// later steps is refused at start; this is the safety net) is moved to replaced.NAME.STAMP.
+//
 // Several ranks: the saved state is replicated (data cursors count global batches; params,
 // optimizer moments and EMA weights are equal after every all-reduced step; the start-up sync
 // makes them equal before step 1), so rank 0 alone snapshots and writes; the other ranks'
@@ -13,12 +20,14 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <future>
 #include <thread>
 
 #include "common/device.hpp"
+#include "common/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
 #include "models/model_state.hpp"
@@ -55,6 +64,8 @@ class Checkpoint : public Node {
   bool exports_ = false;
   bool writer_rank_ = true;
   std::future<void> pending_;
+  // run.resume=never: the earlier run's step folders and `latest`, moved aside by the first write.
+  std::vector<std::string> earlier_;
 
  public:
   void setup(SetupContext& c) override {
@@ -68,18 +79,38 @@ class Checkpoint : public Node {
       name_ = g->name;
       config_ = to_yaml(resolved_config(*g));
     }
+    // exports: true must export something: a saved model that offers files (a LoRA model's
+    // adapters); otherwise the setting would silently do nothing.
+    if (exports_) {
+      bool any = false;
+      for (Value* v : c.states_all("state"))
+        if (v->is<std::shared_ptr<ModelState>>())
+          if (const auto& m = v->as<std::shared_ptr<ModelState>>(); m && m->exporter) any = true;
+      if (!any) {
+        std::string refs;
+        for (const auto& r : c.refs("state")) refs += (refs.empty() ? "" : ", ") + r;
+        throw std::runtime_error("exports: true, but none of the states it saves (" + refs +
+                                 ") offers files to export (a model with LoRA adapters does: its PEFT adapter folder); "
+                                 "set exports: false or save such a model");
+      }
+    }
     if (writer_rank_) {
       fs::create_directories(dir_);
       // Folders a killed run left half-written; `latest` never names them. With
-      // run.resume=never (start over, asked for by name) also the earlier run's checkpoints.
+      // run.resume=never (start over, asked for by name) the earlier run's checkpoints are noted,
+      // to move aside once this run has one of its own.
       const bool start_over = c.run().graph && c.run().graph->run["resume"].as<std::string>("") == "never";
-      int removed = 0;
+      earlier_.clear();
       for (const auto& e : fs::directory_iterator(dir_)) {
         const std::string n = e.path().filename().string();
         if (n.rfind(".step_", 0) == 0) fs::remove_all(e.path());
-        if (start_over && (n.rfind("step_", 0) == 0 || n == "latest")) removed += fs::remove_all(e.path()) > 0;
+        if (start_over && (n.rfind("step_", 0) == 0 || n == "latest")) earlier_.push_back(n);
       }
-      if (removed) spdlog::warn("run.resume=never: deleted the earlier run's checkpoints in {}", dir_);
+      std::sort(earlier_.begin(), earlier_.end());
+      if (!earlier_.empty())
+        spdlog::info("run.resume=never: the earlier run's checkpoints in {} stay until this run's first is written, then "
+                     "move to {}.previous-*",
+                     dir_, dir_);
       // `latest` is a one-line file this node replaces by rename; a folder there would stop it.
       const fs::path latest = fs::path(dir_) / "latest";
       if (fs::is_directory(latest)) {
@@ -143,7 +174,7 @@ class Checkpoint : public Node {
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
   }
 
-  void write(const Snapshot& s) const {
+  void write(const Snapshot& s) {
     const auto t0 = std::chrono::steady_clock::now();
     if (s.copied) s.copied->synchronize();
     const std::string name = ckpt::step_folder(s.step);
@@ -172,13 +203,31 @@ class Checkpoint : public Node {
     m.rng_file = "rng.safetensors";
     ckpt::write_manifest(tmp, m);  // last: a folder with a manifest is complete
     fsync_dir(tmp);
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);  // a rerun over an old run's folder
+    move_earlier_aside();
+    if (fs::exists(final_dir)) {  // never lose a complete folder (see the top)
+      const std::string aside = dir_ + "/replaced." + name + "." + local_timestamp();
+      fs::rename(final_dir, aside);
+      spdlog::warn("checkpoint: {} was already there (written by another run); moved to {}", final_dir, aside);
+    }
     fs::rename(tmp, final_dir);
     fsync_dir(dir_);
     ckpt::set_latest(dir_, name);
     prune(name);
     spdlog::info("checkpoint {} written ({:.2f} s)", final_dir,
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+
+  // run.resume=never, at the first write: the earlier run's folders and `latest` to
+  // DIR.previous-STAMP (this run's first checkpoint is complete in its .tmp folder by now).
+  void move_earlier_aside() {
+    if (earlier_.empty()) return;
+    const std::string to = dir_ + ".previous-" + local_timestamp();
+    fs::create_directories(to);
+    for (const auto& n : earlier_)
+      if (fs::exists(dir_ + "/" + n)) fs::rename(dir_ + "/" + n, to + "/" + n);
+    fsync_dir(dir_);
+    spdlog::warn("run.resume=never: the earlier run's {} checkpoint entries moved from {} to {}", earlier_.size(), dir_, to);
+    earlier_.clear();
   }
 
   // Keep the newest keep_last step folders (never the one just written).

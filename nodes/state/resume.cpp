@@ -2,9 +2,18 @@
 
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
-#include <mutex>
+#include <yaml-cpp/yaml.h>
 
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "common/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
 #include "executor.hpp"
@@ -27,19 +36,57 @@ std::vector<const NodeSpec*> checkpoint_nodes(const GraphSpec& g) {
 
 }  // namespace
 
+namespace {
+
+// Every state ref the graph's checkpoint nodes save ("model.params", ...).
+std::set<std::string> saved_states(const GraphSpec& g) {
+  std::set<std::string> refs;
+  for (const NodeSpec* n : checkpoint_nodes(g))
+    if (const InputSpec* in = n->input("state"))
+      for (const auto& r : in->refs) refs.insert(r.str());
+  return refs;
+}
+
+// The states of `want` that the checkpoint folder's manifest does not hold ("" when it holds all).
+std::string missing_states(const ckpt::Manifest& m, const std::set<std::string>& want) {
+  std::string missing;
+  for (const auto& r : want)
+    if (!m.states.count(r)) missing += (missing.empty() ? "" : ", ") + r;
+  return missing;
+}
+
+}  // namespace
+
 std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir) {
   const std::string resume = g.run["resume"].as<std::string>("");
   const auto nodes = checkpoint_nodes(g);
   auto dir_of = [&](const NodeSpec* n) { return (fs::path(out_dir) / n->params["dir"].as<std::string>()).string(); };
+  // Complete checkpoints in this graph's folders after `step`: resuming at `step` would write
+  // those steps again, over them.
+  auto later_than = [&](int64_t step) {
+    std::string later;
+    for (const NodeSpec* n : nodes)
+      for (const auto& f : ckpt::checkpoints(dir_of(n)))
+        if (f.problem.empty() && f.step > step) later += (later.empty() ? "" : ", ") + f.folder;
+    return later;
+  };
 
   // A checkpoint folder named by path.
   if (!resume.empty() && resume != "auto" && resume != "never") {
     if (!fs::is_directory(resume))
       throw std::runtime_error("run.resume: no checkpoint folder " + resume +
                                " (give a step_* folder, or auto for OUT_DIR's newest checkpoint)");
-    return ResumePoint{resume, ckpt::read_manifest(resume).step};
+    const int64_t step = ckpt::read_manifest(resume).step;
+    const std::string later = later_than(step);
+    if (!later.empty())
+      throw std::runtime_error("run.resume=" + resume + " continues at step " + std::to_string(step + 1) +
+                               ", but this run's checkpoint folder already holds later complete checkpoints (" + later +
+                               "), which it would replace; move them away, give a new run.out_dir, or continue from "
+                               "the newest with run.resume=auto");
+    return ResumePoint{resume, step};
   }
-  if (resume == "never") return std::nullopt;  // the checkpoint node deletes the old ones
+  // never: the checkpoint node moves the earlier run's folders aside once its first is written.
+  if (resume == "never") return std::nullopt;
   if (nodes.empty()) {
     if (resume == "auto")
       throw std::runtime_error("run.resume=auto: the graph has no checkpoint node, so there is nothing to resume from");
@@ -55,46 +102,145 @@ std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::stri
           found.front().problem.empty() ? " (newest: step " + std::to_string(found.front().step) + ", " + found.front().folder + ")" : "";
       throw std::runtime_error(dir_of(n) + " holds " + std::to_string(found.size()) + " checkpoint folder(s) of an earlier run" +
                                newest + "; starting at step 1 would replace them. Continue that run with run.resume=auto, " +
-                               "start over with run.resume=never (deletes them), or give a new run.out_dir");
+                               "start over with run.resume=never (moves them aside once the new run's first checkpoint is " +
+                               "written), or give a new run.out_dir");
     }
     return std::nullopt;
   }
 
-  // auto: `latest`, or else the newest complete checkpoint by its manifest.
-  const std::string dir = dir_of(nodes[0]);
-  const auto found = ckpt::checkpoints(dir);
-  const std::string name = ckpt::latest(dir);
-  std::string why;  // why `latest` is not used
-  if (name.empty()) {
-    why = fs::exists(dir + "/latest") ? dir + "/latest is empty or not a file" : "there is no " + dir + "/latest";
-  } else {
-    const std::string folder = dir + "/" + name;
-    try {
-      return ResumePoint{folder, ckpt::read_manifest(folder).step};
-    } catch (const std::exception& e) {
-      why = dir + "/latest names " + name + ", which cannot be used: " + e.what();
+  // auto: the newest complete checkpoint of any of the graph's checkpoint nodes that holds every
+  // state the graph saves. `latest` normally names it; when it names an older one (a crash
+  // between a folder's rename and the update of `latest`) or none, the newest still wins, with a
+  // warning: resuming from `latest` would write the newer steps again, over their folders.
+  const std::set<std::string> want = saved_states(g);
+  std::optional<ResumePoint> best;
+  std::vector<std::string> notes;  // why `latest` was not used, per folder
+  size_t folders = 0;
+  std::string problems;            // incomplete folders, for the error when none is usable
+  for (const NodeSpec* n : nodes) {
+    const std::string dir = dir_of(n);
+    const auto found = ckpt::checkpoints(dir);
+    folders += found.size();
+    const std::string name = ckpt::latest(dir);
+    int64_t latest_step = -1;
+    if (name.empty()) {
+      if (!found.empty())
+        notes.push_back(fs::exists(dir + "/latest") ? dir + "/latest is empty or not a file" : "there is no " + dir + "/latest");
+    } else {
+      try {
+        latest_step = ckpt::read_manifest(dir + "/" + name).step;
+      } catch (const std::exception& e) {
+        notes.push_back(dir + "/latest names " + name + ", which cannot be used: " + e.what());
+      }
+    }
+    for (const auto& f : found) {
+      if (!f.problem.empty()) {
+        problems += "\n  " + f.problem;
+        continue;
+      }
+      const std::string missing = missing_states(ckpt::read_manifest(f.folder), want);
+      if (!missing.empty()) {
+        problems += "\n  " + f.folder + ": has no state " + missing + ", which this graph saves";
+        continue;
+      }
+      if (latest_step >= 0 && f.step > latest_step)
+        notes.push_back(dir + "/latest names step " + std::to_string(latest_step) + ", but " + f.folder +
+                        " is complete and newer (a run stopped between writing it and updating latest)");
+      if (!best || f.step > best->step) best = ResumePoint{f.folder, f.step};
+      break;  // newest first: the first usable one of this folder
     }
   }
-  if (!found.empty() && found.front().problem.empty()) {
-    spdlog::warn("run.resume=auto: {}; resuming from the newest complete checkpoint, {} (step {})", why,
-                 found.front().folder, found.front().step);
-    return ResumePoint{found.front().folder, found.front().step};
+  if (best) {
+    if (!notes.empty()) {
+      std::string why;
+      for (const auto& w : notes) why += (why.empty() ? "" : "; ") + w;
+      spdlog::warn("run.resume=auto: {}; resuming from the newest complete checkpoint, {} (step {})", why, best->folder,
+                   best->step);
+    }
+    return best;
   }
-  if (!found.empty()) {
-    std::string problems;
-    for (const auto& f : found) problems += "\n  " + f.problem;
-    throw std::runtime_error("run.resume=auto: " + why + ", and none of the " + std::to_string(found.size()) +
-                             " step folders in " + dir + " is a complete checkpoint:" + problems +
+  if (folders > 0) {
+    std::string why;
+    for (const auto& w : notes) why += (why.empty() ? "" : "; ") + w;
+    throw std::runtime_error("run.resume=auto: " + (why.empty() ? std::string("no usable checkpoint") : why) +
+                             ", and none of the " + std::to_string(folders) +
+                             " step folders is a complete checkpoint of this graph:" + problems +
                              "\nRepair one, name one with run.resume=PATH, or start over with run.resume=never "
-                             "(deletes them) or a new run.out_dir");
+                             "(moves them aside) or a new run.out_dir");
   }
-  if (!name.empty()) throw std::runtime_error("run.resume=auto: " + why);
-  spdlog::info("run.resume=auto: no checkpoint in {} yet; starting from step 1", dir);
+  for (const auto& w : notes) throw std::runtime_error("run.resume=auto: " + w);
+  spdlog::info("run.resume=auto: no checkpoint in {} yet; starting from step 1", dir_of(nodes[0]));
   return std::nullopt;
+}
+
+std::vector<std::string> changed_settings(const std::string& saved, const std::string& now) {
+  // Both as flat KEY.PATH: value lines; run settings that only say how this process runs
+  // (not what it computes) are left out.
+  static const std::set<std::string> kHow = {"run.steps",   "run.resume",  "run.progress", "run.trace",
+                                             "run.profile", "run.out_dir", "run.workers",  "run.threads",
+                                             "run.comm_timeout_s", "run.stop_grace_s", "run.log_every", "run.prefetch", "run.compute_thread"};
+  // Keys as an override names them: run.seed, opt.lr (nodes.opt.with.lr), fb.every.
+  auto key = [](const std::string& path) {
+    std::string k = path.rfind("nodes.", 0) == 0 ? path.substr(6) : path;
+    const size_t with = k.find(".with.");
+    if (with != std::string::npos && k.find('.') == with) k.erase(with, 5);
+    return k;
+  };
+  std::map<std::string, std::string> a, b;
+  std::function<void(const YAML::Node&, const std::string&, std::map<std::string, std::string>&)> flat;
+  flat = [&](const YAML::Node& n, const std::string& path, std::map<std::string, std::string>& out) {
+    if (n.IsMap()) {
+      for (const auto& kv : n) flat(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
+    } else {
+      YAML::Emitter e;
+      e << YAML::Flow << n;
+      out[key(path)] = e.c_str();
+    }
+  };
+  try {
+    flat(YAML::Load(saved), "", a);
+    flat(YAML::Load(now), "", b);
+  } catch (const std::exception&) {
+    return {};  // a manifest without a readable config (older ones): nothing to compare
+  }
+  // 1.0e-2 and 0.01 are one setting.
+  auto same = [](const std::string& x, const std::string& y) {
+    if (x == y) return true;
+    char* ex = nullptr;
+    char* ey = nullptr;
+    const double dx = std::strtod(x.c_str(), &ex), dy = std::strtod(y.c_str(), &ey);
+    return ex != x.c_str() && *ex == 0 && ey != y.c_str() && *ey == 0 && dx == dy;
+  };
+  auto relevant = [&](const std::string& k) {
+    const size_t dot = k.rfind('.');
+    return !kHow.count(k) && (dot == std::string::npos ? k : k.substr(dot + 1)) != "doc";
+  };
+  std::vector<std::string> out;
+  for (const auto& [k, v] : b) {
+    if (!relevant(k)) continue;
+    auto it = a.find(k);
+    if (it == a.end())
+      out.push_back(k + ": " + v + " (not in the checkpoint's settings)");
+    else if (!same(it->second, v))
+      out.push_back(k + ": " + v + " (the checkpoint's run had " + it->second + ")");
+  }
+  for (const auto& [k, v] : a)
+    if (relevant(k) && !b.count(k)) out.push_back(k + ": gone (the checkpoint's run had " + v + ")");
+  return out;
 }
 
 void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {
   ckpt::Manifest m = ckpt::read_manifest(p.folder);
+  // Settings that differ from the run that wrote the checkpoint: allowed (a new lr for the rest
+  // of a run is a common recipe), never silent.
+  if (!m.config.empty()) {
+    const std::vector<std::string> changed = changed_settings(m.config, to_yaml(resolved_config(g)));
+    if (!changed.empty()) {
+      std::string list;
+      for (const auto& c : changed) list += "\n  " + c;
+      spdlog::warn("resuming from {} with settings that differ from the run that wrote it:{}", p.folder, list);
+    }
+  }
   // Every state this graph checkpoints must be there (a changed graph is caught here).
   for (const NodeSpec* n : checkpoint_nodes(g))
     if (const InputSpec* in = n->input("state"))
@@ -128,6 +274,46 @@ void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {
     }
   }
   spdlog::info("resumed from {} (step {})", p.folder, p.step);
+}
+
+}  // namespace flowrun
+
+namespace flowrun {
+
+std::string prepare_run_logs(const std::string& out_dir, int64_t first_step) {
+  const fs::path dir(out_dir.empty() ? "." : out_dir);
+  const fs::path metrics = dir / "metrics.jsonl", tb = dir / "tb";
+  std::string done;
+  if (first_step <= 1) {
+    const std::string stamp = local_timestamp();
+    if (fs::exists(metrics)) {
+      const fs::path to = dir / ("metrics.previous-" + stamp + ".jsonl");
+      fs::rename(metrics, to);
+      done += "the earlier run's metrics.jsonl moved to " + to.string();
+    }
+    if (fs::is_directory(tb) && !fs::is_empty(tb)) {
+      const fs::path to = dir / ("tb.previous-" + stamp);
+      fs::rename(tb, to);
+      done += std::string(done.empty() ? "" : "; ") + "its TensorBoard events (tb/) to " + to.string();
+    }
+    return done;
+  }
+  if (!fs::exists(metrics)) return "";
+  std::istringstream in(read_file(metrics.string()));
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() >= first_step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (dropped == 0) return "";
+  write_file_atomic(metrics.string(), kept);
+  return "metrics.jsonl: dropped " + std::to_string(dropped) + " line(s) of steps from " + std::to_string(first_step) +
+         " on, logged by the stopped run after its checkpoint (this run logs them again)";
 }
 
 }  // namespace flowrun

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace flowrun {
 
@@ -18,16 +19,32 @@ struct ResumePoint {
 // run.resume (schemas/graph.yaml):
 //   ""     start at step 1; refused when a checkpoint node's folder already holds step folders
 //          (they would be replaced);
-//   never  start at step 1 anyway (the checkpoint node deletes the old folders at setup);
-//   auto   `latest`, or when it is missing, empty or names an unusable folder, the newest
-//          complete checkpoint by its manifest (a warning says why); no step folders at all:
-//          start at step 1; step folders but none complete: refused;
-//   PATH   that checkpoint folder.
+//   never  start at step 1 anyway (the checkpoint node moves the old folders aside once the new
+//          run's first checkpoint is complete: a run that fails before has lost nothing);
+//   auto   the newest complete checkpoint (by its manifest) of any of the graph's checkpoint
+//          nodes that holds every state the graph saves: normally what `latest` names; when
+//          `latest` is missing, empty, unusable or names an older one, a warning says so; no
+//          step folders at all: start at step 1; step folders but none usable: refused;
+//   PATH   that checkpoint folder; refused when this run's folders hold later complete
+//          checkpoints (resuming would write those steps again, over them).
 // Throws with a message that says what to do.
 std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir);
 
 // Load every saved state into the executor's state objects (by ref, e.g. "model.params") and
 // restore the global RNG. Every state a checkpoint node of this graph saves must be in it.
+// Settings that differ from the checkpoint's run (its manifest's config) are logged as a warning.
 void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p);
+
+// The settings of resolved config `now` that differ from `saved` (both YAML as the checkpoint
+// manifest keeps them), one "KEY.PATH: now (the checkpoint's run had saved)" line each; run
+// settings about how a process runs (steps, resume, threads, trace, ...) are not compared.
+std::vector<std::string> changed_settings(const std::string& saved, const std::string& now);
+
+// Before a run writes its logs in OUT_DIR (rank 0): at a fresh start (first_step 1) the earlier
+// run's metrics.jsonl and tb/ move aside (metrics.previous-STAMP.jsonl, tb.previous-STAMP/), so
+// the new curves are not drawn after the old ones; on resume at step k+1, metrics.jsonl keeps
+// only the lines of steps <= k (the stopped run may have logged later steps, which this run
+// logs again). Returns what it did, for the log ("" if nothing).
+std::string prepare_run_logs(const std::string& out_dir, int64_t first_step);
 
 }  // namespace flowrun

@@ -14,15 +14,13 @@ namespace flowrun {
 Precision parse_precision(const std::string& name) {
   if (name == "fp32") return Precision::fp32;
   if (name == "bf16") return Precision::bf16;
-  if (name == "fp16") return Precision::fp16;
-  throw std::runtime_error("unknown precision '" + name + "' (fp32, bf16 or fp16)");
+  throw std::runtime_error("unknown precision '" + name + "' (fp32 or bf16)");
 }
 
 std::string to_string(Precision p) {
   switch (p) {
     case Precision::fp32: return "fp32";
     case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
   }
   return "?";
 }
@@ -33,9 +31,6 @@ Precision run_precision(const RunInfo& run) {
 }
 
 void check_precision(Precision p, const c10::Device& device, const std::string& who) {
-  if (p == Precision::fp16)
-    throw std::runtime_error(who + ": run.precision fp16 is not supported yet (it needs a loss scaler; CPU autocast "
-                                   "has no fp16); use bf16 or fp32");
   if (p == Precision::bf16 && !device.is_cpu() && !device.is_cuda())
     throw std::runtime_error(who + ": run.precision bf16 is supported on CPU and CUDA, not on " + device.str());
 }

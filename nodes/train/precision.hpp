@@ -1,4 +1,4 @@
-// Compute precision of training nodes (the graph's run.precision: fp32 | bf16 | fp16).
+// Compute precision of training nodes (the graph's run.precision: fp32 | bf16).
 //
 // Parameters, gradients and optimizer state stay fp32; bf16 runs the forward under autocast
 // (matrix products in bf16, reductions kept in fp32 by autocast's op lists), as torch.autocast
@@ -7,8 +7,8 @@
 //
 // Support: fp32 everywhere; bf16 on CPU through libtorch's CPU autocast
 // (at::autocast::set_cpu_enabled / set_autocast_cpu_dtype) and on CUDA through its GPU
-// autocast; fp16 is refused (it needs a loss scaler, which does not exist yet, and CPU
-// autocast has no fp16).
+// autocast. fp16 is not offered (the schema has no such value): it needs a dynamic loss
+// scaler, and CPU autocast has no fp16, so no test could run it here.
 #pragma once
 #include <torch/torch.h>
 
@@ -19,7 +19,7 @@
 
 namespace flowrun {
 
-enum class Precision { fp32, bf16, fp16 };
+enum class Precision { fp32, bf16 };
 
 Precision parse_precision(const std::string& name);  // throws for an unknown name
 std::string to_string(Precision p);

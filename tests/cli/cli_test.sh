@@ -239,10 +239,74 @@ resume_never_discards_work)
   for m in "$c"/step_*/manifest.json; do echo '{"format": "flowrun-checkpoint", "version": 1, "step": 3, "states": []}' > "$m"; done
   expect_code 2 "$flowrun" "${g[@]}" run.steps=7 run.resume=auto
   expect_out "is a complete checkpoint"; expect_out "field 'states': expected an object"
-  # Asked for by name: start over.
+  # Asked for by name: start over. A run that fails before its first checkpoint has changed
+  # nothing; once the new run has a checkpoint, the old ones are moved aside, never deleted.
+  before=$(cd "$c" && ls | sort | tr '\n' ' ')
+  expect_code 1 "$flowrun" "${g[@]}" run.steps=4 run.resume=never fault.rank=0 fault.step=2 fault.mode=throw
+  [ "$(cd "$c" && ls | sort | tr '\n' ' ')" = "$before" ] || fail "a failed run.resume=never run changed $c: $(ls "$c")"
+  ls -d "$c".previous-* > /dev/null 2>&1 && fail "moved the old checkpoints aside before a new one existed"
   expect_code 0 "$flowrun" "${g[@]}" run.steps=4 run.resume=never
-  expect_out "run.resume=never: deleted the earlier run's checkpoints"
+  expect_out "run.resume=never: the earlier run's"; expect_out "moved from $c to $c.previous-"
   [ "$(ls "$c" | grep -c '^step_')" = 2 ] || fail "expected steps 3 and 4 only after starting over: $(ls "$c")"
+  [ "$(cat "$c/latest")" = step_00000004 ] || fail "latest does not name the new run's last checkpoint"
+  old=$(ls -d "$c".previous-*)
+  [ "$(ls "$old" | grep -c '^step_')" = 3 ] && [ -f "$old/latest" ] || fail "the earlier run's folders are not all in $old: $(ls "$old")"
+  ;;
+latest_behind)
+  # A run stopped between renaming step 6's folder into place and updating `latest` leaves
+  # `latest` at step 3 with a complete step 6: resume=auto continues from step 6 (saying so), so
+  # step 6 is never written again; settings that differ from the checkpoint's run are listed.
+  g=(tests/mpi/ddp.yaml run.out_dir="$tmp/b" ckpt.every=3 ckpt.keep_last=5)
+  c="$tmp/b/checkpoints"
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=6
+  sum6=$(md5sum "$c/step_00000006/model.params.safetensors" | cut -d' ' -f1)
+  printf step_00000003 > "$c/latest"
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=8 run.resume=auto run.seed=9 opt.lr=0.02
+  expect_out "latest names step 3, but $c/step_00000006 is complete and newer"
+  expect_out "resumed from $c/step_00000006"
+  expect_out "run.seed: 9 (the checkpoint's run had 3)"; expect_out "opt.lr: 0.02 (the checkpoint's run had 1.0e-2)"
+  [ "$(md5sum "$c/step_00000006/model.params.safetensors" | cut -d' ' -f1)" = "$sum6" ] || fail "step 6 was rewritten"
+  # Resuming by name from an older checkpoint would write steps 6..8 again, over them: refused.
+  expect_code 2 "$flowrun" "${g[@]}" run.steps=8 run.resume="$c/step_00000003"
+  expect_out "already holds later complete checkpoints"
+  ;;
+two_checkpoint_nodes)
+  # resume=auto considers every checkpoint node: the newest complete checkpoint that holds all
+  # the graph's states, wherever it is.
+  cat > "$tmp/two.yaml" <<YAML
+flowrun: 1
+run: { steps: 7, seed: 3, log_every: 1, out_dir: "$tmp/two" }
+nodes:
+  data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 8 } }
+  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 2, out_dim: 1 } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params } }
+  log:   { type: metrics, in: { loss: fb.loss } }
+  ckpt:  { type: checkpoint, every: 3, in: { state: [model.params, opt.state, data.cursor] } }
+  more:  { type: checkpoint, every: 5, with: { dir: more }, in: { state: [model.params, opt.state, data.cursor] } }
+YAML
+  expect_code 0 "$flowrun" "$tmp/two.yaml"
+  rm -rf "$tmp/two/checkpoints/step_00000006" && printf step_00000003 > "$tmp/two/checkpoints/latest"
+  expect_code 0 "$flowrun" "$tmp/two.yaml" run.steps=9 run.resume=auto
+  expect_out "resumed from $tmp/two/more/step_00000005"
+  ;;
+fresh_start_logs)
+  # A fresh start moves the earlier run's metrics and TensorBoard folder aside; a resume drops
+  # the metrics lines of steps the stopped run logged after its checkpoint.
+  g=(graphs/regression.yaml run.out_dir="$tmp/f" log.tensorboard=true)
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=40
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=20
+  expect_out "the earlier run's metrics.jsonl moved to $tmp/f/metrics.previous-"
+  ls "$tmp"/f/metrics.previous-*.jsonl > /dev/null && ls -d "$tmp"/f/tb.previous-* > /dev/null || fail "nothing moved aside: $(ls "$tmp/f")"
+  [ "$(grep -c '"step"' "$tmp/f/metrics.jsonl")" = 1 ] || fail "metrics.jsonl holds more than the new run's line: $(cat "$tmp/f/metrics.jsonl")"
+  g=(tests/mpi/ddp.yaml run.out_dir="$tmp/r" ckpt.every=4)
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=6   # checkpoints at 4 and 6 (end); lines 1..6
+  rm -rf "$tmp/r/checkpoints/step_00000006" && printf step_00000004 > "$tmp/r/checkpoints/latest"
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=8 run.resume=auto
+  expect_out "metrics.jsonl: dropped 2 line(s) of steps from 5 on"
+  [ "$(grep -o '"step":[0-9]*' "$tmp/r/metrics.jsonl" | cut -d: -f2 | tr '\n' ' ')" = "1 2 3 4 5 6 7 8 " ] ||
+    fail "expected steps 1..8 once each: $(grep -o '"step":[0-9]*' "$tmp/r/metrics.jsonl" | tr '\n' ' ')"
   ;;
 out_dir_lock)
   "$flowrun" graphs/regression.yaml run.steps=100000 data.delay_ms=20 run.out_dir="$tmp/l" >"$tmp/first" 2>&1 &
@@ -375,6 +439,15 @@ trace_unwritable)
   expect_code 2 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/t" run.trace=/proc/nope/trace.json
   expect_out "run.trace: cannot write /proc/nope/trace.json"
   grep -q "done:" "$tmp/out" && fail "ran steps before refusing the trace path"
+  # A folder where the trace file would go: refused at start, nothing left behind.
+  mkdir -p "$tmp/t/tracedir"
+  expect_code 2 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/t" run.trace="$tmp/t/tracedir"
+  expect_out "run.trace: $tmp/t/tracedir is a folder"
+  grep -q "done:" "$tmp/out" && fail "ran steps before refusing the trace folder"
+  ls "$tmp"/t/*.tmp > /dev/null 2>&1 && fail "left a .tmp file: $(ls "$tmp/t")"
+  mkdir -p "$tmp/p/profile.json"
+  expect_code 2 "$flowrun" graphs/regression.yaml run.steps=3 run.out_dir="$tmp/p" run.profile=true
+  expect_out "profile.json is a folder"
   ;;
 sigterm_final_checkpoint)
   # SIGTERM mid-run: exit 143 after a checkpoint at the last finished step (at: [end, stop]);

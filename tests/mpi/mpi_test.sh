@@ -62,6 +62,10 @@ independent_collectives)
     run_code 0 timeout 120 "${mpi[@]}" "$flowrun" tests/mpi/independent.yaml run.out_dir="$tmp/ind_$ct" run.compute_thread=$ct
     [ "$(grep -c '"loss"' "$tmp/ind_$ct/metrics.jsonl")" = 30 ] || fail "expected 30 logged losses (compute_thread $ct)"
   done
+  # Without an allreduce each rank trains a replica of its own: allowed, with a warning.
+  sed -e '/sync:/d' -e 's/grads: sync.grads/grads: fb.grads/' tests/mpi/independent.yaml > "$tmp/replicas.yaml"
+  run_code 0 timeout 120 "${mpi[@]}" "$flowrun" "$tmp/replicas.yaml" run.out_dir="$tmp/rep" run.steps=3
+  expect_out "2 ranks but no allreduce node: each rank trains a replica of its own"
   ;;
 overlap_trace)
   # A model with several buckets and a backward long enough to see: bucket all-reduces must

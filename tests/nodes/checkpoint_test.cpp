@@ -161,6 +161,20 @@ TEST(Checkpoint, LayoutManifestAndKeepLast) {
   EXPECT_EQ(cursor.metadata.at("ref"), "data.cursor");
 }
 
+// exports: true on states that offer nothing to export (no LoRA model among them) would
+// silently write nothing: refused before step 1, naming the states.
+TEST(Checkpoint, ExportsWithNothingToExportIsRefusedAtStart) {
+  const std::string dir = test::temp_dir("ckpt");
+  const std::string g = write_graph(dir);
+  EXPECT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "ckpt.exports=true"}, dir + "/a.log"), 1);
+  const std::string log = slurp(dir + "/a.log");
+  EXPECT_NE(log.find("node 'ckpt' (checkpoint) failed in setup: exports: true, but none of the states it saves "
+                     "(model.params, opt.state, ema.params, data.cursor) offers files to export"),
+            std::string::npos)
+      << log;
+  EXPECT_TRUE(slurp(dir + "/o/metrics.jsonl").empty()) << "it ran steps before refusing";
+}
+
 TEST(Checkpoint, ResumeFromAnotherGraphIsAClearError) {
   const std::string dir = test::temp_dir("ckpt");
   const std::string g = write_graph(dir);

@@ -263,6 +263,35 @@ TEST(Vae, DefaultConfigHasTheSdVaesParameterCounts) {
   EXPECT_EQ(count(vae::Part::encoder, "") + count(vae::Part::decoder, ""), 83653863);
 }
 
+// The count the size check uses (from the config, before anything is allocated) is the module's.
+TEST(Vae, ParameterCountFromTheConfigIsTheModules) {
+  vae::Config demo;
+  demo.block_out_channels = {16, 32, 32};
+  demo.layers_per_block = 1;
+  demo.norm_num_groups = 8;
+  for (const vae::Config& c : {vae::Config{}, demo})
+    for (vae::Part part : {vae::Part::encoder, vae::Part::decoder, vae::Part::both}) {
+      vae::AutoencoderKL m(c, part);
+      int64_t n = 0;
+      for (const auto& t : m->parameters()) n += t.numel();
+      EXPECT_EQ(vae::parameter_count(c, part), static_cast<double>(n)) << vae::describe(c) << " " << vae::to_string(part);
+    }
+  EXPECT_EQ(vae::parameter_count(vae::Config{}, vae::Part::both), 83653863.0);
+}
+
+// A VAE that cannot fit in memory is refused from its config, before anything is allocated.
+TEST(Vae, AConfigTooLargeForMemoryIsRefusedBeforeAllocating) {
+  vae::Config huge;
+  huge.block_out_channels = {65536, 65536};  // ~10^11 parameters: far over any machine's memory
+  huge.norm_num_groups = 32;
+  try {
+    vae::make_autoencoder(huge, vae::Part::encoder, "", 1);
+    FAIL() << "accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("AutoencoderKL encoder"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Vae, ShapesFollowTheDownsamplingFactor) {
   torch::NoGradGuard no_grad;
   vae::AutoencoderKL m(tiny());
