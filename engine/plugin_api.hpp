@@ -7,6 +7,9 @@
 //     reg.add(kSchema, [] { return std::make_unique<Lion>(); }, FLOWRUN_PLUGIN_FILE);
 //   }
 //
+// A type whose name is already registered (a built-in, another plugin's) is refused by
+// reg.add; reg.replace(...) (same arguments) replaces it on purpose, with a warning.
+//
 // The macro defines the one C entry point the engine looks for. It compares the engine's ABI
 // version with the one this plugin was compiled against and registers nothing on a mismatch
 // (the engine then reports both numbers and the file).

@@ -3,6 +3,9 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <stdexcept>
+
+#include "plugin_api.hpp"  // current_plugin_file(): set while a plugin registers
 
 namespace flowrun {
 
@@ -30,11 +33,27 @@ void Registry::add(const std::string& schema_yaml, NodeFactory factory, const st
   add(parse_node_schema(schema_yaml, origin), std::move(factory));
 }
 
-void Registry::add(NodeSchema schema, NodeFactory factory) {
+void Registry::add(NodeSchema schema, NodeFactory factory) { add(std::move(schema), std::move(factory), false); }
+
+void Registry::replace(const std::string& schema_yaml, NodeFactory factory, const std::string& origin) {
+  add(parse_node_schema(schema_yaml, origin), std::move(factory), true);
+}
+
+void Registry::add(NodeSchema schema, NodeFactory factory, bool replace) {
   std::string name = schema.type;
   auto it = types_.find(name);
-  if (it != types_.end())
-    spdlog::info("node type '{}' from {} replaces the one from {}", name, schema.origin, it->second.schema.origin);
+  if (it != types_.end()) {
+    const std::string& before = it->second.schema.origin;
+    if (replace)
+      spdlog::warn("node type '{}' from {} replaces the one from {} (registered with replace(): on purpose)", name,
+                   schema.origin, before);
+    else if (!current_plugin_file().empty())
+      throw std::runtime_error("node type '" + name + "' is already registered (from " + before +
+                               "); a plugin does not replace a type by accident: rename the type in the plugin, or, to "
+                               "replace it on purpose, register it with reg.replace(...) instead of reg.add(...)");
+    else
+      spdlog::info("node type '{}' from {} replaces the one from {}", name, schema.origin, before);
+  }
   types_[name] = NodeType{std::move(schema), std::move(factory)};
 }
 

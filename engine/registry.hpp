@@ -22,16 +22,23 @@ class Registry {
   // The process-wide registry that FLOWRUN_NODE and plugins fill.
   static Registry& global();
 
-  // Register a type; the schema's `type:` is its name. A second registration of the same
-  // name replaces the first (a plugin may override a built-in) and is logged.
+  // Register a type; the schema's `type:` is its name. From a plugin (while its entry point
+  // runs), a name that is already registered (a built-in, another plugin's) is refused with
+  // std::runtime_error naming the type and both origins: a plugin's `optimizer` would change
+  // what every graph that names `optimizer` runs (MediaPipe and DALI refuse a second
+  // registration too). replace() is the same but says it is meant: it replaces the type and
+  // logs a warning naming both. Elsewhere (built-ins, tests) a second registration replaces
+  // the first and is logged.
   void add(const std::string& schema_yaml, NodeFactory factory, const std::string& origin);
   void add(NodeSchema schema, NodeFactory factory);
+  void replace(const std::string& schema_yaml, NodeFactory factory, const std::string& origin);
   const NodeType* find(const std::string& type) const;
   std::vector<std::string> types() const;  // sorted
   std::vector<std::string> plugins() const { return plugins_; }
   void note_plugin(const std::string& path) { plugins_.push_back(path); }
 
  private:
+  void add(NodeSchema schema, NodeFactory factory, bool replace);
   std::map<std::string, NodeType> types_;
   std::vector<std::string> plugins_;
 };

@@ -3,8 +3,11 @@
 #   build/      the product (gcc, libtorch): unit, node, end-to-end and multi-process tests;
 #   build-san/  the torch-free engine and file-format library built with clang,
 #               AddressSanitizer and UndefinedBehaviorSanitizer (FLOWRUN_TORCH=OFF): their
-#               tests, the fuzzers' corpora replayed, and each fuzzer run for a short time
-#               (FLOWRUN_FUZZ_SECONDS, default 15). docs/testing.md.
+#               tests, the fuzzers' corpora replayed, and each fuzzer run briefly with a fixed
+#               seed and a fixed number of executions (tests/fuzz/fuzz_ci.sh; FLOWRUN_FUZZ_SEED,
+#               -runs per target in tests/fuzz/CMakeLists.txt): deterministic, the same work on
+#               every commit, about 10 s each. Random fuzzing is scripts/fuzz.sh, outside CI.
+#               docs/testing.md.
 # Extra arguments go to both ctest runs (e.g. -L engine, -R cli; --output-on-failure is on).
 # SANITIZE=0 skips the second folder.
 set -euo pipefail
@@ -13,6 +16,10 @@ BUILD_DIR=${BUILD_DIR:-build}
 SAN_BUILD_DIR=${SAN_BUILD_DIR:-build-san}
 [ -f "$BUILD_DIR/CMakeCache.txt" ] || cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$BUILD_DIR" -j "$(nproc)"
+# The tests that read data/ (token shards, GPT-2's BPE files, the shapes sets) skip without it;
+# here they all run: make it first when it is missing (scripts/setup.sh has, normally).
+[ -f data/shapes/vocab.txt ] && [ -f data/text/fortunes_byte.train.bin ] && [ -f data/gpt2/vocab.json ] ||
+  scripts/data.sh "$BUILD_DIR/engine/flowrun"
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 "$@")
 [ "${SANITIZE:-1}" = 0 ] && exit 0
 

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 namespace flowrun::ckpt {
 
@@ -36,7 +38,8 @@ void write_manifest(const std::string& folder, const Manifest& m) {
 }
 
 // Field by field, each error naming the file and the field: a manifest is read before any
-// state is, and a bad one must not become a negative step or a path outside the folder.
+// state is, and a bad one must not become a negative step or a path outside the folder. A key
+// given twice in one object is refused too (JSON parsers keep one of them silently).
 Manifest read_manifest(const std::string& folder) {
   const std::string path = folder + "/manifest.json";
   std::error_code ec;
@@ -44,9 +47,38 @@ Manifest read_manifest(const std::string& folder) {
     throw std::runtime_error("checkpoint " + folder + " has no manifest.json (incomplete or not a checkpoint)");
   std::ifstream in(path);
   if (!in) throw std::runtime_error(path + ": cannot read it: " + std::strerror(errno));
+  // nlohmann keeps the last of two equal keys: a manifest with "step" twice would pass the
+  // field checks with whichever came last. The callback sees each key as it is read, by object.
+  struct Object {
+    std::string path;  // "" for the top level, else where it is ("states", "a.b", "list[]")
+    bool is_array;
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<Object> objects;
+  std::string duplicate;  // the first one: "'step'" or "'m.p' in 'states'"
+  const auto find_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      std::string path;
+      if (!objects.empty()) {
+        const Object& parent = objects.back();
+        path = parent.is_array ? parent.path + "[]" : (parent.path.empty() ? "" : parent.path + ".") + parent.last_key;
+      }
+      objects.push_back({path, event == E::array_start, {}, ""});
+    } else if (event == E::object_end || event == E::array_end) {
+      if (!objects.empty()) objects.pop_back();
+    } else if (event == E::key && !objects.empty() && parsed.is_string()) {
+      Object& o = objects.back();
+      o.last_key = parsed.get<std::string>();
+      if (!o.keys.insert(o.last_key).second && duplicate.empty())
+        duplicate = "'" + o.last_key + "'" + (o.path.empty() ? "" : " in '" + o.path + "'");
+    }
+    return true;
+  };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(in, find_duplicates);
   } catch (const nlohmann::json::parse_error& e) {
     throw std::runtime_error(path + ": not valid JSON (byte " + std::to_string(e.byte) +
                              "); the checkpoint is damaged: resume from another one");
@@ -54,6 +86,10 @@ Manifest read_manifest(const std::string& folder) {
     throw std::runtime_error(path + ": not a valid manifest (" + e.what() +
                              "); the checkpoint is damaged: resume from another one");
   }
+  if (!duplicate.empty())
+    throw std::runtime_error(path + ": key " + duplicate +
+                             " appears twice; flowrun writes each key once, so the manifest was damaged or edited: "
+                             "remove one of them, or resume from another checkpoint");
   auto bad = [&](const std::string& field, const std::string& expected) {
     return std::runtime_error(path + ": field '" + field + "': expected " + expected +
                               (j.is_object() && j.contains(field) ? ", got " + j[field].dump() : ", but it is missing"));

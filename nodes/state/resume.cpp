@@ -283,22 +283,25 @@ namespace flowrun {
 std::string prepare_run_logs(const std::string& out_dir, int64_t first_step) {
   const fs::path dir(out_dir.empty() ? "." : out_dir);
   const fs::path metrics = dir / "metrics.jsonl", tb = dir / "tb";
+  // Only what an earlier run wrote: a regular file and a folder (a link the user put there, to a
+  // shared log or a device, is theirs and stays).
+  const bool metrics_file = fs::is_regular_file(fs::symlink_status(metrics));
   std::string done;
   if (first_step <= 1) {
     const std::string stamp = local_timestamp();
-    if (fs::exists(metrics)) {
+    if (metrics_file) {
       const fs::path to = dir / ("metrics.previous-" + stamp + ".jsonl");
       fs::rename(metrics, to);
       done += "the earlier run's metrics.jsonl moved to " + to.string();
     }
-    if (fs::is_directory(tb) && !fs::is_empty(tb)) {
+    if (fs::is_directory(fs::symlink_status(tb)) && !fs::is_empty(tb)) {
       const fs::path to = dir / ("tb.previous-" + stamp);
       fs::rename(tb, to);
       done += std::string(done.empty() ? "" : "; ") + "its TensorBoard events (tb/) to " + to.string();
     }
     return done;
   }
-  if (!fs::exists(metrics)) return "";
+  if (!metrics_file) return "";
   std::istringstream in(read_file(metrics.string()));
   std::string line, kept;
   int64_t dropped = 0;

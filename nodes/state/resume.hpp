@@ -44,7 +44,8 @@ std::vector<std::string> changed_settings(const std::string& saved, const std::s
 // run's metrics.jsonl and tb/ move aside (metrics.previous-STAMP.jsonl, tb.previous-STAMP/), so
 // the new curves are not drawn after the old ones; on resume at step k+1, metrics.jsonl keeps
 // only the lines of steps <= k (the stopped run may have logged later steps, which this run
-// logs again). Returns what it did, for the log ("" if nothing).
+// logs again). A metrics.jsonl or tb that is a link is left alone. Returns what it did, for the
+// log ("" if nothing).
 std::string prepare_run_logs(const std::string& out_dir, int64_t first_step);
 
 }  // namespace flowrun

@@ -26,6 +26,13 @@ nodes:
   boom: { type: t_plugin_fail, with: { at: 4 } }
 YAML
 }
+# needs_data FILE...: what scripts/data.sh makes; without it the case is skipped (exit 77, which
+# ctest reports as skipped), saying what to run. scripts/test.sh runs data.sh first.
+needs_data() {
+  for f in "$@"; do
+    [ -e "$f" ] || { echo "SKIP [$case_name]: $f is missing: run scripts/data.sh first (scripts/test.sh does it)"; exit 77; }
+  done
+}
 # first and last "loss" in a metrics.jsonl
 loss_at() { grep -o '"loss":[0-9.eE+-]*' "$1" | sed -n "$2" | cut -d: -f2; }
 
@@ -129,6 +136,7 @@ objective_plugin)
   # A loss as a plugin (examples/plugins/zloss): listed by `flowrun nodes`, trains a graph,
   # and with label smoothing and z-loss off gives lm_loss's losses (graphs/gpt.yaml at the
   # same sizes), though the plugin computes the cross-entropy its own way.
+  needs_data data/text/fortunes_byte.train.bin
   plugin="$build/examples/plugins/libzloss.so"
   ldd "$flowrun" | grep -q libzloss && fail "flowrun links the plugin"
   expect_code 0 "$flowrun" nodes --plugin "$plugin"; expect_out "lm_zloss"
@@ -324,7 +332,7 @@ tensorboard_events)
   # every record's length and data CRC and each PNG, and decodes the events; every number of
   # metrics.jsonl is there as a scalar NODE/NAME of its step, and the grid as an image of the
   # PNG's size.
-  [ -f data/shapes/base.json ] || fail "data/shapes is missing: run scripts/data.sh"
+  needs_data data/shapes/base.json
   expect_code 0 "$flowrun" graphs/dit_base.yaml run.out_dir="$tmp/o" run.steps=6 run.log_every=2 run.progress=off \
     log.tensorboard=true evlog.tensorboard=true sample.tensorboard=true data.batch=8 tok.max_length=12 text.dim=16 \
     text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16 \
@@ -352,9 +360,9 @@ for line in open(sys.argv[2]):
         assert abs(got - v) <= 1e-6 * max(1.0, abs(v)), (j["step"], k, got, v)
         n += 1
 assert not scalars, "scalars not in metrics.jsonl: %s" % scalars
-# 3 training lines (loss lr grad_norm skipped steps_per_s), 1 eval line (val_loss fidelity steps_per_s and
-# per_prompt/PROMPT for each of the 7 prompts)
-assert n == 3 * 5 + 10, n
+# 3 training lines (loss lr grad_norm skipped steps_per_s), 1 eval line (val_loss fidelity color kind
+# steps_per_s, and per_prompt/PROMPT and per_prompt_color/PROMPT for each of the 7 prompts)
+assert n == 3 * 5 + 5 + 2 * 7, n
 images = [(e["step"], t, i) for e in events for t, i in e["images"].items()]
 w, h = struct.unpack(">II", open(sys.argv[3], "rb").read()[16:24])
 assert images == [(6, "sample", images[0][2])], images

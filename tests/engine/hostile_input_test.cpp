@@ -212,3 +212,55 @@ TEST(HostileInput, GraphFileThatIsNotAFile) {
     }
   }
 }
+
+// Issue 31, item 11: the depth limit counted an alias as one level. 110 anchors, each a list
+// 60 deep holding the previous one, passed it and expanded to 6,600 levels: substitution
+// overflowed the stack (exit 139 in `flowrun validate` and in a run). The depth is now
+// measured with aliases expanded. 175 anchors (10,500 levels) is about the longest chain
+// under the limit of 1,000,000 nodes.
+TEST(HostileInput, AliasChainTooDeepOnceExpanded) {
+  for (int anchors : {110, 175}) {
+    std::string y = "flowrun: 1\n";
+    for (int i = 0; i < anchors; ++i)
+      y += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " " + std::string(60, '[') +
+           (i ? "*a" + std::to_string(i - 1) : std::string("x")) + std::string(60, ']') + "\n";
+    y += "nodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n";
+    const auto t0 = std::chrono::steady_clock::now();
+    Loaded l = load_text(y);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_FALSE(l.ok) << anchors;
+    const auto& d = find(l, "levels deep once its aliases are expanded");
+    EXPECT_EQ(d.path.rfind("a", 0), 0u) << d.path;  // under the key that holds the chain
+    EXPECT_GE(d.mark.line, 2) << d.str();
+    EXPECT_LT(s, 2.0) << anchors;
+  }
+  // The same chain as an override's value.
+  std::string v = "[";
+  for (int i = 0; i < 110; ++i)
+    v += std::string(i ? ", " : "") + "&a" + std::to_string(i) + " " + std::string(60, '[') +
+         (i ? "*a" + std::to_string(i - 1) : std::string("x")) + std::string(60, ']');
+  v += "]";
+  Loaded o = load_text("flowrun: 1\n" + kNodes, {"src.k=" + v});
+  ASSERT_FALSE(o.ok);
+  EXPECT_EQ(find(o, "levels deep once its aliases are expanded").mark.file, "command line");
+  // Within the limit, aliases of nested anchors still load.
+  Loaded ok = load_text("flowrun: 1\na: &a [[[x]]]\nb: &b [[*a, *a]]\nnodes:\n  src: { type: t_source, with: { k: 1 } }\n");
+  EXPECT_EQ(ok.all.find("levels deep"), std::string::npos) << ok.all;
+}
+
+// Issue 31, item 11: nothing bounded what substitution writes: a 1.4 MB file of ${run.KEY}
+// references to a long run key asked for about 20 GB (std::bad_alloc). Here each run key
+// repeats the one before: 1 KB, 1 MB, 100 MB. Refused at 16 MiB, at the key that passes it.
+TEST(HostileInput, SubstitutionOutputIsBounded) {
+  std::string b, c;
+  for (int i = 0; i < 1000; ++i) b += "${run.a}";
+  for (int i = 0; i < 100; ++i) c += "${run.b}";
+  const auto t0 = std::chrono::steady_clock::now();
+  Loaded l = load_text("flowrun: 1\nrun:\n  a: " + std::string(1000, 'x') + "\n  b: \"" + b + "\"\n  c: \"" + c + "\"\n" + kNodes);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(l.ok);
+  const auto& d = find(l, "substitution makes more than 16 MiB of text");
+  EXPECT_EQ(d.path, "run.c");
+  EXPECT_EQ(d.mark.line, 5);
+  EXPECT_LT(s, 2.0);
+}

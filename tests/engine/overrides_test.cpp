@@ -117,3 +117,85 @@ TEST(Substitution, UnsetVariableIsAnErrorWithPosition) {
   EXPECT_NE(e.find(f + ":3:37: nodes.src.with.k: environment variable FLOWRUN_TEST_UNSET is not set"), std::string::npos)
       << e;
 }
+
+// Issue 31, item 11: `${A:-${B}}` with A and B unset gave the text "${B}". A default may hold
+// substitutions, expanded only when it is used (as in the shell).
+TEST(Substitution, NestedDefaults) {
+  setenv("FLOWRUN_TEST_K", "9", 1);
+  unsetenv("FLOWRUN_TEST_UNSET");
+  unsetenv("FLOWRUN_TEST_UNSET_B");
+  std::string f = write(R"(flowrun: 1
+run: { out_dir: "${FLOWRUN_TEST_UNSET:-${FLOWRUN_TEST_UNSET_B:-out/${run.steps}}}/x" }
+nodes:
+  src: { type: t_source, with: { k: "${FLOWRUN_TEST_K:-${FLOWRUN_TEST_UNSET_B}}" } }
+)");
+  GraphSpec g = load_graph(f, {}, Registry::global());
+  EXPECT_EQ(g.run["out_dir"].as<std::string>(), "out/100/x");
+  EXPECT_EQ(g.nodes[0].params["k"].as<int>(), 9);  // the default is not used: B need not be set
+  std::string e = errors_of(write("flowrun: 1\nnodes:\n  src: { type: t_source, with: { k: \"${FLOWRUN_TEST_UNSET:-${FLOWRUN_TEST_UNSET_B}}\" } }\n"), {});
+  EXPECT_NE(e.find(":3:37: nodes.src.with.k: environment variable FLOWRUN_TEST_UNSET_B is not set"), std::string::npos) << e;
+  EXPECT_EQ(e.find("variable FLOWRUN_TEST_UNSET "), std::string::npos) << e;  // A has a default
+  // A default that is not closed is malformed, used or not.
+  e = errors_of(write("flowrun: 1\nnodes:\n  src: { type: t_source, with: { k: \"${FLOWRUN_TEST_K:-${X}\" } }\n"), {});
+  EXPECT_NE(e.find("a '${' that is not"), std::string::npos) << e;
+}
+
+// Issue 31, item 11: `${...}` in what a substitution brought in stayed as text (a folder named
+// "${HOME}"), or not, depending on the order of the file. `${run.KEY}` is the run key after
+// its own substitutions, in any order; an environment variable's value is not substituted
+// again: a '${' in it is an error.
+TEST(Substitution, WhatSubstitutionBringsInIsNeverLeftAsText) {
+  unsetenv("FLOWRUN_TEST_UNSET");
+  std::string f = write(R"(flowrun: 1
+run: { out_dir: "o/${run.trace}", trace: "${FLOWRUN_TEST_UNSET:-t}.json" }
+nodes:
+  src: { type: t_source }
+)");
+  GraphSpec g = load_graph(f, {}, Registry::global());
+  EXPECT_EQ(g.run["out_dir"].as<std::string>(), "o/t.json");
+  EXPECT_EQ(g.run["trace"].as<std::string>(), "t.json");
+  // Overrides too: the overridden value is substituted before ${run.KEY} reads it.
+  g = load_graph(f, {"run.trace=${FLOWRUN_TEST_UNSET:-u}.json"}, Registry::global());
+  EXPECT_EQ(g.run["out_dir"].as<std::string>(), "o/u.json");
+
+  setenv("FLOWRUN_TEST_DOLLAR", "${HOME}/runs", 1);
+  std::string e = errors_of(write("flowrun: 1\nrun: { out_dir: \"${FLOWRUN_TEST_DOLLAR}\" }\nnodes:\n  src: { type: t_source }\n"), {});
+  unsetenv("FLOWRUN_TEST_DOLLAR");
+  EXPECT_NE(e.find(":2:17: run.out_dir: environment variable FLOWRUN_TEST_DOLLAR is '${HOME}/runs', which holds '${'"),
+            std::string::npos) << e;
+
+  // Run keys that refer to each other: an error, not a hang.
+  e = errors_of(write("flowrun: 1\nrun: { out_dir: \"${run.trace}\", trace: \"${run.out_dir}\" }\nnodes:\n  src: { type: t_source }\n"), {});
+  EXPECT_NE(e.find("run.trace: ${run.out_dir}: run keys that refer to each other in a circle (run.out_dir -> run.trace -> "
+                   "run.out_dir)"),
+            std::string::npos)
+      << e;
+  e = errors_of(write("flowrun: 1\nrun: { out_dir: \"a${run.out_dir}\" }\nnodes:\n  src: { type: t_source }\n"), {});
+  EXPECT_NE(e.find("in a circle (run.out_dir -> run.out_dir)"), std::string::npos) << e;
+  // Reached first from a node's parameter (nodes: before run:): the circle alone.
+  e = errors_of(write("flowrun: 1\nnodes:\n  src: { type: t_source, with: { k: \"${run.out_dir}\" } }\n"
+                      "run: { out_dir: \"${run.trace}\", trace: \"${run.out_dir}\" }\n"),
+                {});
+  EXPECT_NE(e.find("in a circle (run.out_dir -> run.trace -> run.out_dir)"), std::string::npos) << e;
+}
+
+// An anchored value with a substitution, reached through aliases: substituted once, and an
+// error in it reported once.
+TEST(Substitution, AliasesShareOneResult) {
+  setenv("FLOWRUN_TEST_K", "9", 1);
+  unsetenv("FLOWRUN_TEST_UNSET");
+  std::string f = write(R"(flowrun: 1
+run: { steps: 2 }
+nodes:
+  a: { type: t_source, with: { k: &k "${FLOWRUN_TEST_K}" } }
+  b: { type: t_source, with: { k: *k } }
+)");
+  GraphSpec g = load_graph(f, {}, Registry::global());
+  EXPECT_EQ(g.nodes[1].params["k"].as<int>(), 9);
+  std::string e = errors_of(write("flowrun: 1\nnodes:\n  a: { type: t_source, with: { k: &k \"${FLOWRUN_TEST_UNSET}\" } }\n"
+                                  "  b: { type: t_source, with: { k: *k } }\n"),
+                            {});
+  size_t reported = 0;
+  for (size_t at = e.find("is not set"); at != std::string::npos; at = e.find("is not set", at + 1)) ++reported;
+  EXPECT_EQ(reported, 1u) << e;
+}

@@ -2,8 +2,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "plugin.hpp"
 #include "registry.hpp"
@@ -105,7 +109,74 @@ TEST(Plugin, PluginPathEnvironmentVariable) {
   setenv("FLOWRUN_PLUGIN_PATH", dir.c_str(), 1);
   std::string f = test::temp_dir("plugin") + "/g.yaml";
   std::ofstream(f) << "flowrun: 1\nnodes:\n  s: { type: t_source }\n  x: { type: t_plugin_scale, in: { in: s.out } }\n";
-  GraphSpec g = load_graph(f, {}, Registry::global());
+  // A registry of its own: the copy registers the same types as libt_plugin_ok.so, which
+  // another test of this process may have loaded into the global one (a collision, refused).
+  Registry reg;
+  const NodeType* source = Registry::global().find("t_source");
+  reg.add(source->schema, source->factory);
+  GraphSpec g = load_graph(f, {}, reg);
   unsetenv("FLOWRUN_PLUGIN_PATH");
   EXPECT_EQ(g.nodes[1].origin, dir + "/libcopy.so");
+}
+
+// Issue 31, item 11: a plugin whose static initializer throws ended in std::terminate with
+// nothing naming the plugin. glibc does not pass the exception to dlopen's caller, so the
+// process still stops, but the message names the file and the exception first.
+TEST(PluginDeathTest, StaticInitializerThatThrowsNamesThePlugin) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string p = plugin("t_plugin_static_throws");
+  EXPECT_DEATH(load_plugin(p, Registry::global()),
+               "flowrun: plugin [^\n]*libt_plugin_static_throws.so: a static initializer \\(the constructor of a global "
+               "object\\) threw an exception: deliberate failure in a static initializer");
+}
+
+// Issue 31, item 11: a plugin built with _GLIBCXX_USE_CXX11_ABI=0 failed with dlopen's
+// "undefined symbol" alone. The error names the file, the symbol and the fix.
+TEST(Plugin, OldStringAbiSaysHowToRebuild) {
+  const std::string p = plugin("t_plugin_old_abi");
+  std::string e = load_error(p);
+  EXPECT_EQ(e.rfind("plugin " + p + ": cannot load: ", 0), 0u) << e;
+  // The first symbol it misses is the old-ABI twin of one of the engine's (named, demangled).
+  EXPECT_NE(e.find("undefined symbol: _ZN7flowrun"), std::string::npos) << e;
+  EXPECT_NE(e.find(" (flowrun::"), std::string::npos) << e;
+  EXPECT_NE(e.find("Rebuild it against this flowrun's headers"), std::string::npos) << e;
+  EXPECT_NE(e.find("_GLIBCXX_USE_CXX11_ABI=1"), std::string::npos) << e;
+  EXPECT_EQ(Registry::global().find("t_old_abi"), nullptr);
+}
+
+namespace {
+// `t_replaceable`, standing in for a built-in (the torch-free build has none registered).
+void register_replaceable() {
+  Registry::global().add("type: t_replaceable\ndoc: the original\n", [] { return std::unique_ptr<Node>(); }, "built-in");
+}
+}  // namespace
+
+// Issue 31, item 11: a plugin type with a built-in's name replaced it with only an info line.
+// Refused now (as MediaPipe and DALI refuse a second registration), naming the type, the
+// plugin file, the type's origin and the fix; the original stays.
+TEST(Plugin, TypeNameTakenIsRefused) {
+  register_replaceable();
+  const std::string p = plugin("t_plugin_collides");
+  std::string e = load_error(p);
+  EXPECT_EQ(e, "plugin " + p + ": registration failed: node type 't_replaceable' is already registered (from built-in); "
+               "a plugin does not replace a type by accident: rename the type in the plugin, or, to replace it on purpose, "
+               "register it with reg.replace(...) instead of reg.add(...)");
+  EXPECT_EQ(Registry::global().find("t_replaceable")->schema.origin, "built-in");
+}
+
+// reg.replace(...) replaces it, with a warning naming the type and both origins.
+TEST(Plugin, ReplaceOnPurposeWarns) {
+  register_replaceable();
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  auto logger = spdlog::default_logger();
+  logger->sinks().push_back(sink);
+  const std::string p = plugin("t_plugin_replaces");
+  std::string e = load_error(p);
+  logger->sinks().pop_back();
+  EXPECT_EQ(e, "");
+  EXPECT_EQ(Registry::global().find("t_replaceable")->schema.origin, p);
+  EXPECT_NE(log.str().find("[warning] node type 't_replaceable' from " + p + " replaces the one from built-in"),
+            std::string::npos)
+      << log.str();
 }

@@ -30,6 +30,7 @@ TEST(CheckpointManifest, RoundTrip) {
   EXPECT_EQ(r.rng_file, m.rng_file);
 }
 
+// Field by field; a key given twice anywhere is refused, naming the key and where it is.
 TEST(CheckpointManifest, EveryBadFieldIsAnErrorNamingFileAndField) {
   const std::string dir = test::temp_dir("manifest");
   const std::string ok = R"("format": "flowrun-checkpoint", "version": 1)";
@@ -50,6 +51,10 @@ TEST(CheckpointManifest, EveryBadFieldIsAnErrorNamingFileAndField) {
       {"{" + ok + R"(, "step": 7, "states": {"mp": "f"}})", "'mp' is not a state ref NODE.PORT"},
       {"{" + ok + R"(, "step": 7, "states": {}, "rng": "/tmp/x"})", "field 'rng'"},
       {"{" + ok + R"(, "step": 7, "states": {}, "graph": 5})", "field 'graph': expected a string, got 5"},
+      // Issue 31, item 11: a key given twice passed (the parser keeps the last one).
+      {"{" + ok + R"(, "step": 7, "states": {}, "step": 9})", "key 'step' appears twice"},
+      {"{" + ok + R"(, "step": 7, "states": {"m.p": "a.st", "m.p": "b.st"}})", "key 'm.p' in 'states' appears twice"},
+      {"{" + ok + R"(, "step": 7, "states": {}, "x": [{"k": 1}, {"k": 1, "k": 2}]})", "key 'k' in 'x[]' appears twice"},
   };
   for (const Case& c : cases) {
     test::write_text(dir + "/manifest.json", c.json);

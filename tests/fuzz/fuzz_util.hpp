@@ -14,12 +14,15 @@
 
 namespace flowrun::fuzz {
 
-// $TMPDIR/flowrun-fuzz-PID/, made once, removed at exit (the string lives as long as the
-// process: the exit handler runs after static objects are destroyed).
+// $TMPDIR/flowrun-fuzz-PID/, or $FLOWRUN_FUZZ_SCRATCH (fuzz_ci.sh: a name that is the same in
+// every run, for reproducible runs), made once, removed at exit (the string lives as long as
+// the process: the exit handler runs after static objects are destroyed).
 inline const std::string& scratch() {
   static const std::string* dir = [] {
+    const char* fixed = std::getenv("FLOWRUN_FUZZ_SCRATCH");
     const char* t = std::getenv("TMPDIR");
-    auto* d = new std::string(std::string(t && *t ? t : "/tmp") + "/flowrun-fuzz-" + std::to_string(getpid()));
+    auto* d = new std::string(fixed && *fixed ? std::string(fixed)
+                                              : std::string(t && *t ? t : "/tmp") + "/flowrun-fuzz-" + std::to_string(getpid()));
     std::filesystem::create_directories(*d);
     std::atexit([] {
       std::error_code ec;

@@ -21,6 +21,8 @@ for g in ["gpt.yaml", "regression.yaml", "hydit_lora.yaml"]:
         put("graph", "seed-" + g, f.read())
 put("graph", "seed-anchors.yaml", "run: &r {steps: 5, seed: 1}\nnodes:\n  a: {type: synthetic_regression, with: {batch: 4}}\n  b: *r\n")
 put("graph", "seed-subst.yaml", "run: {steps: ${STEPS:-3}, out_dir: runs/${run.name}}\nnodes: {}\n")
+put("graph", "seed-subst-nested.yaml",
+    "run: {out_dir: \"${OUT:-${run.trace}}/x\", trace: \"${TRACE:-t}.json\"}\nnodes: {}\n")
 
 # overrides: KEY=VALUE lines for graphs/gpt.yaml
 put("overrides", "seed-basic", "run.steps=5\nrun.seed=7\n")
@@ -124,6 +126,7 @@ put("manifest", "seed-ok.json", json.dumps(ok, indent=2))
 put("manifest", "seed-negative-step.json", json.dumps(dict(ok, step=-5)))
 put("manifest", "seed-escape.json", json.dumps(dict(ok, states={"m.p": "../x"})))
 put("manifest", "seed-wrong-shape.json", "[1, 2, 3]")
+put("manifest", "seed-duplicate-key.json", json.dumps(ok)[:-1] + ', "step": 7}')
 
 # wordpiece: vocab lines, NUL, text; or text alone (the fuzzer's fixed vocab)
 vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\nun\n##aff\n##able\ncat\n##s\n"

@@ -16,6 +16,12 @@ mpi=(mpirun --oversubscribe -np 2 --bind-to none)
 export OMPI_MCA_btl_vader_single_copy_mechanism=none
 
 fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+# needs_data FILE...: what scripts/data.sh makes; without it the case is skipped (exit 77).
+needs_data() {
+  for f in "$@"; do
+    [ -e "$f" ] || { echo "SKIP [$case_name]: $f is missing: run scripts/data.sh first (scripts/test.sh does it)"; exit 77; }
+  done
+}
 # run_code WANT CMD...: run with output in $tmp/out; WANT is a code or "nonzero"
 run_code() {
   local want=$1; shift
@@ -161,7 +167,7 @@ cappa_equivalence)
   # exact arithmetic (softmax ignores a constant added to every score), so both runs hold only
   # rounding noise there, which Adafactor's normalisation turns into steps of about lr; it is
   # left out of the comparison (measured: every other element within 1e-5, that one 1.6e-3).
-  [ -f data/shapes/base.json ] || fail "data/shapes is missing: run scripts/data.sh"
+  needs_data data/shapes/base.json
   c=(graphs/cappa.yaml run.steps=10 run.log_every=1 data.size=32 model.image_size=32 model.patch=8 model.width=32
      model.depth=1 model.heads=2 model.mlp_dim=64 model.dec_width=32 model.dec_depth=1 model.dec_heads=2
      model.dec_mlp_dim=64 opt.warmup=2 opt.adafactor.min_dim_size_to_factor=8 eval.every=1000 evlog.every=1000)
@@ -177,7 +183,7 @@ fidelity_ranks)
   # The sampler samples on rank 0 only; shapes_fidelity's all-reduce of the counts gives every
   # rank the figures of rank 0's images, so evlog's line (the mean over ranks) is the one-process
   # line. graphs/dit_base.yaml at a tiny size, lr 0 (the same model in both runs).
-  [ -f data/shapes/base.json ] || fail "data/shapes is missing: run scripts/data.sh"
+  needs_data data/shapes/base.json
   tiny=(graphs/dit_base.yaml run.steps=2 run.log_every=1 run.progress=off opt.lr=0 tok.max_length=12 text.dim=16
         text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16
         sample.steps=3 sample.per_prompt=2 eval.batch=8 eval.batches=1 vae.weights=null sample.vae.weights=null

@@ -12,6 +12,7 @@
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/cappa.hpp"
+#include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
 #include "train/losses.hpp"
@@ -254,10 +255,6 @@ TEST(Optimizer, AdafactorMatchesThePublishedAlgorithm) {
 
 std::string data_dir() { return std::string(FLOWRUN_SOURCE_DIR) + "/data/shapes"; }
 
-::testing::AssertionResult have_shapes() {
-  if (std::filesystem::exists(data_dir() + "/base.json")) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << data_dir() << " is missing: run scripts/data.sh";
-}
 
 // The README's CPU configuration of graphs/cappa.yaml: the 32 px shapes, a 64-wide ViT with 4x4
 // patches (64 tokens) and 3 blocks, a 64-wide 2-block decoder (0.33M parameters), Adafactor at
@@ -276,7 +273,7 @@ std::vector<std::string> cpu_overrides(const std::string& out) {
 // reads the captions' words (>= 80 % of held-out tokens both ways, against 1/81 by chance),
 // already gets some whole captions right, and the evaluator writes its page of samples.
 TEST(GraphCappa, TheCpuConfigLearnsToCaptionTheShapes) {
-  ASSERT_TRUE(have_shapes());
+  FLOWRUN_NEEDS_DATA(data_dir() + "/base.json");
   const std::string dir = test::temp_dir("cappa_train");
   std::vector<std::string> args = cpu_overrides(dir + "/out");
   args.insert(args.begin(), std::string(FLOWRUN_SOURCE_DIR) + "/graphs/cappa.yaml");
@@ -307,7 +304,7 @@ TEST(GraphCappa, TheCpuConfigLearnsToCaptionTheShapes) {
 // binary as a user resumes (Adafactor's factored moments, the parallel-prediction draws and the
 // data cursor all restored). A constant lr: a cosine schedule would depend on run.steps.
 TEST(GraphCappa, ResumeIsBitIdentical) {
-  ASSERT_TRUE(have_shapes());
+  FLOWRUN_NEEDS_DATA(data_dir() + "/base.json");
   const std::string dir = test::temp_dir("cappa_resume");
   const std::string graph = std::string(FLOWRUN_SOURCE_DIR) + "/graphs/cappa.yaml";
   auto with = [&](const std::string& out, std::vector<std::string> more) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/safetensors.hpp"
+#include "data_test_helpers.hpp"
 #include "state/checkpoint_io.hpp"
 #include "support/run_graph.hpp"
 
@@ -108,7 +109,7 @@ TEST(Checkpoint, ResumeIsBitIdenticalToAnUninterruptedRun) {
 TEST(Checkpoint, GptGraphResumesBitIdentically) {
   const std::string src = FLOWRUN_SOURCE_DIR;
   const std::string shards = src + "/data/text/fortunes_byte";
-  ASSERT_TRUE(fs::exists(shards + ".train.bin")) << "run scripts/data.sh";
+  FLOWRUN_NEEDS_DATA(shards + ".train.bin");
   const std::string dir = test::temp_dir("ckpt_gpt");
   const std::vector<std::string> tiny = {src + "/graphs/gpt.yaml", "data.path=" + shards, "data.seq_len=16", "data.batch=4",
                                          "model.layers=1", "model.dim=32", "model.heads=2", "model.vocab=256",

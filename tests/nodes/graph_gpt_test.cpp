@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 
 using namespace flowrun;
@@ -18,7 +19,7 @@ using namespace flowrun;
 TEST(GraphGpt, TinyConfigLearnsFortunesBelow2p4NatsPerByte) {
   const std::string src = FLOWRUN_SOURCE_DIR;
   const std::string shards = src + "/data/text/fortunes_byte";
-  ASSERT_TRUE(std::filesystem::exists(shards + ".train.bin")) << shards << ".train.bin is missing: run scripts/data.sh";
+  FLOWRUN_NEEDS_DATA(shards + ".train.bin");
   std::ifstream in(src + "/graphs/gpt.yaml");
   std::stringstream text;
   text << in.rdbuf();

@@ -102,7 +102,7 @@ TEST(PrepText, SplitOnSeparatesDocumentsAndValHoldsTheFractionAsked) {
 }
 
 TEST(PrepText, Gpt2EndsEveryDocumentWithEndOfText) {
-  ASSERT_TRUE(test::have_gpt2_files());
+  FLOWRUN_NEEDS_DATA(test::gpt2_vocab(), test::gpt2_merges());
   const std::string in = fortune_dir(1, 5), out = test::temp_dir("prep") + "/g";
   PrepTextOptions o;
   o.tokenizer = "gpt2", o.vocab = test::gpt2_vocab(), o.merges = test::gpt2_merges();
