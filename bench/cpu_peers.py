@@ -15,7 +15,14 @@ Modes:
          evaluation and checkpoints included), against the PyTorch loop's 600 steps (its
          start-up excluded); flowrun's last val_loss beside it (target <= 2.1 nats/byte)
 Rounds alternate flowrun / PyTorch; each figure is the median over rounds of per-step medians
-(start-up and --warmup steps excluded). The peer trains on random tokens, flowrun on the
+(start-up and --warmup steps excluded), and the ratio column gives the median of the rounds'
+ratios (flowrun and PyTorch of one round, run one after the other) with their min–max.
+Allocator: flowrun keeps freed memory in the process (engine/cli/main.cpp: mallopt of
+M_MMAP_THRESHOLD 32 MiB and M_TRIM_THRESHOLD max, the same as the environment variables
+MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_); so that the comparison is of the training
+code alone, this script re-runs itself with those variables set, which give the PyTorch loop (in
+this process, and DDP's workers) the same settings (flowrun leaves them as given).
+--malloc default skips that (the peer with glibc's defaults, flowrun with its own). The peer trains on random tokens, flowrun on the
 fortunes byte shards of scripts/data.sh: the speed of a step does not depend on the tokens.
 Both sides of dit_demo read the same image shards. Needs Debian's python3-torch (the same
 libtorch 1.13 that flowrun links), and python3-pil for dit_demo.
@@ -75,14 +82,41 @@ def dit_main(args):
         fl.append(flowrun_round(args.flowrun, ov, args.warmup)[0])
         pt.append(dit_round(cfg, data, args.steps, args.warmup, args.window, threads=args.threads))
     f, p = 1 / statistics.median(fl), 1 / statistics.median(pt)
-    print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch |")
+    print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch, median (min–max) of %d rounds |"
+          % args.rounds)
     print("|---|---|---|---|---|")
-    print("| %s | eager | %.2f (%.1f images/s) | %.2f (%.1f images/s) | %.3f |"
-          % (args.config, p, p * cfg["batch"], f, f * cfg["batch"], f / p), flush=True)
+    print("| %s | eager | %.2f (%.1f images/s) | %.2f (%.1f images/s) | %s |"
+          % (args.config, p, p * cfg["batch"], f, f * cfg["batch"], ratio_cell(fl, pt)), flush=True)
+    print("allocator: %s" % ("flowrun's settings on both sides (MALLOC_* variables)" if args.malloc == "same"
+                             else "glibc's defaults for PyTorch, flowrun's own"))
+
+
+# flowrun's allocator settings (engine/cli/main.cpp), as glibc's environment variables.
+SAME_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(2 ** 31 - 1)}
+
+
+def same_malloc():
+    """Re-run this script with flowrun's allocator settings in the environment (read by glibc at
+    start, so they must be there before this process allocates)."""
+    if "--malloc" in sys.argv and sys.argv[sys.argv.index("--malloc") + 1:][:1] == ["default"]:
+        return
+    if all(os.environ.get(k) == v for k, v in SAME_MALLOC.items()):
+        return
+    os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **SAME_MALLOC))
+
+
+def ratio_cell(fl, pt):
+    """Median of the rounds' speed ratios flowrun / PyTorch (PyTorch's seconds over flowrun's),
+    with their min–max."""
+    r = sorted(p / f for f, p in zip(fl, pt))
+    return "**%.3f** (%.3f–%.3f)" % (statistics.median(r), r[0], r[-1])
 
 
 def main():
+    same_malloc()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--malloc", choices=["same", "default"], default="same",
+                    help="same: the PyTorch side gets flowrun's allocator settings (default); default: glibc's")
     ap.add_argument("--flowrun", default="build/engine/flowrun")
     ap.add_argument("--config", choices=sorted(CONFIGS) + ["dit_demo"], default="gpt_bench")
     ap.add_argument("--modes", default=None, help="default: eager,ddp (dit_demo: eager)")
@@ -99,7 +133,8 @@ def main():
     args.modes = args.modes or "eager,ddp"
     args.data = args.data or "data/text/fortunes_byte"
     cfg = CONFIGS[args.config]
-    print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch |")
+    print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch, median (min–max) of %d rounds |"
+          % args.rounds)
     print("|---|---|---|---|---|")
     for mode in args.modes.split(","):
         fl, pt, vals = [], [], []
@@ -125,11 +160,13 @@ def main():
                 sys.exit("unknown mode " + mode)
         if mode == "wall":
             f, p = statistics.median(fl), statistics.median(pt)
-            print("| %s | wall, 600 steps | %.1f s | %.1f s (val_loss %s) | %.3f |"
-                  % (args.config, p, f, " ".join("%.3f" % v for v in vals), p / f), flush=True)
+            print("| %s | wall, 600 steps | %.1f s | %.1f s (val_loss %s) | %s |"
+                  % (args.config, p, f, " ".join("%.3f" % v for v in vals), ratio_cell(fl, pt)), flush=True)
             continue
         f, p = 1 / statistics.median(fl), 1 / statistics.median(pt)
-        print("| %s | %s | %.2f | %.2f | %.3f |" % (args.config, mode, p, f, f / p), flush=True)
+        print("| %s | %s | %.2f | %.2f | %s |" % (args.config, mode, p, f, ratio_cell(fl, pt)), flush=True)
+    print("allocator: %s" % ("flowrun's settings on both sides (MALLOC_* variables)" if args.malloc == "same"
+                             else "glibc's defaults for PyTorch, flowrun's own"))
 
 
 if __name__ == "__main__":

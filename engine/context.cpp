@@ -34,19 +34,24 @@ Value& SetupContext::state(const std::string& port) {
   throw std::logic_error(rt_->who + ": state('" + port + "'): not a connected state port");
 }
 
-std::vector<Value*> SetupContext::states_all(const std::string& port) {
-  const InputBinding* b = rt_->input(port);
-  if (!b || b->kind != PortKind::State) throw std::logic_error(rt_->who + ": states_all('" + port + "'): not a connected state input");
+// A `many` state input's objects and any input's refs: the same at setup and in a step.
+static std::vector<Value*> states_of(NodeRuntime* rt, const std::string& port) {
+  const InputBinding* b = rt->input(port);
+  if (!b || b->kind != PortKind::State) throw std::logic_error(rt->who + ": states_all('" + port + "'): not a connected state input");
   std::vector<Value*> out;
-  for (int s : b->slots) out.push_back(&(*rt_->states)[s]);
+  for (int s : b->slots) out.push_back(&(*rt->states)[s]);
   return out;
 }
 
-std::vector<std::string> SetupContext::refs(const std::string& port) const {
-  const InputBinding* b = rt_->input(port);
-  if (!b) throw std::logic_error(rt_->who + ": refs('" + port + "'): not a connected input");
+static std::vector<std::string> refs_of(const NodeRuntime* rt, const std::string& port) {
+  const InputBinding* b = rt->input(port);
+  if (!b) throw std::logic_error(rt->who + ": refs('" + port + "'): not a connected input");
   return b->refs;
 }
+
+std::vector<Value*> SetupContext::states_all(const std::string& port) { return states_of(rt_, port); }
+
+std::vector<std::string> SetupContext::refs(const std::string& port) const { return refs_of(rt_, port); }
 
 bool SetupContext::connected(const std::string& port) const { return rt_->input(port) != nullptr; }
 
@@ -87,19 +92,9 @@ std::vector<const Value*> StepContext::in_all(const std::string& port) const {
   return out;
 }
 
-std::vector<Value*> StepContext::states_all(const std::string& port) {
-  const InputBinding* b = rt_->input(port);
-  if (!b || b->kind != PortKind::State) throw std::logic_error(rt_->who + ": states_all('" + port + "'): not a connected state input");
-  std::vector<Value*> out;
-  for (int s : b->slots) out.push_back(&(*rt_->states)[s]);
-  return out;
-}
+std::vector<Value*> StepContext::states_all(const std::string& port) { return states_of(rt_, port); }
 
-std::vector<std::string> StepContext::refs(const std::string& port) const {
-  const InputBinding* b = rt_->input(port);
-  if (!b) throw std::logic_error(rt_->who + ": refs('" + port + "'): not a connected input");
-  return b->refs;
-}
+std::vector<std::string> StepContext::refs(const std::string& port) const { return refs_of(rt_, port); }
 
 bool StepContext::connected(const std::string& port) const { return rt_->input(port) != nullptr; }
 

@@ -80,20 +80,24 @@ if [ $demo = 1 ]; then
 import json
 def evals(path):
     return [j for j in map(json.loads, open(path)) if "fidelity" in j]
-def prompts(j):
-    return {k[len("per_prompt/"):]: v for k, v in j.items() if k.startswith("per_prompt/")}
+def prompts(j, field):
+    return {k[len(field) + 1:]: v for k, v in j.items() if k.startswith(field + "/")}
 base = evals("runs/dit_base/metrics.jsonl")
 lora = evals("runs/hydit_lora/metrics.jsonl")  # this run's: a fresh start moves the earlier file aside
-print("== prompt fidelity (% of background, color and size checks the samples pass):")
+print("== prompt fidelity (% of the background, color and size checks the samples pass; color: % of samples")
+print("   with a shape of the prompted color at the prompted place):")
 if base:
-    print("   base (step %d): %.1f %% on prompts in its seven colors" % (base[-1]["step"], base[-1]["fidelity"]))
+    print("   base (step %d): fidelity %.1f %%, color %.1f %% on prompts in its seven colors" %
+          (base[-1]["step"], base[-1]["fidelity"], base[-1].get("color", float("nan"))))
 else:  # a base trained before its graph scored samples
     print("   base: no figures in runs/dit_base/metrics.jsonl (its run did not score samples)")
 for what, j in (("before LoRA", lora[0]), ("after LoRA", lora[-1])):
-    p = prompts(j)
-    purple = [v for k, v in p.items() if " purple " in k]
-    rest = ", ".join("%.1f %% \"%s\"" % (v, k) for k, v in p.items() if " purple " not in k)
-    print("   %s (step %d): purple prompts %.1f %%; control %s" % (what, j["step"], sum(purple) / len(purple), rest))
+    p, c = prompts(j, "per_prompt"), prompts(j, "per_prompt_color")
+    purple = [k for k in p if " purple " in k]
+    rest = ", ".join("\"%s\" fidelity %.1f %%, color %.1f %%" % (k, p[k], c.get(k, float("nan"))) for k in p if k not in purple)
+    print("   %s (step %d): purple prompts fidelity %.1f %%, color %.1f %%; control %s" % (
+        what, j["step"], sum(p[k] for k in purple) / len(purple),
+        sum(c.get(k, float("nan")) for k in purple) / len(purple), rest))
 PY
   echo "== samples: runs/dit_base/samples/, runs/hydit_lora/samples/ (step_0000001.png = the base, the last = after LoRA); VAE reconstructions: runs/vae/recon/"
   echo "== adapters: runs/hydit_lora/checkpoints/latest names the folder; graph: $B dot graphs/hydit_lora.yaml | dot -Tsvg > g.svg"

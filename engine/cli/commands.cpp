@@ -9,6 +9,7 @@
 #include <deque>
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -303,6 +304,19 @@ bool write_profile(const GraphSpec& g, const Tracer& tracer, const RunInfo& info
 
 }  // namespace
 
+// The process's peak resident memory (VmHWM in /proc/self/status), as "1.23 GB"; "unknown"
+// where there is no such file.
+static std::string peak_resident_text() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) {
+      const double kb = std::strtod(line.c_str() + 6, nullptr);
+      return fmt::format("{:.3g} GB", kb * 1024 / 1e9);
+    }
+  return "unknown";
+}
+
 int cmd_run(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kRunUsage, stdout), 0;
   FileArgs f = split_args(args);
@@ -458,8 +472,8 @@ int cmd_run(const std::vector<std::string>& args) {
     RunStats st = ex.run(opt);
     progress.close();
     const int64_t n = st.last_step_done - st.first_step + 1;
-    spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s)", st.stopped ? "stopped after" : "done:", n, st.seconds,
-                 st.seconds > 0 ? n / st.seconds : 0.0);
+    spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s); peak resident memory {}", st.stopped ? "stopped after" : "done:",
+                 n, st.seconds, st.seconds > 0 ? n / st.seconds : 0.0, peak_resident_text());
     if (st.stopped) code = 128 + (agree ? agree->signal() : g_stop.load());
   } catch (const NodeError& e) {
     spdlog::error("{}", e.what());

@@ -274,13 +274,54 @@ ShapeScore score_shape_image(const Image& img, const ShapeSpec& want) {
     for (double& v : sum) v /= static_cast<double>(far_core);
     sc.color = nearest_color(sum);
   }
-  // Size: the shape's pixel count against the rendered small and large shape of that kind
-  // (the nearer one in ratio).
-  ShapeSpec large = want;
-  large.large = true;
+  // Kind: the image's shape as a coverage map (each pixel's distance from the background over
+  // the shape color's: a rendered edge pixel a fg + (1 - a) bg gives a), against each kind's
+  // rendered coverage at the prompted place, small or large: the best overlap (the sum of the
+  // smaller of the two over the sum of the larger). The shape color: the mean of the pixels at
+  // least 80 % as far from the background as the farthest.
+  if (shape_px > 0) {
+    std::vector<double> dist(static_cast<size_t>(n) * n);
+    double dmax = 0;
+    for (int y = 0; y < n; ++y)
+      for (int x = 0; x < n; ++x) dmax = std::max(dmax, dist[static_cast<size_t>(y) * n + x] = distance(img.at(x, y), bg));
+    double fg[3] = {0, 0, 0};
+    int64_t m = 0;
+    for (int y = 0; y < n; ++y)
+      for (int x = 0; x < n; ++x)
+        if (dist[static_cast<size_t>(y) * n + x] >= 0.8 * dmax) {
+          ++m;
+          for (int k = 0; k < 3; ++k) fg[k] += img.at(x, y)[k];
+        }
+    double fg_mean[3];
+    for (int k = 0; k < 3; ++k) fg_mean[k] = fg[k] / static_cast<double>(m);
+    double dfg = 0;
+    for (int k = 0; k < 3; ++k) dfg += (fg_mean[k] - bg[k]) * (fg_mean[k] - bg[k]);
+    dfg = std::sqrt(dfg);
+    std::vector<double> alpha(dist.size());
+    for (size_t i = 0; i < dist.size(); ++i) alpha[i] = std::min(1.0, dist[i] / dfg);
+    double best = -1;
+    const auto& kinds = shape_kinds();
+    for (size_t k = 0; k < kinds.size(); ++k)
+      for (bool l : {false, true}) {
+        ShapeSpec t = want;
+        t.kind = kinds[k];
+        t.large = l;
+        const std::vector<double> cov = shape_coverage(t, n);
+        double lo = 0, hi = 0;
+        for (size_t i = 0; i < cov.size(); ++i) lo += std::min(cov[i], alpha[i]), hi += std::max(cov[i], alpha[i]);
+        if (hi > 0 && lo / hi > best) best = lo / hi, sc.kind = static_cast<int>(k);
+      }
+  }
+  // Size: the shape's pixel count against the rendered small and large shape of the kind it
+  // shows (else the prompted kind): the nearer one in ratio, so a wrong kind fails only its own
+  // check.
+  ShapeSpec seen = want;
+  if (sc.kind >= 0) seen.kind = shape_kinds()[static_cast<size_t>(sc.kind)];
   double area_small = 0, area_large = 0;
-  for (double a : core) area_small += a;
-  for (double a : shape_coverage(large, n)) area_large += a;
+  seen.large = false;
+  for (double a : shape_coverage(seen, n)) area_small += a;
+  seen.large = true;
+  for (double a : shape_coverage(seen, n)) area_large += a;
   if (shape_px > 0) {
     const double px = static_cast<double>(shape_px);
     sc.large = std::abs(std::log(px / area_large)) < std::abs(std::log(px / area_small)) ? 1 : 0;
@@ -288,6 +329,7 @@ ShapeScore score_shape_image(const Image& img, const ShapeSpec& want) {
   sc.background_ok = sc.background == want.background;
   sc.color_ok = sc.color == want.color;
   sc.size_ok = sc.large == (want.large ? 1 : 0);
+  sc.kind_ok = sc.kind >= 0 && shape_kinds()[static_cast<size_t>(sc.kind)] == want.kind;
   return sc;
 }
 

@@ -58,12 +58,18 @@ std::vector<double> shape_coverage(const ShapeSpec& s, int size);
 //               covers it too), the palette color nearest the mean of the pixels far (> 60 in
 //               RGB) from the background, when they are most of that region; -1 otherwise
 //   size        large when the count of far pixels in the whole image is nearer (in ratio) to
-//               the rendered large shape's area than to the small one's; -1 when there are none
-// The shape's kind is not scored. Test: tests/nodes/shapes_fidelity_test.cpp.
+//               the rendered large shape's area than to the small one's (of the kind the image
+//               shows, below, so a wrong kind fails only the kind check); -1 when there are none
+//   kind        the kind whose rendered coverage (at the prompted place, either size) overlaps
+//               best (sum of minima over sum of maxima) the image's: each pixel's distance from
+//               the background over the shape color's; -1 when no pixel is far. Reported apart:
+//               checks_ok() counts the three checks above (prompt fidelity's figure).
+// Test: tests/nodes/shapes_fidelity_test.cpp.
 struct ShapeScore {
   int background = -1, color = -1, large = -1;  // what the image shows (color indices)
-  bool background_ok = false, color_ok = false, size_ok = false;
-  int checks_ok() const { return background_ok + color_ok + size_ok; }  // of 3
+  int kind = -1;                                // index into shape_kinds()
+  bool background_ok = false, color_ok = false, size_ok = false, kind_ok = false;
+  int checks_ok() const { return background_ok + color_ok + size_ok; }  // of 3 (kind apart)
 };
 ShapeScore score_shape_image(const Image& img, const ShapeSpec& want);
 // shape_caption's inverse; std::invalid_argument naming the caption and the word it does not know.

@@ -32,6 +32,11 @@ double PromptTally::percent() const {
   return 100.0 * static_cast<double>(background + color + size) / (3.0 * static_cast<double>(samples));
 }
 
+double PromptTally::share(int64_t passed) const {
+  if (samples == 0) return std::numeric_limits<double>::quiet_NaN();
+  return 100.0 * static_cast<double>(passed) / static_cast<double>(samples);
+}
+
 namespace {
 
 // The distinct captions, in the order of first appearance, as empty tallies; `index` (when
@@ -73,6 +78,7 @@ std::vector<PromptTally> score_captioned_images(const torch::Tensor& images, con
     t.background += s.background_ok;
     t.color += s.color_ok;
     t.size += s.size_ok;
+    t.kind += s.kind_ok;
   }
   return tallies;
 }
@@ -117,40 +123,47 @@ class ShapesFidelityNode : public Node {
     if (std::any_of(hashes.begin(), hashes.end(), [&](uint64_t h) { return h != hashes[0]; }))
       throw std::runtime_error(at + ": the ranks hold different captions; shapes_fidelity needs the same prompts on "
                                "every rank (a sampler's samples and captions, not a data node's batch)");
+    constexpr size_t kCounts = 5;  // per prompt: samples, then each check's passes
     std::vector<double> counts;
     for (const auto& t : tallies)
-      for (int64_t c : {t.samples, t.background, t.color, t.size}) counts.push_back(static_cast<double>(c));
+      for (int64_t c : {t.samples, t.background, t.color, t.size, t.kind}) counts.push_back(static_cast<double>(c));
     comm::allreduce(*ch_, counts.data(), counts.size(), comm::Op::sum, at + ": counts");
 
-    NamedScalars per_prompt;
+    NamedScalars per_prompt, per_prompt_color;
     PromptTally all;
     double sum = 0;
     const PromptTally* worst = nullptr;
     for (size_t i = 0; i < n; ++i) {
       PromptTally& t = tallies[i];
-      t.samples = static_cast<int64_t>(counts[4 * i]);
-      t.background = static_cast<int64_t>(counts[4 * i + 1]);
-      t.color = static_cast<int64_t>(counts[4 * i + 2]);
-      t.size = static_cast<int64_t>(counts[4 * i + 3]);
+      const double* c = &counts[kCounts * i];
+      t.samples = static_cast<int64_t>(c[0]);
+      t.background = static_cast<int64_t>(c[1]);
+      t.color = static_cast<int64_t>(c[2]);
+      t.size = static_cast<int64_t>(c[3]);
+      t.kind = static_cast<int64_t>(c[4]);
       if (t.samples == 0)
         throw std::runtime_error(at + ": no images of \"" + t.caption + "\" on any rank; connect the images that "
                                  "go with the captions (a sampler's samples and captions)");
       per_prompt.emplace_back(t.caption, t.percent());
+      per_prompt_color.emplace_back(t.caption, t.share(t.color));
       sum += t.percent();
       if (!worst || t.percent() < worst->percent()) worst = &t;
-      all.samples += t.samples, all.background += t.background, all.color += t.color, all.size += t.size;
+      all.samples += t.samples, all.background += t.background, all.color += t.color, all.size += t.size,
+          all.kind += t.kind;
     }
     const double fidelity = sum / static_cast<double>(n);
-    auto share = [&](int64_t k) { return 100.0 * static_cast<double>(k) / static_cast<double>(all.samples); };
     ctx.out("fidelity", fidelity);
     ctx.out("per_prompt", std::move(per_prompt));
-    ctx.out("background", share(all.background));
-    ctx.out("color", share(all.color));
-    ctx.out("size", share(all.size));
+    ctx.out("per_prompt_color", std::move(per_prompt_color));
+    ctx.out("background", all.share(all.background));
+    ctx.out("color", all.share(all.color));
+    ctx.out("size", all.share(all.size));
+    ctx.out("kind", all.share(all.kind));
     if (ctx.run().rank == 0)
       spdlog::info("{}: fidelity {:.1f} % over {} prompts, {} images (background {:.0f} %, color {:.0f} %, size "
-                   "{:.0f} %); lowest {:.1f} % \"{}\"", at, fidelity, n, all.samples, share(all.background),
-                   share(all.color), share(all.size), worst->percent(), worst->caption);
+                   "{:.0f} %; kind, apart, {:.0f} %); lowest {:.1f} % \"{}\"", at, fidelity, n, all.samples,
+                   all.share(all.background), all.share(all.color), all.share(all.size), all.share(all.kind),
+                   worst->percent(), worst->caption);
   }
 
  private:

@@ -68,6 +68,7 @@
 #include <utility>
 
 #include "common/tensor_map.hpp"
+#include "models/activation_checkpoint.hpp"
 #include "models/gelu_tanh.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
@@ -84,6 +85,7 @@ struct Config {
   int64_t pooled_projection_dim = 1024;             // width of the pooled T5 vector (t5_dim > 0)
   bool use_style_cond_and_image_meta_size = true;   // size and style conditioning (v1.2: false)
   bool learn_sigma = true;                          // proj_out predicts 2C channels (prediction | variance)
+  CheckpointPolicy checkpoint;                      // blocks recomputed in backward (activation_checkpoint.hpp)
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   // Width of extra_embedder's input; 0: the model has none.
   int64_t extra_in() const {

@@ -41,6 +41,7 @@ class DitNode : public Node {
     cfg.mlp_ratio = p.get<double>("mlp_ratio");
     cfg.use_style_cond_and_image_meta_size = p.get<bool>("use_style_cond_and_image_meta_size");
     cfg.learn_sigma = p.get<bool>("learn_sigma");
+    cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     try {
       cfg.check();
     } catch (const std::exception& e) {

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <mutex>
 
 #include "common/seed.hpp"
 
@@ -34,6 +35,44 @@ class TrainingScope {
   ~TrainingScope() { current_ref() = prev_; }
   TrainingScope(const TrainingScope&) = delete;
   TrainingScope& operator=(const TrainingScope&) = delete;
+
+  // Where the current scope's draws stand, to draw the same again later (activation
+  // checkpointing recomputes a block during backward, after the scope ended): its seeds and its
+  // generators' states.
+  struct Snapshot {
+    uint64_t seed = 0, rows_seed = 0;
+    int64_t first_row = 0;
+    torch::Tensor cpu_state, device_state;  // device_state: undefined when nothing was drawn on a GPU
+    c10::Device device = c10::Device(c10::kCPU);
+  };
+  // The current scope's snapshot; false (and `out` untouched) outside a scope.
+  static bool snapshot(Snapshot& out) {
+    TrainingScope* s = current_ref();
+    if (!s) return false;
+    out.seed = s->seed_;
+    out.rows_seed = s->rows_seed_;
+    out.first_row = s->first_row_;
+    {
+      std::lock_guard<std::mutex> l(s->gen_.mutex());
+      out.cpu_state = s->gen_.get_state();
+    }
+    if (s->device_gen_.defined()) {
+      std::lock_guard<std::mutex> l(s->device_gen_.mutex());
+      out.device_state = s->device_gen_.get_state();
+      out.device = s->device_gen_.device();
+    }
+    return true;
+  }
+  // A scope that draws next what the snapshotted one drew next.
+  explicit TrainingScope(const Snapshot& from) : TrainingScope(from.seed) {
+    rows_seed_ = from.rows_seed;
+    first_row_ = from.first_row;
+    gen_.set_state(from.cpu_state);
+    if (from.device_state.defined()) {
+      current_on(from.device);  // makes device_gen_
+      device_gen_.set_state(from.device_state);
+    }
+  }
   // The innermost scope's generator on this thread, or null (eval mode).
   static at::Generator* current() { return current_ref() ? &current_ref()->gen_ : nullptr; }
 

@@ -155,7 +155,14 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   torch::Tensor x = torch::embedding(wte->weight, idx) + wpe->weight.narrow(0, 0, T);
   x = flowrun::dropout(x, cfg_.dropout).view({B * T, C});
   // Iterate the ModuleList itself, never a cached vector of blocks: clone() replaces its items.
-  for (const auto& m : *h) x = m->as<BlockImpl>()->forward(x, B, T);
+  int64_t i = 0;
+  for (const auto& m : *h) {
+    BlockImpl* block = m->as<BlockImpl>();
+    if (cfg_.checkpoint.recompute(i++))
+      x = checkpointed({x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
+    else
+      x = block->forward(x, B, T);
+  }
   x = ln_f(x);
   // Tied head: logits = x @ wte^T (BLAS reads the transpose in place).
   return torch::mm(x, wte->weight.t()).view({B, T, cfg_.vocab});

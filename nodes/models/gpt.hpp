@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 
+#include "models/activation_checkpoint.hpp"
 #include "models/model_state.hpp"
 
 namespace flowrun::gpt {
@@ -32,6 +33,7 @@ namespace flowrun::gpt {
 struct Config {
   int64_t layers = 12, dim = 768, heads = 12, vocab = 50257, context = 1024;
   double dropout = 0.0;  // HF's embd_pdrop = attn_pdrop = resid_pdrop (see models/dropout.hpp)
+  CheckpointPolicy checkpoint;  // blocks recomputed in backward (models/activation_checkpoint.hpp)
   void check() const;    // throws on dim % heads != 0, non-positive sizes, dropout outside [0, 1)
 };
 // "layers=12 dim=768 heads=12 vocab=50257 context=1024", for messages.

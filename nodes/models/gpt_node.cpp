@@ -19,6 +19,7 @@ class GptNode : public Node {
     p.read<int64_t>({{"layers", &cfg.layers}, {"dim", &cfg.dim}, {"heads", &cfg.heads}, {"vocab", &cfg.vocab},
                      {"context", &cfg.context}});
     cfg.dropout = p.get<double>("dropout");
+    cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     const uint64_t seed = node_seed(ctx);
 
     {  // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
@@ -38,8 +39,17 @@ class GptNode : public Node {
     }
     int64_t n = 0;
     for (const auto& t : model->parameters()) n += t.numel();
-    if (ctx.run().rank == 0)
+    if (ctx.run().rank == 0) {
       spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(cfg), from);
+      // What backward keeps per sequence of `context` tokens, in fp32 (half that in bf16).
+      const ActivationEstimate a =
+          estimate_activations(cfg.layers, cfg.context, cfg.dim, cfg.heads, cfg.context, 4, cfg.checkpoint);
+      spdlog::info("{}: activations kept for backward, per sequence of {} tokens in fp32: about {:.1f} MB without "
+                   "checkpointing, {:.1f} MB with checkpoint: {}{}",
+                   ctx.who(), cfg.context, a.plain / 1e6, a.checkpointed / 1e6,
+                   cfg.checkpoint.every ? cfg.checkpoint.str() : "blocks",
+                   cfg.checkpoint.every ? " (on)" : " (off: checkpoint: none)");
+    }
     model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
     ctx.own_state("params", make_state(model));
   }

@@ -1,7 +1,7 @@
 // Prompt fidelity on the shapes set: the scorer (nodes/data/shapes.hpp) and the shapes_fidelity
 // node over it (nodes/eval/shapes_fidelity.cpp). On images rendered from their own captions every
-// check passes; each thing a sample can get wrong (background, shape color, place, size) fails its
-// check and only its check; the node tallies images per prompt and logs a figure per prompt and
+// check passes; each thing a sample can get wrong (background, shape color, place, size, kind)
+// fails its check and only its check; the node tallies images per prompt and logs a figure per prompt and
 // their mean. (Its samples from a sampler: sampler_test.cpp; in the demo graphs:
 // graph_hydit_lora_test.cpp.)
 #include <gtest/gtest.h>
@@ -48,6 +48,7 @@ TEST(ShapesFidelity, RenderedCaptionsPassEveryCheck) {
         const ShapeScore sc = score_shape_image(render_shape(s, size), s);
         EXPECT_EQ(sc.checks_ok(), 3) << shape_caption(s) << " at " << size << " px: bg " << sc.background << " color "
                                      << sc.color << " large " << sc.large;
+        EXPECT_TRUE(sc.kind_ok) << shape_caption(s) << " at " << size << " px: seen as kind " << sc.kind;
       }
 }
 
@@ -78,8 +79,23 @@ TEST(ShapesFidelity, EachMistakeFailsItsOwnCheck) {
   drawn = want;
   drawn.large = true;
   sc = score_shape_image(render_shape(drawn, 32), want);
-  EXPECT_TRUE(sc.background_ok && sc.color_ok);
+  EXPECT_TRUE(sc.background_ok && sc.color_ok && sc.kind_ok);
   EXPECT_FALSE(sc.size_ok);
+  // Another kind at the same place and size: the kind check fails, and only it (fidelity's
+  // three pass), for every pair of kinds, small and large.
+  for (bool large : {false, true})
+    for (const std::string& asked : shape_kinds())
+      for (const std::string& shown : shape_kinds()) {
+        if (asked == shown) continue;
+        ShapeSpec w = want, d = want;
+        w.large = d.large = large;
+        w.kind = asked;
+        d.kind = shown;
+        sc = score_shape_image(render_shape(d, 32), w);
+        EXPECT_FALSE(sc.kind_ok) << shown << " drawn, " << asked << " asked, large " << large;
+        EXPECT_EQ(sc.kind >= 0 ? shape_kinds()[static_cast<size_t>(sc.kind)] : "", shown) << asked << ", large " << large;
+        EXPECT_TRUE(sc.background_ok && sc.size_ok) << shown << " drawn, " << asked << " asked, large " << large;
+      }
   // An empty image: only its background can be right.
   drawn = want;
   drawn.color = drawn.background;
@@ -153,20 +169,27 @@ nodes:
   data: { type: image_text_shards, with: { path: )" + data + R"(/lora, size: 32, batch: 6 } }
   fid:  { type: shapes_fidelity, in: { images: data.batch, captions: data.captions } }
   log:  { type: metrics, in: { fidelity: fid.fidelity, background: fid.background, color: fid.color, size: fid.size,
-                               per_prompt: fid.per_prompt } }
+                               kind: fid.kind, per_prompt: fid.per_prompt, per_prompt_color: fid.per_prompt_color } }
 )");
   ASSERT_EQ(r.metrics.size(), 3u);
   for (const auto& j : r.metrics) {
-    for (const char* k : {"fidelity", "background", "color", "size"}) EXPECT_DOUBLE_EQ(j[k].get<double>(), 100.0) << k;
-    int prompts = 0;
-    for (const auto& [k, v] : j.items())
+    for (const char* k : {"fidelity", "background", "color", "size", "kind"})
+      EXPECT_DOUBLE_EQ(j[k].get<double>(), 100.0) << k;
+    int prompts = 0, colors = 0;
+    for (const auto& [k, v] : j.items()) {
       if (k.rfind("per_prompt/a ", 0) == 0) {
         ++prompts;
         EXPECT_DOUBLE_EQ(v.get<double>(), 100.0) << k;
         EXPECT_NO_THROW(parse_shape_caption(k.substr(11))) << k;
       }
+      if (k.rfind("per_prompt_color/a ", 0) == 0) {
+        ++colors;
+        EXPECT_DOUBLE_EQ(v.get<double>(), 100.0) << k;
+      }
+    }
     EXPECT_GE(prompts, 1);
     EXPECT_LE(prompts, 6);
+    EXPECT_EQ(colors, prompts);
   }
 }
 

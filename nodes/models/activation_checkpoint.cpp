@@ -1,0 +1,191 @@
+// Activation checkpointing (activation_checkpoint.hpp): the recompute node autograd runs in
+// backward, and the policy and estimates. Test: tests/nodes/activation_checkpoint_test.cpp.
+#include "models/activation_checkpoint.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/version.h>
+
+#include <optional>
+#include <stdexcept>
+
+#include "models/dropout.hpp"
+
+// libtorch 2.4 took the device type as an argument and deprecated the per-device functions.
+#define FLOWRUN_AUTOCAST_BY_DEVICE (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
+
+namespace flowrun {
+
+namespace {
+
+// The thread's autocast settings (CPU and GPU), to run the recompute as the forward ran.
+struct AutocastState {
+  bool cpu = false, gpu = false;
+  at::ScalarType cpu_dtype = at::kBFloat16, gpu_dtype = at::kHalf;
+
+  static AutocastState now() {
+    AutocastState s;
+#if FLOWRUN_AUTOCAST_BY_DEVICE
+    s.cpu = at::autocast::is_autocast_enabled(at::kCPU);
+    s.gpu = at::autocast::is_autocast_enabled(at::kCUDA);
+    s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+    s.gpu_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+#else
+    s.cpu = at::autocast::is_cpu_enabled();
+    s.gpu = at::autocast::is_enabled();
+    s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
+    s.gpu_dtype = at::autocast::get_autocast_gpu_dtype();
+#endif
+    return s;
+  }
+  void apply() const {
+#if FLOWRUN_AUTOCAST_BY_DEVICE
+    at::autocast::set_autocast_enabled(at::kCPU, cpu);
+    at::autocast::set_autocast_enabled(at::kCUDA, gpu);
+    at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
+    at::autocast::set_autocast_dtype(at::kCUDA, gpu_dtype);
+#else
+    at::autocast::set_cpu_enabled(cpu);
+    at::autocast::set_enabled(gpu);
+    at::autocast::set_autocast_cpu_dtype(cpu_dtype);
+    at::autocast::set_autocast_gpu_dtype(gpu_dtype);
+#endif
+  }
+};
+
+// Autocast as in `s` for the guard's lifetime; the settings before, after. The cast cache is
+// cleared on the way out, as torch.autocast's exit does at the outermost level.
+class AutocastAs {
+ public:
+  explicit AutocastAs(const AutocastState& s) : before_(AutocastState::now()) {
+    s.apply();
+    on_ = s.cpu || s.gpu;
+    if (on_) at::autocast::increment_nesting();
+  }
+  ~AutocastAs() {
+    if (on_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    before_.apply();
+  }
+  AutocastAs(const AutocastAs&) = delete;
+  AutocastAs& operator=(const AutocastAs&) = delete;
+
+ private:
+  AutocastState before_;
+  bool on_ = false;
+};
+
+// The node autograd runs for a checkpointed block's output: recompute, then backpropagate.
+struct RecomputeBackward : torch::autograd::Node {
+  CheckpointBody body;
+  std::vector<torch::Tensor> inputs;  // detached, as given to the forward
+  std::vector<bool> needs_grad;       // per input
+  std::optional<TrainingScope::Snapshot> scope;
+  AutocastState autocast;
+
+  std::string name() const override { return "flowrun::RecomputeBackward"; }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    std::vector<torch::Tensor> in;
+    in.reserve(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i)
+      in.push_back(inputs[i].defined() && needs_grad[i] ? inputs[i].detach().requires_grad_(true) : inputs[i]);
+    torch::Tensor y;
+    {
+      torch::AutoGradMode on(true);
+      std::optional<TrainingScope> again;
+      if (scope) again.emplace(*scope);  // the same draws as the first run
+      AutocastAs cast(autocast);
+      y = body(in);
+    }
+    torch::autograd::variable_list out(inputs.size());
+    if (grads.empty() || !grads[0].defined() || !y.requires_grad()) return out;
+    // Into the leaves: the block's parameters (their .grad(), hooks and all) and the inputs' copies.
+    torch::autograd::backward({y}, {grads[0]}, /*retain_graph=*/false, /*create_graph=*/false);
+    for (size_t i = 0; i < in.size(); ++i)
+      if (in[i].defined() && needs_grad[i]) out[i] = in[i].grad();
+    return out;
+  }
+
+  void release_variables() override {
+    inputs.clear();
+    body = nullptr;
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointBody body) {
+  std::vector<bool> needs(inputs.size(), false);
+  for (size_t i = 0; i < inputs.size(); ++i) needs[i] = inputs[i].defined() && inputs[i].requires_grad();
+  // Parameters need gradients even when the inputs do not (the first block's input is data):
+  // record the node whenever autograd records anything.
+  if (!torch::GradMode::is_enabled()) return body(inputs);
+  auto node = std::shared_ptr<RecomputeBackward>(new RecomputeBackward(), torch::autograd::deleteNode);
+  node->needs_grad = needs;
+  node->autocast = AutocastState::now();
+  TrainingScope::Snapshot snap;
+  if (TrainingScope::snapshot(snap)) node->scope = snap;
+  torch::Tensor y;
+  {
+    torch::NoGradGuard no_grad;
+    y = body(inputs);
+  }
+  if (!y.defined()) throw std::logic_error("checkpointed: the block returned no tensor");
+  if (y.is_floating_point()) {
+    // A fresh tensor for the node to own (a block that returns one of its inputs as it is).
+    for (const auto& t : inputs)
+      if (t.defined() && y.is_same(t)) y = y.clone();
+    node->inputs.reserve(inputs.size());
+    for (const auto& t : inputs) node->inputs.push_back(t.defined() ? t.detach() : t);
+    node->body = std::move(body);
+    node->set_next_edges(torch::autograd::collect_next_edges(inputs));
+    torch::autograd::set_history(y, node);
+  }
+  return y;
+}
+
+CheckpointPolicy CheckpointPolicy::parse(const std::string& v) {
+  CheckpointPolicy p;
+  if (v == "none") return p;
+  if (v == "blocks") {
+    p.every = 1;
+    return p;
+  }
+  if (v.rfind("every_", 0) == 0) {
+    try {
+      size_t used = 0;
+      const int n = std::stoi(v.substr(6), &used);
+      if (used == v.size() - 6 && n >= 1) {
+        p.every = n;
+        return p;
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  throw std::invalid_argument("checkpoint: '" + v + "' is not none, blocks or every_N (N >= 1: recompute blocks 0, N, 2N, ...)");
+}
+
+std::string CheckpointPolicy::str() const {
+  if (every == 0) return "none";
+  if (every == 1) return "blocks";
+  return "every_" + std::to_string(every);
+}
+
+ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
+                                        int64_t bytes, const CheckpointPolicy& policy) {
+  // Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer with 2-byte activations.
+  const double per_block = (34.0 * static_cast<double>(tokens) * static_cast<double>(dim) +
+                            5.0 * static_cast<double>(heads) * static_cast<double>(seq) * static_cast<double>(tokens)) *
+                           static_cast<double>(bytes) / 2.0;
+  const double input = static_cast<double>(tokens) * static_cast<double>(dim) * static_cast<double>(bytes);
+  ActivationEstimate e;
+  e.plain = static_cast<double>(blocks) * per_block;
+  int64_t recomputed = 0;
+  for (int64_t b = 0; b < blocks; ++b) recomputed += policy.recompute(b) ? 1 : 0;
+  e.checkpointed = static_cast<double>(blocks - recomputed) * per_block + static_cast<double>(recomputed) * input +
+                   (recomputed > 0 ? per_block : 0.0);
+  return e;
+}
+
+}  // namespace flowrun

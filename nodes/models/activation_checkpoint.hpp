@@ -1,0 +1,59 @@
+// Activation checkpointing: a block's forward run without keeping its activations for backward,
+// and run again during backward to get them (as torchtitan, Megatron and big_vision do, per
+// block). Memory for the activations of a stack of N blocks drops from N blocks' worth to N
+// block inputs plus one block's worth; the price is one more forward of each block.
+//
+//   torch::Tensor y = checkpointed({x, c}, [&](const std::vector<torch::Tensor>& in) {
+//     return block->forward(in[0], in[1]);
+//   });
+//
+// Forward runs `body` with grad off and keeps only its inputs. Backward runs `body` again on
+// detached copies of the inputs with grad on, in the state the first run had: the same
+// TrainingScope draws (the generator's state is saved and restored, so dropout masks repeat
+// exactly) and the same autocast; then it backpropagates the output's gradient through that
+// graph (a backward inside the backward, as torch.utils.checkpoint's reentrant variant): the
+// block's parameters get their gradients there, through their own accumulators (and the hooks
+// on them: forward_backward's `ready` stream), and the inputs' gradients go on. Same results as
+// the plain forward, bit for bit on the CPU (tests/nodes/activation_checkpoint_test.cpp).
+//
+// Outside grad mode (an evaluator, a sampler), or when nothing needs a gradient, it is just
+// body(inputs). `body` must compute its output from its inputs and the module's parameters
+// only (no state it changes), and must not keep its inputs.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace flowrun {
+
+using CheckpointBody = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
+
+torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointBody body);
+
+// Which blocks a model recomputes: its `checkpoint` parameter (none | blocks | every_N), as
+// "recompute block i" for blocks 0, 1, ...: blocks: every one; every_N: blocks 0, N, 2N, ...;
+// none: no block. Throws std::invalid_argument naming the value for anything else.
+struct CheckpointPolicy {
+  int every = 0;  // 0: none
+  static CheckpointPolicy parse(const std::string& value);
+  bool recompute(int64_t block) const { return every > 0 && block % every == 0; }
+  // "none", "blocks", "every_2"
+  std::string str() const;
+};
+
+// Activation memory estimates (bytes) of a stack of `blocks` transformer blocks, `tokens` rows
+// (batch x sequence) of width `dim`, `bytes` per element (4 fp32, 2 bf16), with `heads` heads of
+// attention over `seq` positions (scores kept: no fused attention on the CPU): what backward
+// keeps, per Korthikanti et al. 2022 (Megatron's "Reducing Activation Recomputation"): per block
+// about 34 x tokens x dim (in 2-byte units) plus 5 x heads x seq x tokens for the scores, scaled
+// to `bytes`; with checkpointing, each recomputed block keeps only its input (tokens x dim), and
+// one block's worth is live while it is recomputed.
+struct ActivationEstimate {
+  double plain = 0, checkpointed = 0;
+};
+ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
+                                        int64_t bytes, const CheckpointPolicy& policy);
+
+}  // namespace flowrun
