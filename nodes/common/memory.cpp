@@ -3,6 +3,7 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -19,14 +20,14 @@ uint64_t read_number(const std::string& path) {
   return 0;
 }
 
+}  // namespace
+
 std::string bytes_text(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB", "PB"};
   int u = 0;
   while (b >= 1000 && u < 5) b /= 1000, ++u;
   return fmt::format("{:.1f} {}", b, units[u]);
 }
-
-}  // namespace
 
 uint64_t available_host_memory() {
   uint64_t avail = 0;
@@ -52,15 +53,37 @@ uint64_t available_host_memory() {
 void check_model_fits(const std::string& who, const std::string& config, double params, bool frozen) {
   const uint64_t avail = available_host_memory();
   if (!avail) return;
-  const double need = params * (frozen ? 4.0 : 8.0);
+  const double need = params * (frozen ? kWeightBytes : kWeightBytes + kGradBytes);
   const std::string what = fmt::format("{} ({}) has about {:.3g} parameters", who, config, params);
   if (need > static_cast<double>(avail))
     throw std::runtime_error(fmt::format(
         "{}: {} in fp32{} but this machine has {} available; make the model smaller", what, bytes_text(need),
         frozen ? " weights," : " weights and gradients,", bytes_text(static_cast<double>(avail))));
-  if (!frozen && params * 16.0 > static_cast<double>(avail))
+  const double adamw = params * (kWeightBytes + kGradBytes + kAdamwStateBytes);
+  if (!frozen && adamw > static_cast<double>(avail))
     spdlog::warn("{}: training it with AdamW takes about {} (weights, gradients, two moments), more than the {} "
-                 "available", what, bytes_text(params * 16.0), bytes_text(static_cast<double>(avail)));
+                 "available", what, bytes_text(adamw), bytes_text(static_cast<double>(avail)));
+}
+
+double TrainingMemory::total() const {
+  double t = weights + gradients + std::max(activations, 0.0);
+  for (const auto& k : kept) t += k.bytes;
+  return t;
+}
+
+double TrainingMemory::to_allocate() const {
+  double t = gradients + std::max(activations, 0.0);
+  for (const auto& k : kept)
+    if (!k.allocated) t += k.bytes;
+  return t;
+}
+
+std::string TrainingMemory::text() const {
+  std::string s = "weights " + bytes_text(weights) + ", gradients " + bytes_text(gradients);
+  for (const auto& k : kept) s += ", " + k.what + " (" + k.node + ") " + bytes_text(k.bytes);
+  s += activations >= 0 ? ", activations of a micro-batch (" + activations_note + ") " + bytes_text(activations)
+                        : ", activations (not estimated for this model)";
+  return s + " = " + bytes_text(total());
 }
 
 }  // namespace flowrun

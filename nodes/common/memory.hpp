@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace flowrun {
 
@@ -11,10 +12,47 @@ namespace flowrun {
 // 0 when unknown.
 uint64_t available_host_memory();
 
+// Bytes per parameter in fp32: the weight, its gradient, AdamW's two moments. The checks below
+// and forward_backward's estimate count with these.
+constexpr double kWeightBytes = 4, kGradBytes = 4, kAdamwStateBytes = 8;
+
 // A model of `params` parameters, about to be built on the host. Refuses (std::runtime_error
 // naming `who`, the config in `config` and the figures) when its fp32 weights and gradients
 // alone exceed available_host_memory(); warns when training with AdamW (weights, gradients,
 // two moments: 16 bytes a parameter) would. `frozen`: weights only (4 bytes a parameter).
+// The whole step, activations included, is estimated and checked by forward_backward before
+// its first step (TrainingMemory), once the batch's shape is known.
 void check_model_fits(const std::string& who, const std::string& config, double params, bool frozen = false);
+
+// "12.3 MB" (powers of 1000).
+std::string bytes_text(double bytes);
+
+// What a node keeps per rank for a model besides its weights (an optimizer's state, an EMA's
+// copy), noted on the model's state at setup (ModelState::kept). `fix`: a setting that would
+// shrink it ("opt.shard=states") and `fixed` its bytes then; empty: none.
+struct MemoryItem {
+  std::string what;  // "optimizer state (adamw)"
+  std::string node;  // the node that keeps it
+  double bytes = 0;
+  bool allocated = false;  // already in memory before the first step (an EMA's copy is made at setup)
+  std::string fix;
+  double fixed = 0;
+};
+
+// A training step's memory per rank, as forward_backward estimates it before its first step:
+// the model's weights and gradients, what other nodes keep for it, and the activations backward
+// keeps of one micro-batch (models/activation_checkpoint.hpp's estimate; < 0: the model gives
+// none). Compared with what the device has left (`available`; 0: unknown).
+struct TrainingMemory {
+  double weights = 0, gradients = 0;
+  std::vector<MemoryItem> kept;
+  double activations = -1;
+  std::string activations_note;  // "16 rows, fp32, checkpoint: none"
+  double total() const;
+  // What is not allocated yet: gradients, kept items not yet allocated, activations.
+  double to_allocate() const;
+  // "weights 1.2 MB, gradients 1.2 MB, optimizer state (adamw; opt) 2.4 MB, ..., = 6.1 MB"
+  std::string text() const;
+};
 
 }  // namespace flowrun

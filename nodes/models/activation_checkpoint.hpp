@@ -14,7 +14,9 @@
 // graph (a backward inside the backward, as torch.utils.checkpoint's reentrant variant): the
 // block's parameters get their gradients there, through their own accumulators (and the hooks
 // on them: forward_backward's `ready` stream), and the inputs' gradients go on. Same results as
-// the plain forward, bit for bit on the CPU (tests/nodes/activation_checkpoint_test.cpp).
+// the plain forward: bit for bit on the CPU for a chain of blocks (the GPT); where blocks share
+// an input (a DiT's time embedding) its gradient sums their contributions in another order, equal
+// to float rounding (tests/nodes/activation_checkpoint_test.cpp).
 //
 // Outside grad mode (an evaluator, a sampler), or when nothing needs a gradient, it is just
 // body(inputs). `body` must compute its output from its inputs and the module's parameters

@@ -183,7 +183,13 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
                              "; make the data node's size equal the model's image_size");
   torch::Tensor x = patch_embed(images.to(pos_embed.scalar_type())).flatten(2).transpose(1, 2);  // [B, N, W]
   x = x + pos_embed;
-  for (const auto& b : *blocks) x = b->as<EncoderBlockImpl>()->forward(x);
+  int64_t i = 0;
+  for (const auto& b : *blocks) {
+    EncoderBlockImpl* block = b->as<EncoderBlockImpl>();
+    x = c_.checkpoint.recompute(i++)
+            ? checkpointed({x}, [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); })
+            : block->forward(x);
+  }
   return norm(x);
 }
 
@@ -204,7 +210,15 @@ torch::Tensor DecoderImpl::forward(const torch::Tensor& encoded, const torch::Te
   const int64_t B = ids.size(0), L = ids.size(1);
   torch::Tensor x = embed(ids.to(torch::kLong)) + pos_embed.narrow(1, 0, L);
   const torch::Tensor bias = self_attention_bias(parallel, B, L, x.options());
-  for (const auto& b : *blocks) x = b->as<DecoderBlockImpl>()->forward(x, encoded, bias);
+  int64_t i = 0;
+  for (const auto& b : *blocks) {
+    DecoderBlockImpl* block = b->as<DecoderBlockImpl>();
+    x = c_.checkpoint.recompute(i++) ? checkpointed({x, encoded, bias},
+                                                    [block](const std::vector<torch::Tensor>& in) {
+                                                      return block->forward(in[0], in[1], in[2]);
+                                                    })
+                                     : block->forward(x, encoded, bias);
+  }
   return head(norm(x));
 }
 

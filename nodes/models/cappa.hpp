@@ -48,6 +48,7 @@
 #include <string>
 
 #include "common/tensor_map.hpp"
+#include "models/activation_checkpoint.hpp"
 #include "models/model_state.hpp"
 
 namespace flowrun::cappa {
@@ -62,6 +63,7 @@ struct Config {
   bool decoder_bias = false;
   int64_t vocab = 32000;  // V; the embedding has V + 1 rows (the mask token)
   int64_t max_len = 64;   // T: decoder inputs per caption at most
+  CheckpointPolicy checkpoint;  // encoder and decoder blocks recomputed in backward (activation_checkpoint.hpp)
   int64_t tokens() const { return (image_size / patch) * (image_size / patch); }
   void check() const;  // sizes positive, widths divisible by heads, image_size divisible by patch
   double parameter_count() const;

@@ -24,6 +24,7 @@ class CappaNode : public Node {
                      {"dec_mlp_dim", &c.dec_mlp_dim}});
     c.posemb = p.get<std::string>("posemb");
     c.decoder_bias = p.get<bool>("decoder_bias");
+    c.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     // The vocabulary and caption length, stated once: the tokenizer's unless given here.
     const TextTokenizer* tok = ctx.connected("tokenizer") ? &ctx.state_as<TextTokenizer>("tokenizer") : nullptr;
     auto from_tokenizer = [&](const char* key, int64_t tok_value, int64_t* to) {

@@ -96,6 +96,17 @@ class DitNode : public Node {
       spdlog::info("{}: {:.2f}M parameters, {:.3f}M trainable ({}; {})", ctx.who(), static_cast<double>(n) / 1e6,
                    static_cast<double>(trainable) / 1e6, describe(cfg), from);
     model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
+    // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) over the image's
+    // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]).
+    state->checkpoint = cfg.checkpoint;
+    state->activations = [cfg](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+      for (const auto& [key, t] : b)
+        if (t.dim() == 4 && t.is_floating_point()) {
+          const int64_t tokens = (t.size(2) / cfg.patch) * (t.size(3) / cfg.patch);
+          return estimate_activations(cfg.depth, t.size(0) * tokens, cfg.hidden, cfg.heads, tokens, bytes, policy);
+        }
+      throw std::runtime_error("the batch has no image (a 4-D tensor)");
+    };
     ctx.own_state("params", state);
   }
 

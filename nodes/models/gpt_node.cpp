@@ -51,7 +51,21 @@ class GptNode : public Node {
                    cfg.checkpoint.every ? " (on)" : " (off: checkpoint: none)");
     }
     model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
-    ctx.own_state("params", make_state(model));
+    auto state = make_state(model);
+    // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) and the LM head's
+    // logits with their gradient (rows x T x vocab, twice).
+    state->checkpoint = cfg.checkpoint;
+    state->activations = [cfg](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+      const torch::Tensor& tokens = b.at("tokens");  // [rows, T + 1]: inputs and the shifted targets
+      const int64_t seq = std::max<int64_t>(1, std::min<int64_t>(tokens.size(1) - 1, cfg.context));
+      const int64_t n = tokens.size(0) * seq;
+      ActivationEstimate e = estimate_activations(cfg.layers, n, cfg.dim, cfg.heads, seq, bytes, policy);
+      const double logits = 2.0 * static_cast<double>(n) * static_cast<double>(cfg.vocab) * static_cast<double>(bytes);
+      e.plain += logits;
+      e.checkpointed += logits;
+      return e;
+    };
+    ctx.own_state("params", state);
   }
 
   void run(StepContext&) override {}  // parameters change only through the optimizer

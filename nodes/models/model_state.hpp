@@ -31,7 +31,9 @@
 #include <vector>
 
 #include "common/flat_buffers.hpp"
+#include "common/memory.hpp"
 #include "common/tensor_map.hpp"
+#include "models/activation_checkpoint.hpp"
 
 namespace flowrun {
 
@@ -52,6 +54,17 @@ struct ModelState {
   // empty writer: nothing to export. Copies (clone(), the EMA) keep it.
   using ExportWriter = std::function<void(const std::string& dir)>;
   std::function<ExportWriter(const ModelState&)> exporter;
+
+  // Memory (forward_backward's estimate before its first step, common/memory.hpp's
+  // TrainingMemory). `activations`, set by a model node that can tell (gpt, dit): what backward
+  // keeps of `micro_batch`'s activations at `bytes` per element, without recomputing (plain) and
+  // recomputing blocks as `policy` says (checkpointed); unset: not estimated. `checkpoint`: the
+  // model's own policy. `kept`: what other nodes keep per rank for this model (an optimizer's
+  // state, an EMA's copy), noted in their setup, which runs in file order before any step.
+  std::function<ActivationEstimate(const TensorMap& micro_batch, int64_t bytes, const CheckpointPolicy& policy)>
+      activations;
+  CheckpointPolicy checkpoint;
+  std::vector<MemoryItem> kept;
 
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)
@@ -74,6 +87,7 @@ struct ModelState {
     torch::NoGradGuard no_grad;
     auto copy = std::make_shared<ModelState>(*this);
     copy->module = module->clone();
+    copy->kept.clear();  // what other nodes keep for this model, not for the copy
     // clone() copies values; keep each parameter's trainable flag as in the source.
     auto src = module->named_parameters(true);
     auto dst = copy->module->named_parameters(true);

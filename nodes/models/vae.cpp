@@ -195,10 +195,18 @@ void EncoderImpl::reset() {
   conv_out = register_module("conv_out", conv(C.back(), 2 * c_.latent_channels, 3));
 }
 
+// Module m's forward on h, recomputed in backward when the policy says so for block index i.
+template <class M>
+torch::Tensor maybe_checkpointed(const CheckpointPolicy& policy, int64_t i, M* m, const torch::Tensor& h) {
+  if (!policy.recompute(i)) return m->forward(h);
+  return checkpointed({h}, [m](const std::vector<torch::Tensor>& in) { return m->forward(in[0]); });
+}
+
 torch::Tensor EncoderImpl::forward(const torch::Tensor& x) {
   torch::Tensor h = conv_in(x);
-  for (size_t i = 0; i < down_blocks->size(); ++i) h = down_blocks->ptr<BlockImpl>(i)->forward(h);
-  h = mid_block(h);
+  int64_t i = 0;
+  for (size_t b = 0; b < down_blocks->size(); ++b) h = maybe_checkpointed(c_.checkpoint, i++, down_blocks->ptr<BlockImpl>(b).get(), h);
+  h = maybe_checkpointed(c_.checkpoint, i, mid_block.get(), h);
   return conv_out(torch::silu(conv_norm_out(h)));
 }
 
@@ -220,8 +228,9 @@ void DecoderImpl::reset() {
 }
 
 torch::Tensor DecoderImpl::forward(const torch::Tensor& z) {
-  torch::Tensor h = mid_block(conv_in(z));
-  for (size_t i = 0; i < up_blocks->size(); ++i) h = up_blocks->ptr<BlockImpl>(i)->forward(h);
+  torch::Tensor h = maybe_checkpointed(c_.checkpoint, 0, mid_block.get(), conv_in(z));
+  for (size_t b = 0; b < up_blocks->size(); ++b)
+    h = maybe_checkpointed(c_.checkpoint, static_cast<int64_t>(b) + 1, up_blocks->ptr<BlockImpl>(b).get(), h);
   return conv_out(torch::silu(conv_norm_out(h)));
 }
 
@@ -388,6 +397,7 @@ std::shared_ptr<ModelState> VaeState::clone() const {
   if (frozen) return clone_frozen(*this);
   auto copy = std::make_shared<VaeState>(*this);
   copy->module = ModelState::clone()->module;  // new tensors, each parameter's requires_grad kept
+  copy->kept.clear();
   return copy;
 }
 

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "common/tensor_map.hpp"
+#include "models/activation_checkpoint.hpp"
 #include "models/model_state.hpp"
 
 namespace flowrun::vae {
@@ -47,6 +48,9 @@ struct Config {
   std::vector<int64_t> block_out_channels{128, 256, 512, 512};
   int64_t layers_per_block = 2, latent_channels = 4, norm_num_groups = 32;
   double scaling_factor = 0.18215;  // SD 1.x/2.x; SDXL and HunyuanDiT: 0.13025
+  // Training only (the vae node): the down and up blocks and the mid blocks recomputed in
+  // backward (models/activation_checkpoint.hpp), counted in that order.
+  CheckpointPolicy checkpoint;
   // Throws std::invalid_argument on empty/non-positive sizes or channels not divisible by
   // norm_num_groups.
   void check() const;

@@ -19,7 +19,8 @@ class VaeNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    const Config cfg = autoencoder_kl_config(p.node());
+    Config cfg = autoencoder_kl_config(p.node());
+    cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     const uint64_t seed = node_seed(ctx);
     std::string weights;
     if (p.has("weights")) {

@@ -12,7 +12,9 @@
 // A folder of the same name that is still there when a new one is written (run.resume=PATH over
 // later steps is refused at start; this is the safety net) is moved to replaced.NAME.STAMP.
 //
-// Several ranks: the saved state is replicated (data cursors count global batches; params,
+// Several ranks: a state the ranks hold pieces of (an optimizer with shard: states) is gathered
+// first by every rank (StateIO::collect, on this node's channel); otherwise the saved state is
+// replicated (data cursors count global batches; params,
 // optimizer moments and EMA weights are equal after every all-reduced step; the start-up sync
 // makes them equal before step 1), so rank 0 alone snapshots and writes; the other ranks'
 // run() returns at once. `latest` therefore moves only when that one writer has finished.
@@ -26,6 +28,7 @@
 #include <future>
 #include <thread>
 
+#include "comm.hpp"
 #include "common/device.hpp"
 #include "common/files.hpp"
 #include "common/safetensors.hpp"
@@ -66,6 +69,7 @@ class Checkpoint : public Node {
   std::future<void> pending_;
   // run.resume=never: the earlier run's step folders and `latest`, moved aside by the first write.
   std::vector<std::string> earlier_;
+  std::shared_ptr<comm::Channel> ch_;  // several processes: to gather sharded states (StateIO::collect)
 
  public:
   void setup(SetupContext& c) override {
@@ -74,6 +78,7 @@ class Checkpoint : public Node {
     delay_ms_ = c.params().get<int>("write_delay_ms");
     exports_ = c.params().get<bool>("exports");
     writer_rank_ = c.run().rank == 0;
+    if (c.run().world > 1) ch_ = comm::Channel::create(c.name());  // collective: setup runs in file order
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
       name_ = g->name;
@@ -123,6 +128,10 @@ class Checkpoint : public Node {
   }
 
   void run(StepContext& c) override {
+    // A state the ranks hold pieces of (a sharded optimizer state) is gathered first, by every rank.
+    if (ch_)
+      for (Value* v : c.states_all("state"))
+        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, *ch_);
     if (!writer_rank_) return;  // rank 0 writes the replicated state; a copy here would be wasted
     Snapshot snap;
     snap.step = c.step();

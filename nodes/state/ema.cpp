@@ -70,8 +70,12 @@ class EmaNode : public Node {
     warmup_ = ctx.params().get<bool>("warmup");
     power_ = ctx.params().get<double>("power");
     // Setup runs before any step, so copying the model here reads its initial parameters.
-    const ModelState& source = ctx.state_as<ModelState>("model");
+    ModelState& source = ctx.state_as<ModelState>("model");
     ema_ = std::make_unique<EmaModel>(source);
+    // For forward_backward's memory estimate: this copy (of the whole model: clone()).
+    double bytes = 0;
+    for (const auto& [name, t] : source.named_parameters()) bytes += static_cast<double>(t.nbytes());
+    source.kept.push_back(MemoryItem{"EMA copy", ctx.name(), bytes, /*allocated=*/true, "", 0});
     ctx.own_state("params", ema_->model());
   }
 

@@ -7,6 +7,8 @@
 #include <map>
 #include <mutex>
 
+#include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
 #include "registry.hpp"
@@ -181,6 +183,9 @@ class ForwardBackwardNode : public Node {
     seed_ = ctx.run().seed;
     rank_ = ctx.run().rank;
     fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
+    refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
+    const std::vector<std::string> model_ref = ctx.refs("model");
+    model_node_ = model_ref.empty() ? "model" : model_ref.front().substr(0, model_ref.front().find('.'));
   }
 
   void run(StepContext& ctx) override {
@@ -194,6 +199,7 @@ class ForwardBackwardNode : public Node {
     o.rows_seed = mix_seed({seed_, kSeedTagRows, static_cast<uint64_t>(ctx.step())});
     o.first_row = static_cast<int64_t>(rank_) * batch_rows(batch);
 
+    if (!memory_checked_) check_memory(ctx, model, batch);
     const std::vector<torch::Tensor> params = model.trainable_parameters();
     if (!hooks_ || !hooks_->covers(params)) {
       // First step, or the model's parameter tensors changed: new hooks, new buffers.
@@ -228,6 +234,66 @@ class ForwardBackwardNode : public Node {
   }
 
  private:
+  // Before the first step: the step's memory per rank (common/memory.hpp), logged; on the CPU,
+  // refused (memory_check: refuse) when what is still to allocate exceeds what is available,
+  // naming the settings that would make it fit.
+  void check_memory(StepContext& ctx, const ModelState& model, const TensorMap& batch) {
+    memory_checked_ = true;
+    TrainingMemory m;
+    for (const auto& [name, t] : model.named_parameters()) {
+      m.weights += static_cast<double>(t.nbytes());
+      if (t.requires_grad()) m.gradients += static_cast<double>(t.nbytes());
+    }
+    m.kept = model.kept;
+    const int64_t bytes = options_.precision == Precision::bf16 ? 2 : 4;
+    const int64_t rows = batch_rows(batch);
+    const int64_t micro_rows = (rows + options_.accumulate - 1) / options_.accumulate;
+    double with_blocks = -1;
+    if (model.activations && rows > 0) {
+      try {
+        const TensorMap micro = options_.accumulate > 1 ? split_batch(batch, options_.accumulate).front() : batch;
+        m.activations = model.activations(micro, bytes, model.checkpoint).checkpointed;
+        with_blocks = model.activations(micro, bytes, CheckpointPolicy::parse("blocks")).checkpointed;
+        m.activations_note = std::to_string(micro_rows) + " rows, " + (bytes == 2 ? "bf16" : "fp32") +
+                             ", checkpoint: " + model.checkpoint.str();
+      } catch (const std::exception& e) {
+        spdlog::debug("{}: no activation estimate: {}", ctx.who(), e.what());
+      }
+    }
+    const bool cpu = model_device(model).is_cpu();
+    const double available = cpu ? static_cast<double>(available_host_memory()) : 0;
+    if (ctx.run().rank == 0)
+      spdlog::info("{}: memory per rank (estimate): {}; {}", ctx.who(), m.text(),
+                   available > 0 ? bytes_text(available) + " available now, " + bytes_text(m.to_allocate()) +
+                                       " of it still to allocate"
+                                 : "what the device has is not checked");
+    if (available <= 0 || m.to_allocate() <= available) return;
+    // What would make it fit: each setting alone, with the total it gives.
+    std::vector<std::string> fixes;
+    auto option = [&](const std::string& setting, double saved) {
+      const double left = m.to_allocate() - saved;
+      fixes.push_back(setting + " (" + bytes_text(left) + (left <= available ? ": fits)" : ": not enough alone)"));
+    };
+    if (m.activations >= 0 && with_blocks >= 0 && model.checkpoint.every != 1 && with_blocks < m.activations)
+      option(model_node_ + ".checkpoint=blocks", m.activations - with_blocks);
+    for (const auto& k : m.kept)
+      if (!k.fix.empty() && !k.allocated) option(k.fix, k.bytes - k.fixed);
+    if (m.activations > 0 && micro_rows > 1)
+      option(ctx.name() + ".accumulate=" + std::to_string(options_.accumulate * 2), m.activations / 2);
+    const std::string msg = fmt::format(
+        "{}: the step needs about {} more memory than the {} available: {}. Settings that reduce it (still to "
+        "allocate then): {}{}",
+        ctx.who(), bytes_text(m.to_allocate() - available), bytes_text(available), m.text(),
+        fixes.empty() ? "none found here; make the model or the batch smaller" : "",
+        [&] {
+          std::string s;
+          for (size_t i = 0; i < fixes.size(); ++i) s += (i ? "; " : "") + fixes[i];
+          return s;
+        }());
+    if (refuse_) throw std::runtime_error(msg + " (" + ctx.name() + ".memory_check=warn runs anyway)");
+    if (ctx.run().rank == 0) spdlog::warn("{}", msg);
+  }
+
   // A buffer nobody holds any more, else a new one. Step s's grads stay held (by the step's
   // values until the step retires, by a slow reader) while step s+1 runs its backward, so one
   // buffer would not do; two usually do. The pool keeps at most kPool buffers: a buffer dropped
@@ -250,6 +316,9 @@ class ForwardBackwardNode : public Node {
   const Objective* objective_ = nullptr;  // the objective node's; read-only, lives as long as the graph
   bool has_cond_ = false;
   bool fresh_ = true;  // grad_layout fresh
+  bool refuse_ = true;  // memory_check refuse
+  bool memory_checked_ = false;
+  std::string model_node_;  // the model node's name (for the settings a refusal names)
   FwdBwdOptions options_;
   uint64_t seed_ = 0;
   int rank_ = 0;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "comm.hpp"
 #include "common/cpu_simd.hpp"
 #include "common/device.hpp"
 #include "common/state_io.hpp"
@@ -52,6 +53,9 @@ std::pair<int64_t, int64_t> adafactor_factored_dims(c10::IntArrayRef shape, int6
 
 namespace {
 
+// Whether a slot's parameter decays: its own flag (a sharded piece), else decays() of the tensor.
+bool slot_decays(const OptimizerState::Slot& s, const torch::Tensor& p) { return s.decay >= 0 ? s.decay != 0 : decays(p); }
+
 // Adafactor's direction for one parameter (optimizer.hpp, OptimConfig::adafactor), its slot's
 // moments updated in place; s.step is this update's t (1-based).
 torch::Tensor adafactor_direction(OptimizerState::Slot& s, const torch::Tensor& g0, const AdafactorConfig& c) {
@@ -84,6 +88,15 @@ torch::Tensor adafactor_direction(OptimizerState::Slot& s, const torch::Tensor& 
 }  // namespace
 
 std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
+  if (shard.sharded() && !slots.empty()) {
+    // This rank holds pieces; collect_sharded_state gathered the whole tensors.
+    if (gathered.empty())
+      throw std::logic_error("the optimizer's state is sharded over the ranks: gather it with collect_sharded_state() "
+                             "(on every rank) before listing its tensors");
+    std::map<std::string, torch::Tensor> out = gathered;
+    out["updates"] = torch::tensor(updates, torch::kInt64);
+    return out;
+  }
   std::map<std::string, torch::Tensor> out;
   // The fused path's step lives on the device (a read here, where a checkpoint copies anyway).
   const int64_t fused = fused_step.defined() ? static_cast<int64_t>(fused_step.item<double>()) : -1;
@@ -150,7 +163,7 @@ void fused_adamw(OptimizerState& st, const ModelState::Named& params, const Grad
     if (!s.exp_avg.defined()) s.exp_avg = torch::zeros_like(w, at::MemoryFormat::Preserve);
     if (!s.exp_avg_sq.defined()) s.exp_avg_sq = torch::zeros_like(w, at::MemoryFormat::Preserve);
     s.step += 1;  // the host's count; fused_step is the truth (tensors() reports it)
-    const int k = decays(w) ? 0 : 1;
+    const int k = slot_decays(s, w) ? 0 : 1;
     p[k].push_back(w);
     g[k].push_back(grads[i]);
     m[k].push_back(s.exp_avg);
@@ -195,42 +208,67 @@ struct SgdStep {
 };
 
 #if FLOWRUN_HAVE_AVX2_CODE
+// An element's result must not depend on where a range starts or ends (a rank's slice of a
+// buffer, shard: states, is updated as the whole buffer is, bit for bit): every element goes
+// through the same 8-lane code, the last few of a range too (padded with zeros in a local
+// block), and no multiply-add is contracted into an FMA, which the compiler may do in one
+// inlined copy and not another (seen: one lane of a tail differed).
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+template <class Body>
+FLOWRUN_AVX2 inline void by_8_lanes(float* p, const float* g, float* m, float* v, int64_t b, int64_t e, const Body& body) {
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) body(p + i, g + i, m ? m + i : nullptr, v ? v + i : nullptr);
+  if (i == e) return;
+  const int64_t n = e - i;
+  alignas(32) float tp[8] = {}, tg[8] = {}, tm[8] = {}, tv[8] = {};
+  std::copy(p + i, p + e, tp), std::copy(g + i, g + e, tg);
+  if (m) std::copy(m + i, m + e, tm);
+  if (v) std::copy(v + i, v + e, tv);
+  body(tp, tg, m ? tm : nullptr, v ? tv : nullptr);
+  std::copy(tp, tp + n, p + i);
+  if (m) std::copy(tm, tm + n, m + i);
+  if (v) std::copy(tv, tv + n, v + i);
+}
+
 FLOWRUN_AVX2 void adamw_cpu_kernel(float* p, const float* g, float* m, float* v, int64_t b, int64_t e,
                                    const AdamwStep& k) {
   const __m256 clip = _mm256_set1_ps(k.clip), b1 = _mm256_set1_ps(k.b1), c1 = _mm256_set1_ps(1.0f - k.b1);
   const __m256 b2 = _mm256_set1_ps(k.b2), c2 = _mm256_set1_ps(1.0f - k.b2), decay = _mm256_set1_ps(k.decay);
   const __m256 step = _mm256_set1_ps(k.step_size), sbc2 = _mm256_set1_ps(k.sqrt_bc2), eps = _mm256_set1_ps(k.eps);
-  int64_t i = b;
-  for (; i + 8 <= e; i += 8) {
-    const __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(g + i), clip);
-    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + i)), _mm256_mul_ps(c1, gi));
-    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + i)), _mm256_mul_ps(_mm256_mul_ps(c2, gi), gi));
+  by_8_lanes(p, g, m, v, b, e, [&](float* pp, const float* gg, float* mm, float* vv) FLOWRUN_AVX2 {
+    const __m256 gi = _mm256_mul_ps(_mm256_loadu_ps(gg), clip);
+    const __m256 mi = _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(mm)), _mm256_mul_ps(c1, gi));
+    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(vv)), _mm256_mul_ps(_mm256_mul_ps(c2, gi), gi));
     const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), sbc2), eps);
-    const __m256 pi = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(p + i), decay),
+    const __m256 pi = _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(pp), decay),
                                     _mm256_div_ps(_mm256_mul_ps(step, mi), denom));
-    _mm256_storeu_ps(m + i, mi);
-    _mm256_storeu_ps(v + i, vi);
-    _mm256_storeu_ps(p + i, pi);
-  }
-  for (; i < e; ++i) {
-    const float gi = g[i] * k.clip;
-    m[i] = k.b1 * m[i] + (1.0f - k.b1) * gi;
-    v[i] = k.b2 * v[i] + (1.0f - k.b2) * gi * gi;
-    p[i] = p[i] * k.decay - k.step_size * m[i] / (std::sqrt(v[i]) / k.sqrt_bc2 + k.eps);
-  }
+    _mm256_storeu_ps(mm, mi);
+    _mm256_storeu_ps(vv, vi);
+    _mm256_storeu_ps(pp, pi);
+  });
 }
 
-// m == nullptr: no momentum. Plain loops: the compiler vectorizes them for AVX2.
+// m == nullptr: no momentum.
 FLOWRUN_AVX2 void sgd_cpu_kernel(float* p, const float* g, float* m, int64_t b, int64_t e, const SgdStep& k) {
-  if (m) {
-    for (int64_t i = b; i < e; ++i) {
-      m[i] = k.momentum * m[i] + g[i] * k.clip;
-      p[i] = p[i] * k.decay - k.lr * m[i];
+  const __m256 clip = _mm256_set1_ps(k.clip), decay = _mm256_set1_ps(k.decay), lr = _mm256_set1_ps(k.lr);
+  const __m256 mu = _mm256_set1_ps(k.momentum);
+  by_8_lanes(p, g, m, nullptr, b, e, [&](float* pp, const float* gg, float* mm, float*) FLOWRUN_AVX2 {
+    __m256 d = _mm256_mul_ps(_mm256_loadu_ps(gg), clip);
+    if (mm) {
+      d = _mm256_add_ps(_mm256_mul_ps(mu, _mm256_loadu_ps(mm)), d);
+      _mm256_storeu_ps(mm, d);
     }
-  } else {
-    for (int64_t i = b; i < e; ++i) p[i] = p[i] * k.decay - k.lr * (g[i] * k.clip);
-  }
+    _mm256_storeu_ps(pp, _mm256_sub_ps(_mm256_mul_ps(_mm256_loadu_ps(pp), decay), _mm256_mul_ps(lr, d)));
+  });
 }
+#if !defined(__clang__) && defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 #else
 void adamw_cpu_kernel(float*, const float*, float*, float*, int64_t, int64_t, const AdamwStep&) {}
 void sgd_cpu_kernel(float*, const float*, float*, int64_t, int64_t, const SgdStep&) {}
@@ -286,7 +324,7 @@ void cpu_update(OptimizerState& st, const ModelState::Named& params, const Grads
     if (!ok(p) || !ok(g)) continue;
     if (adamw ? !(ok(s.exp_avg) && ok(s.exp_avg_sq)) : momentum && !ok(s.momentum)) continue;
     s.step += 1;
-    const float decay = cfg.weight_decay > 0 && decays(p) ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
+    const float decay = cfg.weight_decay > 0 && slot_decays(s, p) ? static_cast<float>(1.0 - lr * cfg.weight_decay) : 1.0f;
     CpuPiece c{p.data_ptr<float>(), g.data_ptr<float>(), nullptr, nullptr, p.numel(), {}, {}};
     if (adamw) {
       const double t = static_cast<double>(s.step);
@@ -379,6 +417,13 @@ void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tenso
 
 void OptimizerState::load(const std::map<std::string, torch::Tensor>& t) {
   fused_step = torch::Tensor();  // the loaded steps rule
+  if (shard.sharded() && !slots.empty()) {
+    // Whole tensors for a sharded state: kept, and sliced again at the next update.
+    slots.clear();
+    flat_exp_avg.clear(), flat_exp_avg_sq.clear(), flat_momentum.clear();
+    shard = ShardPlan{};
+    factor_min_dim = -1;
+  }
   auto it = t.find("updates");
   if (it != t.end()) updates = it->second.item<int64_t>();
   if (slots.empty()) {
@@ -418,8 +463,9 @@ int64_t nonfinite_count(const OptimizerState& st) {
 }
 
 torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& params, const Grads& grads,
-                               const OptimConfig& cfg, double lr) {
+                               const OptimConfig& cfg, double lr, const torch::Tensor& norm_of_all) {
   torch::NoGradGuard no_grad;
+  st.gathered.clear();  // a checkpoint's copy of the whole moments: stale from here on
   if (grads.size() != params.size())
     throw std::runtime_error("got " + std::to_string(grads.size()) + " grads for " + std::to_string(params.size()) +
                              " trainable parameters");
@@ -439,7 +485,7 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
                              "state was made for " + std::to_string(st.slots.size()));
   }
 
-  torch::Tensor norm = global_norm(grads);
+  torch::Tensor norm = norm_of_all.defined() ? norm_of_all : global_norm(grads);
   torch::Tensor coef;  // clip factor, kept on the device (no host sync)
   if (cfg.clip > 0) coef = torch::clamp_max(cfg.clip / (norm + 1e-6), 1.0);
 
@@ -478,7 +524,7 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
     OptimizerState::Slot& s = st.slots[i];
     torch::Tensor g = coef.defined() ? g0 * coef.to(g0.dtype()) : g0;
     s.step += 1;
-    if (cfg.weight_decay > 0 && decays(p)) p.mul_(1.0 - lr * cfg.weight_decay);
+    if (cfg.weight_decay > 0 && slot_decays(s, p)) p.mul_(1.0 - lr * cfg.weight_decay);
     if (cfg.kind == OptimKind::adafactor) {
       p.add_(adafactor_direction(s, g, cfg.adafactor), -lr);
     } else if (adamw) {
@@ -506,6 +552,156 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
 
 namespace {
 
+// Adafactor's second-moment tensors of a parameter of `shape`: factored, a row and a column
+// statistic (v_row: the shape without dim a, v_col: without dim b); else one of the shape (v).
+std::vector<std::pair<std::string, std::vector<int64_t>>> adafactor_stats(const std::vector<int64_t>& shape,
+                                                                          int64_t min_dim_to_factor) {
+  const auto [a, b] = adafactor_factored_dims(shape, min_dim_to_factor);
+  if (a < 0) return {{".v", shape}};
+  std::vector<int64_t> row = shape, col = shape;
+  row.erase(row.begin() + a);
+  col.erase(col.begin() + b);
+  return {{".v_row", row}, {".v_col", col}};
+}
+
+}  // namespace
+
+void make_shard_slots(OptimizerState& st, const ShardPlan& plan, const ModelState::Named& params, const OptimConfig& cfg) {
+  torch::NoGradGuard no_grad;
+  const bool adafactor = cfg.kind == OptimKind::adafactor;
+  if (adafactor && !plan.whole_tensors)
+    throw std::logic_error("make_shard_slots: Adafactor's factored moments need a plan of whole tensors");
+  if (params.size() != plan.layout.slots.size())
+    throw std::runtime_error("the model has " + std::to_string(params.size()) + " trainable parameters, the shard plan "
+                             "was made for " + std::to_string(plan.layout.slots.size()));
+  st.shard = plan;
+  st.layout = plan.layout;
+  st.factor_min_dim = adafactor ? cfg.adafactor.min_dim_size_to_factor : -1;
+  st.slots.assign(plan.pieces.size(), OptimizerState::Slot{});
+  auto whole = [&](const ShardPlan::Piece& piece) {
+    return piece.offset == 0 && piece.numel == plan.layout.slots[static_cast<size_t>(piece.param)].numel;
+  };
+  for (size_t k = 0; k < plan.pieces.size(); ++k) {
+    const ShardPlan::Piece& piece = plan.pieces[k];
+    st.slots[k].name = params[static_cast<size_t>(piece.param)].first;
+    st.slots[k].decay = decays(params[static_cast<size_t>(piece.param)].second) ? 1 : 0;
+  }
+  // Moments for this rank's slice of each buffer only; a piece's are a view of them (shaped as
+  // its parameter when the piece is a whole one, as shard_pieces gives it).
+  auto make = [&](std::vector<torch::Tensor>& flat, torch::Tensor OptimizerState::Slot::*moment) {
+    flat.clear();
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      const FlatLayout::Group& lg = plan.layout.groups[g];
+      flat.push_back(torch::zeros({plan.groups[g].end - plan.groups[g].begin},
+                                  torch::TensorOptions().dtype(lg.dtype).device(lg.device)));
+    }
+    for (size_t k = 0; k < plan.pieces.size(); ++k) {
+      const ShardPlan::Piece& piece = plan.pieces[k];
+      torch::Tensor m = flat[static_cast<size_t>(piece.group)].narrow(0, piece.at, piece.numel);
+      st.slots[k].*moment = whole(piece) ? m.view(plan.shapes[static_cast<size_t>(piece.param)]) : m;
+    }
+  };
+  if (cfg.kind == OptimKind::adamw) {
+    make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
+    make(st.flat_exp_avg_sq, &OptimizerState::Slot::exp_avg_sq);
+  } else if (cfg.kind == OptimKind::sgd && cfg.momentum > 0) {
+    make(st.flat_momentum, &OptimizerState::Slot::momentum);
+  } else if (adafactor) {
+    if (cfg.adafactor.momentum > 0) make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
+    for (size_t k = 0; k < plan.pieces.size(); ++k) {  // whole parameters: their own statistics
+      const torch::Tensor& p = params[static_cast<size_t>(plan.pieces[k].param)].second;
+      for (const auto& [suffix, shape] : adafactor_stats(p.sizes().vec(), st.factor_min_dim)) {
+        torch::Tensor& v = suffix == ".v" ? st.slots[k].v : suffix == ".v_row" ? st.slots[k].v_row : st.slots[k].v_col;
+        v = torch::zeros(shape, p.options());
+      }
+    }
+  }
+  // A resume: this rank's piece of each whole saved moment.
+  if (st.pending.empty()) return;
+  for (size_t k = 0; k < plan.pieces.size(); ++k) {
+    const ShardPlan::Piece& piece = plan.pieces[k];
+    OptimizerState::Slot& s = st.slots[k];
+    if (whole(piece)) {  // every tensor of its slot, shapes checked
+      load_slot(s, st.pending, params[static_cast<size_t>(piece.param)].second.device());
+      continue;
+    }
+    for (auto [suffix, moment] : {std::pair{".exp_avg", &s.exp_avg}, std::pair{".exp_avg_sq", &s.exp_avg_sq},
+                                  std::pair{".momentum_buffer", &s.momentum}}) {
+      auto it = st.pending.find(s.name + suffix);
+      if (it == st.pending.end() || !moment->defined()) continue;
+      if (it->second.numel() != plan.layout.slots[static_cast<size_t>(piece.param)].numel)
+        throw std::runtime_error("optimizer state: '" + s.name + suffix + "' has shape " + shape_str(it->second) +
+                                 ", the parameter has " +
+                                 std::to_string(plan.layout.slots[static_cast<size_t>(piece.param)].numel) +
+                                 " elements; the state was saved for another model");
+      moment->copy_(it->second.reshape({-1}).narrow(0, piece.offset, piece.numel));
+    }
+    auto step = st.pending.find(s.name + ".step");
+    if (step != st.pending.end()) s.step = step->second.item<int64_t>();
+  }
+  st.pending.clear();
+}
+
+void collect_sharded_state(OptimizerState& st, comm::Channel& ch) {
+  const ShardPlan& plan = st.shard;
+  if (!plan.sharded() || st.slots.empty()) return;
+  torch::NoGradGuard no_grad;
+  const size_t n = plan.layout.slots.size();
+  // Each parameter's step: the pieces of a parameter share it; a rank without a piece says 0.
+  std::vector<double> steps(n, 0.0);
+  for (size_t k = 0; k < plan.pieces.size(); ++k)
+    steps[static_cast<size_t>(plan.pieces[k].param)] = static_cast<double>(st.slots[k].step);
+  comm::allreduce(ch, steps.data(), steps.size(), comm::Op::max, "optimizer steps for a checkpoint");
+  std::map<std::string, torch::Tensor> out;
+  auto gather = [&](const std::vector<torch::Tensor>& slices, const char* suffix) {
+    if (slices.empty()) return;
+    // Whole buffers, this rank's slice in place, the others' all-gathered into them.
+    std::vector<torch::Tensor> whole;
+    for (size_t g = 0; g < plan.groups.size(); ++g) {
+      torch::Tensor b = torch::zeros({plan.groups[g].numel}, slices[g].options());
+      b.narrow(0, plan.groups[g].begin, plan.groups[g].end - plan.groups[g].begin).copy_(slices[g]);
+      whole.push_back(b);
+    }
+    allgather_slices(plan, whole, ch, std::string("optimizer moments ") + suffix + " for a checkpoint");
+    for (size_t i = 0; i < n; ++i) out[plan.names[i] + suffix] = plan.layout.view(whole, i, plan.shapes[i]);
+  };
+  gather(st.flat_exp_avg, ".exp_avg");
+  gather(st.flat_exp_avg_sq, ".exp_avg_sq");
+  gather(st.flat_momentum, ".momentum_buffer");
+  if (st.factor_min_dim >= 0) {
+    // Adafactor's statistics, each held whole by its parameter's rank: one vector of all of
+    // them, zeros where this rank holds none, summed over the ranks (x + 0 is exact).
+    std::vector<std::pair<std::string, std::vector<int64_t>>> all;
+    for (size_t i = 0; i < n; ++i)
+      for (auto& [suffix, shape] : adafactor_stats(plan.shapes[i], st.factor_min_dim))
+        all.emplace_back(plan.names[i] + suffix, shape);
+    std::map<std::string, torch::Tensor> mine;
+    for (const auto& s : st.slots)
+      for (auto [suffix, t] : {std::pair{".v", &s.v}, std::pair{".v_row", &s.v_row}, std::pair{".v_col", &s.v_col}})
+        if (t->defined()) mine[s.name + suffix] = *t;
+    std::vector<int64_t> sizes;
+    std::vector<torch::Tensor> parts;
+    for (const auto& [name, shape] : all) {
+      auto it = mine.find(name);
+      parts.push_back(it != mine.end() ? it->second.reshape({-1}).to(torch::kDouble)
+                                       : torch::zeros({c10::multiply_integers(shape)}, torch::kDouble));
+      sizes.push_back(parts.back().numel());
+    }
+    torch::Tensor flat = torch::cat(parts).contiguous();
+    comm::allreduce(ch, flat.data_ptr<double>(), static_cast<size_t>(flat.numel()), comm::Op::sum,
+                    "Adafactor statistics for a checkpoint");
+    int64_t at = 0;
+    for (size_t j = 0; j < all.size(); ++j) {
+      out[all[j].first] = flat.narrow(0, at, sizes[j]).to(torch::kFloat).view(all[j].second);
+      at += sizes[j];
+    }
+  }
+  for (size_t i = 0; i < n; ++i) out[plan.names[i] + ".step"] = torch::tensor(static_cast<int64_t>(steps[i]), torch::kInt64);
+  st.gathered = std::move(out);
+}
+
+namespace {
+
 class OptimizerNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
@@ -522,6 +718,16 @@ class OptimizerNode : public Node {
     sched_.kind = lr_decay(p.get<std::string>("schedule"));
     sched_.min_lr = p.get<double>("min_lr");
     cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
+    // ZeRO-1 (optimizer_shard.hpp): with several processes, this rank's slice of the moments
+    // only (Adafactor: of whole parameters), and its channel to all-gather the updated
+    // parameters (a collective node: a lane).
+    shard_ = p.get<std::string>("shard") == "states" && ctx.run().world > 1;
+    if (shard_) {
+      if (!run_device(ctx.run()).is_cpu())
+        throw std::runtime_error(ctx.who() + ": shard: states all-gathers the parameters over MPI, on the CPU; on " +
+                                 run_device(ctx.run()).str() + " (NCCL) it is not built yet: set shard: none");
+      ch_ = comm::Channel::create(ctx.name());
+    }
     // On a GPU no step reads the grad norm on the host: non-finite steps are skipped on the
     // device and counted, and the count is read on logged steps (check_nonfinite). On the CPU
     // reading it costs nothing, so the step that diverged stops the run itself.
@@ -535,7 +741,37 @@ class OptimizerNode : public Node {
       cfg_.adafactor.clipping_threshold = a["clipping_threshold"].IsNull() ? 0.0 : a["clipping_threshold"].as<double>();
       cfg_.adafactor.momentum = a["momentum"].as<double>();
     }
+    note_memory(ctx);
     ctx.own_state("state", std::make_shared<OptimizerState>());
+  }
+
+  // For forward_backward's memory estimate (common/memory.hpp): the bytes of this rank's state,
+  // made at the first update; sharded: about 1/world of them.
+  void note_memory(SetupContext& ctx) {
+    ModelState& model = ctx.state_as<ModelState>("model");
+    double bytes = 0;
+    for (const auto& t : model.trainable_parameters()) {
+      const double n = static_cast<double>(t.nbytes());
+      if (cfg_.kind == OptimKind::adamw) {
+        bytes += 2 * n;
+      } else if (cfg_.kind == OptimKind::sgd) {
+        bytes += cfg_.momentum > 0 ? n : 0;
+      } else {  // adafactor: the second-moment statistics (factored: a row and a column), the momentum
+        for (const auto& [suffix, shape] : adafactor_stats(t.sizes().vec(), cfg_.adafactor.min_dim_size_to_factor))
+          bytes += static_cast<double>(c10::multiply_integers(shape)) * static_cast<double>(t.element_size());
+        bytes += cfg_.adafactor.momentum > 0 ? n : 0;
+      }
+    }
+    const int world = ctx.run().world;
+    MemoryItem item{"optimizer state (" + ctx.params().get<std::string>("kind") + ")", ctx.name(), bytes, false, "", 0};
+    if (shard_) {
+      item.what += ", sharded";
+      item.bytes = bytes / world;
+    } else if (world > 1) {
+      item.fix = ctx.name() + ".shard=states";
+      item.fixed = bytes / world;
+    }
+    model.kept.push_back(item);
   }
 
   void run(StepContext& ctx) override {
@@ -546,7 +782,9 @@ class OptimizerNode : public Node {
     // The writer of the parameters keeps them in flat buffers (models/model_state.hpp); once
     // they are, this only checks that they still are.
     model.flat.ensure(model.trainable_parameters());
-    torch::Tensor norm = optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
+    torch::Tensor norm = shard_ ? sharded_update(ctx, model, st, grads, lr)
+                                : optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
+    if (!logged_memory_) log_memory(ctx, model, st, grads);
     const int64_t step = ctx.step();
     if (!cfg_.defer_nonfinite) {
       if (cfg_.skip_nonfinite && !std::isfinite(norm.item<double>()))
@@ -580,8 +818,46 @@ class OptimizerNode : public Node {
                  fresh, when, count);
   }
 
+  // ZeRO-1: this rank's pieces updated with the norm of all the grads (the same on every rank),
+  // then every rank's updated slice all-gathered into every rank's parameters.
+  torch::Tensor sharded_update(StepContext& ctx, ModelState& model, OptimizerState& st, const Grads& grads, double lr) {
+    const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
+    const std::vector<torch::Tensor>* buffers = model.flat.buffers_of(model.trainable_parameters());
+    if (!buffers) throw std::logic_error(ctx.who() + ": the parameters are not in flat buffers");
+    if (st.slots.empty() || !(st.shard.layout == model.flat.layout()))
+      make_shard_slots(st,
+                       ShardPlan::make(model.flat.layout(), named, ctx.run().rank, ctx.run().world,
+                                       /*whole_tensors=*/cfg_.kind == OptimKind::adafactor),
+                       named, cfg_);
+    const ShardPieces pieces = shard_pieces(st.shard, named, grads);
+    torch::Tensor norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, global_norm(grads));
+    allgather_slices(st.shard, *buffers, *ch_, "parameters of step " + std::to_string(ctx.step()));
+    return norm;
+  }
+
+  // Once, after the first update: what this rank holds (what a memory budget needs).
+  void log_memory(StepContext& ctx, ModelState& model, const OptimizerState& st, const Grads& grads) {
+    logged_memory_ = true;
+    if (ctx.run().rank != 0) return;
+    auto bytes = [](const std::vector<torch::Tensor>& ts) {
+      double b = 0;
+      for (const auto& t : ts)
+        if (t.defined()) b += static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
+      return b;
+    };
+    double moments = bytes(st.flat_exp_avg) + bytes(st.flat_exp_avg_sq) + bytes(st.flat_momentum);
+    for (const auto& s : st.slots) moments += bytes({s.v_row, s.v_col, s.v});
+    const double params = bytes(model.trainable_parameters());
+    spdlog::info("{}: per rank: parameters {:.2f} MB, gradients {:.2f} MB, optimizer state {:.2f} MB{}", ctx.who(),
+                 params / 1e6, bytes(grads) / 1e6, moments / 1e6,
+                 shard_ ? fmt::format(" (shard: states, this rank's 1/{} slice)", ctx.run().world) : std::string());
+  }
+
   OptimConfig cfg_;
   LrSchedule sched_;
+  bool shard_ = false;
+  std::shared_ptr<comm::Channel> ch_;
+  bool logged_memory_ = false;
   int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far
   int64_t checked_ = -1;  // the step of the last check (-1: none yet)
 };
@@ -590,4 +866,15 @@ class OptimizerNode : public Node {
 }  // namespace flowrun
 
 FLOWRUN_NODE(optimizer, flowrun::OptimizerNode)
-FLOWRUN_STATE_TYPE(flowrun::OptimizerState)  // saved and restored by checkpoint/resume
+// Saved and restored by checkpoint/resume; a sharded state is gathered first (collect).
+static const bool kOptimizerStateIO = [] {
+  using flowrun::OptimizerState;
+  flowrun::register_state_io(
+      std::type_index(typeid(std::shared_ptr<OptimizerState>)),
+      flowrun::StateIO{[](const flowrun::Value& v) { return flowrun::NamedTensors(v.as<std::shared_ptr<OptimizerState>>()->tensors()); },
+                       [](flowrun::Value& v, const flowrun::NamedTensors& t) { v.as_mut<std::shared_ptr<OptimizerState>>()->load(t); },
+                       [](flowrun::Value& v, flowrun::comm::Channel& ch) {
+                         flowrun::collect_sharded_state(*v.as_mut<std::shared_ptr<OptimizerState>>(), ch);
+                       }});
+  return true;
+}();

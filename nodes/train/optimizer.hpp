@@ -10,6 +10,7 @@
 
 #include "common/flat_buffers.hpp"
 #include "common/grads.hpp"
+#include "train/optimizer_shard.hpp"
 #include "models/model_state.hpp"
 
 namespace flowrun {
@@ -93,6 +94,9 @@ struct OptimizerState {
     torch::Tensor momentum;    // sgd: momentum buffer
     torch::Tensor v_row, v_col, v;  // adafactor: factored second moments, or the full one
     int64_t step = 0;          // updates applied to this parameter (bias correction)
+    // Weight decay: -1: as decays() says of the parameter given; 0 / 1: as set (a sharded
+    // update's piece of a parameter, a 1-D view, decays as its whole parameter does).
+    int decay = -1;
   };
   std::vector<Slot> slots;
   FlatLayout layout;  // of the parameters (and so of the moments' buffers)
@@ -105,6 +109,11 @@ struct OptimizerState {
   // advance when the device skips an update. Undefined elsewhere; tensors() reports it as each
   // slot's step.
   torch::Tensor fused_step;
+  // Sharded over the ranks (train/optimizer_shard.hpp; world 1: not): the slots are this rank's
+  // pieces of the parameters, and tensors() lists what collect_sharded_state() gathered.
+  ShardPlan shard;
+  std::map<std::string, torch::Tensor> gathered;
+  int64_t factor_min_dim = -1;  // sharded Adafactor: its min_dim_size_to_factor (the statistics' shapes)
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
   // Every tensor by name, for checkpoints: "NAME.exp_avg", "NAME.exp_avg_sq",
@@ -127,8 +136,19 @@ struct OptimizerState {
 // the OpenMP threads, a fused kernel per element: read p, g, moments once, write them once);
 // anything else (bf16, old GPUs, CPUs without AVX2) the written-out tensor operations.
 // Non-finite grads: see OptimConfig::skip_nonfinite and defer_nonfinite.
+// `norm_of_all`, when defined: the global norm to report and clip by (a sharded update passes
+// this rank's pieces, and the norm of all the gradients, the same on every rank).
 torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& params, const Grads& grads,
-                               const OptimConfig& cfg, double lr);
+                               const OptimConfig& cfg, double lr, const torch::Tensor& norm_of_all = {});
+
+// ZeRO stage 1 (train/optimizer_shard.hpp). make_shard_slots: the state's slots for this rank's
+// pieces of `params` (the model's trainable parameters, named, module order), moments for its
+// slices only, and what a resume left pending, sliced; optimizer_update then runs on the pieces
+// (shard_pieces). collect_sharded_state: collective; the whole moments and steps gathered from
+// every rank into `gathered`, which tensors() then lists (a checkpoint); nothing when unsharded.
+void make_shard_slots(OptimizerState& state, const ShardPlan& plan, const ModelState::Named& params,
+                      const OptimConfig& cfg);
+void collect_sharded_state(OptimizerState& state, comm::Channel& channel);
 
 // Adafactor's factored dims of a shape: {a, b} = the largest and the second-largest dim (the
 // later one first among equals, as numpy's argsort), or {-1, -1} when p is not factored.

@@ -73,6 +73,60 @@ independent_collectives)
   run_code 0 timeout 120 "${mpi[@]}" "$flowrun" "$tmp/replicas.yaml" run.out_dir="$tmp/rep" run.steps=3
   expect_out "2 ranks but no allreduce node: each rank trains a replica of its own"
   ;;
+zero_states)
+  # ZeRO stage 1 (opt.shard=states): each rank keeps the moments of half the parameters and the
+  # run ends exactly where shard: none ends; the checkpoint holds whole tensors, so a run resumes
+  # at the same world size bit for bit and at another (2 -> 1, 1 -> 2) within the data-parallel
+  # tolerance (the one-process batch of 16 against two ranks of 8, as equivalence).
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/none" data.batch=8
+  grep -o "optimizer state [0-9.]* MB" "$tmp/out" | head -1 | awk '{print $3}' > "$tmp/mem_none"
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/sharded" data.batch=8 opt.shard=states
+  expect_out "(shard: states, this rank's 1/2 slice)"
+  grep -o "optimizer state [0-9.]* MB" "$tmp/out" | head -1 | awk '{print $3}' > "$tmp/mem_sharded"
+  awk -v a="$(cat "$tmp/mem_none")" -v b="$(cat "$tmp/mem_sharded")" 'BEGIN { exit !(b <= 0.51 * a && b >= 0.49 * a) }' ||
+    fail "optimizer state per rank: $(cat "$tmp/mem_none") MB unsharded, $(cat "$tmp/mem_sharded") MB sharded: not halved"
+  for f in model.params opt.state ema.params; do
+    "$tool" tensor-diff "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
+      fail "$f differs between shard: states and shard: none"
+  done
+  # 2 -> 2: five steps, a checkpoint, five more, as the straight run.
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 opt.shard=states run.steps=5 ckpt.every=5
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 opt.shard=states run.resume=auto
+  "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r22" 10)" 0 || fail "resume 2 -> 2 differs"
+  # 2 -> 1: the sharded checkpoint of step 5 continued by one process (batch 16).
+  mkdir -p "$tmp/r21/checkpoints" && cp -r "$tmp/r22/checkpoints/step_00000005" "$tmp/r21/checkpoints/" &&
+    echo step_00000005 > "$tmp/r21/checkpoints/latest"
+  run_code 0 "$flowrun" $graph run.out_dir="$tmp/r21" data.batch=16 run.resume=auto
+  "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r21" 10)" 1e-5 || fail "resume 2 -> 1 differs"
+  # 1 -> 2: one process's checkpoint of step 5 continued by two sharded ranks.
+  run_code 0 "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=16 run.steps=5 ckpt.every=5
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 opt.shard=states run.resume=auto
+  "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
+  # Adafactor, sharded by whole parameters: the same run as unsharded, less state per rank, and
+  # its checkpoint (the statistics gathered from their ranks) continued by one process.
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_none" data.batch=8 opt.kind=adafactor
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sharded" data.batch=8 opt.kind=adafactor opt.shard=states
+  for f in model.params opt.state; do
+    "$tool" tensor-diff "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
+      fail "Adafactor: $f differs between shard: states and shard: none"
+  done
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af21" data.batch=8 opt.kind=adafactor opt.shard=states \
+    run.steps=5 ckpt.every=5
+  rm -rf "$tmp/af21/checkpoints/step_00000010"
+  run_code 0 "$flowrun" $graph run.out_dir="$tmp/af21" data.batch=16 opt.kind=adafactor run.resume=auto
+  "$tool" tensor-diff "$(params "$tmp/af_sharded" 10)" "$(params "$tmp/af21" 10)" 1e-5 || fail "Adafactor resume 2 -> 1 differs"
+  # A rank killed, or hanging, mid-run while the other waits in the parameters' all-gather: the
+  # job ends (a hang by run.comm_timeout_s), well within 60 s.
+  start=$(date +%s)
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/kill" data.batch=8 opt.shard=states \
+    run.steps=50 fault.rank=1 fault.step=5 fault.mode=kill
+  [ $(( $(date +%s) - start )) -lt 60 ] || fail "a killed rank: the job took $(( $(date +%s) - start )) s to end"
+  start=$(date +%s)
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/hang" data.batch=8 opt.shard=states \
+    run.steps=50 run.comm_timeout_s=3 fault.rank=1 fault.step=5 fault.mode=hang
+  expect_out "no answer from the other ranks in 3 s (run.comm_timeout_s)"
+  [ $(( $(date +%s) - start )) -lt 60 ] || fail "a hanging rank: the job took $(( $(date +%s) - start )) s to end"
+  ;;
 overlap_trace)
   # A model with several buckets and a backward long enough to see: bucket all-reduces must
   # start while forward_backward (backward) is still running.

@@ -8,15 +8,20 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
+#include "common/memory.hpp"
 #include "common/seed.hpp"
+#include "data_test_helpers.hpp"
 #include "models/gpt.hpp"
 #include "node_test_helpers.hpp"
 #include "train/cross_entropy.hpp"
 #include "train/forward_backward.hpp"
 #include "train/losses.hpp"
 #include "train/grad_buffer.hpp"
+#include "support/run_graph.hpp"
 
 namespace flowrun {
 namespace {
@@ -589,6 +594,73 @@ nodes:
   g->run();
   EXPECT_EQ(slow_runs.load(), 6);
   EXPECT_EQ(slow_mismatches.load(), 0);
+}
+
+// The step's memory, estimated before the first step (memory_check; common/memory.hpp).
+// graphs/gpt.yaml at a small size, as a user runs it: the log line holds every part, each
+// from its own source: gradients = weights (all trainable), AdamW's state = 2 x, the EMA's copy = 1 x.
+std::string run_gpt(const std::vector<std::string>& overrides, int* rc) {
+  const std::string src = FLOWRUN_SOURCE_DIR, dir = test::temp_dir("memory");
+  std::vector<std::string> args = {src + "/graphs/gpt.yaml", "data.path=" + src + "/data/text/fortunes_byte",
+                                   "model.vocab=256", "model.layers=2", "model.dim=64", "model.heads=4",
+                                   "run.steps=1", "eval.every=1000000", "evlog.every=1000000", "ckpt.every=1000000",
+                                   "ckpt.at=[]", "run.progress=off", "run.out_dir=" + dir + "/o"};
+  args.insert(args.end(), overrides.begin(), overrides.end());
+  *rc = test::run_flowrun(args, dir + "/log");
+  std::ifstream in(dir + "/log");
+  std::stringstream log;
+  log << in.rdbuf();
+  return log.str();
+}
+
+double mb_after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + key.size()));
+}
+
+TEST(ForwardBackwardMemory, TheEstimateBeforeTheFirstStepHasEveryPart) {
+  FLOWRUN_NEEDS_DATA(std::string(FLOWRUN_SOURCE_DIR) + "/data/text/fortunes_byte.train.bin");
+  int rc = 0;
+  const std::string log = run_gpt({"model.context=64", "data.seq_len=64", "data.batch=8"}, &rc);
+  ASSERT_EQ(rc, 0) << log;
+  const size_t at = log.find("memory per rank (estimate): ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string line = log.substr(at, log.find('\n', at) - at);
+  const double weights = mb_after(line, "weights "), grads = mb_after(line, "gradients ");
+  const double opt = mb_after(line, "optimizer state (adamw) (opt) "), ema = mb_after(line, "EMA copy (ema) ");
+  ASSERT_GT(weights, 0) << line;
+  // (printed with one decimal, in the same unit here: ~480 KB)
+  EXPECT_NEAR(grads, weights, 0.11) << line;
+  EXPECT_NEAR(opt, 2 * weights, 0.21) << line;
+  EXPECT_NEAR(ema, weights, 0.11) << line;
+  EXPECT_NE(line.find("activations of a micro-batch (8 rows, fp32, checkpoint: none) "), std::string::npos) << line;
+  EXPECT_NE(line.find(" available now, "), std::string::npos) << line;
+  // Checkpointing lowers the activations' figure; accumulate halves the rows.
+  const std::string blocks = run_gpt({"model.context=64", "data.seq_len=64", "data.batch=8", "model.checkpoint=blocks",
+                                      "fb.accumulate=2"}, &rc);
+  ASSERT_EQ(rc, 0) << blocks;
+  EXPECT_NE(blocks.find("activations of a micro-batch (4 rows, fp32, checkpoint: blocks) "), std::string::npos) << blocks;
+}
+
+// A step that cannot fit is refused before it allocates anything, naming the figures and what
+// would make it fit: one sequence of 32768 tokens keeps 4 heads x 32768^2 attention scores per
+// block, ~43 GB, two blocks ~86 GB, far beyond this machine. The refusal names checkpointing
+// (one block's worth then: less, not enough alone); a larger accumulate cannot help one row.
+TEST(ForwardBackwardMemory, AStepThatCannotFitIsRefusedWithTheSettingsThatWouldHelp) {
+  FLOWRUN_NEEDS_DATA(std::string(FLOWRUN_SOURCE_DIR) + "/data/text/fortunes_byte.train.bin");
+  if (available_host_memory() > 200e9) GTEST_SKIP() << "this machine has more than 200 GB available";
+  int rc = 0;
+  const std::string log =
+      run_gpt({"model.layers=2", "model.dim=32", "model.context=32768", "data.seq_len=32768", "data.batch=1",
+               "eval.batch=1"}, &rc);
+  EXPECT_NE(rc, 0) << log;
+  EXPECT_NE(log.find("(forward_backward): the step needs about "), std::string::npos) << log;
+  EXPECT_NE(log.find("activations of a micro-batch (1 rows, fp32, checkpoint: none)"), std::string::npos) << log;
+  EXPECT_NE(log.find("model.checkpoint=blocks ("), std::string::npos) << log;
+  EXPECT_NE(log.find(": not enough alone)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("fb.accumulate="), std::string::npos) << log;
+  EXPECT_NE(log.find("fb.memory_check=warn runs anyway"), std::string::npos) << log;
 }
 
 }  // namespace

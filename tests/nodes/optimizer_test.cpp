@@ -172,6 +172,90 @@ TEST(Optimizer, DeferredNonFiniteStepsAreSkippedAndCounted) {
   }
 }
 
+// ZeRO-1's plan: over any world size, every element of every parameter is in exactly one rank's
+// pieces, each rank's slice is contiguous and at most ceil(numel / world) long, and the pieces lie
+// in the slice in buffer order.
+TEST(ShardPlan, EveryElementIsInExactlyOneRanksPieces) {
+  Toy t = toy(0, 7, 5);
+  ModelState::Named named = t.model->named_parameters(true);
+  std::vector<torch::Tensor> ps;
+  for (const auto& [_, p] : named) ps.push_back(p);
+  const FlatLayout layout = FlatLayout::of(ps);
+  for (int world : {1, 2, 3, 7, 64}) {
+    std::vector<std::vector<int>> seen(ps.size());
+    for (size_t i = 0; i < ps.size(); ++i) seen[i].assign(static_cast<size_t>(ps[i].numel()), 0);
+    for (int rank = 0; rank < world; ++rank) {
+      const ShardPlan plan = ShardPlan::make(layout, named, rank, world);
+      ASSERT_EQ(plan.groups.size(), 1u);
+      EXPECT_LE(plan.groups[0].end - plan.groups[0].begin, plan.groups[0].slice);
+      int64_t at = 0;
+      for (const auto& piece : plan.pieces) {
+        EXPECT_EQ(piece.at, at) << "world " << world << " rank " << rank;
+        at += piece.numel;
+        for (int64_t k = piece.offset; k < piece.offset + piece.numel; ++k)
+          ++seen[static_cast<size_t>(piece.param)][static_cast<size_t>(k)];
+      }
+      EXPECT_EQ(at, plan.groups[0].end - plan.groups[0].begin);
+    }
+    for (const auto& s : seen)
+      for (int c : s) ASSERT_EQ(c, 1) << "world " << world;
+  }
+}
+
+// Two ranks simulated in one process: each updates its pieces (with the norm of all the grads),
+// the slices put together as the all-gather would: the same parameters, bit for bit, as one
+// unsharded optimizer, over several steps with clipping and weight decay (biases do not decay,
+// also in a piece). AdamW and SGD cut the buffer element-wise (through the weight), Adafactor
+// by whole parameters (rank 0 the weight, factored, rank 1 the bias).
+TEST(ShardPlan, ShardedUpdatesAreTheUnshardedOnesBitForBit) {
+  for (OptimKind kind : {OptimKind::adamw, OptimKind::sgd, OptimKind::adafactor}) {
+    OptimConfig cfg;
+    cfg.kind = kind;
+    cfg.adafactor.min_dim_size_to_factor = 4;
+    cfg.clip = 0.5;
+    cfg.weight_decay = 0.1;
+    Toy whole = toy(1, 9, 6);
+    std::vector<Toy> ranks = {toy(1, 9, 6), toy(1, 9, 6)};
+    OptimizerState s_whole;
+    std::vector<OptimizerState> s_rank(2);
+    for (int step = 1; step <= 4; ++step) {
+      const Grads g = random_grads(*whole.model, step);
+      optimizer_update(s_whole, whole.model->named_parameters(true), g, cfg, 0.05);
+      std::vector<torch::Tensor> slices;
+      for (int r = 0; r < 2; ++r) {
+        ModelState& m = *ranks[static_cast<size_t>(r)].model;
+        m.flat.ensure(m.trainable_parameters());
+        const ModelState::Named named = m.named_parameters(true);
+        OptimizerState& st = s_rank[static_cast<size_t>(r)];
+        if (st.slots.empty())
+          make_shard_slots(st, ShardPlan::make(m.flat.layout(), named, r, 2, kind == OptimKind::adafactor), named, cfg);
+        if (kind == OptimKind::adafactor) {  // whole parameters: the weight on rank 0, the bias on rank 1
+          ASSERT_EQ(st.shard.pieces.size(), 1u);
+          EXPECT_EQ(st.shard.pieces[0].numel, named[static_cast<size_t>(st.shard.pieces[0].param)].second.numel());
+          EXPECT_EQ(st.slots[0].v_row.defined(), r == 0);
+        }
+        const ShardPieces pieces = shard_pieces(st.shard, named, g);
+        optimizer_update(st, pieces.params, pieces.grads, cfg, 0.05, global_norm(g));
+        const auto& grp = st.shard.groups[0];
+        slices.push_back((*m.flat.buffers_of(m.trainable_parameters()))[0].narrow(0, grp.begin, grp.end - grp.begin).clone());
+      }
+      for (int r = 0; r < 2; ++r) {  // the all-gather
+        ModelState& m = *ranks[static_cast<size_t>(r)].model;
+        torch::Tensor buf = (*m.flat.buffers_of(m.trainable_parameters()))[0];
+        torch::NoGradGuard ng;
+        for (int q = 0; q < 2; ++q) {
+          const auto& grp = s_rank[static_cast<size_t>(q)].shard.groups[0];
+          buf.narrow(0, grp.begin, grp.end - grp.begin).copy_(slices[static_cast<size_t>(q)]);
+        }
+      }
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(torch::equal(ranks[static_cast<size_t>(r)].lin->weight, whole.lin->weight)) << int(kind) << " step " << step;
+        EXPECT_TRUE(torch::equal(ranks[static_cast<size_t>(r)].lin->bias, whole.lin->bias)) << int(kind) << " step " << step;
+      }
+    }
+  }
+}
+
 TEST(OptimizerNode, DivergedRunStopsWithTheStep) {
   try {
     test::run_graph_text(R"(flowrun: 1
