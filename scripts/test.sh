@@ -20,7 +20,9 @@ cmake --build "$BUILD_DIR" -j "$(nproc)"
 # here they all run: make it first when it is missing (scripts/setup.sh has, normally).
 [ -f data/shapes/vocab.txt ] && [ -f data/text/fortunes_byte.train.bin ] && [ -f data/gpt2/vocab.json ] ||
   scripts/data.sh "$BUILD_DIR/engine/flowrun"
-(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 "$@")
+# As many tests at once as there are cores; the ones that must run alone (the multi-process
+# cases, the README commands) say so (RUN_SERIAL in their CMakeLists.txt).
+(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@")
 [ "${SANITIZE:-1}" = 0 ] && exit 0
 
 [ -f "$SAN_BUILD_DIR/CMakeCache.txt" ] ||
