@@ -34,7 +34,7 @@ std::string describe(const Config& c) {
     << " heads=" << c.heads << " mlp_ratio=" << c.mlp_ratio << " text_dim=" << c.text_dim << " t5_dim=" << c.t5_dim << " text_len=" << c.text_len;
   if (c.t5_dim > 0) s << " text_len_t5=" << c.text_len_t5 << " pooled_projection_dim=" << c.pooled_projection_dim;
   s << " use_style_cond_and_image_meta_size=" << (c.use_style_cond_and_image_meta_size ? "true" : "false")
-    << " learn_sigma=" << (c.learn_sigma ? "true" : "false");
+    << " learn_sigma=" << (c.learn_sigma ? "true" : "false") << " rope_base_grid=" << c.rope_base_grid;
   return s.str();
 }
 
@@ -206,13 +206,31 @@ torch::Tensor BlockImpl::forward(torch::Tensor h, const torch::Tensor& temb, con
 
 // ---- RoPE and timestep features
 
-std::pair<torch::Tensor, torch::Tensor> rope_2d(int64_t head_dim, int64_t gh, int64_t gw) {
+std::pair<torch::Tensor, torch::Tensor> rope_2d(int64_t head_dim, int64_t gh, int64_t gw, int64_t base_grid) {
   const int64_t half = head_dim / 2;  // channels per axis
   auto f32 = torch::TensorOptions().dtype(torch::kFloat);
   // f_k = 1 / 10000^(2k / half), k < half/2; each repeated for the pair (2k, 2k+1).
   torch::Tensor freqs = 1.0 / torch::pow(10000.0, torch::arange(0, half, 2, f32) / static_cast<double>(half));
-  torch::Tensor rows = torch::arange(gh, f32).repeat_interleave(gw);  // token (r, c) at r*gw + c
-  torch::Tensor cols = torch::arange(gw, f32).repeat({gh});
+  // Positions along each axis: n of them from `start`, `span` / n apart (computed in double,
+  // then float32, as numpy's linspace(start, start + span, n, endpoint=False, dtype=float32)).
+  auto axis = [&](int64_t n, double start, double span) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (int64_t k = 0; k < n; ++k) v[static_cast<size_t>(k)] = static_cast<float>(k * (span / n) + start);
+    return torch::tensor(v, f32);
+  };
+  torch::Tensor ys = torch::arange(gh, f32), xs = torch::arange(gw, f32);
+  if (base_grid > 0) {  // diffusers' get_resize_crop_region_for_grid((gh, gw), base_grid)
+    const double b = static_cast<double>(base_grid), h = static_cast<double>(gh), w = static_cast<double>(gw);
+    double rh = b, rw = b;
+    if (h / w > 1)
+      rw = std::nearbyint(b / h * w);  // Python's round(): half to even, as nearbyint by default
+    else
+      rh = std::nearbyint(b / w * h);
+    ys = axis(gh, std::nearbyint((b - rh) / 2.0), rh);
+    xs = axis(gw, std::nearbyint((b - rw) / 2.0), rw);
+  }
+  torch::Tensor rows = ys.repeat_interleave(gw);  // token (r, c) at r*gw + c
+  torch::Tensor cols = xs.repeat({gh});
   torch::Tensor aw = torch::outer(cols, freqs).repeat_interleave(2, 1);  // first half: column
   torch::Tensor ah = torch::outer(rows, freqs).repeat_interleave(2, 1);  // second half: row
   torch::Tensor a = torch::cat({aw, ah}, 1);                             // [gh*gw, head_dim]
@@ -265,7 +283,7 @@ std::pair<torch::Tensor, torch::Tensor> DitImpl::rope(int64_t gh, int64_t gw, co
   auto it = rope_cache_->tables.find(key);
   if (it != rope_cache_->tables.end()) return it->second;
   torch::NoGradGuard no_grad;
-  auto [c, s] = rope_2d(cfg_.head_dim(), gh, gw);
+  auto [c, s] = rope_2d(cfg_.head_dim(), gh, gw, cfg_.rope_base_grid);
   auto v = std::make_pair(c.to(device), s.to(device));
   rope_cache_->tables[key] = v;
   return v;

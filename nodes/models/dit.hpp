@@ -46,11 +46,16 @@
 // middle block(s) have none. (For even depth exactly diffusers' rule; odd depth extends it.)
 //
 // 2-D RoPE (diffusers' get_2d_rotary_pos_embed, use_real): a token at patch row r, column c
-// rotates the pairs (2k, 2k+1) of the first half of each head's channels by c·f_k and those of
-// the second half by r·f_k, f_k = 10000^(-2k/(head_dim/2)). Positions are the integer patch
-// coordinates 0..gh-1, 0..gw-1 of the input's own grid (HunyuanDiT's pipeline rescales them
-// to a 512-px base grid; here any H, W divisible by patch — aspect-ratio buckets — gets its
-// own table, computed per shape and cached).
+// rotates the pairs (2k, 2k+1) of the first half of each head's channels by x_c·f_k and those of
+// the second half by y_r·f_k, f_k = 10000^(-2k/(head_dim/2)). The positions x, y are as
+// HunyuanDiT's pipeline and trainer compute them (rope_base_grid = B, 32 for a 512-px base with
+// patch 2): the gh x gw grid resized to fit a B x B grid, keeping its aspect ratio, centered
+// (get_resize_crop_region_for_grid: the crop (top, left)-(top + h', left + w'), Python's
+// round-half-to-even), then the positions spaced over the crop: y_r = top + r h'/gh, x_c =
+// left + c w'/gw (np.linspace without the end point); a 64 x 64 grid gets 0, 0.5, 1, ..., a
+// 16 x 16 one 0, 2, 4, ... rope_base_grid 0: the integer patch coordinates 0..gh-1, 0..gw-1.
+// Any H, W divisible by patch (aspect-ratio buckets) gets its own table, computed per shape
+// and cached.
 //
 // learn_sigma (HunyuanDiT's checkpoints have it): proj_out predicts 2C channels, the prediction
 // and a variance; forward() returns all 2C, the model's forward for objectives and samplers the
@@ -86,6 +91,7 @@ struct Config {
   bool use_style_cond_and_image_meta_size = true;   // size and style conditioning (v1.2: false)
   bool learn_sigma = true;                          // proj_out predicts 2C channels (prediction | variance)
   CheckpointPolicy checkpoint;                      // blocks recomputed in backward (activation_checkpoint.hpp)
+  int64_t rope_base_grid = 0;                       // RoPE positions fit to a B x B grid (the pipeline's 32); 0: integer
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   // Width of extra_embedder's input; 0: the model has none.
   int64_t extra_in() const {
@@ -279,8 +285,9 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
 TORCH_MODULE(Block);
 
 // The (cos, sin) tables [gh*gw, head_dim] of the 2-D RoPE for a gh x gw patch grid (row-major
-// tokens). float32, CPU.
-std::pair<torch::Tensor, torch::Tensor> rope_2d(int64_t head_dim, int64_t gh, int64_t gw);
+// tokens), positions fit to a base_grid x base_grid grid (0: integer positions; see the top of
+// this file). float32, CPU.
+std::pair<torch::Tensor, torch::Tensor> rope_2d(int64_t head_dim, int64_t gh, int64_t gw, int64_t base_grid = 0);
 // Rotate x [..., N, head_dim] by the tables (diffusers' apply_rotary_emb with use_real,
 // interleaved pairs): x*cos + rot(x)*sin, rot(x)[2k] = -x[2k+1], rot(x)[2k+1] = x[2k].
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);

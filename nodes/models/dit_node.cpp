@@ -42,6 +42,7 @@ class DitNode : public Node {
     cfg.use_style_cond_and_image_meta_size = p.get<bool>("use_style_cond_and_image_meta_size");
     cfg.learn_sigma = p.get<bool>("learn_sigma");
     cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
+    cfg.rope_base_grid = p.has("rope_base_grid") ? p.get<int64_t>("rope_base_grid") : 0;  // null: integer positions
     try {
       cfg.check();
     } catch (const std::exception& e) {
@@ -67,6 +68,16 @@ class DitNode : public Node {
       lc.targets = l["targets"].as<std::vector<std::string>>();
       try {
         const auto names = lora::apply_lora(*model, lc, seed);
+        // diffusers' HunyuanAttentionPool computes with q_proj.weight (and k, v, c) directly, not
+        // through the module, so peft's adapters there do nothing in diffusers unless merged.
+        std::vector<std::string> pooled;
+        for (const auto& n : names)
+          if (n.find(".pooler.") != std::string::npos) pooled.push_back(n);
+        if (!pooled.empty() && ctx.run().rank == 0)
+          spdlog::warn("{}: lora.targets reach the T5 pooler ({} layers, e.g. {}): diffusers' attention pool reads "
+                       "their weights directly, so with diffusers + peft those adapters have no effect unless merged "
+                       "into the weights; leave the pooler out of lora.targets to train what diffusers will use",
+                       ctx.who(), pooled.size(), pooled.front());
         from += ", LoRA r=" + std::to_string(lc.rank) + " on " + std::to_string(names.size()) + " layers";
       } catch (const std::exception& e) {
         throw std::runtime_error(ctx.who() + ": " + e.what());

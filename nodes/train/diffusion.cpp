@@ -137,26 +137,37 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
   torch::Tensor tgt = target(sched, o.prediction, x0, noise, t);
   TensorMap in = batch;
   // Classifier-free guidance training: each row's condition becomes the null condition with
-  // P = cond_drop. Training only (inside a TrainingScope), drawn after t and the noise.
-  auto text = batch.find("text_emb");
-  const bool has_text = text != batch.end() && text->second.defined() && text->second.dim() >= 1;
-  at::Generator* training = has_text ? TrainingScope::current_on(text->second.device()) : nullptr;
-  if (training && o.cond_drop > 0.0) {
-    const int64_t rows = text->second.size(0);
-    torch::Tensor drop;
-    {
+  // P = cond_drop (each stream apart with cond_drop_t5). Training only (inside a TrainingScope),
+  // drawn after t and the noise: the first stream's rows, then the T5 stream's.
+  const torch::Tensor* cond = nullptr;  // a condition tensor: its rows and device
+  for (const char* k : {"text_emb", "t5_emb"})
+    if (auto c = batch.find(k); !cond && c != batch.end() && c->second.defined() && c->second.dim() >= 1) cond = &c->second;
+  at::Generator* training = cond ? TrainingScope::current_on(cond->device()) : nullptr;
+  if (training) {
+    const int64_t rows = cond->size(0);
+    auto draw = [&](double p) {
       torch::NoGradGuard no_grad;
-      drop = torch::empty({rows}, text->second.options().dtype(torch::kFloat)).bernoulli_(o.cond_drop, *training)
-                 .to(torch::kBool);
-    }
+      return torch::empty({rows}, cond->options().dtype(torch::kFloat)).bernoulli_(p, *training).to(torch::kBool);
+    };
+    torch::Tensor drop_text, drop_t5;
+    if (o.cond_drop > 0.0) drop_text = draw(o.cond_drop);
+    if (!o.cond_drop_t5)
+      drop_t5 = drop_text;  // one draw for both streams
+    else if (*o.cond_drop_t5 > 0.0)
+      drop_t5 = draw(*o.cond_drop_t5);
     const TensorMap null = null_condition(batch);
-    for (const char* k : {"text_emb", "text_mask", "t5_emb", "t5_mask"}) {
-      auto it = in.find(k);
-      if (it == in.end() || !it->second.defined()) continue;
-      std::vector<int64_t> shape(static_cast<size_t>(it->second.dim()), 1);
-      shape[0] = rows;
-      it->second = torch::where(drop.view(shape), null.at(k), it->second);
-    }
+    auto replace = [&](const torch::Tensor& drop, std::initializer_list<const char*> keys) {
+      if (!drop.defined()) return;
+      for (const char* k : keys) {
+        auto it = in.find(k);
+        if (it == in.end() || !it->second.defined()) continue;
+        std::vector<int64_t> shape(static_cast<size_t>(it->second.dim()), 1);
+        shape[0] = rows;
+        it->second = torch::where(drop.view(shape), null.at(k), it->second);
+      }
+    };
+    replace(drop_text, {"text_emb", "text_mask"});
+    replace(drop_t5, {"t5_emb", "t5_mask"});
   }
   in["x"] = xt;
   in["t"] = t;

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/tensor_map.hpp"
@@ -60,8 +61,13 @@ struct Options {
   Prediction prediction = Prediction::eps;
   double noise_offset = 0.0;  // noise += noise_offset * N(0, 1) per (row, channel)
   std::string x_key = "latents";
-  // Classifier-free guidance training: P(a row's condition is replaced by null_condition).
+  // Classifier-free guidance training: P(a row's condition is replaced by null_condition's).
+  // cond_drop_t5 unset: one draw per row drops every stream (text_emb/text_mask and
+  // t5_emb/t5_mask) together with P = cond_drop. Set: cond_drop is the first stream's
+  // (BERT/CLIP: text_emb, text_mask) and cond_drop_t5 the T5 stream's, drawn apart, as the
+  // HunyuanDiT trainer's uncond_p and uncond_p_t5.
   double cond_drop = 0.0;
+  std::optional<double> cond_drop_t5;
 };
 
 // The condition of "no text": text_emb and t5_emb (where present) zeroed, text_mask and t5_mask
@@ -74,7 +80,8 @@ TensorMap null_condition(const TensorMap& batch);
 // predicts eps or v; the loss is the MSE over all elements (in fp32). Randomness: the current
 // TrainingScope's generator (forward_backward seeds it by run seed, step, rank, micro-batch),
 // drawn in the order t, noise, offset, then the rows whose condition is dropped (cond_drop:
-// the batch's text_emb/text_mask/t5_emb/t5_mask of those rows replaced by null_condition's);
+// the batch's text_emb/text_mask/t5_emb/t5_mask of those rows replaced by null_condition's;
+// with cond_drop_t5, the first stream's rows, then the T5 stream's);
 // outside a scope (evaluators) a fixed seed and no condition dropped, so the value is
 // deterministic.
 torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& options);

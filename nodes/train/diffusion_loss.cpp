@@ -19,6 +19,7 @@ static diffusion::Options options_of(const Params& p) {
   o.noise_offset = p.get<double>("noise_offset");
   o.x_key = p.get<std::string>("x_key");
   o.cond_drop = p.get<double>("cond_drop");
+  if (p.has("cond_drop_t5")) o.cond_drop_t5 = p.get<double>("cond_drop_t5");  // null: with the first stream
   return o;
 }
 

@@ -166,5 +166,52 @@ TEST(Diffusion, CondDropReplacesTheConditionByTheNullOneInTrainingOnly) {
   EXPECT_EQ(loss(drop, batch, false), loss(keep, batch, false));
 }
 
+// Per-stream dropout (cond_drop for text_emb/text_mask, cond_drop_t5 for t5_emb/t5_mask, as
+// HunyuanDiT's uncond_p and uncond_p_t5): each stream's rate over many rows within 0.02 of its
+// setting, drawn apart (both dropped about p x q of the time); without cond_drop_t5 one draw drops
+// both together (the rows are the same), as before. A model that records what it was given.
+TEST(Diffusion, EachStreamIsDroppedWithItsOwnProbability) {
+  const int64_t n = 20000;
+  TensorMap seen;
+  auto probe = std::make_shared<ModelState>(torch::nn::Linear(1, 1).ptr(), [&](torch::nn::Module&, const TensorMap& b) {
+    seen = b;
+    return torch::zeros_like(b.at("x"));
+  }, "probe");
+  const TensorMap batch = {{"image", torch::ones({n, 1, 2, 2})},
+                           {"text_emb", torch::ones({n, 2, 3})}, {"text_mask", torch::zeros({n, 2}, torch::kLong)},
+                           {"t5_emb", torch::ones({n, 4, 3})}, {"t5_mask", torch::zeros({n, 4}, torch::kLong)}};
+  // Rows whose stream was replaced by the null condition (zero states, all-ones mask).
+  auto dropped = [&](const char* emb, const char* mask) {
+    const torch::Tensor z = seen.at(emb).abs().sum({1, 2}) == 0, m = seen.at(mask).eq(1).all(1);
+    EXPECT_TRUE(torch::equal(z, m)) << emb << " and " << mask << " dropped apart";
+    return z;
+  };
+  auto run = [&](double text, std::optional<double> t5) {
+    diffusion::Options o;
+    o.x_key = "image";
+    o.cond_drop = text;
+    o.cond_drop_t5 = t5;
+    TrainingScope scope(7);
+    torch::NoGradGuard no_grad;
+    DiffusionLoss(o).loss(*probe, batch);
+  };
+  auto rate = [&](const torch::Tensor& rows) { return rows.to(torch::kDouble).mean().item<double>(); };
+
+  run(0.1, 0.05);
+  const torch::Tensor text = dropped("text_emb", "text_mask"), t5 = dropped("t5_emb", "t5_mask");
+  EXPECT_NEAR(rate(text), 0.1, 0.02);
+  EXPECT_NEAR(rate(t5), 0.05, 0.02);
+  EXPECT_NEAR(rate(text & t5), 0.1 * 0.05, 0.003);  // independent draws
+
+  run(0.0, 0.2);  // the T5 stream alone
+  EXPECT_EQ(rate(dropped("text_emb", "text_mask")), 0.0);
+  EXPECT_NEAR(rate(dropped("t5_emb", "t5_mask")), 0.2, 0.02);
+
+  run(0.1, std::nullopt);  // one draw for both streams
+  const torch::Tensor both = dropped("text_emb", "text_mask");
+  EXPECT_NEAR(rate(both), 0.1, 0.02);
+  EXPECT_TRUE(torch::equal(both, dropped("t5_emb", "t5_mask")));
+}
+
 }  // namespace
 }  // namespace flowrun

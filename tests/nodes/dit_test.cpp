@@ -107,6 +107,27 @@ TEST(Dit, InitZeroesTheOutputPath) {
   for (const auto& it : m->named_parameters()) EXPECT_TRUE(torch::equal(it.value(), m2->named_parameters()[it.key()]));
 }
 
+// The positions HunyuanDiT's pipeline gives its transformer (rope_base_grid 32): the tables
+// diffusers v0.30.3's own get_resize_crop_region_for_grid + get_2d_rotary_pos_embed computed
+// (tests/fixtures/make_hunyuandit_rope.py, head_dim 4: the tables are the positions' cos and
+// sin) at 256, 512 and 1024 px and two aspect-ratio buckets whose crops round half to even.
+// Without the base grid, the integer positions agree only at the 32 x 32 grid.
+TEST(Dit, RopePositionsAreThePipelines) {
+  const safetensors::File ref = safetensors::load(std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hunyuandit_rope.safetensors");
+  for (auto [gh, gw] : {std::pair<int64_t, int64_t>{16, 16}, {32, 32}, {64, 64}, {24, 16}, {16, 40}}) {
+    const std::string grid = std::to_string(gh) + "x" + std::to_string(gw);
+    const torch::Tensor& want_cos = ref.tensors.at("cos_" + grid);
+    const torch::Tensor& want_sin = ref.tensors.at("sin_" + grid);
+    auto [cos, sin] = dit::rope_2d(4, gh, gw, 32);
+    ASSERT_EQ(cos.sizes(), want_cos.sizes()) << grid;
+    EXPECT_LE((cos - want_cos).abs().max().item<double>(), 1e-5) << grid;
+    EXPECT_LE((sin - want_sin).abs().max().item<double>(), 1e-5) << grid;
+    auto [icos, isin] = dit::rope_2d(4, gh, gw);  // integer positions
+    EXPECT_EQ(torch::allclose(icos, want_cos, 0, 1e-5) && torch::allclose(isin, want_sin, 0, 1e-5), gh == 32 && gw == 32)
+        << grid;
+  }
+}
+
 TEST(Dit, Rope2dMatchesAHandWrittenReference) {
   const int64_t D = 8, gh = 2, gw = 3;
   auto [cos, sin] = dit::rope_2d(D, gh, gw);
@@ -307,8 +328,11 @@ nodes:
   for (const auto& [k, t] : bf.tensors) EXPECT_TRUE(torch::equal(tensors.at(k), t)) << k;
   EXPECT_GT(tensors.at("blocks.0.attn1.to_q.lora_B.weight").abs().sum().item<double>(), 0.0);
 
-  // A fresh base + the exported adapters computes what the trained model computes.
-  dit::Dit fresh(tiny());
+  // A fresh base + the exported adapters computes what the trained model computes (with the
+  // graph's RoPE positions: the schema's rope_base_grid 32).
+  dit::Config fresh_cfg = tiny();
+  fresh_cfg.rope_base_grid = 32;
+  dit::Dit fresh(fresh_cfg);
   dit::load_safetensors(*fresh, base_file);
   auto fs = dit::make_state(fresh);
   lora::load_peft(*fs, folder);
