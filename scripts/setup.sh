@@ -76,8 +76,10 @@ if [ $demo = 1 ]; then
   "$B" graphs/hydit_lora.yaml run.resume=never
   # What the samples show (shapes_fidelity's figures, logged by evlog in metrics.jsonl): the
   # base's last evaluation; this LoRA run's first (the base) and last; and the demo's outcome
-  # checked against bars (docs/data.md, measured: base color 98.2 %, purple color 0 -> 66.7 %,
-  # control 100 %): the script fails when the LoRA did not teach purple.
+  # checked against bars (docs/data.md has the measured figures): the script fails when the
+  # LoRA did not teach purple (after it, at least a quarter of the purple prompts' samples
+  # purple, and 15 points more than the base drew), the base does not draw its own colors or the
+  # control lost its color.
   outcome=0
   python3 - <<'PY' || outcome=$?
 import json, sys
@@ -114,8 +116,9 @@ for what, j in (("before LoRA", lora[0]), ("after LoRA", lora[-1])):
     if what == "after LoRA" and control and not min(c.get(k, 0) for k in control) >= 75:
         failed.append("the control prompt lost its color after LoRA (bar: 75 %)")
 rise = purple_color["after LoRA"] - purple_color["before LoRA"]
-if not rise >= 33:
-    failed.append("the purple prompts' color check rose by %.1f points with LoRA (bar: 33)" % rise)
+if not (purple_color["after LoRA"] >= 25 and rise >= 15):
+    failed.append("after LoRA the purple prompts' color check is %.1f %% (bar: 25), %.1f points above the base's "
+                  "(bar: 15)" % (purple_color["after LoRA"], rise))
 if failed:
     print("== the demo's outcome is below its bars: " + "; ".join(failed))
     print("   (samples: runs/dit_base/samples/, runs/hydit_lora/samples/; VAE reconstructions: runs/vae/recon/)")

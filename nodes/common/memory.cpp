@@ -80,6 +80,7 @@ double TrainingMemory::to_allocate() const {
 
 std::string TrainingMemory::text() const {
   std::string s = "weights " + bytes_text(weights) + ", gradients " + bytes_text(gradients);
+  if (!gradients_note.empty()) s += " (" + gradients_note + ")";
   for (const auto& k : kept) s += ", " + k.what + " (" + k.node + ") " + bytes_text(k.bytes);
   s += activations >= 0 ? ", activations of a micro-batch (" + activations_note + ") " + bytes_text(activations)
                         : ", activations (not estimated for this model)";

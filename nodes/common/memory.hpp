@@ -45,6 +45,7 @@ struct MemoryItem {
 // none). Compared with what the device has left (`available`; 0: unknown).
 struct TrainingMemory {
   double weights = 0, gradients = 0;
+  std::string gradients_note;  // where they are, when more than one copy ("autograd's + 2 all-reduce buffers")
   std::vector<MemoryItem> kept;
   double activations = -1;
   std::string activations_note;  // "16 rows, fp32, checkpoint: none"

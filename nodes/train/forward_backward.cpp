@@ -244,6 +244,15 @@ class ForwardBackwardNode : public Node {
       m.weights += static_cast<double>(t.nbytes());
       if (t.requires_grad()) m.gradients += static_cast<double>(t.nbytes());
     }
+    // Copies of the gradients (run() below): autograd's own (grad_layout fresh), and with several
+    // processes or grad_layout buffer the buffers of take_buffer()'s pool (two while a step's grads
+    // are still held as the next backward runs).
+    const bool buffers = ctx.run().world > 1 || !fresh_;
+    const int copies = (fresh_ ? 1 : 0) + (buffers ? static_cast<int>(kPool) : 0);
+    if (copies > 1)
+      m.gradients_note = std::to_string(copies) + " copies: " + (fresh_ ? "autograd's + " : "") +
+                         std::to_string(kPool) + " gradient buffers";
+    m.gradients *= copies;
     m.kept = model.kept;
     const int64_t bytes = options_.precision == Precision::bf16 ? 2 : 4;
     const int64_t rows = batch_rows(batch);

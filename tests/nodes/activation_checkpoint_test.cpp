@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -89,6 +90,27 @@ void expect_grads_close(const std::vector<torch::Tensor>& got, const std::vector
   }
 }
 
+// One step of `objective` on `batch` with the model as `make` builds it for checkpoint none,
+// blocks and every_2: the same loss bit for bit, the same gradients to float rounding.
+void expect_policies_match(const std::function<std::shared_ptr<ModelState>(const std::string&)>& make,
+                           const TensorMap& batch, const Objective& objective, const FwdBwdOptions& o) {
+  auto run = [&](ModelState& m) {
+    FwdBwdResult r = forward_backward(m, batch, objective, o);
+    Step s;
+    s.loss = r.loss.item<double>();
+    for (const auto& g : r.grads) s.grads.push_back(g.defined() ? g.clone() : g);
+    return s;
+  };
+  auto plain = make("none");
+  const Step want = run(*plain);
+  for (const char* policy : {"blocks", "every_2"}) {
+    auto m = make(policy);
+    const Step got = run(*m);
+    EXPECT_EQ(got.loss, want.loss) << policy;
+    expect_grads_close(got.grads, want.grads);
+  }
+}
+
 TEST(ActivationCheckpoint, GptGradientsEqualThePlainRunBitForBit) {
   const torch::Tensor tokens = torch::randint(64, {4, 33}, make_cpu_generator(3), torch::kLong);
   for (int64_t accumulate : {1, 2}) {
@@ -144,20 +166,7 @@ TEST(ActivationCheckpoint, CappaGradientsEqualThePlainRun) {
                            {"input_ids", torch::randint(1, 11, {4, 6}, make_cpu_generator(10), torch::kLong)}};
   FwdBwdOptions o;
   o.dropout_seed = 77;  // the parallel rows are drawn in the scope
-  auto run = [&](ModelState& m) {
-    FwdBwdResult r = forward_backward(m, batch, CaptionLoss(CaptionLoss::Options{}), o);
-    Step s;
-    s.loss = r.loss.item<double>();
-    for (const auto& g : r.grads) s.grads.push_back(g.defined() ? g.clone() : g);
-    return s;
-  };
-  auto plain = model("none"), blocks = model("blocks"), every2 = model("every_2");
-  const Step want = run(*plain);
-  for (ModelState* m : {blocks.get(), every2.get()}) {
-    const Step got = run(*m);
-    EXPECT_EQ(got.loss, want.loss);
-    expect_grads_close(got.grads, want.grads);
-  }
+  expect_policies_match(model, batch, CaptionLoss(CaptionLoss::Options{}), o);
 }
 
 // DiT: blocks take the time embedding, the text states, RoPE and (the later half) a long skip as
@@ -178,20 +187,7 @@ TEST(ActivationCheckpoint, DitGradientsEqualThePlainRun) {
   d.cond_drop = 0.3;
   FwdBwdOptions o;
   o.dropout_seed = 5;
-  auto run = [&](ModelState& m) {
-    FwdBwdResult r = forward_backward(m, batch, DiffusionLoss(d), o);
-    Step s;
-    s.loss = r.loss.item<double>();
-    for (const auto& gr : r.grads) s.grads.push_back(gr.defined() ? gr.clone() : gr);
-    return s;
-  };
-  auto plain = model("none"), blocks = model("blocks"), every2 = model("every_2");
-  const Step want = run(*plain);
-  for (ModelState* m : {blocks.get(), every2.get()}) {
-    const Step got = run(*m);
-    EXPECT_EQ(got.loss, want.loss);
-    expect_grads_close(got.grads, want.grads);
-  }
+  expect_policies_match(model, batch, DiffusionLoss(d), o);
 }
 
 // The VAE (graphs/vae.yaml's model): down, mid and up blocks recomputed; vae_loss samples the
@@ -208,20 +204,7 @@ TEST(ActivationCheckpoint, VaeGradientsEqualThePlainRun) {
   const TensorMap batch = {{"image", torch::rand({2, 3, 16, 16}, make_cpu_generator(14)) * 2 - 1}};
   FwdBwdOptions o;
   o.dropout_seed = 21;
-  auto run = [&](ModelState& m) {
-    FwdBwdResult r = forward_backward(m, batch, VaeLoss(VaeLoss::Options{}), o);
-    Step s;
-    s.loss = r.loss.item<double>();
-    for (const auto& gr : r.grads) s.grads.push_back(gr.defined() ? gr.clone() : gr);
-    return s;
-  };
-  auto plain = model("none"), blocks = model("blocks"), every2 = model("every_2");
-  const Step want = run(*plain);
-  for (ModelState* m : {blocks.get(), every2.get()}) {
-    const Step got = run(*m);
-    EXPECT_EQ(got.loss, want.loss);
-    expect_grads_close(got.grads, want.grads);
-  }
+  expect_policies_match(model, batch, VaeLoss(VaeLoss::Options{}), o);
 }
 
 // Outside grad mode (an evaluator) a checkpointed model is its plain forward.
