@@ -25,6 +25,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace flowrun::comm {
 
@@ -100,6 +101,16 @@ class Channel {
   Request broadcast(void* data, size_t bytes, int root, const std::string& what);
   // all[r * bytes_each ...] = rank r's `mine`. `all` holds size() * bytes_each bytes.
   Request allgather(const void* mine, void* all, size_t bytes_each, const std::string& what);
+  // In place: rank q's block of `data` (counts[q] elements of element_size bytes, the blocks one
+  // after the other, the same counts on every rank) from rank q to every rank (an all-gather, sent
+  // point to point).
+  Request allgather_blocks(void* data, const std::vector<size_t>& counts, size_t element_size, const std::string& what);
+  // recv = op over ranks of rank q's block of `send`, for this rank q (a reduce-scatter, sent
+  // point to point and reduced in rank order):
+  // `send` holds the blocks of every rank one after the other, counts[q] elements each (the
+  // same counts on every rank); recv holds counts[rank()]. bf16 supports only sum.
+  Request reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, DType type, Op op,
+                         const std::string& what);
   Request barrier(const std::string& what);
 
   struct Impl;

@@ -59,7 +59,22 @@ class CappaNode : public Node {
     if (ctx.run().rank == 0)
       spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(c), from);
     model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
-    ctx.own_state("params", make_state(model));
+    std::shared_ptr<ModelState> state = make_state(model);
+    state->checkpoint = c.checkpoint;
+    // For forward_backward's memory estimate: what backward keeps of the encoder's and the
+    // decoder's blocks (Korthikanti et al.'s estimate, models/activation_checkpoint.hpp); a
+    // decoder block attends the caption and the image's patches (L + P positions).
+    state->activations = [c](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+      const auto ids = b.find("input_ids");
+      if (ids == b.end()) throw std::runtime_error("no input_ids in the batch");
+      const int64_t rows = ids->second.size(0), P = c.tokens();
+      const int64_t L = std::min<int64_t>(ids->second.dim() > 1 ? ids->second.size(1) : 1, c.max_len);
+      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy);
+      const ActivationEstimate dec =
+          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy);
+      return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed};
+    };
+    ctx.own_state("params", state);
   }
 
   void run(StepContext&) override {}  // parameters change only through the optimizer

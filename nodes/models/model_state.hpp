@@ -56,15 +56,25 @@ struct ModelState {
   std::function<ExportWriter(const ModelState&)> exporter;
 
   // Memory (forward_backward's estimate before its first step, common/memory.hpp's
-  // TrainingMemory). `activations`, set by a model node that can tell (gpt, dit): what backward
-  // keeps of `micro_batch`'s activations at `bytes` per element, without recomputing (plain) and
-  // recomputing blocks as `policy` says (checkpointed); unset: not estimated. `checkpoint`: the
+  // TrainingMemory). `activations`, set by a model node that can tell (gpt, dit, cappa): what
+  // backward keeps of `micro_batch`'s activations at `bytes` per element, without recomputing
+  // (plain) and recomputing blocks as `policy` says (checkpointed); unset: not estimated. `checkpoint`: the
   // model's own policy. `kept`: what other nodes keep per rank for this model (an optimizer's
   // state, an EMA's copy), noted in their setup, which runs in file order before any step.
   std::function<ActivationEstimate(const TensorMap& micro_batch, int64_t bytes, const CheckpointPolicy& policy)>
       activations;
   CheckpointPolicy checkpoint;
   std::vector<MemoryItem> kept;
+
+  // ZeRO stage 2 (train/optimizer_shard.hpp), asked for in its setup (before any step) by an
+  // optimizer with shard: gradients: with several processes forward_backward then hands each
+  // finished gradient to the allreduce and keeps none, and the allreduce keeps only this rank's
+  // slice of the averaged gradients. whole_tensors: slices cut at parameter starts (Adafactor).
+  struct ShardGradients {
+    bool on = false;
+    bool whole_tensors = false;
+  };
+  ShardGradients shard_gradients;
 
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)
@@ -88,6 +98,7 @@ struct ModelState {
     auto copy = std::make_shared<ModelState>(*this);
     copy->module = module->clone();
     copy->kept.clear();  // what other nodes keep for this model, not for the copy
+    copy->shard_gradients = {};
     // clone() copies values; keep each parameter's trainable flag as in the source.
     auto src = module->named_parameters(true);
     auto dst = copy->module->named_parameters(true);

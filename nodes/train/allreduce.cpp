@@ -25,6 +25,7 @@
 #include "comm.hpp"
 #include "common/grads.hpp"
 #include "registry.hpp"
+#include "train/optimizer_shard.hpp"
 
 #if FLOWRUN_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -34,38 +35,35 @@
 
 namespace flowrun {
 
-bool BucketPlan::fits(const GradBuffer& b) const {
-  if (b.order != order || b.slots.size() != slots.size() || b.flats.size() != flat_numel.size()) return false;
-  for (size_t i = 0; i < slots.size(); ++i)
-    if (b.slots[i].group != slots[i].group || b.slots[i].offset != slots[i].offset || b.slots[i].numel != slots[i].numel)
-      return false;
-  for (size_t g = 0; g < b.flats.size(); ++g)
-    if (b.flats[g].numel() != flat_numel[g] || b.flats[g].scalar_type() != flat_dtype[g] ||
-        b.flats[g].device() != flat_device[g])
-      return false;
-  return true;
+FlatLayout layout_of(const GradBuffer& b) {
+  FlatLayout l;
+  l.slots = b.slots;
+  l.order = b.order;
+  l.position = b.position;
+  for (const auto& f : b.flats) l.groups.push_back({f.scalar_type(), f.device(), f.numel()});
+  return l;
 }
 
+bool BucketPlan::fits(const GradBuffer& b) const { return layout == layout_of(b); }
+
 BucketPlan plan_buckets(const GradBuffer& buffer, double first_bucket_mb, double bucket_mb) {
+  return plan_buckets(layout_of(buffer), first_bucket_mb, bucket_mb);
+}
+
+BucketPlan plan_buckets(const FlatLayout& layout, double first_bucket_mb, double bucket_mb) {
   BucketPlan plan;
-  plan.order = buffer.order;
-  plan.slots = buffer.slots;
-  for (const auto& f : buffer.flats) {
-    plan.flat_numel.push_back(f.numel());
-    plan.flat_dtype.push_back(f.scalar_type());
-    plan.flat_device.push_back(f.device());
-  }
-  plan.bucket_of.assign(buffer.slots.size(), -1);
+  plan.layout = layout;
+  plan.bucket_of.assign(layout.slots.size(), -1);
 
   const double mib = 1024.0 * 1024.0;
   const auto first_cap = static_cast<int64_t>(first_bucket_mb * mib);
   const auto cap = static_cast<int64_t>(bucket_mb * mib);
   int last_group = -1;
   bool open = false;
-  for (int k = 0; k < static_cast<int>(buffer.order.size()); ++k) {
-    const int param = buffer.order[static_cast<size_t>(k)];
-    const GradBuffer::Slot& s = buffer.slots[static_cast<size_t>(param)];
-    const int64_t bytes = s.numel * static_cast<int64_t>(buffer.flats[static_cast<size_t>(s.group)].element_size());
+  for (int k = 0; k < static_cast<int>(layout.order.size()); ++k) {
+    const int param = layout.order[static_cast<size_t>(k)];
+    const FlatLayout::Slot& s = layout.slots[static_cast<size_t>(param)];
+    const int64_t bytes = s.numel * static_cast<int64_t>(c10::elementSize(layout.groups[static_cast<size_t>(s.group)].dtype));
     const bool new_group = s.group != last_group;
     if (open && !new_group) {
       Bucket& b = plan.buckets.back();
@@ -130,16 +128,16 @@ class AllreduceNode : public Node {
 
   void on_item(StepContext& ctx, const std::string& /*port*/, const Value& v, int /*index*/, int count) override {
     const GradReady& r = v.as<GradReady>(ctx.who() + " input 'ready'");
-    if (!r.buffer && world_ > 1)
+    if (!r.buffer && !r.shard && world_ > 1)
       throw std::runtime_error(ctx.who() + ": an item on 'ready' carries no gradient buffer, which the all-reduce "
                                "of " + std::to_string(world_) + " processes needs");
     if (r.used && !r.grad.defined())
       throw std::runtime_error(ctx.who() + ": the item on 'ready' for parameter " + std::to_string(r.param) +
                                " says it has a gradient but carries none");
-    if (!started_) begin_step(ctx, r.buffer, count);
-    if (r.buffer != buffer_)
+    if (!started_) begin_step(ctx, r, count);
+    if (r.buffer != buffer_ || r.shard != shard_)
       throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) +
-                               ": the items on 'ready' name two different gradient buffers");
+                               ": the items on 'ready' name two different gradient buffers (or shard plans)");
     const int n = static_cast<int>(grads_.size());
     if (r.param < 0 || r.param >= n)
       throw std::runtime_error(ctx.who() + ": item for parameter " + std::to_string(r.param) + ", the model has " +
@@ -175,7 +173,9 @@ class AllreduceNode : public Node {
       }
 #endif
       req.wait();
-      if (compressed_[k].defined()) {
+      if (shard_) {
+        if (k >= settled_) settle_sharded(k);
+      } else if (compressed_[k].defined()) {
         torch::NoGradGuard no_grad;
         slice(k).copy_(compressed_[k]);
       }
@@ -190,18 +190,21 @@ class AllreduceNode : public Node {
                                               "used-parameter flags (step " + std::to_string(ctx.step()) + ")");
       req.wait();
     }
-    // After the reduction in place, a used parameter's grad (its view of the buffer) holds the average.
+    // After the reduction in place, a used parameter's grad (its view of the buffer) holds the
+    // average; sharded, this rank's piece of it (none where it owns none).
     Grads grads(static_cast<size_t>(n));
+    const Grads pieces = shard_ ? pieces_of_slices(shard_->plan, slices_) : Grads();
     for (size_t i = 0; i < grads.size(); ++i)
-      if (used_[i]) grads[i] = grads_[i];
+      if (used_[i]) grads[i] = shard_ ? pieces[i] : grads_[i];
     end_step();
     ctx.out("grads", std::move(grads));
   }
 
  private:
-  // The first item of a step: the buffer it names (null in a single process with fresh grads)
-  // and, with several processes, its bucket plan.
-  void begin_step(StepContext& ctx, const std::shared_ptr<GradBuffer>& buffer, int count) {
+  // The first item of a step: the buffer it names (null in a single process with fresh grads,
+  // and with sharded gradients: then the shard plan) and, with several processes, its bucket plan.
+  void begin_step(StepContext& ctx, const GradReady& first, int count) {
+    const std::shared_ptr<GradBuffer>& buffer = first.buffer;
     const int n = count;
     if (buffer && static_cast<int>(buffer->views.size()) != n)
       throw std::runtime_error(ctx.who() + ": the 'ready' stream announces " + std::to_string(count) +
@@ -210,7 +213,9 @@ class AllreduceNode : public Node {
 #if FLOWRUN_CUDA
     if (cuda_) finish_previous_step(ctx);
 #endif
-    if (world_ > 1 && (plan_.bucket_of.empty() || !plan_.fits(*buffer))) {
+    if (first.shard) {
+      begin_sharded(ctx, *first.shard, n);
+    } else if (world_ > 1 && (plan_.bucket_of.empty() || !plan_.fits(*buffer))) {
       plan_ = plan_buckets(*buffer, first_bucket_mb_, bucket_mb_);
       if (ctx.run().rank == 0)
         spdlog::debug("{}: {} parameters in {} buckets", ctx.who(), n, plan_.buckets.size());
@@ -218,6 +223,7 @@ class AllreduceNode : public Node {
     }
     started_ = true;
     buffer_ = buffer;
+    shard_ = first.shard;
     grads_.assign(static_cast<size_t>(n), torch::Tensor());
     ready_.assign(static_cast<size_t>(n), 0);
     used_.assign(static_cast<size_t>(n), 0);
@@ -226,7 +232,37 @@ class AllreduceNode : public Node {
       for (const auto& b : plan_.buckets) missing_.push_back(b.end - b.first);
     items_ = 0;
     next_ = 0;
+    settled_ = 0;
     step_ = ctx.step();
+  }
+
+  // ZeRO stage 2 (train/optimizer_shard.hpp): buckets over the shard's layout, reduce-scattered
+  // over MPI into this rank's slice of each buffer.
+  void begin_sharded(StepContext& ctx, const GradShard& shard, int n) {
+    if (static_cast<int>(shard.buckets.slots.size()) != n || shard.plan.world != world_)
+      throw std::runtime_error(ctx.who() + ": the shard plan on 'ready' is for " +
+                               std::to_string(shard.buckets.slots.size()) + " parameters and " +
+                               std::to_string(shard.plan.world) + " ranks; the step has " + std::to_string(n) +
+                               " parameters and " + std::to_string(world_) + " ranks");
+    if (!(plan_.layout == shard.buckets) || plan_.bucket_of.empty()) {
+      plan_ = plan_buckets(shard.buckets, first_bucket_mb_, bucket_mb_);
+      if (ctx.run().rank == 0)
+        spdlog::debug("{}: {} parameters in {} buckets (reduce-scattered)", ctx.who(), n, plan_.buckets.size());
+    }
+    for (const auto& g : shard.buckets.groups) {
+      comm_dtype(g.dtype, ctx.who());
+      if (!g.device.is_cpu())
+        throw std::runtime_error(ctx.who() + ": sharded gradients on " + g.device.str() +
+                                 ": their reduce-scatter runs over MPI on the CPU only (NCCL is not built yet); set the "
+                                 "optimizer's shard: none or states");
+    }
+    // This step's slices: every element is written by some bucket (unused parameters: zeros).
+    // New each step (the last step's may still be held by its optimizer); reusing them through
+    // a pool, as the gradient buffers are, kept two sets alive and raised the peak by one set.
+    slices_.clear();
+    for (size_t g = 0; g < shard.plan.groups.size(); ++g)
+      slices_.push_back(torch::empty({shard.plan.groups[g].end - shard.plan.groups[g].begin},
+                                     torch::TensorOptions().dtype(shard.plan.layout.groups[g].dtype)));
   }
 
   // MPI for CPU gradients, NCCL for CUDA ones; never a mix.
@@ -270,6 +306,11 @@ class AllreduceNode : public Node {
   void end_step() {
     started_ = false;
     buffer_.reset();
+    shard_.reset();
+    slices_.clear();
+    received_.clear();
+    staged_.clear();
+    staged_dtype_.clear();
     grads_.clear();
     requests_.clear();
     compressed_.clear();
@@ -290,12 +331,25 @@ class AllreduceNode : public Node {
   void launch_ready(StepContext& ctx) {
     if (world_ == 1) return;
     while (next_ < plan_.buckets.size() && missing_[next_] == 0) launch(ctx, next_++);
+    // Sharded: what arrived is put in place now, so a bucket's buffers live only while it is sent.
+    while (shard_ && settled_ < requests_.size() && requests_[settled_].done()) settle_sharded(settled_);
+  }
+
+  // Sharded: bucket k's reduce-scatter is done: this rank's block into its slices, the buffers let go.
+  void settle_sharded(size_t k) {
+    torch::NoGradGuard no_grad;
+    const Bucket& b = plan_.buckets[k];
+    unpack_mine(*shard_, b.first, b.end, received_[k].to(staged_dtype_[k]), slices_);
+    staged_[k].reset();
+    received_[k].reset();
+    settled_ = k + 1;
   }
 
   void launch(StepContext& ctx, size_t k) {
     requests_.emplace_back();
     compressed_.emplace_back();
     torch::NoGradGuard no_grad;
+    if (shard_) return launch_sharded(ctx, k);
     torch::Tensor s = slice(k);
     // Average = sum of grad / world: divide before the sum (exact for a power-of-two world), as
     // DDP's default communication hook does.
@@ -321,6 +375,25 @@ class AllreduceNode : public Node {
     }
   }
 
+  // ZeRO stage 2: bucket k's gradients packed by owner (divided by the world first, as above),
+  // its parameters' own gradients let go, and the packed buffer reduce-scattered: this rank
+  // receives the sum of its block.
+  void launch_sharded(StepContext& ctx, size_t k) {
+    const Bucket& b = plan_.buckets[k];
+    std::vector<size_t> counts;
+    torch::Tensor packed = pack_by_owner(*shard_, b.first, b.end, grads_, counts, world_);
+    for (int pos = b.first; pos < b.end; ++pos) grads_[static_cast<size_t>(plan_.layout.order[static_cast<size_t>(pos)])].reset();
+    staged_dtype_.push_back(packed.scalar_type());
+    if (compress_bf16_ && packed.scalar_type() != torch::kBFloat16) packed = packed.to(torch::kBFloat16);
+    torch::Tensor mine = torch::empty({static_cast<int64_t>(counts[static_cast<size_t>(ctx.run().rank)])}, packed.options());
+    requests_.back() = channel_->reduce_scatter(packed.data_ptr(), mine.data_ptr(), counts,
+                                                comm_dtype(packed.scalar_type(), ctx.who()), comm::Op::sum,
+                                                "reduce-scatter of bucket " + std::to_string(k) + " (step " +
+                                                    std::to_string(step_) + ")");
+    staged_.push_back(packed);  // kept until the request is done
+    received_.push_back(mine);
+  }
+
   double bucket_mb_ = 0, first_bucket_mb_ = 0;  // setup: the schema's (defaults there)
   bool compress_bf16_ = false, overlap_ = false;
   std::shared_ptr<comm::Channel> channel_;
@@ -337,13 +410,18 @@ class AllreduceNode : public Node {
   // This step's state (reset by end_step()).
   bool started_ = false;  // its first item arrived
   std::shared_ptr<GradBuffer> buffer_;
-  Grads grads_;  // per parameter: the grad its item carried
+  std::shared_ptr<const GradShard> shard_;  // sharded gradients (then no buffer_)
+  std::vector<torch::Tensor> slices_;       // sharded: this rank's slice of each buffer, averaged
+  std::vector<torch::Tensor> staged_, received_;  // sharded, per launched bucket: sent, this rank's block
+  std::vector<torch::Dtype> staged_dtype_;        // sharded, per launched bucket: the gradients' dtype
+  Grads grads_;  // per parameter: the grad its item carried (sharded: until its bucket is sent)
   std::vector<uint8_t> ready_, used_;  // per parameter; used_ is all-reduced in place (u8 max)
   std::vector<int> missing_;           // per bucket: parameters not ready yet
   std::vector<comm::Request> requests_;      // per launched bucket
   std::vector<torch::Tensor> compressed_;    // per launched bucket: its bf16 copy (compress: bf16)
   int items_ = 0;
   size_t next_ = 0;  // next bucket to launch
+  size_t settled_ = 0;  // sharded: buckets before this one are in slices_
   int64_t step_ = 0;
 };
 

@@ -25,18 +25,18 @@ struct BucketPlan {
   std::vector<int> bucket_of;  // per parameter (module order)
 
   // The layout the plan was made for, to tell whether another buffer has the same one.
-  std::vector<int> order;
-  std::vector<GradBuffer::Slot> slots;
-  std::vector<int64_t> flat_numel;
-  std::vector<torch::Dtype> flat_dtype;
-  std::vector<c10::Device> flat_device;
+  FlatLayout layout;
   bool fits(const GradBuffer& b) const;
 };
 
 // Buckets of at most `bucket_mb` MiB (the first of each group: at most `first_bucket_mb`, so the
 // first all-reduce starts early, as DDP's bucket_size_limits do per dtype and device): a bucket is
 // closed when adding the next parameter would exceed its cap, or at the end of a group; a
-// parameter larger than the cap gets a bucket of its own.
+// parameter larger than the cap gets a bucket of its own. Over a gradient buffer's layout (reverse
+// module order), or the buffer itself.
+BucketPlan plan_buckets(const FlatLayout& layout, double first_bucket_mb, double bucket_mb);
 BucketPlan plan_buckets(const GradBuffer& buffer, double first_bucket_mb, double bucket_mb);
+// The buffer's layout (its slots, order and flats' dtypes, devices and sizes).
+FlatLayout layout_of(const GradBuffer& buffer);
 
 }  // namespace flowrun

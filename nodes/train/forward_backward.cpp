@@ -12,6 +12,7 @@
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
 #include "registry.hpp"
+#include "train/optimizer_shard.hpp"
 
 namespace flowrun {
 
@@ -205,6 +206,7 @@ class ForwardBackwardNode : public Node {
       // First step, or the model's parameter tensors changed: new hooks, new buffers.
       hooks_.reset();
       pool_.clear();
+      grad_shard_.reset();
       if (!params.empty()) hooks_ = std::make_shared<GradHooks>(params);
     }
     o.hooks = hooks_;
@@ -213,15 +215,34 @@ class ForwardBackwardNode : public Node {
     // the buffer's order, rather than waking a worker for each parameter while backward runs.
     const int count = static_cast<int>(params.size());
     const bool overlap = ctx.run().world > 1;
-    // The all-reduce needs the grads in a buffer; one process needs none with fresh grads.
-    o.buffer = params.empty() || (fresh_ && !overlap) ? nullptr : take_buffer(params);
-    o.fill = fresh_ ? GradFill::copy : GradFill::accumulate;
     int index = 0;
-    if (overlap)
-      o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
-        torch::Tensor grad = used ? buffer->views[static_cast<size_t>(param)] : torch::Tensor();
-        ctx.emit("ready", GradReady{param, used, buffer, std::move(grad)}, index++, count);
+    if (overlap && model.shard_gradients.on) {
+      // ZeRO stage 2: no buffer. Each finished gradient goes to the allreduce as autograd wrote
+      // it, and its .grad() is let go (safe in the hook: its accumulator is done for this
+      // backward), so it is freed once the allreduce has sent its bucket.
+      if (!fresh_)
+        throw std::runtime_error(ctx.who() + ": grad_layout buffer keeps every gradient in a whole buffer, which the "
+                                 "optimizer's shard: gradients is there to avoid: set grad_layout: fresh");
+      if (!grad_shard_ || grad_shard_->plan.layout.slots.size() != params.size())
+        grad_shard_ = GradShard::make(model.named_parameters(/*trainable_only=*/true), ctx.run().rank,
+                                      ctx.run().world, model.shard_gradients.whole_tensors);
+      o.buffer = nullptr;
+      o.on_ready = [&ctx, &index, count, &params, shard = grad_shard_](int param, bool used) {
+        torch::Tensor p = params[static_cast<size_t>(param)];  // a handle: mutable_grad() is non-const
+        torch::Tensor grad = used ? p.grad() : torch::Tensor();
+        p.mutable_grad() = torch::Tensor();
+        ctx.emit("ready", GradReady{param, used && grad.defined(), nullptr, std::move(grad), shard}, index++, count);
       };
+    } else {
+      // The all-reduce needs the grads in a buffer; one process needs none with fresh grads.
+      o.buffer = params.empty() || (fresh_ && !overlap) ? nullptr : take_buffer(params);
+      o.fill = fresh_ ? GradFill::copy : GradFill::accumulate;
+      if (overlap)
+        o.on_ready = [&ctx, &index, count, buffer = o.buffer](int param, bool used) {
+          torch::Tensor grad = used ? buffer->views[static_cast<size_t>(param)] : torch::Tensor();
+          ctx.emit("ready", GradReady{param, used, buffer, std::move(grad)}, index++, count);
+        };
+    }
     FwdBwdResult r = forward_backward(model, batch, *objective_, o);
     if (!overlap)
       for (int k = count; k-- > 0;) {
@@ -247,12 +268,22 @@ class ForwardBackwardNode : public Node {
     // Copies of the gradients (run() below): autograd's own (grad_layout fresh), and with several
     // processes or grad_layout buffer the buffers of take_buffer()'s pool (two while a step's grads
     // are still held as the next backward runs).
-    const bool buffers = ctx.run().world > 1 || !fresh_;
+    // ZeRO stage 2 (the optimizer's shard: gradients): autograd's, each freed once its bucket is
+    // sent, and this rank's 1/world of the averaged ones.
+    const int world = ctx.run().world;
+    const double grads = m.gradients;
+    const bool buffers = world > 1 || !fresh_;
     const int copies = (fresh_ ? 1 : 0) + (buffers ? static_cast<int>(kPool) : 0);
-    if (copies > 1)
-      m.gradients_note = std::to_string(copies) + " copies: " + (fresh_ ? "autograd's + " : "") +
-                         std::to_string(kPool) + " gradient buffers";
-    m.gradients *= copies;
+    if (world > 1 && model.shard_gradients.on) {
+      m.gradients = grads * (1.0 + 1.0 / world);
+      m.gradients_note = "autograd's, freed bucket by bucket, + this rank's 1/" + std::to_string(world) +
+                         " (shard: gradients)";
+    } else {
+      if (copies > 1)
+        m.gradients_note = std::to_string(copies) + " copies: " + (fresh_ ? "autograd's + " : "") +
+                           std::to_string(kPool) + " gradient buffers";
+      m.gradients = grads * copies;
+    }
     m.kept = model.kept;
     const int64_t bytes = options_.precision == Precision::bf16 ? 2 : 4;
     const int64_t rows = batch_rows(batch);
@@ -286,7 +317,11 @@ class ForwardBackwardNode : public Node {
     if (m.activations >= 0 && with_blocks >= 0 && model.checkpoint.every != 1 && with_blocks < m.activations)
       option(model_node_ + ".checkpoint=blocks", m.activations - with_blocks);
     for (const auto& k : m.kept)
-      if (!k.fix.empty() && !k.allocated) option(k.fix, k.bytes - k.fixed);
+      if (!k.fix.empty() && !k.allocated) {
+        // The optimizer's shard: gradients saves the gradient buffers too.
+        const bool grads_too = k.fix.size() > 16 && k.fix.compare(k.fix.size() - 16, 16, ".shard=gradients") == 0;
+        option(k.fix, k.bytes - k.fixed + (grads_too ? m.gradients - grads * (1.0 + 1.0 / world) : 0.0));
+      }
     if (m.activations > 0 && micro_rows > 1)
       option(ctx.name() + ".accumulate=" + std::to_string(options_.accumulate * 2), m.activations / 2);
     const std::string msg = fmt::format(
@@ -333,6 +368,7 @@ class ForwardBackwardNode : public Node {
   int rank_ = 0;
   std::shared_ptr<GradHooks> hooks_;
   std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first
+  std::shared_ptr<const GradShard> grad_shard_;     // ZeRO stage 2: the plan each item carries
 };
 
 }  // namespace

@@ -64,6 +64,8 @@ struct GradBuffer {
   mutable std::vector<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> attached_to;
 };
 
+struct GradShard;  // train/optimizer_shard.hpp
+
 // What the `ready` stream carries.
 struct GradReady {
   int param = 0;      // index of the trainable parameter (module order)
@@ -72,6 +74,10 @@ struct GradReady {
   // process forward_backward may need none (grad is the tensor autograd wrote; buffer null).
   std::shared_ptr<GradBuffer> buffer;
   torch::Tensor grad;  // the finished gradient (undefined when !used)
+  // ZeRO stage 2 (the optimizer's shard: gradients, with several processes): no buffer; grad is
+  // the tensor autograd wrote, which forward_backward no longer holds, and the allreduce keeps
+  // only this rank's slice of the averaged gradients, as `shard` says.
+  std::shared_ptr<const GradShard> shard;
 };
 
 }  // namespace flowrun

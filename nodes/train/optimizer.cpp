@@ -349,6 +349,27 @@ void cpu_update(OptimizerState& st, const ModelState::Named& params, const Grads
     for_each_chunk(pieces, [](const CpuPiece& c, int64_t b, int64_t e) { sgd_cpu_kernel(c.p, c.g, c.m, b, e, c.sgd); });
 }
 
+// Adafactor's second-moment tensors of a parameter of `shape`: factored, a row and a column
+// statistic (v_row: the shape without dim a, v_col: without dim b); else one of the shape (v).
+std::vector<std::pair<std::string, std::vector<int64_t>>> adafactor_stats(const std::vector<int64_t>& shape,
+                                                                          int64_t min_dim_to_factor) {
+  const auto [a, b] = adafactor_factored_dims(shape, min_dim_to_factor);
+  if (a < 0) return {{".v", shape}};
+  std::vector<int64_t> row = shape, col = shape;
+  row.erase(row.begin() + a);
+  col.erase(col.begin() + b);
+  return {{".v_row", row}, {".v_col", col}};
+}
+
+// A slot's Adafactor statistics for parameter p, zeroed: tensors of their own (they are shaped
+// otherwise than p, so they live outside the flat buffers).
+void make_adafactor_stats(OptimizerState::Slot& s, const torch::Tensor& p, int64_t min_dim_to_factor) {
+  for (const auto& [suffix, shape] : adafactor_stats(p.sizes().vec(), min_dim_to_factor)) {
+    torch::Tensor& v = suffix == ".v" ? s.v : suffix == ".v_row" ? s.v_row : s.v_col;
+    v = torch::zeros(shape, p.options());
+  }
+}
+
 // The slots for these parameters, their moments zeroed in flat buffers (see OptimizerState),
 // and what load() kept for them.
 void make_slots(OptimizerState& st, const ModelState::Named& params, const OptimConfig& cfg) {
@@ -370,18 +391,7 @@ void make_slots(OptimizerState& st, const ModelState::Named& params, const Optim
     make(st.flat_momentum, &OptimizerState::Slot::momentum);
   } else if (cfg.kind == OptimKind::adafactor) {
     if (cfg.adafactor.momentum > 0) make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
-    // The second moments are shaped otherwise (factored: a row and a column statistic), so
-    // they are tensors of their own.
-    for (size_t i = 0; i < ps.size(); ++i) {
-      OptimizerState::Slot& s = st.slots[i];
-      const auto [a, b] = adafactor_factored_dims(ps[i].sizes(), cfg.adafactor.min_dim_size_to_factor);
-      if (a >= 0) {
-        s.v_row = torch::zeros_like(ps[i].select(a, 0), at::MemoryFormat::Contiguous);
-        s.v_col = torch::zeros_like(ps[i].select(b, 0), at::MemoryFormat::Contiguous);
-      } else {
-        s.v = torch::zeros_like(ps[i], at::MemoryFormat::Contiguous);
-      }
-    }
+    for (size_t i = 0; i < ps.size(); ++i) make_adafactor_stats(st.slots[i], ps[i], cfg.adafactor.min_dim_size_to_factor);
   }
 }
 
@@ -550,22 +560,6 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
   return norm;
 }
 
-namespace {
-
-// Adafactor's second-moment tensors of a parameter of `shape`: factored, a row and a column
-// statistic (v_row: the shape without dim a, v_col: without dim b); else one of the shape (v).
-std::vector<std::pair<std::string, std::vector<int64_t>>> adafactor_stats(const std::vector<int64_t>& shape,
-                                                                          int64_t min_dim_to_factor) {
-  const auto [a, b] = adafactor_factored_dims(shape, min_dim_to_factor);
-  if (a < 0) return {{".v", shape}};
-  std::vector<int64_t> row = shape, col = shape;
-  row.erase(row.begin() + a);
-  col.erase(col.begin() + b);
-  return {{".v_row", row}, {".v_col", col}};
-}
-
-}  // namespace
-
 void make_shard_slots(OptimizerState& st, const ShardPlan& plan, const ModelState::Named& params, const OptimConfig& cfg) {
   torch::NoGradGuard no_grad;
   const bool adafactor = cfg.kind == OptimKind::adafactor;
@@ -608,13 +602,8 @@ void make_shard_slots(OptimizerState& st, const ShardPlan& plan, const ModelStat
     make(st.flat_momentum, &OptimizerState::Slot::momentum);
   } else if (adafactor) {
     if (cfg.adafactor.momentum > 0) make(st.flat_exp_avg, &OptimizerState::Slot::exp_avg);
-    for (size_t k = 0; k < plan.pieces.size(); ++k) {  // whole parameters: their own statistics
-      const torch::Tensor& p = params[static_cast<size_t>(plan.pieces[k].param)].second;
-      for (const auto& [suffix, shape] : adafactor_stats(p.sizes().vec(), st.factor_min_dim)) {
-        torch::Tensor& v = suffix == ".v" ? st.slots[k].v : suffix == ".v_row" ? st.slots[k].v_row : st.slots[k].v_col;
-        v = torch::zeros(shape, p.options());
-      }
-    }
+    for (size_t k = 0; k < plan.pieces.size(); ++k)  // whole parameters
+      make_adafactor_stats(st.slots[k], params[static_cast<size_t>(plan.pieces[k].param)].second, st.factor_min_dim);
   }
   // A resume: this rank's piece of each whole saved moment.
   if (st.pending.empty()) return;
@@ -721,12 +710,28 @@ class OptimizerNode : public Node {
     // ZeRO-1 (optimizer_shard.hpp): with several processes, this rank's slice of the moments
     // only (Adafactor: of whole parameters), and its channel to all-gather the updated
     // parameters (a collective node: a lane).
-    shard_ = p.get<std::string>("shard") == "states" && ctx.run().world > 1;
+    // ZeRO-2 (shard: gradients): the gradients arrive as this rank's pieces already, which
+    // forward_backward and the allreduce are told through the model's state.
+    const std::string shard = p.get<std::string>("shard");
+    shard_ = shard != "none" && ctx.run().world > 1;
+    shard_grads_ = shard == "gradients" && ctx.run().world > 1;
     if (shard_) {
       if (!run_device(ctx.run()).is_cpu())
-        throw std::runtime_error(ctx.who() + ": shard: states all-gathers the parameters over MPI, on the CPU; on " +
+        throw std::runtime_error(ctx.who() + ": shard: " + shard + " all-gathers the parameters over MPI, on the CPU; on " +
                                  run_device(ctx.run()).str() + " (NCCL) it is not built yet: set shard: none");
       ch_ = comm::Channel::create(ctx.name());
+    }
+    if (shard_grads_) {
+      // Only an allreduce turns the gradients forward_backward lets go of into this rank's slice.
+      const std::vector<std::string> from = ctx.refs("grads");
+      const std::string node = from.empty() ? "" : from.front().substr(0, from.front().find('.'));
+      const int at = ctx.run().graph ? ctx.run().graph->index_of(node) : -1;
+      if (at < 0 || ctx.run().graph->nodes[static_cast<size_t>(at)].type != "allreduce")
+        throw std::runtime_error(ctx.who() + ": shard: gradients reduce-scatters the gradients in an allreduce node, but "
+                                 "'grads' comes from '" + (from.empty() ? std::string("nowhere") : from.front()) +
+                                 "': wire grads: SYNC.grads from an allreduce fed by forward_backward's ready, or set "
+                                 "shard: states");
+      ctx.state_as<ModelState>("model").shard_gradients = {true, cfg_.kind == OptimKind::adafactor};
     }
     // On a GPU no step reads the grad norm on the host: non-finite steps are skipped on the
     // device and counted, and the count is read on logged steps (check_nonfinite). On the CPU
@@ -768,7 +773,7 @@ class OptimizerNode : public Node {
       item.what += ", sharded";
       item.bytes = bytes / world;
     } else if (world > 1) {
-      item.fix = ctx.name() + ".shard=states";
+      item.fix = ctx.name() + ".shard=gradients";  // forward_backward adds the gradients it saves
       item.fixed = bytes / world;
     }
     model.kept.push_back(item);
@@ -818,8 +823,8 @@ class OptimizerNode : public Node {
                  fresh, when, count);
   }
 
-  // ZeRO-1: this rank's pieces updated with the norm of all the grads (the same on every rank),
-  // then every rank's updated slice all-gathered into every rank's parameters.
+  // ZeRO-1 and 2: this rank's pieces updated with the norm of all the grads (the same on every
+  // rank), then every rank's updated slice all-gathered into every rank's parameters.
   torch::Tensor sharded_update(StepContext& ctx, ModelState& model, OptimizerState& st, const Grads& grads, double lr) {
     const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
     const std::vector<torch::Tensor>* buffers = model.flat.buffers_of(model.trainable_parameters());
@@ -830,7 +835,16 @@ class OptimizerNode : public Node {
                                        /*whole_tensors=*/cfg_.kind == OptimKind::adafactor),
                        named, cfg_);
     const ShardPieces pieces = shard_pieces(st.shard, named, grads);
-    torch::Tensor norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, global_norm(grads));
+    torch::Tensor norm;
+    if (shard_grads_) {
+      // Each rank holds its pieces only: the global norm from the sum of the ranks' squares.
+      double sq = std::pow(global_norm(pieces.grads).item<double>(), 2);
+      comm::allreduce(*ch_, &sq, 1, comm::Op::sum, "gradient norm of step " + std::to_string(ctx.step()));
+      norm = torch::tensor(static_cast<float>(std::sqrt(sq)));
+    } else {
+      norm = global_norm(grads);
+    }
+    norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, norm);
     allgather_slices(st.shard, *buffers, *ch_, "parameters of step " + std::to_string(ctx.step()));
     return norm;
   }
@@ -850,12 +864,15 @@ class OptimizerNode : public Node {
     const double params = bytes(model.trainable_parameters());
     spdlog::info("{}: per rank: parameters {:.2f} MB, gradients {:.2f} MB, optimizer state {:.2f} MB{}", ctx.who(),
                  params / 1e6, bytes(grads) / 1e6, moments / 1e6,
-                 shard_ ? fmt::format(" (shard: states, this rank's 1/{} slice)", ctx.run().world) : std::string());
+                 shard_ ? fmt::format(" (shard: {}, this rank's 1/{} slice)", shard_grads_ ? "gradients" : "states",
+                                      ctx.run().world)
+                        : std::string());
   }
 
   OptimConfig cfg_;
   LrSchedule sched_;
-  bool shard_ = false;
+  bool shard_ = false;        // shard: states or gradients, with several processes
+  bool shard_grads_ = false;  // shard: gradients
   std::shared_ptr<comm::Channel> ch_;
   bool logged_memory_ = false;
   int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far

@@ -1,5 +1,6 @@
-// ZeRO stage 1 (train/optimizer_shard.hpp): the plan, the pieces, the all-gather.
-// Test: tests/nodes/optimizer_test.cpp (ShardPlan.*), tests/mpi/mpi_test.sh (zero_states).
+// ZeRO stages 1 and 2 (train/optimizer_shard.hpp): the plan, the pieces, the all-gather, the
+// packing for the gradients' reduce-scatter.
+// Test: tests/nodes/optimizer_test.cpp (ShardPlan.*), tests/mpi/mpi_test.sh (zero_states, zero_gradients).
 #include "train/optimizer_shard.hpp"
 
 #include <algorithm>
@@ -42,7 +43,6 @@ ShardPlan ShardPlan::make(const FlatLayout& layout, const std::vector<std::pair<
       }
       s.cuts.push_back(q == world ? s.numel : std::max(cut, s.cuts.empty() ? 0 : s.cuts.back()));
     }
-    for (int q = 0; q < world; ++q) s.slice = std::max(s.slice, s.cuts[q + 1] - s.cuts[q]);
     s.begin = s.cuts[rank];
     s.end = s.cuts[rank + 1];
     p.groups.push_back(s);
@@ -72,7 +72,17 @@ ShardPieces shard_pieces(const ShardPlan& plan, const std::vector<std::pair<std:
       continue;
     }
     out.params.emplace_back(name, p.view({-1}).narrow(0, piece.offset, piece.numel));
-    out.grads.push_back(g.defined() ? g.reshape({-1}).narrow(0, piece.offset, piece.numel) : torch::Tensor());
+    if (!g.defined()) {
+      out.grads.emplace_back();
+    } else if (g.numel() == p.numel()) {
+      out.grads.push_back(g.reshape({-1}).narrow(0, piece.offset, piece.numel));
+    } else if (g.numel() == piece.numel) {  // this rank's piece already (stage 2)
+      out.grads.push_back(g.reshape({-1}));
+    } else {
+      throw std::runtime_error("sharded update: the grad of " + name + " has " + std::to_string(g.numel()) +
+                               " elements, neither the parameter's " + std::to_string(p.numel()) + " nor this rank's " +
+                               std::to_string(piece.numel) + " of them (was it sharded by another plan?)");
+    }
   }
   return out;
 }
@@ -82,35 +92,108 @@ void allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& b
   if (buffers.size() != plan.groups.size())
     throw std::logic_error("allgather_slices: " + std::to_string(buffers.size()) + " buffers for a plan of " +
                            std::to_string(plan.groups.size()));
-  torch::NoGradGuard no_grad;
-  std::vector<torch::Tensor> mine, all;
+  // In place: each rank's slice lies where it belongs in every rank's buffer already, so the
+  // buffers themselves are the all-gather's blocks (no staging copy of the model).
   std::vector<comm::Request> pending;
   for (size_t k = 0; k < buffers.size(); ++k) {
     const ShardPlan::Group& g = plan.groups[k];
     const torch::Tensor& b = buffers[k];
     if (!b.device().is_cpu())
-      throw std::runtime_error("shard: states: all-gathering parameters on " + b.device().str() +
+      throw std::runtime_error("sharded optimizer: all-gathering parameters on " + b.device().str() +
                                " is not built yet (CPU buffers over MPI only)");
-    if (b.numel() != g.numel) throw std::logic_error("allgather_slices: buffer " + std::to_string(k) + " changed size");
-    if (g.slice == 0) continue;
-    // Each rank's block of `slice` elements (its slice, padded); then each rank's slice back.
-    torch::Tensor block = torch::zeros({g.slice}, b.options());
-    block.narrow(0, 0, g.end - g.begin).copy_(b.narrow(0, g.begin, g.end - g.begin));
-    torch::Tensor gathered = torch::empty({g.slice * plan.world}, b.options());
-    pending.push_back(channel.allgather(block.data_ptr(), gathered.data_ptr(),
-                                        static_cast<size_t>(g.slice) * b.element_size(), what));
-    mine.push_back(block);
-    all.push_back(gathered);
+    if (b.numel() != g.numel || !b.is_contiguous())
+      throw std::logic_error("allgather_slices: buffer " + std::to_string(k) + " changed size");
+    std::vector<size_t> counts;
+    for (int q = 0; q < plan.world; ++q) counts.push_back(static_cast<size_t>(g.cuts[q + 1] - g.cuts[q]));
+    pending.push_back(channel.allgather_blocks(b.data_ptr(), counts, b.element_size(), what));
   }
   for (auto& r : pending) r.wait();
-  size_t j = 0;
-  for (size_t k = 0; k < buffers.size(); ++k) {
-    const ShardPlan::Group& g = plan.groups[k];
-    if (g.slice == 0) continue;
-    const torch::Tensor& from = all[j++];
-    for (int q = 0; q < plan.world; ++q)  // rank q's block: its slice, then padding
-      buffers[k].narrow(0, g.cuts[q], g.cuts[q + 1] - g.cuts[q]).copy_(from.narrow(0, g.slice * q, g.cuts[q + 1] - g.cuts[q]));
+}
+
+std::shared_ptr<const GradShard> GradShard::make(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                                                 int rank, int world, bool whole_tensors) {
+  std::vector<torch::Tensor> tensors;
+  for (const auto& [name, t] : params) tensors.push_back(t);
+  auto s = std::make_shared<GradShard>();
+  s->plan = ShardPlan::make(FlatLayout::of(tensors), params, rank, world, whole_tensors);
+  s->buckets = FlatLayout::of(tensors, /*reverse=*/true);
+  return s;
+}
+
+namespace {
+// Parameter i's elements rank q updates: [lo, hi) of the parameter (empty: lo >= hi).
+std::pair<int64_t, int64_t> owned(const ShardPlan& plan, int i, int q) {
+  const FlatLayout::Slot& slot = plan.layout.slots[static_cast<size_t>(i)];
+  const ShardPlan::Group& g = plan.groups[static_cast<size_t>(slot.group)];
+  const int64_t lo = std::max(slot.offset, g.cuts[static_cast<size_t>(q)]);
+  const int64_t hi = std::min(slot.offset + slot.numel, g.cuts[static_cast<size_t>(q) + 1]);
+  return {lo - slot.offset, hi - slot.offset};
+}
+
+void check_bucket(const GradShard& shard, int first, int end) {
+  if (first < 0 || end > static_cast<int>(shard.buckets.order.size()) || first > end)
+    throw std::logic_error("sharded gradients: bucket [" + std::to_string(first) + ", " + std::to_string(end) +
+                           ") outside the " + std::to_string(shard.buckets.order.size()) + " parameters");
+}
+}  // namespace
+
+torch::Tensor pack_by_owner(const GradShard& shard, int first, int end, const std::vector<torch::Tensor>& grads,
+                            std::vector<size_t>& counts, double divide_by) {
+  check_bucket(shard, first, end);
+  const ShardPlan& plan = shard.plan;
+  torch::NoGradGuard no_grad;
+  int64_t numel = 0;
+  for (int k = first; k < end; ++k) numel += shard.buckets.slots[static_cast<size_t>(shard.buckets.order[static_cast<size_t>(k)])].numel;
+  const int group = first < end ? shard.buckets.slots[static_cast<size_t>(shard.buckets.order[static_cast<size_t>(first)])].group : 0;
+  const FlatLayout::Group& g = shard.buckets.groups.at(static_cast<size_t>(group));
+  torch::Tensor out = torch::empty({numel}, torch::TensorOptions().dtype(g.dtype).device(g.device));
+  counts.assign(static_cast<size_t>(plan.world), 0);
+  int64_t at = 0;
+  for (int q = 0; q < plan.world; ++q)
+    for (int k = first; k < end; ++k) {
+      const int i = shard.buckets.order[static_cast<size_t>(k)];
+      const auto [lo, hi] = owned(plan, i, q);
+      if (lo >= hi) continue;
+      torch::Tensor to = out.narrow(0, at, hi - lo);
+      const torch::Tensor& grad = grads[static_cast<size_t>(i)];
+      if (!grad.defined()) to.zero_();
+      else if (divide_by == 1) to.copy_(grad.reshape({-1}).narrow(0, lo, hi - lo));
+      else at::div_out(to, grad.reshape({-1}).narrow(0, lo, hi - lo), divide_by);
+      at += hi - lo;
+      counts[static_cast<size_t>(q)] += static_cast<size_t>(hi - lo);
+    }
+  if (at != numel) throw std::logic_error("pack_by_owner: packed " + std::to_string(at) + " of " + std::to_string(numel));
+  return out;
+}
+
+void unpack_mine(const GradShard& shard, int first, int end, const torch::Tensor& mine,
+                 const std::vector<torch::Tensor>& slices) {
+  check_bucket(shard, first, end);
+  const ShardPlan& plan = shard.plan;
+  torch::NoGradGuard no_grad;
+  int64_t at = 0;
+  for (int k = first; k < end; ++k) {
+    const int i = shard.buckets.order[static_cast<size_t>(k)];
+    const auto [lo, hi] = owned(plan, i, plan.rank);
+    if (lo >= hi) continue;
+    const FlatLayout::Slot& slot = plan.layout.slots[static_cast<size_t>(i)];
+    const ShardPlan::Group& g = plan.groups[static_cast<size_t>(slot.group)];
+    slices.at(static_cast<size_t>(slot.group)).narrow(0, slot.offset + lo - g.begin, hi - lo).copy_(mine.narrow(0, at, hi - lo));
+    at += hi - lo;
   }
+  if (at != mine.numel())
+    throw std::logic_error("unpack_mine: " + std::to_string(mine.numel()) + " elements received, " + std::to_string(at) +
+                           " expected");
+}
+
+std::vector<torch::Tensor> pieces_of_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& slices) {
+  std::vector<torch::Tensor> out(plan.layout.slots.size());
+  for (const auto& piece : plan.pieces) {
+    torch::Tensor t = slices.at(static_cast<size_t>(piece.group)).narrow(0, piece.at, piece.numel);
+    const auto& shape = plan.shapes[static_cast<size_t>(piece.param)];
+    out[static_cast<size_t>(piece.param)] = piece.numel == c10::multiply_integers(shape) ? t.view(shape) : t;
+  }
+  return out;
 }
 
 }  // namespace flowrun

@@ -127,6 +127,63 @@ zero_states)
   expect_out "no answer from the other ranks in 3 s (run.comm_timeout_s)"
   [ $(( $(date +%s) - start )) -lt 60 ] || fail "a hanging rank: the job took $(( $(date +%s) - start )) s to end"
   ;;
+zero_gradients)
+  # ZeRO stage 2 (opt.shard=gradients): each bucket's gradients reduce-scattered, each rank
+  # keeping the averaged gradients of its half only. Without clipping the run ends exactly where
+  # shard: none ends (the same sums: a pair of ranks adds in one order); with clipping within
+  # rounding (the norm is summed per rank). Per-rank gradients and optimizer state halved (the
+  # optimizer's log); the checkpoint holds whole tensors (resume 2 -> 2 bit for bit, 2 -> 1, 1 -> 2);
+  # grads from anything but an allreduce are refused; a killed rank ends the job.
+  for s in none gradients; do
+    run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/$s" data.batch=8 opt.shard=$s opt.clip=0
+    grep -o "gradients [0-9.]* MB, optimizer state [0-9.]* MB" "$tmp/out" | head -1 | awk '{print $2, $6}' > "$tmp/mem_$s"
+  done
+  expect_out "(shard: gradients, this rank's 1/2 slice)"
+  expect_out "autograd's, freed bucket by bucket, + this rank's 1/2 (shard: gradients)"
+  read -r g_none s_none < "$tmp/mem_none"; read -r g_sh s_sh < "$tmp/mem_gradients"
+  awk -v a="$g_none" -v b="$g_sh" -v c="$s_none" -v d="$s_sh" \
+    'BEGIN { exit !(b <= 0.51 * a && b >= 0.49 * a && d <= 0.51 * c && d >= 0.49 * c) }' ||
+    fail "per rank: gradients $g_none -> $g_sh MB, optimizer state $s_none -> $s_sh MB: not halved"
+  for f in model.params opt.state ema.params; do
+    "$tool" tensor-diff "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/gradients/checkpoints/step_00000010/$f.safetensors" 0 ||
+      fail "$f differs between shard: gradients and shard: none"
+  done
+  # Launched after backward (overlap false) and sent as bf16 (compress): the same sums again.
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/late" data.batch=8 opt.shard=gradients opt.clip=0 sync.overlap=false
+  "$tool" tensor-diff "$(params "$tmp/none" 10)" "$(params "$tmp/late" 10)" 0 || fail "overlap false differs"
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bf_none" data.batch=8 opt.clip=0 sync.compress=bf16
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bf_sh" data.batch=8 opt.clip=0 sync.compress=bf16 opt.shard=gradients
+  "$tool" tensor-diff "$(params "$tmp/bf_none" 10)" "$(params "$tmp/bf_sh" 10)" 0 || fail "compress bf16 differs"
+  # With the graph's clip (1.0), and Adafactor (sharded by whole parameters).
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_none" data.batch=8
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_full" data.batch=8 opt.shard=gradients
+  "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_full" 10)" 1e-5 || fail "with clip: differs"
+  # 2 -> 2: five steps, a checkpoint, five more, as the straight run, bit for bit.
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 opt.shard=gradients run.steps=5 ckpt.every=5
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 opt.shard=gradients run.resume=auto
+  "$tool" tensor-diff "$(params "$tmp/clip_full" 10)" "$(params "$tmp/clip_sh" 10)" 0 || fail "resume 2 -> 2 differs"
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_none" data.batch=8 opt.kind=adafactor opt.clip=0
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sh" data.batch=8 opt.kind=adafactor opt.clip=0 opt.shard=gradients
+  for f in model.params opt.state; do
+    "$tool" tensor-diff "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sh/checkpoints/step_00000010/$f.safetensors" 0 ||
+      fail "Adafactor: $f differs between shard: gradients and shard: none"
+  done
+  # 2 -> 1: the sharded run's checkpoint of step 5 continued by one process (batch 16); 1 -> 2.
+  rm -rf "$tmp/clip_sh/checkpoints/step_00000010" && echo step_00000005 > "$tmp/clip_sh/checkpoints/latest"
+  run_code 0 "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=16 run.resume=auto
+  "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_sh" 10)" 1e-5 || fail "resume 2 -> 1 differs"
+  run_code 0 "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=16 run.steps=5 ckpt.every=5
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 opt.shard=gradients run.resume=auto
+  "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
+  # grads not from an allreduce: refused, naming the fix.
+  run_code nonzero "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bad" data.batch=8 opt.shard=gradients opt.in.grads=fb.grads
+  expect_out "shard: gradients reduce-scatters the gradients in an allreduce node, but 'grads' comes from 'fb.grads'"
+  # A rank killed mid-run while the other waits in a reduce-scatter or the all-gather.
+  start=$(date +%s)
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/kill" data.batch=8 opt.shard=gradients \
+    run.steps=50 fault.rank=1 fault.step=5 fault.mode=kill
+  [ $(( $(date +%s) - start )) -lt 60 ] || fail "a killed rank: the job took $(( $(date +%s) - start )) s to end"
+  ;;
 overlap_trace)
   # A model with several buckets and a backward long enough to see: bucket all-reduces must
   # start while forward_backward (backward) is still running.

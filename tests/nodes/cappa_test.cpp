@@ -300,6 +300,32 @@ TEST(GraphCappa, TheCpuConfigLearnsToCaptionTheShapes) {
   EXPECT_NE(page.find("class=\"ok\""), std::string::npos);      // some decoded caption equals its reference
 }
 
+// forward_backward's memory estimate names the CapPa's activations (encoder and decoder blocks),
+// and checkpointing the blocks lowers them.
+TEST(GraphCappa, TheMemoryEstimateCountsTheActivations) {
+  FLOWRUN_NEEDS_DATA(data_dir() + "/base.json");
+  const std::string dir = test::temp_dir("cappa_memory");
+  auto activations = [&](const std::string& policy) {
+    std::vector<std::string> args = cpu_overrides(dir + "/" + policy);
+    args.insert(args.begin(), std::string(FLOWRUN_SOURCE_DIR) + "/graphs/cappa.yaml");
+    for (const std::string& s : std::vector<std::string>{"run.steps=1", "data.batch=8", "run.progress=off",
+                                                         "eval.every=1000", "evlog.every=1000", "ckpt.every=100000",
+                                                         "ckpt.at=[]", "model.checkpoint=" + policy})
+      args.push_back(s);
+    const std::string log_file = dir + "/" + policy + ".log";
+    EXPECT_EQ(test::run_flowrun(args, log_file), 0) << read_file(log_file);
+    const std::string log = read_file(log_file);
+    const std::string key = "activations of a micro-batch (8 rows, fp32, checkpoint: " + policy + ") ";
+    const size_t at = log.find(key);
+    EXPECT_NE(at, std::string::npos) << log;
+    return at == std::string::npos ? -1.0 : std::stod(log.substr(at + key.size()));
+  };
+  const double plain = activations("none"), blocks = activations("blocks");
+  EXPECT_GT(plain, 0);
+  EXPECT_GT(blocks, 0);
+  EXPECT_LT(blocks, plain);  // (both printed in MB at this size)
+}
+
 // Resume is bit-identical: 6 steps straight equal 3, a checkpoint, 3 more, through the flowrun
 // binary as a user resumes (Adafactor's factored moments, the parallel-prediction draws and the
 // data cursor all restored). A constant lr: a cosine schedule would depend on run.steps.

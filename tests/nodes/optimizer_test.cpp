@@ -187,7 +187,7 @@ TEST(ShardPlan, EveryElementIsInExactlyOneRanksPieces) {
     for (int rank = 0; rank < world; ++rank) {
       const ShardPlan plan = ShardPlan::make(layout, named, rank, world);
       ASSERT_EQ(plan.groups.size(), 1u);
-      EXPECT_LE(plan.groups[0].end - plan.groups[0].begin, plan.groups[0].slice);
+      EXPECT_LE(plan.groups[0].end - plan.groups[0].begin, (plan.groups[0].numel + world - 1) / world);
       int64_t at = 0;
       for (const auto& piece : plan.pieces) {
         EXPECT_EQ(piece.at, at) << "world " << world << " rank " << rank;
@@ -254,6 +254,60 @@ TEST(ShardPlan, ShardedUpdatesAreTheUnshardedOnesBitForBit) {
       }
     }
   }
+}
+
+// ZeRO-2's reduce-scatter, three ranks simulated in one process: each packs a bucket's gradients
+// by owner (divided by the world), rank q receives the sum of every rank's block q and unpacks it
+// into its slices; its pieces are then exactly its pieces of the average, a gradient one rank
+// lacks counting as zeros. Element-wise and by whole parameters, in one bucket and in three.
+TEST(GradShard, EachRankGetsItsPiecesOfTheAverage) {
+  torch::manual_seed(5);
+  const ModelState::Named named = {{"a", torch::zeros({7, 5})}, {"b", torch::zeros({7})},
+                                   {"c", torch::zeros({3, 7})}, {"d", torch::zeros({3})}};
+  const int world = 3, n = static_cast<int>(named.size());
+  std::vector<Grads> g(world);
+  for (int r = 0; r < world; ++r)
+    for (const auto& [_, p] : named) g[static_cast<size_t>(r)].push_back(torch::randn_like(p));
+  g[1][2] = torch::Tensor();  // rank 1 gave "c" no gradient
+  for (bool whole : {false, true})
+    for (const std::vector<int>& cuts : {std::vector<int>{0, n}, std::vector<int>{0, 1, 3, n}}) {
+      std::vector<std::shared_ptr<const GradShard>> shard;
+      std::vector<std::vector<torch::Tensor>> slices(world);
+      for (int q = 0; q < world; ++q) {
+        shard.push_back(GradShard::make(named, q, world, whole));
+        for (const auto& grp : shard.back()->plan.groups) slices[static_cast<size_t>(q)].push_back(torch::full({grp.end - grp.begin}, -1.0f));
+      }
+      for (size_t b = 0; b + 1 < cuts.size(); ++b) {
+        std::vector<torch::Tensor> packed;
+        std::vector<size_t> counts;
+        for (int r = 0; r < world; ++r) packed.push_back(pack_by_owner(*shard[static_cast<size_t>(r)], cuts[b], cuts[b + 1], g[static_cast<size_t>(r)], counts, world));
+        int64_t at = 0;
+        for (int q = 0; q < world; ++q) {
+          const auto c = static_cast<int64_t>(counts[static_cast<size_t>(q)]);
+          torch::Tensor sum = packed[0].narrow(0, at, c).clone();
+          for (int r = 1; r < world; ++r) sum += packed[static_cast<size_t>(r)].narrow(0, at, c);
+          unpack_mine(*shard[static_cast<size_t>(q)], cuts[b], cuts[b + 1], sum, slices[static_cast<size_t>(q)]);
+          at += c;
+        }
+      }
+      std::vector<int64_t> covered(static_cast<size_t>(n), 0);
+      for (int q = 0; q < world; ++q) {
+        const Grads mine = pieces_of_slices(shard[static_cast<size_t>(q)]->plan, slices[static_cast<size_t>(q)]);
+        ASSERT_EQ(mine.size(), named.size());
+        for (const auto& piece : shard[static_cast<size_t>(q)]->plan.pieces) {
+          const size_t i = static_cast<size_t>(piece.param);
+          torch::Tensor avg = torch::zeros_like(named[i].second);
+          for (int r = 0; r < world; ++r)
+            if (g[static_cast<size_t>(r)][i].defined()) avg = avg + g[static_cast<size_t>(r)][i].div(world);
+          ASSERT_TRUE(mine[i].defined());
+          EXPECT_TRUE(torch::allclose(mine[i].reshape({-1}), avg.reshape({-1}).narrow(0, piece.offset, piece.numel), 1e-6, 1e-7))
+              << "whole " << whole << " buckets " << cuts.size() - 1 << " rank " << q << " param " << named[i].first;
+          if (whole) EXPECT_EQ(mine[i].sizes(), named[i].second.sizes());
+          covered[i] += piece.numel;
+        }
+      }
+      for (int i = 0; i < n; ++i) EXPECT_EQ(covered[static_cast<size_t>(i)], named[static_cast<size_t>(i)].second.numel());
+    }
 }
 
 TEST(OptimizerNode, DivergedRunStopsWithTheStep) {
