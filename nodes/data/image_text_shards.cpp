@@ -43,24 +43,86 @@ bool is_image_ext(const std::string& e) { return e == "png" || e == "jpg" || e =
 
 // ---- buckets ---------------------------------------------------------------------------------
 
-std::vector<ImageBucket> image_buckets(int size, bool multi_res) {
+BucketSpec::Kind BucketSpec::parse_kind(const std::string& s) {
+  if (s == "none") return Kind::none;
+  if (s == "ratios") return Kind::ratios;
+  if (s == "step") return Kind::step;
+  if (s == "list") return Kind::list;
+  throw std::invalid_argument("buckets '" + s + "': expected none, ratios, step or list");
+}
+
+ImageBucket BucketSpec::parse_size(const std::string& s) {
+  const size_t x = s.find('x');
+  ImageBucket b;
+  try {
+    size_t used_w = 0, used_h = 0;
+    if (x == std::string::npos) throw std::invalid_argument("no x");
+    b.w = std::stoi(s.substr(0, x), &used_w);
+    b.h = std::stoi(s.substr(x + 1), &used_h);
+    if (used_w != x || used_h != s.size() - x - 1) throw std::invalid_argument("trailing text");
+  } catch (const std::exception&) {
+    throw std::invalid_argument("bucket size '" + s + "': expected WIDTHxHEIGHT, e.g. 1280x768");
+  }
+  if (b.w < 8 || b.h < 8) throw std::invalid_argument("bucket size '" + s + "': width and height must be at least 8");
+  return b;
+}
+
+std::vector<ImageBucket> image_buckets(const BucketSpec& spec) {
+  const int size = spec.size;
   if (size < 1) throw std::invalid_argument("image size must be >= 1");
-  std::vector<ImageBucket> out = {{size, size}};
-  if (!multi_res) return out;
-  auto align = [](double v) { return std::max(16, static_cast<int>(std::lround(v / 16.0)) * 16); };
-  for (double r : {4.0 / 3.0, 3.0 / 4.0, 16.0 / 9.0, 9.0 / 16.0}) {
-    const ImageBucket b{align(size * std::sqrt(r)), align(size / std::sqrt(r))};
+  std::vector<ImageBucket> out;
+  auto add = [&](ImageBucket b) {  // duplicates dropped: an image could never reach the second
     if (std::none_of(out.begin(), out.end(), [&](const ImageBucket& o) { return o.w == b.w && o.h == b.h; })) out.push_back(b);
+  };
+  switch (spec.kind) {
+    case BucketSpec::Kind::none:
+      return {{size, size}};
+    case BucketSpec::Kind::ratios: {
+      auto align = [](double v) { return std::max(16, static_cast<int>(std::lround(v / 16.0)) * 16); };
+      add({size, size});
+      for (double r : {4.0 / 3.0, 3.0 / 4.0, 16.0 / 9.0, 9.0 / 16.0}) add({align(size * std::sqrt(r)), align(size / std::sqrt(r))});
+      return out;
+    }
+    case BucketSpec::Kind::step: {
+      const int step = spec.step, al = spec.align;
+      if (step < 1 || step > size / 2)
+        throw std::invalid_argument("bucket_step " + std::to_string(step) + ": must be between 1 and size / 2 (" +
+                                    std::to_string(size / 2) + ")");
+      if (al < 1 || al > step || size % al != 0)
+        throw std::invalid_argument("bucket_align " + std::to_string(al) + ": must be at most bucket_step (" +
+                                    std::to_string(step) + ") and divide size (" + std::to_string(size) + ")");
+      const int lo = size / 2, hi = size * 2;
+      std::vector<ImageBucket> all = {{size, size}};
+      for (int dir : {1, -1}) {  // taller and narrower, then wider and flatter
+        int h = size, w = size;
+        while (!(dir > 0 ? h >= hi && w <= lo : h <= lo && w >= hi)) {
+          h = dir > 0 ? std::min(h + step, hi) : std::max(h - step, lo);
+          w = dir > 0 ? std::max(w - step, lo) : std::min(w + step, hi);
+          all.push_back({w / al * al, h / al * al});
+        }
+      }
+      std::stable_sort(all.begin(), all.end(), [](const ImageBucket& a, const ImageBucket& b) {
+        return static_cast<double>(a.h) / a.w < static_cast<double>(b.h) / b.w;
+      });
+      for (const ImageBucket& b : all) add(b);
+      return out;
+    }
+    case BucketSpec::Kind::list:
+      if (spec.sizes.empty()) throw std::invalid_argument("buckets list: bucket_sizes is empty; give sizes such as 1024x1024");
+      for (const ImageBucket& b : spec.sizes) add(b);
+      return out;
   }
   return out;
 }
 
-int nearest_bucket(const std::vector<ImageBucket>& buckets, int w, int h) {
-  const double lr = std::log(static_cast<double>(w) / h);
+int nearest_bucket(const std::vector<ImageBucket>& buckets, int w, int h, BucketSpec::Kind kind) {
+  const bool log_ratio = kind == BucketSpec::Kind::ratios || kind == BucketSpec::Kind::none;
+  auto ratio = [&](double bw, double bh) { return log_ratio ? std::log(bw / bh) : bh / bw; };
+  const double r = ratio(w, h);
   int best = 0;
   double best_d = 1e300;
   for (size_t i = 0; i < buckets.size(); ++i) {
-    const double d = std::abs(lr - std::log(static_cast<double>(buckets[i].w) / buckets[i].h));
+    const double d = std::abs(r - ratio(buckets[i].w, buckets[i].h));
     if (d < best_d - 1e-12) best_d = d, best = static_cast<int>(i);
   }
   return best;
@@ -364,7 +426,18 @@ class ImageTextShardsNode : public Node {
     const Params& p = ctx.params();
     const std::string path = p.get<std::string>("path"), split = p.get<std::string>("split");
     const int size = static_cast<int>(p.get<int64_t>("size"));
-    const bool multi = p.get<bool>("buckets");
+    BucketSpec spec;
+    spec.size = size;
+    try {
+      spec.kind = BucketSpec::parse_kind(p.get<std::string>("buckets"));
+      spec.step = static_cast<int>(p.get<int64_t>("bucket_step"));
+      spec.align = static_cast<int>(p.get<int64_t>("bucket_align"));
+      for (const auto& v : p.get<std::vector<std::string>>("bucket_sizes")) spec.sizes.push_back(BucketSpec::parse_size(v));
+      buckets_ = image_buckets(spec);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    const bool multi = spec.kind != BucketSpec::Kind::none;
     flip_ = p.get<bool>("flip");
     const int64_t batch = p.get<int64_t>("batch");
     const uint64_t seed = node_seed(ctx);
@@ -372,21 +445,16 @@ class ImageTextShardsNode : public Node {
     rank_ = ctx.run().rank, world_ = ctx.run().world;
 
     data_ = std::make_shared<const ImageTextShards>(path, split, mode);
-    buckets_ = image_buckets(size, multi);
     std::vector<int> bucket_of(static_cast<size_t>(data_->size()));
     std::vector<int64_t> per(buckets_.size(), 0);
     for (int64_t i = 0; i < data_->size(); ++i) {
       const ImageTextSample& s = data_->sample(i);
-      bucket_of[static_cast<size_t>(i)] = multi ? nearest_bucket(buckets_, s.w, s.h) : 0;
+      bucket_of[static_cast<size_t>(i)] = multi ? nearest_bucket(buckets_, s.w, s.h, spec.kind) : 0;
       ++per[static_cast<size_t>(bucket_of[static_cast<size_t>(i)])];
     }
     sampler_ = std::make_unique<ImageTextSampler>(std::move(bucket_of), static_cast<int>(buckets_.size()), batch, seed);
     const int64_t spe = sampler_->steps_per_epoch(world_);  // fail now, not at step 1, if too few samples
-    std::string sizes;
-    for (size_t b = 0; b < buckets_.size(); ++b)
-      sizes += (b ? ", " : "") + std::to_string(buckets_[b].w) + "x" + std::to_string(buckets_[b].h) + " (" + std::to_string(per[b]) + ")";
-    spdlog::info("{}: {}.{}: {} samples in {} shards, {} steps per epoch; sizes: {}", ctx.who(), path, split, data_->size(),
-                 data_->shards().size(), spe, sizes);
+    log_histogram(ctx, path + "." + split, per, batch * world_, spe);
 
     std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits;
     for (const char* name : {"train", "val"}) {
@@ -421,6 +489,31 @@ class ImageTextShardsNode : public Node {
 
  private:
   std::shared_ptr<const ImageTextShards> data_;
+  // The data set's bucket histogram, at setup: samples per size (the sizes no sample reaches
+  // left out, counted), and the buckets with fewer samples than a global batch, which an epoch
+  // never trains on (their samples dropped with each bucket's remainder).
+  void log_histogram(SetupContext& ctx, const std::string& what, const std::vector<int64_t>& per, int64_t global,
+                     int64_t steps_per_epoch) const {
+    if (ctx.run().rank != 0) return;
+    std::string sizes, unused;
+    int64_t empty = 0;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      const std::string name = std::to_string(buckets_[b].w) + "x" + std::to_string(buckets_[b].h);
+      if (per[b] == 0) {
+        ++empty;
+        continue;
+      }
+      sizes += (sizes.empty() ? "" : ", ") + name + ": " + std::to_string(per[b]);
+      if (per[b] < global) unused += (unused.empty() ? "" : ", ") + name + " (" + std::to_string(per[b]) + ")";
+    }
+    spdlog::info("{}: {}: {} samples in {} shards, {} steps per epoch; samples per size: {}{}", ctx.who(), what,
+                 data_->size(), data_->shards().size(), steps_per_epoch, sizes,
+                 empty ? fmt::format(" ({} of the {} sizes without samples)", empty, buckets_.size()) : std::string());
+    if (!unused.empty())
+      spdlog::warn("{}: sizes with fewer samples than a global batch of {}, so never trained on: {}", ctx.who(), global,
+                   unused);
+  }
+
   std::vector<ImageBucket> buckets_;
   std::unique_ptr<ImageTextSampler> sampler_;
   bool flip_ = false;

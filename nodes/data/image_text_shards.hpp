@@ -14,12 +14,19 @@
 // a step still depends only on (data, seed, step, rank, world).
 //
 // Sizes: without buckets every image is scaled to cover size x size and centre-cropped. With
-// buckets (HunyuanDiT's multi-resolution training) the sizes are, for the aspect ratios
-// w:h in {1:1, 4:3, 3:4, 16:9, 9:16}, w x h = size*sqrt(r) x size/sqrt(r) rounded to
-// multiples of 16 (area ~ size^2; the 1:1 bucket is exactly size x size; duplicates dropped,
-// so small sizes have fewer buckets: 32 gives 32x32, 48x32, 32x48);
-// each image goes to the bucket whose aspect ratio is nearest its own (in log ratio) and is
-// scaled to cover it and centre-cropped.
+// buckets (HunyuanDiT's multi-resolution training, BucketSpec below) each image goes to the
+// bucket whose aspect ratio is nearest its own and is scaled to cover it and centre-cropped:
+//   - ratios: for w:h in {1:1, 4:3, 3:4, 16:9, 9:16}, w x h = size*sqrt(r) x size/sqrt(r)
+//     rounded to multiples of 16 (area ~ size^2; the 1:1 bucket is exactly size x size;
+//     duplicates dropped, so small sizes have fewer buckets: 32 gives 32x32, 48x32, 32x48);
+//     nearest in log ratio;
+//   - step: the resolution group of Hunyuan's training code (ResolutionGroup(base_size=size,
+//     step, align), calc_by_step): from size x size, the height grows by `step` up to 2 size
+//     while the width shrinks by `step` down to size / 2, and the other way round, each size
+//     rounded down to a multiple of `align`, sorted by h/w (1024, 64, 16: 33 sizes from
+//     2048x512 to 512x2048); nearest in h/w, as its data loader picks (the first on a tie);
+//   - list: the sizes given (e.g. the HunyuanDiT pipeline's 1024x1024, 1280x768, 768x1280,
+//     1152x864, ...), nearest in h/w.
 //
 // Order: epoch e takes a seeded shuffle of the good samples (seed mix(seed, "epoch", e)),
 // splits it by bucket keeping that order, and cuts each bucket's list into global batches of
@@ -54,10 +61,24 @@ namespace flowrun {
 struct ImageBucket {
   int w = 0, h = 0;
 };
-// The bucket sizes for `size` (just {size, size} when multi_res is false); see above.
-std::vector<ImageBucket> image_buckets(int size, bool multi_res);
-// Index of the bucket whose aspect ratio is nearest w/h.
-int nearest_bucket(const std::vector<ImageBucket>& buckets, int w, int h);
+// image_text_shards' `buckets` parameters (the schema's defaults there).
+struct BucketSpec {
+  enum class Kind { none, ratios, step, list };
+  Kind kind = Kind::none;
+  int size = 256;                  // none, ratios, step: the base size
+  int step = 64, align = 16;       // step
+  std::vector<ImageBucket> sizes;  // list
+  // "none" | "ratios" | "step" | "list"; "1280x768" (width x height). Both throw
+  // std::invalid_argument naming the value.
+  static Kind parse_kind(const std::string& s);
+  static ImageBucket parse_size(const std::string& s);
+};
+// The bucket sizes (none: just {size, size}); see above. Throws std::invalid_argument naming
+// the setting for sizes that cannot be made (a step larger than size / 2, an empty list, ...).
+std::vector<ImageBucket> image_buckets(const BucketSpec& spec);
+// Index of the bucket whose aspect ratio is nearest w/h: in log ratio (ratios), or in h/w as
+// Hunyuan's loader does (step, list).
+int nearest_bucket(const std::vector<ImageBucket>& buckets, int w, int h, BucketSpec::Kind kind = BucketSpec::Kind::ratios);
 
 // ---- one split's shards ----
 

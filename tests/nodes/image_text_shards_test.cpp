@@ -3,9 +3,11 @@
 // and the node in a graph. (image_io and tar themselves: tests/formats.)
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <numeric>
 #include <set>
 
@@ -347,7 +349,9 @@ TEST(ImageTextSampler, EveryBatchHoldsOneBucket) {
   }
   EXPECT_EQ(buckets_seen.size(), 3u);
   // HunyuanDiT-style sizes: aligned to 16 (but the square), area ~ size^2, nearest aspect ratio.
-  const auto bs = image_buckets(256, true);
+  BucketSpec spec;
+  spec.kind = BucketSpec::Kind::ratios;
+  const auto bs = image_buckets(spec);
   ASSERT_EQ(bs.size(), 5u);
   for (const ImageBucket& b : bs) {
     EXPECT_EQ(b.w % 16, 0);
@@ -357,7 +361,72 @@ TEST(ImageTextSampler, EveryBatchHoldsOneBucket) {
   EXPECT_EQ(bs[static_cast<size_t>(nearest_bucket(bs, 1920, 1080))].w, 336);
   EXPECT_EQ(bs[static_cast<size_t>(nearest_bucket(bs, 1000, 1010))].w, 256);
   EXPECT_EQ(bs[static_cast<size_t>(nearest_bucket(bs, 600, 800))].h, 288);
-  EXPECT_EQ(image_buckets(32, false).size(), 1u);
+  spec.kind = BucketSpec::Kind::none;
+  spec.size = 32;
+  EXPECT_EQ(image_buckets(spec).size(), 1u);
+}
+
+std::string names(const std::vector<ImageBucket>& bs) {
+  std::string out;
+  for (const ImageBucket& b : bs) out += (out.empty() ? "" : " ") + std::to_string(b.w) + "x" + std::to_string(b.h);
+  return out;
+}
+
+// buckets: step is the resolution group of Hunyuan's training code; the expected lists were
+// printed by its calc_by_step (Python, base/step/align as given), and the nearest bucket by its
+// get_target_size (argmin of |h/w - ratio|).
+TEST(ImageBuckets, StepIsHunyuansResolutionGroup) {
+  BucketSpec spec;
+  spec.kind = BucketSpec::Kind::step;
+  spec.size = 64, spec.step = 16, spec.align = 16;
+  EXPECT_EQ(names(image_buckets(spec)), "128x32 112x32 96x32 80x48 64x64 48x80 32x96 32x112 32x128");
+  spec.size = 96, spec.step = 20, spec.align = 8;
+  EXPECT_EQ(names(image_buckets(spec)), "192x48 176x48 152x48 136x56 112x72 96x96 72x112 56x136 48x152 48x176 48x192");
+  spec.size = 1024, spec.step = 64, spec.align = 16;
+  const auto bs = image_buckets(spec);
+  ASSERT_EQ(bs.size(), 33u);
+  EXPECT_EQ(names({bs.front(), bs[12], bs[16], bs.back()}), "2048x512 1280x768 1024x1024 512x2048");
+  auto nearest = [&](int w, int h) { return names({bs[static_cast<size_t>(nearest_bucket(bs, w, h, spec.kind))]}); };
+  EXPECT_EQ(nearest(1920, 1080), "1280x768");
+  EXPECT_EQ(nearest(1080, 1920), "768x1280");
+  EXPECT_EQ(nearest(1000, 1010), "1024x1024");
+  EXPECT_EQ(nearest(3000, 1000), "1536x512");
+  EXPECT_EQ(nearest(640, 480), "1152x896");
+}
+
+// buckets: list takes the sizes as written (WIDTHxHEIGHT), duplicates dropped; what cannot make
+// sizes is an error naming the setting.
+TEST(ImageBuckets, ListsAndBadSettings) {
+  BucketSpec spec;
+  spec.kind = BucketSpec::Kind::list;
+  for (const char* v : {"1024x1024", "1280x768", "768x1280", "1280x768"}) spec.sizes.push_back(BucketSpec::parse_size(v));
+  EXPECT_EQ(names(image_buckets(spec)), "1024x1024 1280x768 768x1280");
+  for (const char* bad : {"1280", "1280x", "x768", "1280x768px", "4x4", "axb"}) {
+    try {
+      BucketSpec::parse_size(bad);
+      ADD_FAILURE() << bad;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos) << e.what();
+    }
+  }
+  auto error = [](BucketSpec s) {
+    try {
+      image_buckets(s);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  spec.sizes.clear();
+  EXPECT_NE(error(spec).find("bucket_sizes is empty"), std::string::npos);
+  spec.kind = BucketSpec::Kind::step;
+  spec.size = 64, spec.step = 40, spec.align = 16;
+  EXPECT_NE(error(spec).find("bucket_step 40"), std::string::npos);
+  spec.step = 16, spec.align = 32;
+  EXPECT_NE(error(spec).find("bucket_align 32"), std::string::npos);
+  spec.size = 72, spec.align = 16;
+  EXPECT_NE(error(spec).find("bucket_align 16"), std::string::npos);  // does not divide 72
+  EXPECT_THROW(BucketSpec::parse_kind("true"), std::invalid_argument);
 }
 
 // ---- the node ------------------------------------------------------------------------------
@@ -454,13 +523,67 @@ TEST(ImageTextShardsNode, BucketsGiveOneSizePerBatch) {
   po.dir = src, po.out = dir + "/b", po.val_fraction = 0, po.quiet = true;
   prep_images(po);
   auto g = test::load_graph_at("flowrun: 1\nrun: { steps: 6, seed: 1 }\nnodes:\n  data: { type: image_text_shards, with: { path: '" + po.out +
-                      "', size: 32, batch: 4, buckets: true } }\n  probe: { type: t_batch_probe, in: { batch: data.batch } }\n");
+                      "', size: 32, batch: 4, buckets: ratios } }\n  probe: { type: t_batch_probe, in: { batch: data.batch } }\n");
   const auto seen = test::run_and_probe(*g);
   std::set<std::vector<int64_t>> shapes;
   for (const auto& [step, batch] : seen) shapes.insert(batch.at("image").sizes().vec());
   // 32 -> buckets 32x32, 48x32 (16:9), 32x48 (9:16) (4:3 and 3:4 round to 32x32); 48x27 images
   // go to 48x32, 24x32 (3:4) ones to 32x48, the nearer ratio in log terms. 8 each: 2 steps each.
   EXPECT_EQ(shapes, (std::set<std::vector<int64_t>>{{4, 3, 32, 32}, {4, 3, 32, 48}, {4, 3, 48, 32}})) << "got " << shapes.size() << " shapes";
+}
+
+// A set of mixed sizes end to end: prep keeps each image's own size, and over an epoch every
+// bucket of the list comes as batches of its size, each row's image_meta_size holding its
+// original height and width, the bucket and the crop of the scaled image (scale to cover, centre
+// crop), every image exactly once.
+TEST(ImageTextShardsNode, MixedSizesEndToEnd) {
+  // (w, h) and how many: 4 go to each bucket (64x64, 96x48, 48x96), two original sizes each.
+  const std::vector<std::array<int, 3>> kinds = {{64, 64, 2}, {70, 66, 2}, {100, 50, 2}, {90, 40, 2}, {50, 100, 2}, {36, 80, 2}};
+  const std::string dir = test::temp_dir("mixed"), src = dir + "/src";
+  int n = 0;
+  for (const auto& [w, h, count] : kinds)
+    for (int k = 0; k < count; ++k, ++n) {
+      write_png(src + "/" + std::to_string(100 + n) + ".png", resize(gradient(8, 8), w, h));
+      test::write_text(src + "/" + std::to_string(100 + n) + ".txt", "image " + std::to_string(n));
+    }
+  PrepImagesOptions po;
+  po.dir = src, po.out = dir + "/m", po.val_fraction = 0, po.quiet = true;
+  prep_images(po);
+  auto g = test::load_graph_at("flowrun: 1\nrun: { steps: 6, seed: 3 }\nnodes:\n  data: { type: image_text_shards, with: { path: '" +
+                               po.out + "', batch: 2, buckets: list, bucket_sizes: [64x64, 96x48, 48x96] } }\n"
+                               "  probe: { type: t_batch_probe, in: { batch: data.batch } }\n");
+  const auto seen = test::run_and_probe(*g);
+  ASSERT_EQ(seen.size(), 6u);  // 12 images, batch 2: one epoch
+  std::map<std::pair<int, int>, int> originals;  // (w, h) -> rows seen
+  std::set<std::pair<int64_t, int64_t>> sizes;
+  for (const auto& [step, batch] : seen) {
+    const torch::Tensor& image = batch.at("image");
+    const int64_t H = image.size(2), W = image.size(3);
+    sizes.insert({W, H});
+    const torch::Tensor meta = batch.at("image_meta_size");
+    for (int64_t r = 0; r < image.size(0); ++r) {
+      const int oh = static_cast<int>(meta[r][0].item<float>()), ow = static_cast<int>(meta[r][1].item<float>());
+      ++originals[{ow, oh}];
+      // The bucket is the nearest in h/w of the three.
+      const double ratio = static_cast<double>(oh) / ow;
+      const std::vector<std::pair<int64_t, int64_t>> list = {{64, 64}, {96, 48}, {48, 96}};
+      size_t best = 0;
+      for (size_t b = 1; b < list.size(); ++b)
+        if (std::abs(ratio - double(list[b].second) / list[b].first) < std::abs(ratio - double(list[best].second) / list[best].first)) best = b;
+      EXPECT_EQ(std::make_pair(W, H), list[best]) << ow << "x" << oh;
+      // Scaled to cover W x H, centre-cropped: the crop's top and left in the scaled image.
+      const double s = std::max(double(W) / ow, double(H) / oh);
+      const int64_t sw = std::max<int64_t>(W, std::lround(ow * s)), sh = std::max<int64_t>(H, std::lround(oh * s));
+      EXPECT_EQ(meta[r][2].item<float>(), H);
+      EXPECT_EQ(meta[r][3].item<float>(), W);
+      EXPECT_EQ(meta[r][4].item<float>(), (sh - H) / 2) << ow << "x" << oh;
+      EXPECT_EQ(meta[r][5].item<float>(), (sw - W) / 2) << ow << "x" << oh;
+    }
+  }
+  EXPECT_EQ(sizes, (std::set<std::pair<int64_t, int64_t>>{{64, 64}, {96, 48}, {48, 96}}));
+  std::map<std::pair<int, int>, int> want;
+  for (const auto& [w, h, count] : kinds) want[{w, h}] = count;
+  EXPECT_EQ(originals, want);
 }
 
 TEST(ImageTextShardsNode, MissingShardsAreAnErrorNamingThePrefix) {
