@@ -4,10 +4,15 @@
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <tuple>
 
 #include "common/device.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
+#include "common/pretrained.hpp"
 #include "encode/text_tokenizer.hpp"
 #include "models/dit.hpp"
 #include "models/lora.hpp"
@@ -16,6 +21,64 @@
 namespace flowrun::dit {
 
 namespace {
+
+// HunyuanDiT2DModel's config.json (diffusers v0.30) into the config: each key that sets a size
+// of this DiT, the value diffusers' __init__ defaults to where an older file lacks it. `given`:
+// the node's `with:` as written; a parameter given there must agree with the file.
+void apply_pretrained(const std::string& who, const PretrainedFolder& f, const YAML::Node& given, Config& cfg) {
+  auto agree = [&](const char* param, const std::string& key, const std::string& ours, const std::string& file) {
+    if (ours != file)
+      throw std::runtime_error(who + ": " + param + " is " + ours + " in the graph, " + f.config_path + " has " + key +
+                               " = " + file + "; drop " + param + " from the graph (the folder sets it) or use another folder");
+  };
+  auto take_int = [&](const char* param, const char* key, int64_t fallback, int64_t* to) {
+    const int64_t v = config_value<int64_t>(f, key, fallback);
+    if (given && given[param] && !given[param].IsNull()) agree(param, key, given[param].Scalar(), std::to_string(v));
+    *to = v;
+  };
+  take_int("depth", "num_layers", 28, &cfg.depth);
+  take_int("heads", "num_attention_heads", 16, &cfg.heads);
+  take_int("hidden", "hidden_size", 1152, &cfg.hidden);
+  take_int("patch", "patch_size", 2, &cfg.patch);
+  take_int("in_channels", "in_channels", 4, &cfg.in_channels);
+  take_int("text_dim", "cross_attention_dim", 1024, &cfg.text_dim);
+  take_int("t5_dim", "cross_attention_dim_t5", 2048, &cfg.t5_dim);
+  take_int("pooled_projection_dim", "pooled_projection_dim", 1024, &cfg.pooled_projection_dim);
+  take_int("text_len", "text_len", 77, &cfg.text_len);
+  take_int("text_len_t5", "text_len_t5", 256, &cfg.text_len_t5);
+  const double mlp = config_value<double>(f, "mlp_ratio", 4.0);
+  if (given && given["mlp_ratio"] && given["mlp_ratio"].as<double>() != mlp)
+    agree("mlp_ratio", "mlp_ratio", given["mlp_ratio"].Scalar(), std::to_string(mlp));
+  cfg.mlp_ratio = mlp;
+  for (auto [param, to, fallback] : {std::tuple{"learn_sigma", &cfg.learn_sigma, true},
+                                     std::tuple{"use_style_cond_and_image_meta_size", &cfg.use_style_cond_and_image_meta_size, true}}) {
+    const bool v = config_value<bool>(f, param, fallback);
+    if (given && given[param] && given[param].as<bool>() != v)
+      agree(param, param, given[param].Scalar(), v ? "true" : "false");
+    *to = v;
+  }
+  const int64_t head_dim = config_value<int64_t>(f, "attention_head_dim", 88);
+  if (cfg.heads * head_dim != cfg.hidden)
+    throw std::runtime_error(who + ": " + f.config_path + ": num_attention_heads x attention_head_dim = " +
+                             std::to_string(cfg.heads * head_dim) + " is not hidden_size " + std::to_string(cfg.hidden) +
+                             " (this DiT's attention is hidden_size wide)");
+  // Keys that change the math, with the one value this DiT computes; keys that do not.
+  const std::map<std::string, std::string> fixed = {{"activation_fn", "gelu-approximate"}, {"norm_type", "layer_norm"}};
+  const std::set<std::string> known = {"num_layers", "num_attention_heads", "hidden_size", "patch_size", "in_channels",
+                                       "cross_attention_dim", "cross_attention_dim_t5", "pooled_projection_dim",
+                                       "text_len", "text_len_t5", "mlp_ratio", "learn_sigma",
+                                       "use_style_cond_and_image_meta_size", "attention_head_dim",
+                                       "sample_size"};  // sample_size: the default output size, not a weight
+  for (const auto& [key, value] : f.config.items()) {
+    if (key.empty() || key[0] == '_' || known.count(key)) continue;
+    auto it = fixed.find(key);
+    if (it == fixed.end())
+      throw std::runtime_error(who + ": " + f.config_path + ": " + key + " is not a HunyuanDiT2DModel setting this DiT knows");
+    if (!value.is_null() && value.get<std::string>() != it->second)
+      throw std::runtime_error(who + ": " + f.config_path + ": " + key + " = " + value.get<std::string>() +
+                               " is not built (this DiT computes with " + it->second + ")");
+  }
+}
 
 class DitNode : public Node {
  public:
@@ -36,11 +99,27 @@ class DitNode : public Node {
                                  "prompts' tokenizer (in: { " + port + ": tok.tokenizer }) or set " + ctx.name() + "." +
                                  key + " (HunyuanDiT: " + std::to_string(hunyuan) + ")");
     };
-    from_tokenizer("text_len", "tokenizer", 77, &cfg.text_len);
-    if (cfg.t5_dim > 0) from_tokenizer("text_len_t5", "t5_tokenizer", 256, &cfg.text_len_t5);
     cfg.mlp_ratio = p.get<double>("mlp_ratio");
     cfg.use_style_cond_and_image_meta_size = p.get<bool>("use_style_cond_and_image_meta_size");
     cfg.learn_sigma = p.get<bool>("learn_sigma");
+    std::optional<PretrainedFolder> pretrained;
+    if (p.has("pretrained")) {
+      if (p.has("weights"))
+        throw std::runtime_error(ctx.who() + ": both pretrained and weights are set; pretrained loads the folder's " +
+                                 "weights, so set one of them");
+      try {
+        pretrained = open_pretrained(p.get<std::string>("pretrained"),
+                                     {"transformer", "HunyuanDiT2DModel", "diffusion_pytorch_model"});
+        const YAML::Node given = ctx.run().graph ? ctx.run().graph->root["nodes"][ctx.name()]["with"] : YAML::Node();
+        apply_pretrained(ctx.who(), *pretrained, given, cfg);
+      } catch (const std::exception& e) {
+        const std::string what = e.what();
+        throw std::runtime_error(what.rfind(ctx.who(), 0) == 0 ? what : ctx.who() + ": " + what);
+      }
+    } else {
+      from_tokenizer("text_len", "tokenizer", 77, &cfg.text_len);
+      if (cfg.t5_dim > 0) from_tokenizer("text_len_t5", "t5_tokenizer", 256, &cfg.text_len_t5);
+    }
     cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     cfg.rope_base_grid = p.has("rope_base_grid") ? p.get<int64_t>("rope_base_grid") : 0;  // null: integer positions
     try {
@@ -82,6 +161,11 @@ class DitNode : public Node {
       } catch (const std::exception& e) {
         throw std::runtime_error(ctx.who() + ": " + e.what());
       }
+    }
+    if (pretrained) {
+      const std::string source = pretrained->weights_index.empty() ? pretrained->weight_files.front() : pretrained->weights_index;
+      load_state_dict(*model, load_pretrained_weights(*pretrained), source);
+      from += (p.has("lora") ? "; base weights from " : "; weights from ") + pretrained->dir;
     }
     if (p.has("weights")) {
       // Through a checkpoint's `latest` file, so a graph can name "the newest base checkpoint".

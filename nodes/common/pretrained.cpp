@@ -1,0 +1,99 @@
+// Pretrained folders of diffusers and transformers (common/pretrained.hpp).
+// Test: tests/nodes/pretrained_test.cpp.
+#include "common/pretrained.hpp"
+
+#include <filesystem>
+#include <set>
+#include <stdexcept>
+
+#include "common/files.hpp"
+
+namespace flowrun {
+
+namespace fs = std::filesystem;
+
+namespace {
+nlohmann::json read_json(const std::string& path) {
+  try {
+    return nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(path + ": not valid JSON: " + e.what());
+  }
+}
+}  // namespace
+
+PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& kind) {
+  if (!fs::is_directory(path)) throw std::runtime_error("pretrained: " + path + " is not a folder");
+  PretrainedFolder f;
+  f.dir = path;
+  if (!fs::exists(path + "/config.json")) {
+    const std::string index = path + "/model_index.json";
+    if (!fs::exists(index))
+      throw std::runtime_error("pretrained: " + path + " has neither config.json (a component's folder, as " +
+                               "save_pretrained writes it) nor model_index.json (a pipeline's)");
+    const nlohmann::json pipeline = read_json(index);
+    if (!pipeline.contains(kind.component)) {
+      std::string have;
+      for (const auto& [key, value] : pipeline.items())
+        if (!key.empty() && key[0] != '_') have += (have.empty() ? "" : ", ") + key;
+      throw std::runtime_error("pretrained: " + index + " has no component '" + kind.component + "' (it has: " + have +
+                               "); give the component's folder instead");
+    }
+    f.dir = path + "/" + kind.component;
+    if (!fs::exists(f.dir + "/config.json"))
+      throw std::runtime_error("pretrained: " + f.dir + "/config.json is missing (" + index + " names the component '" +
+                               kind.component + "')");
+  }
+  f.config_path = f.dir + "/config.json";
+  f.config = read_json(f.config_path);
+  if (!f.config.is_object()) throw std::runtime_error(f.config_path + ": not a JSON object");
+  const std::string cls = config_value<std::string>(f, "_class_name", "");
+  if (!kind.class_name.empty() && !cls.empty() && cls != kind.class_name)
+    throw std::runtime_error(f.config_path + ": _class_name is " + cls + ", this node reads a " + kind.class_name);
+
+  const std::string single = f.dir + "/" + kind.weights_stem + ".safetensors";
+  const std::string index = single + ".index.json";
+  if (fs::exists(single)) {
+    f.weight_files = {single};
+  } else if (fs::exists(index)) {
+    f.weights_index = index;
+    const nlohmann::json j = read_json(index);
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw std::runtime_error(index + ": no weight_map (a sharded checkpoint's index maps each tensor to its file)");
+    std::set<std::string> seen;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      const std::string shard = f.dir + "/" + file.get<std::string>();
+      f.weight_map[name] = shard;
+      if (seen.insert(shard).second) {
+        if (!fs::exists(shard)) throw std::runtime_error(index + " names " + file.get<std::string>() + ", which is not in " + f.dir);
+        f.weight_files.push_back(shard);
+      }
+    }
+  } else {
+    throw std::runtime_error("pretrained: " + f.dir + " has no " + kind.weights_stem + ".safetensors nor " +
+                             kind.weights_stem + ".safetensors.index.json (only safetensors weights are read; " +
+                             "convert .bin files with save_pretrained(safe_serialization=True))");
+  }
+  return f;
+}
+
+safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f) {
+  safetensors::Tensors all;
+  for (const std::string& file : f.weight_files) {
+    safetensors::File shard = safetensors::load(file);
+    for (auto& [name, t] : shard.tensors) {
+      if (!f.weights_index.empty()) {
+        auto it = f.weight_map.find(name);
+        if (it == f.weight_map.end() || it->second != file)
+          throw std::runtime_error(file + " holds " + name + ", which " + f.weights_index + " puts " +
+                                   (it == f.weight_map.end() ? std::string("nowhere") : "in " + it->second));
+      }
+      all[name] = t;
+    }
+  }
+  for (const auto& [name, file] : f.weight_map)
+    if (!all.count(name)) throw std::runtime_error(f.weights_index + " puts " + name + " in " + file + ", which lacks it");
+  return all;
+}
+
+}  // namespace flowrun

@@ -1,0 +1,53 @@
+// Pretrained components as diffusers and transformers save them (save_pretrained): a folder with
+// config.json and the weights, as one safetensors file or as shards named by an index
+// (NAME.safetensors.index.json: {"weight_map": {tensor: shard file}}); or a whole pipeline's
+// folder (model_index.json, one sub-folder per component: transformer/, vae/, text_encoder/, ...).
+//
+//   PretrainedFolder f = open_pretrained(path, {"transformer", "HunyuanDiT2DModel", "diffusion_pytorch_model"});
+//   config_value<int64_t>(f, "num_layers", 28) ...; safetensors::Tensors w = load_pretrained_weights(f);
+//
+// Every problem is an error naming the file: a folder with neither config.json nor
+// model_index.json, a pipeline without the component, a config of another class, an index
+// naming a shard that is not there or a tensor its shard lacks.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "common/safetensors.hpp"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace flowrun {
+
+struct PretrainedKind {
+  std::string component;     // its folder in a pipeline ("transformer")
+  std::string class_name;    // config.json's _class_name ("HunyuanDiT2DModel"); "": not checked
+  std::string weights_stem;  // "diffusion_pytorch_model" (diffusers), "model" (transformers)
+};
+
+struct PretrainedFolder {
+  std::string dir;            // the component's folder
+  std::string config_path;    // dir/config.json
+  nlohmann::json config;
+  std::string weights_index;  // the index file, if the weights are sharded ("" if one file)
+  std::vector<std::string> weight_files;  // the files to read, in the index's order
+  std::map<std::string, std::string> weight_map;  // sharded: tensor name -> its file
+};
+
+// `path`: the component's folder, or a pipeline's (then its `component` sub-folder).
+PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& kind);
+
+// Every tensor of the folder's weights (all shards), checked against the index: a shard that
+// is missing, or lacks a tensor the index puts in it, is an error naming both files.
+safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f);
+
+// A config value of the folder as a number/bool/string, or `fallback` when the key is absent
+// or null (the library's default for keys an older save did not write).
+template <class T>
+T config_value(const PretrainedFolder& f, const std::string& key, T fallback) {
+  auto it = f.config.find(key);
+  return it == f.config.end() || it->is_null() ? fallback : it->get<T>();
+}
+
+}  // namespace flowrun
