@@ -545,6 +545,23 @@ std::shared_ptr<Pending> make(Kind k, const std::string& channel, const std::str
   p->what = "'" + channel + "': " + what;
   return p;
 }
+
+// Blocks per rank (allgather_blocks, reduce_scatter): one count per rank.
+void check_counts(const std::vector<size_t>& counts, const std::string& what) {
+  if (counts.size() != static_cast<size_t>(size()))
+    throw CommError(what + ": " + std::to_string(counts.size()) + " counts for " + std::to_string(size()) + " ranks");
+}
+
+// The blocks' MPI counts and displacements (elements; ints, as MPI's).
+[[maybe_unused]] void set_blocks(Pending& p, const std::vector<size_t>& counts) {
+  size_t at = 0;
+  for (size_t c : counts) {
+    if (at + c > static_cast<size_t>(INT_MAX)) throw CommError(p.what + ": more than 2^31 elements (MPI counts are ints)");
+    p.counts.push_back(static_cast<int>(c));
+    p.displs.push_back(static_cast<int>(at));
+    at += c;
+  }
+}
 }  // namespace
 
 Request Channel::allreduce(void* data, size_t count, DType type, Op op, const std::string& what) {
@@ -589,20 +606,11 @@ Request Channel::allgather_blocks(void* data, const std::vector<size_t>& counts,
                                  const std::string& what) {
   if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8)
     throw CommError("'" + name_ + "': " + what + ": elements of " + std::to_string(element_size) + " bytes");
-  if (counts.size() != static_cast<size_t>(size()))
-    throw CommError("'" + name_ + "': " + what + ": " + std::to_string(counts.size()) + " counts for " +
-                    std::to_string(size()) + " ranks");
+  check_counts(counts, "'" + name_ + "': " + what);
   if (size() == 1) return Request();
 #ifdef FLOWRUN_MPI
   auto p = make(Kind::allgather_blocks, name_, what);
-  size_t at = 0;
-  for (size_t c : counts) {
-    if (at + c > static_cast<size_t>(INT_MAX))
-      throw CommError("'" + name_ + "': " + what + ": more than 2^31 elements (MPI counts are ints)");
-    p->counts.push_back(static_cast<int>(c));
-    p->displs.push_back(static_cast<int>(at));
-    at += c;
-  }
+  set_blocks(*p, counts);
   p->data = data, p->element_size = element_size, p->comm = impl_->comm;
   return Request(submit(p));
 #else
@@ -613,23 +621,14 @@ Request Channel::allgather_blocks(void* data, const std::vector<size_t>& counts,
 Request Channel::reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, DType type, Op op,
                                const std::string& what) {
   if (type == DType::bf16 && op != Op::sum) throw CommError("'" + name_ + "': " + what + ": bf16 reduce-scatter supports only sum");
-  if (counts.size() != static_cast<size_t>(size()))
-    throw CommError("'" + name_ + "': " + what + ": " + std::to_string(counts.size()) + " counts for " +
-                    std::to_string(size()) + " ranks");
+  check_counts(counts, "'" + name_ + "': " + what);
   if (size() == 1) {
     std::memcpy(recv, send, counts.front() * dtype_size(type));
     return Request();
   }
 #ifdef FLOWRUN_MPI
   auto p = make(Kind::reduce_scatter, name_, what);
-  size_t at = 0;
-  for (size_t c : counts) {
-    if (at + c > static_cast<size_t>(INT_MAX))
-      throw CommError("'" + name_ + "': " + what + ": more than 2^31 elements (MPI counts are ints)");
-    p->counts.push_back(static_cast<int>(c));
-    p->displs.push_back(static_cast<int>(at));
-    at += c;
-  }
+  set_blocks(*p, counts);
   p->in = send, p->data = recv, p->type = type, p->op = op, p->comm = impl_->comm;
   return Request(submit(p));
 #else
