@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "common/files.hpp"
+#include "node.hpp"
 
 namespace flowrun {
 
@@ -75,6 +76,12 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
                              "convert .bin files with save_pretrained(safe_serialization=True))");
   }
   return f;
+}
+
+YAML::Node written_params(const RunInfo& run, const std::string& node) {
+  if (!run.graph) return YAML::Node();
+  const YAML::Node with = run.graph->root["nodes"][node]["with"];
+  return with ? with : YAML::Node();
 }
 
 safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f) {

@@ -11,6 +11,7 @@
 // naming a shard that is not there or a tensor its shard lacks.
 #pragma once
 #include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
 
 #include "common/safetensors.hpp"
 
@@ -19,6 +20,8 @@
 #include <vector>
 
 namespace flowrun {
+
+struct RunInfo;  // engine/node.hpp
 
 struct PretrainedKind {
   std::string component;     // its folder in a pipeline ("transformer")
@@ -41,6 +44,10 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
 // Every tensor of the folder's weights (all shards), checked against the index: a shard that
 // is missing, or lacks a tensor the index puts in it, is an error naming both files.
 safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f);
+
+// The parameters of node `node` as the graph file wrote them (overrides applied, no defaults
+// filled in): what a node checks against a folder's config.json. Undefined when not written.
+YAML::Node written_params(const RunInfo& run, const std::string& node);
 
 // A config value of the folder as a number/bool/string, or `fallback` when the key is absent
 // or null (the library's default for keys an older save did not write).

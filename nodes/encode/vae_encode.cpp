@@ -3,9 +3,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <map>
+#include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "common/device.hpp"
+#include "common/pretrained.hpp"
 #include "common/seed.hpp"
 #include "common/tensor_map.hpp"
 #include "node.hpp"
@@ -40,13 +44,79 @@ torch::Tensor encode_latents(vae::VaeState& state, const torch::Tensor& images, 
   return z * state.config.scaling_factor;
 }
 
-vae::Config autoencoder_kl_config(const YAML::Node& v) {
+namespace {
+
+// AutoencoderKL's config.json (diffusers v0.30) into the config: the group's parameters have
+// diffusers' names; each one also written in the graph must agree. Keys that change the math
+// must hold the one value this VAE computes with.
+void apply_pretrained(const PretrainedFolder& f, const YAML::Node& written, vae::Config& c) {
+  auto agree = [&](const std::string& key, const std::string& ours, const std::string& file) {
+    if (ours != file)
+      throw std::runtime_error(key + " is " + ours + " in the graph, " + f.config_path + " has " + file + "; drop " + key +
+                               " from the graph (the folder sets it) or use another folder");
+  };
+  auto given = [&](const char* key) { return written && written[key] && !written[key].IsNull(); };
+  auto list_text = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (int64_t x : v) s += (s.empty() ? "[" : ", ") + std::to_string(x);
+    return s + "]";
+  };
+  const auto channels = config_value<std::vector<int64_t>>(f, "block_out_channels", {64});
+  if (given("block_out_channels")) agree("block_out_channels", list_text(written["block_out_channels"].as<std::vector<int64_t>>()), list_text(channels));
+  c.block_out_channels = channels;
+  for (auto [key, to, fallback] : {std::tuple{"layers_per_block", &c.layers_per_block, int64_t{1}},
+                                   std::tuple{"latent_channels", &c.latent_channels, int64_t{4}},
+                                   std::tuple{"norm_num_groups", &c.norm_num_groups, int64_t{32}},
+                                   std::tuple{"in_channels", &c.in_channels, int64_t{3}},
+                                   std::tuple{"out_channels", &c.out_channels, int64_t{3}}}) {
+    const int64_t v = config_value<int64_t>(f, key, fallback);
+    if (given(key)) agree(key, written[key].Scalar(), std::to_string(v));
+    *to = v;
+  }
+  const double scale = config_value<double>(f, "scaling_factor", 0.18215);
+  if (given("scaling_factor") && written["scaling_factor"].as<double>() != scale)
+    agree("scaling_factor", written["scaling_factor"].Scalar(), std::to_string(scale));
+  c.scaling_factor = scale;
+  const std::size_t n = c.block_out_channels.size();
+  const std::map<std::string, nlohmann::json> fixed = {
+      {"act_fn", "silu"},
+      {"down_block_types", std::vector<std::string>(n, "DownEncoderBlock2D")},
+      {"up_block_types", std::vector<std::string>(n, "UpDecoderBlock2D")},
+      {"use_quant_conv", true},
+      {"use_post_quant_conv", true},
+      {"mid_block_add_attention", true},
+      {"shift_factor", nullptr},
+      {"latents_mean", nullptr},
+      {"latents_std", nullptr}};
+  const std::set<std::string> known = {"block_out_channels", "layers_per_block", "latent_channels", "norm_num_groups",
+                                       "in_channels",        "out_channels",     "scaling_factor",  "sample_size",
+                                       "force_upcast"};  // sample_size, force_upcast: how a pipeline runs it
+  for (const auto& [key, value] : f.config.items()) {
+    if (key.empty() || key[0] == '_' || known.count(key)) continue;
+    auto it = fixed.find(key);
+    if (it == fixed.end()) throw std::runtime_error(f.config_path + ": " + key + " is not an AutoencoderKL setting this VAE knows");
+    if (!value.is_null() && value != it->second)
+      throw std::runtime_error(f.config_path + ": " + key + " = " + value.dump() + " is not built (this VAE computes with " +
+                               it->second.dump() + ")");
+  }
+}
+
+}  // namespace
+
+vae::Config autoencoder_kl_config(const YAML::Node& v, const YAML::Node& written, std::string* pretrained_weights) {
   vae::Config c;
   c.block_out_channels = v["block_out_channels"].as<std::vector<int64_t>>();
   c.layers_per_block = v["layers_per_block"].as<int64_t>();
   c.latent_channels = v["latent_channels"].as<int64_t>();
   c.norm_num_groups = v["norm_num_groups"].as<int64_t>();
   c.scaling_factor = v["scaling_factor"].as<double>();
+  if (!v["pretrained"] || v["pretrained"].IsNull()) return c;
+  const PretrainedFolder f = open_pretrained(v["pretrained"].as<std::string>(), {"vae", "AutoencoderKL", "diffusion_pytorch_model"});
+  apply_pretrained(f, written, c);
+  if (!f.weights_index.empty())
+    throw std::runtime_error(f.weights_index + ": a sharded VAE is not read yet (a VAE is saved as one file; re-save it "
+                             "with a larger max_shard_size)");
+  if (pretrained_weights) *pretrained_weights = f.weight_files.front();
   return c;
 }
 
@@ -56,7 +126,16 @@ class VaeEncodeNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    const vae::Config c = autoencoder_kl_config(p.node());
+    std::string pretrained;
+    vae::Config c;
+    try {
+      c = autoencoder_kl_config(p.node(), written_params(ctx.run(), ctx.name()), &pretrained);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    if (!pretrained.empty() && p.has("weights"))
+      throw std::runtime_error(ctx.who() + ": both pretrained and weights are set; pretrained loads the folder's weights, "
+                               "so set one of them");
     in_key_ = p.get<std::string>("in_key");
     out_key_ = p.get<std::string>("out_key");
     if (in_key_ == out_key_)
@@ -64,7 +143,7 @@ class VaeEncodeNode : public Node {
     sample_ = p.get<bool>("sample");
     seed_ = node_seed(ctx);
     const uint64_t init_seed = mix_seed({seed_, name_seed(ctx.name()), kSeedTagInit});
-    const std::string weights = p.has("weights") ? p.get<std::string>("weights") : "";
+    const std::string weights = p.has("weights") ? p.get<std::string>("weights") : pretrained;
     const std::string dtype = p.get<std::string>("dtype");
 
     vae::AutoencoderKL model{nullptr};

@@ -27,6 +27,7 @@
 #include "data/image_tensor.hpp"
 #include "encode/text_encode.hpp"
 #include "common/files.hpp"
+#include "common/pretrained.hpp"
 #include "common/seed.hpp"
 #include "common/tfevents.hpp"
 #include "encode/tokenize.hpp"
@@ -139,12 +140,22 @@ class SamplerNode : public Node {
 
   // The decoder part of the VAE, once: loaded (decoder.* and post_quant_conv.*) or seeded.
   void setup_vae(SetupContext& ctx, const YAML::Node& v) {
-    const vae::Config c = autoencoder_kl_config(v);
+    std::string pretrained;
+    vae::Config c;
+    try {
+      const YAML::Node written = written_params(ctx.run(), ctx.name());
+      c = autoencoder_kl_config(v, written ? written["vae"] : YAML::Node(), &pretrained);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": vae: " + e.what());
+    }
+    if (!pretrained.empty() && v["weights"] && !v["weights"].IsNull())
+      throw std::runtime_error(ctx.who() + ": vae: both pretrained and weights are set; pretrained loads the folder's "
+                               "weights, so set one of them");
     if (channels_ != c.latent_channels)
       throw std::runtime_error(ctx.who() + ": channels is " + std::to_string(channels_) + " but vae.latent_channels is " +
                                std::to_string(c.latent_channels) + "; with a vae the samples are latents, so set "
                                "channels to the VAE's latent channels (and height/width in latent rows/columns)");
-    const std::string weights = v["weights"] && !v["weights"].IsNull() ? v["weights"].as<std::string>() : "";
+    const std::string weights = v["weights"] && !v["weights"].IsNull() ? v["weights"].as<std::string>() : pretrained;
     const uint64_t seed = mix_seed({static_cast<uint64_t>(seed_), name_seed(ctx.name()), kSeedTagInit});
     try {
       vae_ = vae::make_autoencoder(c, vae::Part::decoder, weights, seed);

@@ -110,8 +110,7 @@ class DitNode : public Node {
       try {
         pretrained = open_pretrained(p.get<std::string>("pretrained"),
                                      {"transformer", "HunyuanDiT2DModel", "diffusion_pytorch_model"});
-        const YAML::Node given = ctx.run().graph ? ctx.run().graph->root["nodes"][ctx.name()]["with"] : YAML::Node();
-        apply_pretrained(ctx.who(), *pretrained, given, cfg);
+        apply_pretrained(ctx.who(), *pretrained, written_params(ctx.run(), ctx.name()), cfg);
       } catch (const std::exception& e) {
         const std::string what = e.what();
         throw std::runtime_error(what.rfind(ctx.who(), 0) == 0 ? what : ctx.who() + ": " + what);

@@ -8,6 +8,7 @@
 
 #include "common/device.hpp"
 #include "common/files.hpp"
+#include "common/pretrained.hpp"
 #include "encode/vae_encode.hpp"
 #include "models/vae.hpp"
 #include "registry.hpp"
@@ -19,10 +20,18 @@ class VaeNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    Config cfg = autoencoder_kl_config(p.node());
+    std::string weights;
+    Config cfg;
+    try {
+      cfg = autoencoder_kl_config(p.node(), written_params(ctx.run(), ctx.name()), &weights);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
     cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     const uint64_t seed = node_seed(ctx);
-    std::string weights;
+    if (!weights.empty() && p.has("weights"))
+      throw std::runtime_error(ctx.who() + ": both pretrained and weights are set; pretrained loads the folder's weights, "
+                               "so set one of them");
     if (p.has("weights")) {
       weights = resolve_latest(p.get<std::string>("weights"));
       if (!std::filesystem::is_regular_file(weights))

@@ -12,6 +12,7 @@
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
 #include "models/dit.hpp"
+#include "models/vae.hpp"
 #include "models/model_state.hpp"
 #include "node_test_helpers.hpp"
 
@@ -152,6 +153,69 @@ TEST(Pretrained, WhatIsWrongIsAnErrorNamingTheFile) {
   expect_error(dir + "/noweights", "has no diffusion_pytorch_model.safetensors nor diffusion_pytorch_model.safetensors.index.json");
   save_folder(dir + "/both", tiny_config());
   const std::string e = error_of(dit_graph(dir + "/both", ", weights: x.safetensors"));
+  EXPECT_NE(e.find("both pretrained and weights are set"), std::string::npos) << e;
+}
+
+// ---- the VAE: vae, vae_encode and the sampler's vae share the autoencoder_kl group ----
+
+nlohmann::json tiny_vae_config() {
+  return nlohmann::json::parse(R"({
+    "_class_name": "AutoencoderKL", "_diffusers_version": "0.30.3", "act_fn": "silu", "block_out_channels": [16, 16],
+    "down_block_types": ["DownEncoderBlock2D", "DownEncoderBlock2D"], "force_upcast": true, "in_channels": 3,
+    "latent_channels": 4, "latents_mean": null, "latents_std": null, "layers_per_block": 1,
+    "mid_block_add_attention": true, "norm_num_groups": 8, "out_channels": 3, "sample_size": 32,
+    "scaling_factor": 0.43, "shift_factor": null, "up_block_types": ["UpDecoderBlock2D", "UpDecoderBlock2D"],
+    "use_post_quant_conv": true, "use_quant_conv": true})");
+}
+
+safetensors::Tensors tiny_vae_weights() {
+  vae::Config c;
+  c.block_out_channels = {16, 16}, c.layers_per_block = 1, c.norm_num_groups = 8, c.scaling_factor = 0.43;
+  vae::AutoencoderKL m = vae::make_autoencoder(c, vae::Part::both, "", 5);
+  safetensors::Tensors out;
+  for (const auto& item : m->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+void save_vae(const std::string& dir, const nlohmann::json& config) {
+  write(dir + "/config.json", config.dump(2));
+  safetensors::save(dir + "/diffusion_pytorch_model.safetensors", tiny_vae_weights());
+}
+
+std::string vae_graph(const std::string& pretrained, const std::string& more = "") {
+  return "flowrun: 1\nrun: { steps: 1, seed: 1 }\nnodes:\n  model: { type: vae, with: { pretrained: '" + pretrained + "'" +
+         more + " } }\n";
+}
+
+TEST(Pretrained, VaeTakesItsSettingsAndWeightsFromTheFolder) {
+  const std::string dir = test::temp_dir("prevae");
+  save_vae(dir + "/pipe/vae", tiny_vae_config());
+  write(dir + "/pipe/model_index.json", R"({"_class_name": "HunyuanDiTPipeline", "vae": ["diffusers", "AutoencoderKL"]})");
+  for (const std::string& folder : {dir + "/pipe/vae", dir + "/pipe"}) {
+    auto g = test::load_graph_text(vae_graph(folder));
+    ModelState& m = g->state<ModelState>("model", "params");
+    const safetensors::Tensors want = tiny_vae_weights();
+    size_t n = 0;
+    for (const auto& [name, t] : m.named_parameters()) {
+      ASSERT_TRUE(want.count(name)) << name;
+      EXPECT_TRUE(torch::equal(t, want.at(name))) << name;
+      ++n;
+    }
+    EXPECT_EQ(n, want.size()) << folder;
+    EXPECT_DOUBLE_EQ(static_cast<vae::VaeState&>(m).config.scaling_factor, 0.43);
+  }
+  // A setting also written in the graph must agree; what this VAE does not compute is refused.
+  EXPECT_NO_THROW(test::load_graph_text(vae_graph(dir + "/pipe", ", latent_channels: 4, block_out_channels: [16, 16]")));
+  std::string e = error_of(vae_graph(dir + "/pipe", ", latent_channels: 8"));
+  EXPECT_NE(e.find("latent_channels is 8 in the graph, " + dir + "/pipe/vae/config.json has 4"), std::string::npos) << e;
+  e = error_of(vae_graph(dir + "/pipe", ", block_out_channels: [16, 32]"));
+  EXPECT_NE(e.find("block_out_channels is [16, 32] in the graph"), std::string::npos) << e;
+  nlohmann::json shifted = tiny_vae_config();
+  shifted["shift_factor"] = 0.1159;
+  save_vae(dir + "/shifted", shifted);
+  e = error_of(vae_graph(dir + "/shifted"));
+  EXPECT_NE(e.find(dir + "/shifted/config.json: shift_factor = 0.1159 is not built"), std::string::npos) << e;
+  e = error_of(vae_graph(dir + "/pipe", ", weights: x.safetensors"));
   EXPECT_NE(e.find("both pretrained and weights are set"), std::string::npos) << e;
 }
 
