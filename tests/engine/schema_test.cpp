@@ -78,13 +78,14 @@ params:
   decoder: { group: autoencoder_kl, nullable: true, default: null, doc: "a map", fields: { weights: { type: string, default: w, doc: "own field" } } }
 )",
                                          "demo.yaml");
+  // The group's parameters first, in its order (its first: pretrained), then the node's own.
   std::vector<std::string> names = s.param_names();
-  EXPECT_EQ(names.front(), "block_out_channels");
+  EXPECT_EQ(names.front(), "pretrained");
   EXPECT_EQ(names.back(), "decoder");
   const ParamSchema* dec = s.param("decoder");
   ASSERT_NE(dec, nullptr);
   EXPECT_EQ(dec->type, ParamType::Map);
-  EXPECT_EQ(dec->field_names().front(), "block_out_channels");
+  EXPECT_EQ(dec->field_names().front(), "pretrained");
   EXPECT_EQ(dec->field_names().back(), "weights");
   EXPECT_EQ(s.param("scaling_factor")->default_value.as<double>(), 0.18215);
 
