@@ -78,6 +78,23 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
   return f;
 }
 
+void check_config_keys(const PretrainedFolder& f, const std::set<std::string>& known,
+                       const std::map<std::string, nlohmann::json>& fixed, const std::string& class_name,
+                       const std::string& model) {
+  for (const auto& [key, value] : f.config.items()) {
+    if (key.empty() || key[0] == '_' || known.count(key)) continue;
+    auto it = fixed.find(key);
+    if (it == fixed.end())
+      throw std::runtime_error(f.config_path + ": " + key + " is not " +
+                               (std::string("AEIOU").find(class_name.substr(0, 1)) != std::string::npos ? "an " : "a ") +
+                               class_name + " setting " + model + " knows");
+    auto text = [](const nlohmann::json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); };
+    if (!value.is_null() && value != it->second)
+      throw std::runtime_error(f.config_path + ": " + key + " = " + text(value) + " is not built (" + model +
+                               " computes with " + text(it->second) + ")");
+  }
+}
+
 YAML::Node written_params(const RunInfo& run, const std::string& node) {
   if (!run.graph) return YAML::Node();
   const YAML::Node with = run.graph->root["nodes"][node]["with"];

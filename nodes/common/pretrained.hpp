@@ -16,6 +16,7 @@
 #include "common/safetensors.hpp"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
 // Every tensor of the folder's weights (all shards), checked against the index: a shard that
 // is missing, or lacks a tensor the index puts in it, is an error naming both files.
 safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f);
+
+// Every key of the folder's config.json (but _private ones) is one the caller reads (`known`),
+// or one whose value changes the math and must be the one `model` ("this DiT") computes with
+// (`fixed`; null: the library's default, accepted). Anything else is an error naming the file
+// and the key.
+void check_config_keys(const PretrainedFolder& f, const std::set<std::string>& known,
+                       const std::map<std::string, nlohmann::json>& fixed, const std::string& class_name,
+                       const std::string& model);
 
 // The parameters of node `node` as the graph file wrote them (overrides applied, no defaults
 // filled in): what a node checks against a folder's config.json. Undefined when not written.

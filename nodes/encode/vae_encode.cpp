@@ -91,14 +91,7 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& written, vae:
   const std::set<std::string> known = {"block_out_channels", "layers_per_block", "latent_channels", "norm_num_groups",
                                        "in_channels",        "out_channels",     "scaling_factor",  "sample_size",
                                        "force_upcast"};  // sample_size, force_upcast: how a pipeline runs it
-  for (const auto& [key, value] : f.config.items()) {
-    if (key.empty() || key[0] == '_' || known.count(key)) continue;
-    auto it = fixed.find(key);
-    if (it == fixed.end()) throw std::runtime_error(f.config_path + ": " + key + " is not an AutoencoderKL setting this VAE knows");
-    if (!value.is_null() && value != it->second)
-      throw std::runtime_error(f.config_path + ": " + key + " = " + value.dump() + " is not built (this VAE computes with " +
-                               it->second.dump() + ")");
-  }
+  check_config_keys(f, known, fixed, "AutoencoderKL", "this VAE");
 }
 
 }  // namespace

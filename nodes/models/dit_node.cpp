@@ -63,21 +63,13 @@ void apply_pretrained(const std::string& who, const PretrainedFolder& f, const Y
                              std::to_string(cfg.heads * head_dim) + " is not hidden_size " + std::to_string(cfg.hidden) +
                              " (this DiT's attention is hidden_size wide)");
   // Keys that change the math, with the one value this DiT computes; keys that do not.
-  const std::map<std::string, std::string> fixed = {{"activation_fn", "gelu-approximate"}, {"norm_type", "layer_norm"}};
+  const std::map<std::string, nlohmann::json> fixed = {{"activation_fn", "gelu-approximate"}, {"norm_type", "layer_norm"}};
   const std::set<std::string> known = {"num_layers", "num_attention_heads", "hidden_size", "patch_size", "in_channels",
                                        "cross_attention_dim", "cross_attention_dim_t5", "pooled_projection_dim",
                                        "text_len", "text_len_t5", "mlp_ratio", "learn_sigma",
                                        "use_style_cond_and_image_meta_size", "attention_head_dim",
                                        "sample_size"};  // sample_size: the default output size, not a weight
-  for (const auto& [key, value] : f.config.items()) {
-    if (key.empty() || key[0] == '_' || known.count(key)) continue;
-    auto it = fixed.find(key);
-    if (it == fixed.end())
-      throw std::runtime_error(who + ": " + f.config_path + ": " + key + " is not a HunyuanDiT2DModel setting this DiT knows");
-    if (!value.is_null() && value.get<std::string>() != it->second)
-      throw std::runtime_error(who + ": " + f.config_path + ": " + key + " = " + value.get<std::string>() +
-                               " is not built (this DiT computes with " + it->second + ")");
-  }
+  check_config_keys(f, known, fixed, "HunyuanDiT2DModel", "this DiT");
 }
 
 class DitNode : public Node {
