@@ -5,6 +5,12 @@
 
 #include "common/tensor_map.hpp"
 
+#ifdef FLOWRUN_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "train/cross_entropy_kernels.hpp"
+#endif
+
 namespace flowrun {
 
 namespace {
@@ -55,6 +61,56 @@ struct CrossEntropyMean : torch::autograd::Function<CrossEntropyMean> {
   }
 };
 
+#ifdef FLOWRUN_CUDA
+// The GPU's fused kernels (cross_entropy_kernels.cu): logits read in their own dtype, one fp32
+// logsumexp per row kept for backward, the gradient written once in the logits' dtype.
+cuda_kernels::Float kernel_dtype(const torch::Tensor& logits) {
+  switch (logits.scalar_type()) {
+    case torch::kFloat: return cuda_kernels::Float::f32;
+    case torch::kBFloat16: return cuda_kernels::Float::bf16;
+    case torch::kHalf: return cuda_kernels::Float::f16;
+    default:
+      throw std::runtime_error("cross_entropy_mean: the fused GPU kernel takes fp32, bf16 or fp16 logits, got " +
+                               std::string(c10::toString(logits.scalar_type())));
+  }
+}
+
+void check_launch(const char* error, const char* what) {
+  if (error) throw std::runtime_error(std::string("cross_entropy_mean: ") + what + " kernel: " + error);
+}
+
+struct CrossEntropyMeanCuda : torch::autograd::Function<CrossEntropyMeanCuda> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& targets_in) {
+    torch::Tensor logits = logits_in.contiguous(), targets = targets_in.contiguous();
+    const int64_t N = logits.size(0), V = logits.size(1);
+    const auto f32 = logits.options().dtype(torch::kFloat);
+    torch::Tensor lse = torch::empty({N}, f32), rows = torch::empty({N}, f32);
+    check_launch(cuda_kernels::cross_entropy_forward(
+                     kernel_dtype(logits), logits.data_ptr(), targets.data_ptr<int64_t>(), N, V,
+                     lse.data_ptr<float>(), rows.data_ptr<float>(),
+                     c10::cuda::getCurrentCUDAStream(logits.device().index()).stream()),
+                 "forward");
+    ctx->save_for_backward({logits, targets, lse});
+    return rows.mean();
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_out) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& logits = saved[0];
+    const torch::Tensor& targets = saved[1];
+    const torch::Tensor& lse = saved[2];
+    torch::Tensor go = grad_out[0].to(logits.device(), torch::kFloat).contiguous();
+    torch::Tensor grad = torch::empty_like(logits, at::MemoryFormat::Contiguous);
+    check_launch(cuda_kernels::cross_entropy_backward(
+                     kernel_dtype(logits), logits.data_ptr(), targets.data_ptr<int64_t>(), lse.data_ptr<float>(),
+                     go.data_ptr<float>(), logits.size(0), logits.size(1), grad.data_ptr(),
+                     c10::cuda::getCurrentCUDAStream(logits.device().index()).stream()),
+                 "backward");
+    return {grad, torch::Tensor()};
+  }
+};
+#endif
+
 }  // namespace
 
 torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets, CrossEntropyKernel kernel) {
@@ -65,10 +121,30 @@ torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tenso
   if (targets.scalar_type() != torch::kLong) throw std::runtime_error("cross_entropy_mean: targets must be int64");
   if (logits.size(0) == 0) throw std::runtime_error("cross_entropy_mean: no rows");
   if (kernel == CrossEntropyKernel::automatic)
-    kernel = logits.is_cpu() ? CrossEntropyKernel::chunked : CrossEntropyKernel::library;
+    kernel = logits.is_cpu() ? CrossEntropyKernel::chunked
+             : logits.is_cuda() && fused_cross_entropy_built() ? CrossEntropyKernel::fused
+                                                                : CrossEntropyKernel::library;
+  if (kernel == CrossEntropyKernel::fused) {
+    if (!logits.is_cuda() || !targets.is_cuda())
+      throw std::runtime_error("cross_entropy_mean: the fused kernel runs on a CUDA device; logits are on " +
+                               logits.device().str() + ", targets on " + targets.device().str());
+#ifdef FLOWRUN_CUDA
+    return CrossEntropyMeanCuda::apply(logits, targets);
+#else
+    throw std::runtime_error("cross_entropy_mean: the fused kernel needs a CUDA build (FLOWRUN_CUDA=ON)");
+#endif
+  }
   if (kernel == CrossEntropyKernel::library)  // fp32 log-probabilities, as autocast's cross_entropy
     return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat), targets);
   return CrossEntropyMean::apply(logits.element_size() < 4 ? logits.to(torch::kFloat) : logits, targets);
+}
+
+bool fused_cross_entropy_built() {
+#ifdef FLOWRUN_CUDA
+  return true;
+#else
+  return false;
+#endif
 }
 
 }  // namespace flowrun

@@ -1,7 +1,7 @@
 // Mean cross-entropy of logits [N, V] against class ids [N], for the lm objective.
 //
-// Two kernels, one result (the value and gradient of torch::nn::functional::cross_entropy with
-// mean reduction, the softmax in fp32 whatever the logits' dtype):
+// Three kernels, one result (the value and gradient of torch::nn::functional::cross_entropy
+// with mean reduction, the softmax in fp32 whatever the logits' dtype):
 //
 // - chunked (the CPU's): the forward keeps only logsumexp per row, and the backward writes
 //   softmax - one_hot straight into the one [N, V] gradient it returns, the rows processed in
@@ -10,18 +10,26 @@
 //   gradient and the log_softmax gradient, three [N, V] tensors. Measured on the 2-core CI
 //   machine, N = 2048, V = 50257, one thread: 0.56 s against 1.06 s for forward + backward
 //   (bench/README.md). bf16/fp16 logits are cast to fp32 first.
-// - library (a GPU's): torch's own log_softmax (fp32 out; bf16 logits cast first, as autocast
-//   does for the eager loop's F.cross_entropy) + nll_loss, one fused kernel each way. On a GPU the chunked kernel's loops are
-//   generic element-wise kernels (exp, adds, max, sum: ~5.9 ms per GPT-2 124M step on an H200
-//   where these take 3.3 ms; issue 30).
+// - fused (a CUDA device's, in a FLOWRUN_CUDA build): the same two steps as two kernels of our
+//   own (train/cross_entropy_kernels.cu), one block per row, reading bf16/fp16/fp32 logits as
+//   they are: the forward is one read of the logits (an online max and sum), the backward one
+//   read and one write of the gradient in the logits' dtype. On GPT-2 124M (batch 8 x 1024,
+//   vocab 50304, bf16) the library's path below costs a bf16 -> fp32 copy of the logits, a
+//   log-softmax forward and backward over fp32 [N, V] and a cast of the gradient back, about
+//   6 ms of a 30 ms step on an H100 (issue 30's kernel table).
+// - library: torch's own log_softmax (fp32 out; bf16 logits cast first, as autocast does for
+//   the eager loop's F.cross_entropy) + nll_loss, one library kernel each way: any device.
 //
-// `automatic` picks chunked for CPU logits and library for any other device.
+// `automatic` picks chunked for CPU logits, fused for CUDA logits where built, else library.
 #pragma once
 #include <torch/torch.h>
 
 namespace flowrun {
 
-enum class CrossEntropyKernel { automatic, chunked, library };
+enum class CrossEntropyKernel { automatic, chunked, fused, library };
+
+// Whether this build has the fused CUDA kernels (FLOWRUN_CUDA).
+bool fused_cross_entropy_built();
 
 // logits: floating [N, V] (any float dtype); targets: int64 [N], each in [0, V). Returns a 0-d
 // fp32 tensor with autograd to `logits`. No double backward.

@@ -139,7 +139,10 @@ if want test; then
   ctest_gpu=$?
   tail -25 "$RESULTS/ctest-gpu.log"
   say "ctest -L engine (stream ordering, executor) in the CUDA build"
-  "${CTEST[@]}" --test-dir "$BUILD" -L engine --no-tests=error --output-on-failure > "$RESULTS/ctest-engine.log" 2>&1
+  # The dot rendering test needs Graphviz, which a GPU machine may lack (it is no GPU matter).
+  skip=()
+  command -v dot > /dev/null || { skip=(-E '^Dot\.StylesAndRendering$'); echo "no Graphviz (dot): Dot.StylesAndRendering left out"; }
+  "${CTEST[@]}" --test-dir "$BUILD" -L engine "${skip[@]}" --no-tests=error --output-on-failure > "$RESULTS/ctest-engine.log" 2>&1
   ctest_engine=$?
   set -e
   grep -E "tests passed|tests failed" "$RESULTS/ctest-engine.log" || tail -5 "$RESULTS/ctest-engine.log"

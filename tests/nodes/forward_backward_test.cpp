@@ -211,6 +211,18 @@ TEST(CrossEntropy, LibraryAndChunkedKernelsAgreeForFp32AndBf16Logits) {
   }
 }
 
+// The fused kernel is the GPU's: asked for on CPU logits it says where it runs (and, in a
+// build without CUDA, that it needs one); tests/gpu checks its values.
+TEST(CrossEntropy, TheFusedKernelRunsOnlyOnACudaDevice) {
+  const torch::Tensor x = torch::randn({4, 10}), t = torch::zeros({4}, torch::kLong);
+  try {
+    cross_entropy_mean(x, t, CrossEntropyKernel::fused);
+    FAIL() << "fused on CPU logits was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs on a CUDA device; logits are on cpu"), std::string::npos) << e.what();
+  }
+}
+
 gpt::Gpt tiny_gpt() {
   gpt::Config c;
   c.layers = 2;
