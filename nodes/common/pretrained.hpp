@@ -17,7 +17,9 @@
 
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace flowrun {
@@ -45,6 +47,10 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
 // Every tensor of the folder's weights (all shards), checked against the index: a shard that
 // is missing, or lacks a tensor the index puts in it, is an error naming both files.
 safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f);
+// The file that names the weights, for messages: the index if sharded, else the one file.
+inline const std::string& weights_source(const PretrainedFolder& f) {
+  return f.weights_index.empty() ? f.weight_files.front() : f.weights_index;
+}
 
 // Every key of the folder's config.json (but _private ones) is one the caller reads (`known`),
 // or one whose value changes the math and must be the one `model` ("this DiT") computes with
@@ -64,6 +70,23 @@ template <class T>
 T config_value(const PretrainedFolder& f, const std::string& key, T fallback) {
   auto it = f.config.find(key);
   return it == f.config.end() || it->is_null() ? fallback : it->get<T>();
+}
+
+// The value of config.json's `key` that sets the node's parameter `param` (`fallback`: the
+// library's default where the file lacks it). A parameter also written in the graph (`written`:
+// written_params) must have the same value, else the error names both values and the file.
+template <class T>
+T config_agreed(const PretrainedFolder& f, const YAML::Node& written, const std::string& param, const std::string& key,
+                T fallback) {
+  const T v = config_value<T>(f, key, fallback);
+  if (written && written[param] && !written[param].IsNull() && written[param].as<T>() != v) {
+    std::string file;
+    if constexpr (std::is_same_v<T, std::string>) file = v;
+    else file = nlohmann::json(v).dump();
+    throw std::runtime_error(param + " is " + written[param].Scalar() + " in the graph, " + f.config_path + " has " + key +
+                             " = " + file + "; drop " + param + " from the graph (the folder sets it) or use another folder");
+  }
+  return v;
 }
 
 }  // namespace flowrun

@@ -9,6 +9,7 @@ namespace flowrun {
 namespace {
 
 class SentencePieceTokenizeNode : public TokenizeNode {
+  TokenizerFolder folder() const override { return {"spiece.model", "tokenizer_2"}; }
   std::shared_ptr<TextTokenizer> load(const std::string& vocab, int64_t max_length, bool lowercase) override {
     return SentencePieceTokenizer::load(vocab, max_length, lowercase);
   }

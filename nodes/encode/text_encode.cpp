@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <optional>
 #include <stdexcept>
 
 #include "common/device.hpp"
@@ -52,13 +53,23 @@ void TextEncodeNode::setup(SetupContext& ctx) {
   const Params& p = ctx.params();
   const std::string dtype = p.get<std::string>("dtype");
   const std::string prefix = p.get<std::string>("out_prefix");
-  const uint64_t seed = mix_seed({node_seed(ctx), name_seed(ctx.name()), kSeedTagInit});
-  const std::string weights = p.has("weights") ? p.get<std::string>("weights") : "";
+  Source src;
+  src.seed = mix_seed({node_seed(ctx), name_seed(ctx.name()), kSeedTagInit});
+  src.weights = p.has("weights") ? p.get<std::string>("weights") : "";
+  std::optional<PretrainedFolder> folder;
   Built b;
   try {
-    b = build(ctx, weights, seed);
+    if (p.has("pretrained")) {
+      if (!src.weights.empty())
+        throw std::runtime_error("both pretrained and weights are set; pretrained loads the folder's weights, so set one of them");
+      folder = open_pretrained(p.get<std::string>("pretrained"), pretrained_kind());
+      src.folder = &*folder;
+      src.written = written_params(ctx.run(), ctx.name());
+    }
+    b = build(ctx, src);
   } catch (const std::exception& e) {
-    throw std::runtime_error(ctx.who() + ": " + e.what());
+    const std::string what = e.what();
+    throw std::runtime_error(what.rfind(ctx.who(), 0) == 0 ? what : ctx.who() + ": " + what);
   }
   state_ = b.state;
   state_->prefix = prefix;
@@ -66,13 +77,13 @@ void TextEncodeNode::setup(SetupContext& ctx) {
   if (ctx.run().rank == 0) {
     int64_t n = 0;
     for (const auto& t : state_->module->parameters()) n += t.numel();
+    const std::string from = folder ? "pretrained " + folder->dir : src.weights.empty() ? "random init" : "weights from " + src.weights;
     spdlog::info("{}: frozen {} ({:.2f}M parameters, {}), outputs {}_emb/{}_mask", ctx.who(), b.what,
-                 static_cast<double>(n) / 1e6, weights.empty() ? "random init" : "weights from " + weights, prefix,
-                 prefix);
-    if (weights.empty())
-      spdlog::warn("{}: weights is null: the text encoder is randomly initialised (seed {}), so its outputs are "
-                   "random, not text embeddings; give a safetensors file for real ones",
-                   ctx.who(), seed);
+                 static_cast<double>(n) / 1e6, from, prefix, prefix);
+    if (!folder && src.weights.empty())
+      spdlog::warn("{}: weights and pretrained are null: the text encoder is randomly initialised (seed {}), so its "
+                   "outputs are random, not text embeddings; give a pretrained folder or a safetensors file for real ones",
+                   ctx.who(), src.seed);
   }
   ctx.own_state("params", std::static_pointer_cast<ModelState>(state_));
 }

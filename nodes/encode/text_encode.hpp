@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "common/pretrained.hpp"
 #include "common/tensor_map.hpp"
 #include "models/model_state.hpp"
 #include "node.hpp"
@@ -50,9 +51,10 @@ std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<M> mod
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens);
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens, const std::string& prefix);
 
-// The encoder nodes' shared part: the parameters of the text_encoder group (weights, dtype,
-// out_prefix, seed; schemas/groups/text_encoder.yaml), the frozen state on the `params` port,
-// the log lines, and run(): tokens -> emb. A node type adds its architecture in build().
+// The encoder nodes' shared part: the parameters of the text_encoder group (pretrained,
+// weights, dtype, out_prefix, seed; schemas/groups/text_encoder.yaml), the frozen state on the
+// `params` port, the log lines, and run(): tokens -> emb. A node type adds its architecture in
+// build() and names its pretrained folder (component, weights file) in pretrained_kind().
 class TextEncodeNode : public Node {
  public:
   void setup(SetupContext& ctx) final;
@@ -63,9 +65,20 @@ class TextEncodeNode : public Node {
     std::shared_ptr<TextEncoderState> state;  // make_text_encoder_state(module, ...)
     std::string what;                          // "bert layers=2 dim=64", for the log
   };
-  // The module from the node's own parameters: loaded from `weights`, or (empty) initialised
-  // from `seed`; its size checked before allocating (common/memory.hpp).
-  virtual Built build(SetupContext& ctx, const std::string& weights, uint64_t seed) = 0;
+  // Where the weights come from: a pretrained folder (its config.json sets the architecture,
+  // written: the node's `with:` as the graph wrote it, which must agree), a safetensors file,
+  // or neither (initialised from `seed`).
+  struct Source {
+    const PretrainedFolder* folder = nullptr;
+    YAML::Node written;
+    std::string weights;
+    uint64_t seed = 0;
+  };
+  // The module from the node's parameters or the folder's config.json, loaded or initialised as
+  // `src` says; its size checked before allocating (common/memory.hpp).
+  virtual Built build(SetupContext& ctx, const Source& src) = 0;
+  // The folder a pipeline keeps this encoder in and its weights' file stem.
+  virtual PretrainedKind pretrained_kind() const = 0;
 
  private:
   std::shared_ptr<TextEncoderState> state_;

@@ -8,6 +8,7 @@ namespace flowrun {
 namespace {
 
 class WordPieceTokenizeNode : public TokenizeNode {
+  TokenizerFolder folder() const override { return {"vocab.txt", "tokenizer"}; }
   std::shared_ptr<TextTokenizer> load(const std::string& vocab, int64_t max_length, bool lowercase) override {
     return WordPieceTokenizer::load(vocab, max_length, lowercase);
   }

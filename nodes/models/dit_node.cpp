@@ -154,8 +154,7 @@ class DitNode : public Node {
       }
     }
     if (pretrained) {
-      const std::string source = pretrained->weights_index.empty() ? pretrained->weight_files.front() : pretrained->weights_index;
-      load_state_dict(*model, load_pretrained_weights(*pretrained), source);
+      load_state_dict(*model, load_pretrained_weights(*pretrained), weights_source(*pretrained));
       from += (p.has("lora") ? "; base weights from " : "; weights from ") + pretrained->dir;
     }
     if (p.has("weights")) {

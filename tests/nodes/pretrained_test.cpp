@@ -8,13 +8,19 @@
 
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
+#include "encode/text_encode.hpp"
+#include "encode/tokenize.hpp"
+#include "models/bert.hpp"
 #include "models/dit.hpp"
+#include "models/t5_encoder.hpp"
 #include "models/vae.hpp"
 #include "models/model_state.hpp"
 #include "node_test_helpers.hpp"
+#include "registry.hpp"
 
 namespace flowrun {
 namespace {
@@ -217,6 +223,208 @@ TEST(Pretrained, VaeTakesItsSettingsAndWeightsFromTheFolder) {
   EXPECT_NE(e.find(dir + "/shifted/config.json: shift_factor = 0.1159 is not built"), std::string::npos) << e;
   e = error_of(vae_graph(dir + "/pipe", ", weights: x.safetensors"));
   EXPECT_NE(e.find("both pretrained and weights are set"), std::string::npos) << e;
+}
+
+// ---- the text encoders and their tokenizers: transformers folders, alone or in a pipeline ----
+
+// BertConfig.to_json_string() of a tiny BERT (every key transformers 4.x writes).
+nlohmann::json tiny_bert_config() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "classifier_dropout": null,
+    "hidden_act": "gelu", "hidden_dropout_prob": 0.1, "hidden_size": 16, "initializer_range": 0.02,
+    "intermediate_size": 32, "layer_norm_eps": 1e-12, "max_position_embeddings": 12, "model_type": "bert",
+    "num_attention_heads": 2, "num_hidden_layers": 2, "pad_token_id": 0, "position_embedding_type": "absolute",
+    "torch_dtype": "float32", "transformers_version": "4.44.2", "type_vocab_size": 2, "use_cache": true,
+    "vocab_size": 20})");
+}
+
+// MT5Config of a tiny mT5 encoder (the keys of T5EncoderModel.save_pretrained).
+nlohmann::json tiny_mt5_config() {
+  return nlohmann::json::parse(R"({
+    "architectures": ["T5EncoderModel"], "classifier_dropout": 0.0, "d_ff": 24, "d_kv": 8, "d_model": 16,
+    "decoder_start_token_id": 0, "dense_act_fn": "gelu_new", "dropout_rate": 0.1, "eos_token_id": 1,
+    "feed_forward_proj": "gated-gelu", "initializer_factor": 1.0, "is_encoder_decoder": true, "is_gated_act": true,
+    "layer_norm_epsilon": 1e-06, "model_type": "mt5", "num_decoder_layers": 2, "num_heads": 2, "num_layers": 2,
+    "pad_token_id": 0, "relative_attention_max_distance": 128, "relative_attention_num_buckets": 32,
+    "tie_word_embeddings": false, "tokenizer_class": "T5Tokenizer", "torch_dtype": "float32",
+    "transformers_version": "4.44.2", "use_cache": true, "vocab_size": 20})");
+}
+
+template <class M>
+safetensors::Tensors weights_of(M& m) {
+  safetensors::Tensors out;
+  for (const auto& item : m->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// A transformers folder: config.json and model.safetensors, or `shards` shards and their index.
+void save_transformers(const std::string& dir, const nlohmann::json& config, const safetensors::Tensors& w, int shards = 1) {
+  write(dir + "/config.json", config.dump(2));
+  if (shards == 1) return safetensors::save(dir + "/model.safetensors", w);
+  std::vector<safetensors::Tensors> parts(static_cast<size_t>(shards));
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  auto file = [&](size_t k) { return "model-0000" + std::to_string(k + 1) + "-of-0000" + std::to_string(shards) + ".safetensors"; };
+  size_t i = 0;
+  for (const auto& [name, t] : w) {
+    const size_t k = i++ % parts.size();
+    parts[k][name] = t;
+    index["weight_map"][name] = file(k);
+  }
+  for (size_t k = 0; k < parts.size(); ++k) safetensors::save(dir + "/" + file(k), parts[k]);
+  write(dir + "/model.safetensors.index.json", index.dump(2));
+}
+
+// A HunyuanDiT-like pipeline folder: text_encoder/ (BERT, one file), text_encoder_2/ (mT5
+// encoder, two shards), tokenizer/ (vocab.txt, do_lower_case false), tokenizer_2/.
+struct TinyPipeline {
+  std::string dir;
+  safetensors::Tensors bert, mt5;
+};
+TinyPipeline save_text_pipeline(const std::string& dir) {
+  TinyPipeline p{dir, {}, {}};
+  bert::Config bc;
+  bc.vocab = 20, bc.dim = 16, bc.layers = 2, bc.heads = 2, bc.ffn = 32, bc.max_positions = 12;
+  bert::Bert b(bc);
+  bert::init_weights(*b, 3);
+  p.bert = weights_of(b);
+  safetensors::Tensors with_pooler = p.bert;  // transformers saves BertModel's pooler too
+  with_pooler["pooler.dense.weight"] = torch::zeros({16, 16});
+  save_transformers(dir + "/text_encoder", tiny_bert_config(), with_pooler);
+  t5::Config tc;
+  tc.vocab = 20, tc.dim = 16, tc.d_kv = 8, tc.ffn = 24, tc.layers = 2, tc.heads = 2;
+  t5::T5Encoder t(tc);
+  t5::init_weights(*t, 4);
+  p.mt5 = weights_of(t);
+  save_transformers(dir + "/text_encoder_2", tiny_mt5_config(), p.mt5, 2);
+  write(dir + "/tokenizer/vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\na\nCat\nsat\n");
+  write(dir + "/tokenizer/tokenizer_config.json", R"({"do_lower_case": false, "model_max_length": 512})");
+  write(dir + "/tokenizer_2/spiece.model", "not read here");
+  write(dir + "/model_index.json", R"({"_class_name": "HunyuanDiTPipeline", "text_encoder": ["transformers", "BertModel"],
+    "text_encoder_2": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "BertTokenizer"],
+    "tokenizer_2": ["transformers", "T5Tokenizer"]})");
+  return p;
+}
+
+class Captions : public Node {
+ public:
+  void run(StepContext& c) override { c.out("text", TextBatch{"a Cat sat"}); }
+};
+// A caption source (port type text) for the tokenizer nodes' graphs.
+void register_captions() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Registry::global().add(R"(type: t_pre_captions
+doc: one caption per step
+outputs: { text: { kind: value, type: text, doc: captions } })",
+                           [] { return std::make_unique<Captions>(); }, "tests");
+  });
+}
+
+// The pipeline's tokenizer feeding both encoders (the tiny vocabulary's ids fit both).
+std::string encoders_graph(const std::string& bert, const std::string& t5, const std::string& more = "",
+                           const std::string& vocab = "") {
+  register_captions();
+  return "flowrun: 1\nrun: { steps: 1, seed: 1 }\nnodes:\n"
+         "  caps: { type: t_pre_captions }\n"
+         "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + (vocab.empty() ? bert : vocab) +
+         "', max_length: 6 } }\n"
+         "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + bert + "'" + more + " } }\n"
+         "  t5: { type: t5_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + t5 + "', out_prefix: t5 } }\n";
+}
+
+void expect_weights(ModelState& m, const safetensors::Tensors& want, const std::string& what) {
+  size_t n = 0;
+  for (const auto& [name, t] : m.named_parameters()) {
+    ASSERT_TRUE(want.count(name)) << what << ": " << name;
+    EXPECT_TRUE(torch::equal(t, want.at(name))) << what << ": " << name;
+    ++n;
+  }
+  EXPECT_EQ(n, want.size()) << what;
+}
+
+TEST(Pretrained, TextEncodersTakeTheirSizesAndWeightsFromTransformersFolders) {
+  const TinyPipeline p = save_text_pipeline(test::temp_dir("pretext") + "/pipe");
+  // The pipeline's folder (each node reads its component), or each component's own folder.
+  for (auto [bert, t5] : {std::pair{p.dir, p.dir}, std::pair{p.dir + "/text_encoder", p.dir + "/text_encoder_2"}}) {
+    auto g = test::load_graph_text(encoders_graph(bert, t5, "", p.dir));
+    expect_weights(g->state<ModelState>("bert", "params"), p.bert, bert);
+    expect_weights(g->state<ModelState>("t5", "params"), p.mt5, t5);
+    // The encoders run at the folder's sizes: [1, 5] ids -> [1, 5, 16].
+    const TensorMap emb = encode_text(g->state<ModelState>("t5", "params"), {{"input_ids", torch::tensor({{4, 5, 6, 7, 1}})}});
+    EXPECT_EQ(emb.at("t5_emb").sizes().vec(), (std::vector<int64_t>{1, 5, 16}));
+  }
+  // Sizes also written in the graph must agree with config.json.
+  EXPECT_NO_THROW(test::load_graph_text(encoders_graph(p.dir, p.dir, ", dim: 16, layers: 2")));
+  const std::string e = error_of(encoders_graph(p.dir, p.dir, ", layers: 12"));
+  EXPECT_NE(e.find("'bert'"), std::string::npos) << e;
+  EXPECT_NE(e.find("layers is 12 in the graph, " + p.dir + "/text_encoder/config.json has num_hidden_layers = 2"),
+            std::string::npos) << e;
+}
+
+TEST(Pretrained, ATextEncoderFolderItCannotComputeIsAnErrorNamingTheFile) {
+  const std::string dir = test::temp_dir("pretextbad");
+  const TinyPipeline p = save_text_pipeline(dir + "/pipe");
+  auto bert_error = [&](const nlohmann::json& config, const std::string& want) {
+    save_transformers(dir + "/bert", config, p.bert);
+    const std::string e = error_of(encoders_graph(dir + "/bert", p.dir, "", p.dir));
+    EXPECT_NE(e.find(want), std::string::npos) << "wanted: " << want << "\ngot: " << e;
+  };
+  nlohmann::json c = tiny_bert_config();
+  c["model_type"] = "roberta";
+  bert_error(c, dir + "/bert/config.json: model_type is roberta; bert_encode reads a BERT");
+  c = tiny_bert_config();
+  c["position_embedding_type"] = "relative_key";
+  bert_error(c, dir + "/bert/config.json: position_embedding_type = relative_key is not built");
+  c = tiny_bert_config();
+  c["use_rotary"] = true;
+  bert_error(c, dir + "/bert/config.json: use_rotary is not a BertModel setting this BERT knows");
+  auto t5_error = [&](const nlohmann::json& config, const std::string& want) {
+    save_transformers(dir + "/t5", config, p.mt5);
+    const std::string e = error_of(encoders_graph(p.dir, dir + "/t5"));
+    EXPECT_NE(e.find(want), std::string::npos) << "wanted: " << want << "\ngot: " << e;
+  };
+  c = tiny_mt5_config();
+  c["model_type"] = "umt5";
+  t5_error(c, "model_type is umt5; t5_encode reads a T5 or an mT5");
+  c = tiny_mt5_config();
+  c["dense_act_fn"] = "relu";
+  t5_error(c, dir + "/t5/config.json: dense_act_fn = relu is not built (this encoder computes with gelu_new)");
+  c = tiny_mt5_config();
+  c["feed_forward_proj"] = "gated-silu";
+  t5_error(c, "feed_forward_proj = gated-silu is not built");
+  const std::string e = error_of(encoders_graph(p.dir, p.dir, ", weights: x.safetensors"));
+  EXPECT_NE(e.find("'bert' (bert_encode): both pretrained and weights are set"), std::string::npos) << "got: " << e;
+}
+
+TEST(Pretrained, TokenizersFindTheirFileInATokenizerOrPipelineFolder) {
+  const TinyPipeline p = save_text_pipeline(test::temp_dir("pretok") + "/pipe");
+  std::string folder;
+  EXPECT_EQ(tokenizer_file(p.dir, {"vocab.txt", "tokenizer"}, &folder), p.dir + "/tokenizer/vocab.txt");
+  EXPECT_EQ(folder, p.dir + "/tokenizer");
+  EXPECT_EQ(tokenizer_file(p.dir, {"spiece.model", "tokenizer_2"}, &folder), p.dir + "/tokenizer_2/spiece.model");
+  EXPECT_EQ(tokenizer_file(p.dir + "/tokenizer_2", {"spiece.model", "tokenizer_2"}, &folder), p.dir + "/tokenizer_2/spiece.model");
+  EXPECT_EQ(tokenizer_file("a/vocab.txt", {"vocab.txt", "tokenizer"}, &folder), "a/vocab.txt");
+  EXPECT_EQ(folder, "");
+  try {
+    tokenizer_file(p.dir + "/text_encoder", {"vocab.txt", "tokenizer"}, nullptr);
+    ADD_FAILURE() << "a folder without vocab.txt was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(p.dir + "/text_encoder has no vocab.txt"), std::string::npos) << e.what();
+  }
+  // The wordpiece node from the pipeline's folder takes do_lower_case from tokenizer_config.json
+  // ("Cat" stays a word); a lowercase written in the graph must agree.
+  register_captions();
+  auto graph = [&](const std::string& more) {
+    return "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  caps: { type: t_pre_captions }\n"
+           "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + p.dir + "', max_length: 6" + more +
+           " } }\n";
+  };
+  auto g = test::load_graph_text(graph(""));
+  const TensorMap ids = encode_texts(g->state<TextTokenizer>("tok", "tokenizer"), {"a Cat sat"});
+  EXPECT_TRUE(torch::equal(ids.at("input_ids"), torch::tensor({{2, 4, 5, 6, 3, 0}}))) << ids.at("input_ids");
+  const std::string e = error_of(graph(", lowercase: true"));
+  EXPECT_NE(e.find("lowercase is true in the graph, " + p.dir + "/tokenizer/tokenizer_config.json has do_lower_case = false"),
+            std::string::npos) << e;
 }
 
 }  // namespace
