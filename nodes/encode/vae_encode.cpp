@@ -50,33 +50,26 @@ namespace {
 // diffusers' names; each one also written in the graph must agree. Keys that change the math
 // must hold the one value this VAE computes with.
 void apply_pretrained(const PretrainedFolder& f, const YAML::Node& written, vae::Config& c) {
-  auto agree = [&](const std::string& key, const std::string& ours, const std::string& file) {
-    if (ours != file)
-      throw std::runtime_error(key + " is " + ours + " in the graph, " + f.config_path + " has " + file + "; drop " + key +
-                               " from the graph (the folder sets it) or use another folder");
-  };
-  auto given = [&](const char* key) { return written && written[key] && !written[key].IsNull(); };
   auto list_text = [](const std::vector<int64_t>& v) {
     std::string s;
     for (int64_t x : v) s += (s.empty() ? "[" : ", ") + std::to_string(x);
     return s + "]";
   };
   const auto channels = config_value<std::vector<int64_t>>(f, "block_out_channels", {64});
-  if (given("block_out_channels")) agree("block_out_channels", list_text(written["block_out_channels"].as<std::vector<int64_t>>()), list_text(channels));
-  c.block_out_channels = channels;
-  for (auto [key, to, fallback] : {std::tuple{"layers_per_block", &c.layers_per_block, int64_t{1}},
-                                   std::tuple{"latent_channels", &c.latent_channels, int64_t{4}},
-                                   std::tuple{"norm_num_groups", &c.norm_num_groups, int64_t{32}},
-                                   std::tuple{"in_channels", &c.in_channels, int64_t{3}},
-                                   std::tuple{"out_channels", &c.out_channels, int64_t{3}}}) {
-    const int64_t v = config_value<int64_t>(f, key, fallback);
-    if (given(key)) agree(key, written[key].Scalar(), std::to_string(v));
-    *to = v;
+  if (written && written["block_out_channels"] && !written["block_out_channels"].IsNull()) {
+    const auto ours = written["block_out_channels"].as<std::vector<int64_t>>();
+    if (ours != channels)
+      throw std::runtime_error("block_out_channels is " + list_text(ours) + " in the graph, " + f.config_path +
+                               " has block_out_channels = " + list_text(channels) +
+                               "; drop block_out_channels from the graph (the folder sets it) or use another folder");
   }
-  const double scale = config_value<double>(f, "scaling_factor", 0.18215);
-  if (given("scaling_factor") && written["scaling_factor"].as<double>() != scale)
-    agree("scaling_factor", written["scaling_factor"].Scalar(), std::to_string(scale));
-  c.scaling_factor = scale;
+  c.block_out_channels = channels;
+  c.layers_per_block = config_agreed<int64_t>(f, written, "layers_per_block", "layers_per_block", 1);
+  c.latent_channels = config_agreed<int64_t>(f, written, "latent_channels", "latent_channels", 4);
+  c.norm_num_groups = config_agreed<int64_t>(f, written, "norm_num_groups", "norm_num_groups", 32);
+  c.in_channels = config_agreed<int64_t>(f, written, "in_channels", "in_channels", 3);
+  c.out_channels = config_agreed<int64_t>(f, written, "out_channels", "out_channels", 3);
+  c.scaling_factor = config_agreed<double>(f, written, "scaling_factor", "scaling_factor", 0.18215);
   const std::size_t n = c.block_out_channels.size();
   const std::map<std::string, nlohmann::json> fixed = {
       {"act_fn", "silu"},

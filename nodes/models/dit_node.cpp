@@ -26,37 +26,20 @@ namespace {
 // of this DiT, the value diffusers' __init__ defaults to where an older file lacks it. `given`:
 // the node's `with:` as written; a parameter given there must agree with the file.
 void apply_pretrained(const std::string& who, const PretrainedFolder& f, const YAML::Node& given, Config& cfg) {
-  auto agree = [&](const char* param, const std::string& key, const std::string& ours, const std::string& file) {
-    if (ours != file)
-      throw std::runtime_error(who + ": " + param + " is " + ours + " in the graph, " + f.config_path + " has " + key +
-                               " = " + file + "; drop " + param + " from the graph (the folder sets it) or use another folder");
-  };
-  auto take_int = [&](const char* param, const char* key, int64_t fallback, int64_t* to) {
-    const int64_t v = config_value<int64_t>(f, key, fallback);
-    if (given && given[param] && !given[param].IsNull()) agree(param, key, given[param].Scalar(), std::to_string(v));
-    *to = v;
-  };
-  take_int("depth", "num_layers", 28, &cfg.depth);
-  take_int("heads", "num_attention_heads", 16, &cfg.heads);
-  take_int("hidden", "hidden_size", 1152, &cfg.hidden);
-  take_int("patch", "patch_size", 2, &cfg.patch);
-  take_int("in_channels", "in_channels", 4, &cfg.in_channels);
-  take_int("text_dim", "cross_attention_dim", 1024, &cfg.text_dim);
-  take_int("t5_dim", "cross_attention_dim_t5", 2048, &cfg.t5_dim);
-  take_int("pooled_projection_dim", "pooled_projection_dim", 1024, &cfg.pooled_projection_dim);
-  take_int("text_len", "text_len", 77, &cfg.text_len);
-  take_int("text_len_t5", "text_len_t5", 256, &cfg.text_len_t5);
-  const double mlp = config_value<double>(f, "mlp_ratio", 4.0);
-  if (given && given["mlp_ratio"] && given["mlp_ratio"].as<double>() != mlp)
-    agree("mlp_ratio", "mlp_ratio", given["mlp_ratio"].Scalar(), std::to_string(mlp));
-  cfg.mlp_ratio = mlp;
-  for (auto [param, to, fallback] : {std::tuple{"learn_sigma", &cfg.learn_sigma, true},
-                                     std::tuple{"use_style_cond_and_image_meta_size", &cfg.use_style_cond_and_image_meta_size, true}}) {
-    const bool v = config_value<bool>(f, param, fallback);
-    if (given && given[param] && given[param].as<bool>() != v)
-      agree(param, param, given[param].Scalar(), v ? "true" : "false");
-    *to = v;
-  }
+  cfg.depth = config_agreed<int64_t>(f, given, "depth", "num_layers", 28);
+  cfg.heads = config_agreed<int64_t>(f, given, "heads", "num_attention_heads", 16);
+  cfg.hidden = config_agreed<int64_t>(f, given, "hidden", "hidden_size", 1152);
+  cfg.patch = config_agreed<int64_t>(f, given, "patch", "patch_size", 2);
+  cfg.in_channels = config_agreed<int64_t>(f, given, "in_channels", "in_channels", 4);
+  cfg.text_dim = config_agreed<int64_t>(f, given, "text_dim", "cross_attention_dim", 1024);
+  cfg.t5_dim = config_agreed<int64_t>(f, given, "t5_dim", "cross_attention_dim_t5", 2048);
+  cfg.pooled_projection_dim = config_agreed<int64_t>(f, given, "pooled_projection_dim", "pooled_projection_dim", 1024);
+  cfg.text_len = config_agreed<int64_t>(f, given, "text_len", "text_len", 77);
+  cfg.text_len_t5 = config_agreed<int64_t>(f, given, "text_len_t5", "text_len_t5", 256);
+  cfg.mlp_ratio = config_agreed<double>(f, given, "mlp_ratio", "mlp_ratio", 4.0);
+  cfg.learn_sigma = config_agreed<bool>(f, given, "learn_sigma", "learn_sigma", true);
+  cfg.use_style_cond_and_image_meta_size = config_agreed<bool>(f, given, "use_style_cond_and_image_meta_size",
+                                                               "use_style_cond_and_image_meta_size", true);
   const int64_t head_dim = config_value<int64_t>(f, "attention_head_dim", 88);
   if (cfg.heads * head_dim != cfg.hidden)
     throw std::runtime_error(who + ": " + f.config_path + ": num_attention_heads x attention_head_dim = " +
