@@ -8,6 +8,7 @@
 
 #include "common/device.hpp"
 #include "common/seed.hpp"
+#include "encode/tokenize.hpp"
 #include "train/precision.hpp"
 
 namespace flowrun {
@@ -47,6 +48,47 @@ TensorMap encode_text(ModelState& encoder, const TensorMap& host_tokens, const s
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens) {
   auto* s = dynamic_cast<TextEncoderState*>(&encoder);
   return encode_text(encoder, tokens, s ? s->prefix : std::string("text"));
+}
+
+TensorMap TextConditioner::encode(const std::vector<std::string>& texts) const {
+  TensorMap cond;
+  for (const auto& [tok, enc] : pairs)
+    for (auto& [key, t] : encode_text(*enc, encode_texts(*tok, texts))) {
+      if (cond.count(key))
+        throw std::runtime_error("two text encoders write " + key + "; give them distinct out_prefix (e.g. text and t5)");
+      cond[key] = t;
+    }
+  return cond;
+}
+
+namespace {
+std::string refs_text(const std::vector<std::string>& refs) {
+  std::string s;
+  for (const auto& r : refs) s += (s.empty() ? "" : ", ") + r;
+  return "[" + s + "]";
+}
+template <class Ctx>
+void check_pairs(const Ctx& ctx) {
+  const auto toks = ctx.connected("tokenizer") ? ctx.refs("tokenizer") : std::vector<std::string>{};
+  const auto encs = ctx.connected("encoder") ? ctx.refs("encoder") : std::vector<std::string>{};
+  if (toks.size() != encs.size())
+    throw std::runtime_error(ctx.who() + ": " + std::to_string(toks.size()) + " tokenizer(s) " + refs_text(toks) + " and " +
+                             std::to_string(encs.size()) + " encoder(s) " + refs_text(encs) +
+                             ": give one tokenizer per encoder, in the same order (captions are tokenized, then encoded)");
+}
+}  // namespace
+
+void check_text_pairs(const SetupContext& ctx) { check_pairs(ctx); }
+
+TextConditioner text_conditioner(StepContext& ctx) {
+  check_pairs(ctx);
+  TextConditioner c;
+  if (!ctx.connected("encoder")) return c;
+  const std::vector<Value*> toks = ctx.states_all("tokenizer"), encs = ctx.states_all("encoder");
+  for (size_t i = 0; i < encs.size(); ++i)
+    c.pairs.push_back({toks[i]->as<std::shared_ptr<TextTokenizer>>(ctx.who() + " input tokenizer").get(),
+                       encs[i]->as<std::shared_ptr<ModelState>>(ctx.who() + " input encoder").get()});
+  return c;
 }
 
 void TextEncodeNode::setup(SetupContext& ctx) {

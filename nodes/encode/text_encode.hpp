@@ -7,9 +7,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/pretrained.hpp"
 #include "common/tensor_map.hpp"
+#include "encode/text_tokenizer.hpp"
 #include "models/model_state.hpp"
 #include "node.hpp"
 
@@ -50,6 +53,22 @@ std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<M> mod
 // explicit one). Used by the encoder nodes and by samplers and evaluators encoding captions.
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens);
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens, const std::string& prefix);
+
+// Captions into a model's text condition, as training made it: each (tokenizer, encoder) pair
+// in turn (HunyuanDiT: the BERT's wordpiece tokenizer and encoder, then the mT5's), their
+// outputs merged (PREFIX_emb, PREFIX_mask of each; two encoders with one prefix are an error).
+// Used by the evaluator and the sampler, whose `tokenizer` and `encoder` inputs take one or
+// more refs, paired in the order written.
+struct TextConditioner {
+  std::vector<std::pair<const TextTokenizer*, ModelState*>> pairs;
+  bool empty() const { return pairs.empty(); }
+  TensorMap encode(const std::vector<std::string>& texts) const;
+};
+// The pairs from a node's `tokenizer` and `encoder` inputs (`many` ports; unconnected: empty):
+// as many of one as of the other, else an error naming both lists as written.
+TextConditioner text_conditioner(StepContext& ctx);
+// The same check at setup, so a graph that pairs them wrongly stops before the first step.
+void check_text_pairs(const SetupContext& ctx);
 
 // The encoder nodes' shared part: the parameters of the text_encoder group (pretrained,
 // weights, dtype, out_prefix, seed; schemas/groups/text_encoder.yaml), the frozen state on the

@@ -106,8 +106,7 @@ class EvaluatorNode : public Node {
     check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());
     const Dataset& data = ctx.state_as<Dataset>("data");
     // Text conditioning: the captions of each batch, tokenized and encoded as training did.
-    if (ctx.connected("tokenizer") != ctx.connected("encoder"))
-      throw std::runtime_error(ctx.who() + ": connect both `tokenizer` and `encoder` (the captions are tokenized, then encoded), or neither");
+    check_text_pairs(ctx);
     with_text_ = ctx.connected("encoder");
     if (ctx.connected("vae")) {
       vae_ = dynamic_cast<vae::VaeState*>(&ctx.state_as<ModelState>("vae"));
@@ -122,15 +121,14 @@ class EvaluatorNode : public Node {
     const Dataset& data = ctx.state_as<Dataset>("data");
     EvalOptions o = opts_;
     if (with_text_ || vae_) {
-      const TextTokenizer* tok = with_text_ ? &ctx.state_as<TextTokenizer>("tokenizer") : nullptr;
-      ModelState* enc = with_text_ ? &ctx.state_as<ModelState>("encoder") : nullptr;
-      o.cond = [&, tok, enc, vae = vae_](int64_t i, const TensorMap& batch) {
+      const TextConditioner text = text_conditioner(ctx);
+      o.cond = [&, text, vae = vae_](int64_t i, const TensorMap& batch) {
         TensorMap cond;
-        if (tok) {
+        if (!text.empty()) {
           const std::vector<std::string> caps = data.captions(o.split, i, o.batch, o.rank, o.world);
           if (caps.empty())
             throw std::runtime_error(ctx.who() + ": the dataset has no captions to encode; disconnect tokenizer and encoder");
-          cond = encode_text(*enc, encode_texts(*tok, caps));
+          cond = text.encode(caps);
         }
         if (vae) {  // as training's vae_encode, but the posterior mean: the same latents at every evaluation
           auto it = batch.find(vae->in_key);

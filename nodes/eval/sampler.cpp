@@ -135,6 +135,7 @@ class SamplerNode : public Node {
     schedule_ = diffusion->schedule();
     prediction_ = diffusion->options().prediction;
     ddim_timesteps(schedule_.timesteps(), steps_);  // a bad `steps` is a setup error, not a step-500 one
+    check_text_pairs(ctx);
     if (p.has("vae")) setup_vae(ctx, p["vae"]);
   }
 
@@ -188,10 +189,7 @@ class SamplerNode : public Node {
     }
     const auto t0 = std::chrono::steady_clock::now();
     auto& model = ctx.state_as<ModelState>("model");
-    const TextTokenizer& tokenizer = ctx.state_as<TextTokenizer>("tokenizer");
-    auto& encoder = ctx.state_as<ModelState>("encoder");
-
-    TensorMap cond = encode_text(encoder, encode_texts(tokenizer, texts));
+    TensorMap cond = text_conditioner(ctx).encode(texts);
     // Size and style conditioning (models that have it read these; others ignore them): as
     // HunyuanDiT's pipeline, the image size as both original and target size, no crop, style 0.
     const int64_t n = static_cast<int64_t>(texts.size()), f = vae_ ? vae_->config().downsample_factor() : 1;

@@ -191,7 +191,9 @@ class ForwardBackwardNode : public Node {
 
   void run(StepContext& ctx) override {
     const TensorMap& in_batch = ctx.in<TensorMap>("batch");
-    const TensorMap batch = has_cond_ ? merge_batches(in_batch, ctx.in<TensorMap>("cond")) : in_batch;
+    TensorMap batch = in_batch;
+    if (has_cond_)
+      for (const Value* c : ctx.in_all("cond")) batch = merge_batches(batch, c->as<TensorMap>(ctx.who() + " input cond"));
     ModelState& model = ctx.state_as<ModelState>("model");
     // Dropout masks of step s depend only on (run seed, s, rank): reproducible and resumable.
     FwdBwdOptions o = options_;

@@ -9,9 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <random>
 
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
+#include "data/image_io.hpp"
+#include "data/prep_images.hpp"
+#include "data_test_helpers.hpp"
+#include "encode/sentencepiece.hpp"
 #include "encode/text_encode.hpp"
 #include "encode/tokenize.hpp"
 #include "models/bert.hpp"
@@ -20,6 +25,7 @@
 #include "models/vae.hpp"
 #include "models/model_state.hpp"
 #include "node_test_helpers.hpp"
+#include "support/run_graph.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -424,6 +430,131 @@ TEST(Pretrained, TokenizersFindTheirFileInATokenizerOrPipelineFolder) {
   EXPECT_TRUE(torch::equal(ids.at("input_ids"), torch::tensor({{2, 4, 5, 6, 3, 0}}))) << ids.at("input_ids");
   const std::string e = error_of(graph(", lowercase: true"));
   EXPECT_NE(e.find("lowercase is true in the graph, " + p.dir + "/tokenizer/tokenizer_config.json has do_lower_case = false"),
+            std::string::npos) << e;
+}
+
+// ---- graphs/hydit_v12_lora.yaml on a tiny pipeline: every component from one folder ----
+
+// A tiny HunyuanDiT pipeline as HunyuanDiT-v1.2-Diffusers lays it out: transformer/ (the DiT of
+// tiny_config: BERT width 16, mT5 width 24, text lengths 8), vae/, text_encoder/ (BERT),
+// text_encoder_2/ (mT5 encoder, vocabulary 40, two shards), tokenizer/ and tokenizer_2/ (a
+// SentencePiece model of 40 pieces trained here).
+std::string save_hydit_pipeline(const std::string& dir) {
+  // A trained checkpoint has no zero layers (the DiT's init zeroes its output and modulation,
+  // through which no gradient would reach the adapters): the init plus noise.
+  write(dir + "/transformer/config.json", tiny_config().dump(2));
+  safetensors::Tensors w = tiny_weights();
+  at::Generator g = at::detail::createCPUGenerator(9);
+  for (auto& [name, t] : w)
+    if (t.is_floating_point()) t = t + 0.05 * torch::randn(t.sizes(), g);
+  safetensors::save(dir + "/transformer/diffusion_pytorch_model.safetensors", w);
+  save_vae(dir + "/vae", tiny_vae_config());
+  bert::Config bc;
+  bc.vocab = 20, bc.dim = 16, bc.layers = 2, bc.heads = 2, bc.ffn = 32, bc.max_positions = 12;
+  bert::Bert b(bc);
+  bert::init_weights(*b, 3);
+  save_transformers(dir + "/text_encoder", tiny_bert_config(), weights_of(b));
+  nlohmann::json mc = tiny_mt5_config();
+  mc["d_model"] = 24, mc["vocab_size"] = 40;
+  t5::Config tc;
+  tc.vocab = 40, tc.dim = 24, tc.d_kv = 8, tc.ffn = 24, tc.layers = 2, tc.heads = 2;
+  t5::T5Encoder t(tc);
+  t5::init_weights(*t, 4);
+  save_transformers(dir + "/text_encoder_2", mc, weights_of(t), 2);
+  write(dir + "/tokenizer/vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\na\nred\nblue\nsquare\ncircle\n");
+  write(dir + "/tokenizer/tokenizer_config.json", R"({"do_lower_case": true})");
+  {
+    std::ofstream out(dir + "/corpus.txt");
+    const std::vector<std::string> words = {"a", "red", "blue", "green", "square", "circle", "on", "under", "the",
+                                            "small", "large", "field", "sky", "over", "bird", "house"};
+    std::mt19937 rng(1);
+    for (int i = 0; i < 400; ++i) {
+      for (int j = 0; j < 8; ++j) out << (j ? " " : "") << words[rng() % words.size()];
+      out << "\n";
+    }
+  }
+  fs::create_directories(dir + "/tokenizer_2");
+  SentencePieceTokenizer::train(dir + "/corpus.txt", dir + "/tokenizer_2/spiece", 40);
+  write(dir + "/model_index.json", R"({"_class_name": "HunyuanDiTPipeline", "transformer": ["diffusers", "HunyuanDiT2DModel"],
+    "vae": ["diffusers", "AutoencoderKL"], "text_encoder": ["transformers", "BertModel"],
+    "text_encoder_2": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "BertTokenizer"],
+    "tokenizer_2": ["transformers", "T5Tokenizer"]})");
+  return dir;
+}
+
+// graphs/hydit_v12_lora.yaml itself, with the pipeline and the data by its two variables and
+// the sizes by overrides: it trains the adapters on images of two sizes in buckets with both
+// text streams, exports them in PEFT's layout, samples with both encoders, and the dit's
+// `adapters:` loads the export back.
+TEST(Pretrained, HunyuanDitV12GraphTrainsAdaptersOnATinyPipeline) {
+  if (!sentencepiece_available()) GTEST_SKIP() << "built without libsentencepiece-dev (the mT5 tokenizer)";
+  const std::string dir = test::temp_dir("hydit12");
+  const std::string pipe = save_hydit_pipeline(dir + "/pipe");
+  fs::create_directories(dir + "/src");
+  for (int i = 0; i < 12; ++i) {  // 32x32 and 48x32 images
+    const int w = i % 2 ? 48 : 32;
+    write_png(dir + "/src/" + std::to_string(100 + i) + ".png", resize(test::gradient(8, 8), w, 32));
+    test::write_text(dir + "/src/" + std::to_string(100 + i) + ".txt", i % 2 ? "a red square" : "a blue circle");
+  }
+  PrepImagesOptions po;
+  po.dir = dir + "/src", po.out = dir + "/data", po.val_fraction = 0, po.quiet = true;
+  prep_images(po);
+  ::setenv("HYDIT", pipe.c_str(), 1);
+  ::setenv("HYDIT_DATA", po.out.c_str(), 1);
+  const std::string src = FLOWRUN_SOURCE_DIR;
+  const std::string graph = test::read_text(src + "/graphs/hydit_v12_lora.yaml");
+  const std::vector<std::string> tiny = {"run.steps=4", "run.precision=fp32", "run.log_every=2", "data.size=32",
+                                         "data.bucket_step=16", "data.batch=2", "tok.max_length=8", "tok5.max_length=8",
+                                         "sample.every=4", "sample.steps=2", "sample.height=16", "sample.width=16",
+                                         "ckpt.every=4", "model.lora.rank=4", "model.lora.alpha=4"};
+  auto run = test::run_graph_text(graph, tiny);
+  ::unsetenv("HYDIT");
+  ::unsetenv("HYDIT_DATA");
+  int losses = 0;
+  for (const auto& j : run.metrics)
+    if (j.contains("loss")) {
+      ++losses;
+      EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+    }
+  EXPECT_EQ(losses, 2);
+  EXPECT_TRUE(fs::exists(run.out_dir + "/samples/step_0000004.png"));
+  const std::string peft = run.out_dir + "/checkpoints/step_00000004";  // one state with adapters: in the step folder
+  ASSERT_TRUE(fs::exists(peft + "/adapter_model.safetensors"));
+  ASSERT_TRUE(fs::exists(peft + "/adapter_config.json"));
+  const safetensors::Tensors exported = safetensors::load(peft + "/adapter_model.safetensors").tensors;
+  EXPECT_FALSE(exported.empty());
+  // The export loads back through the dit's adapters (PEFT names -> the model's).
+  const std::string again = "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: dit, with: { pretrained: '" + pipe +
+                            "', adapters: '" + peft + "' } }\n";
+  auto g = test::load_graph_text(again);
+  ModelState& m = g->state<ModelState>("model", "params");
+  size_t lora = 0;
+  for (const auto& [name, t] : m.named_parameters())
+    if (name.find("lora_B") != std::string::npos) {
+      ++lora;
+      EXPECT_TRUE(t.requires_grad()) << name;
+    }
+  EXPECT_GT(lora, 0u);
+  double moved = 0;  // B starts at zero: the trained adapters are not
+  for (const auto& [name, t] : exported)
+    if (name.find("lora_B") != std::string::npos) moved += t.abs().sum().item<double>();
+  EXPECT_GT(moved, 0);
+}
+
+// The evaluator and the sampler pair tokenizers with encoders in the order written.
+TEST(Pretrained, TokenizersAndEncodersPairOneToOne) {
+  const TinyPipeline p = save_text_pipeline(test::temp_dir("pairs") + "/pipe");
+  register_captions();
+  const std::string yaml = "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  caps: { type: t_pre_captions }\n"
+                           "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + p.dir + "', max_length: 6 } }\n"
+                           "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + p.dir + "' } }\n"
+                           "  t5: { type: t5_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + p.dir + "', out_prefix: t5 } }\n"
+                           "  loss: { type: diffusion_loss }\n"
+                           "  model: { type: mlp, with: { in_dim: 4, hidden: 4, layers: 1, out_dim: 4 } }\n"
+                           "  sample: { type: sampler, in: { objective: loss.objective, model: model.params, tokenizer: tok.tokenizer,\n"
+                           "            encoder: [bert.params, t5.params] }, with: { prompts: [a] } }\n";
+  const std::string e = error_of(yaml);
+  EXPECT_NE(e.find("1 tokenizer(s) [tok.tokenizer] and 2 encoder(s) [bert.params, t5.params]: give one tokenizer per encoder"),
             std::string::npos) << e;
 }
 
