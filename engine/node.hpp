@@ -38,18 +38,22 @@ struct NodeSpec;
 class Params {
  public:
   Params() = default;
-  Params(YAML::Node n, std::string node_name) : n_(std::move(n)), node_(std::move(node_name)) {}
+  Params(YAML::Node n, std::string node_name, std::string prefix = "")
+      : n_(std::move(n)), node_(std::move(node_name)), prefix_(std::move(prefix)) {}
   bool has(const std::string& key) const { return n_[key] && !n_[key].IsNull(); }
   template <class T>
   T get(const std::string& key) const {
     YAML::Node v = n_[key];
-    if (!v || v.IsNull()) throw std::runtime_error("node '" + node_ + "': parameter '" + key + "' is not set");
+    if (!v || v.IsNull()) throw std::runtime_error("node '" + node_ + "': parameter '" + prefix_ + key + "' is not set");
     try {
       return v.as<T>();
     } catch (const YAML::Exception& e) {
-      throw std::runtime_error("node '" + node_ + "': parameter '" + key + "': " + e.what());
+      throw std::runtime_error("node '" + node_ + "': parameter '" + prefix_ + key + "': " + e.what());
     }
   }
+  // A map parameter's fields (a schema `fields:` group, e.g. the dit's lora), read with the same
+  // errors, naming the field by its path ("lora.rank").
+  Params sub(const std::string& key) const { return Params(n_[key], node_, prefix_ + key + "."); }
   template <class T>
   T get(const std::string& key, T fallback) const { return has(key) ? get<T>(key) : fallback; }
   // Several parameters of one type into the fields of a config, in one statement:
@@ -63,7 +67,7 @@ class Params {
 
  private:
   YAML::Node n_;
-  std::string node_;
+  std::string node_, prefix_;
 };
 
 // What every context knows: which node, the run's settings, where to write.

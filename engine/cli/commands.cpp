@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "comm.hpp"
+#include "hash.hpp"
 #include "comm/startup.hpp"
 #include "common/device.hpp"
 #include "common/torch_setup.hpp"
@@ -86,12 +87,10 @@ int usage_error(const std::string& cmd, const std::string& msg, const char* usag
 // learn of it at once instead of waiting for it in their first collective.
 bool same_graph_everywhere(comm::Channel& ch, bool ok, const std::string& resolved) {
   if (!comm::distributed()) return ok;
-  uint64_t h = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char c : resolved) h = (h ^ c) * 1099511628211ull;
   struct Mine {
     uint64_t hash;
     int64_t ok;
-  } mine{h, ok ? 1 : 0};
+  } mine{fnv1a(resolved), ok ? 1 : 0};
   std::vector<Mine> all(static_cast<size_t>(comm::size()));
   ch.allgather(&mine, all.data(), sizeof mine, "comparing graph files").wait();
   std::string bad, differ;

@@ -1,5 +1,7 @@
 #include "comm/state_descriptor.hpp"
 
+#include "hash.hpp"
+
 namespace flowrun {
 
 std::string describe_tensors(const NamedTensors& tensors) {
@@ -35,10 +37,6 @@ std::string first_difference(const std::string& rank0, const std::string& mine) 
   return "";
 }
 
-uint64_t descriptor_hash(const std::string& descriptor) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : descriptor) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+uint64_t descriptor_hash(const std::string& descriptor) { return fnv1a(descriptor); }
 
 }  // namespace flowrun

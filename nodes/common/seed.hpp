@@ -7,6 +7,8 @@
 #include <initializer_list>
 #include <string>
 
+#include "hash.hpp"
+
 namespace flowrun {
 
 // SplitMix64 finalizer: a bijective mix, so distinct inputs give unrelated outputs.
@@ -26,16 +28,17 @@ inline uint64_t mix_seed(std::initializer_list<uint64_t> parts) {
 
 // A string (a node's name) as a seed part: FNV-1a, stable across runs and platforms, so two
 // nodes with one `seed` still draw different streams.
-inline uint64_t name_seed(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
+inline uint64_t name_seed(const std::string& s) { return fnv1a(s); }
 
 // A CPU generator of its own (thread-safe to use from one node; independent of torch's global one).
 inline at::Generator make_cpu_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
 // Tags that keep the streams of different uses of one seed apart.
-enum : uint64_t { kSeedTagTeacher = 0x7465616368ull, kSeedTagBatch = 0x6261746368ull, kSeedTagInit = 0x696e6974ull };
+enum : uint64_t {
+  kSeedTagTeacher = 0x7465616368ull,  // "teach"
+  kSeedTagBatch = 0x6261746368ull,    // "batch"
+  kSeedTagInit = 0x696e6974ull,       // "init"
+  kSeedTagEpoch = 0x65706f6368ull,    // "epoch": the data readers' shuffle of an epoch
+};
 
 }  // namespace flowrun

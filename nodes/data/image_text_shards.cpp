@@ -25,7 +25,6 @@ namespace fs = std::filesystem;
 namespace flowrun {
 
 namespace {
-constexpr uint64_t kSeedTagEpoch = 0x65706f6368ull;      // "epoch"
 constexpr uint64_t kSeedTagBuckets = 0x6275636b6574ull;  // "bucket"
 constexpr uint64_t kSeedTagFlip = 0x666c6970ull;         // "flip"
 constexpr uint64_t kProbeBytes = 64 * 1024;

@@ -18,7 +18,6 @@
 namespace flowrun {
 
 namespace {
-constexpr uint64_t kSeedTagEpoch = 0x65706f6368ull;  // "epoch"
 }
 
 // ---- windows -------------------------------------------------------------------------------

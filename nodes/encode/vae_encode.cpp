@@ -89,15 +89,14 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& written, vae:
 
 }  // namespace
 
-vae::Config autoencoder_kl_config(const YAML::Node& v, const YAML::Node& written, std::string* pretrained_weights) {
+vae::Config autoencoder_kl_config(const Params& v, const YAML::Node& written, std::string* pretrained_weights) {
   vae::Config c;
-  c.block_out_channels = v["block_out_channels"].as<std::vector<int64_t>>();
-  c.layers_per_block = v["layers_per_block"].as<int64_t>();
-  c.latent_channels = v["latent_channels"].as<int64_t>();
-  c.norm_num_groups = v["norm_num_groups"].as<int64_t>();
-  c.scaling_factor = v["scaling_factor"].as<double>();
-  if (!v["pretrained"] || v["pretrained"].IsNull()) return c;
-  const PretrainedFolder f = open_pretrained(v["pretrained"].as<std::string>(), {"vae", "AutoencoderKL", "diffusion_pytorch_model"});
+  c.block_out_channels = v.get<std::vector<int64_t>>("block_out_channels");
+  v.read<int64_t>({{"layers_per_block", &c.layers_per_block}, {"latent_channels", &c.latent_channels},
+                   {"norm_num_groups", &c.norm_num_groups}});
+  c.scaling_factor = v.get<double>("scaling_factor");
+  if (!v.has("pretrained")) return c;
+  const PretrainedFolder f = open_pretrained(v.get<std::string>("pretrained"), {"vae", "AutoencoderKL", "diffusion_pytorch_model"});
   apply_pretrained(f, written, c);
   if (!f.weights_index.empty())
     throw std::runtime_error(f.weights_index + ": a sharded VAE is not read yet (a VAE is saved as one file; re-save it "
@@ -115,7 +114,7 @@ class VaeEncodeNode : public Node {
     std::string pretrained;
     vae::Config c;
     try {
-      c = autoencoder_kl_config(p.node(), written_params(ctx.run(), ctx.name()), &pretrained);
+      c = autoencoder_kl_config(p, written_params(ctx.run(), ctx.name()), &pretrained);
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }

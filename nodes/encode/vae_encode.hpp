@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "models/vae.hpp"
+#include "node.hpp"
 
 namespace flowrun {
 
@@ -32,7 +33,7 @@ uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row);
 // sizes come from its config.json, each one `written` (the group's parameters as the graph
 // wrote them) must agree, and *pretrained_weights is set to its weights file; throws
 // std::runtime_error naming the file otherwise.
-vae::Config autoencoder_kl_config(const YAML::Node& group_params, const YAML::Node& written = YAML::Node(),
+vae::Config autoencoder_kl_config(const Params& group_params, const YAML::Node& written = YAML::Node(),
                                   std::string* pretrained_weights = nullptr);
 
 // images [B, in_channels, H, W] in [-1, 1] (H, W multiples of the downsampling factor) ->

@@ -136,11 +136,11 @@ class SamplerNode : public Node {
     prediction_ = diffusion->options().prediction;
     ddim_timesteps(schedule_.timesteps(), steps_);  // a bad `steps` is a setup error, not a step-500 one
     check_text_pairs(ctx);
-    if (p.has("vae")) setup_vae(ctx, p["vae"]);
+    if (p.has("vae")) setup_vae(ctx, p.sub("vae"));
   }
 
   // The decoder part of the VAE, once: loaded (decoder.* and post_quant_conv.*) or seeded.
-  void setup_vae(SetupContext& ctx, const YAML::Node& v) {
+  void setup_vae(SetupContext& ctx, const Params& v) {
     std::string pretrained;
     vae::Config c;
     try {
@@ -149,14 +149,14 @@ class SamplerNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": vae: " + e.what());
     }
-    if (!pretrained.empty() && v["weights"] && !v["weights"].IsNull())
+    if (!pretrained.empty() && v.has("weights"))
       throw std::runtime_error(ctx.who() + ": vae: both pretrained and weights are set; pretrained loads the folder's "
                                "weights, so set one of them");
     if (channels_ != c.latent_channels)
       throw std::runtime_error(ctx.who() + ": channels is " + std::to_string(channels_) + " but vae.latent_channels is " +
                                std::to_string(c.latent_channels) + "; with a vae the samples are latents, so set "
                                "channels to the VAE's latent channels (and height/width in latent rows/columns)");
-    const std::string weights = v["weights"] && !v["weights"].IsNull() ? v["weights"].as<std::string>() : pretrained;
+    const std::string weights = v.get<std::string>("weights", pretrained);
     const uint64_t seed = mix_seed({static_cast<uint64_t>(seed_), name_seed(ctx.name()), kSeedTagInit});
     try {
       vae_ = vae::make_autoencoder(c, vae::Part::decoder, weights, seed);

@@ -113,12 +113,12 @@ class DitNode : public Node {
     std::string from = "DiT init, seed " + std::to_string(seed);
     auto state = make_state(model);
     if (p.has("lora")) {
-      YAML::Node l = p["lora"];
+      const Params l = p.sub("lora");
       lora::Config lc;
-      lc.rank = l["rank"].as<int64_t>();
-      lc.alpha = l["alpha"].as<double>();
-      lc.dropout = l["dropout"].as<double>();
-      lc.targets = l["targets"].as<std::vector<std::string>>();
+      lc.rank = l.get<int64_t>("rank");
+      lc.alpha = l.get<double>("alpha");
+      lc.dropout = l.get<double>("dropout");
+      lc.targets = l.get<std::vector<std::string>>("targets");
       try {
         const auto names = lora::apply_lora(*model, lc, seed);
         // diffusers' HunyuanAttentionPool computes with q_proj.weight (and k, v, c) directly, not

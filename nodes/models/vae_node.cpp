@@ -23,7 +23,7 @@ class VaeNode : public Node {
     std::string weights;
     Config cfg;
     try {
-      cfg = autoencoder_kl_config(p.node(), written_params(ctx.run(), ctx.name()), &weights);
+      cfg = autoencoder_kl_config(p, written_params(ctx.run(), ctx.name()), &weights);
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }

@@ -738,13 +738,11 @@ class OptimizerNode : public Node {
     // reading it costs nothing, so the step that diverged stops the run itself.
     cfg_.defer_nonfinite = !run_device(ctx.run()).is_cpu();
     if (cfg_.kind == OptimKind::adafactor) {
-      const YAML::Node a = p["adafactor"];
-      cfg_.adafactor.decay_rate = a["decay_rate"].as<double>();
-      cfg_.adafactor.beta2_cap = a["beta2_cap"].as<double>();
-      cfg_.adafactor.eps = a["eps"].as<double>();
-      cfg_.adafactor.min_dim_size_to_factor = a["min_dim_size_to_factor"].as<int64_t>();
-      cfg_.adafactor.clipping_threshold = a["clipping_threshold"].IsNull() ? 0.0 : a["clipping_threshold"].as<double>();
-      cfg_.adafactor.momentum = a["momentum"].as<double>();
+      const Params a = p.sub("adafactor");
+      a.read<double>({{"decay_rate", &cfg_.adafactor.decay_rate}, {"beta2_cap", &cfg_.adafactor.beta2_cap},
+                      {"eps", &cfg_.adafactor.eps}, {"momentum", &cfg_.adafactor.momentum}});
+      cfg_.adafactor.min_dim_size_to_factor = a.get<int64_t>("min_dim_size_to_factor");
+      cfg_.adafactor.clipping_threshold = a.get<double>("clipping_threshold", 0.0);  // null: off
     }
     note_memory(ctx);
     ctx.own_state("state", std::make_shared<OptimizerState>());

@@ -8,14 +8,15 @@
 #      FLOWRUN_CUDA=ON against that PyTorch (Ninja if present), builds the targets it runs;
 #   2. test: ctest -L gpu (tests/gpu/gpu_test.cpp), then the engine tests (stream ordering,
 #      executor) in the CUDA build;
-#   3. bench: bench/gpu_gpt2.py (GPT-2 124M, flowrun vs a PyTorch eager loop, torch.compile
+#   3. bench: bench/gpu_gpt2.py (GPT-2 124M at batch 8 and 16, flowrun vs a PyTorch eager loop, torch.compile
 #      beside it; the DiT encoder-stream comparison); its table is printed last.
 # Usage: tests/gpu/run.sh [all|build|test|bench]   (default all; the stages can be run one per
 #        call when a call has a time limit: build-gpu/ is kept between them)
 # Carry third_party/debs/ (scripts/gpu_debs.sh) and data/text/ (scripts/data.sh: it needs
 # Debian's fortunes and npm) from the CPU machine; data/shapes is rendered here.
 # Environment: PYTHON (default python3), BUILD (build-gpu), PREFIX (BUILD/prefix), RESULTS
-# (BUILD/gpu-results: logs, ctest output, bench.md), BENCH_ARGS (extra bench/gpu_gpt2.py args).
+# (BUILD/gpu-results: logs, ctest output, bench.md), BENCH_ARGS (extra bench/gpu_gpt2.py args),
+# NCU (0: no Nsight Compute kernel tables).
 # Exit status: non-zero if a prerequisite, the build, a test or the benchmark failed; the
 # benchmark runs even when tests failed.
 set -euo pipefail
@@ -159,6 +160,19 @@ if want bench; then
   $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --compile --dit --out "$RESULTS/bench.md" ${BENCH_ARGS:-} \
     2>&1 | tee "$RESULTS/bench.log" | grep -E "^(round|dit round|flowrun failed|flowrun: no run|torch.compile failed|gpu_gpt2.py:)"
   bench=${PIPESTATUS[0]}
+  # Batch 16 (issue 30's second size), appended to the same table.
+  $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --batch 16 --out "$RESULTS/bench16.md" ${BENCH_ARGS:-} \
+    2>&1 | tee "$RESULTS/bench16.log" | grep -E "^(round|flowrun failed|flowrun: no run|gpu_gpt2.py:)"
+  b16=${PIPESTATUS[0]}
+  [ -f "$RESULTS/bench16.md" ] && sed -n '/^## GPT-2/,$p' "$RESULTS/bench16.md" >> "$RESULTS/bench.md"
+  [ "$bench" = 0 ] && bench=$b16
+  # Per-kernel GPU time of a 3-step run of each side (NCU=0 leaves it out): ncu_*.csv for
+  # ncu_compare.py, as bench/README.md's kernel table.
+  if [ "${NCU:-1}" != 0 ] && command -v ncu > /dev/null; then
+    say "ncu: bench/gpu_kernels.py (log: $RESULTS/ncu.log)"
+    $PY bench/gpu_kernels.py --flowrun "$BUILD/engine/flowrun" --out "$RESULTS" > "$RESULTS/ncu.log" 2>&1 ||
+      echo "bench/gpu_kernels.py failed (see $RESULTS/ncu.log)"
+  fi
   set -e
   [ "$bench" = 0 ] || { tail -30 "$RESULTS/bench.log"; status=1; }
 fi

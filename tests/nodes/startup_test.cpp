@@ -33,8 +33,10 @@ TEST(StateDescriptor, ValuesAndDevicesDoNotCountShapesDtypesAndNamesDo) {
                                     NamedTensors{{"v", torch::zeros({4, 2})}},
                                     NamedTensors{{"w", torch::zeros({4, 2})}, {"x", torch::zeros({1})}}})
     EXPECT_NE(descriptor_hash(describe_tensors(other)), descriptor_hash(base)) << describe_tensors(other);
-  // FNV-1a 64 (the same number on every machine): the empty string is the offset basis.
-  EXPECT_EQ(descriptor_hash(""), 1469598103934665603ull);
+  // FNV-1a 64 (the same number on every machine): the empty string is the offset basis, and
+  // "a" the reference implementation's test vector.
+  EXPECT_EQ(descriptor_hash(""), 14695981039346656037ull);
+  EXPECT_EQ(descriptor_hash("a"), 0xaf63dc4c8601ec8cull);
 }
 
 TEST(StateDescriptor, FirstDifferenceNamesTheTensor) {
