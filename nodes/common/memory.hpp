@@ -37,6 +37,7 @@ struct MemoryItem {
   bool allocated = false;  // already in memory before the first step (an EMA's copy is made at setup)
   std::string fix;
   double fixed = 0;
+  bool fix_shards_gradients = false;  // the fix shards the gradients too (ZeRO-2): forward_backward adds that saving
 };
 
 // A training step's memory per rank, as forward_backward estimates it before its first step:

@@ -47,6 +47,10 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
 // Every tensor of the folder's weights (all shards), checked against the index: a shard that
 // is missing, or lacks a tensor the index puts in it, is an error naming both files.
 safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f);
+// The error of a node given both a pretrained folder and a weights file (`who` names it).
+inline std::runtime_error pretrained_and_weights(const std::string& who) {
+  return std::runtime_error(who + ": both pretrained and weights are set; pretrained loads the folder's weights, so set one of them");
+}
 // The file that names the weights, for messages: the index if sharded, else the one file.
 inline const std::string& weights_source(const PretrainedFolder& f) {
   return f.weights_index.empty() ? f.weight_files.front() : f.weights_index;

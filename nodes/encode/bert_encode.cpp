@@ -55,12 +55,7 @@ class BertEncodeNode : public TextEncodeNode {
                      static_cast<double>(c.vocab) * c.dim + static_cast<double>(c.layers) * (4.0 * c.dim * c.dim + 2.0 * c.dim * c.ffn),
                      /*frozen=*/true);
     bert::Bert m(c);
-    if (src.folder)
-      bert::load_hf_state_dict(*m, load_pretrained_weights(*src.folder), weights_source(*src.folder));
-    else if (!src.weights.empty())
-      bert::load_hf_safetensors(*m, src.weights);
-    else
-      bert::init_weights(*m, src.seed);
+    load_or_init(*m, src);
     return {make_text_encoder_state(m.ptr(), "bert"),
             "bert layers=" + std::to_string(c.layers) + " dim=" + std::to_string(c.dim)};
   }

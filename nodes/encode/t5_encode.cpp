@@ -67,12 +67,7 @@ class T5EncodeNode : public TextEncodeNode {
                          static_cast<double>(c.layers) * (4.0 * c.dim * c.heads * c.d_kv + (c.gated ? 3.0 : 2.0) * c.dim * c.ffn),
                      /*frozen=*/true);
     t5::T5Encoder m(c);
-    if (src.folder)
-      t5::load_hf_state_dict(*m, load_pretrained_weights(*src.folder), weights_source(*src.folder));
-    else if (!src.weights.empty())
-      t5::load_hf_safetensors(*m, src.weights);
-    else
-      t5::init_weights(*m, src.seed);
+    load_or_init(*m, src);
     return {make_text_encoder_state(m.ptr(), "t5"),
             "t5 encoder layers=" + std::to_string(c.layers) + " dim=" + std::to_string(c.dim)};
   }

@@ -103,7 +103,7 @@ void TextEncodeNode::setup(SetupContext& ctx) {
   try {
     if (p.has("pretrained")) {
       if (!src.weights.empty())
-        throw std::runtime_error("both pretrained and weights are set; pretrained loads the folder's weights, so set one of them");
+        throw pretrained_and_weights(ctx.who());
       folder = open_pretrained(p.get<std::string>("pretrained"), pretrained_kind());
       src.folder = &*folder;
       src.written = written_params(ctx.run(), ctx.name());

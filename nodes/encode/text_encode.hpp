@@ -98,6 +98,18 @@ class TextEncodeNode : public Node {
   virtual Built build(SetupContext& ctx, const Source& src) = 0;
   // The folder a pipeline keeps this encoder in and its weights' file stem.
   virtual PretrainedKind pretrained_kind() const = 0;
+  // The module's weights as `src` says: the folder's, the file's, or initialised from the seed,
+  // by the family's load_hf_state_dict / load_hf_safetensors / init_weights (models/bert.hpp,
+  // models/t5_encoder.hpp; found by the module's namespace).
+  template <class M>
+  static void load_or_init(M& module, const Source& src) {
+    if (src.folder)
+      load_hf_state_dict(module, load_pretrained_weights(*src.folder), weights_source(*src.folder));
+    else if (!src.weights.empty())
+      load_hf_safetensors(module, src.weights);
+    else
+      init_weights(module, src.seed);
+  }
 
  private:
   std::shared_ptr<TextEncoderState> state_;

@@ -119,8 +119,7 @@ class VaeEncodeNode : public Node {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
     if (!pretrained.empty() && p.has("weights"))
-      throw std::runtime_error(ctx.who() + ": both pretrained and weights are set; pretrained loads the folder's weights, "
-                               "so set one of them");
+      throw pretrained_and_weights(ctx.who());
     in_key_ = p.get<std::string>("in_key");
     out_key_ = p.get<std::string>("out_key");
     if (in_key_ == out_key_)

@@ -150,8 +150,7 @@ class SamplerNode : public Node {
       throw std::runtime_error(ctx.who() + ": vae: " + e.what());
     }
     if (!pretrained.empty() && v.has("weights"))
-      throw std::runtime_error(ctx.who() + ": vae: both pretrained and weights are set; pretrained loads the folder's "
-                               "weights, so set one of them");
+      throw pretrained_and_weights(ctx.who() + ": vae");
     if (channels_ != c.latent_channels)
       throw std::runtime_error(ctx.who() + ": channels is " + std::to_string(channels_) + " but vae.latent_channels is " +
                                std::to_string(c.latent_channels) + "; with a vae the samples are latents, so set "

@@ -80,8 +80,7 @@ class DitNode : public Node {
     std::optional<PretrainedFolder> pretrained;
     if (p.has("pretrained")) {
       if (p.has("weights"))
-        throw std::runtime_error(ctx.who() + ": both pretrained and weights are set; pretrained loads the folder's " +
-                                 "weights, so set one of them");
+        throw pretrained_and_weights(ctx.who());
       try {
         pretrained = open_pretrained(p.get<std::string>("pretrained"),
                                      {"transformer", "HunyuanDiT2DModel", "diffusion_pytorch_model"});

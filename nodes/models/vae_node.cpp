@@ -30,8 +30,7 @@ class VaeNode : public Node {
     cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     const uint64_t seed = node_seed(ctx);
     if (!weights.empty() && p.has("weights"))
-      throw std::runtime_error(ctx.who() + ": both pretrained and weights are set; pretrained loads the folder's weights, "
-                               "so set one of them");
+      throw pretrained_and_weights(ctx.who());
     if (p.has("weights")) {
       weights = resolve_latest(p.get<std::string>("weights"));
       if (!std::filesystem::is_regular_file(weights))

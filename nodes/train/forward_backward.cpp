@@ -319,11 +319,8 @@ class ForwardBackwardNode : public Node {
     if (m.activations >= 0 && with_blocks >= 0 && model.checkpoint.every != 1 && with_blocks < m.activations)
       option(model_node_ + ".checkpoint=blocks", m.activations - with_blocks);
     for (const auto& k : m.kept)
-      if (!k.fix.empty() && !k.allocated) {
-        // The optimizer's shard: gradients saves the gradient buffers too.
-        const bool grads_too = k.fix.size() > 16 && k.fix.compare(k.fix.size() - 16, 16, ".shard=gradients") == 0;
-        option(k.fix, k.bytes - k.fixed + (grads_too ? m.gradients - grads * (1.0 + 1.0 / world) : 0.0));
-      }
+      if (!k.fix.empty() && !k.allocated)
+        option(k.fix, k.bytes - k.fixed + (k.fix_shards_gradients ? m.gradients - grads * (1.0 + 1.0 / world) : 0.0));
     if (m.activations > 0 && micro_rows > 1)
       option(ctx.name() + ".accumulate=" + std::to_string(options_.accumulate * 2), m.activations / 2);
     const std::string msg = fmt::format(

@@ -771,8 +771,9 @@ class OptimizerNode : public Node {
       item.what += ", sharded";
       item.bytes = bytes / world;
     } else if (world > 1) {
-      item.fix = ctx.name() + ".shard=gradients";  // forward_backward adds the gradients it saves
+      item.fix = ctx.name() + ".shard=gradients";
       item.fixed = bytes / world;
+      item.fix_shards_gradients = true;  // forward_backward adds the gradients it saves
     }
     model.kept.push_back(item);
   }

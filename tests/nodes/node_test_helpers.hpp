@@ -83,6 +83,22 @@ class Scalars : public Node {
   }
 };
 
+// Its `captions` every step (port type text, as an image data node's), "{step}" in a caption
+// replaced by the step: the tokenizer and text encoder graphs' source.
+class Captions : public Node {
+ public:
+  void setup(SetupContext& c) override { captions_ = c.params().get<std::vector<std::string>>("captions"); }
+  void run(StepContext& c) override {
+    std::vector<std::string> out = captions_;
+    for (std::string& s : out)
+      for (size_t at; (at = s.find("{step}")) != std::string::npos;) s.replace(at, 6, std::to_string(c.step()));
+    c.out("text", std::move(out));
+  }
+
+ private:
+  std::vector<std::string> captions_;
+};
+
 }  // namespace detail
 
 inline void register_node_test_types() {
@@ -113,6 +129,11 @@ outputs:
   v: { kind: value, type: tensor, doc: a tensor of 2 elements }
   n: { kind: value, type: scalars, doc: "NamedScalars first = step / 2, 'a b/c' = -step" })",
           [] { return std::make_unique<detail::Scalars>(); }, "tests");
+    r.add(R"(type: t_captions
+doc: the same captions every step ("{step}" in one becomes the step)
+outputs: { text: { kind: value, type: text, doc: "std::vector<std::string>, one per row" } }
+params: { captions: { type: list, items: { type: string }, required: true, doc: the captions } })",
+          [] { return std::make_unique<detail::Captions>(); }, "tests");
   });
 }
 

@@ -8,7 +8,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <random>
 
 #include "common/pretrained.hpp"
@@ -26,7 +25,6 @@
 #include "models/model_state.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
-#include "registry.hpp"
 
 namespace flowrun {
 namespace {
@@ -311,27 +309,11 @@ TinyPipeline save_text_pipeline(const std::string& dir) {
   return p;
 }
 
-class Captions : public Node {
- public:
-  void run(StepContext& c) override { c.out("text", TextBatch{"a Cat sat"}); }
-};
-// A caption source (port type text) for the tokenizer nodes' graphs.
-void register_captions() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Registry::global().add(R"(type: t_pre_captions
-doc: one caption per step
-outputs: { text: { kind: value, type: text, doc: captions } })",
-                           [] { return std::make_unique<Captions>(); }, "tests");
-  });
-}
-
 // The pipeline's tokenizer feeding both encoders (the tiny vocabulary's ids fit both).
 std::string encoders_graph(const std::string& bert, const std::string& t5, const std::string& more = "",
                            const std::string& vocab = "") {
-  register_captions();
   return "flowrun: 1\nrun: { steps: 1, seed: 1 }\nnodes:\n"
-         "  caps: { type: t_pre_captions }\n"
+         "  caps: { type: t_captions, with: { captions: [a Cat sat] } }\n"
          "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + (vocab.empty() ? bert : vocab) +
          "', max_length: 6 } }\n"
          "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + bert + "'" + more + " } }\n"
@@ -419,9 +401,8 @@ TEST(Pretrained, TokenizersFindTheirFileInATokenizerOrPipelineFolder) {
   }
   // The wordpiece node from the pipeline's folder takes do_lower_case from tokenizer_config.json
   // ("Cat" stays a word); a lowercase written in the graph must agree.
-  register_captions();
   auto graph = [&](const std::string& more) {
-    return "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  caps: { type: t_pre_captions }\n"
+    return "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  caps: { type: t_captions, with: { captions: [a Cat sat] } }\n"
            "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + p.dir + "', max_length: 6" + more +
            " } }\n";
   };
@@ -544,8 +525,7 @@ TEST(Pretrained, HunyuanDitV12GraphTrainsAdaptersOnATinyPipeline) {
 // The evaluator and the sampler pair tokenizers with encoders in the order written.
 TEST(Pretrained, TokenizersAndEncodersPairOneToOne) {
   const TinyPipeline p = save_text_pipeline(test::temp_dir("pairs") + "/pipe");
-  register_captions();
-  const std::string yaml = "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  caps: { type: t_pre_captions }\n"
+  const std::string yaml = "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  caps: { type: t_captions, with: { captions: [a Cat sat] } }\n"
                            "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + p.dir + "', max_length: 6 } }\n"
                            "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + p.dir + "' } }\n"
                            "  t5: { type: t5_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + p.dir + "', out_prefix: t5 } }\n"

@@ -402,19 +402,7 @@ TEST(TextEncodeState, FrozenAndEncodeTextUsesThePrefix) {
   EXPECT_TRUE(torch::equal(encode_text(*copy, {{"input_ids", kIds}}).at("t5_emb"), m->forward(kIds)));
 }
 
-class Captions : public Node {
- public:
-  void run(StepContext& c) override { c.out("text", TextBatch{"a cat sat", "the cat sat on the mat"}); }
-};
-
 TEST(TextEncodeNode, TokenizeThenTwoFrozenEncoders) {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Registry::global().add(R"(type: t_te_captions
-doc: two captions per step
-outputs: { text: { kind: value, type: text, doc: captions } })",
-                           [] { return std::make_unique<Captions>(); }, "tests");
-  });
   const std::string vocab = test::temp_dir("text_encode") + "/vocab.txt";
   {
     std::ofstream out(vocab);
@@ -424,7 +412,7 @@ outputs: { text: { kind: value, type: text, doc: captions } })",
 flowrun: 1
 run: { steps: 2, seed: 5 }
 nodes:
-  caps: { type: t_te_captions }
+  caps: { type: t_captions, with: { captions: ["a cat sat", "the cat sat on the mat"] } }
   tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"(, max_length: 8 } }
   bert: { type: bert_encode, in: { tokens: tok.tokens },
           with: { vocab: 10, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 8 } }
@@ -476,19 +464,12 @@ TEST(TextEncodeNode, BadWeightsFileIsASetupErrorNamingTheNodeAndFile) {
     for (const char* t : {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"}) out << t << "\n";
   }
   safetensors::save(file, {{"embeddings.word_embeddings.weight", torch::zeros({5, 16})}});
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Registry::global().add(R"(type: t_te_captions2
-doc: one caption per step
-outputs: { text: { kind: value, type: text, doc: captions } })",
-                           [] { return std::make_unique<Captions>(); }, "tests");
-  });
   try {
     test::load_graph_text(R"(
 flowrun: 1
 run: { steps: 1 }
 nodes:
-  caps: { type: t_te_captions2 }
+  caps: { type: t_captions, with: { captions: ["a cat sat", "the cat sat on the mat"] } }
   tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"( } }
   enc: { type: bert_encode, in: { tokens: tok.tokens },
          with: { vocab: 5, dim: 16, layers: 1, heads: 2, ffn: 32, weights: )" + file + R"( } }

@@ -153,31 +153,13 @@ TEST(TokenizeSentencePiece, MissingShimIsAClearError) {
       ::testing::ExitedWithCode(0), "/nonexistent/libflowrun_spm_shim.so.*install libsentencepiece-dev");
 }
 
-class Captions : public Node {
- public:
-  void run(StepContext& c) override {
-    c.out("text", TextBatch{"a cat", "the cat sat on the mat step " + std::to_string(c.step())});
-  }
-};
-
-void register_captions() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    Registry::global().add(R"(type: t_tok_captions
-doc: two captions per step
-outputs: { text: { kind: value, type: text, doc: captions } })",
-                           [] { return std::make_unique<Captions>(); }, "tests");
-  });
-}
-
 TEST(TokenizeNode, TokenizesCaptionsAndSharesItsTokenizer) {
-  register_captions();
   const std::string vocab = write_vocab(kVocab);
   auto g = test::load_graph_text(R"(
 flowrun: 1
 run: { steps: 2, seed: 1 }
 nodes:
-  caps: { type: t_tok_captions }
+  caps: { type: t_captions, with: { captions: ["a cat", "the cat sat on the mat step {step}"] } }
   tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: )" + vocab + R"(, max_length: 6 } }
   probe: { type: t_batch_probe, in: { batch: tok.tokens } }
 )");
@@ -199,12 +181,11 @@ nodes:
 
 TEST(TokenizeNode, SentencePieceKindInAGraph) {
   if (!require_sentencepiece()) GTEST_SKIP() << "built without libsentencepiece-dev";
-  register_captions();
   auto g = test::load_graph_text(R"(
 flowrun: 1
 run: { steps: 2, seed: 1 }
 nodes:
-  caps: { type: t_tok_captions }
+  caps: { type: t_captions, with: { captions: ["a cat", "the cat sat on the mat step {step}"] } }
   tok: { type: sentencepiece_tokenize, in: { text: caps.text }, with: { vocab: )" + tiny_spm_model() +
                                  R"(, max_length: 6 } }
   probe: { type: t_batch_probe, in: { batch: tok.tokens } }
@@ -239,12 +220,11 @@ nodes:
 }
 
 TEST(TokenizeNode, UnknownVocabFileIsASetupError) {
-  register_captions();
   EXPECT_ANY_THROW(test::load_graph_text(R"(
 flowrun: 1
 run: { steps: 1 }
 nodes:
-  caps: { type: t_tok_captions }
+  caps: { type: t_captions, with: { captions: ["a cat", "the cat sat on the mat step {step}"] } }
   tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: /nonexistent/vocab.txt } }
 )"));
 }
