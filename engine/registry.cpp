@@ -57,6 +57,12 @@ void Registry::add(NodeSchema schema, NodeFactory factory, bool replace) {
   types_[name] = NodeType{std::move(schema), std::move(factory)};
 }
 
+void Registry::extend(const std::string& type, const std::function<void(NodeSchema&)>& edit) {
+  auto it = types_.find(type);
+  if (it == types_.end()) throw std::runtime_error("no node type '" + type + "' is registered to extend");
+  edit(it->second.schema);
+}
+
 const NodeType* Registry::find(const std::string& type) const {
   auto it = types_.find(type);
   return it == types_.end() ? nullptr : &it->second;

@@ -2,6 +2,7 @@
 // load time with FLOWRUN_NODE (their schema is schemas/TYPE.yaml, embedded at build time);
 // plugins register theirs from their entry point (plugin_api.hpp).
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,6 +34,10 @@ class Registry {
   void add(NodeSchema schema, NodeFactory factory);
   void replace(const std::string& schema_yaml, NodeFactory factory, const std::string& origin);
   const NodeType* find(const std::string& type) const;
+  // Change a registered type's schema: a plugin that adds a choice to a built-in type (an update
+  // rule of the optimizer, nodes/train/update_rule.hpp) adds its enum value and settings. Throws
+  // naming the type when none is registered.
+  void extend(const std::string& type, const std::function<void(NodeSchema&)>& edit);
   std::vector<std::string> types() const;  // sorted
   std::vector<std::string> plugins() const { return plugins_; }
   void note_plugin(const std::string& path) { plugins_.push_back(path); }

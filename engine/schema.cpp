@@ -1,5 +1,6 @@
 #include "schema.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -242,7 +243,7 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
     return ps;
   }
   r.unknown_keys(n, {"type", "default", "required", "nullable", "infinite", "min", "max", "values", "items", "fields",
-                     "group", "doc"},
+                     "group", "when", "doc"},
                  path);
   bool ok = true;
   std::string t = n["type"] ? n["type"].as<std::string>() : n["group"] ? "map" : "any";
@@ -266,6 +267,18 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
   if (ps.type == ParamType::Enum && ps.values.empty())
     diags.error(mark_of(n, origin), path, "an enum parameter needs values: [...]");
   if (n["items"]) ps.items = std::make_shared<ParamSchema>(parse_param_schema("item", n["items"], origin, path + ".items", diags));
+  if (n["when"]) {
+    const YAML::Node& w = n["when"];
+    if (!w.IsMap() || w.size() != 1 || !(w.begin()->second.IsScalar() || w.begin()->second.IsSequence())) {
+      diags.error(mark_of(w, origin), path + ".when", "when: names one sibling parameter and its value(s), e.g. { kind: adamw }");
+    } else {
+      ps.when_param = w.begin()->first.as<std::string>();
+      if (w.begin()->second.IsScalar())
+        ps.when_values.push_back(w.begin()->second.as<std::string>());
+      else
+        for (const auto& v : w.begin()->second) ps.when_values.push_back(v.as<std::string>());
+    }
+  }
   if (n["group"]) {
     // A map whose fields are a shared group's parameters (then its own `fields`, if any).
     if (ps.type != ParamType::Map) diags.error(mark_of(n["group"], origin), path + ".group", "only a map parameter takes a group's fields");
@@ -333,6 +346,10 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
   for (const auto& o : s.outputs)
     if (o.kind == PortKind::State && o.access == Access::Read)
       diags.error({origin, 0, 0}, "outputs." + o.name, "an owned state output has access none or write");
+  for (const auto& p : s.params)
+    if (!p.when_param.empty() && !s.param(p.when_param))
+      diags.error({origin, 0, 0}, "params." + p.name + ".when",
+                  "'" + p.when_param + "' is not a parameter of " + s.type + ": when: names a sibling parameter");
   if (!diags.empty()) throw GraphError(diags);
   return s;
 }
@@ -457,8 +474,13 @@ YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node
       for (const auto& p : params)
         if (p.name == k) ps = &p;
       if (!ps) {
+        // A field of one of the map parameters, written one level too high (beta1 for adamw.beta1)?
+        std::string inside;
+        for (const auto& p : params)
+          if (p.field(k)) inside += std::string(inside.empty() ? "" : " or ") + "'" + p.name + "." + k + "'";
         diags.error(mark_of(it->first, file), prefix + k,
-                    "unknown parameter '" + k + "'" + did_you_mean(k, known) +
+                    "unknown parameter '" + k + "'" +
+                        (inside.empty() ? did_you_mean(k, known) : "; it is a field of a map: did you mean " + inside + "?") +
                         (known.empty() ? "; this takes no parameters" : "; known: " + join(known)));
         continue;
       }
@@ -475,6 +497,21 @@ YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node
     else if (p.type == ParamType::Map && !p.fields.empty())
       out[p.name] = check_params(p.fields, YAML::Node(), where, file, prefix + p.name, diags);
   }
+  // Parameters of one choice (`when:`): given while the choice is another, an error; not given,
+  // left out (an optimizer's settings of the rules it does not use are not filled in).
+  for (const auto& p : params) {
+    if (p.when_param.empty() || !out[p.when_param] || !out[p.when_param].IsScalar()) continue;
+    const std::string chosen = out[p.when_param].Scalar();
+    if (std::find(p.when_values.begin(), p.when_values.end(), chosen) != p.when_values.end()) continue;
+    if (!(map && map.IsMap() && map[p.name])) {
+      out.remove(p.name);
+      continue;
+    }
+    diags.error(mark_of(map[p.name], file), prefix + p.name,
+                "'" + p.name + "' applies with " + p.when_param + ": " + join(p.when_values) + " only, and " +
+                    p.when_param + " is " + chosen + ": drop '" + p.name + "', or set " + p.when_param + ": " +
+                    p.when_values.front());
+  }
   return out;
 }
 
@@ -485,6 +522,7 @@ static void describe_params(std::ostringstream& o, const std::vector<ParamSchema
     o << indent << p.name << ": " << p.type_str();
     if (p.required) o << ", required";
     if (p.has_default) o << ", default " << (p.default_value.IsNull() ? "null" : YAML::Dump(p.default_value));
+    if (!p.when_param.empty()) o << ", only with " << p.when_param << ": " << join(p.when_values);
     o << "\n";
     if (!p.doc.empty()) o << indent << "    " << p.doc << "\n";
     if (!p.fields.empty()) describe_params(o, p.fields, indent + "  ");

@@ -19,6 +19,7 @@
 //     lr:    { type: float, default: 1e-3, min: 0, doc: ... }
 //     kind:  { type: enum, values: [adamw, sgd], default: adamw }
 //     vae:   { group: autoencoder_kl, doc: ... }   # a map whose fields are a group's
+//     adamw: { type: map, when: { kind: adamw }, fields: {...} }  # set only with kind: adamw
 #pragma once
 #include <yaml-cpp/yaml.h>
 
@@ -66,6 +67,11 @@ struct ParamSchema {
   std::vector<std::string> values;     // enum choices
   std::shared_ptr<ParamSchema> items;  // list: schema of each item
   std::vector<ParamSchema> fields;     // map: known keys; empty = any keys
+  // `when: { kind: adamw }`: the parameter belongs to one choice of a sibling enum (an
+  // optimizer's settings of one update rule); setting it while the sibling has another value is
+  // an error. when_param empty: always applies.
+  std::string when_param;
+  std::vector<std::string> when_values;
   std::string doc;
 
   const ParamSchema* field(const std::string& n) const;

@@ -10,41 +10,16 @@
 
 #include "common/flat_buffers.hpp"
 #include "common/grads.hpp"
-#include "train/optimizer_shard.hpp"
 #include "models/model_state.hpp"
+#include "train/optimizer_shard.hpp"
+#include "train/update_rule.hpp"
 
 namespace flowrun {
 
-// The update rule (the schema's `kind`), parsed once at setup.
-enum class OptimKind { adamw, sgd, adafactor };
-OptimKind optim_kind(const std::string& name);  // "adamw" | "sgd" | "adafactor"; throws for others
-
-// Adafactor (Shazeer & Stern 2018) as big_vision's scale_by_adafactor (the CapPa and ViT-g
-// trainers), per parameter p with gradient g (after global-norm clipping), step t = 1, 2, ...:
-//   beta2_t = min(beta2_cap, 1 - t^-decay_rate)
-//   r = g^2 + eps
-//   factored (p has 2+ dims and its second-largest dim >= min_dim_size_to_factor; a = the
-//   largest dim, b = the second largest):
-//     v_row = beta2_t v_row + (1 - beta2_t) mean_a(r)        (the shape of p without dim a)
-//     v_col = beta2_t v_col + (1 - beta2_t) mean_b(r)        (the shape of p without dim b)
-//     u = g / sqrt(v_row / mean_b(v_row))  [broadcast over a]  / sqrt(v_col)  [over b]
-//   else:
-//     v = beta2_t v + (1 - beta2_t) r;   u = g / sqrt(v)
-//   update clipping (clipping_threshold d > 0): u = u / max(1, rms(u) / d)
-//   momentum m (> 0): m = momentum m + (1 - momentum) u; u = m   (an EMA, not debiased)
-//   p = p (1 - lr wd) - lr u            (decay only where decays(p), as AdamW here)
-// No relative step size: lr comes from the schedule, like every other kind.
-struct AdafactorConfig {
-  double decay_rate = 0.8, beta2_cap = 0.999, eps = 1e-30;
-  int64_t min_dim_size_to_factor = 32;
-  double clipping_threshold = 0.0;  // 0 = off (big_vision's CapPa config)
-  double momentum = 0.9;            // 0 = none
-};
-
+// The settings every update rule shares; the rule itself (AdamW, SGD, Adafactor, a plugin's)
+// is a component of its own (train/update_rule.hpp), made from the schema's group of its kind.
 struct OptimConfig {
-  OptimKind kind = OptimKind::adamw;
-  double momentum = 0.9;       // sgd; 0 = plain SGD
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  std::shared_ptr<const UpdateRule> rule = make_update_rule("adamw");
   double weight_decay = 0.0;   // decoupled (p -= lr * wd * p), only where decays(p)
   double clip = 0.0;           // max global grad norm; 0 = off
   // A non-finite grad norm (NaN or inf, e.g. from a diverged loss) either stops the run with
@@ -53,20 +28,16 @@ struct OptimConfig {
   // Leave the stop to the caller: a non-finite step is skipped (as with skip_nonfinite) and
   // counted in OptimizerState::nonfinite, and optimizer_update never throws NonFiniteGrads; the
   // caller reads the count when it logs (the optimizer node on a GPU, so that no step waits
-  // for the host: where torch's fused AdamW applies, the skip happens on the device, the flag
-  // being its found_inf; other paths read the flag on the host).
+  // for the host: where the rule updates on the device (UpdateRule::on_device, torch's fused
+  // AdamW), the skip happens there, the flag being its found_inf; other paths read the flag on
+  // the host).
   bool defer_nonfinite = false;
-  AdafactorConfig adafactor;   // kind adafactor
 };
 
 // Thrown by optimizer_update when the grads are not finite and skip_nonfinite is off.
 struct NonFiniteGrads : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
-
-// Weight decay applies to matrices and higher (Linear/conv weights, embeddings), never to
-// biases, norm gains or other 1-D / 0-D parameters (the GPT-2 / nanoGPT rule).
-inline bool decays(const torch::Tensor& p) { return p.dim() >= 2; }
 
 // Learning rate schedule: linear warmup over `warmup` steps (step/warmup * lr), then constant,
 // cosine or linear decay from lr to min_lr at the run's last step.
@@ -82,30 +53,32 @@ struct LrSchedule {
 };
 
 // The object behind the optimizer's `state` port (std::shared_ptr<OptimizerState>): per
-// trainable parameter (in module order) its moments and update count. The moments are made on
-// the first update, zeroed, in flat buffers laid out like the parameters (common/flat_buffers.hpp;
-// one buffer per dtype and device for each kind of moment); a slot's tensors are views into them,
-// shaped like its parameter.
+// trainable parameter (in module order) its moments, named by the rule, and update count. The
+// moments shaped like the parameters (UpdateRule::moments) are made on the first update, zeroed,
+// in flat buffers laid out like the parameters (common/flat_buffers.hpp; one buffer per dtype
+// and device for each moment); a slot's tensors are views into them, shaped like its parameter.
 struct OptimizerState {
   struct Slot {
-    std::string name;          // the parameter's name in the model
-    torch::Tensor exp_avg;     // adamw: first moment
-    torch::Tensor exp_avg_sq;  // adamw: second moment
-    torch::Tensor momentum;    // sgd: momentum buffer
-    torch::Tensor v_row, v_col, v;  // adafactor: factored second moments, or the full one
-    int64_t step = 0;          // updates applied to this parameter (bias correction)
+    std::string name;                // the parameter's name in the model
+    std::vector<torch::Tensor> m;    // the rule's moments(), then its own_moments() of this parameter
+    std::vector<std::string> names;  // theirs ("exp_avg", ...), aligned with m
+    int64_t step = 0;                // updates applied to this parameter (bias correction)
     // Weight decay: -1: as decays() says of the parameter given; 0 / 1: as set (a sharded
     // update's piece of a parameter, a 1-D view, decays as its whole parameter does).
     int decay = -1;
+    bool decays(const torch::Tensor& p) const { return decay >= 0 ? decay != 0 : flowrun::decays(p); }
+    // The moment of that name (undefined if the rule keeps none).
+    torch::Tensor moment(const std::string& name) const;
   };
+  std::shared_ptr<const UpdateRule> rule;  // the rule the slots were made for
   std::vector<Slot> slots;
   FlatLayout layout;  // of the parameters (and so of the moments' buffers)
-  std::vector<torch::Tensor> flat_exp_avg, flat_exp_avg_sq, flat_momentum;
+  std::vector<std::vector<torch::Tensor>> flat;  // per rule->moments() entry: its buffers
   int64_t updates = 0;  // optimizer steps taken
   // Updates skipped for non-finite grads (a 0-d float32 count on the grads' device; undefined
   // while there was none on the host's count). Read it where a message needs it.
   torch::Tensor nonfinite;
-  // The fused GPU path's step (0-d float32 on the device, shared by every slot): it does not
+  // The on-device path's step (0-d float32 on the device, shared by every slot): it does not
   // advance when the device skips an update. Undefined elsewhere; tensors() reports it as each
   // slot's step.
   torch::Tensor fused_step;
@@ -113,12 +86,11 @@ struct OptimizerState {
   // pieces of the parameters, and tensors() lists what collect_sharded_state() gathered.
   ShardPlan shard;
   std::map<std::string, torch::Tensor> gathered;
-  int64_t factor_min_dim = -1;  // sharded Adafactor: its min_dim_size_to_factor (the statistics' shapes)
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
-  // Every tensor by name, for checkpoints: "NAME.exp_avg", "NAME.exp_avg_sq",
-  // "NAME.momentum_buffer", "NAME.v_row", "NAME.v_col", "NAME.v", "NAME.step" (0-d int64),
-  // and "updates" (0-d int64). Aliases. (Adafactor's momentum is NAME.exp_avg.)
+  // Every tensor by name, for checkpoints: "NAME.MOMENT" for each of the rule's moments (AdamW:
+  // exp_avg, exp_avg_sq; SGD: momentum_buffer; Adafactor: v_row and v_col, or v, and exp_avg for
+  // its momentum), "NAME.step" (0-d int64), and "updates" (0-d int64). Aliases.
   std::map<std::string, torch::Tensor> tensors() const;
   // Restore from tensors(); before the first update it is kept and applied then.
   void load(const std::map<std::string, torch::Tensor>& t);
@@ -130,11 +102,10 @@ struct OptimizerState {
 // Clipping scales the grads used for the update by min(1, clip / (norm + 1e-6)) without
 // modifying the grad tensors (other readers may hold them).
 //
-// How it runs: on a GPU, torch's fused multi-tensor AdamW where it applies (the grads then come
-// back scaled by the clip factor: the kernel stores what it used); on the CPU, fp32
-// parameters take one pass over all of them (every tensor's elements as one range split among
-// the OpenMP threads, a fused kernel per element: read p, g, moments once, write them once);
-// anything else (bf16, old GPUs, CPUs without AVX2) the written-out tensor operations.
+// How it runs: the rule's update_many() first where it has one (AdamW on a GPU: torch's fused
+// multi-tensor kernel, the grads then coming back scaled by the clip factor; AdamW and SGD on
+// the CPU, fp32: one pass over all parameters, a fused kernel per element), then its update()
+// per parameter for the rest (bf16, old GPUs, CPUs without AVX2, rules without a fast path).
 // Non-finite grads: see OptimConfig::skip_nonfinite and defer_nonfinite.
 // `norm_of_all`, when defined: the global norm to report and clip by (a sharded update passes
 // this rank's pieces, and the norm of all the gradients, the same on every rank).
@@ -149,10 +120,6 @@ torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& p
 void make_shard_slots(OptimizerState& state, const ShardPlan& plan, const ModelState::Named& params,
                       const OptimConfig& cfg);
 void collect_sharded_state(OptimizerState& state, comm::Channel& channel);
-
-// Adafactor's factored dims of a shape: {a, b} = the largest and the second-largest dim (the
-// later one first among equals, as numpy's argsort), or {-1, -1} when p is not factored.
-std::pair<int64_t, int64_t> adafactor_factored_dims(c10::IntArrayRef shape, int64_t min_dim_size_to_factor);
 
 // The global L2 norm of the defined tensors (0-d float32; 0 if none). fp32 tensors on a GPU
 // take torch's multi-tensor norm (a few launches for all of them, as clip_grad_norm_'s foreach

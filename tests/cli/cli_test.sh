@@ -69,7 +69,8 @@ overrides_and_print_config)
   expect_code 0 "$flowrun" run graphs/regression.yaml run.steps=7 opt.lr=0.5 ema.every=3 --print-config
   expect_out "steps: 7"; expect_out "lr: 0.5"; expect_out "every: 3"
   expect_out "prefetch: 2"          # defaults are filled in
-  expect_out "momentum: 0.9"
+  expect_out "beta2: 0.999"         # the adamw rule's settings, filled in too
+  grep -q "momentum:" "$tmp/out" && fail "--print-config lists the settings of a rule the graph does not use"
   expect_code 2 "$flowrun" graphs/regression.yaml opt.lrr=0.5
   expect_out "command line: nodes.opt.with.lrr: unknown parameter 'lrr' (did you mean 'lr'?)"
   expect_code 2 "$flowrun" graphs/regression.yaml run.steps=lots
@@ -119,18 +120,24 @@ nodes_docs)
   expect_code 0 "$flowrun" nodes graph
   expect_out "prefetch: int in [0, 64], default 2"
   expect_code 2 "$flowrun" nodes optimiser; expect_out "did you mean 'optimizer'"
-  expect_code 2 "$flowrun" nodes lion
-  expect_code 0 "$flowrun" nodes lion --plugin "$build/examples/plugins/liblion.so"
-  expect_out "lion  [from $build/examples/plugins/liblion.so]"
+  # A plugin's update rule joins the optimizer's kinds, its settings a group of their own.
+  expect_code 0 "$flowrun" nodes optimizer
+  expect_out "one of {adamw, sgd, adafactor}"
+  expect_code 0 "$flowrun" nodes optimizer --plugin "$build/examples/plugins/liblion.so"
+  expect_out "one of {adamw, sgd, adafactor, lion}"
+  expect_out "lion: map, only with kind: lion"
+  expect_out "kind lion (from $build/examples/plugins/liblion.so)"
   ;;
 plugin_swap)
-  # The built-in optimizer replaced by a plugin node, flowrun not relinked: the binary does
-  # not depend on the plugin, and the graph trains.
+  # The optimizer's update rule from a plugin, flowrun not relinked: the binary does not depend
+  # on the plugin, and the graph trains.
   ldd "$flowrun" | grep -q liblion && fail "flowrun links the plugin"
   expect_code 0 "$flowrun" examples/plugins/regression_lion.yaml run.steps=100 run.out_dir="$tmp/lion"
   first=$(loss_at "$tmp/lion/metrics.jsonl" 1p); last=$(loss_at "$tmp/lion/metrics.jsonl" '$p')
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a / 4) }' || fail "lion did not train: $first -> $last"
-  "$flowrun" dot examples/plugins/regression_lion.yaml | grep -q 'opt : lion\\nplugin' || fail "dot does not mark the plugin node"
+  # Another rule's settings beside kind: lion are refused, naming the key and the kind.
+  expect_code 2 "$flowrun" validate examples/plugins/regression_lion.yaml opt.adamw.beta1=0.8
+  expect_out "'adamw' applies with kind: adamw only, and kind is lion"
   ;;
 objective_plugin)
   # A loss as a plugin (examples/plugins/zloss): listed by `flowrun nodes`, trains a graph,
@@ -150,7 +157,7 @@ objective_plugin)
   expect_code 0 "$flowrun" examples/plugins/gpt_zloss.yaml "${small[@]}" loss.label_smoothing=0 loss.z_loss=0 run.out_dir="$tmp/z0"
   expect_code 0 "$flowrun" graphs/gpt.yaml "${small[@]}" data.path=data/text/fortunes_byte data.seq_len=64 data.batch=16 \
     model.layers=2 model.dim=64 model.heads=4 model.vocab=256 model.context=64 opt.lr=3.0e-3 opt.warmup=20 \
-    opt.schedule=constant opt.weight_decay=0.0 opt.beta2=0.999 opt.clip=0 ckpt.every=1000 ckpt.at=[] run.out_dir="$tmp/lm"
+    opt.schedule=constant opt.weight_decay=0.0 opt.adamw.beta2=0.999 opt.clip=0 ckpt.every=1000 ckpt.at=[] run.out_dir="$tmp/lm"
   for i in 1 2 3; do
     a=$(loss_at "$tmp/z0/metrics.jsonl" ${i}p); b=$(loss_at "$tmp/lm/metrics.jsonl" ${i}p)
     awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-5 * b) }' ||

@@ -44,6 +44,52 @@ params:
   }
 }
 
+// `when: { SIBLING: VALUE }`: a parameter (an optimizer rule's settings) that belongs to one
+// choice of a sibling enum. Given with another choice: an error naming both; not given: left out
+// of the checked parameters; given with its choice: checked and filled as usual. The sibling must
+// exist.
+TEST(Schema, AParameterOfOneChoiceIsRefusedWithAnother) {
+  const NodeSchema s = parse_node_schema(R"(type: demo
+doc: "a demo node"
+params:
+  kind: { type: enum, values: [a, b], default: a, doc: "the choice" }
+  a: { type: map, when: { kind: a }, doc: "a's settings", fields: { x: { type: int, default: 1, doc: "x" } } }
+  b: { type: map, when: { kind: [b] }, doc: "b's settings", fields: { y: { type: int, default: 2, doc: "y" } } }
+)",
+                                         "built-in");
+  ASSERT_EQ(s.param("a")->when_param, "kind");
+  EXPECT_EQ(s.param("b")->when_values, std::vector<std::string>{"b"});
+  EXPECT_NE(describe(s).find("a: map, only with kind: a"), std::string::npos) << describe(s);
+  auto check = [&](const std::string& with, Diagnostics& d) {
+    return check_params(s.params, YAML::Load(with), Mark{"g.yaml", 1, 1}, "g.yaml", "with", d);
+  };
+  Diagnostics d;
+  YAML::Node out = check("{ b: { y: 5 } }", d);  // kind a (the default) with b's settings
+  ASSERT_FALSE(d.empty());
+  EXPECT_NE(d.str().find("with.b: 'b' applies with kind: b only, and kind is a: drop 'b', or set kind: b"), std::string::npos)
+      << d.str();
+  Diagnostics ok;
+  out = check("{ kind: b, b: { y: 5 } }", ok);
+  EXPECT_TRUE(ok.empty()) << ok.str();
+  EXPECT_EQ(out["b"]["y"].as<int>(), 5);
+  EXPECT_FALSE(out["a"]);  // the other choice's settings: not filled in
+  out = check("{}", ok);
+  EXPECT_TRUE(ok.empty()) << ok.str();
+  EXPECT_EQ(out["a"]["x"].as<int>(), 1);
+  EXPECT_FALSE(out["b"]);
+  // A field written one level too high is pointed at its map.
+  Diagnostics high;
+  check("{ kind: b, y: 5 }", high);
+  EXPECT_NE(high.str().find("unknown parameter 'y'; it is a field of a map: did you mean 'b.y'?"), std::string::npos) << high.str();
+  try {
+    parse_node_schema("type: x\nparams:\n  a: { type: int, when: { mode: on } }\n", "x.yaml");
+    FAIL() << "when: naming no sibling must be refused";
+  } catch (const GraphError& e) {
+    EXPECT_NE(std::string(e.what()).find("'mode' is not a parameter of x: when: names a sibling parameter"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Schema, DescribeListsPortsAndParams) {
   NodeSchema s = parse_node_schema(R"(type: demo
 doc: "a demo node"

@@ -168,6 +168,20 @@ zero_gradients)
     "$tool" tensor-diff "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sh/checkpoints/step_00000010/$f.safetensors" 0 ||
       fail "Adafactor: $f differs between shard: gradients and shard: none"
   done
+  # A plugin's update rule (examples/plugins/lion, element-wise) sharded like the built-in ones:
+  # ZeRO-1 and ZeRO-2 end where shard: none ends, its moment gathered whole into the checkpoint.
+  sed 's#libt_plugin_fault.so" \]#libt_plugin_fault.so", "${FLOWRUN_BUILD}/examples/plugins/liblion.so" ]#' $graph > "$tmp/lion.yaml"
+  for s in none states gradients; do
+    run_code 0 "${mpi[@]}" "$flowrun" "$tmp/lion.yaml" run.out_dir="$tmp/lion_$s" data.batch=8 opt.kind=lion opt.lr=1e-3 \
+      opt.clip=0 opt.shard=$s
+  done
+  expect_out "(shard: gradients, this rank's 1/2 slice)"
+  for s in states gradients; do
+    for f in model.params opt.state; do
+      "$tool" tensor-diff "$tmp/lion_none/checkpoints/step_00000010/$f.safetensors" \
+        "$tmp/lion_$s/checkpoints/step_00000010/$f.safetensors" 0 || fail "Lion: $f differs between shard: $s and shard: none"
+    done
+  done
   # 2 -> 1: the sharded run's checkpoint of step 5 continued by one process (batch 16); 1 -> 2.
   rm -rf "$tmp/clip_sh/checkpoints/step_00000010" && echo step_00000005 > "$tmp/clip_sh/checkpoints/latest"
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=16 run.resume=auto

@@ -17,6 +17,7 @@
 #include "support/run_graph.hpp"
 #include "train/losses.hpp"
 #include "train/optimizer.hpp"
+#include "train/rules/adafactor.hpp"
 
 namespace flowrun {
 namespace {
@@ -178,8 +179,13 @@ TEST(CaptionLoss, LabelSmoothedMeanOverCountedTokens) {
 // Shazeer & Stern (2018), Algorithm 4 (matrices, with the row and column sums R, C and
 // V = R C / 1ᵀR) and Algorithm 5 (vectors), with big_vision's beta2 cap and momentum, written
 // out independently of optimizer.cpp, on [rows, cols] matrices with rows >= cols.
+struct RefAdafactorConfig {  // big_vision's defaults, written here independently of the schema
+  double decay_rate = 0.8, beta2_cap = 0.999, eps = 1e-30;
+  int64_t min_dim_size_to_factor = 32;
+  double clipping_threshold = 0.0, momentum = 0.9;
+};
 struct RefAdafactor {
-  AdafactorConfig c;
+  RefAdafactorConfig c;
   torch::Tensor R, C, V, M;  // double
   int64_t t = 0;
   torch::Tensor step(const torch::Tensor& g0) {
@@ -213,16 +219,17 @@ TEST(Optimizer, AdafactorMatchesThePublishedAlgorithm) {
   mod->register_parameter("b", torch::randn({7}));        // a vector
   ModelState m(mod, nullptr, "t");
   OptimConfig cfg;
-  cfg.kind = OptimKind::adafactor;
-  cfg.adafactor.clipping_threshold = 1.0;
+  RefAdafactorConfig rc;
+  rc.clipping_threshold = 1.0;
   for (double momentum : {0.9, 0.0}) {
-    cfg.adafactor.momentum = momentum;
+    rc.momentum = momentum;
+    cfg.rule = make_update_rule("adafactor", "{clipping_threshold: 1.0, momentum: " + std::to_string(momentum) + "}");
     std::map<std::string, torch::Tensor> p0;
     for (auto& [k, v] : m.named_parameters()) p0[k] = v.detach().clone();
     OptimizerState st;
     std::map<std::string, RefAdafactor> ref;
     std::map<std::string, torch::Tensor> want;
-    for (auto& [k, v] : p0) want[k] = v.to(torch::kDouble), ref[k].c = cfg.adafactor;
+    for (auto& [k, v] : p0) want[k] = v.to(torch::kDouble), ref[k].c = rc;
     const double lr = 0.01;
     for (int64_t step = 1; step <= 4; ++step) {
       torch::manual_seed(step);

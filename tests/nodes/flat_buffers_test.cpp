@@ -132,11 +132,12 @@ TEST(Optimizer, ManyTensorsInOnePassMatchTorchAdamwAndSgd) {
     ours->flat.ensure(ours->trainable_parameters());
     OptimizerState st;
     OptimConfig cfg;
-    cfg.kind = optim_kind(kind);
-    cfg.beta1 = 0.9, cfg.beta2 = 0.95, cfg.weight_decay = 0.1, cfg.clip = 1.0, cfg.momentum = 0.9;
+    const bool adamw = std::string(kind) == "adamw";
+    cfg.rule = make_update_rule(kind, adamw ? "{beta1: 0.9, beta2: 0.95}" : "{momentum: 0.9}");
+    cfg.weight_decay = 0.1, cfg.clip = 1.0;
     const double lr = 1e-2;
     std::unique_ptr<torch::optim::Optimizer> torch_opt;
-    if (cfg.kind == OptimKind::adamw)
+    if (adamw)
       torch_opt = torch_adamw(*ref, lr, 0.1);
     else
       torch_opt = std::make_unique<torch::optim::SGD>(ref->trainable_parameters(),
@@ -153,7 +154,7 @@ TEST(Optimizer, ManyTensorsInOnePassMatchTorchAdamwAndSgd) {
         if (g[i].defined()) with_grad.push_back(rp[i]);
       }
       torch::nn::utils::clip_grad_norm_(with_grad, 1.0);
-      if (cfg.kind == OptimKind::sgd) {
+      if (!adamw) {
         torch::NoGradGuard ng;
         for (auto& p : with_grad)
           if (decays(p)) p.mul_(1.0 - lr * 0.1);
@@ -176,19 +177,20 @@ TEST(Optimizer, MomentsLiveInFlatBuffersLaidOutLikeTheParameters) {
   OptimizerState st;
   OptimConfig cfg;
   optimizer_update(st, m->named_parameters(true), random_grads(*m, 1), cfg, 1e-3);
-  ASSERT_EQ(st.flat_exp_avg.size(), 1u);
+  ASSERT_EQ(st.flat.size(), 2u);  // AdamW's exp_avg and exp_avg_sq
+  ASSERT_EQ(st.flat[0].size(), 1u);
   EXPECT_TRUE(st.layout == m->flat.layout());
   for (const auto& s : st.slots) {
-    EXPECT_TRUE(inside(s.exp_avg, st.flat_exp_avg[0])) << s.name;
-    EXPECT_TRUE(inside(s.exp_avg_sq, st.flat_exp_avg_sq[0])) << s.name;
+    EXPECT_TRUE(inside(s.moment("exp_avg"), st.flat[0][0])) << s.name;
+    EXPECT_TRUE(inside(s.moment("exp_avg_sq"), st.flat[1][0])) << s.name;
   }
   // Restoring copies into the buffers (the views stay views), and a moment of another shape is
   // refused with its name.
   OptimizerState other;
   optimizer_update(other, m->named_parameters(true), random_grads(*m, 2), cfg, 1e-3);
   other.load(st.tensors());
-  EXPECT_TRUE(torch::equal(other.flat_exp_avg[0], st.flat_exp_avg[0]));
-  EXPECT_TRUE(inside(other.slots[0].exp_avg, other.flat_exp_avg[0]));
+  EXPECT_TRUE(torch::equal(other.flat[0][0], st.flat[0][0]));
+  EXPECT_TRUE(inside(other.slots[0].moment("exp_avg"), other.flat[0][0]));
   auto bad = st.tensors();
   bad.at("1.weight.exp_avg") = torch::zeros({2, 2});
   try {

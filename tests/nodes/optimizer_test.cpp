@@ -39,10 +39,7 @@ TEST(Optimizer, AdamwMatchesTorchAdamw) {
   Toy ours = toy(), ref = toy();
   OptimizerState st;
   OptimConfig cfg;
-  cfg.kind = OptimKind::adamw;
-  cfg.beta1 = 0.8;
-  cfg.beta2 = 0.95;
-  cfg.eps = 1e-6;
+  cfg.rule = make_update_rule("adamw", "{beta1: 0.8, beta2: 0.95, eps: 1.0e-6}");
   cfg.weight_decay = 0.1;
   const double lr = 0.05;
   std::vector<torch::optim::OptimizerParamGroup> groups;
@@ -73,8 +70,7 @@ TEST(Optimizer, AdamwOnLargeTensorsWithClippingMatchesTorch) {
   Toy ours = toy(3, 300, 257), ref = toy(3, 300, 257);
   OptimizerState st;
   OptimConfig cfg;
-  cfg.beta1 = 0.9;
-  cfg.beta2 = 0.95;
+  cfg.rule = make_update_rule("adamw", "{beta2: 0.95}");
   cfg.weight_decay = 0.1;
   cfg.clip = 1.0;
   const double lr = 1e-3;
@@ -99,15 +95,14 @@ TEST(Optimizer, AdamwOnLargeTensorsWithClippingMatchesTorch) {
   EXPECT_TRUE(torch::allclose(ours.lin->bias, ref.lin->bias, 1e-5, 1e-7));
   const auto& ref_state = static_cast<const torch::optim::AdamWParamState&>(
       *torch_opt.state().at(c10::guts::to_string(ref.lin->weight.unsafeGetTensorImpl())));
-  EXPECT_TRUE(torch::allclose(st.slots[0].exp_avg_sq, ref_state.exp_avg_sq(), 1e-5, 1e-12));
+  EXPECT_TRUE(torch::allclose(st.slots[0].moment("exp_avg_sq"), ref_state.exp_avg_sq(), 1e-5, 1e-12));
 }
 
 TEST(Optimizer, SgdMomentumMatchesTorchSgd) {
   Toy ours = toy(), ref = toy();
   OptimizerState st;
   OptimConfig cfg;
-  cfg.kind = OptimKind::sgd;
-  cfg.momentum = 0.9;
+  cfg.rule = make_update_rule("sgd", "{momentum: 0.9}");
   const double lr = 0.1;
   torch::optim::SGD torch_opt(ref.model->trainable_parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
   for (int64_t step = 1; step <= 5; ++step) {
@@ -141,11 +136,11 @@ TEST(Optimizer, NonFiniteGradsStopOrSkip) {
 // for the host): a non-finite step never throws; it is skipped, leaving parameters, moments and
 // step counts as they were, and counted in the state for the caller to read when it logs.
 TEST(Optimizer, DeferredNonFiniteStepsAreSkippedAndCounted) {
-  for (OptimKind kind : {OptimKind::adamw, OptimKind::sgd, OptimKind::adafactor}) {
+  for (const char* kind : {"adamw", "sgd", "adafactor"}) {
     Toy t = toy();
     OptimizerState st;
     OptimConfig cfg;
-    cfg.kind = kind;
+    cfg.rule = make_update_rule(kind);
     cfg.defer_nonfinite = true;
     cfg.clip = 1.0;
     optimizer_update(st, t.model->named_parameters(true), random_grads(*t.model, 1), cfg, 0.1);
@@ -162,8 +157,8 @@ TEST(Optimizer, DeferredNonFiniteStepsAreSkippedAndCounted) {
       EXPECT_EQ(nonfinite_count(st), bad);
     }
     const std::map<std::string, torch::Tensor> after = test::snapshot(*t.model);
-    for (const auto& [k, v] : before) EXPECT_TRUE(torch::equal(v, after.at(k))) << int(kind) << " " << k;
-    for (const auto& [k, v] : st.tensors()) EXPECT_TRUE(torch::equal(v, moments.at(k))) << int(kind) << " " << k;
+    for (const auto& [k, v] : before) EXPECT_TRUE(torch::equal(v, after.at(k))) << kind << " " << k;
+    for (const auto& [k, v] : st.tensors()) EXPECT_TRUE(torch::equal(v, moments.at(k))) << kind << " " << k;
     // A finite step after them updates as usual and leaves the count.
     optimizer_update(st, t.model->named_parameters(true), random_grads(*t.model, 9), cfg, 0.1);
     EXPECT_EQ(nonfinite_count(st), 2);
@@ -208,10 +203,9 @@ TEST(ShardPlan, EveryElementIsInExactlyOneRanksPieces) {
 // also in a piece). AdamW and SGD cut the buffer element-wise (through the weight), Adafactor
 // by whole parameters (rank 0 the weight, factored, rank 1 the bias).
 TEST(ShardPlan, ShardedUpdatesAreTheUnshardedOnesBitForBit) {
-  for (OptimKind kind : {OptimKind::adamw, OptimKind::sgd, OptimKind::adafactor}) {
+  for (const std::string kind : {"adamw", "sgd", "adafactor"}) {
     OptimConfig cfg;
-    cfg.kind = kind;
-    cfg.adafactor.min_dim_size_to_factor = 4;
+    cfg.rule = make_update_rule(kind, kind == "adafactor" ? "{min_dim_size_to_factor: 4}" : "{}");
     cfg.clip = 0.5;
     cfg.weight_decay = 0.1;
     Toy whole = toy(1, 9, 6);
@@ -228,11 +222,11 @@ TEST(ShardPlan, ShardedUpdatesAreTheUnshardedOnesBitForBit) {
         const ModelState::Named named = m.named_parameters(true);
         OptimizerState& st = s_rank[static_cast<size_t>(r)];
         if (st.slots.empty())
-          make_shard_slots(st, ShardPlan::make(m.flat.layout(), named, r, 2, kind == OptimKind::adafactor), named, cfg);
-        if (kind == OptimKind::adafactor) {  // whole parameters: the weight on rank 0, the bias on rank 1
+          make_shard_slots(st, ShardPlan::make(m.flat.layout(), named, r, 2, kind == "adafactor"), named, cfg);
+        if (kind == "adafactor") {  // whole parameters: the weight on rank 0, the bias on rank 1
           ASSERT_EQ(st.shard.pieces.size(), 1u);
           EXPECT_EQ(st.shard.pieces[0].numel, named[static_cast<size_t>(st.shard.pieces[0].param)].second.numel());
-          EXPECT_EQ(st.slots[0].v_row.defined(), r == 0);
+          EXPECT_EQ(st.slots[0].moment("v_row").defined(), r == 0);
         }
         const ShardPieces pieces = shard_pieces(st.shard, named, g);
         optimizer_update(st, pieces.params, pieces.grads, cfg, 0.05, global_norm(g));
@@ -249,8 +243,8 @@ TEST(ShardPlan, ShardedUpdatesAreTheUnshardedOnesBitForBit) {
         }
       }
       for (int r = 0; r < 2; ++r) {
-        EXPECT_TRUE(torch::equal(ranks[static_cast<size_t>(r)].lin->weight, whole.lin->weight)) << int(kind) << " step " << step;
-        EXPECT_TRUE(torch::equal(ranks[static_cast<size_t>(r)].lin->bias, whole.lin->bias)) << int(kind) << " step " << step;
+        EXPECT_TRUE(torch::equal(ranks[static_cast<size_t>(r)].lin->weight, whole.lin->weight)) << kind << " step " << step;
+        EXPECT_TRUE(torch::equal(ranks[static_cast<size_t>(r)].lin->bias, whole.lin->bias)) << kind << " step " << step;
       }
     }
   }
@@ -349,8 +343,7 @@ TEST(Optimizer, ClippingScalesTheUpdateNotTheGrads) {
   torch::Tensor w0 = t.lin->weight.detach().clone();
   OptimizerState st;
   OptimConfig cfg;
-  cfg.kind = OptimKind::sgd;
-  cfg.momentum = 0;
+  cfg.rule = make_update_rule("sgd", "{momentum: 0}");
   cfg.clip = 0.5;
   Grads g = random_grads(*t.model, 1);
   std::vector<torch::Tensor> g0 = {g[0].clone(), g[1].clone()};
@@ -457,6 +450,129 @@ nodes:
   auto metrics = g->metrics();
   ASSERT_EQ(metrics.size(), 4u);
   for (int s = 1; s <= 4; ++s) EXPECT_NEAR(metrics[s - 1]["lr"].get<double>(), 0.05 * s, 1e-12);
+}
+
+}  // namespace
+}  // namespace flowrun
+
+// ---- update rules as registered components (train/update_rule.hpp) ---------------------------
+
+namespace flowrun {
+namespace {
+
+std::string graph_error(const std::string& opt_with) {
+  try {
+    test::load_graph_text(R"(flowrun: 1
+run: { steps: 1 }
+nodes:
+  data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 4 } }
+  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1, out_dim: 1 } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params },
+           with: )" + opt_with + R"( }
+)");
+  } catch (const GraphError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Every kind the schema offers is a registered rule, and each rule's settings are a group of its
+// own that applies to its kind only; print-config-like output lists the chosen rule's only.
+TEST(UpdateRules, EachKindIsARuleWithItsOwnGroup) {
+  const NodeSchema& s = Registry::global().find("optimizer")->schema;
+  ASSERT_NE(s.param("kind"), nullptr);
+  for (const std::string& kind : s.param("kind")->values) {
+    SCOPED_TRACE(kind);
+    const ParamSchema* group = s.param(kind);
+    ASSERT_NE(group, nullptr) << "no settings group for kind " << kind;
+    EXPECT_EQ(group->type, ParamType::Map);
+    EXPECT_EQ(group->when_param, "kind");
+    EXPECT_EQ(group->when_values, std::vector<std::string>{kind});
+    EXPECT_EQ(make_update_rule(kind)->kind, kind);  // registered, made from the schema's defaults
+  }
+  for (const char* kind : {"adamw", "sgd", "adafactor"})
+    EXPECT_NE(std::find(s.param("kind")->values.begin(), s.param("kind")->values.end(), kind), s.param("kind")->values.end());
+  // The checked parameters hold the chosen rule's settings, defaults filled, and no other's.
+  auto g = test::load_graph_text(R"(flowrun: 1
+run: { steps: 1 }
+nodes:
+  data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 4 } }
+  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1, out_dim: 1 } }
+  loss:  { type: mse_loss }
+  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, sgd: { momentum: 0.5 } } }
+)");
+  const YAML::Node with = g->spec->nodes[static_cast<size_t>(g->spec->index_of("opt"))].params;
+  EXPECT_EQ(with["sgd"]["momentum"].as<double>(), 0.5);
+  EXPECT_FALSE(with["adamw"]);
+  EXPECT_FALSE(with["adafactor"]);
+}
+
+// Another rule's settings, or a rule's setting written where the old flat schema had it, are
+// refused by the checker with the key, the line and the fix.
+TEST(UpdateRules, TheCheckerRefusesAnotherRulesSettings) {
+  std::string e = graph_error("{ kind: sgd, lr: 0.1,\n                   adamw: { beta1: 0.8 } }");
+  EXPECT_NE(e.find("graph.yaml:10:"), std::string::npos) << e;  // the line of adamw:
+  EXPECT_NE(e.find("nodes.opt.with.adamw: 'adamw' applies with kind: adamw only, and kind is sgd: drop 'adamw', or set "
+                   "kind: adamw"),
+            std::string::npos)
+      << e;
+  e = graph_error("{ kind: adamw, beta2: 0.95 }");
+  EXPECT_NE(e.find("unknown parameter 'beta2'; it is a field of a map: did you mean 'adamw.beta2'?"), std::string::npos) << e;
+  e = graph_error("{ kind: lamb }");
+  EXPECT_NE(e.find("'lamb' is not one of {adamw, sgd, adafactor"), std::string::npos) << e;
+  EXPECT_EQ(graph_error("{ kind: adafactor, adafactor: { momentum: 0.0 } }"), "");
+}
+
+// A rule added as a plugin adds it (add_update_rule): a new kind with its own checked settings,
+// and the optimizer's shared parts (weight decay, clipping, the step count) around its update.
+class TestSignDescent : public UpdateRule {
+ public:
+  explicit TestSignDescent(const Params& p) : scale_(p.get<double>("scale")) {}
+  std::vector<std::string> moments() const override { return {}; }
+  void update(torch::Tensor& p, const torch::Tensor& g, std::vector<torch::Tensor>&, const Step& s) const override {
+    p.add_(g.sign(), -s.lr * scale_);
+  }
+
+ private:
+  double scale_;
+};
+
+TEST(UpdateRules, APluginRuleBecomesAKindWithItsOwnSettings) {
+  static const bool added = [] {
+    add_update_rule(Registry::global(), R"yaml(group: t_sign_descent
+doc: "p -= lr * scale * sign(g) (a test rule)"
+params:
+  scale: { type: float, default: 1.0, min: 0, doc: "step per unit of lr" }
+)yaml",
+                    rule_factory<TestSignDescent>(), "optimizer_test");
+    return true;
+  }();
+  ASSERT_TRUE(added);
+  EXPECT_THROW(add_update_rule(Registry::global(), "group: t_sign_descent\nparams: {}\n", rule_factory<TestSignDescent>(), "again"),
+               std::runtime_error);
+  EXPECT_NE(graph_error("{ kind: t_sign_descent, t_sign_descent: { scale: -1 } }").find("nodes.opt.with.t_sign_descent.scale"),
+            std::string::npos);
+  EXPECT_NE(graph_error("{ kind: adamw, t_sign_descent: { scale: 2 } }").find("applies with kind: t_sign_descent only"),
+            std::string::npos);
+  EXPECT_EQ(graph_error("{ kind: t_sign_descent, t_sign_descent: { scale: 2 } }"), "");
+
+  Toy t = toy();
+  const torch::Tensor w0 = t.lin->weight.detach().clone(), b0 = t.lin->bias.detach().clone();
+  OptimizerState st;
+  OptimConfig cfg;
+  cfg.rule = make_update_rule("t_sign_descent", "{scale: 0.5}");
+  cfg.weight_decay = 0.1;
+  const Grads g = random_grads(*t.model, 1);
+  optimizer_update(st, t.model->named_parameters(true), g, cfg, 0.2);
+  // Decay on the weight (a matrix) only, then the rule's step.
+  EXPECT_TRUE(torch::allclose(t.lin->weight, w0 * (1 - 0.2 * 0.1) - 0.2 * 0.5 * g[0].sign()));
+  EXPECT_TRUE(torch::allclose(t.lin->bias, b0 - 0.2 * 0.5 * g[1].sign()));
+  const auto saved = st.tensors();
+  EXPECT_EQ(saved.at("weight.step").item<int64_t>(), 1);
+  EXPECT_EQ(saved.size(), 3u);  // two steps and "updates": the rule keeps no moment
 }
 
 }  // namespace
