@@ -183,8 +183,9 @@ ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t 
   e.plain = static_cast<double>(blocks) * per_block;
   int64_t recomputed = 0;
   for (int64_t b = 0; b < blocks; ++b) recomputed += policy.recompute(b) ? 1 : 0;
+  e.recompute_live = recomputed > 0 ? per_block : 0.0;
   e.checkpointed = static_cast<double>(blocks - recomputed) * per_block + static_cast<double>(recomputed) * input +
-                   (recomputed > 0 ? per_block : 0.0);
+                   e.recompute_live;
   return e;
 }
 

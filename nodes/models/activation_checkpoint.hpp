@@ -54,6 +54,7 @@ struct CheckpointPolicy {
 // one block's worth is live while it is recomputed.
 struct ActivationEstimate {
   double plain = 0, checkpointed = 0;
+  double recompute_live = 0;  // of checkpointed: the recomputed block live again during backward
 };
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
                                         int64_t bytes, const CheckpointPolicy& policy);

@@ -56,7 +56,7 @@ struct ModelState {
   std::function<ExportWriter(const ModelState&)> exporter;
 
   // Memory (forward_backward's estimate before its first step, common/memory.hpp's
-  // TrainingMemory). `activations`, set by a model node that can tell (gpt, dit, cappa): what
+  // TrainingMemory). `activations`, set by a model that can tell (gpt, dit, cappa, a trained vae): what
   // backward keeps of `micro_batch`'s activations at `bytes` per element, without recomputing
   // (plain) and recomputing blocks as `policy` says (checkpointed); unset: not estimated. `checkpoint`: the
   // model's own policy. `kept`: what other nodes keep per rank for this model (an optimizer's

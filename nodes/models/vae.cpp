@@ -1,6 +1,7 @@
 // diffusers AutoencoderKL (see vae.hpp).
 #include "models/vae.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <sstream>
@@ -234,6 +235,76 @@ torch::Tensor DecoderImpl::forward(const torch::Tensor& z) {
   return conv_out(torch::silu(conv_norm_out(h)));
 }
 
+// ---- activation memory ----
+
+ActivationEstimate estimate_activations(const Config& c, Part part, int64_t rows, int64_t height, int64_t width,
+                                        int64_t bytes, bool fused_attention, const CheckpointPolicy& policy) {
+  // Elements kept per image, counted at the op that saves them for its backward: GroupNorm,
+  // SiLU and a convolution each save their input, so a resnet keeps three tensors of its input
+  // width and three of its output width.
+  auto resnet = [](double cin, double cout, double hw) { return 3 * cin * hw + 3 * cout * hw; };
+  auto attention = [&](double ch, double hw) {
+    // GroupNorm's input, the normalized rows (each projection's matmul copies them), q, k, v and
+    // the output before to_out; the scores [L, L] in float32 where no fused kernel runs (the
+    // softmax's output: chunking the rows does not help backward, which keeps every chunk).
+    const double kept = 8 * ch * hw;
+    return fused_attention ? kept + ch * hw : kept + hw * hw * 4.0 / static_cast<double>(bytes);
+  };
+  struct Unit {
+    double all, input;  // elements kept plain; its input (what a recomputed unit keeps)
+    bool recomputed;
+  };
+  std::vector<Unit> units;  // the encoder's down blocks and mid block, the decoder's mid and up blocks
+  double outside = 0;       // conv_in, conv_norm_out, conv_out, the latents, the loss: always kept
+  const auto& C = c.block_out_channels;
+  const int64_t blocks = static_cast<int64_t>(C.size());
+  const double layers = static_cast<double>(c.layers_per_block), f = static_cast<double>(c.downsample_factor());
+  const double h = static_cast<double>(height), w = static_cast<double>(width), low = (h / f) * (w / f);
+  const double latent = static_cast<double>(c.latent_channels), top = static_cast<double>(C.back());
+  if (has_encoder(part)) {
+    outside += static_cast<double>(c.in_channels) * h * w;  // conv_in's input
+    double ch = static_cast<double>(C[0]), rh = h, rw = w;
+    for (int64_t i = 0; i < blocks; ++i) {
+      const double out = static_cast<double>(C[static_cast<size_t>(i)]);
+      Unit u{resnet(ch, out, rh * rw) + (layers - 1) * resnet(out, out, rh * rw), ch * rh * rw, policy.recompute(i)};
+      if (i + 1 < blocks) {  // the padded input of the stride-2 conv
+        u.all += out * (rh + 1) * (rw + 1);
+        rh = std::floor(rh / 2), rw = std::floor(rw / 2);
+      }
+      units.push_back(u);
+      ch = out;
+    }
+    units.push_back({2 * resnet(top, top, low) + attention(top, low), top * low, policy.recompute(blocks)});
+    outside += 3 * top * low + 3 * 2 * latent * low;  // conv_norm_out, SiLU, conv_out; quant_conv, the sample
+  }
+  if (has_decoder(part)) {
+    outside += 2 * latent * low;  // post_quant_conv's and conv_in's inputs
+    units.push_back({2 * resnet(top, top, low) + attention(top, low), top * low, policy.recompute(0)});
+    double ch = top, rh = h / f, rw = w / f;
+    for (int64_t i = 0; i < blocks; ++i) {
+      const double out = static_cast<double>(C[static_cast<size_t>(blocks - 1 - i)]);
+      Unit u{resnet(ch, out, rh * rw) + layers * resnet(out, out, rh * rw), ch * rh * rw, policy.recompute(i + 1)};
+      if (i + 1 < blocks) {  // the nearest-2x copy the conv saves
+        u.all += out * 4 * rh * rw;
+        rh *= 2, rw *= 2;
+      }
+      units.push_back(u);
+      ch = out;
+    }
+    const double first = static_cast<double>(C[0]), out = static_cast<double>(c.out_channels);
+    outside += 3 * first * h * w + 4 * out * h * w;  // conv_norm_out, SiLU, conv_out; the loss
+  }
+  // Recomputed: a unit keeps its input only, and the largest one is live again in backward.
+  double plain = outside, kept = outside, largest = 0;
+  for (const Unit& u : units) {
+    plain += u.all;
+    kept += u.recomputed ? u.input : u.all;
+    if (u.recomputed) largest = std::max(largest, u.all);
+  }
+  const double scale = static_cast<double>(rows) * static_cast<double>(bytes);
+  return {plain * scale, (kept + largest) * scale, largest * scale};
+}
+
 // ---- the autoencoder ----
 
 AutoencoderKLImpl::AutoencoderKLImpl(Config c, Part part) : cfg_(std::move(c)), part_(part) {
@@ -421,6 +492,15 @@ std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model, bool frozen) {
   s->config = model->config();
   s->part = model->part();
   s->frozen = frozen;
+  if (!frozen) {  // trained (the vae node): what backward keeps of a micro-batch of images
+    s->checkpoint = s->config.checkpoint;
+    s->activations = [c = s->config, part = s->part](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+      auto it = b.find("image");
+      if (it == b.end() || it->second.dim() != 4) throw std::runtime_error("vae: the batch has no 'image' [B, C, H, W]");
+      const torch::Tensor& x = it->second;
+      return estimate_activations(c, part, x.size(0), x.size(2), x.size(3), bytes, fused_attention_available(x), policy);
+    };
+  }
   return s;
 }
 

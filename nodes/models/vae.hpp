@@ -66,6 +66,17 @@ const char* to_string(Part p);
 inline bool has_encoder(Part p) { return p != Part::decoder; }
 inline bool has_decoder(Part p) { return p != Part::encoder; }
 
+// What backward keeps of a training forward (forward_backward's memory line; the gpt's, dit's and
+// cappa's use the transformer estimate of models/activation_checkpoint.hpp): `rows` images of
+// height x width at `bytes` per element, the `part` the module holds, counted op by op (GroupNorm,
+// SiLU and each convolution save their input; the mid blocks' attention its projections and,
+// without a fused kernel, the float32 scores [HW, HW] of the lowest resolution), plain and with
+// the down, mid and up blocks recomputed as `policy` says (each then keeps its input, and the
+// largest is live again in backward: recompute_live). Within 25 % of what a forward keeps
+// (tests/nodes/activation_checkpoint_test.cpp measures it).
+ActivationEstimate estimate_activations(const Config& c, Part part, int64_t rows, int64_t height, int64_t width,
+                                        int64_t bytes, bool fused_attention, const CheckpointPolicy& policy);
+
 // diffusers' ResnetBlock2D without a time embedding: x' = shortcut(x) + conv2(silu(norm2(conv1(silu(norm1(x)))))).
 class ResnetBlockImpl : public torch::nn::Cloneable<ResnetBlockImpl> {
  public:
