@@ -57,6 +57,7 @@
 #include "comm.hpp"
 #include "registry.hpp"
 #include "runtime.hpp"
+#include "step_order.hpp"
 #include "trace.hpp"
 
 namespace flowrun {
@@ -103,11 +104,6 @@ struct StepSlot {
   Frame frame;
 };
 
-struct StateTrack {
-  DepRef last_write;
-  std::vector<DepRef> reads;  // since last_write
-};
-
 }  // namespace
 
 struct Executor::Impl : ExecutorCore {
@@ -126,8 +122,7 @@ struct Executor::Impl : ExecutorCore {
   std::atomic<int64_t> lo{0};  // lowest step not yet retired
   int64_t last_admitted = 0;
   std::mutex retire_mu;
-  std::vector<StateTrack> tracks;  // touched by admission only (serial)
-  std::vector<int64_t> last_active;
+  std::unique_ptr<StepOrder<DepRef>> order;  // touched by admission only (serial)
   std::atomic<bool> failed{false};
   std::mutex err_mu;
   std::unique_ptr<NodeError> error;
@@ -541,20 +536,9 @@ struct Executor::Impl : ExecutorCore {
       for (const auto& b : rt.inputs)
         if (b.kind != PortKind::State)
           for (int p : b.producers) add({p, s, inst(p, s).rec}, b.kind == PortKind::Stream);
-      if (!rt.stateless && last_active[i] >= 0) add({i, last_active[i]}, false);  // same stream
-      last_active[i] = s;
-      for (auto [sid, acc] : accesses[i]) {
-        StateTrack& t = tracks[sid];
-        if (acc == Access::Read) {
-          add(t.last_write, false);
-          t.reads.push_back({i, s, x.rec});
-        } else {
-          add(t.last_write, false);
-          for (const auto& r : t.reads) add(r, false);
-          t.last_write = {i, s, x.rec};
-          t.reads.clear();
-        }
-      }
+      // Its previous step (same stream) and its state accesses (step_order.hpp).
+      order->admit(i, s, rt.stateless, accesses[i], DepRef{i, s, x.rec},
+                   [&](const DepRef& d, Why, int) { add(d, false); });
       if (tracer && tracer->records()) {
         x.trace_deps.clear();
         for (const auto& [d, stream] : deps) x.trace_deps.emplace_back(rts[d.node]->spec->name, d.step);
@@ -665,8 +649,7 @@ struct Executor::Impl : ExecutorCore {
       steps[k].frame.values.resize(nslots);
       steps[k].frame.recorded.assign(streams ? n : 0, nullptr);
     }
-    tracks.assign(states.size(), StateTrack{});
-    last_active.assign(n, -1);
+    order = std::make_unique<StepOrder<DepRef>>(states.size(), static_cast<size_t>(n));
     lo.store(info.first_step);
     last_admitted = info.first_step - 1;
     failed.store(false);

@@ -25,6 +25,7 @@
 #include "common/device.hpp"
 #include "common/torch_setup.hpp"
 #include "dot.hpp"
+#include "explain.hpp"
 #include "executor.hpp"
 #include "log.hpp"
 #include "plugin.hpp"
@@ -544,6 +545,21 @@ int cmd_dot(const std::vector<std::string>& args) {
     std::fprintf(stderr, "flowrun dot: %s\n", e.what());
     return 2;
   }
+  return 0;
+}
+
+int cmd_explain(const std::vector<std::string>& args) {
+  const char* usage =
+      "usage: flowrun explain FILE [KEY=VALUE...]\n"
+      "  the step FILE runs, as the sequential program it is: each node in file order with its inputs,\n"
+      "  where it runs (device stream, compute thread, schedule) and what it waits for (@s: this step,\n"
+      "  @s-1: the one before), by the executor's own rule\n";
+  if (wants_help(args)) return std::fputs(usage, stdout), 0;
+  FileArgs f = split_args(args);
+  if (!f.error.empty()) return usage_error("explain", f.error, usage);
+  GraphSpec g;
+  if (!load(f.file, f.overrides, g)) return 2;
+  std::cout << explain(g, Registry::global());
   return 0;
 }
 

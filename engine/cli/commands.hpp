@@ -9,6 +9,7 @@ namespace flowrun::cli {
 int cmd_run(const std::vector<std::string>& args);
 int cmd_validate(const std::vector<std::string>& args);
 int cmd_dot(const std::vector<std::string>& args);
+int cmd_explain(const std::vector<std::string>& args);
 int cmd_nodes(const std::vector<std::string>& args);
 
 }  // namespace flowrun::cli

@@ -18,6 +18,7 @@ static const char* kUsage =
     "usage: flowrun [run] FILE [KEY=VALUE...] [--print-config]   run a graph (overrides: run.steps=50, opt.lr=1e-3)\n"
     "       flowrun validate FILE...                            check graph files, report every error, run nothing\n"
     "       flowrun dot [--trace TRACE] FILE [KEY=VALUE...]     the graph as Graphviz dot (with a run's measured times)\n"
+    "       flowrun explain FILE [KEY=VALUE...]                 one step as the program it runs: order, streams, waits\n"
     "       flowrun nodes [TYPE] [--plugin LIB.so]              list node types, or one type's ports and parameters\n"
     "       flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text files\n"
     "       flowrun COMMAND --help                              help for one command\n"
@@ -84,6 +85,7 @@ static int dispatch(const std::vector<std::string>& args) {
   if (cmd == "run") return flowrun::cli::cmd_run(rest);
   if (cmd == "validate") return flowrun::cli::cmd_validate(rest);
   if (cmd == "dot") return flowrun::cli::cmd_dot(rest);
+  if (cmd == "explain") return flowrun::cli::cmd_explain(rest);
   if (cmd == "nodes") return flowrun::cli::cmd_nodes(rest);
   if (cmd == "prep") return flowrun::prep_command(rest);
   if (cmd.size() > 5 && (cmd.rfind(".yaml") == cmd.size() - 5 || cmd.rfind(".yml") == cmd.size() - 4))

@@ -110,6 +110,11 @@ dot_renders)
   grep -q 'style=dashed, label="params → model (write)"' "$tmp/g.dot" || fail "no dashed write edge"
   dot -Tsvg "$tmp/g.dot" > "$tmp/g.svg" || fail "graphviz rejected the dot output"
   grep -q "<svg" "$tmp/g.svg" || fail "no svg"
+  # The step as a program: every node in file order with what it waits for.
+  expect_code 0 "$flowrun" explain graphs/regression.yaml
+  expect_out "5. opt   = optimizer(grads = fb.grads, model writes model.params)   [compute thread]"
+  expect_out "waits for fb@s (grads; reads model.params), opt@s-1 (its previous step; wrote model.params before"
+  expect_code 2 "$flowrun" explain graphs/nope.yaml
   ;;
 nodes_docs)
   expect_code 0 "$flowrun" nodes
