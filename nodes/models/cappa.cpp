@@ -62,8 +62,8 @@ void NormImpl::reset() {
 torch::Tensor NormImpl::forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, bias, 1e-6); }
 
 void MlpImpl::reset() {
-  fc1 = register_module("fc1", torch::nn::Linear(torch::nn::LinearOptions(dim_, hidden_).bias(bias_)));
-  fc2 = register_module("fc2", torch::nn::Linear(torch::nn::LinearOptions(hidden_, dim_).bias(bias_)));
+  fc1 = register_module("fc1", lora::Linear(dim_, hidden_, bias_));
+  fc2 = register_module("fc2", lora::Linear(hidden_, dim_, bias_));
 }
 
 namespace {
@@ -90,8 +90,8 @@ torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch
 }  // namespace
 
 void EncoderAttentionImpl::reset() {
-  qkv = register_module("qkv", torch::nn::Linear(dim_, 3 * dim_));
-  proj = register_module("proj", torch::nn::Linear(dim_, dim_));
+  qkv = register_module("qkv", lora::Linear(dim_, 3 * dim_));
+  proj = register_module("proj", lora::Linear(dim_, dim_));
 }
 
 torch::Tensor EncoderAttentionImpl::forward(const torch::Tensor& x) {
@@ -112,7 +112,7 @@ torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
 }
 
 void DecoderAttentionImpl::reset() {
-  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
+  auto lin = [](int64_t in, int64_t out) { return lora::Linear(in, out, /*bias=*/false); };
   q = register_module("q", lin(dim_, dim_));
   k = register_module("k", lin(kv_dim_, dim_));
   v = register_module("v", lin(kv_dim_, dim_));
@@ -199,7 +199,7 @@ void DecoderImpl::reset() {
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c_.dec_depth; ++i) blocks->push_back(DecoderBlock(c_));
   norm = register_module("norm", Norm(c_.dec_width, true));
-  head = register_module("head", torch::nn::Linear(c_.dec_width, c_.vocab));
+  head = register_module("head", lora::Linear(c_.dec_width, c_.vocab));
 }
 
 torch::Tensor DecoderImpl::forward(const torch::Tensor& encoded, const torch::Tensor& ids, const torch::Tensor& parallel) {
@@ -324,8 +324,11 @@ void init_weights(CappaImpl& m, uint64_t seed) {
 void load_safetensors(CappaImpl& model, const std::string& path) {
   LoadByNameOptions o;
   o.model = "cappa (" + describe(model.config()) + ")";
-  // A sincos2d position table is a fixed function of the config, not a weight.
-  o.optional = [&](const std::string& n) { return model.config().posemb == "sincos2d" && n == "encoder.pos_embed"; };
+  // A sincos2d position table is a fixed function of the config, not a weight; a base file
+  // loads into a LoRA-adapted model (the adapters keep their init).
+  o.optional = [&](const std::string& n) {
+    return (model.config().posemb == "sincos2d" && n == "encoder.pos_embed") || lora::is_adapter(n);
+  };
   load_by_name(model, safetensors::load(path).tensors, path, o);
 }
 

@@ -49,6 +49,7 @@
 
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
+#include "models/lora.hpp"
 #include "models/model_state.hpp"
 
 namespace flowrun::cappa {
@@ -89,7 +90,7 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
   MlpImpl(int64_t dim, int64_t hidden, bool bias) : dim_(dim), hidden_(hidden), bias_(bias) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  lora::Linear fc1{nullptr}, fc2{nullptr};
 
  private:
   int64_t dim_, hidden_;
@@ -103,7 +104,7 @@ class EncoderAttentionImpl : public torch::nn::Cloneable<EncoderAttentionImpl> {
   EncoderAttentionImpl(int64_t dim, int64_t heads) : dim_(dim), heads_(heads) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);  // [B, N, W]
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  lora::Linear qkv{nullptr}, proj{nullptr};
 
  private:
   int64_t dim_, heads_;
@@ -131,7 +132,7 @@ class DecoderAttentionImpl : public torch::nn::Cloneable<DecoderAttentionImpl> {
   DecoderAttentionImpl(int64_t dim, int64_t kv_dim, int64_t heads) : dim_(dim), kv_dim_(kv_dim), heads_(heads) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& kv, const torch::Tensor& bias);
-  torch::nn::Linear q{nullptr}, k{nullptr}, v{nullptr}, proj{nullptr};
+  lora::Linear q{nullptr}, k{nullptr}, v{nullptr}, proj{nullptr};
 
  private:
   int64_t dim_, kv_dim_, heads_;
@@ -191,7 +192,7 @@ class DecoderImpl : public torch::nn::Cloneable<DecoderImpl> {
   torch::Tensor pos_embed;
   torch::nn::ModuleList blocks{nullptr};
   Norm norm{nullptr};
-  torch::nn::Linear head{nullptr};
+  lora::Linear head{nullptr};
 
  private:
   Config c_;

@@ -1,12 +1,12 @@
 // cappa: a CapPa image captioner (ViT encoder + parallel-prediction decoder) node; owns its
-// parameters, no per-step work. The module: models/cappa.hpp. Schema: schemas/cappa.yaml.
-// Test: tests/nodes/cappa_test.cpp.
-#include <spdlog/spdlog.h>
+// parameters (with LoRA adapters when the graph asks: models/model_node.hpp), no per-step
+// work. The module: models/cappa.hpp. Schema: schemas/cappa.yaml. Test: tests/nodes/cappa_test.cpp.
+#include <algorithm>
 
-#include "common/device.hpp"
 #include "common/memory.hpp"
 #include "encode/text_tokenizer.hpp"
 #include "models/cappa.hpp"
+#include "models/model_node.hpp"
 #include "registry.hpp"
 
 namespace flowrun::cappa {
@@ -44,22 +44,12 @@ class CappaNode : public Node {
     }
     check_model_fits(ctx.who(), describe(c), c.parameter_count());
     Cappa model(c);
-    std::string from;
-    if (p.has("weights")) {
-      const std::string path = p.get<std::string>("weights");
-      load_safetensors(*model, path);
-      from = "weights from " + path;
-    } else {
-      const uint64_t seed = node_seed(ctx);
-      init_weights(*model, seed);
-      from = "big_vision init, seed " + std::to_string(seed);
-    }
-    int64_t n = 0;
-    for (const auto& t : model->parameters()) n += t.numel();
-    if (ctx.run().rank == 0)
-      spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(c), from);
-    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
+    const uint64_t seed = node_seed(ctx);
+    std::string from = init_lora_load(
+        ctx, *model, seed, [&] { init_weights(*model, seed); return "big_vision init, seed " + std::to_string(seed); },
+        [&](const std::string& path) { load_safetensors(*model, path); });
     std::shared_ptr<ModelState> state = make_state(model);
+    from += load_adapters_param(ctx, *state, seed);
     state->checkpoint = c.checkpoint;
     // For forward_backward's memory estimate: what backward keeps of the encoder's and the
     // decoder's blocks (Korthikanti et al.'s estimate, models/activation_checkpoint.hpp); a
@@ -72,9 +62,10 @@ class CappaNode : public Node {
       const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy);
       const ActivationEstimate dec =
           estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy);
-      return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed};
+      return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed,
+                                std::max(enc.recompute_live, dec.recompute_live)};
     };
-    ctx.own_state("params", state);
+    own_model(ctx, state, describe(c), from);
   }
 
   void run(StepContext&) override {}  // parameters change only through the optimizer

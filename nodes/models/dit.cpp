@@ -22,10 +22,6 @@ bool ends_with(const std::string& s, const std::string& e) {
   return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
 }
 
-bool is_adapter(const std::string& name) {
-  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
-}
-
 }  // namespace
 
 std::string describe(const Config& c) {
@@ -416,7 +412,7 @@ void init_weights(DitImpl& model, uint64_t seed) {
   for (auto& item : model.named_parameters(true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
-    if (is_adapter(name)) continue;
+    if (lora::is_adapter(name)) continue;
     torch::Tensor v = torch::zeros(p.sizes());
     const bool zero = name.find("norm1.linear.") != std::string::npos ||
                       name.find("norm_out.linear.") != std::string::npos || name.rfind("proj_out.", 0) == 0;
@@ -442,7 +438,7 @@ void init_weights(DitImpl& model, uint64_t seed) {
 void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source) {
   LoadByNameOptions o;
   o.model = "dit (" + describe(model.config()) + ")";
-  o.optional = is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
+  o.optional = lora::is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
   load_by_name(model, tensors, source, o);
 }
 

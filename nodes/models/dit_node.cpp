@@ -9,13 +9,12 @@
 #include <set>
 #include <tuple>
 
-#include "common/device.hpp"
 #include "common/files.hpp"
 #include "common/memory.hpp"
 #include "common/pretrained.hpp"
 #include "encode/text_tokenizer.hpp"
 #include "models/dit.hpp"
-#include "models/lora.hpp"
+#include "models/model_node.hpp"
 #include "registry.hpp"
 
 namespace flowrun::dit {
@@ -111,30 +110,18 @@ class DitNode : public Node {
     init_weights(*model, seed);
     std::string from = "DiT init, seed " + std::to_string(seed);
     auto state = make_state(model);
-    if (p.has("lora")) {
-      const Params l = p.sub("lora");
-      lora::Config lc;
-      lc.rank = l.get<int64_t>("rank");
-      lc.alpha = l.get<double>("alpha");
-      lc.dropout = l.get<double>("dropout");
-      lc.targets = l.get<std::vector<std::string>>("targets");
-      try {
-        const auto names = lora::apply_lora(*model, lc, seed);
-        // diffusers' HunyuanAttentionPool computes with q_proj.weight (and k, v, c) directly, not
-        // through the module, so peft's adapters there do nothing in diffusers unless merged.
-        std::vector<std::string> pooled;
-        for (const auto& n : names)
-          if (n.find(".pooler.") != std::string::npos) pooled.push_back(n);
-        if (!pooled.empty() && ctx.run().rank == 0)
-          spdlog::warn("{}: lora.targets reach the T5 pooler ({} layers, e.g. {}): diffusers' attention pool reads "
-                       "their weights directly, so with diffusers + peft those adapters have no effect unless merged "
-                       "into the weights; leave the pooler out of lora.targets to train what diffusers will use",
-                       ctx.who(), pooled.size(), pooled.front());
-        from += ", LoRA r=" + std::to_string(lc.rank) + " on " + std::to_string(names.size()) + " layers";
-      } catch (const std::exception& e) {
-        throw std::runtime_error(ctx.who() + ": " + e.what());
-      }
-    }
+    std::vector<std::string> adapted;
+    from += apply_lora_param(ctx, *model, seed, &adapted);
+    // diffusers' HunyuanAttentionPool computes with q_proj.weight (and k, v, c) directly, not
+    // through the module, so peft's adapters there do nothing in diffusers unless merged.
+    std::vector<std::string> pooled;
+    for (const auto& n : adapted)
+      if (n.find(".pooler.") != std::string::npos) pooled.push_back(n);
+    if (!pooled.empty() && ctx.run().rank == 0)
+      spdlog::warn("{}: lora.targets reach the T5 pooler ({} layers, e.g. {}): diffusers' attention pool reads "
+                   "their weights directly, so with diffusers + peft those adapters have no effect unless merged "
+                   "into the weights; leave the pooler out of lora.targets to train what diffusers will use",
+                   ctx.who(), pooled.size(), pooled.front());
     if (pretrained) {
       load_state_dict(*model, load_pretrained_weights(*pretrained), weights_source(*pretrained));
       from += (p.has("lora") ? "; base weights from " : "; weights from ") + pretrained->dir;
@@ -149,20 +136,7 @@ class DitNode : public Node {
       load_safetensors(*model, path);
       from += (p.has("lora") ? "; base weights from " : "; weights from ") + path;
     }
-    if (p.has("adapters")) {
-      const std::string dir = resolve_latest(p.get<std::string>("adapters"));
-      lora::load_peft(*state, dir, seed);
-      from += "; adapters from " + dir;
-    }
-    int64_t n = 0, trainable = 0;
-    for (const auto& t : model->parameters()) {
-      n += t.numel();
-      if (t.requires_grad()) trainable += t.numel();
-    }
-    if (ctx.run().rank == 0)
-      spdlog::info("{}: {:.2f}M parameters, {:.3f}M trainable ({}; {})", ctx.who(), static_cast<double>(n) / 1e6,
-                   static_cast<double>(trainable) / 1e6, describe(cfg), from);
-    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
+    from += load_adapters_param(ctx, *state, seed);
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) over the image's
     // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]).
     state->checkpoint = cfg.checkpoint;
@@ -174,7 +148,7 @@ class DitNode : public Node {
         }
       throw std::runtime_error("the batch has no image (a 4-D tensor)");
     };
-    ctx.own_state("params", state);
+    own_model(ctx, state, describe(cfg), from);
   }
 
   void run(StepContext&) override {}  // parameters change only through the optimizer

@@ -36,11 +36,6 @@ void Config::check() const {
 // ---- leaf modules: reset() allocates without initialising (init_weights or a load fills
 // them), so that clone() — which calls reset() on the copy — costs no random draws.
 
-void Conv1DImpl::reset() {
-  weight = register_parameter("weight", torch::empty({in_, out_}));
-  bias = register_parameter("bias", torch::empty({out_}));
-}
-
 void LayerNormImpl::reset() {
   weight = register_parameter("weight", torch::ones({dim_}));
   bias = register_parameter("bias", torch::zeros({dim_}));
@@ -63,8 +58,8 @@ torch::Tensor CausalMaskCache::get(int64_t T, const torch::TensorOptions& opts) 
 // ---- blocks
 
 void AttentionImpl::reset() {
-  c_attn = register_module("c_attn", Conv1D(dim_, 3 * dim_));
-  c_proj = register_module("c_proj", Conv1D(dim_, dim_));
+  c_attn = register_module("c_attn", conv1d(dim_, 3 * dim_));
+  c_proj = register_module("c_proj", conv1d(dim_, dim_));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
@@ -102,8 +97,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
 }
 
 void MlpImpl::reset() {
-  c_fc = register_module("c_fc", Conv1D(dim_, 4 * dim_));
-  c_proj = register_module("c_proj", Conv1D(4 * dim_, dim_));
+  c_fc = register_module("c_fc", conv1d(dim_, 4 * dim_));
+  c_proj = register_module("c_proj", conv1d(4 * dim_, dim_));
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
@@ -181,6 +176,7 @@ void init_weights(GptImpl& model, uint64_t seed) {
   for (auto& item : model.named_parameters(true)) {
     const std::string& name = item.key();
     torch::Tensor& p = item.value();
+    if (lora::is_adapter(name)) continue;  // apply_lora's init
     if (ends_with(name, ".bias")) {
       p.zero_();
     } else if (name.find("ln_") != std::string::npos) {
@@ -198,6 +194,7 @@ void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tenso
   LoadByNameOptions o;
   o.model = "gpt (" + describe(model.config()) + ")";
   o.prefixes = {"transformer."};
+  o.optional = lora::is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
   // HF's non-parameter buffers (the causal mask h.N.attn.bias and its fill value), and the LM
   // head, which this model ties to wte (checked below).
   static const std::regex kHfBuffer(R"(h\.\d+\.attn\.(bias|masked_bias))");

@@ -13,7 +13,8 @@
 //   ln_f.weight/bias [dim]
 //
 // Linear layers are HF's Conv1D: weight [in, out] and y = x @ W + b (the transpose of
-// torch.nn.Linear), so HF tensors are stored and loaded as they are. The module has no
+// torch.nn.Linear; lora::Linear with fan_in_fan_out), so HF tensors are stored and loaded as
+// they are, and LoRA adapters export as PEFT's for GPT-2. The module has no
 // buffers: HF's h.N.attn.bias / masked_bias are a causal mask, kept here in a cache outside
 // the state dict.
 #pragma once
@@ -26,6 +27,7 @@
 #include <string>
 
 #include "models/activation_checkpoint.hpp"
+#include "models/lora.hpp"
 #include "models/model_state.hpp"
 
 namespace flowrun::gpt {
@@ -41,18 +43,9 @@ std::string describe(const Config& c);
 
 // ---- leaf modules (own their parameters; reset() only allocates, init is separate) ----
 
-// HF Conv1D: weight [in, out], y = x @ W + b on x [N, in].
-class Conv1DImpl : public torch::nn::Cloneable<Conv1DImpl> {
- public:
-  Conv1DImpl(int64_t in, int64_t out) : in_(in), out_(out) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x) { return torch::addmm(bias, x, weight); }
-  torch::Tensor weight, bias;
-
- private:
-  int64_t in_, out_;
-};
-TORCH_MODULE(Conv1D);
+// HF Conv1D (weight [in, out], y = x @ W + b): lora::Linear in that layout, so that LoRA
+// adapters (the gpt node's `lora`) apply to c_attn, c_proj, c_fc as PEFT applies them.
+inline lora::Linear conv1d(int64_t in, int64_t out) { return lora::Linear(in, out, /*bias=*/true, /*fan_in_fan_out=*/true); }
 
 class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
  public:
@@ -100,7 +93,7 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   void reset() override;
   // x: [B*T, dim] (rows in batch-major order) -> [B*T, dim]
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
-  Conv1D c_attn{nullptr}, c_proj{nullptr};
+  lora::Linear c_attn{nullptr}, c_proj{nullptr};
 
  private:
   int64_t dim_, heads_;
@@ -114,7 +107,7 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
   MlpImpl(int64_t dim, double dropout) : dim_(dim), dropout_(dropout) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
-  Conv1D c_fc{nullptr}, c_proj{nullptr};
+  lora::Linear c_fc{nullptr}, c_proj{nullptr};
 
  private:
   int64_t dim_;

@@ -1,10 +1,11 @@
-// gpt: a GPT-2 language model node (owns its parameters; no per-step work). The module, its
-// init and its loader are models/gpt.hpp. Schema: schemas/gpt.yaml. Test: tests/nodes/gpt_test.cpp.
+// gpt: a GPT-2 language model node (owns its parameters; no per-step work), with LoRA adapters
+// when the graph asks (models/model_node.hpp). The module, its init and its loader are
+// models/gpt.hpp. Schema: schemas/gpt.yaml. Test: tests/nodes/gpt_test.cpp.
 #include <spdlog/spdlog.h>
 
-#include "common/device.hpp"
 #include "common/memory.hpp"
 #include "models/gpt.hpp"
+#include "models/model_node.hpp"
 #include "registry.hpp"
 
 namespace flowrun::gpt {
@@ -28,19 +29,10 @@ class GptNode : public Node {
                        static_cast<double>(cfg.vocab + cfg.context) * d + cfg.layers * (12 * d * d + 13 * d) + 2 * d);
     }
     Gpt model(cfg);
-    std::string from;
-    if (p.has("weights")) {
-      const std::string path = p.get<std::string>("weights");
-      load_hf_safetensors(*model, path);
-      from = "weights from " + path;
-    } else {
-      init_weights(*model, seed);
-      from = "GPT-2 init, seed " + std::to_string(seed);
-    }
-    int64_t n = 0;
-    for (const auto& t : model->parameters()) n += t.numel();
+    std::string from = init_lora_load(
+        ctx, *model, seed, [&] { init_weights(*model, seed); return "GPT-2 init, seed " + std::to_string(seed); },
+        [&](const std::string& path) { load_hf_safetensors(*model, path); });
     if (ctx.run().rank == 0) {
-      spdlog::info("{}: {:.2f}M parameters ({}; {})", ctx.who(), static_cast<double>(n) / 1e6, describe(cfg), from);
       // What backward keeps per sequence of `context` tokens, in fp32 (half that in bf16).
       const ActivationEstimate a =
           estimate_activations(cfg.layers, cfg.context, cfg.dim, cfg.heads, cfg.context, 4, cfg.checkpoint);
@@ -50,8 +42,8 @@ class GptNode : public Node {
                    cfg.checkpoint.every ? cfg.checkpoint.str() : "blocks",
                    cfg.checkpoint.every ? " (on)" : " (off: checkpoint: none)");
     }
-    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
     auto state = make_state(model);
+    from += load_adapters_param(ctx, *state, seed);
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) and the LM head's
     // logits with their gradient (rows x T x vocab, twice).
     state->checkpoint = cfg.checkpoint;
@@ -65,7 +57,7 @@ class GptNode : public Node {
       e.checkpointed += logits;
       return e;
     };
-    ctx.own_state("params", state);
+    own_model(ctx, state, describe(cfg), from);
   }
 
   void run(StepContext&) override {}  // parameters change only through the optimizer

@@ -34,7 +34,7 @@ void Config::check() const {
 }
 
 void LinearImpl::reset() {
-  weight = register_parameter("weight", torch::empty({out_, in_}));
+  weight = register_parameter("weight", fan_in_fan_out_ ? torch::empty({in_, out_}) : torch::empty({out_, in_}));
   if (has_bias_) bias = register_parameter("bias", torch::zeros({out_}));
   if (rank_ > 0) {
     lora_A = register_module("lora_A", Factor(rank_, in_));
@@ -43,7 +43,13 @@ void LinearImpl::reset() {
 }
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  torch::Tensor y = torch::nn::functional::linear(x, weight, bias);
+  torch::Tensor y;
+  if (!fan_in_fan_out_)
+    y = torch::nn::functional::linear(x, weight, bias);
+  else if (x.dim() == 2 && bias.defined())
+    y = torch::addmm(bias, x, weight);  // HF Conv1D: one call, as transformers computes it
+  else
+    y = bias.defined() ? torch::matmul(x, weight) + bias : torch::matmul(x, weight);
   if (rank_ > 0) {
     torch::Tensor a = torch::nn::functional::linear(flowrun::dropout(x, dropout_), lora_A->weight);
     y = y + torch::nn::functional::linear(a, lora_B->weight) * scale();
@@ -70,7 +76,8 @@ void LinearImpl::merge_adapter() {
   if (rank_ == 0) return;
   {
     torch::NoGradGuard no_grad;
-    weight.add_(torch::mm(lora_B->weight, lora_A->weight).to(weight.dtype()), scale());
+    const torch::Tensor delta = torch::mm(lora_B->weight, lora_A->weight);  // [out, in]
+    weight.add_((fan_in_fan_out_ ? delta.t() : delta).to(weight.dtype()), scale());
   }
   unregister_module("lora_A");
   unregister_module("lora_B");
@@ -181,7 +188,14 @@ PeftFiles peft_files(const ModelState& model, const std::string& base_model) {
   j["bias"] = "none";
   j["base_model_name_or_path"] = base_model.empty() ? nlohmann::json(nullptr) : nlohmann::json(base_model);
   j["task_type"] = nullptr;
-  j["fan_in_fan_out"] = false;
+  // HF Conv1D layers (GPT-2's) are fan_in_fan_out; PEFT's config has one flag for all.
+  bool transposed = false;
+  for (const auto& [name, lin] : adapted_layers(*model.module)) transposed = transposed || lin->fan_in_fan_out();
+  for (const auto& [name, lin] : adapted_layers(*model.module))
+    if (lin->fan_in_fan_out() != transposed)
+      throw std::runtime_error("lora: the adapted layers mix Linear and Conv1D layouts ('" + name +
+                               "'); PEFT's adapter_config has one fan_in_fan_out");
+  j["fan_in_fan_out"] = transposed;
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
   j["modules_to_save"] = nullptr;

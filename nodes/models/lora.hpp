@@ -57,9 +57,15 @@ TORCH_MODULE(Factor);
 
 // torch::nn::Linear's parameters and math, plus an optional adapter. reset() only allocates
 // (the model's init or a load fills the values), so clone() draws no random numbers.
+// fan_in_fan_out: Hugging Face's Conv1D layout instead (GPT-2): weight [in, out], y = x W + b;
+// the adapter's A and B keep their shapes ([rank, in], [out, rank]), as PEFT's for a Conv1D
+// (its adapter_config says fan_in_fan_out: true).
 class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
  public:
-  LinearImpl(int64_t in, int64_t out, bool bias = true) : in_(in), out_(out), has_bias_(bias) { reset(); }
+  LinearImpl(int64_t in, int64_t out, bool bias = true, bool fan_in_fan_out = false)
+      : in_(in), out_(out), has_bias_(bias), fan_in_fan_out_(fan_in_fan_out) {
+    reset();
+  }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
 
@@ -76,18 +82,25 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   const std::string& target() const { return target_; }
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  bool fan_in_fan_out() const { return fan_in_fan_out_; }
 
   torch::Tensor weight, bias;           // bias undefined without one
   Factor lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
 
  private:
   int64_t in_, out_;
-  bool has_bias_;
+  bool has_bias_, fan_in_fan_out_;
   int64_t rank_ = 0;
   double alpha_ = 0.0, dropout_ = 0.0;
   std::string target_;
 };
 TORCH_MODULE(Linear);
+
+// True for an adapter's parameter name ("h.0.attn.c_attn.lora_A.weight"): what a base model's
+// file lacks (a loader's `optional`) and a model's init leaves to apply_lora.
+inline bool is_adapter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
 
 // True when `name` matches target `t` (name == t or name ends with "." + t).
 bool matches(const std::string& name, const std::string& target);

@@ -2,9 +2,9 @@
 // module: models/mlp.hpp. Schema: schemas/mlp.yaml. Test: tests/nodes/mlp_test.cpp.
 #include <spdlog/fmt/fmt.h>
 
-#include "common/device.hpp"
 #include "common/memory.hpp"
 #include "models/mlp.hpp"
+#include "models/model_node.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -17,11 +17,11 @@ class MlpNode : public Node {
     mlp::Config c;
     p.read<int64_t>({{"in_dim", &c.in_dim}, {"hidden", &c.hidden}, {"layers", &c.layers}, {"out_dim", &c.out_dim}});
     c.activation = p.get<std::string>("activation");
-    check_model_fits(ctx.who(), fmt::format("{} layers of {}, {} in, {} out", c.layers, c.hidden, c.in_dim, c.out_dim),
-                     mlp::parameter_count(c));
-    std::shared_ptr<ModelState> state = mlp::make(c, node_seed(ctx));
-    state->module->to(run_device(ctx.run()));  // initialised on the CPU (seeded, device-independent), then placed
-    ctx.own_state("params", state);
+    const std::string what = fmt::format("{} layers of {}, {} in, {} out", c.layers, c.hidden, c.in_dim, c.out_dim);
+    check_model_fits(ctx.who(), what, mlp::parameter_count(c));
+    const uint64_t seed = node_seed(ctx);
+    // Initialised on the CPU (seeded, device-independent), then placed.
+    own_model(ctx, mlp::make(c, seed), what, "init, seed " + std::to_string(seed));
   }
 
   void run(StepContext&) override {}  // parameters change only through the optimizer

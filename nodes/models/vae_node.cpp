@@ -2,14 +2,12 @@
 // graphs/vae.yaml; objective vae_loss trains it, vae_recon shows and scores its reconstructions,
 // and the checkpoint's files load by name into vae_encode and the sampler's `vae`.
 // Schema: schemas/vae.yaml. Test: tests/nodes/vae_loss_test.cpp, graph_vae_test.cpp.
-#include <spdlog/spdlog.h>
-
 #include <filesystem>
 
-#include "common/device.hpp"
 #include "common/files.hpp"
 #include "common/pretrained.hpp"
 #include "encode/vae_encode.hpp"
+#include "models/model_node.hpp"
 #include "models/vae.hpp"
 #include "registry.hpp"
 
@@ -44,15 +42,9 @@ class VaeNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
-    if (ctx.run().rank == 0) {
-      int64_t n = 0;
-      for (const auto& t : model->parameters()) n += t.numel();
-      spdlog::info("{}: {:.2f}M parameters, all trainable ({}, /{} per side; {})", ctx.who(),
-                   static_cast<double>(n) / 1e6, describe(cfg), cfg.downsample_factor(),
-                   weights.empty() ? "init, seed " + std::to_string(seed) : "weights from " + weights);
-    }
-    model->to(run_device(ctx.run()));  // initialised or loaded on the CPU, then placed
-    ctx.own_state("params", std::static_pointer_cast<ModelState>(make_vae_state(model, /*frozen=*/false)));
+    own_model(ctx, make_vae_state(model, /*frozen=*/false),
+              describe(cfg) + ", /" + std::to_string(cfg.downsample_factor()) + " per side",
+              weights.empty() ? "init, seed " + std::to_string(seed) : "weights from " + weights);
   }
 
   void run(StepContext&) override {}  // parameters change only through the optimizer

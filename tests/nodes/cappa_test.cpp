@@ -12,6 +12,7 @@
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/cappa.hpp"
+#include "models/lora.hpp"
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
@@ -66,6 +67,46 @@ TEST(Cappa, NamesShapesAndInit) {
                      {"attention_mask", torch::tensor({{1, 1, 1, 1, 0}, {1, 1, 1, 0, 0}}, torch::kLong)}};
   auto state = cappa::make_state(m);
   EXPECT_NEAR(CaptionLoss(CaptionLoss::Options{}).loss(*state, batch).item<double>(), std::log(11.0), 1e-5);
+}
+
+// LoRA on a CapPa (models/model_node.hpp gives every family the same `lora:`): adapters on the
+// encoder's attention and the decoder's cross-attention queries and head, the base frozen, the
+// model unchanged at the adapters' init (B = 0) and changed once B is not zero, and PEFT files
+// with CapPa's module names (Linear layout: fan_in_fan_out false).
+TEST(Cappa, LoraAdaptsItsLinearLayers) {
+  cappa::Cappa m(tiny_config());
+  randomize(*m, 3);
+  auto state = cappa::make_state(m);
+  const TensorMap batch = {{"image", torch::randn({2, 3, 16, 16}, make_cpu_generator(4))},
+                           {"input_ids", torch::tensor({{2, 5, 6, 3, 0}, {2, 7, 3, 0, 0}}, torch::kLong)},
+                           {"attention_mask", torch::tensor({{1, 1, 1, 1, 0}, {1, 1, 1, 0, 0}}, torch::kLong)}};
+  const CaptionLoss::Options no_parallel = [] {
+    CaptionLoss::Options o;
+    o.masked_pred_prob = 0;
+    return o;
+  }();
+  const double before = CaptionLoss(no_parallel).loss(*state, batch).item<double>();
+  lora::Config lc;
+  lc.rank = 2, lc.alpha = 4, lc.targets = {"attn.qkv", "cross_attn.q", "head"};
+  const std::vector<std::string> adapted = lora::apply_lora(*m, lc, 5);
+  EXPECT_EQ(adapted.size(), 2u + 2u + 1u);  // two encoder blocks, two decoder blocks, the head
+  int64_t trainable = 0;
+  for (const auto& [name, t] : m->named_parameters(true).pairs()) {
+    EXPECT_EQ(t.requires_grad(), lora::is_adapter(name)) << name;
+    trainable += t.requires_grad() ? 1 : 0;
+  }
+  EXPECT_EQ(trainable, 10);
+  EXPECT_EQ(CaptionLoss(no_parallel).loss(*state, batch).item<double>(), before);  // B = 0: the base's function
+  {
+    torch::NoGradGuard ng;
+    for (const auto& [name, layer] : lora::adapted_layers(*m)) layer->lora_B->weight.fill_(0.1);
+  }
+  EXPECT_NE(CaptionLoss(no_parallel).loss(*state, batch).item<double>(), before);
+  const lora::PeftFiles f = lora::peft_files(*state);
+  EXPECT_EQ(f.tensors.count("base_model.model.decoder.blocks.1.cross_attn.q.lora_A.weight"), 1u);
+  EXPECT_EQ(f.tensors.at("base_model.model.encoder.blocks.0.attn.qkv.lora_B.weight").sizes().vec(),
+            (std::vector<int64_t>{96, 2}));
+  EXPECT_NE(f.config_json.find("\"fan_in_fan_out\": false"), std::string::npos) << f.config_json;
 }
 
 // Autoregressive rows are causal: a later input cannot change an earlier output. Parallel

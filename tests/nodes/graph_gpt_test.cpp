@@ -11,7 +11,13 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "common/files.hpp"
+#include "common/safetensors.hpp"
 #include "data_test_helpers.hpp"
+#include "models/gpt.hpp"
+#include "models/lora.hpp"
 #include "support/run_graph.hpp"
 
 using namespace flowrun;
@@ -43,4 +49,76 @@ TEST(GraphGpt, TinyConfigLearnsFortunesBelow2p4NatsPerByte) {
   EXPECT_GT(first_loss, val_loss + 0.4);
   EXPECT_LT(val_loss, 2.4);
   EXPECT_TRUE(std::filesystem::exists(r.out_dir + "/checkpoints/step_00000600/manifest.json"));
+}
+
+// A GPT LoRA fine-tune by graph file: graphs/gpt.yaml (tiny, by overrides) trains a base, then
+// the same file with `model.lora` and the base's checkpoint as `model.weights` fine-tunes it.
+// Only the adapters train (every base tensor of its checkpoint equals the base's, bit for bit),
+// the loss falls, and the checkpoint exports each model's adapters as a PEFT folder for GPT-2
+// (fan_in_fan_out: HF Conv1D layers; GPT-2's module names), which `model.adapters` loads back
+// into the function the run ended with.
+TEST(GraphGpt, LoraFineTunesAFrozenBaseAndExportsPeftAdapters) {
+  const std::string src = FLOWRUN_SOURCE_DIR;
+  const std::string shards = src + "/data/text/fortunes_byte";
+  FLOWRUN_NEEDS_DATA(shards + ".train.bin");
+  const std::string graph = test::read_text(src + "/graphs/gpt.yaml");
+  const std::vector<std::string> tiny = {"data.path=" + shards, "data.seq_len=32", "data.batch=16", "model.layers=2",
+                                         "model.dim=64", "model.heads=4", "model.vocab=256", "model.context=32",
+                                         "opt.warmup=0", "opt.schedule=constant", "run.log_every=10",
+                                         "eval.every=100000", "evlog.every=100000", "run.prefetch=1"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), tiny.begin(), tiny.end());
+    return more;
+  };
+  auto base = test::run_graph_text(graph, with({"opt.lr=3e-3", "run.steps=60", "ckpt.every=60"}));
+  const std::string base_params = base.out_dir + "/checkpoints/latest/model.params.safetensors";
+  auto lora = test::run_graph_text(
+      graph, with({"opt.lr=1e-2", "run.steps=60", "ckpt.every=60", "ckpt.exports=true", "model.weights=" + base_params,
+                        "model.lora.rank=4", "model.lora.alpha=8", "model.lora.targets=[c_attn, attn.c_proj]"}));
+  std::vector<double> losses;
+  for (const auto& j : lora.metrics)
+    if (j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  ASSERT_GE(losses.size(), 3u);
+  EXPECT_LT(losses.back(), losses.front() - 0.05) << "the adapters did not lower the loss";
+
+  const std::string folder = lora.out_dir + "/checkpoints/step_00000060";
+  const safetensors::File b = safetensors::load(resolve_latest(base_params));
+  const safetensors::File t = safetensors::load(folder + "/model.params.safetensors");
+  int adapters = 0;
+  for (const auto& [k, v] : t.tensors) {
+    if (lora::is_adapter(k)) {
+      ++adapters;
+      continue;
+    }
+    ASSERT_TRUE(b.tensors.count(k)) << k;
+    EXPECT_TRUE(torch::equal(v, b.tensors.at(k))) << k << " moved: only the adapters train";
+  }
+  EXPECT_EQ(adapters, 2 * 2 * 2);  // 2 layers x (c_attn, c_proj) x (A, B)
+
+  // The PEFT folders (the model and its EMA both have adapters: one folder each).
+  const std::string peft = folder + "/model.params";
+  const nlohmann::json cfg = nlohmann::json::parse(std::ifstream(peft + "/adapter_config.json"));
+  EXPECT_EQ(cfg["r"], 4);
+  EXPECT_EQ(cfg["lora_alpha"], 8.0);
+  EXPECT_EQ(cfg["fan_in_fan_out"], true);
+  EXPECT_EQ(cfg["target_modules"], (std::vector<std::string>{"c_attn", "attn.c_proj"}));
+  const safetensors::File a = safetensors::load(peft + "/adapter_model.safetensors");
+  EXPECT_EQ(a.tensors.at("base_model.model.h.0.attn.c_attn.lora_A.weight").sizes().vec(), (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(a.tensors.at("base_model.model.h.1.attn.c_attn.lora_B.weight").sizes().vec(), (std::vector<int64_t>{192, 4}));
+  EXPECT_TRUE(std::filesystem::exists(folder + "/ema.params/adapter_model.safetensors"));
+
+  // The base plus the exported adapters is the model the run ended with.
+  gpt::Config c;
+  c.layers = 2, c.dim = 64, c.heads = 4, c.vocab = 256, c.context = 32;
+  gpt::Gpt ended(c), reloaded(c);
+  auto ended_state = gpt::make_state(ended), reloaded_state = gpt::make_state(reloaded);
+  lora::Config lc;
+  lc.rank = 4, lc.alpha = 8, lc.targets = {"c_attn", "attn.c_proj"};
+  lora::apply_lora(*ended, lc, 0);
+  gpt::load_hf_safetensors(*ended, folder + "/model.params.safetensors");
+  gpt::load_hf_safetensors(*reloaded, resolve_latest(base_params));
+  lora::load_peft(*reloaded_state, peft);
+  const torch::Tensor tokens = torch::randint(256, {2, 17}, torch::kLong);
+  torch::NoGradGuard no_grad;
+  EXPECT_TRUE(torch::equal(ended_state->forward({{"tokens", tokens}}), reloaded_state->forward({{"tokens", tokens}})));
 }

@@ -17,7 +17,7 @@ namespace flowrun::test {
 inline torch::Tensor hf_gpt2_reference_forward(gpt::GptImpl& m, const torch::Tensor& input_ids) {
   const gpt::Config& c = m.config();
   const int64_t B = input_ids.size(0), T = input_ids.size(1), C = c.dim, H = c.heads, D = C / H;
-  auto conv1d = [](const torch::Tensor& x, gpt::Conv1DImpl& l) {  // HF Conv1D.forward
+  auto conv1d = [](const torch::Tensor& x, lora::LinearImpl& l) {  // HF Conv1D.forward
     auto size_out = x.sizes().vec();
     size_out.back() = l.weight.size(1);
     return torch::addmm(l.bias, x.view({-1, x.size(-1)}), l.weight).view(size_out);

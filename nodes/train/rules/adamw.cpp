@@ -48,10 +48,6 @@ FLOWRUN_NO_FP_CONTRACT_END
 void adamw_cpu_kernel(const AdamwPiece&, int64_t, int64_t) {}
 #endif
 
-bool cpu_fp32(const torch::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
-}
-
 class AdamW : public UpdateRule {
  public:
   explicit AdamW(const Params& p) : b1_(p.get<double>("beta1")), b2_(p.get<double>("beta2")), eps_(p.get<double>("eps")) {}
@@ -148,7 +144,7 @@ class AdamW : public UpdateRule {
       const torch::Tensor& p = b.params[i].second;
       const torch::Tensor& g = b.grads[i];
       OptimizerState::Slot& s = b.state.slots[i];
-      if (!cpu_fp32(p) || !cpu_fp32(g) || !cpu_fp32(s.m[0]) || !cpu_fp32(s.m[1])) continue;
+      if (!rules::cpu_fp32(p) || !rules::cpu_fp32(g) || !rules::cpu_fp32(s.m[0]) || !rules::cpu_fp32(s.m[1])) continue;
       s.step += 1;
       const double t = static_cast<double>(s.step);
       const double bc1 = 1.0 - std::pow(b1_, t), bc2 = 1.0 - std::pow(b2_, t);

@@ -4,6 +4,7 @@
 // depend on where a range starts or ends.
 #pragma once
 #include <ATen/Parallel.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +13,11 @@
 #include "common/cpu_simd.hpp"
 
 namespace flowrun::rules {
+
+// What the CPU kernels take: a defined, contiguous fp32 tensor on the CPU.
+inline bool cpu_fp32(const torch::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
+}
 
 // Runs fn(piece, begin, end) over the elements of all pieces (each with a member `n`, its
 // element count) as one index range, cut into chunks of kChunk elements that the OpenMP threads

@@ -38,10 +38,6 @@ FLOWRUN_NO_FP_CONTRACT_END
 void sgd_cpu_kernel(const SgdPiece&, int64_t, int64_t) {}
 #endif
 
-bool cpu_fp32(const torch::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.is_contiguous();
-}
-
 class Sgd : public UpdateRule {
  public:
   explicit Sgd(const Params& p) : momentum_(p.get<double>("momentum")) {}
@@ -68,7 +64,7 @@ class Sgd : public UpdateRule {
       const torch::Tensor& p = b.params[i].second;
       const torch::Tensor& g = b.grads[i];
       OptimizerState::Slot& s = b.state.slots[i];
-      if (!cpu_fp32(p) || !cpu_fp32(g) || (momentum && !cpu_fp32(s.m[0]))) continue;
+      if (!rules::cpu_fp32(p) || !rules::cpu_fp32(g) || (momentum && !rules::cpu_fp32(s.m[0]))) continue;
       s.step += 1;
       const float decay = b.weight_decay > 0 && s.decays(p) ? static_cast<float>(1.0 - b.lr * b.weight_decay) : 1.0f;
       pieces.push_back({p.data_ptr<float>(), g.data_ptr<float>(), momentum ? s.m[0].data_ptr<float>() : nullptr,
