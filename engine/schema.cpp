@@ -268,15 +268,19 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
     diags.error(mark_of(n, origin), path, "an enum parameter needs values: [...]");
   if (n["items"]) ps.items = std::make_shared<ParamSchema>(parse_param_schema("item", n["items"], origin, path + ".items", diags));
   if (n["when"]) {
-    const YAML::Node& w = n["when"];
-    if (!w.IsMap() || w.size() != 1 || !(w.begin()->second.IsScalar() || w.begin()->second.IsSequence())) {
+    const YAML::Node w = n["when"];
+    // Copies of the one entry (an iterator's -> points into the iterator, a temporary here).
+    const bool one = w.IsMap() && w.size() == 1;
+    const YAML::Node key = one ? YAML::Node(w.begin()->first) : YAML::Node();
+    const YAML::Node value = one ? YAML::Node(w.begin()->second) : YAML::Node();
+    if (!one || !key.IsScalar() || !(value.IsScalar() || value.IsSequence())) {
       diags.error(mark_of(w, origin), path + ".when", "when: names one sibling parameter and its value(s), e.g. { kind: adamw }");
     } else {
-      ps.when_param = w.begin()->first.as<std::string>();
-      if (w.begin()->second.IsScalar())
-        ps.when_values.push_back(w.begin()->second.as<std::string>());
+      ps.when_param = key.as<std::string>();
+      if (value.IsScalar())
+        ps.when_values.push_back(value.as<std::string>());
       else
-        for (const auto& v : w.begin()->second) ps.when_values.push_back(v.as<std::string>());
+        for (const auto& v : value) ps.when_values.push_back(v.as<std::string>());
     }
   }
   if (n["group"]) {
@@ -484,6 +488,8 @@ YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node
                         (known.empty() ? "; this takes no parameters" : "; known: " + join(known)));
         continue;
       }
+      // A choice's settings set to null (`opt.adamw=null` on the command line): as if not given.
+      if (!ps->when_param.empty() && it->second.IsNull()) continue;
       out[k] = check_param(*ps, it->second, file, prefix + k, diags);
     }
   }
@@ -503,14 +509,14 @@ YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node
     if (p.when_param.empty() || !out[p.when_param] || !out[p.when_param].IsScalar()) continue;
     const std::string chosen = out[p.when_param].Scalar();
     if (std::find(p.when_values.begin(), p.when_values.end(), chosen) != p.when_values.end()) continue;
-    if (!(map && map.IsMap() && map[p.name])) {
+    if (!(map && map.IsMap() && map[p.name] && !map[p.name].IsNull())) {
       out.remove(p.name);
       continue;
     }
     diags.error(mark_of(map[p.name], file), prefix + p.name,
                 "'" + p.name + "' applies with " + p.when_param + ": " + join(p.when_values) + " only, and " +
-                    p.when_param + " is " + chosen + ": drop '" + p.name + "', or set " + p.when_param + ": " +
-                    p.when_values.front());
+                    p.when_param + " is " + chosen + ": drop '" + p.name + "' (or set it to null), or set " +
+                    p.when_param + ": " + p.when_values.front());
   }
   return out;
 }

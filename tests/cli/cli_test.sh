@@ -71,6 +71,11 @@ overrides_and_print_config)
   expect_out "prefetch: 2"          # defaults are filled in
   expect_out "beta2: 0.999"         # the adamw rule's settings, filled in too
   grep -q "momentum:" "$tmp/out" && fail "--print-config lists the settings of a rule the graph does not use"
+  # Another update rule from the command line: the file's adamw settings are refused with it,
+  # and dropped by setting them to null.
+  expect_code 2 "$flowrun" validate graphs/gpt.yaml opt.kind=sgd
+  expect_out "'adamw' applies with kind: adamw only, and kind is sgd: drop 'adamw' (or set it to null)"
+  expect_code 0 "$flowrun" validate graphs/gpt.yaml opt.kind=sgd opt.adamw=null
   expect_code 2 "$flowrun" graphs/regression.yaml opt.lrr=0.5
   expect_out "command line: nodes.opt.with.lrr: unknown parameter 'lrr' (did you mean 'lr'?)"
   expect_code 2 "$flowrun" graphs/regression.yaml run.steps=lots

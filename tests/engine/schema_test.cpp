@@ -66,8 +66,13 @@ params:
   Diagnostics d;
   YAML::Node out = check("{ b: { y: 5 } }", d);  // kind a (the default) with b's settings
   ASSERT_FALSE(d.empty());
-  EXPECT_NE(d.str().find("with.b: 'b' applies with kind: b only, and kind is a: drop 'b', or set kind: b"), std::string::npos)
+  EXPECT_NE(d.str().find("with.b: 'b' applies with kind: b only, and kind is a: drop 'b' (or set it to null), or set kind: b"),
+            std::string::npos)
       << d.str();
+  Diagnostics dropped;  // null: as if not given (an override can set null, not remove a key)
+  out = check("{ b: null }", dropped);
+  EXPECT_TRUE(dropped.empty()) << dropped.str();
+  EXPECT_FALSE(out["b"]);
   Diagnostics ok;
   out = check("{ kind: b, b: { y: 5 } }", ok);
   EXPECT_TRUE(ok.empty()) << ok.str();

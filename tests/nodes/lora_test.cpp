@@ -147,6 +147,35 @@ TEST(Lora, MergeFoldsAdaptersIntoTheBase) {
   EXPECT_LT((plain->forward_batch(b) - y).abs().max().item<double>(), 1e-5);
 }
 
+// HF's Conv1D layout (GPT-2's projections: weight [in, out], y = x W + b), fan_in_fan_out: the
+// same function as a Linear holding the transposed weight, with and without an adapter, and its
+// merge folds (B A)^T into the [in, out] weight.
+TEST(Lora, TheConv1DLayoutIsTheTransposedLinear) {
+  lora::Linear conv(6, 4, /*bias=*/true, /*fan_in_fan_out=*/true), lin(6, 4);
+  EXPECT_EQ(conv->weight.sizes().vec(), (std::vector<int64_t>{6, 4}));
+  {
+    torch::NoGradGuard ng;
+    conv->weight.copy_(torch::randn({6, 4}, make_cpu_generator(1)));
+    conv->bias.copy_(torch::randn({4}, make_cpu_generator(2)));
+    lin->weight.copy_(conv->weight.t());
+    lin->bias.copy_(conv->bias);
+  }
+  const torch::Tensor x2 = torch::randn({5, 6}, make_cpu_generator(3)), x3 = torch::randn({2, 5, 6}, make_cpu_generator(4));
+  EXPECT_TRUE(torch::allclose(conv(x2), lin(x2), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(conv(x3), lin(x3), 1e-6, 1e-6));
+  conv->add_adapter(2, 4.0, 0.0, "c_attn");
+  {
+    torch::NoGradGuard ng;
+    conv->lora_A->weight.copy_(torch::randn({2, 6}, make_cpu_generator(5)));
+    conv->lora_B->weight.copy_(torch::randn({4, 2}, make_cpu_generator(6)));
+  }
+  const torch::Tensor adapted = conv(x2);
+  EXPECT_GT((adapted - lin(x2)).abs().max().item<double>(), 1e-3);  // the adapter acts
+  conv->merge_adapter();
+  EXPECT_FALSE(conv->has_adapter());
+  EXPECT_TRUE(torch::allclose(conv(x2), adapted, 1e-5, 1e-5));
+}
+
 TEST(Lora, CloneKeepsAdaptersAndFrozenFlags) {
   auto m = base_model();
   lora::apply_lora(*m->module, kCfg, 5);

@@ -515,10 +515,12 @@ nodes:
 TEST(UpdateRules, TheCheckerRefusesAnotherRulesSettings) {
   std::string e = graph_error("{ kind: sgd, lr: 0.1,\n                   adamw: { beta1: 0.8 } }");
   EXPECT_NE(e.find("graph.yaml:10:"), std::string::npos) << e;  // the line of adamw:
-  EXPECT_NE(e.find("nodes.opt.with.adamw: 'adamw' applies with kind: adamw only, and kind is sgd: drop 'adamw', or set "
-                   "kind: adamw"),
+  EXPECT_NE(e.find("nodes.opt.with.adamw: 'adamw' applies with kind: adamw only, and kind is sgd: drop 'adamw' (or set "
+                   "it to null), or set kind: adamw"),
             std::string::npos)
       << e;
+  // Set to null (what an override can do: opt.adamw=null), it is as if not given.
+  EXPECT_EQ(graph_error("{ kind: sgd, adamw: null }"), "");
   e = graph_error("{ kind: adamw, beta2: 0.95 }");
   EXPECT_NE(e.find("unknown parameter 'beta2'; it is a field of a map: did you mean 'adamw.beta2'?"), std::string::npos) << e;
   e = graph_error("{ kind: lamb }");
