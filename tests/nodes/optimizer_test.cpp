@@ -304,17 +304,21 @@ TEST(GradShard, EachRankGetsItsPiecesOfTheAverage) {
     }
 }
 
-TEST(OptimizerNode, DivergedRunStopsWithTheStep) {
-  try {
-    test::run_graph_text(R"(flowrun: 1
-run: { steps: 50 }
+// A regression graph of `steps` steps whose optimizer has `with` (a flow map).
+std::string optimizer_graph(const std::string& with, int steps = 1) {
+  return "flowrun: 1\nrun: { steps: " + std::to_string(steps) + R"( }
 nodes:
   data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 16 } }
   model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 2, out_dim: 1 } }
   loss:  { type: mse_loss }
   fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
-  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 1.0e+30 } }
-)");
+  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params },
+           with: )" + with + " }\n";
+}
+
+TEST(OptimizerNode, DivergedRunStopsWithTheStep) {
+  try {
+    test::run_graph_text(optimizer_graph("{ kind: sgd, lr: 1.0e+30 }", 50));
     FAIL() << "a diverging run must stop";
   } catch (const NodeError& e) {
     EXPECT_EQ(e.node, "opt");
@@ -462,16 +466,7 @@ namespace {
 
 std::string graph_error(const std::string& opt_with) {
   try {
-    test::load_graph_text(R"(flowrun: 1
-run: { steps: 1 }
-nodes:
-  data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 4 } }
-  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1, out_dim: 1 } }
-  loss:  { type: mse_loss }
-  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
-  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params },
-           with: )" + opt_with + R"( }
-)");
+    test::load_graph_text(optimizer_graph(opt_with));
   } catch (const GraphError& e) {
     return e.what();
   }
@@ -495,15 +490,7 @@ TEST(UpdateRules, EachKindIsARuleWithItsOwnGroup) {
   for (const char* kind : {"adamw", "sgd", "adafactor"})
     EXPECT_NE(std::find(s.param("kind")->values.begin(), s.param("kind")->values.end(), kind), s.param("kind")->values.end());
   // The checked parameters hold the chosen rule's settings, defaults filled, and no other's.
-  auto g = test::load_graph_text(R"(flowrun: 1
-run: { steps: 1 }
-nodes:
-  data:  { type: synthetic_regression, with: { in_dim: 4, out_dim: 1, batch: 4 } }
-  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1, out_dim: 1 } }
-  loss:  { type: mse_loss }
-  fb:    { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
-  opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, sgd: { momentum: 0.5 } } }
-)");
+  auto g = test::load_graph_text(optimizer_graph("{ kind: sgd, sgd: { momentum: 0.5 } }"));
   const YAML::Node with = g->spec->nodes[static_cast<size_t>(g->spec->index_of("opt"))].params;
   EXPECT_EQ(with["sgd"]["momentum"].as<double>(), 0.5);
   EXPECT_FALSE(with["adamw"]);
