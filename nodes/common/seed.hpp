@@ -33,12 +33,25 @@ inline uint64_t name_seed(const std::string& s) { return fnv1a(s); }
 // A CPU generator of its own (thread-safe to use from one node; independent of torch's global one).
 inline at::Generator make_cpu_generator(uint64_t seed) { return at::detail::createCPUGenerator(seed); }
 
-// Tags that keep the streams of different uses of one seed apart.
+// Tags that keep the streams of different uses of one seed apart: mix_seed({seed, tag, ...}).
+// Every use's tag is here, once (a new use adds its own; kSeedTags lists them for the test that
+// they differ). The values are the names' ASCII bytes, so a checkpoint's draws never change.
 enum : uint64_t {
-  kSeedTagTeacher = 0x7465616368ull,  // "teach"
-  kSeedTagBatch = 0x6261746368ull,    // "batch"
-  kSeedTagInit = 0x696e6974ull,       // "init"
-  kSeedTagEpoch = 0x65706f6368ull,    // "epoch": the data readers' shuffle of an epoch
+  kSeedTagTeacher = 0x7465616368ull,     // "teach": synthetic_regression's teacher network
+  kSeedTagBatch = 0x6261746368ull,       // "batch": synthetic data's batches
+  kSeedTagInit = 0x696e6974ull,          // "init": a model's initialisation
+  kSeedTagEpoch = 0x65706f6368ull,       // "epoch": the data readers' shuffle of an epoch
+  kSeedTagDropout = 0x64726f706f7574ull, // "dropout": TrainingScope's dropout stream (models/dropout.hpp)
+  kSeedTagRows = 0x726f7773ull,          // "rows": TrainingScope::row_seed, per global row
+  kSeedTagDiffusion = 0x646966667573ull, // "diffus": diffusion's t and noise outside training
+  kSeedTagCaption = 0x636170706100ull,   // "cappa": caption_loss's per-row draws
+  kSeedTagLora = 0x6c6f7261ull,          // "lora": the adapters' A init
+  kSeedTagBuckets = 0x6275636b6574ull,   // "bucket": image_text_shards' bucket order
+  kSeedTagFlip = 0x666c6970ull,          // "flip": image_text_shards' flips
+  kSeedTagLatent = 0x7661656c6174ull,    // "vaelat": vae_encode's latent sample
 };
+inline constexpr uint64_t kSeedTags[] = {kSeedTagTeacher, kSeedTagBatch,     kSeedTagInit,    kSeedTagEpoch,
+                                         kSeedTagDropout, kSeedTagRows,      kSeedTagDiffusion, kSeedTagCaption,
+                                         kSeedTagLora,    kSeedTagBuckets,   kSeedTagFlip,    kSeedTagLatent};
 
 }  // namespace flowrun

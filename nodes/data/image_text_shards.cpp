@@ -25,8 +25,6 @@ namespace fs = std::filesystem;
 namespace flowrun {
 
 namespace {
-constexpr uint64_t kSeedTagBuckets = 0x6275636b6574ull;  // "bucket"
-constexpr uint64_t kSeedTagFlip = 0x666c6970ull;         // "flip"
 constexpr uint64_t kProbeBytes = 64 * 1024;
 
 std::string lower(std::string s) {

@@ -16,11 +16,6 @@
 #include "registry.hpp"
 
 namespace flowrun {
-namespace {
-
-constexpr uint64_t kSeedTagLatent = 0x7661656c6174ull;  // "vaelat"
-
-}  // namespace
 
 uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row) {
   return mix_seed({seed, kSeedTagLatent, static_cast<uint64_t>(step), static_cast<uint64_t>(row)});

@@ -24,8 +24,6 @@
 
 namespace flowrun {
 
-// Seed tag for dropout streams (see common/seed.hpp).
-enum : uint64_t { kSeedTagDropout = 0x64726f706f7574ull, kSeedTagRows = 0x726f7773ull };
 
 class TrainingScope {
  public:

@@ -22,8 +22,6 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kPeftPrefix = "base_model.model.";
-enum : uint64_t { kSeedTagLora = 0x6c6f7261ull };
-
 
 }  // namespace
 

@@ -8,8 +8,6 @@
 
 namespace flowrun {
 
-enum : uint64_t { kSeedTagCaption = 0x636170706100ull };  // this objective's per-row draws
-
 CaptionLoss::CaptionLoss(Options o) : o_(std::move(o)) { type = "caption_loss"; }
 
 static CaptionLoss::Options caption_options(const Params& p) {

@@ -9,10 +9,6 @@
 
 namespace flowrun::diffusion {
 
-namespace {
-enum : uint64_t { kSeedTagDiffusion = 0x646966667573ull };
-}
-
 Schedule parse_schedule(const std::string& s) {
   if (s == "linear") return Schedule::linear;
   if (s == "scaled_linear") return Schedule::scaled_linear;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <set>
 
 #include "common/seed.hpp"
 #include "dit_test_helpers.hpp"
@@ -215,3 +216,10 @@ TEST(Diffusion, EachStreamIsDroppedWithItsOwnProbability) {
 
 }  // namespace
 }  // namespace flowrun
+
+// Every use of a seed has its own tag (common/seed.hpp lists them all in one place): no two
+// streams drawn from one seed can coincide by sharing a tag.
+TEST(Seed, EveryTagIsDistinct) {
+  std::set<uint64_t> seen(std::begin(flowrun::kSeedTags), std::end(flowrun::kSeedTags));
+  EXPECT_EQ(seen.size(), std::size(flowrun::kSeedTags));
+}
