@@ -203,10 +203,11 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
   const UpdateRule& rule = *st.rule;
   std::vector<char> done(params.size(), 0);
   UpdateRule::Batch batch{st, params, grads, lr, cfg.weight_decay, coef, 1.0f, torch::Tensor(), done};
+  batch.on_device = rule.on_device(st, params, grads);
 
   // Where the rule updates on the device, a non-finite step's flag goes into its kernel and no
   // host reads it (defer_nonfinite); the count stays on the device too.
-  if (cfg.defer_nonfinite && rule.on_device(st, params, grads)) {
+  if (cfg.defer_nonfinite && batch.on_device) {
     batch.found_inf = norm.isfinite().logical_not().to(torch::kFloat);
     st.nonfinite = st.nonfinite.defined() ? st.nonfinite.add_(batch.found_inf) : batch.found_inf.clone();
     rule.update_many(batch);
@@ -222,7 +223,7 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
     throw NonFiniteGrads("the gradients are not finite (global norm " + std::to_string(norm.item<double>()) +
                          "): the loss diverged or overflowed; lower the lr, add clip, or set skip_nonfinite: true");
   }
-  if (!rule.on_device(st, params, grads)) settle_fused_step(st);  // the paths below count steps on the host
+  if (!batch.on_device) settle_fused_step(st);  // the paths below count steps on the host
   // The clip factor as a number, for CPU kernels (a CPU tensor: reading it costs no sync).
   if (coef.defined() && coef.device().is_cpu()) batch.clip_cpu = coef.item<float>();
   rule.update_many(batch);

@@ -82,6 +82,7 @@ class UpdateRule {
     float clip_cpu;           // the same as a number where it is on the CPU (1: none)
     torch::Tensor found_inf;  // on_device() rules: 1.0 where the step is to be skipped
     std::vector<char>& done;
+    bool on_device = false;   // what on_device() said of this step (asked once, by the optimizer)
   };
   virtual void update_many(Batch& b) const { (void)b; }
 

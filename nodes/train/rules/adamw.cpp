@@ -87,7 +87,7 @@ class AdamW : public UpdateRule {
   }
 
   void update_many(Batch& b) const override {
-    if (on_device(b.state, b.params, b.grads))
+    if (b.on_device)
       fused(b);
     else
       cpu(b);
