@@ -2,6 +2,8 @@
 // Every problem is collected; nothing stops at the first error.
 #include <filesystem>
 #include <set>
+#include <stdexcept>
+#include <type_traits>
 
 #include "plugin.hpp"
 #include "registry.hpp"
@@ -311,7 +313,40 @@ GraphSpec check_graph(const YAML::Node& root, const std::string& file, const std
   if (root["nodes"] && root["nodes"].IsMap() && root["nodes"].size() == 0)
     diags.error(mark_of(root["nodes"], file), "nodes", "the graph has no nodes");
   if (!diags.empty()) throw GraphError(diags);
+  g.settings = run_settings(g.run);
   return g;
+}
+
+RunSettings run_settings(const YAML::Node& run) {
+  RunSettings s;
+  std::set<std::string> read;
+  auto get = [&](const char* key, auto& field) {
+    const YAML::Node v = run[key];
+    if (!v) throw std::logic_error(std::string("run_settings: run.") + key + " is missing (a checked section has every key)");
+    field = v.as<std::remove_reference_t<decltype(field)>>();
+    read.insert(key);
+  };
+  get("steps", s.steps);
+  get("seed", s.seed);
+  get("device", s.device);
+  get("precision", s.precision);
+  get("prefetch", s.prefetch);
+  get("out_dir", s.out_dir);
+  get("log_every", s.log_every);
+  get("threads", s.threads);
+  get("workers", s.workers);
+  get("compute_thread", s.compute_thread);
+  get("trace", s.trace);
+  get("profile", s.profile);
+  get("progress", s.progress);
+  get("stop_grace_s", s.stop_grace_s);
+  get("resume", s.resume);
+  get("comm_timeout_s", s.comm_timeout_s);
+  for (const auto& kv : run)
+    if (!read.count(kv.first.as<std::string>()))
+      throw std::logic_error("run_settings: run." + kv.first.as<std::string>() +
+                             " is in schemas/graph.yaml but not in RunSettings (spec.hpp)");
+  return s;
 }
 
 }  // namespace flowrun

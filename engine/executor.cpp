@@ -786,22 +786,22 @@ struct Executor::Impl : ExecutorCore {
 RunInfo run_info(const GraphSpec& g) {
   RunInfo info;
   info.graph = &g;
-  info.out_dir = g.run["out_dir"].as<std::string>();
+  info.out_dir = g.settings.out_dir;
   info.first_step = 1;
-  info.last_step = g.steps();
-  info.seed = g.run["seed"].as<uint64_t>();
-  info.log_every = g.run["log_every"].as<int>();
+  info.last_step = g.settings.steps;
+  info.seed = g.settings.seed;
+  info.log_every = g.settings.log_every;
   info.rank = comm::rank();
   info.world = comm::size();
-  info.device = g.run["device"].as<std::string>();
+  info.device = g.settings.device;
   return info;
 }
 
 RunOptions run_options(const GraphSpec& g) {
   RunOptions o;
-  o.prefetch = g.run["prefetch"].as<int>();
-  o.workers = g.run["workers"].as<int>();
-  o.compute_thread = g.run["compute_thread"].as<bool>();
+  o.prefetch = g.settings.prefetch;
+  o.workers = g.settings.workers;
+  o.compute_thread = g.settings.compute_thread;
   return o;
 }
 

@@ -32,12 +32,12 @@ struct RunOptions {
   Tracer* tracer = nullptr;                 // optional
   const std::atomic<int>* stop = nullptr;   // > 0: start no new steps (a stop signal)
   // Instead of `stop` where several processes must stop at the same step: called before step s
-  // is admitted, once per step in step order; true = admit no more. (The CLI's ranks agree on
-  // it with one small all-reduce per step, commands.cpp.)
+  // is admitted, once per step in step order; true = admit no more. (A run session's ranks agree on
+  // it with one small all-reduce per step: session/run_session.cpp.)
   std::function<bool(int64_t step)> stop_before;
   std::function<void(int64_t step)> on_step_done;  // called in step order
   // Called once, on the failing node's thread, as soon as the first node fails (before the
-  // steps in flight drain). The CLI ends a multi-process job from here (comm::abort_job).
+  // steps in flight drain). A run session ends a multi-process job from here (comm::abort_job).
   std::function<void(const NodeError&)> on_error;
   // Device streams (device_streams.hpp): nodes enqueue work on their graph stream and the
   // executor orders streams with events. nullptr (CPU): nodes run synchronously.
@@ -47,7 +47,7 @@ struct RunOptions {
   // pool (run.compute_thread). The other nodes (readers, comm, checkpoints) stay on the workers.
   bool compute_thread = false;
   // With compute_thread: called once on each worker thread before the first node it runs
-  // (the CLI limits the math library to one thread there: workers run I/O, not math).
+  // (a run session limits the math library to one thread there: workers run I/O, not math).
   std::function<void()> on_worker_thread;
 };
 

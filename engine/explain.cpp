@@ -90,9 +90,8 @@ std::string explain(const GraphSpec& g, const Registry& reg) {
       }
     }
 
-  const YAML::Node run = g.run;
-  const bool compute_thread = run["compute_thread"] ? run["compute_thread"].as<bool>() : true;
-  const int prefetch = run["prefetch"] ? run["prefetch"].as<int>() : 0;
+  const bool compute_thread = g.settings.compute_thread;
+  const int prefetch = g.settings.prefetch;
   std::ostringstream o;
   o << g.name << " (" << g.file << "): one step, as the program it runs\n\n"
     << "File order is program order. A node starts when everything it waits for is done; nodes\n"

@@ -54,18 +54,43 @@ struct NodeSpec {
   const InputSpec* input(const std::string& port) const;
 };
 
+// The graph's `run:` section, typed: check_graph() fills it from the checked section, so every
+// value here is the file's or its default from schemas/graph.yaml (the one source of defaults:
+// the zeros below are never used). GraphSpec::run keeps the same settings as YAML, for
+// --print-config and the checkpoints' manifests. Adding a key to the schema's run group means
+// adding its field here and its line in run_settings() (check.cpp; RunSettings.* tests).
+struct RunSettings {
+  int64_t steps = 0;
+  uint64_t seed = 0;
+  std::string device;     // as written: auto, cpu, cuda, cuda:N (nodes/common/device.hpp resolves it)
+  std::string precision;  // fp32, bf16
+  int prefetch = 0;
+  std::string out_dir;    // never empty: runs/NAME when the file leaves it empty
+  int log_every = 0;
+  int threads = 0;        // 0: the cores (shared by the ranks on a machine)
+  int workers = 0;        // 0: the cores
+  bool compute_thread = false;
+  std::string trace;      // "" = none
+  bool profile = false;
+  std::string progress;   // auto, on, off
+  int stop_grace_s = 0;   // 0 = no limit
+  std::string resume;     // "", auto, never or a checkpoint folder
+  double comm_timeout_s = 0;
+};
+
 struct GraphSpec {
   std::string file;  // as given
   std::string dir;   // the file's folder (plugin paths are relative to it)
   std::string name;
   YAML::Node root;   // the resolved document (overrides and substitutions applied)
-  YAML::Node run;    // run: checked, defaults filled
+  YAML::Node run;    // run: checked, defaults filled (as YAML; `settings` is the same, typed)
+  RunSettings settings;
   std::vector<std::string> plugins;  // resolved paths
   std::vector<NodeSpec> nodes;       // file order = program order
   std::vector<std::string> overrides;
 
   int index_of(const std::string& node) const;
-  int64_t steps() const { return run["steps"].as<int64_t>(); }
+  int64_t steps() const { return settings.steps; }
 };
 
 // Read FILE, apply `key.path=value` overrides, substitute ${ENV:-default} and ${run.x}.
@@ -77,6 +102,10 @@ YAML::Node parse_graph_file(const std::string& file, const std::vector<std::stri
 // the plugins it names into `reg` first. Every error is collected; throws GraphError if any.
 GraphSpec check_graph(const YAML::Node& root, const std::string& file, const std::vector<std::string>& overrides,
                       Registry& reg);
+
+// The typed settings of a checked `run:` section (every key present, as check_graph leaves it).
+// Throws naming a key the schema has and RunSettings lacks (a flowrun bug).
+RunSettings run_settings(const YAML::Node& run);
 
 // parse_graph_file + check_graph.
 GraphSpec load_graph(const std::string& file, const std::vector<std::string>& overrides, Registry& reg);

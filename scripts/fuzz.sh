@@ -11,6 +11,8 @@
 # docs/testing.md says what to do with a crash (fix it, keep the input as corpus/TARGET/crash-*).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The cores (nproc alone answers $OMP_NUM_THREADS where it is set, and the build would crawl).
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 SECONDS_EACH=${1:-600}
 shift || true
 ALL=(graph overrides safetensors idx tar image manifest wordpiece bpe)
@@ -21,7 +23,7 @@ B=build-fuzz
 [ -f "$B/CMakeCache.txt" ] ||
   CC=clang CXX=clang++ cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DFLOWRUN_TORCH=OFF -DFLOWRUN_FUZZ=ON -DFLOWRUN_SANITIZE=address,undefined
-cmake --build "$B" -j "$(nproc)" --target "${TARGETS[@]/#/fuzz_}"
+cmake --build "$B" -j "$CORES" --target "${TARGETS[@]/#/fuzz_}"
 
 fuzz_one() {
   local t=$1 w=$B/fuzz-work/$1

@@ -9,6 +9,8 @@
 # Options: --no-demo (stop after building), BUILD_DIR=... to build elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The cores (nproc alone answers $OMP_NUM_THREADS where it is set, and the build would crawl).
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 BUILD_DIR=${BUILD_DIR:-build}
 demo=1
 for a in "$@"; do
@@ -48,7 +50,7 @@ fi
 echo "== building flowrun in $BUILD_DIR (the tests: scripts/test.sh)"
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
 rm -f "$BUILD_DIR.cmake.log"
-cmake --build "$BUILD_DIR" -j "$(nproc)" --target flowrun
+cmake --build "$BUILD_DIR" -j "$CORES" --target flowrun
 
 echo "== data: GPT-2 BPE files, fortunes token shards, the shapes image sets (data/)"
 scripts/data.sh "$BUILD_DIR/engine/flowrun"

@@ -12,24 +12,26 @@
 # SANITIZE=0 skips the second folder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The cores (nproc alone answers $OMP_NUM_THREADS where it is set, and the build would crawl).
+CORES=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
 BUILD_DIR=${BUILD_DIR:-build}
 SAN_BUILD_DIR=${SAN_BUILD_DIR:-build-san}
 [ -f "$BUILD_DIR/CMakeCache.txt" ] || cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo
-cmake --build "$BUILD_DIR" -j "$(nproc)"
+cmake --build "$BUILD_DIR" -j "$CORES"
 # The tests that read data/ (token shards, GPT-2's BPE files, the shapes sets) skip without it;
 # here they all run: make it first when it is missing (scripts/setup.sh has, normally).
 [ -f data/shapes/vocab.txt ] && [ -f data/text/fortunes_byte.train.bin ] && [ -f data/gpt2/vocab.json ] ||
   scripts/data.sh "$BUILD_DIR/engine/flowrun"
 # As many tests at once as there are cores; the ones that must run alone (the multi-process
 # cases, the README commands) say so (RUN_SERIAL in their CMakeLists.txt).
-(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@")
+(cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$CORES" "$@")
 [ "${SANITIZE:-1}" = 0 ] && exit 0
 
 [ -f "$SAN_BUILD_DIR/CMakeCache.txt" ] ||
   CC=clang CXX=clang++ cmake -S . -B "$SAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DFLOWRUN_TORCH=OFF -DFLOWRUN_SANITIZE=address,undefined -DFLOWRUN_FUZZ=ON
-cmake --build "$SAN_BUILD_DIR" -j "$(nproc)"
+cmake --build "$SAN_BUILD_DIR" -j "$CORES"
 cd "$SAN_BUILD_DIR"
 # Any sanitizer report fails the test that triggered it (-fno-sanitize-recover, abort_on_error).
 ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1} \
-  ctest --output-on-failure --timeout 600 -j "$(nproc)" "$@"
+  ctest --output-on-failure --timeout 600 -j "$CORES" "$@"

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   flowrun::setup_logging(flowrun::comm::rank(), flowrun::comm::size());
   const int rc = dispatch(args);
   // A rank that fails alone would leave the others waiting in their next collective: end the
-  // whole job (node failures already did this the moment they happened, see cmd_run).
+  // whole job (node failures already did this the moment they happened: session/run_session.cpp).
   // A stop by signal (128 + signal) is agreed by every rank: they finalize normally.
   if (rc != 0 && rc < 128 && flowrun::comm::distributed())
     flowrun::comm::abort_job(flowrun::comm::where() + ": flowrun exited with code " + std::to_string(rc), rc);

@@ -1,4 +1,4 @@
-// Start-up consistency of a multi-process run (torch-free interface: the CLI includes it).
+// Start-up consistency of a multi-process run (torch-free interface: the run session, session/, includes it).
 #pragma once
 
 namespace flowrun {

@@ -4,10 +4,10 @@
 //   cpu      the CPU (nodes run synchronously, no device streams);
 //   cuda     a GPU: the local rank's (mpirun/srun start one process per GPU), modulo the count;
 //   cuda:N   GPU N.
-// Resolution is deterministic, so every node (and the CLI) gets the same answer on its own:
-// nodes call run_device(ctx.run()) for where to create their tensors; the CLI calls
+// Resolution is deterministic, so every node (and the run session) gets the same answer on its own:
+// nodes call run_device(ctx.run()) for where to create their tensors; the run session calls
 // resolve_device() once to report it and make_device_streams() for the executor.
-// Torch-free on purpose (the CLI includes it): c10::Device is only declared here.
+// Torch-free on purpose (session/run_session.cpp includes it): c10::Device is only declared here.
 #pragma once
 #include <memory>
 #include <string>

@@ -1,4 +1,4 @@
-// Process-wide tensor-library settings, callable without including torch (the CLI uses it).
+// Process-wide tensor-library settings, callable without including torch (the run session uses it).
 #pragma once
 #include <cstdint>
 

@@ -104,7 +104,7 @@ class Checkpoint : public Node {
       // Folders a killed run left half-written; `latest` never names them. With
       // run.resume=never (start over, asked for by name) the earlier run's checkpoints are noted,
       // to move aside once this run has one of its own.
-      const bool start_over = c.run().graph && c.run().graph->run["resume"].as<std::string>("") == "never";
+      const bool start_over = c.run().graph && c.run().graph->settings.resume == "never";
       earlier_.clear();
       for (const auto& e : fs::directory_iterator(dir_)) {
         const std::string n = e.path().filename().string();

@@ -58,7 +58,7 @@ std::string missing_states(const ckpt::Manifest& m, const std::set<std::string>&
 }  // namespace
 
 std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir) {
-  const std::string resume = g.run["resume"].as<std::string>("");
+  const std::string& resume = g.settings.resume;
   const auto nodes = checkpoint_nodes(g);
   auto dir_of = [&](const NodeSpec* n) { return (fs::path(out_dir) / n->params["dir"].as<std::string>()).string(); };
   // Complete checkpoints in this graph's folders after `step`: resuming at `step` would write

@@ -1,5 +1,5 @@
 // Resuming a run from a checkpoint (run.resume): which checkpoint, and loading it into the
-// executor's state objects. Torch-free interface: the CLI includes it.
+// executor's state objects. Torch-free interface: the run session (session/) includes it.
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -26,8 +26,8 @@ std::string to_string(Precision p) {
 }
 
 Precision run_precision(const RunInfo& run) {
-  if (!run.graph || !run.graph->run["precision"]) return Precision::fp32;
-  return parse_precision(run.graph->run["precision"].as<std::string>());
+  if (!run.graph || run.graph->settings.precision.empty()) return Precision::fp32;  // a graph made by hand (tests)
+  return parse_precision(run.graph->settings.precision);
 }
 
 void check_precision(Precision p, const c10::Device& device, const std::string& who) {

@@ -89,6 +89,13 @@ run_writes_metrics)
   grep -q '"time":' "$tmp/run/metrics.jsonl" || fail "no time in metrics"
   first=$(loss_at "$tmp/run/metrics.jsonl" 1p); last=$(loss_at "$tmp/run/metrics.jsonl" '$p')
   awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a / 2) }' || fail "loss did not drop: $first -> $last"
+  # run.threads 0 is $OMP_NUM_THREADS where set (as for torch), else the cores; a number is itself.
+  OMP_NUM_THREADS=3 expect_code 0 "$flowrun" graphs/regression.yaml run.steps=1 run.out_dir="$tmp/omp"
+  expect_out "device cpu, 3 intra-op threads"
+  OMP_NUM_THREADS=3 expect_code 0 "$flowrun" graphs/regression.yaml run.steps=1 run.threads=1 run.out_dir="$tmp/one"
+  expect_out "device cpu, 1 intra-op thread,"
+  expect_code 0 env -u OMP_NUM_THREADS "$flowrun" graphs/regression.yaml run.steps=1 run.out_dir="$tmp/cores"
+  expect_out "device cpu, $(getconf _NPROCESSORS_ONLN) intra-op thread"  # (nproc reads OMP_NUM_THREADS)
   ;;
 device_selection)
   # A CPU build (Debian's libtorch): auto and cpu run on the CPU and say so; cuda is refused

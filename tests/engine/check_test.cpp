@@ -70,6 +70,44 @@ TEST(Check, GoodFileBuildsSpecWithDefaults) {
   EXPECT_EQ(l.spec.nodes[3].inputs[0].refs[0].node_index, 1);
 }
 
+// The run: section also comes typed (GraphSpec::settings): the file's values, the schema's
+// defaults for the rest, out_dir filled in; what the CLI, the executor and the nodes read.
+TEST(RunSettings, AreTheCheckedRunSectionTyped) {
+  Loaded l = load_text(kGood, {"run.threads=3", "run.resume=auto", "run.precision=bf16", "run.comm_timeout_s=2.5"});
+  ASSERT_TRUE(l.ok);
+  const RunSettings& s = l.spec.settings;
+  EXPECT_EQ(s.steps, 5);
+  EXPECT_EQ(s.threads, 3);
+  EXPECT_EQ(s.resume, "auto");
+  EXPECT_EQ(s.precision, "bf16");
+  EXPECT_DOUBLE_EQ(s.comm_timeout_s, 2.5);
+  EXPECT_EQ(s.prefetch, 2);  // schemas/graph.yaml's defaults
+  EXPECT_EQ(s.device, "auto");
+  EXPECT_EQ(s.progress, "auto");
+  EXPECT_TRUE(s.compute_thread);
+  EXPECT_EQ(s.out_dir, "runs/good");
+}
+
+// Every key of the schema's run group has its field: a key added to schemas/graph.yaml and not
+// to RunSettings is refused by name (here one added by hand to a checked section).
+TEST(RunSettings, AKeyWithoutAFieldIsRefusedByName) {
+  Loaded l = load_text(kGood);
+  ASSERT_TRUE(l.ok);
+  EXPECT_NO_THROW(run_settings(l.spec.run));
+  YAML::Node run = YAML::Clone(l.spec.run);
+  run["new_setting"] = 1;
+  try {
+    run_settings(run);
+    ADD_FAILURE() << "no error";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("run.new_setting is in schemas/graph.yaml but not in RunSettings"),
+              std::string::npos) << e.what();
+  }
+  run = YAML::Clone(l.spec.run);
+  run.remove("seed");
+  EXPECT_THROW(run_settings(run), std::logic_error);
+}
+
 TEST(Check, MisspeltTopKeyAndRunKey) {
   Loaded l = load_text("flowrun: 1\nrun: { stesp: 5 }\nnodz: {}\nnodes:\n  s: { type: t_source }\n");
   ASSERT_FALSE(l.ok);

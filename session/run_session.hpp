@@ -1,0 +1,56 @@
+// One run of a checked graph, as `flowrun run` does it, in the order it happens. The CLI parses
+// the command line and loads the file; the session does the rest, in three calls:
+//
+//   RunSession s(loaded ? &g : nullptr);   // g: a checked graph (load_graph), or none if it failed
+//   if (auto end = s.start()) return *end; // join the job and agree on the graph with every rank;
+//                                          // threads, device, OUT_DIR and its lock, the trace and
+//                                          // profile paths, the resume point, the logs
+//   return s.close(s.run());               // stop signals, executor (restore, rank sync, progress);
+//                                          // then the profile and the trace
+//
+// Every phase logs why it fails and gives the process exit code: 2 for what must be fixed before
+// anything runs (a setting, a lock, a checkpoint that cannot be resumed), 1 for a failure while
+// running (a node's error, an unwritable trace), 128 + N after stop signal N (Ctrl-C: 130,
+// SIGTERM: 143, SIGUSR1: 138), 0 otherwise, including a run with nothing left to do.
+//
+// Its layer: above the nodes (it resumes through state/, syncs ranks through comm/, places tensors
+// through common/), below the CLI. Torch-free interface.
+#pragma once
+#include <memory>
+#include <optional>
+
+#include "node.hpp"
+
+namespace flowrun {
+
+struct GraphSpec;
+
+class RunSession {
+ public:
+  // `g` outlives the session; nullptr: this rank's file did not load (under mpirun the other
+  // ranks learn it in start(), instead of waiting for this one in their first collective).
+  explicit RunSession(const GraphSpec* g);
+  ~RunSession();
+  RunSession(const RunSession&) = delete;
+  RunSession& operator=(const RunSession&) = delete;
+
+  // Everything before the first step. nullopt: ready to run; else the exit code (and the reason
+  // logged) — 0 when the run is already at run.steps ("nothing to do").
+  std::optional<int> start();
+  // The steps: run.steps - first step + 1 of them, or fewer when a stop signal arrives. Only
+  // after start() returned nullopt. Returns the exit code so far.
+  int run();
+  // Writes what the run collected (run.profile, run.trace); returns `code`, or 1 when that
+  // fails after a run that succeeded.
+  int close(int code);
+
+  const RunInfo& info() const { return info_; }  // after start(): the resolved device, first step
+
+ private:
+  struct Impl;
+  const GraphSpec* g_;
+  RunInfo info_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flowrun
