@@ -23,7 +23,7 @@
 #include "data/image_text_shards.hpp"
 #include "encode/text_encode.hpp"
 #include "encode/tokenize.hpp"
-#include "encode/wordpiece.hpp"
+#include "formats/wordpiece.hpp"
 #include "models/bert.hpp"
 #include "models/dit.hpp"
 #include "registry.hpp"

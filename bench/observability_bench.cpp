@@ -16,8 +16,8 @@
 #include <chrono>
 #include <filesystem>
 
-#include "common/tfevents.hpp"
-#include "data/image_io.hpp"
+#include "formats/tfevents.hpp"
+#include "formats/image_io.hpp"
 #include "profile.hpp"
 #include "spec.hpp"
 #include "trace.hpp"

@@ -106,7 +106,7 @@ class ShapesShards(torch.utils.data.Dataset):
 class WordPiece:
     """BERT's WordPiece over vocab.txt (id = line): lowercase, accents stripped, punctuation split
     off, greedy longest match with ## continuations; [CLS] pieces [SEP], truncated to max_length,
-    padded with [PAD]; attention_mask 1 on tokens (nodes/encode/wordpiece.hpp, text_tokenizer.hpp).
+    padded with [PAD]; attention_mask 1 on tokens (nodes/formats/wordpiece.hpp, text_tokenizer.hpp).
     Without flowrun's CJK and control-character cleaning: the captions are plain lowercase words."""
 
     def __init__(self, vocab_txt, max_length):

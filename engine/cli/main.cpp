@@ -11,7 +11,7 @@
 
 #include "cli/commands.hpp"
 #include "comm.hpp"
-#include "data/prep.hpp"
+#include "prep/prep.hpp"
 #include "log.hpp"
 
 static const char* kUsage =

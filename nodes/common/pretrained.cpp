@@ -6,7 +6,7 @@
 #include <set>
 #include <stdexcept>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "node.hpp"
 
 namespace flowrun {

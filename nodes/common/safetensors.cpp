@@ -1,7 +1,7 @@
 #include "common/safetensors.hpp"
 
-#include "common/files.hpp"
-#include "common/safetensors_header.hpp"
+#include "formats/files.hpp"
+#include "formats/safetensors_header.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

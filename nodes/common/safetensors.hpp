@@ -22,7 +22,7 @@ struct File {
   Metadata metadata;
 };
 
-// PATH may go through a checkpoint's `latest` file (common/files.hpp: resolve_latest).
+// PATH may go through a checkpoint's `latest` file (formats/files.hpp: resolve_latest).
 File load(const std::string& path);
 
 // Writes CPU copies of `tensors` (contiguous) to PATH.tmp, fsyncs, then renames to PATH, so a

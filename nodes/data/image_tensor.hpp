@@ -1,11 +1,11 @@
-// Images (data/image_io.hpp, torch-free) as tensors and back: what the image data node feeds
+// Images (formats/image_io.hpp, torch-free) as tensors and back: what the image data node feeds
 // models and what samplers write.
 #pragma once
 #include <torch/torch.h>
 
 #include <cstdint>
 
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 
 namespace flowrun {
 

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "common/batch_keys.hpp"
 #include "common/device.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
@@ -294,7 +295,7 @@ TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_
     captions->clear();
     for (int64_t id : used) captions->push_back(data.caption(id));
   }
-  return {{"image", out}, {"image_meta_size", meta}, {"style", torch::zeros({n}, torch::kLong)}};
+  return {{"image", out}, {batch_key::image_meta_size, meta}, {batch_key::style, torch::zeros({n}, torch::kLong)}};
 }
 
 // ---- training order --------------------------------------------------------------------------

@@ -51,8 +51,8 @@
 
 #include "common/tensor_map.hpp"
 #include "data/dataset.hpp"
-#include "data/image_io.hpp"
-#include "data/tar.hpp"
+#include "formats/image_io.hpp"
+#include "formats/tar.hpp"
 
 namespace flowrun {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 
 namespace flowrun {
 
@@ -88,8 +88,5 @@ struct ShapesOptions {
 
 // Writes the set; returns the number of images. Throws std::invalid_argument on bad options.
 int64_t write_shapes(const ShapesOptions& opt);
-
-// `flowrun prep shapes ...` (args after "shapes"). Exit code: 0, 2 bad usage, 1 write failure.
-int prep_shapes_command(const std::vector<std::string>& args);
 
 }  // namespace flowrun

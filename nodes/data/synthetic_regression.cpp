@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/batch_keys.hpp"
 #include "common/device.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
@@ -42,10 +43,11 @@ TensorMap SyntheticRegression::batch(int64_t step, int64_t batch_size, int rank,
   torch::Tensor x = torch::randn({rows, in_dim_}, g, torch::kFloat);
   torch::Tensor y = teacher(x);
   if (noise_ > 0) y = y + noise_ * torch::randn({rows, out_dim_}, g, torch::kFloat);
-  if (world == 1) return {{"x", x}, {"y", y}};
+  if (world == 1) return {{batch_key::features, x}, {batch_key::targets, y}};
   // This rank's rows, copied: a view would keep the whole global batch alive downstream.
   const int64_t first = static_cast<int64_t>(rank) * batch_size;
-  return {{"x", x.narrow(0, first, batch_size).clone()}, {"y", y.narrow(0, first, batch_size).clone()}};
+  return {{batch_key::features, x.narrow(0, first, batch_size).clone()},
+          {batch_key::targets, y.narrow(0, first, batch_size).clone()}};
 }
 
 namespace {

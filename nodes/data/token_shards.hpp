@@ -21,7 +21,7 @@
 
 #include "common/tensor_map.hpp"
 #include "data/dataset.hpp"
-#include "data/indexed_dataset.hpp"
+#include "formats/indexed_dataset.hpp"
 
 namespace flowrun {
 

@@ -9,7 +9,7 @@
 // Each text becomes its ids with the tokenizer's special tokens (BERT: [CLS] ... [SEP]; T5: ...
 // </s>), truncated to max_length keeping the special tokens (as Hugging Face's
 // truncation=True, max_length=L does), then padded on the right with the pad id.
-// Implementations: WordPieceTokenizer (encode/wordpiece.hpp), SentencePieceTokenizer
+// Implementations: WordPieceTokenizer (formats/wordpiece.hpp), SentencePieceTokenizer
 // (encode/sentencepiece.hpp). Torch-free (part of the file-format library, tests/formats).
 // Thread-safe: ids() is const and keeps no mutable state.
 #pragma once

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/pretrained.hpp"
 
 namespace flowrun {

@@ -1,7 +1,7 @@
 // The tokenizer nodes: captions (port type `text`, std::vector<std::string>, one per batch row)
 // -> token ids (port type `batch`: {"input_ids", "attention_mask"}, int64 [B, max_length]).
 // One node type per algorithm, each with its own defaults: wordpiece_tokenize (BERT's
-// WordPiece, encode/wordpiece.hpp) and sentencepiece_tokenize (T5/mT5, encode/sentencepiece.hpp).
+// WordPiece, formats/wordpiece.hpp) and sentencepiece_tokenize (T5/mT5, encode/sentencepiece.hpp).
 // Their `tokenizer` state port (type `tokenizer`) holds the std::shared_ptr<TextTokenizer>, for
 // samplers and evaluators that tokenize prompts.
 #pragma once

@@ -27,15 +27,6 @@ struct VaeEncodeOptions {
 // Seed of the sampling noise of global row `row` at `step`.
 uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row);
 
-// The architecture a node states with the shared autoencoder_kl group
-// (schemas/groups/autoencoder_kl.yaml): vae_encode's own parameters, sampler's `vae` map. With
-// the group's `pretrained` (a diffusers AutoencoderKL folder, or a pipeline's: its vae/), the
-// sizes come from its config.json, each one `written` (the group's parameters as the graph
-// wrote them) must agree, and *pretrained_weights is set to its weights file; throws
-// std::runtime_error naming the file otherwise.
-vae::Config autoencoder_kl_config(const Params& group_params, const YAML::Node& written = YAML::Node(),
-                                  std::string* pretrained_weights = nullptr);
-
 // images [B, in_channels, H, W] in [-1, 1] (H, W multiples of the downsampling factor) ->
 // float32 latents [B, latent_channels, H/f, W/f] = (sample or mean) * scaling_factor, on the
 // VAE's device, under NoGradGuard. The images are cast to the VAE's dtype and device.

@@ -1,7 +1,7 @@
-// wordpiece_tokenize: captions -> token ids with BERT's WordPiece (encode/wordpiece.hpp).
+// wordpiece_tokenize: captions -> token ids with BERT's WordPiece (formats/wordpiece.hpp).
 // Schema: schemas/wordpiece_tokenize.yaml. Test: tests/nodes/tokenize_test.cpp.
 #include "encode/tokenize.hpp"
-#include "encode/wordpiece.hpp"
+#include "formats/wordpiece.hpp"
 #include "registry.hpp"
 
 namespace flowrun {

@@ -21,8 +21,8 @@
 #include <filesystem>
 
 #include "comm.hpp"
-#include "common/files.hpp"
-#include "data/image_io.hpp"
+#include "formats/files.hpp"
+#include "formats/image_io.hpp"
 #include "data/image_tensor.hpp"
 #include "encode/tokenize.hpp"
 #include "eval/evaluator.hpp"

@@ -1,5 +1,5 @@
 // metrics: logs scalars by name to OUT_DIR/metrics.jsonl and the console, and with
-// `tensorboard: true` to OUT_DIR/tb/ (common/tfevents.hpp).
+// `tensorboard: true` to OUT_DIR/tb/ (formats/tfevents.hpp).
 // Schema: schemas/metrics.yaml. Tests: tests/nodes/metrics_test.cpp, cli.tensorboard_events.
 //
 // Several ranks: every rank runs the node and reads its inputs at the same log points; one
@@ -23,7 +23,7 @@
 #include "comm.hpp"
 #include "common/named_scalars.hpp"
 #include "common/tensor_map.hpp"
-#include "common/tfevents.hpp"
+#include "formats/tfevents.hpp"
 #include "registry.hpp"
 
 namespace flowrun {

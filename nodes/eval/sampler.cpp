@@ -23,15 +23,16 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "data/image_io.hpp"
-#include "data/image_tensor.hpp"
-#include "encode/text_encode.hpp"
-#include "common/files.hpp"
+#include "common/batch_keys.hpp"
 #include "common/pretrained.hpp"
 #include "common/seed.hpp"
-#include "common/tfevents.hpp"
+#include "data/image_tensor.hpp"
+#include "encode/text_encode.hpp"
 #include "encode/tokenize.hpp"
-#include "encode/vae_encode.hpp"
+#include "formats/files.hpp"
+#include "formats/image_io.hpp"
+#include "formats/tfevents.hpp"
+#include "models/vae_config.hpp"
 #include "registry.hpp"
 #include "train/losses.hpp"
 #include "train/precision.hpp"
@@ -52,7 +53,7 @@ torch::Tensor sample_ddim(ModelState& model, const TensorMap& cond, const Sample
   torch::NoGradGuard no_grad;
   const c10::Device device = model_device(model);
   const int64_t n = o.noise.size(0);
-  const torch::Tensor& emb = cond.at("text_emb");
+  const torch::Tensor& emb = cond.at(batch_key::text_emb);
   if (emb.size(0) != n)
     throw std::runtime_error("sampler: " + std::to_string(emb.size(0)) + " prompt embeddings for " +
                              std::to_string(n) + " noise rows");
@@ -67,12 +68,12 @@ torch::Tensor sample_ddim(ModelState& model, const TensorMap& cond, const Sample
     const int64_t t = ts[i], t_prev = i + 1 < ts.size() ? ts[i + 1] : -1;
     torch::Tensor out;
     if (o.guidance == 1.0) {
-      in["x"] = x;
-      in["t"] = torch::full({n}, t, torch::TensorOptions().dtype(torch::kInt64).device(device));
+      in[batch_key::noisy] = x;
+      in[batch_key::timestep] = torch::full({n}, t, torch::TensorOptions().dtype(torch::kInt64).device(device));
       out = model.forward(in);
     } else {
-      in["x"] = torch::cat({x, x});
-      in["t"] = torch::full({2 * n}, t, torch::TensorOptions().dtype(torch::kInt64).device(device));
+      in[batch_key::noisy] = torch::cat({x, x});
+      in[batch_key::timestep] = torch::full({2 * n}, t, torch::TensorOptions().dtype(torch::kInt64).device(device));
       const torch::Tensor both = model.forward(in);
       const torch::Tensor c = both.narrow(0, 0, n), u = both.narrow(0, n, n);
       out = u + o.guidance * (c - u);
@@ -192,10 +193,10 @@ class SamplerNode : public Node {
     // Size and style conditioning (models that have it read these; others ignore them): as
     // HunyuanDiT's pipeline, the image size as both original and target size, no crop, style 0.
     const int64_t n = static_cast<int64_t>(texts.size()), f = vae_ ? vae_->config().downsample_factor() : 1;
-    cond["image_meta_size"] = torch::tensor({static_cast<float>(height_ * f), static_cast<float>(width_ * f),
+    cond[batch_key::image_meta_size] = torch::tensor({static_cast<float>(height_ * f), static_cast<float>(width_ * f),
                                              static_cast<float>(height_ * f), static_cast<float>(width_ * f), 0.f, 0.f})
                                   .repeat({n, 1});
-    cond["style"] = torch::zeros({n}, torch::kLong);
+    cond[batch_key::style] = torch::zeros({n}, torch::kLong);
 
     SampleOptions o;
     o.schedule = schedule_;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "common/tensor_map.hpp"
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 #include "models/model_state.hpp"
 #include "models/vae.hpp"
 #include "train/diffusion.hpp"

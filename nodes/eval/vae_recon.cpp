@@ -16,10 +16,10 @@
 
 #include "comm.hpp"
 #include "common/device.hpp"
-#include "common/files.hpp"
-#include "common/tfevents.hpp"
+#include "formats/files.hpp"
+#include "formats/tfevents.hpp"
 #include "data/dataset.hpp"
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 #include "data/image_tensor.hpp"
 #include "eval/evaluator.hpp"
 #include "registry.hpp"

@@ -7,6 +7,7 @@
 #include <regex>
 #include <sstream>
 
+#include "common/batch_keys.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/attention.hpp"
@@ -312,12 +313,12 @@ torch::Tensor DitImpl::forward(const Inputs& in) {
       throw std::runtime_error("dit: the mask of " + std::string(key) + " must be [batch, " + std::to_string(len) +
                                "], got " + shape_str(mask));
   };
-  check_text(in.text, in.text_mask, "text_emb", cfg_.text_len, cfg_.text_dim, "text_len");
+  check_text(in.text, in.text_mask, batch_key::text_emb, cfg_.text_len, cfg_.text_dim, "text_len");
   if (cfg_.t5_dim > 0) {
     if (!in.t5.defined())
       throw std::runtime_error("dit: the model has t5_dim " + std::to_string(cfg_.t5_dim) +
                                " but the batch has no 't5_emb' (set t5_dim: 0 for a model without T5)");
-    check_text(in.t5, in.t5_mask, "t5_emb", cfg_.text_len_t5, cfg_.t5_dim, "text_len_t5");
+    check_text(in.t5, in.t5_mask, batch_key::t5_emb, cfg_.text_len_t5, cfg_.t5_dim, "text_len_t5");
   } else if (in.t5.defined()) {
     throw std::runtime_error("dit: the batch has 't5_emb' but the model has t5_dim 0 (set t5_dim to its width)");
   }
@@ -390,14 +391,14 @@ torch::Tensor DitImpl::forward_all(const TensorMap& batch) {
     return it->second;
   };
   Inputs in;
-  in.x = get("x", true);
-  in.t = get("t", true);
-  in.text = get("text_emb", true);
-  in.text_mask = get("text_mask", false);
-  in.t5 = get("t5_emb", false);
-  in.t5_mask = get("t5_mask", false);
-  in.image_meta_size = get("image_meta_size", false);
-  in.style = get("style", false);
+  in.x = get(batch_key::noisy, true);
+  in.t = get(batch_key::timestep, true);
+  in.text = get(batch_key::text_emb, true);
+  in.text_mask = get(batch_key::text_mask, false);
+  in.t5 = get(batch_key::t5_emb, false);
+  in.t5_mask = get(batch_key::t5_mask, false);
+  in.image_meta_size = get(batch_key::image_meta_size, false);
+  in.style = get(batch_key::style, false);
   return forward(in);
 }
 

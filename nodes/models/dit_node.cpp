@@ -9,7 +9,7 @@
 #include <set>
 #include <tuple>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/memory.hpp"
 #include "common/pretrained.hpp"
 #include "encode/text_tokenizer.hpp"

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/dropout.hpp"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "common/batch_keys.hpp"
 #include "common/seed.hpp"
 
 namespace flowrun::mlp {
@@ -46,8 +47,8 @@ std::shared_ptr<ModelState> make(const Config& c, uint64_t seed) {
     }
   }
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
-    auto it = batch.find("x");
-    if (it == batch.end()) throw std::runtime_error("mlp: the batch has no 'x'");
+    auto it = batch.find(batch_key::features);
+    if (it == batch.end()) throw std::runtime_error(std::string("mlp: the batch has no '") + batch_key::features + "'");
     auto* s = m.as<torch::nn::SequentialImpl>();
     if (!s) throw std::runtime_error("mlp: the model's module is not an nn::Sequential");
     return s->forward(it->second);

@@ -4,7 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/device.hpp"
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "models/lora.hpp"
 
 namespace flowrun {

@@ -4,9 +4,9 @@
 // Schema: schemas/vae.yaml. Test: tests/nodes/vae_loss_test.cpp, graph_vae_test.cpp.
 #include <filesystem>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/pretrained.hpp"
-#include "encode/vae_encode.hpp"
+#include "models/vae_config.hpp"
 #include "models/model_node.hpp"
 #include "models/vae.hpp"
 #include "registry.hpp"

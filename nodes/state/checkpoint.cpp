@@ -3,7 +3,7 @@
 // run() copies every saved tensor to CPU memory (the "snapshot") and returns; the next write of
 // that state (the optimizer's) waits only for this copy, like big_vision's async checkpoints.
 // A background thread writes the files; one write is in flight at a time (the next run()
-// waits for the previous write: memory stays bounded). Layout: state/checkpoint_io.hpp.
+// waits for the previous write: memory stays bounded). Layout: formats/checkpoint_io.hpp.
 //
 // Nothing written is lost: a complete step folder is never removed except by keep_last's
 // pruning of this run's own. With run.resume=never the earlier run's folders stay where they are
@@ -30,13 +30,13 @@
 
 #include "comm.hpp"
 #include "common/device.hpp"
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
 #include "models/model_state.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
-#include "state/checkpoint_io.hpp"
+#include "formats/checkpoint_io.hpp"
 
 namespace flowrun {
 

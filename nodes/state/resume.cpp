@@ -13,12 +13,12 @@
 #include <set>
 #include <sstream>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
 #include "executor.hpp"
 #include "spec.hpp"
-#include "state/checkpoint_io.hpp"
+#include "formats/checkpoint_io.hpp"
 
 namespace flowrun {
 

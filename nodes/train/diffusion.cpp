@@ -3,6 +3,7 @@
 
 #include <cmath>
 
+#include "common/batch_keys.hpp"
 #include "common/seed.hpp"
 #include "common/tensor_map.hpp"
 #include "models/dropout.hpp"
@@ -136,8 +137,8 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
   // P = cond_drop (each stream apart with cond_drop_t5). Training only (inside a TrainingScope),
   // drawn after t and the noise: the first stream's rows, then the T5 stream's.
   const torch::Tensor* cond = nullptr;  // a condition tensor: its rows and device
-  for (const char* k : {"text_emb", "t5_emb"})
-    if (auto c = batch.find(k); !cond && c != batch.end() && c->second.defined() && c->second.dim() >= 1) cond = &c->second;
+  for (const auto& stream : batch_key::text_streams)
+    if (auto c = batch.find(stream.emb); !cond && c != batch.end() && c->second.defined() && c->second.dim() >= 1) cond = &c->second;
   at::Generator* training = cond ? TrainingScope::current_on(cond->device()) : nullptr;
   if (training) {
     const int64_t rows = cond->size(0);
@@ -162,11 +163,11 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
         it->second = torch::where(drop.view(shape), null.at(k), it->second);
       }
     };
-    replace(drop_text, {"text_emb", "text_mask"});
-    replace(drop_t5, {"t5_emb", "t5_mask"});
+    replace(drop_text, {batch_key::text_emb, batch_key::text_mask});
+    replace(drop_t5, {batch_key::t5_emb, batch_key::t5_mask});
   }
-  in["x"] = xt;
-  in["t"] = t;
+  in[batch_key::noisy] = xt;
+  in[batch_key::timestep] = t;
   torch::Tensor pred = model.forward(in);
   if (!pred.sizes().equals(x0.sizes()))
     throw std::runtime_error("objective diffusion_loss: model output " + shape_str(pred) +
@@ -177,10 +178,10 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
 
 TensorMap null_condition(const TensorMap& batch) {
   TensorMap out = batch;
-  for (const char* k : {"text_emb", "t5_emb"})
-    if (auto it = out.find(k); it != out.end() && it->second.defined()) it->second = torch::zeros_like(it->second);
-  for (const char* k : {"text_mask", "t5_mask"})
-    if (auto it = out.find(k); it != out.end() && it->second.defined()) it->second = torch::ones_like(it->second);
+  for (const auto& stream : batch_key::text_streams) {
+    if (auto it = out.find(stream.emb); it != out.end() && it->second.defined()) it->second = torch::zeros_like(it->second);
+    if (auto it = out.find(stream.mask); it != out.end() && it->second.defined()) it->second = torch::ones_like(it->second);
+  }
   return out;
 }
 

@@ -2,6 +2,7 @@
 // lm_loss (lm_loss.cpp), diffusion_loss (diffusion_loss.cpp), caption_loss (caption_loss.cpp),
 // vae_loss (vae_loss.cpp). Declared here so that tests and benches can make one without a graph.
 #pragma once
+#include "common/batch_keys.hpp"
 #include "train/diffusion.hpp"
 #include "train/objective.hpp"
 
@@ -12,7 +13,7 @@ class MseLoss : public Objective {
  public:
   MseLoss() { type = "mse_loss"; }
   explicit MseLoss(SetupContext&) : MseLoss() {}
-  std::vector<std::string> needs() const override { return {"y"}; }
+  std::vector<std::string> needs() const override { return {batch_key::targets}; }
   torch::Tensor loss(ModelState& model, const TensorMap& batch) const override;
   int64_t targets(const TensorMap& batch) const override;
 };

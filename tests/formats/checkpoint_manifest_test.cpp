@@ -1,4 +1,4 @@
-// Checkpoint manifests (nodes/state/checkpoint_io.hpp): written and read back, and read field by
+// Checkpoint manifests (nodes/formats/checkpoint_io.hpp): written and read back, and read field by
 // field, every bad field an error naming the file and the field, before any state is read.
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "nodes/data_test_helpers.hpp"
-#include "state/checkpoint_io.hpp"
+#include "formats/checkpoint_io.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun::ckpt {

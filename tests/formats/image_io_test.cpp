@@ -5,8 +5,8 @@
 #include <cmath>
 #include <filesystem>
 
-#include "common/files.hpp"
-#include "data/image_io.hpp"
+#include "formats/files.hpp"
+#include "formats/image_io.hpp"
 #include "nodes/data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 

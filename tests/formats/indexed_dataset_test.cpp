@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <numeric>
 
-#include "data/indexed_dataset.hpp"
+#include "formats/indexed_dataset.hpp"
 #include "nodes/data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 

@@ -1,4 +1,4 @@
-// safetensors headers (nodes/common/safetensors_header.hpp): what a valid header gives, and every
+// safetensors headers (nodes/formats/safetensors_header.hpp): what a valid header gives, and every
 // way a header can lie about the bytes behind it, refused before anything is allocated. (Loading
 // into tensors and saving: tests/nodes/safetensors_test.cpp.)
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/safetensors_header.hpp"
+#include "formats/safetensors_header.hpp"
 
 namespace flowrun::safetensors {
 namespace {

@@ -3,7 +3,7 @@
 
 #include <filesystem>
 
-#include "data/tar.hpp"
+#include "formats/tar.hpp"
 #include "nodes/data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 

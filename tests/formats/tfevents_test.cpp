@@ -7,8 +7,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "common/files.hpp"
-#include "common/tfevents.hpp"
+#include "formats/files.hpp"
+#include "formats/tfevents.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun::tfevents {

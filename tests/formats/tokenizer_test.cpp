@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <random>
 
-#include "data/tokenizer.hpp"
+#include "formats/tokenizer.hpp"
 #include "nodes/data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 

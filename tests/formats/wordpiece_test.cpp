@@ -3,7 +3,7 @@
 // special tokens, vocab.txt loading and its errors.
 #include <gtest/gtest.h>
 
-#include "encode/wordpiece.hpp"
+#include "formats/wordpiece.hpp"
 #include "formats/wordpiece_test_vocab.hpp"
 
 namespace flowrun {

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "encode/wordpiece.hpp"
+#include "formats/wordpiece.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun::test {

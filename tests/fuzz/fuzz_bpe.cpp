@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "data/tokenizer.hpp"
+#include "formats/tokenizer.hpp"
 #include "fuzz_util.hpp"
 
 using namespace flowrun;

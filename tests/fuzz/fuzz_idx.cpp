@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "data/indexed_dataset.hpp"
+#include "formats/indexed_dataset.hpp"
 #include "fuzz_util.hpp"
 
 using namespace flowrun;

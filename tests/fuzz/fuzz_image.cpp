@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 #include "fuzz_util.hpp"
 
 using namespace flowrun;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "fuzz_util.hpp"
-#include "state/checkpoint_io.hpp"
+#include "formats/checkpoint_io.hpp"
 
 using namespace flowrun;
 

@@ -5,7 +5,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "common/safetensors_header.hpp"
+#include "formats/safetensors_header.hpp"
 #include "fuzz_util.hpp"
 
 using namespace flowrun::safetensors;

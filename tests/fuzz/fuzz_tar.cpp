@@ -4,7 +4,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "data/tar.hpp"
+#include "formats/tar.hpp"
 #include "fuzz_util.hpp"
 
 using namespace flowrun;

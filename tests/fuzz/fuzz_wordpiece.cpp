@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "encode/wordpiece.hpp"
+#include "formats/wordpiece.hpp"
 #include "fuzz_util.hpp"
 
 using namespace flowrun;

@@ -52,7 +52,7 @@ put("safetensors", "seed-scalar-zero", safetensors({"s": ("I64", [], struct.pack
 put("safetensors", "crash-shape-overflow",
     safetensors({"w": ("F64", [2305843009213693952, 8], b"")}))
 
-# idx: Megatron MMIDIDX version 1 (nodes/data/indexed_dataset.hpp); the fuzzer's .bin is 4096 bytes
+# idx: Megatron MMIDIDX version 1 (nodes/formats/indexed_dataset.hpp); the fuzzer's .bin is 4096 bytes
 def idx(dtype_code, sizes, item):
     ptrs, p = [], 0
     for s in sizes:

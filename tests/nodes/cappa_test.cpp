@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/cappa.hpp"

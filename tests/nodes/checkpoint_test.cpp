@@ -17,7 +17,7 @@
 
 #include "common/safetensors.hpp"
 #include "data_test_helpers.hpp"
-#include "state/checkpoint_io.hpp"
+#include "formats/checkpoint_io.hpp"
 #include "support/run_graph.hpp"
 
 namespace fs = std::filesystem;

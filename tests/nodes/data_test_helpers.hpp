@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "data/image_io.hpp"
-#include "data/prep_images.hpp"
+#include "formats/image_io.hpp"
+#include "prep/prep_images.hpp"
 #include "data/shapes.hpp"
 
 namespace flowrun::test {

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "data_test_helpers.hpp"
 #include "models/gpt.hpp"

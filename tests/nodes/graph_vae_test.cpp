@@ -11,7 +11,7 @@
 #include <map>
 
 #include "common/safetensors.hpp"
-#include "data/tar.hpp"
+#include "formats/tar.hpp"
 #include "data_test_helpers.hpp"
 #include "models/vae.hpp"
 #include "support/run_graph.hpp"

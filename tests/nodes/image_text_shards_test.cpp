@@ -13,12 +13,12 @@
 
 #include "data/image_tensor.hpp"
 #include "data/cursor.hpp"
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 #include "data/image_text_shards.hpp"
-#include "data/prep.hpp"
-#include "data/prep_images.hpp"
+#include "prep/prep.hpp"
+#include "prep/prep_images.hpp"
 #include "data/shapes.hpp"
-#include "data/tar.hpp"
+#include "formats/tar.hpp"
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "data/indexed_dataset.hpp"
+#include "formats/indexed_dataset.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
 #include "train/losses.hpp"

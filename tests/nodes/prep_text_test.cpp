@@ -5,10 +5,10 @@
 
 #include <set>
 
-#include "data/indexed_dataset.hpp"
-#include "data/prep.hpp"
-#include "data/prep_text.hpp"
-#include "data/tokenizer.hpp"
+#include "formats/indexed_dataset.hpp"
+#include "prep/prep.hpp"
+#include "prep/prep_text.hpp"
+#include "formats/tokenizer.hpp"
 #include "data_test_helpers.hpp"
 #include "support/run_graph.hpp"
 

@@ -12,8 +12,8 @@
 
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
-#include "data/image_io.hpp"
-#include "data/prep_images.hpp"
+#include "formats/image_io.hpp"
+#include "prep/prep_images.hpp"
 #include "data_test_helpers.hpp"
 #include "encode/sentencepiece.hpp"
 #include "encode/text_encode.hpp"

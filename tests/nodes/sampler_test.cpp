@@ -8,9 +8,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 #include "data/image_tensor.hpp"
-#include "data/prep_images.hpp"
+#include "prep/prep_images.hpp"
 #include "common/safetensors.hpp"
 #include "data/shapes.hpp"
 #include "eval/sampler.hpp"

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "data/cursor.hpp"
-#include "data/indexed_dataset.hpp"
+#include "formats/indexed_dataset.hpp"
 #include "data/token_shards.hpp"
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"

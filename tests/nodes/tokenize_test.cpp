@@ -13,7 +13,7 @@
 
 #include "encode/sentencepiece.hpp"
 #include "encode/tokenize.hpp"
-#include "encode/wordpiece.hpp"
+#include "formats/wordpiece.hpp"
 #include "formats/wordpiece_test_vocab.hpp"
 #include "node_test_helpers.hpp"
 

@@ -13,7 +13,7 @@ event: {"file", "wall_time", "step", "file_version"?, "scalars": {tag: value},
 Exits 1 with a message naming the file and offset at the first problem.
 
 Written from the format's description (TFRecord framing; event.proto and summary.proto field
-numbers), sharing no code with flowrun's writer (nodes/common/tfevents.cpp).
+numbers), sharing no code with flowrun's writer (nodes/formats/tfevents.cpp).
 """
 import json
 import os

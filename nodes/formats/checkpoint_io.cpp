@@ -1,6 +1,6 @@
-#include "state/checkpoint_io.hpp"
+#include "formats/checkpoint_io.hpp"
 
-#include "common/files.hpp"
+#include "formats/files.hpp"
 
 #include <cerrno>
 #include <cstdio>

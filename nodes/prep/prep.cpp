@@ -1,11 +1,10 @@
 // `flowrun prep`: dispatch to one kind of data preparation (a kind per file: prep_text.cpp, ...).
-#include "data/prep.hpp"
+#include "prep/prep.hpp"
 
 #include <cstdio>
 
-#include "data/prep_images.hpp"
-#include "data/prep_text.hpp"
-#include "data/shapes.hpp"
+#include "prep/prep_images.hpp"
+#include "prep/prep_text.hpp"
 
 namespace flowrun {
 

@@ -5,7 +5,7 @@
 // merges.txt maps the id pair to the id of A+B, checked against vocab.json at load. Applying
 // the lowest-ranked merge present until none applies is then the same procedure as GPT-2's
 // encoder.py, without building strings.
-#include "data/tokenizer.hpp"
+#include "formats/tokenizer.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,7 @@
 // `flowrun prep text`: see prep_text.hpp. Two passes over the inputs, so memory stays at one
 // file whatever the corpus size: the first counts documents (the val split is drawn from the
 // count), the second tokenizes and writes each document to its split.
-#include "data/prep_text.hpp"
+#include "prep/prep_text.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -15,11 +15,11 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "common/files.hpp"
-#include "data/cli_args.hpp"
-#include "data/indexed_dataset.hpp"
+#include "formats/files.hpp"
+#include "prep/cli_args.hpp"
+#include "formats/indexed_dataset.hpp"
 #include "data/shuffle.hpp"
-#include "data/tokenizer.hpp"
+#include "formats/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,5 +1,5 @@
 // ustar reader and writer: see tar.hpp.
-#include "data/tar.hpp"
+#include "formats/tar.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,5 +1,5 @@
 // Megatron indexed dataset: writer, memory-mapped reader and its checks. Format: see the header.
-#include "data/indexed_dataset.hpp"
+#include "formats/indexed_dataset.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>

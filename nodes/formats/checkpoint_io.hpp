@@ -31,7 +31,7 @@ void write_manifest(const std::string& folder, const Manifest& m);
 Manifest read_manifest(const std::string& folder);
 
 // The folder `latest` names under `dir`, or "" if there is none (missing, empty, a folder):
-// common/files.hpp's read_latest.
+// formats/files.hpp's read_latest.
 std::string latest(const std::string& dir);
 
 // Every step_* folder under `dir`: the complete ones (a valid manifest) first, newest step
@@ -43,6 +43,6 @@ struct Found {
 };
 std::vector<Found> checkpoints(const std::string& dir);
 void set_latest(const std::string& dir, const std::string& folder_name);
-// (Paths through `latest`, atomic writes: common/files.hpp.)
+// (Paths through `latest`, atomic writes: formats/files.hpp.)
 
 }  // namespace flowrun::ckpt

@@ -1,5 +1,5 @@
 // Image decode/encode and resampling: see image_io.hpp.
-#include "data/image_io.hpp"
+#include "formats/image_io.hpp"
 
 #include <png.h>
 #include <unistd.h>

@@ -1,5 +1,5 @@
 // `flowrun prep images`: see prep_images.hpp.
-#include "data/prep_images.hpp"
+#include "prep/prep_images.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -13,11 +13,11 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "common/files.hpp"
-#include "data/image_io.hpp"
+#include "formats/files.hpp"
+#include "formats/image_io.hpp"
 #include "data/shuffle.hpp"
-#include "data/cli_args.hpp"
-#include "data/tar.hpp"
+#include "prep/cli_args.hpp"
+#include "formats/tar.hpp"
 
 namespace fs = std::filesystem;
 

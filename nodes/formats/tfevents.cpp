@@ -1,6 +1,6 @@
 // TensorBoard event files: the record framing, the Event protos written out by hand, and one
 // shared file per folder and process. The format is described in tfevents.hpp.
-#include "common/tfevents.hpp"
+#include "formats/tfevents.hpp"
 
 #include <unistd.h>
 

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/tokenizer.hpp"
+#include "formats/tokenizer.hpp"
 
 namespace flowrun {
 namespace {

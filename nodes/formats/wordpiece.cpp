@@ -1,5 +1,5 @@
 // BERT WordPiece (see wordpiece.hpp). Unicode classes, case mapping and NFD come from ICU.
-#include "encode/wordpiece.hpp"
+#include "formats/wordpiece.hpp"
 
 #include <unicode/normalizer2.h>
 #include <unicode/uchar.h>

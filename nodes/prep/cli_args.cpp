@@ -1,4 +1,4 @@
-#include "data/cli_args.hpp"
+#include "prep/cli_args.hpp"
 
 #include <cstdio>
 #include <stdexcept>

@@ -1,4 +1,4 @@
-#include "common/files.hpp"
+#include "formats/files.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -2,7 +2,8 @@
 // engine/cli/main.cpp includes it.
 //   flowrun prep text ...   token shards (Megatron .bin/.idx) from text files: prep_text.hpp
 //   flowrun prep images ... WebDataset tar shards from image + caption pairs: prep_images.hpp
-//   flowrun prep shapes ... the DiT demo's colored-shapes image-text set: shapes.hpp
+//   flowrun prep shapes ... the DiT demo's colored-shapes image-text set (data/shapes.hpp):
+//                           prep_shapes.cpp
 #pragma once
 #include <string>
 #include <vector>
@@ -13,5 +14,8 @@ namespace flowrun {
 // code: 0 done, 2 bad usage or unusable input (missing files, bad options), 1 a failure while
 // writing.
 int prep_command(const std::vector<std::string>& args);
+
+// `flowrun prep shapes ...` (args after "shapes"). Exit code: 0, 2 bad usage, 1 write failure.
+int prep_shapes_command(const std::vector<std::string>& args);
 
 }  // namespace flowrun

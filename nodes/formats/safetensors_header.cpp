@@ -1,4 +1,4 @@
-#include "common/safetensors_header.hpp"
+#include "formats/safetensors_header.hpp"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
