@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "encode/text_tokenizer.hpp"
+#include "formats/text_tokenizer.hpp"
 
 namespace flowrun {
 

@@ -12,7 +12,7 @@
 
 #include "common/pretrained.hpp"
 #include "common/tensor_map.hpp"
-#include "encode/text_tokenizer.hpp"
+#include "formats/text_tokenizer.hpp"
 #include "models/model_state.hpp"
 #include "node.hpp"
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/tensor_map.hpp"
-#include "encode/text_tokenizer.hpp"
+#include "formats/text_tokenizer.hpp"
 #include "node.hpp"
 
 namespace flowrun {

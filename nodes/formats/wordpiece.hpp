@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "encode/text_tokenizer.hpp"
+#include "formats/text_tokenizer.hpp"
 
 namespace flowrun {
 

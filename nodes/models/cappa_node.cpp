@@ -4,7 +4,7 @@
 #include <algorithm>
 
 #include "common/memory.hpp"
-#include "encode/text_tokenizer.hpp"
+#include "formats/text_tokenizer.hpp"
 #include "models/cappa.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"

@@ -12,7 +12,7 @@
 #include "formats/files.hpp"
 #include "common/memory.hpp"
 #include "common/pretrained.hpp"
-#include "encode/text_tokenizer.hpp"
+#include "formats/text_tokenizer.hpp"
 #include "models/dit.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
