@@ -129,12 +129,13 @@ class SamplerNode : public Node {
     if (p.get<bool>("tensorboard") && ctx.run().rank == 0)
       tb_ = tfevents::EventFile::open(ctx.run().out_dir + "/tb");
     const Objective& objective = ctx.state_as<Objective>("objective");
-    const auto* diffusion = dynamic_cast<const DiffusionLoss*>(&objective);
-    if (!diffusion)
+    const Denoising* denoiser = objective.denoising();
+    if (!denoiser)
       throw std::runtime_error(ctx.who() + ": its objective is " + objective.type +
-                               "; sampling needs the diffusion_loss the model trains with (its schedule and prediction)");
-    schedule_ = diffusion->schedule();
-    prediction_ = diffusion->options().prediction;
+                               ", which trains no denoiser; sampling needs the objective the model trains with to "
+                               "offer its noise schedule and prediction (Objective::denoising), as diffusion_loss does");
+    schedule_ = denoiser->noise_schedule();
+    prediction_ = denoiser->prediction();
     ddim_timesteps(schedule_.timesteps(), steps_);  // a bad `steps` is a setup error, not a step-500 one
     check_text_pairs(ctx);
     if (p.has("vae")) setup_vae(ctx, p.sub("vae"));

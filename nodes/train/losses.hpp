@@ -32,7 +32,7 @@ class LmLoss : public Objective {
 };
 
 // Denoising diffusion (train/diffusion.hpp: diffusion::loss with these options); targets: rows.
-class DiffusionLoss : public Objective {
+class DiffusionLoss : public Objective, public Denoising {
  public:
   explicit DiffusionLoss(diffusion::Options o);
   explicit DiffusionLoss(SetupContext& ctx);
@@ -40,8 +40,10 @@ class DiffusionLoss : public Objective {
   torch::Tensor loss(ModelState& model, const TensorMap& batch) const override;
   int64_t targets(const TensorMap& batch) const override;
   // For samplers: the schedule and prediction the model trains with.
+  const Denoising* denoising() const override { return this; }
+  const diffusion::NoiseSchedule& noise_schedule() const override { return schedule_; }
+  diffusion::Prediction prediction() const override { return o_.prediction; }
   const diffusion::Options& options() const { return o_; }
-  const diffusion::NoiseSchedule& schedule() const { return schedule_; }
 
  private:
   diffusion::Options o_;

@@ -41,6 +41,21 @@
 
 namespace flowrun {
 
+namespace diffusion {
+struct NoiseSchedule;
+enum class Prediction;
+}  // namespace diffusion
+
+// What a sampler needs of an objective that trains a denoiser: the noise schedule the model
+// learns and what it predicts (train/diffusion.hpp). diffusion_loss offers it; so can a plugin's
+// objective (Objective::denoising), and the sampler then draws with it.
+class Denoising {
+ public:
+  virtual ~Denoising() = default;
+  virtual const diffusion::NoiseSchedule& noise_schedule() const = 0;
+  virtual diffusion::Prediction prediction() const = 0;
+};
+
 class Objective {
  public:
   virtual ~Objective() = default;
@@ -67,6 +82,10 @@ class Objective {
     std::function<double(double mean_loss)> of;
   };
   virtual std::vector<Report> reports() const { return {}; }
+
+  // What it offers the nodes that need more than its loss, by interface (never a cast to a
+  // concrete objective): a sampler needs denoising(). nullptr: not offered.
+  virtual const Denoising* denoising() const { return nullptr; }
 
   // Its node type ("lm_loss"), for messages; set by ObjectiveNode.
   std::string type = "objective";

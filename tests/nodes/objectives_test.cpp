@@ -94,7 +94,10 @@ nodes:
   EXPECT_EQ(d->options().timesteps, 500);
   EXPECT_EQ(d->options().schedule, diffusion::Schedule::scaled_linear);
   EXPECT_EQ(d->options().x_key, "latents");
-  EXPECT_EQ(d->schedule().timesteps(), 500);
+  // What a sampler reads, through the interface (Objective::denoising), never this cast.
+  ASSERT_EQ(o.denoising(), static_cast<const Denoising*>(d));
+  EXPECT_EQ(o.denoising()->noise_schedule().timesteps(), 500);
+  EXPECT_EQ(o.denoising()->prediction(), diffusion::Prediction::v);
 }
 
 TEST(ObjectiveNode, TheEvaluatorOutputsWhatItsObjectiveReportsAndRefusesOtherNames) {

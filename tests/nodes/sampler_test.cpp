@@ -4,7 +4,9 @@
 // and is not a constant image; a diverged model is an error naming the node and step.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
+#include <mutex>
 #include <fstream>
 #include <sstream>
 
@@ -14,6 +16,7 @@
 #include "common/safetensors.hpp"
 #include "data/shapes.hpp"
 #include "eval/sampler.hpp"
+#include "train/losses.hpp"
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 
@@ -182,6 +185,73 @@ TEST(SamplerNode, OutputsTheGridsSamplesAndTheirPromptsForAnEvaluator) {
     EXPECT_GE(v, 0);
     EXPECT_LE(v, 100);
     EXPECT_NEAR(v * 9 / 100, std::round(v * 9 / 100), 1e-9);
+  }
+}
+
+// An objective the sampler has never heard of (registered at run time, as a plugin registers
+// one) drives it through the Denoising interface: the sampler asks it for the noise schedule and
+// the prediction, and samples. Here it wraps a diffusion_loss's math without being one.
+class PluginDenoiser : public Objective, public Denoising {
+ public:
+  explicit PluginDenoiser(SetupContext&) : math_(options()) {}
+  std::vector<std::string> needs() const override { return math_.needs(); }
+  torch::Tensor loss(ModelState& m, const TensorMap& b) const override { return math_.loss(m, b); }
+  int64_t targets(const TensorMap& b) const override { return math_.targets(b); }
+  const Denoising* denoising() const override { return this; }
+  const diffusion::NoiseSchedule& noise_schedule() const override {
+    ++asked();
+    return math_.noise_schedule();
+  }
+  diffusion::Prediction prediction() const override {
+    ++asked();
+    return diffusion::Prediction::v;
+  }
+  static std::atomic<int>& asked() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+
+ private:
+  static diffusion::Options options() {
+    diffusion::Options o;
+    o.x_key = "image";
+    o.prediction = diffusion::Prediction::v;
+    return o;
+  }
+  DiffusionLoss math_;
+};
+
+TEST(SamplerNode, APluginsDenoisingObjectiveDrivesIt) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Registry::global().add(R"(type: t_plugin_denoiser
+doc: a denoising objective from outside the built-ins (a test)
+stateless: true
+outputs: { objective: { kind: state, type: objective, doc: the objective } })",
+                           objective_factory<PluginDenoiser>(), "tests");
+  });
+  const std::string data = make_shapes(test::temp_dir("sampler_plugin"));
+  std::string graph = shapes_graph(data, 2);
+  const std::string builtin = "loss:  { type: diffusion_loss, with: { x_key: image, prediction: v, cond_drop: 0.1 } }";
+  ASSERT_NE(graph.find(builtin), std::string::npos);
+  graph.replace(graph.find(builtin), builtin.size(), "loss:  { type: t_plugin_denoiser }");
+  auto run = test::load_graph_text(graph);
+  run->run();
+  EXPECT_GE(PluginDenoiser::asked().load(), 2);  // its schedule and its prediction
+  EXPECT_TRUE(std::filesystem::exists(run->out_dir + "/samples/step_0000002.png"));
+
+  // An objective that trains no denoiser is refused at setup, naming it and what is missing.
+  std::string on_mse = shapes_graph(data, 1, "  mse: { type: mse_loss }");
+  const std::string sampler_reads = "sample: { type: sampler, at: [end], in: { objective: loss.objective";
+  ASSERT_NE(on_mse.find(sampler_reads), std::string::npos);
+  on_mse.replace(on_mse.find(sampler_reads), sampler_reads.size(),
+                 "sample: { type: sampler, at: [end], in: { objective: mse.objective");
+  try {
+    test::load_graph_text(on_mse)->run();
+    FAIL() << "a sampler on mse_loss ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("its objective is mse_loss, which trains no denoiser"), std::string::npos)
+        << e.what();
   }
 }
 
