@@ -28,7 +28,7 @@
 #include "eval/evaluator.hpp"
 #include "models/cappa.hpp"
 #include "registry.hpp"
-#include "train/losses.hpp"
+#include "train/objective.hpp"
 
 namespace flowrun {
 
@@ -66,10 +66,13 @@ class CaptionEvaluatorNode : public Node {
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
     const Objective& objective = ctx.state_as<Objective>("objective");
-    loss_ = dynamic_cast<const CaptionLoss*>(&objective);
-    if (!loss_)
+    objective_ = &objective;
+    captioning_ = objective.captioning();
+    if (!captioning_)
       throw std::runtime_error(ctx.who() + ": its objective is " + objective.type +
-                               "; a caption evaluator needs the caption_loss the model trains with (its start token)");
+                               ", which trains no captioner; a caption evaluator needs the objective the model trains "
+                               "with to offer its image key, start token and targets (Objective::captioning), as "
+                               "caption_loss does");
     cappa::module_of(ctx.state_as<ModelState>("model"));  // a clear error now if the model is not a captioner
     opts_ = eval_options(ctx);
     samples_ = p.get<int64_t>("samples");
@@ -95,16 +98,16 @@ class CaptionEvaluatorNode : public Node {
       TensorMap batch = data.batch(opts_.split, i, opts_.batch, opts_.rank, opts_.world);
       for (auto& [k, v] : encode_texts(tok, caps)) batch[k] = v;
       batch = to_device(batch, device);
-      const int64_t t = loss_->targets(batch);
-      sums[0] += loss_->loss(model, batch).item<double>() * static_cast<double>(t);
+      const int64_t t = objective_->targets(batch);
+      sums[0] += objective_->loss(model, batch).item<double>() * static_cast<double>(t);
       sums[1] += static_cast<double>(t);
 
-      auto [labels, mask] = loss_->labels_of(batch.at("input_ids").to(torch::kLong), batch.at("attention_mask"));
+      auto [labels, mask] = captioning_->labels_of(batch.at("input_ids").to(torch::kLong), batch.at("attention_mask"));
       const torch::Tensor counted = mask.to(torch::kBool);
       const int64_t L = labels.size(1);
-      const torch::Tensor& images = batch.at(loss_->options().image_key);
+      const torch::Tensor& images = batch.at(captioning_->image_key());
       const torch::Tensor encoded = net.encode(images);  // once, for both decoders
-      const torch::Tensor greedy = cappa::greedy_decode(net, encoded, loss_->start_tokens(batch.at("input_ids")), L, tok.eos_id());
+      const torch::Tensor greedy = cappa::greedy_decode(net, encoded, captioning_->start_tokens(batch.at("input_ids")), L, tok.eos_id());
       const torch::Tensor parallel = cappa::parallel_decode(net, encoded, L);
       auto score = [&](const torch::Tensor& pred, double* correct, double* exact) {
         const torch::Tensor right = pred.eq(labels) | ~counted;  // positions not counted are right
@@ -169,7 +172,8 @@ class CaptionEvaluatorNode : public Node {
     return dir + "/" + name;
   }
 
-  const CaptionLoss* loss_ = nullptr;
+  const Objective* objective_ = nullptr;
+  const Captioning* captioning_ = nullptr;  // objective_'s
   EvalOptions opts_;
   int64_t samples_ = 0;
   std::shared_ptr<comm::Channel> ch_;

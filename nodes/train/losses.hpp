@@ -73,7 +73,7 @@ class DiffusionLoss : public Objective, public Denoising {
 // when u < p), then, for ratio < 1, the order of its positions (the first n masked). In an
 // evaluator (no scope) every row is autoregressive. The model (models/cappa.hpp) reads image, decoder_input, decoder_masked,
 // parallel.
-class CaptionLoss : public Objective {
+class CaptionLoss : public Objective, public Captioning {
  public:
   struct Options {
     double masked_pred_prob = 0.75, masking_ratio = 1.0, label_smoothing = 0.0;
@@ -95,10 +95,14 @@ class CaptionLoss : public Objective {
   // `row_seed(r)`: the seed of local row r's draws (in training: TrainingScope::row_seed);
   // unset: every row autoregressive (evaluation).
   Prepared prepare(const TensorMap& batch, const std::function<uint64_t(int64_t row)>& row_seed) const;
+  // For caption evaluators (Captioning):
+  const Captioning* captioning() const override { return this; }
+  const std::string& image_key() const override { return o_.image_key; }
   // The start token of row b's caption (the evaluator's decoding starts there), int64 [B].
-  torch::Tensor start_tokens(const torch::Tensor& input_ids) const;
+  torch::Tensor start_tokens(const torch::Tensor& input_ids) const override;
   // The targets of a caption and their mask, as prepare() makes them: [B, L] each.
-  std::pair<torch::Tensor, torch::Tensor> labels_of(const torch::Tensor& input_ids, const torch::Tensor& mask) const;
+  std::pair<torch::Tensor, torch::Tensor> labels_of(const torch::Tensor& input_ids,
+                                                    const torch::Tensor& mask) const override;
   const Options& options() const { return o_; }
 
  private:

@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/tensor_map.hpp"
@@ -54,6 +55,18 @@ class Denoising {
   virtual ~Denoising() = default;
   virtual const diffusion::NoiseSchedule& noise_schedule() const = 0;
   virtual diffusion::Prediction prediction() const = 0;
+};
+
+// What a caption evaluator needs of an objective that trains a captioner: the batch key of the
+// images, where greedy decoding starts, and a caption's targets with their mask as the loss
+// counts them. caption_loss offers it (Objective::captioning).
+class Captioning {
+ public:
+  virtual ~Captioning() = default;
+  virtual const std::string& image_key() const = 0;
+  virtual torch::Tensor start_tokens(const torch::Tensor& input_ids) const = 0;                // int64 [B]
+  virtual std::pair<torch::Tensor, torch::Tensor> labels_of(const torch::Tensor& input_ids,
+                                                            const torch::Tensor& mask) const = 0;  // [B, L] each
 };
 
 class Objective {
@@ -84,8 +97,10 @@ class Objective {
   virtual std::vector<Report> reports() const { return {}; }
 
   // What it offers the nodes that need more than its loss, by interface (never a cast to a
-  // concrete objective): a sampler needs denoising(). nullptr: not offered.
+  // concrete objective): a sampler needs denoising(), a caption evaluator captioning().
+  // nullptr: not offered.
   virtual const Denoising* denoising() const { return nullptr; }
+  virtual const Captioning* captioning() const { return nullptr; }
 
   // Its node type ("lm_loss"), for messages; set by ObjectiveNode.
   std::string type = "objective";

@@ -348,6 +348,29 @@ TEST(GraphCappa, TheCpuConfigLearnsToCaptionTheShapes) {
   EXPECT_NE(page.find("class=\"ok\""), std::string::npos);      // some decoded caption equals its reference
 }
 
+// The caption evaluator takes what it needs of the objective by interface (Objective::
+// captioning: image key, start token, targets): an objective that trains no captioner is
+// refused at setup, naming it.
+TEST(GraphCappa, TheCaptionEvaluatorRefusesAnObjectiveThatTrainsNoCaptioner) {
+  FLOWRUN_NEEDS_DATA(data_dir() + "/base.json");
+  std::string graph = read_file(std::string(FLOWRUN_SOURCE_DIR) + "/graphs/cappa.yaml");
+  const std::string reads = "type: caption_evaluator, every: 1000, at: [end], in: { objective: loss.objective";
+  ASSERT_NE(graph.find(reads), std::string::npos);
+  graph.replace(graph.find(reads), reads.size(),
+                "type: caption_evaluator, every: 1000, at: [end], in: { objective: mse.objective");
+  graph.replace(graph.find("  fb:"), 0, "  mse:   { type: mse_loss }\n");
+  const std::string dir = test::temp_dir("cappa_refuse");
+  std::vector<std::string> o = cpu_overrides(dir + "/out");
+  o.push_back("run.steps=1");
+  try {
+    test::load_graph_text(graph, o)->run();
+    FAIL() << "a caption evaluator on mse_loss ran";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("its objective is mse_loss, which trains no captioner"), std::string::npos)
+        << e.what();
+  }
+}
+
 // forward_backward's memory estimate names the CapPa's activations (encoder and decoder blocks),
 // and checkpointing the blocks lowers them.
 TEST(GraphCappa, TheMemoryEstimateCountsTheActivations) {
