@@ -250,6 +250,8 @@ struct RunSession::Impl {
   std::unique_ptr<Tracer> tracer;
   std::string trace_file;                  // run.trace, this rank's name for it
   std::optional<ResumePoint> resume;
+  bool ready = false;  // start() returned nullopt
+  bool ran = false;    // run() ran: close() has a profile and a trace to write
 };
 
 RunSession::RunSession(const GraphSpec* g) : g_(g), impl_(std::make_unique<Impl>()) {}
@@ -369,11 +371,14 @@ std::optional<int> RunSession::start() {
   spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, device {}, {} intra-op thread{}, out_dir {}", g.file,
                g.nodes.size(), info_.first_step, info_.last_step, run.prefetch, info_.device, threads,
                threads == 1 ? "" : "s", info_.out_dir);
+  m.ready = true;
   return std::nullopt;
 }
 
 int RunSession::run() {
   Impl& m = *impl_;
+  if (!m.ready) throw std::logic_error("RunSession::run() without a start() that returned nullopt");
+  m.ran = true;
   const GraphSpec& g = *g_;
   g_grace_s = static_cast<unsigned>(g.settings.stop_grace_s);
   handle_stop_signals(true);
@@ -412,7 +417,7 @@ int RunSession::run() {
 
 int RunSession::close(int code) {
   Impl& m = *impl_;
-  if (!m.tracer) return code;  // start() ended before the run was set up
+  if (!m.ran) return code;  // start() ended the run before its first step
   if (g_->settings.profile && !write_profile(*g_, *m.tracer, info_) && code == 0) code = 1;
   if (!m.trace_file.empty()) {
     try {
