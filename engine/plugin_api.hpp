@@ -16,8 +16,11 @@
 #pragma once
 #include "registry.hpp"
 
-// Bump when Node, the contexts, Value or Registry change layout or meaning.
-#define FLOWRUN_ABI_VERSION 1
+// Bump when Node, the contexts, Value or Registry change layout or meaning, or an interface a
+// plugin implements does (Objective, UpdateRule): a plugin built before is then refused by name
+// instead of calling into a vtable it does not have.
+//   2: Objective::denoising() and captioning(); optimizer rules as UpdateRule (add_update_rule).
+#define FLOWRUN_ABI_VERSION 2
 
 // Tests build a plugin with another number to prove the check works.
 #ifndef FLOWRUN_PLUGIN_ABI

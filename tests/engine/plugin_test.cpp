@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "plugin.hpp"
+#include "plugin_api.hpp"  // FLOWRUN_ABI_VERSION
 #include "registry.hpp"
 #include "spec.hpp"
 #include "support/run_graph.hpp"
@@ -88,7 +89,8 @@ TEST(Plugin, NotASharedLibrary) {
 TEST(Plugin, WrongAbiVersionIsRefused) {
   std::string e = load_error(plugin("t_plugin_bad_abi"));
   EXPECT_EQ(e, "plugin " + plugin("t_plugin_bad_abi") +
-                   ": built for flowrun ABI 999, this engine has ABI 1; rebuild the plugin against this engine");
+                   ": built for flowrun ABI 999, this engine has ABI " + std::to_string(FLOWRUN_ABI_VERSION) +
+                   "; rebuild the plugin against this engine");
   EXPECT_EQ(Registry::global().find("t_bad_abi"), nullptr);
 }
 
