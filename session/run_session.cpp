@@ -39,14 +39,15 @@ namespace fs = std::filesystem;
 namespace {
 
 // Every rank must run the same graph: compare a hash of the resolved file (overrides applied)
-// across ranks. A rank whose file did not load takes part too (ok = false), so the others
-// learn of it at once instead of waiting for it in their first collective.
-bool same_graph_everywhere(comm::Channel& ch, bool ok, const std::string& resolved) {
+// across ranks. A rank whose file did not load takes part too (g null), so the others learn of
+// it at once instead of waiting for it in their first collective. One process resolves nothing.
+bool same_graph_everywhere(comm::Channel& ch, const GraphSpec* g) {
+  const bool ok = g != nullptr;
   if (!comm::distributed()) return ok;
   struct Mine {
     uint64_t hash;
     int64_t ok;
-  } mine{fnv1a(resolved), ok ? 1 : 0};
+  } mine{ok ? fnv1a(to_yaml(resolved_config(*g))) : 0, ok ? 1 : 0};
   std::vector<Mine> all(static_cast<size_t>(comm::size()));
   ch.allgather(&mine, all.data(), sizeof mine, "comparing graph files").wait();
   std::string bad, differ;
@@ -236,7 +237,8 @@ std::string peak_resident_text() {
 // (mpirun -np 2 on 2 cores: one each, the same total as one process).
 int intra_op_threads(int setting) {
   if (setting > 0) return setting;
-  if (const char* env = std::getenv("OMP_NUM_THREADS"); env && std::atoi(env) > 0) return std::atoi(env);
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (const int n = env ? std::atoi(env) : 0; n > 0) return n;
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, comm::local_size()));
 }
 
@@ -264,7 +266,7 @@ std::optional<int> RunSession::start() {
     m.startup = comm::Channel::create("startup");
     if (comm::distributed()) m.agree = std::make_unique<StopAgreement>(comm::Channel::create("stop"));
     if (g_) comm::set_timeout(g_->settings.comm_timeout_s);
-    if (!same_graph_everywhere(*m.startup, g_ != nullptr, g_ ? to_yaml(resolved_config(*g_)) : "")) return 2;
+    if (!same_graph_everywhere(*m.startup, g_)) return 2;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 2;
