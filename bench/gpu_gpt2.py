@@ -17,6 +17,10 @@ gives medians over rounds, the ratio flowrun / eager and model FLOPs utilization
 (6N + 12 L d T) x tokens/s, N = all parameters but the position embeddings, against the bf16
 matmul peak measured here (best of a few 8192^3 products).
 
+Activation checkpointing (`--memory`, issue 32): a GPT-2 350M-size graph with `checkpoint: blocks`
+against none, the peak device memory flowrun logs at the end and s/step, at a batch both fit and at
+one only the checkpointed run should fit (`--memory-batches`).
+
 DiT (`--dit`): graphs/dit_base.yaml with a heavy text encoder (BERT 12 x 768) on the GPU,
 steps/s with the encoder on its own stream (`text.stream=encode`, prefetch 4) against inline
 (`text.stream=default`, prefetch 0), alternating rounds.
@@ -30,9 +34,13 @@ exit status 3; the PyTorch figures and the table are still printed.
 """
 import argparse
 import glob
+import json
 import os
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -184,6 +192,66 @@ def dit(args, device):
             "own stream / inline = **%.3f x** (target >= 1.2)" % (statistics.median(b) / statistics.median(a))]
 
 
+ESTIMATES = {}  # flowrun_memory_run's overrides -> forward_backward's estimate of the step's memory
+
+
+def flowrun_memory_run(flowrun, overrides):
+    """One short flowrun run: (seconds per step after the first logged window, the peak device
+    memory flowrun logs at the end, None when it failed) or the failure's last line."""
+    with tempfile.TemporaryDirectory(prefix="flowrun-mem-") as out:
+        cmd = [flowrun] + overrides + ["run.out_dir=" + out, "run.progress=off"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ESTIMATES[" ".join(overrides)] = memory_estimate(p.stdout)
+        # the device's peak where flowrun has one (CUDA), else the process's peak resident memory
+        m = re.search(r"peak cuda:\d+ memory ([0-9.]+ [KMGT]?B)", p.stdout) or \
+            re.search(r"peak resident memory ([0-9.]+ [KMGT]?B)", p.stdout)
+        if p.returncode != 0 or not m:
+            lines = [l for l in p.stdout.splitlines() if l.strip()]
+            why = next((l for l in reversed(lines) if "error" in l.lower() or "memory" in l.lower()), lines[-1] if lines else "")
+            return None, None, why.strip()[:400]
+        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
+    rows = [r for r in rows if "loss" in r]
+    per = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
+    return (statistics.median(per) if per else float("nan")), m.group(1), None
+
+
+def memory_estimate(text):
+    """forward_backward's estimate of the step's memory, from its log line ("... = 24.1 GB; ...")."""
+    m = re.search(r"memory per rank \(estimate\): .*? = ([0-9.]+ [KMGT]?B)", text)
+    return m.group(1) if m else "-"
+
+
+def memory(args, device):
+    """Issue 32's GPU check: a GPT-2 350M-size model (24 x 1024, 16 heads, 1024 tokens) with
+    `checkpoint: blocks` against `none`, peak device memory (the caching allocator's peak, as
+    torch.cuda.max_memory_allocated) and s/step at a batch both fit, then at a batch that only the
+    checkpointed run should fit."""
+    if args.tiny:
+        cfg = dict(layers=2, dim=64, heads=2, vocab=256, context=64, bf16=False)
+        data, small, big = args.data or "data/text/fortunes_byte", 4, 8
+    else:
+        cfg = dict(layers=24, dim=1024, heads=16, vocab=50304, context=1024, bf16=device == "cuda")
+        data, small, big = args.data or "data/text/fortunes_gpt2", args.memory_batches[0], args.memory_batches[1]
+    title = "## Activation checkpointing: GPT-2 350M-size (%d x %d, %d tokens), peak device memory" % (
+        cfg["layers"], cfg["dim"], cfg["context"])
+    err = shards_missing(data)
+    if err:
+        FAILED.append("memory data")
+        return [title, "", "no figure: " + err]
+    rows = ["| batch | checkpoint | s/step | peak memory | flowrun's estimate | |", "|---|---|---|---|---|---|"]
+    for batch in (small, big):
+        for policy in ("none", "blocks"):
+            c = dict(cfg, batch=batch)
+            ov = gpt_overrides(c, data, 6, 2, device) + ["model.checkpoint=" + policy]
+            sec, peak, why = flowrun_memory_run(args.flowrun, ov)
+            print("memory: batch %d checkpoint %s: %s" % (batch, policy, why or "%.4f s/step, peak %s" % (sec, peak)), flush=True)
+            rows.append("| %d | %s | %s | %s | %s | %s |" % (batch, policy, "-" if sec is None else "%.3f" % sec,
+                                                             peak or "-", ESTIMATES.get(" ".join(ov), "-"),
+                                                             (why or "").replace("|", "/")))
+    return [title, "", "flowrun graphs/gpt.yaml, %s, 6 steps each (s/step: median of 2-step windows after the "
+            "first)." % ("bf16" if cfg["bf16"] else "fp32"), ""] + rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--flowrun", default="build-gpu/engine/flowrun")
@@ -198,14 +266,23 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also time the eager loop under torch.compile")
     ap.add_argument("--dit", action="store_true", help="also the DiT encoder-stream benchmark")
     ap.add_argument("--out", default=None, help="write the markdown table here too")
+    ap.add_argument("--memory", action="store_true",
+                    help="also activation checkpointing's peak memory (GPT-2 350M size, issue 32)")
+    ap.add_argument("--memory-batches", type=int, nargs=2, default=[16, 128], metavar=("FITS", "BIG"),
+                    help="--memory's batches: one both runs fit, one only checkpointing should")
+    ap.add_argument("--only", choices=["gpt2", "dit", "memory"], default=None, help="run this part alone")
     args = ap.parse_args()
     dev = args.device
     head = ["# flowrun GPU benchmarks", "",
             "device: %s; torch %s; %s" % (torch.cuda.get_device_name(0) if dev == "cuda" else "cpu", torch.__version__,
                                           time.strftime("%Y-%m-%d")), ""]
-    lines = head + gpt2(args, dev)
-    if args.dit:
+    lines = list(head)
+    if args.only in (None, "gpt2"):
+        lines += gpt2(args, dev)
+    if args.dit or args.only == "dit":
         lines += [""] + dit(args, dev)
+    if args.memory or args.only == "memory":
+        lines += [""] + memory(args, dev)
     text = "\n".join(lines) + "\n"
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

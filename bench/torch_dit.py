@@ -14,12 +14,20 @@ classifier-free guidance), AdamW with clip 1.0 and linear warm-up, and an EMA co
 step with the warm-up of nodes/state/ema.cpp. Initialization follows flowrun's rules but not its
 random streams. Per-step times as bench/torch_peers.py: the median over windows of `window`
 steps after `warmup` steps, one host sync (loss.item()) per window.
+Device and precision (dit_round's `device` and `precision`; the CPU and fp32 by default, as
+before): on a GPU the modules are made there, batches come from pinned memory (non_blocking
+copies), t and the noise are drawn there, AdamW is fused, and with bf16 the forwards of the DiT
+and BERT run under bf16 autocast (fp32 master weights; text states cast to fp32, as flowrun's
+encoders give them; the VAE encoder in fp32, as bench/gpu_dit.py's flowrun runs it). bench/gpu_dit.py runs it so at DiT-XL size.
 Needs Debian's python3-torch and python3-pil (scripts/setup.sh installs both).
 
   /usr/bin/python3 bench/torch_dit.py --steps 40               # the loop alone: parameters, s/step
+  python3 bench/torch_dit.py --device cuda --precision bf16 --workers 4   # the same on a GPU
+  python3 bench/gpu_dit.py                                      # at DiT-XL size on a GPU, against flowrun
   /usr/bin/python3 bench/cpu_peers.py --config dit_demo        # against flowrun
 """
 import argparse
+import contextlib
 import copy
 import io
 import math
@@ -32,7 +40,10 @@ import unicodedata
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from PIL import Image  # python3-pil
+try:
+    from PIL import Image  # python3-pil
+except ImportError:  # the models and dit_overrides still import (bench/gpu_dit.py's flowrun side); the Dataset says so
+    Image = None
 
 # graphs/dit_base.yaml, node by node (dit_overrides passes them all to flowrun).
 DIT_DEMO = dict(
@@ -56,6 +67,8 @@ class ShapesShards(torch.utils.data.Dataset):
     (member offsets); an item is read with one seek per member."""
 
     def __init__(self, prefix, split, size):
+        if Image is None:
+            raise ImportError("the loop's Dataset decodes PNGs with PIL: install python3-pil (or pip's pillow)")
         d, base = os.path.split(prefix)
         d = d or "."
         head = base + "." + split + "-"
@@ -159,11 +172,12 @@ class WordPiece:
         return ids, mask
 
 
-def make_loader(cfg, data, split="train", workers=1):
+def make_loader(cfg, data, split="train", workers=1, pin=False):
     """Shuffled batches of (images, input_ids, attention_mask), tokenized in the worker.
     One worker on a 2-core box: it decodes and tokenizes the next batches while the main
     process trains with the intra-op threads; more workers would only take cores from the math.
-    Persistent, so a new epoch does not start a new worker process."""
+    Persistent, so a new epoch does not start a new worker process. pin: batches in pinned
+    memory, for non_blocking copies to a GPU."""
     tok = WordPiece(cfg["vocab_txt"], cfg["max_length"])
 
     def collate(rows):
@@ -172,7 +186,7 @@ def make_loader(cfg, data, split="train", workers=1):
 
     return torch.utils.data.DataLoader(ShapesShards(data, split, cfg["size"]), batch_size=cfg["batch"], shuffle=True,
                                        drop_last=True, num_workers=workers, collate_fn=collate,
-                                       persistent_workers=workers > 0)
+                                       persistent_workers=workers > 0, pin_memory=pin)
 
 
 def forever(loader):
@@ -554,7 +568,7 @@ def diffusion_loss(model, x0, text, mask, ab):
     """t ~ U{0..T-1} per row, eps ~ N(0, I); the model predicts v = sqrt(ab) eps - sqrt(1-ab) x0
     from x_t = sqrt(ab) x0 + sqrt(1-ab) eps; MSE over all elements."""
     B = x0.size(0)
-    t = torch.randint(0, ab.numel(), (B,))
+    t = torch.randint(0, ab.numel(), (B,), device=x0.device)
     noise = torch.randn_like(x0)
     a = ab[t].to(x0.dtype).view(B, 1, 1, 1)
     xt = a.sqrt() * x0 + (1 - a).sqrt() * noise
@@ -574,20 +588,28 @@ def ema_update(ema_params, params, decay):
     torch._foreach_add_(ema_params, params, alpha=1.0 - decay)
 
 
-def timed_steps(cfg, model, ema, vae, encoder, opt, sched, batches, steps, warmup, window):
-    """Trains `steps` steps; seconds per step, one per window of `window` steps after `warmup`."""
-    ab = alphas_cumprod(cfg)
+def timed_steps(cfg, model, ema, vae, encoder, opt, sched, batches, steps, warmup, window, device="cpu",
+                bf16=False):
+    """Trains `steps` steps; seconds per step, one per window of `window` steps after `warmup`.
+    bf16: the forwards under bf16 autocast on `device`."""
+    device = torch.device(device)
+    ab = alphas_cumprod(cfg).to(device)
     params = [p for p in model.parameters()]
     ema_params = [p for p in ema.parameters()]
+    amp = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     times, t0 = [], None
     for step in range(steps):
         if step == warmup:
+            sync()  # the warm-up steps' queued work is not the first window's
             t0 = time.perf_counter()
-        images, ids, mask = next(batches)
+        images, ids, mask = (x.to(device, non_blocking=True) for x in next(batches))
         with torch.no_grad():
-            latents = vae(images)
-            text = encoder(ids, mask)
-        loss = diffusion_loss(model, latents, text, mask, ab)
+            latents = vae(images)  # fp32, as bench/gpu_dit.py's flowrun runs its VAE (the graph's anchor shares its settings)
+            with amp:
+                text = encoder(ids, mask).float()  # fp32 out, as flowrun's bert_encode gives it
+        with amp:
+            loss = diffusion_loss(model, latents, text, mask, ab)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, cfg["clip"])
         opt.step()
@@ -602,33 +624,48 @@ def timed_steps(cfg, model, ema, vae, encoder, opt, sched, batches, steps, warmu
     return times
 
 
-def setup(cfg, data, workers=1):
+def made_on(device):
+    """Modules made (and initialized) directly on a GPU where torch can (torch.device as a context
+    manager, torch >= 2.0): no CPU init and copy of a large model. On the CPU, nothing changes."""
+    if device.type != "cpu" and hasattr(torch.device, "__enter__"):
+        return device
+    return contextlib.nullcontext()
+
+
+def setup(cfg, data, workers=1, device="cpu"):
     """The loop's objects, made before the clock starts: (model, ema, vae, encoder, opt, sched, batches)."""
-    model = make_dit(cfg["dit"], cfg["cond_drop"]).train()
+    device = torch.device(device)
+    with made_on(device):
+        model = make_dit(cfg["dit"], cfg["cond_drop"]).train().to(device)
+        vae = make_vae(cfg["vae"]).to(device)
+        encoder = make_encoder(cfg["bert"]).to(device)
     ema = copy.deepcopy(model).requires_grad_(False)
-    vae = make_vae(cfg["vae"])
-    encoder = make_encoder(cfg["bert"])
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    kw = {"fused": True} if device.type == "cuda" else {}
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], **kw)
     warm = cfg["warmup"]
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0)  # step/warmup * lr
-    return model, ema, vae, encoder, opt, sched, forever(make_loader(cfg, data, workers=workers))
+    loader = make_loader(cfg, data, workers=workers, pin=device.type == "cuda")
+    return model, ema, vae, encoder, opt, sched, forever(loader)
 
 
-def dit_round(cfg, data, steps, warmup, window, threads=None, workers=1):
-    """Seconds per step of the loop: the median over windows after warm-up."""
+def dit_round(cfg, data, steps, warmup, window, threads=None, workers=1, device="cpu", precision="fp32"):
+    """Seconds per step of the loop: the median over windows after warm-up. precision: fp32 or
+    bf16 (autocast)."""
     if threads:
         torch.set_num_threads(threads)
-    model, ema, vae, encoder, opt, sched, batches = setup(cfg, data, workers)
-    return statistics.median(timed_steps(cfg, model, ema, vae, encoder, opt, sched, batches, steps, warmup, window))
+    model, ema, vae, encoder, opt, sched, batches = setup(cfg, data, workers, device)
+    return statistics.median(timed_steps(cfg, model, ema, vae, encoder, opt, sched, batches, steps, warmup, window,
+                                         device, precision == "bf16"))
 
 
 # ---- flowrun ----
 
-def dit_overrides(cfg, data, steps, window, threads=0):
+def dit_overrides(cfg, data, steps, window, threads=0, device="cpu", precision="fp32"):
     """graphs/dit_base.yaml as the loop: the same data, VAE encoder (seeded random in both: the
     work is the same without a trained one), model, objective, optimizer and EMA (every step);
     the sampler, evaluation and checkpoints, which the loop does not have, moved past the last
-    step."""
+    step. device and precision: run.device and run.precision (bf16: the training forward under
+    autocast; the frozen encoders keep their own `dtype`)."""
     b, d = cfg["bert"], cfg["dit"]
     return ["graphs/dit_base.yaml", "data.path=" + data, "data.batch=%d" % cfg["batch"], "data.size=%d" % cfg["size"],
             "tok.vocab=" + cfg["vocab_txt"], "tok.max_length=%d" % cfg["max_length"]] + \
@@ -638,7 +675,8 @@ def dit_overrides(cfg, data, steps, window, threads=0):
            ["model.%s=%s" % kv for kv in sorted(d.items())] + \
            ["loss.cond_drop=%g" % cfg["cond_drop"], "opt.lr=%g" % cfg["lr"], "opt.warmup=%d" % cfg["warmup"],
             "opt.weight_decay=%g" % cfg["weight_decay"], "opt.clip=%g" % cfg["clip"], "ema.decay=%g" % cfg["ema_decay"],
-            "run.steps=%d" % steps, "run.log_every=%d" % window, "run.device=cpu", "run.threads=%d" % threads,
+            "run.steps=%d" % steps, "run.log_every=%d" % window, "run.device=" + device, "run.precision=" + precision,
+            "run.threads=%d" % threads,
             "sample.every=1000000", "sample.at=[]", "fid.every=1000000", "fid.at=[]", "eval.every=1000000", "eval.at=[]", "evlog.every=1000000",
             "evlog.at=[]", "ckpt.every=1000000", "ckpt.at=[]"]
 
@@ -651,12 +689,15 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--window", type=int, default=5)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast of the forwards")
     args = ap.parse_args()
     cfg = DIT_DEMO
     print("DiT parameters: %d (frozen BERT: %d, frozen VAE encoder: %d)" % (
         param_count(make_dit(cfg["dit"], 0.0)), param_count(make_encoder(cfg["bert"])),
         param_count(make_vae(cfg["vae"]))), flush=True)
-    s = dit_round(cfg, args.data, args.steps, args.warmup, args.window, args.threads, args.workers)
+    s = dit_round(cfg, args.data, args.steps, args.warmup, args.window, args.threads, args.workers, args.device,
+                  args.precision)
     print("%.3f s/step, %.2f steps/s, %.1f images/s" % (s, 1 / s, cfg["batch"] / s))
 
 

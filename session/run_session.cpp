@@ -1,5 +1,6 @@
 #include "run_session.hpp"
 
+#include <c10/core/Device.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
@@ -21,6 +22,7 @@
 #include "comm.hpp"
 #include "comm/startup.hpp"
 #include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/torch_setup.hpp"
 #include "executor.hpp"
 #include "hash.hpp"
@@ -406,8 +408,10 @@ int RunSession::run() {
     RunStats st = ex.run(opt);
     progress.close();
     const int64_t n = st.last_step_done - st.first_step + 1;
-    spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s); peak resident memory {}", st.stopped ? "stopped after" : "done:",
-                 n, st.seconds, st.seconds > 0 ? n / st.seconds : 0.0, peak_resident_text());
+    const double device_peak = peak_device_memory(c10::Device(info_.device));
+    spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s); peak resident memory {}{}", st.stopped ? "stopped after" : "done:",
+                 n, st.seconds, st.seconds > 0 ? n / st.seconds : 0.0, peak_resident_text(),
+                 device_peak < 0 ? std::string() : fmt::format(", peak {} memory {}", info_.device, bytes_text(device_peak)));
     if (st.stopped) code = 128 + (m.agree ? m.agree->signal() : g_stop.load());
   } catch (const std::exception& e) {  // NodeError names the node and step
     spdlog::error("{}", e.what());

@@ -11,7 +11,10 @@
 #include "node.hpp"
 
 #if FLOWRUN_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "common/cuda_streams.hpp"
 #endif
@@ -79,6 +82,37 @@ void synchronize_device(const c10::Device& device) {
 #else
   (void)device;
 #endif
+}
+
+double peak_device_memory(const c10::Device& device) {
+#if FLOWRUN_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return static_cast<double>(stats.allocated_bytes[0].peak);  // [0]: all pools together (StatType::AGGREGATE)
+  }
+#else
+  (void)device;
+#endif
+  return -1;
+}
+
+double available_device_memory(const c10::Device& device) {
+#if FLOWRUN_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device.index());
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;  // unknown
+    }
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const double cached = static_cast<double>(stats.reserved_bytes[0].current - stats.allocated_bytes[0].current);
+    return static_cast<double>(free) + cached;
+  }
+#else
+  (void)device;
+#endif
+  return 0;
 }
 
 std::unique_ptr<DeviceStreams> make_device_streams(const std::string& resolved) {

@@ -37,4 +37,14 @@ std::unique_ptr<DeviceStreams> make_device_streams(const std::string& resolved);
 // CPU). For code run without device streams; with them, sync through events instead.
 void synchronize_device(const c10::Device& device);
 
+// The most bytes this process's tensors held at once on `device` since it started (CUDA: the
+// caching allocator's peak of allocated bytes, what torch.cuda.max_memory_allocated reports);
+// -1 for the CPU, whose figure is the peak resident memory of the process.
+double peak_device_memory(const c10::Device& device);
+
+// Bytes this process could still allocate on `device`: CUDA: what the driver has free plus what
+// the caching allocator holds unused; 0 for the CPU (common/memory.hpp's available_host_memory
+// answers there).
+double available_device_memory(const c10::Device& device);
+
 }  // namespace flowrun

@@ -33,7 +33,8 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& written, bert
       "hidden_dropout_prob", "classifier_dropout", "initializer_range", "pad_token_id", "bos_token_id", "eos_token_id",
       "transformers_version", "torch_dtype", "dtype", "use_cache", "directionality", "output_past", "pooler_fc_size",
       "pooler_num_attention_heads", "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type",
-      "gradient_checkpointing", "id2label", "label2id"};
+      "gradient_checkpointing", "id2label", "label2id",
+      "tie_word_embeddings"};  // transformers 5 writes it; BertModel has no LM head to tie
   check_config_keys(f, known, fixed, "BertModel", "this BERT");
 }
 

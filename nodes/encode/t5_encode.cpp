@@ -33,7 +33,7 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& written, t5::
   c.gated = proj == "gated-gelu";
   // What transformers derives from feed_forward_proj, saved beside it: must say the same.
   const std::map<std::string, nlohmann::json> fixed = {{"dense_act_fn", c.gated ? "gelu_new" : "relu"},
-                                                       {"is_gated_act", c.gated}};
+                                                       {"is_gated_act", c.gated}, {"is_decoder", false}};
   // Read above, or not about the encoder's math (the decoder, dropout, init, token ids,
   // bookkeeping).
   const std::set<std::string> known = {
@@ -42,7 +42,8 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& written, t5::
       "num_decoder_layers", "decoder_start_token_id", "dropout_rate", "classifier_dropout", "initializer_factor",
       "is_encoder_decoder", "tie_word_embeddings", "pad_token_id", "eos_token_id", "tokenizer_class",
       "transformers_version", "torch_dtype", "dtype", "use_cache", "output_past", "n_positions",
-      "task_specific_params", "gradient_checkpointing"};
+      "task_specific_params", "gradient_checkpointing", "bos_token_id",
+      "scale_decoder_outputs"};  // transformers 5: the tied LM head's rescaling, decoder side only
   check_config_keys(f, known, fixed, mt5 ? "MT5EncoderModel" : "T5EncoderModel", "this encoder");
 }
 

@@ -173,11 +173,12 @@ std::string CheckpointPolicy::str() const {
 }
 
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
-                                        int64_t bytes, const CheckpointPolicy& policy) {
-  // Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer with 2-byte activations.
-  const double per_block = (34.0 * static_cast<double>(tokens) * static_cast<double>(dim) +
-                            5.0 * static_cast<double>(heads) * static_cast<double>(seq) * static_cast<double>(tokens)) *
-                           static_cast<double>(bytes) / 2.0;
+                                        int64_t bytes, const CheckpointPolicy& policy, bool fused_attention) {
+  // Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer with 2-byte activations; fused
+  // attention keeps no scores, one fp32 logsumexp per head and token.
+  const double h_tokens = static_cast<double>(heads) * static_cast<double>(tokens);
+  const double per_block = 34.0 * static_cast<double>(tokens) * static_cast<double>(dim) * static_cast<double>(bytes) / 2.0 +
+                           (fused_attention ? 4.0 * h_tokens : 5.0 * h_tokens * static_cast<double>(seq) * static_cast<double>(bytes) / 2.0);
   const double input = static_cast<double>(tokens) * static_cast<double>(dim) * static_cast<double>(bytes);
   ActivationEstimate e;
   e.plain = static_cast<double>(blocks) * per_block;

@@ -47,9 +47,10 @@ struct CheckpointPolicy {
 
 // Activation memory estimates (bytes) of a stack of `blocks` transformer blocks, `tokens` rows
 // (batch x sequence) of width `dim`, `bytes` per element (4 fp32, 2 bf16), with `heads` heads of
-// attention over `seq` positions (scores kept: no fused attention on the CPU): what backward
-// keeps, per Korthikanti et al. 2022 (Megatron's "Reducing Activation Recomputation"): per block
-// about 34 x tokens x dim (in 2-byte units) plus 5 x heads x seq x tokens for the scores, scaled
+// attention over `seq` positions: what backward keeps, per Korthikanti et al. 2022 (Megatron's
+// "Reducing Activation Recomputation"): per block about 34 x tokens x dim (in 2-byte units) plus
+// 5 x heads x seq x tokens for the attention scores (kept by the CPU's attention; a GPU's fused
+// attention, `fused_attention`, keeps one fp32 logsumexp per head and token instead), scaled
 // to `bytes`; with checkpointing, each recomputed block keeps only its input (tokens x dim), and
 // one block's worth is live while it is recomputed.
 struct ActivationEstimate {
@@ -57,6 +58,6 @@ struct ActivationEstimate {
   double recompute_live = 0;  // of checkpointed: the recomputed block live again during backward
 };
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
-                                        int64_t bytes, const CheckpointPolicy& policy);
+                                        int64_t bytes, const CheckpointPolicy& policy, bool fused_attention = false);
 
 }  // namespace flowrun

@@ -5,6 +5,7 @@
 
 #include "common/memory.hpp"
 #include "formats/text_tokenizer.hpp"
+#include "models/attention.hpp"
 #include "models/cappa.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
@@ -54,14 +55,16 @@ class CappaNode : public Node {
     // For forward_backward's memory estimate: what backward keeps of the encoder's and the
     // decoder's blocks (Korthikanti et al.'s estimate, models/activation_checkpoint.hpp); a
     // decoder block attends the caption and the image's patches (L + P positions).
-    state->activations = [c](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+    // On a GPU (where the model is when the estimate is asked for) attention is fused.
+    state->activations = [c, model](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const auto ids = b.find("input_ids");
       if (ids == b.end()) throw std::runtime_error("no input_ids in the batch");
       const int64_t rows = ids->second.size(0), P = c.tokens();
       const int64_t L = std::min<int64_t>(ids->second.dim() > 1 ? ids->second.size(1) : 1, c.max_len);
-      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy);
+      const bool fused = fused_attention_available(model->parameters().front());
+      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy, fused);
       const ActivationEstimate dec =
-          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy);
+          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy, fused);
       return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed,
                                 std::max(enc.recompute_live, dec.recompute_live)};
     };

@@ -13,6 +13,7 @@
 #include "common/memory.hpp"
 #include "common/pretrained.hpp"
 #include "formats/text_tokenizer.hpp"
+#include "models/attention.hpp"
 #include "models/dit.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
@@ -140,11 +141,13 @@ class DitNode : public Node {
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) over the image's
     // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]).
     state->checkpoint = cfg.checkpoint;
-    state->activations = [cfg](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+    // On a GPU (where the model is when the estimate is asked for) attention is fused.
+    state->activations = [cfg, model](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+      const bool fused = fused_attention_available(model->parameters().front());
       for (const auto& [key, t] : b)
         if (t.dim() == 4 && t.is_floating_point()) {
           const int64_t tokens = (t.size(2) / cfg.patch) * (t.size(3) / cfg.patch);
-          return estimate_activations(cfg.depth, t.size(0) * tokens, cfg.hidden, cfg.heads, tokens, bytes, policy);
+          return estimate_activations(cfg.depth, t.size(0) * tokens, cfg.hidden, cfg.heads, tokens, bytes, policy, fused);
         }
       throw std::runtime_error("the batch has no image (a 4-D tensor)");
     };

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/memory.hpp"
+#include "models/attention.hpp"
 #include "models/gpt.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
@@ -34,8 +35,8 @@ class GptNode : public Node {
         [&](const std::string& path) { load_hf_safetensors(*model, path); });
     if (ctx.run().rank == 0) {
       // What backward keeps per sequence of `context` tokens, in fp32 (half that in bf16).
-      const ActivationEstimate a =
-          estimate_activations(cfg.layers, cfg.context, cfg.dim, cfg.heads, cfg.context, 4, cfg.checkpoint);
+      const ActivationEstimate a = estimate_activations(cfg.layers, cfg.context, cfg.dim, cfg.heads, cfg.context, 4,
+                                                        cfg.checkpoint.every ? cfg.checkpoint : CheckpointPolicy::parse("blocks"));
       spdlog::info("{}: activations kept for backward, per sequence of {} tokens in fp32: about {:.1f} MB without "
                    "checkpointing, {:.1f} MB with checkpoint: {}{}",
                    ctx.who(), cfg.context, a.plain / 1e6, a.checkpointed / 1e6,
@@ -47,11 +48,14 @@ class GptNode : public Node {
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) and the LM head's
     // logits with their gradient (rows x T x vocab, twice).
     state->checkpoint = cfg.checkpoint;
-    state->activations = [cfg](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+    // On a GPU (where the model is when the estimate is asked for) attention is fused, unless
+    // attention dropout trains (models/gpt.cpp).
+    state->activations = [cfg, model](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const torch::Tensor& tokens = b.at("tokens");  // [rows, T + 1]: inputs and the shifted targets
       const int64_t seq = std::max<int64_t>(1, std::min<int64_t>(tokens.size(1) - 1, cfg.context));
       const int64_t n = tokens.size(0) * seq;
-      ActivationEstimate e = estimate_activations(cfg.layers, n, cfg.dim, cfg.heads, seq, bytes, policy);
+      ActivationEstimate e = estimate_activations(cfg.layers, n, cfg.dim, cfg.heads, seq, bytes, policy,
+                                                  cfg.dropout == 0.0 && fused_attention_available(model->wte->weight));
       const double logits = 2.0 * static_cast<double>(n) * static_cast<double>(cfg.vocab) * static_cast<double>(bytes);
       e.plain += logits;
       e.checkpointed += logits;

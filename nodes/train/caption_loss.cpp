@@ -4,6 +4,7 @@
 
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
+#include "train/cross_entropy.hpp"
 #include "train/losses.hpp"
 
 namespace flowrun {
@@ -78,11 +79,14 @@ torch::Tensor CaptionLoss::loss(ModelState& model, const TensorMap& batch) const
   if (logits.dim() != 3 || logits.size(0) != p.labels.size(0) || logits.size(1) != p.labels.size(1))
     throw std::runtime_error("objective " + type + ": the model returned " + shape_str(logits) + " for targets " +
                              shape_str(p.labels) + "; expected [batch, L, vocab]");
-  const torch::Tensor logp = torch::log_softmax(logits, -1, torch::kFloat);  // fp16 logits read as they are on a GPU
-  const torch::Tensor w = p.weights.to(logp.device());
-  torch::Tensor per_token = -logp.gather(2, p.labels.to(logp.device()).unsqueeze(2)).squeeze(2);
-  if (o_.label_smoothing > 0)
-    per_token = (1.0 - o_.label_smoothing) * per_token - o_.label_smoothing * logp.mean(-1);
+  // Per token (train/cross_entropy.hpp: on a GPU the fused kernel, which reads bf16 logits as
+  // they are and keeps one fp32 logsumexp per token; on the CPU torch's log-softmax).
+  const int64_t B = logits.size(0), L = logits.size(1);
+  const torch::Tensor per_token =
+      cross_entropy_rows(logits.reshape({B * L, logits.size(2)}), p.labels.to(logits.device()).reshape({B * L}),
+                         o_.label_smoothing)
+          .view({B, L});
+  const torch::Tensor w = p.weights.to(logits.device());
   return ((per_token * w).sum(1) / w.sum(1).clamp_min(1.0)).mean();  // per caption, then over captions
 }
 

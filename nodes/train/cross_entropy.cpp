@@ -79,19 +79,23 @@ void check_launch(const char* error, const char* what) {
   if (error) throw std::runtime_error(std::string("cross_entropy_mean: ") + what + " kernel: " + error);
 }
 
-struct CrossEntropyMeanCuda : torch::autograd::Function<CrossEntropyMeanCuda> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& targets_in) {
+// The per-row losses (`mean` false: [N], with label smoothing) or their mean (a 0-d tensor).
+struct CrossEntropyCuda : torch::autograd::Function<CrossEntropyCuda> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits_in, const torch::Tensor& targets_in,
+                               double smoothing, bool mean) {
     torch::Tensor logits = logits_in.contiguous(), targets = targets_in.contiguous();
     const int64_t N = logits.size(0), V = logits.size(1);
     const auto f32 = logits.options().dtype(torch::kFloat);
     torch::Tensor lse = torch::empty({N}, f32), rows = torch::empty({N}, f32);
     check_launch(cuda_kernels::cross_entropy_forward(
                      kernel_dtype(logits), logits.data_ptr(), targets.data_ptr<int64_t>(), N, V,
-                     lse.data_ptr<float>(), rows.data_ptr<float>(),
+                     static_cast<float>(smoothing), lse.data_ptr<float>(), rows.data_ptr<float>(),
                      c10::cuda::getCurrentCUDAStream(logits.device().index()).stream()),
                  "forward");
     ctx->save_for_backward({logits, targets, lse});
-    return rows.mean();
+    ctx->saved_data["smoothing"] = smoothing;
+    ctx->saved_data["mean"] = mean;
+    return mean ? rows.mean() : rows;
   }
 
   static tensor_list backward(AutogradContext* ctx, tensor_list grad_out) {
@@ -99,44 +103,72 @@ struct CrossEntropyMeanCuda : torch::autograd::Function<CrossEntropyMeanCuda> {
     const torch::Tensor& logits = saved[0];
     const torch::Tensor& targets = saved[1];
     const torch::Tensor& lse = saved[2];
+    const bool mean = ctx->saved_data["mean"].toBool();
     torch::Tensor go = grad_out[0].to(logits.device(), torch::kFloat).contiguous();
     torch::Tensor grad = torch::empty_like(logits, at::MemoryFormat::Contiguous);
     check_launch(cuda_kernels::cross_entropy_backward(
                      kernel_dtype(logits), logits.data_ptr(), targets.data_ptr<int64_t>(), lse.data_ptr<float>(),
-                     go.data_ptr<float>(), logits.size(0), logits.size(1), grad.data_ptr(),
+                     go.data_ptr<float>(), /*per_row=*/!mean, logits.size(0), logits.size(1),
+                     static_cast<float>(ctx->saved_data["smoothing"].toDouble()), grad.data_ptr(),
                      c10::cuda::getCurrentCUDAStream(logits.device().index()).stream()),
                  "backward");
-    return {grad, torch::Tensor()};
+    return {grad, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 #endif
 
-}  // namespace
-
-torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets, CrossEntropyKernel kernel) {
+// The checks both entry points make, and the kernel `automatic` stands for (`cpu`: the kernel
+// for CPU logits).
+CrossEntropyKernel check_and_pick(const char* who, const torch::Tensor& logits, const torch::Tensor& targets,
+                                  CrossEntropyKernel kernel, CrossEntropyKernel cpu) {
+  const std::string w = who;
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
-    throw std::runtime_error("cross_entropy_mean: logits must be [N, V] and targets [N], got " +
-                             shape_str(logits) + " and " + shape_str(targets));
-  if (!logits.is_floating_point()) throw std::runtime_error("cross_entropy_mean: logits must be floating point");
-  if (targets.scalar_type() != torch::kLong) throw std::runtime_error("cross_entropy_mean: targets must be int64");
-  if (logits.size(0) == 0) throw std::runtime_error("cross_entropy_mean: no rows");
+    throw std::runtime_error(w + ": logits must be [N, V] and targets [N], got " + shape_str(logits) + " and " +
+                             shape_str(targets));
+  if (!logits.is_floating_point()) throw std::runtime_error(w + ": logits must be floating point");
+  if (targets.scalar_type() != torch::kLong) throw std::runtime_error(w + ": targets must be int64");
+  if (logits.size(0) == 0) throw std::runtime_error(w + ": no rows");
   if (kernel == CrossEntropyKernel::automatic)
-    kernel = logits.is_cpu() ? CrossEntropyKernel::chunked
+    kernel = logits.is_cpu() ? cpu
              : logits.is_cuda() && fused_cross_entropy_built() ? CrossEntropyKernel::fused
                                                                 : CrossEntropyKernel::library;
   if (kernel == CrossEntropyKernel::fused) {
     if (!logits.is_cuda() || !targets.is_cuda())
-      throw std::runtime_error("cross_entropy_mean: the fused kernel runs on a CUDA device; logits are on " +
-                               logits.device().str() + ", targets on " + targets.device().str());
-#ifdef FLOWRUN_CUDA
-    return CrossEntropyMeanCuda::apply(logits, targets);
-#else
-    throw std::runtime_error("cross_entropy_mean: the fused kernel needs a CUDA build (FLOWRUN_CUDA=ON)");
-#endif
+      throw std::runtime_error(w + ": the fused kernel runs on a CUDA device; logits are on " + logits.device().str() +
+                               ", targets on " + targets.device().str());
+    if (!fused_cross_entropy_built())
+      throw std::runtime_error(w + ": the fused kernel needs a CUDA build (FLOWRUN_CUDA=ON)");
   }
+  return kernel;
+}
+
+}  // namespace
+
+torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets, CrossEntropyKernel kernel) {
+  kernel = check_and_pick("cross_entropy_mean", logits, targets, kernel, CrossEntropyKernel::chunked);
+#ifdef FLOWRUN_CUDA
+  if (kernel == CrossEntropyKernel::fused) return CrossEntropyCuda::apply(logits, targets, 0.0, true);
+#endif
   if (kernel == CrossEntropyKernel::library)  // fp32 log-probabilities, as autocast's cross_entropy
     return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat), targets);
   return CrossEntropyMean::apply(logits.element_size() < 4 ? logits.to(torch::kFloat) : logits, targets);
+}
+
+torch::Tensor cross_entropy_rows(const torch::Tensor& logits, const torch::Tensor& targets, double smoothing,
+                                 CrossEntropyKernel kernel) {
+  if (!(smoothing >= 0 && smoothing <= 1))
+    throw std::runtime_error("cross_entropy_rows: label smoothing must be in [0, 1], got " + std::to_string(smoothing));
+  kernel = check_and_pick("cross_entropy_rows", logits, targets, kernel, CrossEntropyKernel::library);
+  if (kernel == CrossEntropyKernel::chunked)
+    throw std::runtime_error("cross_entropy_rows: the chunked kernel computes means only; use library or fused");
+#ifdef FLOWRUN_CUDA
+  if (kernel == CrossEntropyKernel::fused) return CrossEntropyCuda::apply(logits, targets, smoothing, false);
+#endif
+  // fp16/bf16 logits read as they are, fp32 log-probabilities (double ones for double logits)
+  const torch::Tensor logp = torch::log_softmax(logits, -1, logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat);
+  torch::Tensor rows = -logp.gather(1, targets.unsqueeze(1)).squeeze(1);
+  if (smoothing > 0) rows = (1.0 - smoothing) * rows - smoothing * logp.mean(-1);
+  return rows;
 }
 
 bool fused_cross_entropy_built() {

@@ -1,4 +1,5 @@
-// Mean cross-entropy of logits [N, V] against class ids [N], for the lm objective.
+// Mean cross-entropy of logits [N, V] against class ids [N], for the lm objective; per-row
+// losses with label smoothing, for the caption objective.
 //
 // Three kernels, one result (the value and gradient of torch::nn::functional::cross_entropy
 // with mean reduction, the softmax in fp32 whatever the logits' dtype):
@@ -34,6 +35,13 @@ bool fused_cross_entropy_built();
 // logits: floating [N, V] (any float dtype); targets: int64 [N], each in [0, V). Returns a 0-d
 // fp32 tensor with autograd to `logits`. No double backward.
 torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets,
+                                 CrossEntropyKernel kernel = CrossEntropyKernel::automatic);
+
+// Each row's cross-entropy with label smoothing e: (1 - e) (-log p[target]) + e (-mean_j log p[j]),
+// an fp32 [N] with autograd to `logits` (for losses weighted per token: the caption loss).
+// `automatic` is fused for CUDA logits where built, else library (torch's log_softmax in fp32,
+// gather and mean: the chunked kernel computes means only).
+torch::Tensor cross_entropy_rows(const torch::Tensor& logits, const torch::Tensor& targets, double smoothing = 0,
                                  CrossEntropyKernel kernel = CrossEntropyKernel::automatic);
 
 }  // namespace flowrun

@@ -7,9 +7,11 @@
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAStream.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -311,6 +313,32 @@ TEST(Gpu, FusedCrossEntropyMatchesDoublePrecision) {
   }
 }
 
+// The caption loss's per-row losses on the fused kernel: label smoothing and a weight per row
+// (the upstream gradient of each row), against the library's log-softmax path in double.
+TEST(Gpu, FusedPerRowCrossEntropyWithLabelSmoothingMatchesTheLibrary) {
+  at::Generator g = make_cpu_generator(9);
+  for (int64_t V : {32000, 1001})
+    for (torch::Dtype dtype : {torch::kFloat, torch::kBFloat16})
+      for (double e : {0.0, 0.1}) {
+        const int64_t N = 64;
+        torch::Tensor x = (torch::randn({N, V}, g) * 4).to(dtype), t = torch::randint(V, {N}, g, torch::kLong);
+        torch::Tensor w = torch::rand({N}, g);
+        torch::Tensor ref_x = x.to(torch::kDouble).requires_grad_(true);
+        torch::Tensor ref = cross_entropy_rows(ref_x, t, e, CrossEntropyKernel::library);
+        (ref * w.to(torch::kDouble)).sum().backward();
+        torch::Tensor xg = x.to(torch::kCUDA).requires_grad_(true);
+        torch::Tensor rows = cross_entropy_rows(xg, t.to(torch::kCUDA), e);  // automatic: fused on a GPU
+        (rows * w.to(torch::kCUDA)).sum().backward();
+        const std::string what = std::string(c10::toString(dtype)) + " V=" + std::to_string(V) + " e=" + std::to_string(e);
+        ASSERT_EQ(rows.sizes(), torch::IntArrayRef({N})) << what;
+        EXPECT_EQ(rows.scalar_type(), torch::kFloat) << what;
+        EXPECT_TRUE(torch::allclose(rows.detach().cpu().to(torch::kDouble), ref.detach(), 1e-5, 1e-5)) << what;
+        ASSERT_EQ(xg.grad().scalar_type(), dtype) << what;
+        torch::Tensor gr = ref_x.grad(), gg = xg.grad().cpu().to(torch::kDouble);
+        EXPECT_LT(((gg - gr).norm() / gr.norm()).item<double>(), dtype == torch::kFloat ? 1e-5 : 1e-2) << what;
+      }
+}
+
 // GPT's GPU attention (strided q, k, v views into the fused kernels) gives the CPU path's logits
 // and gradients.
 TEST(Gpu, GptAttentionOnTheGpuMatchesTheCpuPath) {
@@ -499,6 +527,7 @@ params: { tag: { type: string, default: stamp } })",
 struct Overlap {
   int steps = 0;
   double span = 0, ema = 0;
+  std::string timeline;  // per step: the forward's and the EMA's [start, end] in ms
 };
 Overlap measure_overlap(int64_t steps) {
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<at::cuda::CUDAEvent>> at;
@@ -509,6 +538,8 @@ Overlap measure_overlap(int64_t steps) {
   for (int64_t s = 2; s < steps; ++s) {
     if (ms("pre", s) < ms("fwd_end", s + 1) && ms("fwd_start", s + 1) < ms("post", s)) ++o.steps;
     o.ema += ms("post", s) - ms("pre", s);
+    o.timeline += fmt::format(" step {}: fwd [{:.2f}, {:.2f}] ema [{:.2f}, {:.2f}];", s, ms("fwd_start", s),
+                              ms("fwd_end", s), ms("pre", s), ms("post", s));
   }
   o.span = ms("fwd_end", steps);
   return o;
@@ -519,25 +550,32 @@ Overlap measure_overlap(int64_t steps) {
 TEST(Gpu, EmaOnItsStreamOverlapsTheNextForward) {
   register_overlap_nodes();
   auto streams = make_device_streams("cuda:0");
+  // The device's work per step (a ~5 ms spin; an EMA over 600M parameters, ~2 ms) well above
+  // the host's time to queue a step's nodes (~2.5 ms measured on an H200): with less, the host
+  // sets the pace on both streams and the test measures the host (it did, at 1 ms and 270M).
   const std::string yaml = R"(flowrun: 1
 run: { steps: 8, prefetch: 2 }
 nodes:
-  model: { type: mlp, with: { in_dim: 8192, hidden: 8192, layers: 4, out_dim: 8 } }
-  fwd:   { type: t_gpu_spin_read, in: { model: model.params } }
+  model: { type: mlp, with: { in_dim: 12288, hidden: 12288, layers: 4, out_dim: 8 } }
+  fwd:   { type: t_gpu_spin_read, in: { model: model.params }, with: { cycles: 10000000 } }
   upd:   { type: t_gpu_touch, in: { model: model.params } }
   pre:   { type: t_gpu_stamp, stream: ema, in: { model: model.params }, with: { tag: pre } }
   ema:   { type: ema, stream: ema, in: { model: model.params }, with: { decay: 0.9 } }
   post:  { type: t_gpu_stamp, stream: ema, in: { model: model.params }, with: { tag: post } }
 )";
-  stamps().clear();
-  run_on_gpu(yaml, {}, streams.get());
-  torch::cuda::synchronize();
-  const Overlap own = measure_overlap(8);
-  stamps().clear();
-  run_on_gpu(yaml, {"pre.stream=default", "ema.stream=default", "post.stream=default"}, streams.get());
-  torch::cuda::synchronize();
-  const Overlap one = measure_overlap(8);
-  stamps().clear();
+  auto timed = [&](const std::vector<std::string>& ov) {
+    stamps().clear();
+    const auto t0 = std::chrono::steady_clock::now();
+    run_on_gpu(yaml, ov, streams.get());
+    torch::cuda::synchronize();
+    Overlap o = measure_overlap(8);
+    o.timeline += fmt::format(" host: {:.1f} s for the run", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    stamps().clear();
+    return o;
+  };
+  const Overlap own = timed({});
+  const Overlap one = timed({"pre.stream=default", "ema.stream=default", "post.stream=default"});
+  SCOPED_TRACE("own stream:" + own.timeline + "\none stream:" + one.timeline);
   EXPECT_GE(own.steps, 4) << "of 6 steps";
   // The control: on one stream nothing overlaps, but pre and post are nodes of their own, and
   // the next forward may be queued between them, so their events intersect it there too (seen

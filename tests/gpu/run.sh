@@ -9,7 +9,9 @@
 #   2. test: ctest -L gpu (tests/gpu/gpu_test.cpp), then the engine tests (stream ordering,
 #      executor) in the CUDA build;
 #   3. bench: bench/gpu_gpt2.py (GPT-2 124M at batch 8 and 16, flowrun vs a PyTorch eager loop, torch.compile
-#      beside it; the DiT encoder-stream comparison); its table is printed last.
+#      beside it; activation checkpointing's peak memory at GPT-2 350M size) and bench/gpu_dit.py (a
+#      DiT-XL/2-size DiT against bench/torch_dit.py, its encoders' stream against inline); the
+#      tables are printed last.
 # Usage: tests/gpu/run.sh [all|build|test|bench]   (default all; the stages can be run one per
 #        call when a call has a time limit: build-gpu/ is kept between them)
 # Carry third_party/debs/ (scripts/gpu_debs.sh) and data/text/ (scripts/data.sh: it needs
@@ -157,9 +159,21 @@ if want bench; then
   rm -f "$RESULTS/bench.md"
   set +e
   # shellcheck disable=SC2086  # BENCH_ARGS: extra words on purpose
-  $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --compile --dit --out "$RESULTS/bench.md" ${BENCH_ARGS:-} \
-    2>&1 | tee "$RESULTS/bench.log" | grep -E "^(round|dit round|flowrun failed|flowrun: no run|torch.compile failed|gpu_gpt2.py:)"
+  $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --compile --memory --out "$RESULTS/bench.md" ${BENCH_ARGS:-} \
+    2>&1 | tee "$RESULTS/bench.log" | grep -E "^(round|memory:|flowrun failed|flowrun: no run|torch.compile failed|gpu_gpt2.py:)"
   bench=${PIPESTATUS[0]}
+  # The DiT at DiT-XL/2 size against bench/torch_dit.py, and its encoders' stream against inline,
+  # on 256 px shapes rendered here (1200 images).
+  if ! ls data/shapes/xl.train-*.tar > /dev/null 2>&1; then
+    say "rendering data/shapes/xl (256 px) for bench/gpu_dit.py"
+    "$BUILD/engine/flowrun" prep shapes data/shapes/xl-png --set base --count 1200 --size 256 --seed 1 > /dev/null
+    "$BUILD/engine/flowrun" prep images data/shapes/xl-png data/shapes/xl --val-fraction 0.05 --seed 1 > /dev/null
+  fi
+  $PY bench/gpu_dit.py --flowrun "$BUILD/engine/flowrun" --out "$RESULTS/bench_dit.md" 2>&1 | tee "$RESULTS/bench_dit.log" |
+    grep -E "^(round|flowrun failed|gpu_dit.py:)"
+  dit_status=${PIPESTATUS[0]}
+  [ -f "$RESULTS/bench_dit.md" ] && { echo; cat "$RESULTS/bench_dit.md"; } >> "$RESULTS/bench.md"
+  [ "$bench" = 0 ] && bench=$dit_status
   # Batch 16 (issue 30's second size), appended to the same table.
   $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --batch 16 --out "$RESULTS/bench16.md" ${BENCH_ARGS:-} \
     2>&1 | tee "$RESULTS/bench16.log" | grep -E "^(round|flowrun failed|flowrun: no run|gpu_gpt2.py:)"

@@ -223,6 +223,28 @@ TEST(CrossEntropy, TheFusedKernelRunsOnlyOnACudaDevice) {
   }
 }
 
+// Per-row losses with label smoothing (the caption loss's) are torch's cross_entropy with
+// label_smoothing, row by row, value and gradient; smoothing outside [0, 1] and the mean-only
+// chunked kernel are refused.
+TEST(CrossEntropy, RowsWithLabelSmoothingAreTorchsPerRowLoss) {
+  at::Generator g = make_cpu_generator(11);
+  const torch::Tensor x = torch::randn({9, 37}, g) * 3, t = torch::randint(37, {9}, g, torch::kLong);
+  const torch::Tensor w = torch::rand({9}, g);  // a weight per row, as the caption loss's mask
+  for (double e : {0.0, 0.1}) {
+    torch::Tensor xm = x.clone().requires_grad_(true), x64 = x.to(torch::kDouble).requires_grad_(true);
+    torch::Tensor mine = cross_entropy_rows(xm, t, e);
+    namespace F = torch::nn::functional;
+    torch::Tensor ref = F::cross_entropy(x64, t, F::CrossEntropyFuncOptions().reduction(torch::kNone).label_smoothing(e));
+    ASSERT_EQ(mine.sizes(), torch::IntArrayRef({9}));
+    EXPECT_TRUE(torch::allclose(mine.to(torch::kDouble), ref, 1e-6, 1e-7)) << e;
+    auto gm = torch::autograd::grad({(mine * w).sum()}, {xm})[0];
+    auto gr = torch::autograd::grad({(ref * w.to(torch::kDouble)).sum()}, {x64})[0].to(torch::kFloat);
+    EXPECT_TRUE(torch::allclose(gm, gr, 1e-5, 1e-7)) << e << ": " << (gm - gr).abs().max().item<double>();
+  }
+  EXPECT_THROW(cross_entropy_rows(x, t, 1.5), std::runtime_error);
+  EXPECT_THROW(cross_entropy_rows(x, t, 0, CrossEntropyKernel::chunked), std::runtime_error);
+}
+
 gpt::Gpt tiny_gpt() {
   gpt::Config c;
   c.layers = 2;

@@ -8,9 +8,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 
+#include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
+#include "encode/text_encode.hpp"
 #include "models/dit.hpp"
+#include "models/gpt.hpp"
 #include "models/model_state.hpp"
 #include "models/vae.hpp"
 #include "node_test_helpers.hpp"
@@ -76,6 +80,99 @@ TEST(HfFixtures, VaeFromItsDiffusersFolderMatchesDiffusersEncodeAndDecode) {
   EXPECT_LT(rel(decoded, ref("vae.decoded")), 1e-5);
   std::printf("AutoencoderKL vs diffusers: mean %.2e, logvar %.2e, decoded %.2e relative\n", rel(mean, ref("vae.mean")),
               rel(logvar, ref("vae.logvar")), rel(decoded, ref("vae.decoded")));
+}
+
+// tests/fixtures/hf/make_transformers_fixtures.py's outputs: inputs (ids and masks as float32)
+// and transformers' outputs for them, by model (bert.*, t5.*, mt5.*, gpt2.*).
+const safetensors::Tensors& transformers_reference() {
+  static const safetensors::Tensors r = safetensors::load(kFixtures + "/reference_transformers.safetensors").tensors;
+  return r;
+}
+const torch::Tensor& tref(const std::string& name) { return transformers_reference().at(name); }
+
+// The wordpiece tokenizer's vocabulary an encoder node's `tokens` input needs in a graph (the
+// tests then give the encoder the stored ids themselves).
+const std::string& tokenizer_vocab() {
+  static const std::string path = [] {
+    const std::string p = test::temp_dir("hf_transformers") + "/vocab.txt";
+    std::ofstream(p) << "[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n";
+    return p;
+  }();
+  return path;
+}
+
+// The encoder node `type` (bert_encode, t5_encode) loaded by `pretrained:` from the fixture
+// folder `folder`, as a user's graph does, on the CPU; encode_text on the stored ids and mask of
+// `key` (bert, t5, mt5): {text_emb, text_mask}.
+TensorMap encoder_output(const std::string& type, const std::string& folder, const std::string& key) {
+  auto g = test::load_graph_text(
+      "flowrun: 1\nrun: { steps: 1, device: cpu }\nnodes:\n"
+      "  caps: { type: t_captions, with: { captions: [a] } }\n"
+      "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" +
+      tokenizer_vocab() + "', max_length: 8 } }\n"
+      "  enc: { type: " + type + ", in: { tokens: tok.tokens }, with: { pretrained: '" + kFixtures + "/" + folder +
+      "' } }\n");
+  ModelState& enc = g->state<ModelState>("enc", "params");
+  return encode_text(enc, {{"input_ids", tref(key + ".input_ids").to(torch::kLong)},
+                           {"attention_mask", tref(key + ".attention_mask").to(torch::kLong)}});
+}
+
+// The emb of `key`'s encoder against transformers' last_hidden_state: every position (padded
+// ones are computed, not zeroed, in both), the padded row alone, and the mask passed through.
+void expect_encoder_matches(const TensorMap& out, const std::string& key, const char* what) {
+  const torch::Tensor& want = tref(key + ".last_hidden_state");
+  const torch::Tensor& emb = out.at("text_emb");
+  ASSERT_EQ(emb.sizes(), want.sizes()) << what;
+  EXPECT_EQ(emb.scalar_type(), torch::kFloat) << what;
+  EXPECT_LT(rel(emb, want), 1e-5) << what << ": " << rel(emb, want);
+  EXPECT_LT(rel(emb[1], want[1]), 1e-5) << what << " (the padded row): " << rel(emb[1], want[1]);
+  EXPECT_TRUE(torch::equal(out.at("text_mask"), tref(key + ".attention_mask").to(torch::kLong))) << what;
+  std::printf("%s vs transformers: %.2e relative (padded row %.2e)\n", what, rel(emb, want), rel(emb[1], want[1]));
+}
+
+TEST(HfFixtures, BertEncodeFromATransformersBertModelFolderMatchesTransformersLastHiddenState) {
+  expect_encoder_matches(encoder_output("bert_encode", "bert", "bert"), "bert", "BertModel");
+}
+
+TEST(HfFixtures, T5EncodeFromATransformersT5V11EncoderFolderMatchesTransformersLastHiddenState) {
+  expect_encoder_matches(encoder_output("t5_encode", "t5", "t5"), "t5", "T5EncoderModel (v1.1)");
+}
+
+TEST(HfFixtures, T5EncodeFromAShardedTransformersMt5EncoderFolderMatchesTransformersLastHiddenState) {
+  // The folder is as transformers sharded it: an index and at least two shards, no single file.
+  const PretrainedFolder f = open_pretrained(kFixtures + "/mt5", {"text_encoder_2", "", "model"});
+  EXPECT_EQ(f.weights_index, kFixtures + "/mt5/model.safetensors.index.json");
+  EXPECT_GE(f.weight_files.size(), 2u);
+  EXPECT_EQ(f.config.value("model_type", ""), "mt5");
+  expect_encoder_matches(encoder_output("t5_encode", "mt5", "mt5"), "mt5", "MT5EncoderModel (sharded)");
+}
+
+TEST(HfFixtures, GptFromATransformersGpt2ModelSafetensorsMatchesTransformersLogits) {
+  // The gpt node has no `pretrained:`: `weights:` names transformers' model.safetensors
+  // ("transformer." names, no lm_head.weight: tied) and the graph writes the sizes of
+  // gpt2/config.json (n_layer, n_embd, n_head, vocab_size, n_positions).
+  auto g = test::load_graph_text(
+      "flowrun: 1\nrun: { steps: 1, device: cpu }\nnodes:\n"
+      "  model: { type: gpt, with: { layers: 2, dim: 16, heads: 2, vocab: 80, context: 32, weights: '" + kFixtures +
+      "/gpt2/model.safetensors' } }\n");
+  ModelState& s = g->state<ModelState>("model", "params");
+  auto gpt = std::dynamic_pointer_cast<gpt::GptImpl>(s.module);
+  ASSERT_TRUE(gpt);
+  gpt->eval();
+  torch::NoGradGuard ng;
+  const torch::Tensor ids = tref("gpt2.input_ids").to(torch::kLong);
+  const torch::Tensor& want = tref("gpt2.logits");  // transformers' logits without a mask
+  const torch::Tensor logits = gpt->forward(ids);
+  ASSERT_EQ(logits.sizes(), want.sizes());
+  EXPECT_LT(rel(logits, want), 1e-5) << rel(logits, want);
+  // The second row is padded on the right (with the eos token, read as tokens here and by
+  // transformers alike); its real positions alone, which a mask would not change.
+  const torch::Tensor real = tref("gpt2.attention_mask")[1].to(torch::kBool);
+  EXPECT_LT(rel(logits[1].index({real}), want[1].index({real})), 1e-5);
+  // Through the node's forward: tokens [B, T+1] give the logits of tokens[:, :-1].
+  const torch::Tensor tokens = torch::cat({ids, ids.narrow(1, 0, 1)}, 1);
+  EXPECT_LT(rel(s.forward({{"tokens", tokens}}), want), 1e-5);
+  std::printf("GPT2LMHeadModel vs transformers: %.2e relative\n", rel(logits, want));
 }
 
 }  // namespace
