@@ -80,6 +80,7 @@
 
 namespace flowrun::dit {
 
+// Defaults: schemas/dit.yaml's (BuiltinSchemas.ConfigStructsStartAtTheSchemaDefaults keeps them so).
 struct Config {
   int64_t patch = 2, in_channels = 4;
   int64_t hidden = 1408, depth = 40, heads = 16;  // DiT-g/2 (HunyuanDiT): head_dim 88
@@ -91,7 +92,7 @@ struct Config {
   bool use_style_cond_and_image_meta_size = true;   // size and style conditioning (v1.2: false)
   bool learn_sigma = true;                          // proj_out predicts 2C channels (prediction | variance)
   CheckpointPolicy checkpoint;                      // blocks recomputed in backward (activation_checkpoint.hpp)
-  int64_t rope_base_grid = 0;                       // RoPE positions fit to a B x B grid (the pipeline's 32); 0: integer
+  int64_t rope_base_grid = 32;                      // RoPE positions fit to a B x B grid (the pipeline's); 0: integer
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   // Width of extra_embedder's input; 0: the model has none.
   int64_t extra_in() const {

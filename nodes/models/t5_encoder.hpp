@@ -28,7 +28,8 @@
 namespace flowrun::t5 {
 
 struct Config {
-  int64_t vocab = 32128, dim = 512, d_kv = 64, ffn = 2048, layers = 6, heads = 8;
+  // Defaults: schemas/t5_encode.yaml's (T5 v1.1 base; BuiltinSchemas.ConfigStructsStartAtTheSchemaDefaults).
+  int64_t vocab = 32128, dim = 768, d_kv = 64, ffn = 2048, layers = 12, heads = 12;
   int64_t buckets = 32, max_distance = 128;  // relative_attention_num_buckets / _max_distance
   bool gated = true;                         // gated-gelu (v1.1, mT5) or relu (v1.0)
   double eps = 1e-6;

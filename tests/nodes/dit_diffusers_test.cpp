@@ -45,6 +45,7 @@ dit::Config to_flowrun(const HyConfig& h) {
   c.t5_dim = h.cross_attention_dim_t5, c.text_len = h.text_len, c.text_len_t5 = h.text_len_t5;
   c.pooled_projection_dim = h.pooled_projection_dim;
   c.use_style_cond_and_image_meta_size = h.use_style_cond_and_image_meta_size, c.learn_sigma = h.learn_sigma;
+  c.rope_base_grid = 0;  // the transcribed forward below takes integer patch positions, as the model's own default did
   return c;
 }
 

@@ -24,6 +24,7 @@ inline dit::Config tiny(int64_t depth = 4, int64_t t5 = 0) {
   c.pooled_projection_dim = 16;
   c.use_style_cond_and_image_meta_size = false;
   c.learn_sigma = false;
+  c.rope_base_grid = 0;  // integer patch positions, as these tests were written with
   return c;
 }
 
