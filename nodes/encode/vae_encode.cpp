@@ -73,8 +73,17 @@ class VaeEncodeNode : public Node {
     }
     model->to(run_device(ctx.run()), dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
     state_ = vae::make_vae_state(model);
-    state_->in_key = in_key_;
-    state_->out_key = out_key_;
+    // What readers of the params (the evaluator) add to a batch: this node's latents, the
+    // posterior mean (the same at every evaluation).
+    state_->condition = [in = in_key_, out = out_key_](ModelState& self, const TensorMap& batch) {
+      auto it = batch.find(in);
+      if (it == batch.end())
+        throw std::runtime_error("the batch has no '" + in + "' for the VAE to encode (vae_encode's in_key); its keys: " +
+                                 keys_of(batch));
+      VaeEncodeOptions mean;
+      mean.sample = false;
+      return TensorMap{{out, encode_latents(static_cast<vae::VaeState&>(self), it->second, mean)}};
+    };
     factor_ = c.downsample_factor();
     if (ctx.run().rank == 0) {
       int64_t n = 0;

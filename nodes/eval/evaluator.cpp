@@ -15,7 +15,6 @@
 #include "comm.hpp"
 #include "encode/text_encode.hpp"
 #include "encode/tokenize.hpp"
-#include "encode/vae_encode.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -109,9 +108,10 @@ class EvaluatorNode : public Node {
     check_text_pairs(ctx);
     with_text_ = ctx.connected("encoder");
     if (ctx.connected("vae")) {
-      vae_ = dynamic_cast<vae::VaeState*>(&ctx.state_as<ModelState>("vae"));
-      if (!vae_)
-        throw std::runtime_error(ctx.who() + ": its vae input is not a VAE's params (connect a vae_encode node's params)");
+      vae_ = &ctx.state_as<ModelState>("vae");
+      if (!vae_->condition)
+        throw std::runtime_error(ctx.who() + ": its vae input (a " + vae_->kind + "'s params) encodes no batches; " +
+                                 "connect a vae_encode node's params");
     }
     check_eval_split(data, opts_, ctx.who());
   }
@@ -131,12 +131,11 @@ class EvaluatorNode : public Node {
           cond = text.encode(caps);
         }
         if (vae) {  // as training's vae_encode, but the posterior mean: the same latents at every evaluation
-          auto it = batch.find(vae->in_key);
-          if (it == batch.end())
-            throw std::runtime_error(ctx.who() + ": the dataset's batches have no '" + vae->in_key + "' for the vae to encode");
-          VaeEncodeOptions mean;
-          mean.sample = false;
-          cond[vae->out_key] = encode_latents(*vae, it->second, mean);
+          try {
+            for (auto& [key, t] : vae->condition(*vae, batch)) cond[key] = std::move(t);
+          } catch (const std::exception& e) {
+            throw std::runtime_error(ctx.who() + ": its vae input: " + e.what());
+          }
         }
         return cond;
       };
@@ -162,7 +161,7 @@ class EvaluatorNode : public Node {
  private:
   const Objective* objective_ = nullptr;
   bool with_text_ = false;
-  vae::VaeState* vae_ = nullptr;  // the vae input's state (frozen: never written), when connected
+  ModelState* vae_ = nullptr;  // the vae input's state (frozen: never written; its `condition`), when connected
   EvalOptions opts_;
   std::shared_ptr<comm::Channel> ch_;
 };

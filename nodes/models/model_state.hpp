@@ -66,6 +66,12 @@ struct ModelState {
   CheckpointPolicy checkpoint;
   std::vector<MemoryItem> kept;
 
+  // A frozen encoder of batches (vae_encode's params) says how it conditions one, so a reader of
+  // its state (the evaluator) encodes batches as the node does without knowing its type: the
+  // entries it adds to `batch`, deterministic (the posterior mean, never a sample), given the
+  // state itself (`self`: copies keep a working hook). Unset: the model conditions nothing.
+  std::function<TensorMap(ModelState& self, const TensorMap& batch)> condition;
+
   // ZeRO stage 2 (train/optimizer_shard.hpp), asked for in its setup (before any step) by an
   // optimizer with shard: gradients: with several processes forward_backward then hands each
   // finished gradient to the allreduce and keeps none, and the allreduce keeps only this rank's

@@ -264,9 +264,6 @@ struct VaeState : ModelState {
   Config config;
   Part part = Part::both;
   bool frozen = true;
-  // vae_encode's batch keys (its in_key and out_key), so that readers of its params (the
-  // evaluator) encode batches as it does.
-  std::string in_key = "image", out_key = "latents";
   using ModelState::ModelState;
   AutoencoderKLImpl& vae() const;
   std::shared_ptr<ModelState> clone() const override;

@@ -238,6 +238,28 @@ nodes:
             1e-6);
 }
 
+// The vae input takes any state that encodes batches (ModelState::condition, as vae_encode's
+// params do), not one type; a model's params that encode nothing are refused at setup.
+TEST(EvaluatorNode, AVaeInputThatEncodesNoBatchesIsRefusedNamingWhatToConnect) {
+  register_tiny_data();
+  try {
+    test::load_graph_text(R"(
+flowrun: 1
+run: { steps: 1 }
+nodes:
+  data: { type: t_tiny_dataset }
+  model: { type: gpt, with: { layers: 1, dim: 32, heads: 2, vocab: 50, context: 16 } }
+  loss: { type: lm_loss }
+  eval: { type: evaluator, in: { objective: loss.objective, model: model.params, data: data.dataset, vae: model.params } }
+)");
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("its vae input (a gpt's params) encodes no batches; connect a vae_encode node's params"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(EvaluatorNode, UnknownSplitIsAClearError) {
   register_tiny_data();
   try {
