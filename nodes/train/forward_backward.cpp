@@ -313,16 +313,15 @@ class ForwardBackwardNode : public Node {
     }
     // On a GPU part of what is free goes to the caching allocator's fragmentation: GPT-2 350M at
     // batch 128 on an H200 ran out with 8.5 GiB reserved but unallocated, 5 % of the card, and
-    // 2 % more than this estimate (bench/README.md), so 8 % is left to it.
+    // 2 % more than this estimate (docs/distributed.md's table), so 8 % is left to it.
     const c10::Device device = model_device(model);
     const double available = device.is_cpu() ? static_cast<double>(available_host_memory())
                                              : 0.92 * available_device_memory(device);
     const std::string on = device.is_cpu() ? "" : " on " + device.str();
     if (ctx.run().rank == 0)
       spdlog::info("{}: memory per rank (estimate): {}; {}", ctx.who(), m.text(),
-                   available > 0 ? bytes_text(available) + (device.is_cpu() ? "" : " usable") + " available now" + on +
-                                       ", " + bytes_text(m.to_allocate()) +
-                                       " of it still to allocate"
+                   available > 0 ? bytes_text(available) + (device.is_cpu() ? " available" : " usable") + " now" + on +
+                                       ", " + bytes_text(m.to_allocate()) + " of it still to allocate"
                                  : "what " + (device.is_cpu() ? std::string("the machine") : device.str()) +
                                        " has is not known, so not checked");
     // What would make it fit: each setting alone, with the total it gives (also named when a
