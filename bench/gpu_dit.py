@@ -41,14 +41,12 @@ import argparse
 import contextlib
 import gc
 import glob
-import json
 import os
 import re
 import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 import torch
@@ -56,6 +54,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_dit import (DIT_DEMO, Bert, Dit, VaeEncode, dit_overrides, dit_round,  # noqa: E402  (bench/torch_dit.py)
                        param_count)
+from torch_peers import run_flowrun, seconds_per_step  # noqa: E402
 
 FAILED = []  # the runs that gave no figure: the exit status says so
 OWN = ["text.stream=encode", "run.prefetch=4"]  # dit_base's own (vae and data keep theirs: encode, io)
@@ -90,22 +89,17 @@ def flowrun_run(flowrun, overrides, warmup, timeout):
     """One flowrun run: (seconds per step, the median of its logged windows after `warmup` steps,
     as many as the loop's: steps warmup+1 .. warmup+window, ...; its output). A failure raises
     RuntimeError with the last 30 lines of the output."""
-    with tempfile.TemporaryDirectory(prefix="flowrun-dit-") as out:
-        cmd = [flowrun] + overrides + ["run.out_dir=" + out, "run.progress=off"]
-        try:
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            raise RuntimeError("timed out after %d s: %s\n%s" % (timeout, " ".join(cmd), tail(text)))
-        if p.returncode != 0:
-            raise RuntimeError("exit %d: %s\n%s" % (p.returncode, " ".join(cmd), tail(p.stdout)))
-        path = os.path.join(out, "metrics.jsonl")
-        rows = [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
-    rows = [r for r in rows if "loss" in r and r["step"] >= warmup]  # the row of step `warmup` opens the first window
-    per_step = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
-    if not per_step:
-        raise RuntimeError("logged too few steps after warm-up: %s\n%s" % (" ".join(cmd), tail(p.stdout)))
-    return statistics.median(per_step), p.stdout
+    try:
+        cmd, code, output, rows = run_flowrun(flowrun, overrides, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        raise RuntimeError("timed out after %d s: %s\n%s" % (timeout, " ".join(e.cmd), tail(text)))
+    if code != 0:
+        raise RuntimeError("exit %d: %s\n%s" % (code, cmd, tail(output)))
+    sec = seconds_per_step(rows, warmup)  # the row of step `warmup` opens the first window
+    if sec is None:
+        raise RuntimeError("logged too few steps after warm-up: %s\n%s" % (cmd, tail(output)))
+    return sec, output
 
 
 def flowrun_facts(output):

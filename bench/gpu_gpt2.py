@@ -34,20 +34,17 @@ exit status 3; the PyTorch figures and the table are still printed.
 """
 import argparse
 import glob
-import json
 import os
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import eager_round, flowrun_round, gpt_overrides  # noqa: E402  (bench/torch_peers.py)
+from torch_peers import eager_round, flowrun_round, gpt_overrides, run_flowrun, seconds_per_step  # noqa: E402
 
 
 def matmul_peak_tflops(device):
@@ -192,27 +189,20 @@ def dit(args, device):
             "own stream / inline = **%.3f x** (target >= 1.2)" % (statistics.median(b) / statistics.median(a))]
 
 
-ESTIMATES = {}  # flowrun_memory_run's overrides -> forward_backward's estimate of the step's memory
-
-
 def flowrun_memory_run(flowrun, overrides):
-    """One short flowrun run: (seconds per step after the first logged window, the peak device
-    memory flowrun logs at the end, None when it failed) or the failure's last line."""
-    with tempfile.TemporaryDirectory(prefix="flowrun-mem-") as out:
-        cmd = [flowrun] + overrides + ["run.out_dir=" + out, "run.progress=off"]
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        ESTIMATES[" ".join(overrides)] = memory_estimate(p.stdout)
-        # the device's peak where flowrun has one (CUDA), else the process's peak resident memory
-        m = re.search(r"peak cuda:\d+ memory ([0-9.]+ [KMGT]?B)", p.stdout) or \
-            re.search(r"peak resident memory ([0-9.]+ [KMGT]?B)", p.stdout)
-        if p.returncode != 0 or not m:
-            lines = [l for l in p.stdout.splitlines() if l.strip()]
-            why = next((l for l in reversed(lines) if "error" in l.lower() or "memory" in l.lower()), lines[-1] if lines else "")
-            return None, None, why.strip()[:400]
-        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
-    rows = [r for r in rows if "loss" in r]
-    per = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
-    return (statistics.median(per) if per else float("nan")), m.group(1), None
+    """One short flowrun run: (seconds per step between its logged steps, the peak memory flowrun
+    logs at the end, forward_backward's estimate, why it failed or None)."""
+    _, code, output, rows = run_flowrun(flowrun, overrides)
+    estimate = memory_estimate(output)
+    # the device's peak where flowrun has one (CUDA), else the process's peak resident memory
+    m = re.search(r"peak cuda:\d+ memory ([0-9.]+ [KMGT]?B)", output) or \
+        re.search(r"peak resident memory ([0-9.]+ [KMGT]?B)", output)
+    if code != 0 or not m:
+        lines = [l for l in output.splitlines() if l.strip()]
+        why = next((l for l in reversed(lines) if "error" in l.lower() or "memory" in l.lower()), lines[-1] if lines else "")
+        return None, None, estimate, why.strip()[:400]
+    sec = seconds_per_step(rows)
+    return (float("nan") if sec is None else sec), m.group(1), estimate, None
 
 
 def memory_estimate(text):
@@ -243,10 +233,10 @@ def memory(args, device):
         for policy in ("none", "blocks"):
             c = dict(cfg, batch=batch)
             ov = gpt_overrides(c, data, 6, 2, device) + ["model.checkpoint=" + policy]
-            sec, peak, why = flowrun_memory_run(args.flowrun, ov)
+            sec, peak, estimate, why = flowrun_memory_run(args.flowrun, ov)
             print("memory: batch %d checkpoint %s: %s" % (batch, policy, why or "%.4f s/step, peak %s" % (sec, peak)), flush=True)
             rows.append("| %d | %s | %s | %s | %s | %s |" % (batch, policy, "-" if sec is None else "%.3f" % sec,
-                                                             peak or "-", ESTIMATES.get(" ".join(ov), "-"),
+                                                             peak or "-", estimate,
                                                              (why or "").replace("|", "/")))
     return [title, "", "flowrun graphs/gpt.yaml, %s, 6 steps each (s/step: median of 2-step windows after the "
             "first)." % ("bf16" if cfg["bf16"] else "fp32"), ""] + rows

@@ -189,17 +189,33 @@ def gpt_overrides(cfg, data, steps, window, device, threads=0):
             "run.precision=" + ("bf16" if cfg["bf16"] else "fp32"), "run.threads=%d" % threads]
 
 
+def run_flowrun(flowrun, overrides, launcher=(), timeout=None):
+    """One flowrun run in a fresh run.out_dir: (its command line, exit code, output, the rows of
+    its metrics.jsonl). `launcher`: a prefix such as mpirun's for a multi-process run (rank 0
+    writes the metrics); `timeout`: seconds (subprocess.TimeoutExpired past it)."""
+    with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as out:
+        cmd = list(launcher) + [flowrun] + overrides + ["run.out_dir=" + out, "run.progress=off"]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        path = os.path.join(out, "metrics.jsonl")
+        rows = [json.loads(l) for l in open(path) if l.strip()] if os.path.exists(path) else []
+    return " ".join(cmd), p.returncode, p.stdout, rows
+
+
+def seconds_per_step(rows, first_step=0):
+    """The median seconds per step between consecutive logged losses from step `first_step` on
+    (metrics.jsonl rows); None with fewer than two."""
+    rows = [r for r in rows if "loss" in r and r["step"] >= first_step]
+    per_step = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
+    return statistics.median(per_step) if per_step else None
+
+
 def flowrun_round(flowrun, overrides, warmup, launcher=()):
     """Seconds per step from OUT_DIR/metrics.jsonl: median of the logged windows after warmup.
     `launcher`: a prefix such as mpirun's for a multi-process run (rank 0 writes the metrics)."""
-    with tempfile.TemporaryDirectory(prefix="flowrun-bench-") as out:
-        cmd = list(launcher) + [flowrun] + overrides + ["run.out_dir=" + out, "run.progress=off"]
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if p.returncode != 0:
-            raise RuntimeError("flowrun failed (exit %d): %s\n%s" % (p.returncode, " ".join(cmd), p.stdout[-3000:]))
-        rows = [json.loads(l) for l in open(os.path.join(out, "metrics.jsonl")) if l.strip()]
-    rows = [r for r in rows if "loss" in r and r["step"] > warmup]
-    per_step = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
-    if not per_step:
+    cmd, code, output, rows = run_flowrun(flowrun, overrides, launcher)
+    if code != 0:
+        raise RuntimeError("flowrun failed (exit %d): %s\n%s" % (code, cmd, output[-3000:]))
+    sec = seconds_per_step(rows, warmup + 1)
+    if sec is None:
         raise RuntimeError("flowrun logged too few steps after warm-up")
-    return statistics.median(per_step), " ".join(cmd)
+    return sec, cmd
