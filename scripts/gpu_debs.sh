@@ -8,12 +8,14 @@
 #                                        # the CMAKE_PREFIX_PATH and LD_LIBRARY_PATH to use
 #
 # third_party/debs/       the build's libraries: yaml-cpp, oneTBB, spdlog + fmt, nlohmann-json,
-#                         GoogleTest, libpng, libjpeg, ICU, zlib (headers, CMake files, .so)
+#                         GoogleTest, libpng, libjpeg, ICU, zlib (headers, CMake files, .so);
+#                         SentencePiece (the mT5 tokenizer of the HunyuanDiT graphs, and spm_train
+#                         for bench/gpu_hydit.py's tokenizer) with pkgconf, which finds it
 # third_party/debs/cmake/ CMake 3.25 and the libraries it runs on, for a machine without a
 #                         cmake >= 3.25; unpacked into PREFIX/cmake, never on LD_LIBRARY_PATH
 #                         of anything but cmake itself (see tests/gpu/run.sh)
-# libtorch, CUDA and NCCL come from the PyTorch install (and the CUDA toolkit); MPI and
-# SentencePiece are optional in the build and left out.
+# libtorch, CUDA and NCCL come from the PyTorch install (and the CUDA toolkit); MPI is optional
+# in the build and left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=third_party/debs
@@ -24,6 +26,7 @@ libs=(
   nlohmann-json3-dev libgtest-dev libgmock-dev
   libpng-dev libpng16-16 libjpeg62-turbo-dev libjpeg62-turbo libjpeg-dev
   libicu-dev libicu72 zlib1g-dev
+  libsentencepiece-dev libsentencepiece0 sentencepiece pkgconf pkgconf-bin libpkgconf3
 )
 # cmake's dependencies beyond a base Debian system (libc, libstdc++, zlib, zstd, lzma, bz2,
 # acl, gnutls, nettle, gmp, ssl are assumed there).
@@ -39,6 +42,9 @@ unpack() {  # unpack DEB_DIR PREFIX: dpkg -x each .deb, then make the result rel
   # Debian's CMake package files name their absolute /usr install dir; point them into PREFIX.
   { grep -rl --include='*.cmake' '"/usr/' "$prefix/usr/lib" "$prefix/usr/share/cmake" 2>/dev/null || true; } |
     while read -r f; do sed -i "s#\"/usr/#\"$prefix/usr/#g" "$f"; done
+  # pkg-config files too (sentencepiece.pc: prefix=/usr).
+  { grep -rl --include='*.pc' '^prefix=/usr' "$prefix/usr/lib" "$prefix/usr/share" 2>/dev/null || true; } |
+    while read -r f; do sed -i "s#^prefix=/usr#prefix=$prefix/usr#" "$f"; done
   [ -d "$lib" ] || return 0
   # .so links to absolute /usr/lib or /lib paths: into PREFIX when the target was unpacked
   # there, else to the system's copy of that library (libz.so -> the system libz.so.1).
@@ -63,6 +69,7 @@ if [ "${1:-}" = unpack ]; then
   lib=$prefix/usr/lib/x86_64-linux-gnu
   echo "CMAKE_PREFIX_PATH=$prefix/usr;$lib/cmake;$prefix/usr/share/cmake"
   echo "LD_LIBRARY_PATH=$lib"
+  echo "PKG_CONFIG_PATH=$lib/pkgconfig:$prefix/usr/share/pkgconfig"
   [ -x "$prefix/cmake/usr/bin/cmake" ] &&
     echo "CMAKE=env LD_LIBRARY_PATH=$prefix/cmake/usr/lib/x86_64-linux-gnu:$lib $prefix/cmake/usr/bin/cmake"
   exit 0

@@ -10,15 +10,17 @@
 #      executor) in the CUDA build;
 #   3. bench: bench/gpu_gpt2.py (GPT-2 124M at batch 8 and 16, flowrun vs a PyTorch eager loop, torch.compile
 #      beside it; activation checkpointing's peak memory at GPT-2 350M size) and bench/gpu_dit.py (a
-#      DiT-XL/2-size DiT against bench/torch_dit.py, its encoders' stream against inline); the
-#      tables are printed last.
+#      DiT-XL/2-size DiT against bench/torch_dit.py, its encoders' stream against inline) and
+#      bench/gpu_hydit.py (graphs/hydit_v12_lora.yaml at HunyuanDiT-v1.2 size, 1024 px, against
+#      diffusers + peft); the tables are printed last.
 # Usage: tests/gpu/run.sh [all|build|test|bench]   (default all; the stages can be run one per
 #        call when a call has a time limit: build-gpu/ is kept between them)
 # Carry third_party/debs/ (scripts/gpu_debs.sh) and data/text/ (scripts/data.sh: it needs
 # Debian's fortunes and npm) from the CPU machine; data/shapes is rendered here.
 # Environment: PYTHON (default python3), BUILD (build-gpu), PREFIX (BUILD/prefix), RESULTS
 # (BUILD/gpu-results: logs, ctest output, bench.md), BENCH_ARGS (extra bench/gpu_gpt2.py args),
-# NCU (0: no Nsight Compute kernel tables).
+# NCU (0: no Nsight Compute kernel tables), DIFFUSERS (diffusers' source for bench/gpu_hydit.py:
+# a folder holding diffusers/, or a .tar.xz of it, where pip's diffusers is not installed).
 # Exit status: non-zero if a prerequisite, the build, a test or the benchmark failed; the
 # benchmark runs even when tests failed.
 set -euo pipefail
@@ -51,6 +53,9 @@ lib=$PREFIX/usr/lib/x86_64-linux-gnu
 # The unpacked libraries, for everything from here on: the build runs the test binaries to list
 # their tests (gtest_discover_tests), and libicuuc's libicudata is found by no RUNPATH.
 export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# pkg-config finds the unpacked SentencePiece (the mT5 tokenizer); the machine's pkg-config, else
+# the unpacked pkgconf.
+export PKG_CONFIG_PATH="$lib/pkgconfig:$PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 mkdir -p "$RESULTS"
 
 # cmake >= 3.25: the machine's, else the one unpacked from third_party/debs/cmake (run with its
@@ -100,20 +105,22 @@ if want build; then
     xargs -r -I{} find {} -name nccl.h -path '*/include/*' 2> /dev/null | head -1 || true)
   nccl_root=${nccl_h:+$(dirname "$(dirname "$nccl_h")")}
   # Ninja when the machine has it (a fresh build folder only: a generator cannot change later).
+  pkg=()
+  command -v pkg-config > /dev/null || [ ! -x "$PREFIX/usr/bin/pkgconf" ] || pkg=(-DPKG_CONFIG_EXECUTABLE="$PREFIX/usr/bin/pkgconf")
   gen=()
   if command -v ninja > /dev/null && [ ! -f "$BUILD/CMakeCache.txt" ]; then gen=(-G Ninja); fi
   say "configuring $BUILD (FLOWRUN_CUDA=ON${nccl_root:+, NCCL from $nccl_root}${gen:+, Ninja})"
   "${CMAKE[@]}" -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF \
     -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr;$lib/cmake;$PREFIX/usr/share/cmake" \
     -DCMAKE_LIBRARY_PATH="$lib" -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$nvcc")")" \
-    ${nccl_root:+-DFLOWRUN_NCCL_ROOT="$nccl_root"} > "$RESULTS/cmake.log" 2>&1 ||
+    ${nccl_root:+-DFLOWRUN_NCCL_ROOT="$nccl_root"} "${pkg[@]}" > "$RESULTS/cmake.log" 2>&1 ||
     { tail -40 "$RESULTS/cmake.log"; die "cmake failed ($RESULTS/cmake.log)"; }
   # Only what this script runs: the binary (benchmarks), the GPU tests and the torch-free engine
   # tests (with their plugins); not the node tests, benchmarks or tools (about 77 s on 16 cores).
   say "building flowrun gpu_tests engine_tests ($(nproc) jobs; log: $RESULTS/build.log)"
   "${CMAKE[@]}" --build "$BUILD" -j "$(nproc)" --target flowrun gpu_tests engine_tests > "$RESULTS/build.log" 2>&1 ||
     { grep -E -A3 "error|Error" "$RESULTS/build.log" | head -60; die "build failed ($RESULTS/build.log)"; }
-  say "built $BUILD/engine/flowrun"
+  say "built $BUILD/engine/flowrun ($(grep -q 'tokenize kind sentencepiece off' "$RESULTS/cmake.log" && echo 'without' || echo 'with') SentencePiece)"
 fi
 
 [ -f "$PREFIX/.unpacked" ] || die "$PREFIX is not unpacked: run tests/gpu/run.sh build first"
@@ -180,6 +187,18 @@ if want bench; then
   b16=${PIPESTATUS[0]}
   [ -f "$RESULTS/bench16.md" ] && sed -n '/^## GPT-2/,$p' "$RESULTS/bench16.md" >> "$RESULTS/bench.md"
   [ "$bench" = 0 ] && bench=$b16
+  # HunyuanDiT-v1.2 size at 1024 px (issue 33): graphs/hydit_v12_lora.yaml against diffusers +
+  # peft, with a random-weight pipeline folder and 1024 px shapes made here. diffusers: installed,
+  # or its source by DIFFUSERS (a folder holding diffusers/, or a .tar.xz of one).
+  if [ -n "${DIFFUSERS:-}" ] || $PY -c 'import diffusers' 2> /dev/null; then
+    $PY bench/gpu_hydit.py --flowrun "$BUILD/engine/flowrun" ${DIFFUSERS:+--diffusers "$DIFFUSERS"} \
+      --out "$RESULTS/bench_hydit.md" 2>&1 | tee "$RESULTS/bench_hydit.log" | grep -E "^(== round|flowrun failed|gpu_hydit.py:)"
+    hydit_status=${PIPESTATUS[0]}
+    [ -f "$RESULTS/bench_hydit.md" ] && { echo; cat "$RESULTS/bench_hydit.md"; } >> "$RESULTS/bench.md"
+    [ "$bench" = 0 ] && bench=$hydit_status
+  else
+    echo "no diffusers (pip install diffusers, or DIFFUSERS=its source): bench/gpu_hydit.py left out"
+  fi
   # Per-kernel GPU time of a 3-step run of each side (NCU=0 leaves it out): ncu_*.csv for
   # ncu_compare.py, as bench/README.md's kernel table.
   if [ "${NCU:-1}" != 0 ] && command -v ncu > /dev/null; then
