@@ -1,17 +1,16 @@
-// Fused attention on a GPU: softmax(q kᵀ · scale + bias) v with torch's
-// scaled_dot_product_attention (flash / memory-efficient / cuDNN kernels, chosen by torch by
-// shape and dtype), for every model's attention (gpt, dit, bert, t5, vae).
+// The attention every model runs: softmax(q kᵀ · scale + bias) v over heads, one function for
+// the six families (gpt, dit, bert, t5, vae, cappa), so a speed fix lands once.
 //
-// Each model keeps its own attention written out for the CPU (and any libtorch before 2.0,
-// which has no public SDPA): those paths are the reference its tests check against HF and
-// diffusers transcriptions, and they are unchanged. A model calls
+//   torch::Tensor y = attention(q, k, v, {mask});   // q [B, H, Lq, D], k, v [B, H, Lk, D], an additive
+//                                                   // mask -> [B, Lq, H*D], the heads side by side
 //
-//   if (fused_attention_available(q)) return fused_attention(q, k, v, bias, causal, scale, p);
-//
-// first. q, k, v: [B, H, L, D] (k, v may have another L); bias: additive, broadcastable to
-// [B, H, Lq, Lk], or undefined. No dropout: SDPA would draw it from the global generator, not
-// the step's (models/dropout.hpp), so a model with attention dropout in training keeps its
-// own path.
+// On a GPU (libtorch >= 2.0) it is torch's scaled_dot_product_attention (flash / memory-efficient
+// / cuDNN kernels, chosen by torch by shape and dtype); elsewhere it is written out, the query rows
+// in chunks so that no more than 2^25 scores exist at once (a 1024-px VAE's 16384 positions need
+// no 16384² matrix). The written-out path is the reference the families' tests check against the
+// HF and diffusers transcriptions. No dropout: SDPA would draw it from the global generator, not
+// the step's (models/dropout.hpp), so GPT with attention dropout in training keeps its own
+// CPU-tuned path (gpt.cpp) and calls fused_attention directly.
 #pragma once
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -38,5 +37,16 @@ inline torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor
                          "fused_attention_available first)");
 #endif
 }
+
+struct AttentionOptions {
+  torch::Tensor bias;         // additive, broadcastable to [B, H, Lq, Lk]; undefined: none
+  double scale = 0.0;         // 0: 1/sqrt(D); T5 has none (1)
+  bool causal = false;        // query i sees keys 0..i
+  bool fp32_softmax = false;  // written-out path: softmax in float32, cast back (T5; diffusers' upcast_softmax)
+};
+
+// q [B, H, Lq, D], k and v [B, H, Lk, D] -> [B, Lq, H*D].
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const AttentionOptions& o = {});
 
 }  // namespace flowrun

@@ -53,14 +53,7 @@ torch::Tensor SelfAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   const int64_t B = x.size(0), L = x.size(1), dh = dim_ / heads_;
   auto split = [&](const torch::Tensor& t) { return t.view({B, L, heads_, dh}).transpose(1, 2); };
   torch::Tensor q = split(query(x)), k = split(key(x)), v = split(value(x));
-  if (fused_attention_available(q))
-    return fused_attention(q, k, v, bias, /*causal=*/false, 1.0 / std::sqrt(static_cast<double>(dh)))
-        .transpose(1, 2)
-        .reshape({B, L, dim_});
-  torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(dh));
-  if (bias.defined()) scores = scores + bias;
-  torch::Tensor probs = torch::softmax(scores, -1);
-  return torch::matmul(probs, v).transpose(1, 2).reshape({B, L, dim_});
+  return attention(q, k, v, {bias});
 }
 
 void AttentionImpl::reset() {

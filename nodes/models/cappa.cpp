@@ -54,13 +54,6 @@ std::string describe(const Config& c) {
 
 // ---- leaf modules ------------------------------------------------------------------------
 
-void NormImpl::reset() {
-  weight = register_parameter("weight", torch::ones({dim_}));
-  if (has_bias_) bias = register_parameter("bias", torch::zeros({dim_}));
-}
-
-torch::Tensor NormImpl::forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, bias, 1e-6); }
-
 void MlpImpl::reset() {
   fc1 = register_module("fc1", lora::Linear(dim_, hidden_, bias_));
   fc2 = register_module("fc2", lora::Linear(hidden_, dim_, bias_));
@@ -73,20 +66,6 @@ torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
   return x.view({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
 }
 
-// softmax(q k^T / sqrt(hd) + bias) v over [B, H, L, hd] -> [B, L, H*hd]
-torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& bias) {
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  torch::Tensor out;
-  if (fused_attention_available(q)) {
-    out = fused_attention(q, k, v, bias, /*causal=*/false, scale);
-  } else {
-    torch::Tensor s = torch::matmul(q, k.transpose(-2, -1)) * scale;
-    if (bias.defined()) s = s + bias.to(s.scalar_type());
-    out = torch::matmul(torch::softmax(s, -1), v);
-  }
-  return out.transpose(1, 2).reshape({q.size(0), q.size(2), q.size(1) * q.size(3)});
-}
-
 }  // namespace
 
 void EncoderAttentionImpl::reset() {
@@ -96,13 +75,13 @@ void EncoderAttentionImpl::reset() {
 
 torch::Tensor EncoderAttentionImpl::forward(const torch::Tensor& x) {
   auto parts = qkv(x).chunk(3, -1);
-  return proj(attend(split_heads(parts[0], heads_), split_heads(parts[1], heads_), split_heads(parts[2], heads_), {}));
+  return proj(attention(split_heads(parts[0], heads_), split_heads(parts[1], heads_), split_heads(parts[2], heads_)));
 }
 
 void EncoderBlockImpl::reset() {
-  norm1 = register_module("norm1", Norm(dim_, true));
+  norm1 = register_module("norm1", flax_norm(dim_, true));
   attn = register_module("attn", EncoderAttention(dim_, heads_));
-  norm2 = register_module("norm2", Norm(dim_, true));
+  norm2 = register_module("norm2", flax_norm(dim_, true));
   mlp = register_module("mlp", Mlp(dim_, mlp_, true));
 }
 
@@ -120,16 +99,16 @@ void DecoderAttentionImpl::reset() {
 }
 
 torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& kv, const torch::Tensor& bias) {
-  return proj(attend(split_heads(q(x), heads_), split_heads(k(kv), heads_), split_heads(v(kv), heads_), bias));
+  return proj(attention(split_heads(q(x), heads_), split_heads(k(kv), heads_), split_heads(v(kv), heads_), {bias}));
 }
 
 void DecoderBlockImpl::reset() {
   const bool b = c_.decoder_bias;
-  norm1 = register_module("norm1", Norm(c_.dec_width, b));
+  norm1 = register_module("norm1", flax_norm(c_.dec_width, b));
   self_attn = register_module("self_attn", DecoderAttention(c_.dec_width, c_.dec_width, c_.dec_heads));
-  norm2 = register_module("norm2", Norm(c_.dec_width, b));
+  norm2 = register_module("norm2", flax_norm(c_.dec_width, b));
   cross_attn = register_module("cross_attn", DecoderAttention(c_.dec_width, c_.width, c_.dec_heads));
-  norm3 = register_module("norm3", Norm(c_.dec_width, b));
+  norm3 = register_module("norm3", flax_norm(c_.dec_width, b));
   mlp = register_module("mlp", Mlp(c_.dec_width, c_.dec_mlp_dim, b));
 }
 
@@ -171,7 +150,7 @@ void EncoderImpl::reset() {
     pos_embed = register_buffer("pos_embed", sincos2d(g, g, c_.width));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c_.depth; ++i) blocks->push_back(EncoderBlock(c_.width, c_.heads, c_.mlp_dim));
-  norm = register_module("norm", Norm(c_.width, true));
+  norm = register_module("norm", flax_norm(c_.width, true));
 }
 
 torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
@@ -198,7 +177,7 @@ void DecoderImpl::reset() {
   pos_embed = register_parameter("pos_embed", torch::zeros({1, c_.max_len, c_.dec_width}));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < c_.dec_depth; ++i) blocks->push_back(DecoderBlock(c_));
-  norm = register_module("norm", Norm(c_.dec_width, true));
+  norm = register_module("norm", flax_norm(c_.dec_width, true));
   head = register_module("head", lora::Linear(c_.dec_width, c_.vocab));
 }
 

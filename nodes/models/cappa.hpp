@@ -49,6 +49,7 @@
 
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
+#include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
 
@@ -71,19 +72,9 @@ struct Config {
 };
 std::string describe(const Config& c);  // "vit 768x12 (patch 16, 224 px), decoder 768x6, vocab 32000"
 
-// LayerNorm over the last dim, eps 1e-6, with or without a bias.
-class NormImpl : public torch::nn::Cloneable<NormImpl> {
- public:
-  NormImpl(int64_t dim, bool bias) : dim_(dim), has_bias_(bias) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight, bias;
-
- private:
-  int64_t dim_;
-  bool has_bias_;
-};
-TORCH_MODULE(Norm);
+// LayerNorm over the last dim, eps 1e-6, with or without a bias (flax's): flax_norm(dim, bias).
+using Norm = layers::LayerNorm;
+inline Norm flax_norm(int64_t dim, bool bias) { return Norm(dim, layers::NormOptions{1e-6, true, bias, false}); }
 
 class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
  public:

@@ -53,19 +53,6 @@ void Config::check() const {
 
 // ---- leaf modules and blocks
 
-void LayerNormImpl::reset() {
-  if (affine_) {
-    weight = register_parameter("weight", torch::ones({dim_}));
-    bias = register_parameter("bias", torch::zeros({dim_}));
-  }
-}
-
-torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
-  torch::Tensor w = weight.defined() ? weight.to(torch::kFloat) : torch::Tensor();
-  torch::Tensor b = bias.defined() ? bias.to(torch::kFloat) : torch::Tensor();
-  return torch::layer_norm(x.to(torch::kFloat), {dim_}, w, b, 1e-6).to(x.scalar_type());
-}
-
 void PatchConvImpl::reset() {
   weight = register_parameter("weight", torch::empty({out_, in_, patch_, patch_}));
   bias = register_parameter("bias", torch::zeros({out_}));
@@ -90,8 +77,7 @@ torch::Tensor AttentionPoolImpl::forward(const torch::Tensor& x) {
   torch::Tensor q = q_proj(seq.narrow(1, 0, 1)).view({B, 1, H, D}).transpose(1, 2);  // the mean token asks
   torch::Tensor k = k_proj(seq).view({B, L, H, D}).transpose(1, 2);
   torch::Tensor v = v_proj(seq).view({B, L, H, D}).transpose(1, 2);
-  torch::Tensor a = torch::softmax(torch::matmul(q, k.transpose(-1, -2)) / std::sqrt(static_cast<double>(D)), -1);
-  return c_proj(torch::matmul(a, v).transpose(1, 2).reshape({B, dim_}));
+  return c_proj(attention(q, k, v).reshape({B, dim_}));
 }
 
 void TimeEmbedImpl::reset() {
@@ -120,7 +106,7 @@ torch::Tensor TimeEmbedImpl::forward(const torch::Tensor& t, const torch::Tensor
 
 void AdaNormShiftImpl::reset() {
   linear = register_module("linear", lora::Linear(dim_, dim_));
-  norm = register_module("norm", LayerNorm(dim_));
+  norm = register_module("norm", LayerNorm(dim_, layers::fp32_norm()));
 }
 
 torch::Tensor AdaNormShiftImpl::forward(const torch::Tensor& x, const torch::Tensor& temb) {
@@ -130,7 +116,7 @@ torch::Tensor AdaNormShiftImpl::forward(const torch::Tensor& x, const torch::Ten
 
 void AdaNormContinuousImpl::reset() {
   linear = register_module("linear", lora::Linear(dim_, 2 * dim_));
-  norm = register_module("norm", LayerNorm(dim_, /*affine=*/false));
+  norm = register_module("norm", LayerNorm(dim_, layers::fp32_norm(/*affine=*/false)));
 }
 
 torch::Tensor AdaNormContinuousImpl::forward(const torch::Tensor& x, const torch::Tensor& temb) {
@@ -143,8 +129,8 @@ void AttentionImpl::reset() {
   to_q = register_module("to_q", lora::Linear(dim_, dim_));
   to_k = register_module("to_k", lora::Linear(kv_dim_, dim_));
   to_v = register_module("to_v", lora::Linear(kv_dim_, dim_));
-  norm_q = register_module("norm_q", LayerNorm(D));
-  norm_k = register_module("norm_k", LayerNorm(D));
+  norm_q = register_module("norm_q", LayerNorm(D, layers::fp32_norm()));
+  norm_k = register_module("norm_k", LayerNorm(D, layers::fp32_norm()));
   to_out = register_module("to_out", torch::nn::ModuleList());
   to_out->push_back(lora::Linear(dim_, dim_));
 }
@@ -159,14 +145,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   torch::Tensor v = to_v(kv).view({B, L, H, D}).transpose(1, 2);
   q = apply_rope(q, cos, sin);
   if (!cross_) k = apply_rope(k, cos, sin);  // HunyuanDiT: the text keys are not rotated
-  if (fused_attention_available(q)) {
-    torch::Tensor y = fused_attention(q, k, v, torch::Tensor(), /*causal=*/false, 1.0 / std::sqrt(static_cast<double>(D)));
-    return to_out[0]->as<lora::LinearImpl>()->forward(y.transpose(1, 2).reshape({B, N, dim_}));
-  }
-  torch::Tensor s = torch::matmul(q, k.transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(D)));
-  torch::Tensor y = torch::matmul(torch::softmax(s, -1), v);  // [B, H, N, D]
-  y = y.transpose(1, 2).reshape({B, N, dim_});
-  return to_out[0]->as<lora::LinearImpl>()->forward(y);
+  return to_out[0]->as<lora::LinearImpl>()->forward(attention(q, k, v));  // [B, N, dim]
 }
 
 void FeedForwardImpl::reset() {
@@ -183,12 +162,12 @@ torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
 void BlockImpl::reset() {
   norm1 = register_module("norm1", AdaNormShift(cfg_.hidden));
   attn1 = register_module("attn1", Attention(cfg_.hidden, cfg_.hidden, cfg_.heads, false));
-  norm2 = register_module("norm2", LayerNorm(cfg_.hidden));
+  norm2 = register_module("norm2", LayerNorm(cfg_.hidden, layers::fp32_norm()));
   attn2 = register_module("attn2", Attention(cfg_.hidden, cfg_.text_dim, cfg_.heads, true));
-  norm3 = register_module("norm3", LayerNorm(cfg_.hidden));
+  norm3 = register_module("norm3", LayerNorm(cfg_.hidden, layers::fp32_norm()));
   ff = register_module("ff", FeedForward(cfg_.hidden, cfg_.ff_inner()));
   if (skip_) {
-    skip_norm = register_module("skip_norm", LayerNorm(2 * cfg_.hidden));
+    skip_norm = register_module("skip_norm", LayerNorm(2 * cfg_.hidden, layers::fp32_norm()));
     skip_linear = register_module("skip_linear", lora::Linear(2 * cfg_.hidden, cfg_.hidden));
   }
 }

@@ -75,6 +75,7 @@
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
 #include "models/gelu_tanh.hpp"
+#include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
 
@@ -105,19 +106,8 @@ struct Config {
 // "patch=2 in_channels=4 hidden=1408 ...", for messages.
 std::string describe(const Config& c);
 
-// LayerNorm computed in fp32 (diffusers' FP32LayerNorm), eps 1e-6; affine or not.
-class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
- public:
-  LayerNormImpl(int64_t dim, bool affine = true) : dim_(dim), affine_(affine) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight, bias;
-
- private:
-  int64_t dim_;
-  bool affine_;
-};
-TORCH_MODULE(LayerNorm);
+// LayerNorm computed in fp32 (diffusers' FP32LayerNorm), eps 1e-6: LayerNorm(dim, layers::fp32_norm(affine)).
+using layers::LayerNorm;
 
 // A conv with kernel = stride = patch: weight [hidden, C, p, p], bias [hidden].
 class PatchConvImpl : public torch::nn::Cloneable<PatchConvImpl> {

@@ -36,11 +36,6 @@ void Config::check() const {
 // ---- leaf modules: reset() allocates without initialising (init_weights or a load fills
 // them), so that clone() — which calls reset() on the copy — costs no random draws.
 
-void LayerNormImpl::reset() {
-  weight = register_parameter("weight", torch::ones({dim_}));
-  bias = register_parameter("bias", torch::zeros({dim_}));
-}
-
 void EmbeddingImpl::reset() { weight = register_parameter("weight", torch::empty({rows_, dim_})); }
 
 torch::Tensor CausalMaskCache::get(int64_t T, const torch::TensorOptions& opts) {
@@ -70,11 +65,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
     // forward, and backward's gradient of the split is one concatenation.
     const std::vector<torch::Tensor> qkv = c_attn(x).view({B, T, 3 * dim_}).split(dim_, 2);
     auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
-    torch::Tensor y = fused_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), {}, /*causal=*/true,
-                                      1.0 / std::sqrt(double(D)));
-    return flowrun::dropout(c_proj(y.transpose(1, 2).reshape({B * T, dim_})), dropout_);
+    AttentionOptions causal;
+    causal.causal = true;
+    torch::Tensor y = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), causal);  // [B, T, dim]
+    return flowrun::dropout(c_proj(y.reshape({B * T, dim_})), dropout_);
   }
-  // The fused projection's columns are q | k | v, each split into heads. One copy turns
+  // The CPU path, tuned for it (and attention dropout from the step's generator, which the shared
+  // attention has not): the fused projection's columns are q | k | v, each split into heads. One copy turns
   // [B*T, 3*dim] = [B, T, 3, H, D] into [3, B, H, T, D], so q, k and v are each contiguous
   // [B*H, T, D] for bmm (one copy instead of one per tensor; same in backward: unbind's
   // backward stacks the three gradients in one pass, where three selects would each fill a

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "models/activation_checkpoint.hpp"
+#include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
 
@@ -47,17 +48,7 @@ std::string describe(const Config& c);
 // adapters (the gpt node's `lora`) apply to c_attn, c_proj, c_fc as PEFT applies them.
 inline lora::Linear conv1d(int64_t in, int64_t out) { return lora::Linear(in, out, /*bias=*/true, /*fan_in_fan_out=*/true); }
 
-class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
- public:
-  explicit LayerNormImpl(int64_t dim) : dim_(dim) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x) { return torch::layer_norm(x, {dim_}, weight, bias, 1e-5); }
-  torch::Tensor weight, bias;
-
- private:
-  int64_t dim_;
-};
-TORCH_MODULE(LayerNorm);
+using layers::LayerNorm;  // eps 1e-5, weight and bias (models/layers.hpp)
 
 // A table of rows (wte, wpe): one parameter `weight` [rows, dim].
 class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {

@@ -92,13 +92,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   const int64_t B = x.size(0), L = x.size(1);
   auto split = [&](const torch::Tensor& t) { return t.view({B, L, c_.heads, c_.d_kv}).transpose(1, 2); };
   torch::Tensor qh = split(q(x)), kh = split(k(x)), vh = split(v(x));
-  if (fused_attention_available(qh))
-    return o(fused_attention(qh, kh, vh, bias, /*causal=*/false, /*scale=*/1.0)  // no 1/sqrt(d_kv) in T5
-                 .transpose(1, 2)
-                 .reshape({B, L, c_.heads * c_.d_kv}));
-  torch::Tensor scores = torch::matmul(qh, kh.transpose(-1, -2)) + bias;  // no 1/sqrt(d_kv) in T5
-  torch::Tensor w = torch::softmax(scores.to(torch::kFloat), -1).to(scores.scalar_type());
-  return o(torch::matmul(w, vh).transpose(1, 2).reshape({B, L, c_.heads * c_.d_kv}));
+  AttentionOptions opts;
+  opts.bias = bias;
+  opts.scale = 1.0;  // no 1/sqrt(d_kv) in T5
+  opts.fp32_softmax = true;
+  return o(attention(qh, kh, vh, opts));
 }
 
 void LayerSelfAttentionImpl::reset() {

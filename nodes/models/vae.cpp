@@ -103,25 +103,10 @@ void AttentionImpl::reset() {
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x) {
   const int64_t B = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3), L = H * W;
   torch::Tensor h = group_norm(x).view({B, C, L}).transpose(1, 2);  // [B, L, C]
-  torch::Tensor q = to_q(h), kt = to_k(h).transpose(1, 2), v = to_v(h);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(C));
-  if (fused_attention_available(q)) {  // one head: [B, 1, L, C]; the kernels need no L x L matrix
-    torch::Tensor o = fused_attention(q.unsqueeze(1), kt.transpose(1, 2).unsqueeze(1), v.unsqueeze(1), {},
-                                      /*causal=*/false, scale)
-                          .squeeze(1);
-    o = to_out[0]->as<torch::nn::LinearImpl>()->forward(o);
-    return o.transpose(1, 2).reshape({B, C, H, W}) + x;
-  }
-  // Scores [B, rows, L] for a chunk of query rows at a time, so a large image (L = 128*128 for a
-  // 1024-px SDXL image) needs no L x L matrix at once. Softmax in float32 (upcast_softmax).
-  const int64_t rows = std::max<int64_t>(1, (int64_t{1} << 25) / std::max<int64_t>(1, B * L));
-  std::vector<torch::Tensor> parts;
-  for (int64_t i = 0; i < L; i += rows) {
-    const int64_t n = std::min(rows, L - i);
-    torch::Tensor s = torch::matmul(q.narrow(1, i, n), kt).mul_(scale);
-    parts.push_back(torch::matmul(torch::softmax(s, -1, torch::kFloat).to(v.scalar_type()), v));
-  }
-  torch::Tensor o = parts.size() == 1 ? parts[0] : torch::cat(parts, 1);
+  // One head over the H*W positions; softmax in float32 where written out (upcast_softmax).
+  AttentionOptions opts;
+  opts.fp32_softmax = true;
+  torch::Tensor o = attention(to_q(h).unsqueeze(1), to_k(h).unsqueeze(1), to_v(h).unsqueeze(1), opts);  // [B, L, C]
   o = to_out[0]->as<torch::nn::LinearImpl>()->forward(o);
   return o.transpose(1, 2).reshape({B, C, H, W}) + x;
 }
