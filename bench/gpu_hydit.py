@@ -47,9 +47,11 @@ Needs: PyTorch with CUDA, transformers, peft, safetensors, PIL; diffusers (insta
 folder SRC with SRC/diffusers/__init__.py by --diffusers, or a .tar.xz of that folder).
 """
 import argparse
+import gc
 import glob
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -57,11 +59,13 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_dit import ratio, write  # noqa: E402  (the report: a ratio over rounds, the table written)
 from torch_dit import ShapesShards, WordPiece, forever  # noqa: E402  (bench/torch_dit.py)
 from torch_peers import run_flowrun, seconds_per_step  # noqa: E402
 
@@ -121,17 +125,13 @@ def import_diffusers(src):
 # ---- the pipeline folder and the data ----
 
 def tool(args, name):
-    """A flowrun-side tool: spm_train / spm_encode on PATH or in the unpacked prefix."""
-    for d in [os.path.dirname(args.spm_train)] if args.spm_train else []:
-        p = os.path.join(d, name)
-        if os.path.exists(p):
-            return p
-    p = shutil.which(name)
-    if p:
-        return p
-    p = os.path.join(os.path.dirname(os.path.abspath(args.flowrun)), "..", "prefix", "usr", "bin", name)
-    if os.path.exists(p):
-        return os.path.normpath(p)
+    """Debian's spm_train / spm_encode: beside --spm-train, on PATH, or in the prefix tests/gpu/run.sh
+    unpacked (BUILD/prefix/usr/bin, BUILD being the folder of --flowrun's engine/)."""
+    prefix_bin = os.path.join(os.path.dirname(os.path.abspath(args.flowrun)), "..", "prefix", "usr", "bin")
+    for d in ([os.path.dirname(args.spm_train)] if args.spm_train else []) + [None, prefix_bin]:
+        p = shutil.which(name, path=d)
+        if p:
+            return os.path.normpath(p)
     raise FileNotFoundError("%s not found: install Debian's sentencepiece (tests/gpu/run.sh unpacks it from "
                             "third_party/debs into build-gpu/prefix) or pass --spm-train" % name)
 
@@ -229,7 +229,6 @@ def flowrun_round(args, cfg, facts, extra=()):
         print("flowrun failed (exit %d): %s\n%s" % (code, cmd, output[-4000:]), file=sys.stderr, flush=True)
         FAILED.append("flowrun")
         return None
-    import re
     for k, r in {"peak": r"peak (?:cuda\S*|cpu) memory ([0-9.]+ [KMGTP]?B)", "dit": r"\(dit\): ([0-9.]+M parameters"
                                                                                    r"(?:, [0-9.]+M trainable)?)"}.items():
         m = re.search(r, output)
@@ -375,7 +374,6 @@ def loop_round(args, cfg, facts):
                 t0 = t1
         sec = statistics.median(times)
     except Exception as e:
-        import traceback
         traceback.print_exc()
         print("PyTorch loop failed: %s: %s" % (type(e).__name__, e), file=sys.stderr, flush=True)
         FAILED.append("PyTorch loop")
@@ -383,7 +381,6 @@ def loop_round(args, cfg, facts):
     if dev.type == "cuda":
         facts.setdefault("loop_peak", []).append(torch.cuda.max_memory_allocated())
     L = None
-    import gc
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -391,12 +388,6 @@ def loop_round(args, cfg, facts):
 
 
 # ---- the report ----
-
-def ratio(num, den):
-    """Median (min–max) of the rounds' num / den, over the rounds that have both."""
-    r = sorted(n / d for n, d in zip(num, den) if n is not None and d is not None)
-    return "**%.3f x** (%.3f–%.3f, %d rounds)" % (statistics.median(r), r[0], r[-1], len(r)) if r else "-"
-
 
 def table(args, res, facts):
     fl, pt, il = ([x for x in res[k] if x is not None] for k in ("flowrun", "loop", "inline"))
@@ -426,15 +417,6 @@ def table(args, res, facts):
         "flowrun command: `HYDIT=%s HYDIT_DATA=%s %s`" % (args.pipeline, args.data, facts.get("cmd", "?")), "",
         "flowrun's log:", "", "```", facts.get("log", ""), "```",
     ]
-
-
-def write(args, lines):
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-    return text
 
 
 def parse_args():
@@ -479,7 +461,6 @@ def main():
         make_data(args, cfg)
         make_pipeline(args, cfg)
     except Exception as e:
-        import traceback
         traceback.print_exc()
         write(args, ["# HunyuanDiT-v1.2 size", "", "no figure: the setup failed: %s: %s" % (type(e).__name__, e)])
         return 3
