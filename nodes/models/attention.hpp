@@ -9,8 +9,9 @@
 // in chunks so that no more than 2^25 scores exist at once (a 1024-px VAE's 16384 positions need
 // no 16384² matrix). The written-out path is the reference the families' tests check against the
 // HF and diffusers transcriptions. No dropout: SDPA would draw it from the global generator, not
-// the step's (models/dropout.hpp), so GPT with attention dropout in training keeps its own
-// CPU-tuned path (gpt.cpp) and calls fused_attention directly.
+// the step's (models/dropout.hpp). So GPT keeps its own CPU path (gpt.cpp: a cached causal mask in
+// one baddbmm, attention dropout from the step's generator) and calls this one on a GPU when no
+// attention dropout is on.
 #pragma once
 #include <torch/torch.h>
 #include <torch/version.h>
