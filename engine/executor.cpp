@@ -155,10 +155,21 @@ struct Executor::Impl : ExecutorCore {
   StepSlot& slot(int64_t step) { return steps[step % R]; }
 
   void build(const Registry& reg) {
+    std::vector<const NodeType*> types;
+    std::vector<const NodeSchema*> schemas;
+    for (const NodeSpec& ns : g.nodes) {
+      types.push_back(reg.find(ns.type));
+      if (!types.back()) throw std::logic_error("node type '" + ns.type + "' vanished from the registry");
+      schemas.push_back(&types.back()->schema);
+    }
+    // The states, numbered (step_order.hpp); each is made by its owner's setup().
+    StateTable table = number_states(g, schemas);
+    states.resize(table.names.size());
+    state_names = std::move(table.names);
+    accesses = std::move(table.accesses);
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       const NodeSpec& ns = g.nodes[i];
-      const NodeType* t = reg.find(ns.type);
-      if (!t) throw std::logic_error("node type '" + ns.type + "' vanished from the registry");
+      const NodeType* t = types[i];
       auto rt = std::make_unique<NodeRuntime>();
       rt->index = static_cast<int>(i);
       rt->spec = &ns;
@@ -170,7 +181,6 @@ struct Executor::Impl : ExecutorCore {
       rt->compute = t->schema.compute;
       rt->states = &states;
       rt->core = this;
-      std::vector<std::pair<int, Access>> acc;
       for (const auto& in : ns.inputs) {
         InputBinding b;
         b.port = in.port;
@@ -186,9 +196,7 @@ struct Executor::Impl : ExecutorCore {
             if (slot == p.out_slot.end()) slot = p.out_slot.emplace(ref.port, nslots++).first;
             b.slots.push_back(slot->second);
           } else if (b.kind == PortKind::State) {
-            int sid = p.owned_state.at(ref.port);
-            b.slots.push_back(sid);
-            acc.push_back({sid, b.access});
+            b.slots.push_back(p.owned_state.at(ref.port));
           } else {
             p.stream_consumers[ref.port].push_back({rt->index, in.port});
             rt->has_stream_inputs = true;
@@ -200,17 +208,12 @@ struct Executor::Impl : ExecutorCore {
         if (o.kind == PortKind::Value) {
           if (o.name != "*") rt->out_slot[o.name] = nslots++;  // "*": per name read, above
         } else if (o.kind == PortKind::State) {
-          int sid = static_cast<int>(states.size());
-          states.emplace_back();
-          state_names.push_back(ns.name + "." + o.name);
-          rt->owned_state[o.name] = sid;
+          rt->owned_state[o.name] = table.owned[i].at(o.name);
           rt->owned_access[o.name] = o.access;
-          if (o.access == Access::Write) acc.push_back({sid, Access::Write});
         } else {
           rt->stream_consumers[o.name];
         }
       }
-      accesses.push_back(std::move(acc));
       try {
         rt->node = t->factory();
       } catch (const std::exception& e) {

@@ -2,7 +2,6 @@
 #include "explain.hpp"
 
 #include <algorithm>
-#include <map>
 #include <sstream>
 
 #include "registry.hpp"
@@ -24,27 +23,16 @@ std::string at(int64_t step, int64_t s) { return step == s ? "@s" : "@s-" + std:
 
 std::string explain(const GraphSpec& g, const Registry& reg) {
   const size_t n = g.nodes.size();
-  // The states and who accesses them, as the executor numbers them: each node's owned state
-  // outputs in schema order; a node's accesses are its state inputs, then its owned outputs that
-  // it writes every step.
+  // The states and who accesses them, numbered as the executor numbers them.
   std::vector<const NodeSchema*> schema(n);
-  std::map<std::pair<int, std::string>, int> owned;
-  std::vector<std::string> state_name;
-  std::vector<std::vector<std::pair<int, Access>>> accesses(n);
   for (size_t i = 0; i < n; ++i) {
     const NodeType* t = reg.find(g.nodes[i].type);
     if (!t) throw std::logic_error("explain: node type '" + g.nodes[i].type + "' is not registered");
     schema[i] = &t->schema;
-    for (const auto& in : g.nodes[i].inputs)
-      if (in.schema->kind == PortKind::State)
-        for (const auto& r : in.refs) accesses[i].push_back({owned.at({r.node_index, r.port}), in.schema->access});
-    for (const auto& o : t->schema.outputs)
-      if (o.kind == PortKind::State) {
-        owned[{static_cast<int>(i), o.name}] = static_cast<int>(state_name.size());
-        state_name.push_back(g.nodes[i].name + "." + o.name);
-        if (o.access == Access::Write) accesses[i].push_back({static_cast<int>(state_name.size()) - 1, Access::Write});
-      }
   }
+  const StateTable table = number_states(g, schema);
+  const std::vector<std::string>& state_name = table.names;
+  const std::vector<std::vector<std::pair<int, Access>>>& accesses = table.accesses;
 
   // Three steps with every node due; the third is the one shown (its waits reach back as far as
   // a previous step can).

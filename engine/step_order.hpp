@@ -13,12 +13,27 @@
 // its device event too).
 #pragma once
 #include <cstdint>
+#include <map>
+#include <string>
 #include <utility>
 #include <vector>
 
-#include "schema.hpp"  // Access
+#include "schema.hpp"  // Access, NodeSchema
 
 namespace flowrun {
+
+struct GraphSpec;
+
+// The states a run has and who accesses them, numbered once for the executor and `flowrun
+// explain`: each node's owned state outputs, in file order then schema order; a node's accesses
+// are its state inputs (in port order), then the owned outputs it writes every step.
+struct StateTable {
+  std::vector<std::string> names;                             // by id: "node.port"
+  std::vector<std::map<std::string, int>> owned;              // per node: its state output -> id
+  std::vector<std::vector<std::pair<int, Access>>> accesses;  // per node, as StepOrder::admit takes them
+};
+// schemas: each node's, in file order.
+StateTable number_states(const GraphSpec& g, const std::vector<const NodeSchema*>& schemas);
 
 // Why an instance waits for another.
 enum class Why { previous_step, read_after_write, write_after_write, write_after_read };

@@ -188,10 +188,11 @@ if want bench; then
   [ -f "$RESULTS/bench16.md" ] && sed -n '/^## GPT-2/,$p' "$RESULTS/bench16.md" >> "$RESULTS/bench.md"
   [ "$bench" = 0 ] && bench=$b16
   # HunyuanDiT-v1.2 size at 1024 px (issue 33): graphs/hydit_v12_lora.yaml against diffusers +
-  # peft, with a random-weight pipeline folder and 1024 px shapes made here. diffusers: installed,
-  # or its source by DIFFUSERS (a folder holding diffusers/, or a .tar.xz of one).
+  # peft, with a random-weight pipeline folder and 1024 px shapes made here (one round, ~90 s on
+  # an H200, so that the whole script fits a 10-minute call). diffusers: installed, or its source
+  # by DIFFUSERS (a folder holding diffusers/, or a .tar.xz of one).
   if [ -n "${DIFFUSERS:-}" ] || $PY -c 'import diffusers' 2> /dev/null; then
-    $PY bench/gpu_hydit.py --flowrun "$BUILD/engine/flowrun" ${DIFFUSERS:+--diffusers "$DIFFUSERS"} \
+    $PY bench/gpu_hydit.py --flowrun "$BUILD/engine/flowrun" ${DIFFUSERS:+--diffusers "$DIFFUSERS"} --rounds 1 \
       --out "$RESULTS/bench_hydit.md" 2>&1 | tee "$RESULTS/bench_hydit.log" | grep -E "^(== round|flowrun failed|gpu_hydit.py:)"
     hydit_status=${PIPESTATUS[0]}
     [ -f "$RESULTS/bench_hydit.md" ] && { echo; cat "$RESULTS/bench_hydit.md"; } >> "$RESULTS/bench.md"
