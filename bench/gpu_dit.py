@@ -45,7 +45,6 @@ import os
 import re
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 
@@ -54,7 +53,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_dit import (DIT_DEMO, Bert, Dit, VaeEncode, dit_overrides, dit_round,  # noqa: E402  (bench/torch_dit.py)
                        param_count)
-from torch_peers import run_flowrun, seconds_per_step  # noqa: E402
+from torch_peers import flowrun_timed, peak_memory, rounds_ratio, write_report  # noqa: E402
 
 FAILED = []  # the runs that gave no figure: the exit status says so
 OWN = ["text.stream=encode", "run.prefetch=4"]  # dit_base's own (vae and data keep theirs: encode, io)
@@ -81,39 +80,21 @@ def loop_params(cfg):
         return param_count(Dit(cfg["dit"])), param_count(Bert(cfg["bert"])), param_count(VaeEncode(cfg["vae"]))
 
 
-def tail(text, n=30):
-    return "\n".join(text.rstrip().splitlines()[-n:])
-
-
-def flowrun_run(flowrun, overrides, warmup, timeout):
-    """One flowrun run: (seconds per step, the median of its logged windows after `warmup` steps,
-    as many as the loop's: steps warmup+1 .. warmup+window, ...; its output). A failure raises
-    RuntimeError with the last 30 lines of the output."""
-    try:
-        cmd, code, output, rows = run_flowrun(flowrun, overrides, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        raise RuntimeError("timed out after %d s: %s\n%s" % (timeout, " ".join(e.cmd), tail(text)))
-    if code != 0:
-        raise RuntimeError("exit %d: %s\n%s" % (code, cmd, tail(output)))
-    sec = seconds_per_step(rows, warmup)  # the row of step `warmup` opens the first window
-    if sec is None:
-        raise RuntimeError("logged too few steps after warm-up: %s\n%s" % (cmd, tail(output)))
-    return sec, output
-
-
 def flowrun_facts(output):
     """What flowrun logs of the model (parameters of dit, bert and vae, in millions) and its peak
     device memory."""
     grab = {"dit": r"\(dit\): ([0-9.]+)M parameters", "bert": r"frozen bert .*?\(([0-9.]+)M parameters",
-            "vae": r"frozen vae .*? encoder \(([0-9.]+)M parameters", "peak": r"peak (?:cuda\S*|cpu) memory ([0-9.]+ [KMGTP]?B)"}
-    return {k: m.group(1) for k, m in ((k, re.search(r, output)) for k, r in grab.items()) if m}
+            "vae": r"frozen vae .*? encoder \(([0-9.]+)M parameters"}
+    facts = {k: m.group(1) for k, m in ((k, re.search(r, output)) for k, r in grab.items()) if m}
+    if peak_memory(output):
+        facts["peak"] = peak_memory(output)
+    return facts
 
 
 def try_flowrun(what, args, overrides, facts):
     """Seconds per step of one flowrun run, or None (its output's tail printed, FAILED noted)."""
     try:
-        sec, output = flowrun_run(args.flowrun, overrides, args.warmup, args.run_timeout)
+        sec, output, _ = flowrun_timed(args.flowrun, overrides, args.warmup, args.run_timeout)
     except Exception as e:  # go on: the other figures still come
         print("flowrun failed (%s): %s" % (what, e), file=sys.stderr, flush=True)
         FAILED.append(what)
@@ -147,14 +128,6 @@ def ms(secs):
 
 def per_sec(secs, batch):
     return "%.1f" % (batch / statistics.median(secs)) if secs else "-"
-
-
-def ratio(num, den):
-    """Median (min–max) of the rounds' num / den, over the rounds that have both."""
-    r = sorted(n / d for n, d in zip(num, den) if n is not None and d is not None)
-    if not r:
-        return "-"
-    return "**%.3f x** (%.3f–%.3f, %d rounds)" % (statistics.median(r), r[0], r[-1], len(r))
 
 
 def describe(args, cfg):
@@ -210,27 +183,18 @@ def table(args, cfg, device, precision, res, facts, peaks, cmd, n):
             "%.1f GB" % (max(peaks) / 1e9) if peaks else "-"), "",
         "flowrun / PyTorch speed (PyTorch ms over flowrun ms; > 1: flowrun faster) = %s. Peak GPU memory: the caching "
         "allocator's allocated peak (flowrun's end-of-run log; torch.cuda.max_memory_allocated), GB = 10^9 bytes." %
-        ratio(res["loop"], res["own"]), "",
+        rounds_ratio(res["loop"], res["own"]), "",
         "## (b) flowrun: text encoder on its own stream vs inline", "",
         "| | ms/step | images/s |", "|---|---|---|",
         "| text encoder and VAE on `encode`, prefetch 4 (the graph's) | %s | %s |" % (ms(fl), per_sec(fl, B)),
         "| inline (`%s`) | %s | %s |" % (" ".join(INLINE), ms(il), per_sec(il, B)), "",
-        "own stream / inline (inline ms over own-stream ms) = %s." % ratio(res["inline"], res["own"]), "",
+        "own stream / inline (inline ms over own-stream ms) = %s." % rounds_ratio(res["inline"], res["own"]), "",
         "Rounds: %d done of %d, each flowrun (own stream), the PyTorch loop, flowrun (inline); %d steps per run, "
         "per-step time the median of %d-step windows after the first %d steps (start-up excluded); medians over "
         "rounds." % (len(res["own"]), args.rounds, args.steps, args.window, args.warmup), "",
         "flowrun command (own stream): `%s`" % cmd, "",
         "PyTorch loop: bench/torch_dit.py, in this process (`%s`)." % " ".join([os.path.basename(sys.executable)] + sys.argv),
     ]
-
-
-def write(args, lines):
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text)
-    return text
 
 
 def data_missing(data):
@@ -281,7 +245,7 @@ def main():
     missing = data_missing(args.data)
     if missing:
         print("gpu_dit.py: no run: " + missing, file=sys.stderr)
-        write(args, ["# DiT at a GPU size", "", "no figure: " + missing])
+        write_report(args.out, ["# DiT at a GPU size", "", "no figure: " + missing])
         return 3
     vocab = vocab_path(args)
     cfg = dict(DIT_DEMO, batch=args.batch) if args.tiny else xl_config(args.batch, vocab)
@@ -298,7 +262,7 @@ def main():
         print("round %d: flowrun own stream %s, PyTorch %s, flowrun inline %s ms/step" % (
             r + 1, *("-" if x is None else "%.1f" % (1e3 * x) for x in (res["own"][-1], res["loop"][-1], res["inline"][-1]))),
             flush=True)
-        text = write(args, table(args, cfg, dev, precision, res, facts, peaks, cmd, n))
+        text = write_report(args.out, table(args, cfg, dev, precision, res, facts, peaks, cmd, n))
     print(text)
     if FAILED:
         print("gpu_dit.py: no figure for: %s (see above)" % ", ".join(FAILED), file=sys.stderr)

@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import eager_round, flowrun_round, gpt_overrides, run_flowrun, seconds_per_step  # noqa: E402
+from torch_peers import (eager_round, flowrun_round, gpt_overrides, peak_memory, run_flowrun,  # noqa: E402
+                         seconds_per_step, write_report)
 
 
 def matmul_peak_tflops(device):
@@ -194,15 +195,13 @@ def flowrun_memory_run(flowrun, overrides):
     logs at the end, forward_backward's estimate, why it failed or None)."""
     _, code, output, rows = run_flowrun(flowrun, overrides)
     estimate = memory_estimate(output)
-    # the device's peak where flowrun has one (CUDA), else the process's peak resident memory
-    m = re.search(r"peak cuda:\d+ memory ([0-9.]+ [KMGT]?B)", output) or \
-        re.search(r"peak resident memory ([0-9.]+ [KMGT]?B)", output)
-    if code != 0 or not m:
+    peak = peak_memory(output, resident=True)  # the device's where flowrun has one (CUDA)
+    if code != 0 or not peak:
         lines = [l for l in output.splitlines() if l.strip()]
         why = next((l for l in reversed(lines) if "error" in l.lower() or "memory" in l.lower()), lines[-1] if lines else "")
         return None, None, estimate, why.strip()[:400]
     sec = seconds_per_step(rows)
-    return (float("nan") if sec is None else sec), m.group(1), estimate, None
+    return (float("nan") if sec is None else sec), peak, estimate, None
 
 
 def memory_estimate(text):
@@ -273,11 +272,7 @@ def main():
         lines += [""] + dit(args, dev)
     if args.memory or args.only == "memory":
         lines += [""] + memory(args, dev)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        open(args.out, "w").write(text)
-    print(text)
+    print(write_report(args.out, lines))
     if FAILED:
         print("gpu_gpt2.py: no flowrun figure for: %s (see above)" % ", ".join(FAILED), file=sys.stderr)
         return 3

@@ -65,9 +65,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_dit import ratio, write  # noqa: E402  (the report: a ratio over rounds, the table written)
 from torch_dit import ShapesShards, WordPiece, forever  # noqa: E402  (bench/torch_dit.py)
-from torch_peers import run_flowrun, seconds_per_step  # noqa: E402
+from torch_peers import flowrun_timed, peak_memory, rounds_ratio, write_report  # noqa: E402
 
 FAILED = []
 # --inline: the graph's encoders (VAE, BERT, mT5 on `encode`, data on `io`, prefetch 2) run inline.
@@ -215,26 +214,19 @@ def flowrun_overrides(args, cfg):
 def flowrun_round(args, cfg, facts, extra=()):
     os.environ["HYDIT"], os.environ["HYDIT_DATA"] = args.pipeline, args.data
     try:
-        cmd, code, output, rows = run_flowrun(args.flowrun, flowrun_overrides(args, cfg) + list(extra),
-                                              timeout=args.run_timeout)
-    except subprocess.TimeoutExpired as e:
-        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        print("flowrun timed out after %d s:\n%s" % (args.run_timeout, text[-3000:]), file=sys.stderr, flush=True)
+        sec, output, cmd = flowrun_timed(args.flowrun, flowrun_overrides(args, cfg) + list(extra), args.warmup,
+                                         args.run_timeout)
+    except RuntimeError as e:  # go on: the loop's figure still comes
+        print("flowrun failed: %s" % e, file=sys.stderr, flush=True)
         FAILED.append("flowrun")
         return None
+    if peak_memory(output):
+        facts["peak"] = peak_memory(output)
+    m = re.search(r"\(dit\): ([0-9.]+M parameters(?:, [0-9.]+M trainable)?)", output)
+    if m:
+        facts["dit"] = m.group(1)
     if not extra:
         facts["cmd"] = cmd
-    sec = seconds_per_step(rows, args.warmup) if code == 0 else None
-    if sec is None:
-        print("flowrun failed (exit %d): %s\n%s" % (code, cmd, output[-4000:]), file=sys.stderr, flush=True)
-        FAILED.append("flowrun")
-        return None
-    for k, r in {"peak": r"peak (?:cuda\S*|cpu) memory ([0-9.]+ [KMGTP]?B)", "dit": r"\(dit\): ([0-9.]+M parameters"
-                                                                                   r"(?:, [0-9.]+M trainable)?)"}.items():
-        m = re.search(r, output)
-        if m:
-            facts[k] = m.group(1)
-    if not extra:
         facts["log"] = "\n".join(l for l in output.splitlines() if "parameters" in l or "peak" in l)[-2000:]
     return sec
 
@@ -407,9 +399,9 @@ def table(args, res, facts):
         "| PyTorch loop: diffusers HunyuanDiT2DModel + peft LoRA (torch.utils.checkpoint per block, fused AdamW) | %s | %s |"
         % (s(pt), "%.1f GB" % (max(peak) / 1e9) if peak else "-"), "",
         "flowrun / PyTorch speed (the loop's s/step over flowrun's; > 1: flowrun faster) = %s." %
-        ratio(res["loop"], res["flowrun"]), "",
+        rounds_ratio(res["loop"], res["flowrun"]), "",
         "flowrun with its encoders inline (`%s`): %s s/step; own streams over inline (inline s/step over the "
-        "graph's) = %s." % (" ".join(INLINE), s(il), ratio(res["inline"], res["flowrun"])) if args.inline else
+        "graph's) = %s." % (" ".join(INLINE), s(il), rounds_ratio(res["inline"], res["flowrun"])) if args.inline else
         "(flowrun inline: not run; --inline)", "",
         "Rounds: %d of %d; %d steps per run, per-step time the median of %d-step windows after the first %d steps. "
         "Peak memory: the caching allocator's allocated peak, GB = 10^9 bytes." % (
@@ -462,7 +454,7 @@ def main():
         make_pipeline(args, cfg)
     except Exception as e:
         traceback.print_exc()
-        write(args, ["# HunyuanDiT-v1.2 size", "", "no figure: the setup failed: %s: %s" % (type(e).__name__, e)])
+        write_report(args.out, ["# HunyuanDiT-v1.2 size", "", "no figure: the setup failed: %s: %s" % (type(e).__name__, e)])
         return 3
     res, facts = {"flowrun": [], "loop": [], "inline": []}, {}
     for r in range(args.rounds):
@@ -472,7 +464,7 @@ def main():
             res["inline"].append(flowrun_round(args, cfg, facts, INLINE))
         say("round %d: flowrun %s, PyTorch %s, flowrun inline %s s/step" % (
             r + 1, *("-" if not x or x[-1] is None else "%.3f" % x[-1] for x in (res["flowrun"], res["loop"], res["inline"]))))
-        text = write(args, table(args, res, facts))
+        text = write_report(args.out, table(args, res, facts))
     print(text)
     if FAILED:
         print("gpu_hydit.py: no figure for: %s (see above)" % ", ".join(sorted(set(FAILED))), file=sys.stderr)

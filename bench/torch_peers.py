@@ -10,6 +10,7 @@ syncs once per logged step.
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -207,6 +208,55 @@ def seconds_per_step(rows, first_step=0):
     rows = [r for r in rows if "loss" in r and r["step"] >= first_step]
     per_step = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(rows, rows[1:])]
     return statistics.median(per_step) if per_step else None
+
+
+def tail(text, n=30):
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def flowrun_timed(flowrun, overrides, warmup, timeout):
+    """One flowrun run: (seconds per step, the median of its logged windows after `warmup` steps:
+    steps warmup+1 .. warmup+window, ...; its output; its command line). A failure raises
+    RuntimeError with the last 30 lines of the output."""
+    try:
+        cmd, code, output, rows = run_flowrun(flowrun, overrides, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        text = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        raise RuntimeError("timed out after %d s: %s\n%s" % (timeout, " ".join(e.cmd), tail(text)))
+    if code != 0:
+        raise RuntimeError("exit %d: %s\n%s" % (code, cmd, tail(output)))
+    sec = seconds_per_step(rows, warmup)  # the row of step `warmup` opens the first window
+    if sec is None:
+        raise RuntimeError("logged too few steps after warm-up: %s\n%s" % (cmd, tail(output)))
+    return sec, output, cmd
+
+
+def peak_memory(output, resident=False):
+    """The peak memory flowrun's end-of-run line gives ("12.3 GB"): the device's (CUDA), else with
+    `resident` the process's peak resident memory; None where it has none."""
+    m = re.search(r"peak cuda:\d+ memory ([0-9.]+ [KMGTP]?B)", output) or \
+        (resident and re.search(r"peak resident memory ([0-9.]+ [KMGTP]?B)", output))
+    return m.group(1) if m else None
+
+
+# ---- reports ----
+
+def rounds_ratio(num, den):
+    """Median (min–max) of the rounds' num / den, over the rounds that have both, for a table."""
+    r = sorted(n / d for n, d in zip(num, den) if n is not None and d is not None)
+    if not r:
+        return "-"
+    return "**%.3f x** (%.3f–%.3f, %d rounds)" % (statistics.median(r), r[0], r[-1], len(r))
+
+
+def write_report(out, lines):
+    """The lines as one text, written to `out` too (its folder made) unless out is None."""
+    text = "\n".join(lines) + "\n"
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            f.write(text)
+    return text
 
 
 def flowrun_round(flowrun, overrides, warmup, launcher=()):
