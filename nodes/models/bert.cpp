@@ -20,9 +20,7 @@ std::string describe(const Config& c) {
          " max_positions=" + std::to_string(c.max_positions) + ")";
 }
 
-torch::nn::LayerNorm make_norm(int64_t dim, double eps) {
-  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(eps));
-}
+layers::LayerNorm make_norm(int64_t dim, double eps) { return layers::LayerNorm(dim, layers::NormOptions{eps}); }
 
 }  // namespace
 

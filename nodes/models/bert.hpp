@@ -22,6 +22,8 @@
 #include <map>
 #include <string>
 
+#include "models/layers.hpp"
+
 namespace flowrun::bert {
 
 struct Config {
@@ -37,7 +39,7 @@ class DenseNormImpl : public torch::nn::Cloneable<DenseNormImpl> {
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& residual);
   torch::nn::Linear dense{nullptr};
-  torch::nn::LayerNorm LayerNorm{nullptr};
+  layers::LayerNorm LayerNorm{nullptr};  // eps 1e-12 (HF's name)
 
  private:
   int64_t in_, out_;
@@ -71,6 +73,8 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
 };
 TORCH_MODULE(Attention);
 
+// HF's BertIntermediate: dense, exact GELU. With the layer's `output` (a DenseNorm) it is the
+// feed-forward; not layers::Mlp, since HF splits it over two modules with the post-norm inside.
 class IntermediateImpl : public torch::nn::Cloneable<IntermediateImpl> {
  public:
   IntermediateImpl(int64_t dim, int64_t ffn) : dim_(dim), ffn_(ffn) { reset(); }
@@ -103,7 +107,7 @@ class EmbeddingsImpl : public torch::nn::Cloneable<EmbeddingsImpl> {
   void reset() override;
   torch::Tensor forward(const torch::Tensor& input_ids);  // [B, L] -> [B, L, dim]
   torch::nn::Embedding word_embeddings{nullptr}, position_embeddings{nullptr}, token_type_embeddings{nullptr};
-  torch::nn::LayerNorm LayerNorm{nullptr};
+  layers::LayerNorm LayerNorm{nullptr};  // eps 1e-12 (HF's name)
 
  private:
   Config c_;

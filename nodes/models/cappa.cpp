@@ -54,11 +54,6 @@ std::string describe(const Config& c) {
 
 // ---- leaf modules ------------------------------------------------------------------------
 
-void MlpImpl::reset() {
-  fc1 = register_module("fc1", lora::Linear(dim_, hidden_, bias_));
-  fc2 = register_module("fc2", lora::Linear(hidden_, dim_, bias_));
-}
-
 namespace {
 
 // [B, L, heads*hd] -> [B, heads, L, hd]
@@ -82,7 +77,7 @@ void EncoderBlockImpl::reset() {
   norm1 = register_module("norm1", flax_norm(dim_, true));
   attn = register_module("attn", EncoderAttention(dim_, heads_));
   norm2 = register_module("norm2", flax_norm(dim_, true));
-  mlp = register_module("mlp", Mlp(dim_, mlp_, true));
+  mlp = register_module("mlp", Mlp(dim_, mlp_, mlp_options(true)));
 }
 
 torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
@@ -109,7 +104,7 @@ void DecoderBlockImpl::reset() {
   norm2 = register_module("norm2", flax_norm(c_.dec_width, b));
   cross_attn = register_module("cross_attn", DecoderAttention(c_.dec_width, c_.width, c_.dec_heads));
   norm3 = register_module("norm3", flax_norm(c_.dec_width, b));
-  mlp = register_module("mlp", Mlp(c_.dec_width, c_.dec_mlp_dim, b));
+  mlp = register_module("mlp", Mlp(c_.dec_width, c_.dec_mlp_dim, mlp_options(b)));
 }
 
 torch::Tensor DecoderBlockImpl::forward(torch::Tensor x, const torch::Tensor& encoded, const torch::Tensor& self_bias) {
@@ -137,10 +132,6 @@ torch::Tensor sincos2d(int64_t gh, int64_t gw, int64_t width) {
 
 }  // namespace
 
-void PatchEmbedImpl::reset() {
-  proj = register_module("proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(channels_, width_, patch_).stride(patch_)));
-}
-
 void EncoderImpl::reset() {
   patch_embed = register_module("patch_embed", PatchEmbed(c_.channels, c_.width, c_.patch));
   const int64_t g = c_.image_size / c_.patch;
@@ -160,7 +151,7 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
                              std::to_string(c_.image_size) + ", " + std::to_string(c_.image_size) + "] (image_size " +
                              std::to_string(c_.image_size) + "), got " + shape_str(images) +
                              "; make the data node's size equal the model's image_size");
-  torch::Tensor x = patch_embed(images.to(pos_embed.scalar_type())).flatten(2).transpose(1, 2);  // [B, N, W]
+  torch::Tensor x = patch_embed(images.to(pos_embed.scalar_type()));  // [B, N, W]
   x = x + pos_embed;
   int64_t i = 0;
   for (const auto& b : *blocks) {
@@ -272,7 +263,7 @@ void init_weights(CappaImpl& m, uint64_t seed) {
   lecun_normal_(e.patch_embed->proj->weight, c.channels * c.patch * c.patch, g);
   e.patch_embed->proj->bias.zero_();
   if (c.posemb == "learn") e.pos_embed.copy_(torch::randn(e.pos_embed.sizes(), g) / std::sqrt(double(c.width)));
-  auto mlp_init = [&](MlpImpl& mlp) {
+  auto mlp_init = [&](layers::MlpImpl& mlp) {
     for (auto* lin : {&mlp.fc1, &mlp.fc2}) {
       xavier_uniform_((*lin)->weight, g);
       if ((*lin)->bias.defined()) (*lin)->bias.copy_(torch::randn((*lin)->bias.sizes(), g) * 1e-6);

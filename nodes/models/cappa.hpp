@@ -76,18 +76,9 @@ std::string describe(const Config& c);  // "vit 768x12 (patch 16, 224 px), decod
 using Norm = layers::LayerNorm;
 inline Norm flax_norm(int64_t dim, bool bias) { return Norm(dim, layers::NormOptions{1e-6, true, bias, false}); }
 
-class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
- public:
-  MlpImpl(int64_t dim, int64_t hidden, bool bias) : dim_(dim), hidden_(hidden), bias_(bias) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
-  lora::Linear fc1{nullptr}, fc2{nullptr};
-
- private:
-  int64_t dim_, hidden_;
-  bool bias_;
-};
-TORCH_MODULE(Mlp);
+// fc1 -> exact GELU -> fc2, with or without biases: the shared MLP.
+using layers::Mlp;
+inline layers::MlpOptions mlp_options(bool bias) { return {"fc1", "fc2", layers::Act::gelu, "", bias}; }
 
 // The ViT block's self-attention: one qkv projection [3W, W] with bias, then proj.
 class EncoderAttentionImpl : public torch::nn::Cloneable<EncoderAttentionImpl> {
@@ -144,18 +135,8 @@ class DecoderBlockImpl : public torch::nn::Cloneable<DecoderBlockImpl> {
 };
 TORCH_MODULE(DecoderBlock);
 
-// The patch embedding: proj, a conv with kernel = stride = patch.
-class PatchEmbedImpl : public torch::nn::Cloneable<PatchEmbedImpl> {
- public:
-  PatchEmbedImpl(int64_t channels, int64_t width, int64_t patch) : channels_(channels), width_(width), patch_(patch) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x) { return proj(x); }
-  torch::nn::Conv2d proj{nullptr};
-
- private:
-  int64_t channels_, width_, patch_;
-};
-TORCH_MODULE(PatchEmbed);
+// The patch embedding: proj, a conv with kernel = stride = patch (the shared one).
+using layers::PatchEmbed;
 
 class EncoderImpl : public torch::nn::Cloneable<EncoderImpl> {
  public:

@@ -53,11 +53,6 @@ void Config::check() const {
 
 // ---- leaf modules and blocks
 
-void PatchConvImpl::reset() {
-  weight = register_parameter("weight", torch::empty({out_, in_, patch_, patch_}));
-  bias = register_parameter("bias", torch::zeros({out_}));
-}
-
 void TwoLayerImpl::reset() {
   linear_1 = register_module("linear_1", lora::Linear(in_, mid_));
   linear_2 = register_module("linear_2", lora::Linear(mid_, out_));
@@ -148,24 +143,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
   return to_out[0]->as<lora::LinearImpl>()->forward(attention(q, k, v));  // [B, N, dim]
 }
 
-void FeedForwardImpl::reset() {
-  net = register_module("net", torch::nn::ModuleList());
-  net->push_back(GeluProj(dim_, inner_));
-  net->push_back(torch::nn::Identity());  // diffusers' dropout slot (no parameters)
-  net->push_back(lora::Linear(inner_, dim_));
-}
-
-torch::Tensor FeedForwardImpl::forward(const torch::Tensor& x) {
-  return net[2]->as<lora::LinearImpl>()->forward(net[0]->as<GeluProjImpl>()->forward(x));
-}
-
 void BlockImpl::reset() {
   norm1 = register_module("norm1", AdaNormShift(cfg_.hidden));
   attn1 = register_module("attn1", Attention(cfg_.hidden, cfg_.hidden, cfg_.heads, false));
   norm2 = register_module("norm2", LayerNorm(cfg_.hidden, layers::fp32_norm()));
   attn2 = register_module("attn2", Attention(cfg_.hidden, cfg_.text_dim, cfg_.heads, true));
   norm3 = register_module("norm3", LayerNorm(cfg_.hidden, layers::fp32_norm()));
-  ff = register_module("ff", FeedForward(cfg_.hidden, cfg_.ff_inner()));
+  ff = register_module("ff", layers::Mlp(cfg_.hidden, cfg_.ff_inner(), ff_options()));
   if (skip_) {
     skip_norm = register_module("skip_norm", LayerNorm(2 * cfg_.hidden, layers::fp32_norm()));
     skip_linear = register_module("skip_linear", lora::Linear(2 * cfg_.hidden, cfg_.hidden));
@@ -327,7 +311,7 @@ torch::Tensor DitImpl::forward(const Inputs& in) {
   }
   ctx = torch::where(keep.to(torch::kBool).unsqueeze(2), ctx, text_embedding_padding.to(dtype));
 
-  torch::Tensor h = pos_embed->proj(x).flatten(2).transpose(1, 2);  // [B, N, hidden], row-major patches
+  torch::Tensor h = pos_embed(x);  // [B, N, hidden], row-major patches
   torch::Tensor tt = t.dim() == 0 ? t.reshape({1}).expand({B}) : (t.size(0) == 1 ? t.expand({B}) : t);
   torch::Tensor temb = time_extra_emb->forward(tt, in.t5, in.image_meta_size, in.style, h.scalar_type());
   auto [cos, sin] = rope(gh, gw, x.device());

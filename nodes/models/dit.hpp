@@ -74,7 +74,6 @@
 
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
-#include "models/gelu_tanh.hpp"
 #include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
@@ -109,29 +108,9 @@ std::string describe(const Config& c);
 // LayerNorm computed in fp32 (diffusers' FP32LayerNorm), eps 1e-6: LayerNorm(dim, layers::fp32_norm(affine)).
 using layers::LayerNorm;
 
-// A conv with kernel = stride = patch: weight [hidden, C, p, p], bias [hidden].
-class PatchConvImpl : public torch::nn::Cloneable<PatchConvImpl> {
- public:
-  PatchConvImpl(int64_t in, int64_t out, int64_t patch) : in_(in), out_(out), patch_(patch) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x) { return torch::conv2d(x, weight, bias, {patch_, patch_}); }
-  torch::Tensor weight, bias;
-
- private:
-  int64_t in_, out_, patch_;
-};
-TORCH_MODULE(PatchConv);
-
-class PatchEmbedImpl : public torch::nn::Cloneable<PatchEmbedImpl> {
- public:
-  PatchEmbedImpl(int64_t in, int64_t out, int64_t patch) : in_(in), out_(out), patch_(patch) { reset(); }
-  void reset() override { proj = register_module("proj", PatchConv(in_, out_, patch_)); }
-  PatchConv proj{nullptr};
-
- private:
-  int64_t in_, out_, patch_;
-};
-TORCH_MODULE(PatchEmbed);
+// pos_embed: diffusers' PatchEmbed (proj, a conv with kernel = stride = patch; no position
+// table, the positions are the RoPE's) is the shared one.
+using layers::PatchEmbed;
 
 // linear_1 -> SiLU -> linear_2 (diffusers' TimestepEmbedding and PixArtAlphaTextProjection).
 class TwoLayerImpl : public torch::nn::Cloneable<TwoLayerImpl> {
@@ -229,29 +208,9 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
 };
 TORCH_MODULE(Attention);
 
-class FeedForwardImpl : public torch::nn::Cloneable<FeedForwardImpl> {
- public:
-  FeedForwardImpl(int64_t dim, int64_t inner) : dim_(dim), inner_(inner) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::ModuleList net{nullptr};  // [0]: GELU with .proj, [1]: identity (dropout), [2]: lora::Linear
-
- private:
-  int64_t dim_, inner_;
-};
-TORCH_MODULE(FeedForward);
-
-class GeluProjImpl : public torch::nn::Cloneable<GeluProjImpl> {
- public:
-  GeluProjImpl(int64_t in, int64_t out) : in_(in), out_(out) { reset(); }
-  void reset() override { proj = register_module("proj", lora::Linear(in_, out_)); }
-  torch::Tensor forward(const torch::Tensor& x) { return gelu_tanh(proj(x)); }
-  lora::Linear proj{nullptr};
-
- private:
-  int64_t in_, out_;
-};
-TORCH_MODULE(GeluProj);
+// ff: diffusers' FeedForward (net.0 a GELU(tanh) with its proj, net.1 dropout, net.2 the output
+// projection), the shared MLP at those paths.
+inline layers::MlpOptions ff_options() { return {"net.0.proj", "net.2", layers::Act::gelu_tanh}; }
 
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
@@ -265,7 +224,7 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   LayerNorm norm2{nullptr};
   Attention attn2{nullptr};
   LayerNorm norm3{nullptr};
-  FeedForward ff{nullptr};
+  layers::Mlp ff{nullptr};  // ff_options()
   LayerNorm skip_norm{nullptr};
   lora::Linear skip_linear{nullptr};
 

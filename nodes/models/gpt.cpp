@@ -11,7 +11,6 @@
 #include "common/seed.hpp"
 #include "models/attention.hpp"
 #include "models/dropout.hpp"
-#include "models/gelu_tanh.hpp"
 #include "models/load_by_name.hpp"
 
 namespace flowrun::gpt {
@@ -93,26 +92,16 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
   return flowrun::dropout(c_proj(y), dropout_);
 }
 
-void MlpImpl::reset() {
-  c_fc = register_module("c_fc", conv1d(dim_, 4 * dim_));
-  c_proj = register_module("c_proj", conv1d(4 * dim_, dim_));
-}
-
-torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  // GPT-2's "gelu_new" is the tanh approximation (fused on the CPU: gelu_tanh.hpp).
-  return flowrun::dropout(c_proj(gelu_tanh(c_fc(x))), dropout_);
-}
-
 void BlockImpl::reset() {
   ln_1 = register_module("ln_1", LayerNorm(dim_));
   attn = register_module("attn", Attention(dim_, heads_, dropout_, masks_));
   ln_2 = register_module("ln_2", LayerNorm(dim_));
-  mlp = register_module("mlp", Mlp(dim_, dropout_));
+  mlp = register_module("mlp", layers::Mlp(dim_, 4 * dim_, mlp_options()));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
   torch::Tensor r = x + attn(ln_1(x), B, T);
-  return r + mlp(ln_2(r));
+  return r + flowrun::dropout(mlp(ln_2(r)), dropout_);
 }
 
 // ---- the model

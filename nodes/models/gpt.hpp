@@ -93,18 +93,9 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
 };
 TORCH_MODULE(Attention);
 
-class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
- public:
-  MlpImpl(int64_t dim, double dropout) : dim_(dim), dropout_(dropout) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
-  lora::Linear c_fc{nullptr}, c_proj{nullptr};
+// c_fc (Conv1D [dim, 4*dim]) -> gelu_new -> c_proj (Conv1D [4*dim, dim]): the shared MLP.
+inline layers::MlpOptions mlp_options() { return {"c_fc", "c_proj", layers::Act::gelu_tanh, "", true, /*fan_in_fan_out=*/true}; }
 
- private:
-  int64_t dim_;
-  double dropout_;
-};
-TORCH_MODULE(Mlp);
 
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
@@ -114,7 +105,7 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
   LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
-  Mlp mlp{nullptr};
+  layers::Mlp mlp{nullptr};  // mlp_options(); its output dropped out (resid_pdrop) by the block
 
  private:
   int64_t dim_, heads_;

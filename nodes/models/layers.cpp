@@ -2,6 +2,9 @@
 #include "models/layers.hpp"
 
 #include <stdexcept>
+#include <vector>
+
+#include "models/gelu_tanh.hpp"
 
 namespace flowrun::layers {
 
@@ -16,6 +19,117 @@ torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
   torch::Tensor w = weight.defined() ? weight.to(torch::kFloat) : torch::Tensor();
   torch::Tensor b = bias.defined() ? bias.to(torch::kFloat) : torch::Tensor();
   return torch::layer_norm(x.to(torch::kFloat), {dim_}, w, b, o_.eps).to(x.scalar_type());
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  torch::Tensor var = x.to(torch::kFloat).pow(2).mean(-1, true);
+  torch::Tensor h = x * torch::rsqrt(var + eps_);
+  if (weight.scalar_type() == torch::kHalf || weight.scalar_type() == torch::kBFloat16) h = h.to(weight.scalar_type());
+  return weight * h;
+}
+
+torch::Tensor activate(const torch::Tensor& x, Act act) {
+  switch (act) {
+    case Act::gelu: return torch::gelu(x);
+    case Act::gelu_tanh: return gelu_tanh(x);
+    case Act::relu: return torch::relu(x);
+  }
+  throw std::logic_error("layers::activate: unknown activation");
+}
+
+// ---- MLP: projections at dotted module paths
+
+namespace {
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t dot; (dot = path.find('.', start)) != std::string::npos; start = dot + 1) parts.push_back(path.substr(start, dot - start));
+  parts.push_back(path.substr(start));
+  for (const auto& p : parts)
+    if (p.empty()) throw std::logic_error("layers::Mlp: the module path '" + path + "' has an empty part");
+  return parts;
+}
+
+// One level of a dotted path ("net" and "0" of diffusers' ff.net.0.proj): children only. Copies
+// are made child by child (torch's Cloneable rebuilds children through reset(), which a level
+// cannot: what it holds is its parent's to decide).
+class LevelImpl : public torch::nn::Module {
+ public:
+  std::shared_ptr<torch::nn::Module> clone(const torch::optional<torch::Device>& device) const override {
+    auto copy = std::make_shared<LevelImpl>();
+    for (const auto& child : named_children()) copy->register_module(child.key(), child.value()->clone(device));
+    return copy;
+  }
+
+ private:
+  void clone_(torch::nn::Module& other, const torch::optional<torch::Device>& device) override {
+    for (const auto& child : other.named_children()) replace_module(child.key(), child.value()->clone(device));
+  }
+};
+
+std::shared_ptr<torch::nn::Module> child_of(torch::nn::Module& m, const std::string& name) {
+  for (const auto& c : m.named_children())
+    if (c.key() == name) return c.value();
+  return nullptr;
+}
+
+// Register `layer` at `path` under `root`, making the levels on the way.
+void register_at(torch::nn::Module& root, const std::string& path, const lora::Linear& layer) {
+  const std::vector<std::string> parts = split_path(path);
+  torch::nn::Module* at = &root;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    std::shared_ptr<torch::nn::Module> next = child_of(*at, parts[i]);
+    if (!next) next = at->register_module(parts[i], std::make_shared<LevelImpl>());
+    at = next.get();
+  }
+  at->register_module(parts.back(), layer);
+}
+
+lora::Linear find_at(torch::nn::Module& root, const std::string& path) {
+  std::shared_ptr<torch::nn::Module> at;
+  torch::nn::Module* m = &root;
+  for (const auto& part : split_path(path)) {
+    at = child_of(*m, part);
+    if (!at) throw std::logic_error("layers::Mlp: no module at '" + path + "'");
+    m = at.get();
+  }
+  auto linear = std::dynamic_pointer_cast<lora::LinearImpl>(at);
+  if (!linear) throw std::logic_error("layers::Mlp: the module at '" + path + "' is not a lora::Linear");
+  return lora::Linear(linear);
+}
+
+}  // namespace
+
+void MlpImpl::reset() {
+  if (o_.fc1.empty() || o_.fc2.empty()) throw std::logic_error("layers::Mlp: fc1 and fc2 need names");
+  register_at(*this, o_.fc1, lora::Linear(dim_, hidden_, o_.bias, o_.fan_in_fan_out));
+  if (!o_.gate.empty()) register_at(*this, o_.gate, lora::Linear(dim_, hidden_, o_.bias, o_.fan_in_fan_out));
+  register_at(*this, o_.fc2, lora::Linear(hidden_, dim_, o_.bias, o_.fan_in_fan_out));
+  bind();
+}
+
+void MlpImpl::bind() {
+  fc1 = find_at(*this, o_.fc1);
+  fc2 = find_at(*this, o_.fc2);
+  gate = o_.gate.empty() ? lora::Linear(nullptr) : find_at(*this, o_.gate);
+}
+
+std::shared_ptr<torch::nn::Module> MlpImpl::clone(const torch::optional<torch::Device>& device) const {
+  auto copy = std::dynamic_pointer_cast<MlpImpl>(Cloneable<MlpImpl>::clone(device));
+  copy->bind();
+  return copy;
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  torch::Tensor h = activate(fc1(x), o_.act);
+  if (gate) h = h * gate(x);
+  return fc2(h);
+}
+
+void PatchConvImpl::reset() {
+  weight = register_parameter("weight", torch::empty({out_, in_, patch_, patch_}));
+  bias = register_parameter("bias", torch::zeros({out_}));
 }
 
 }  // namespace flowrun::layers

@@ -60,15 +60,6 @@ torch::Tensor relative_position_bucket(const torch::Tensor& relative_position, b
   return buckets + torch::where(is_small, rp, large);
 }
 
-void RmsNormImpl::reset() { weight = register_parameter("weight", torch::ones({dim_})); }
-
-torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
-  torch::Tensor var = x.to(torch::kFloat).pow(2).mean(-1, true);
-  torch::Tensor h = x * torch::rsqrt(var + eps_);
-  if (weight.scalar_type() == torch::kHalf || weight.scalar_type() == torch::kBFloat16) h = h.to(weight.scalar_type());
-  return weight * h;
-}
-
 void AttentionImpl::reset() {
   const int64_t inner = c_.heads * c_.d_kv;
   auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
@@ -104,24 +95,8 @@ void LayerSelfAttentionImpl::reset() {
   layer_norm = register_module("layer_norm", RmsNorm(c_.dim, c_.eps));
 }
 
-void DenseActDenseImpl::reset() {
-  auto lin = [](int64_t in, int64_t out) { return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)); };
-  if (c_.gated) {
-    wi_0 = register_module("wi_0", lin(c_.dim, c_.ffn));
-    wi_1 = register_module("wi_1", lin(c_.dim, c_.ffn));
-  } else {
-    wi = register_module("wi", lin(c_.dim, c_.ffn));
-  }
-  wo = register_module("wo", lin(c_.ffn, c_.dim));
-}
-
-torch::Tensor DenseActDenseImpl::forward(const torch::Tensor& x) {
-  if (c_.gated) return wo(torch::gelu(wi_0(x), "tanh") * wi_1(x));  // HF gelu_new
-  return wo(torch::relu(wi(x)));
-}
-
 void LayerFFImpl::reset() {
-  DenseReluDense = register_module("DenseReluDense", DenseActDense(c_));
+  DenseReluDense = register_module("DenseReluDense", layers::Mlp(c_.dim, c_.ffn, ff_options(c_)));
   layer_norm = register_module("layer_norm", RmsNorm(c_.dim, c_.eps));
 }
 

@@ -25,6 +25,8 @@
 #include <map>
 #include <string>
 
+#include "models/layers.hpp"
+
 namespace flowrun::t5 {
 
 struct Config {
@@ -41,18 +43,8 @@ struct Config {
 torch::Tensor relative_position_bucket(const torch::Tensor& relative_position, bool bidirectional,
                                        int64_t num_buckets, int64_t max_distance);
 
-class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
- public:
-  RmsNormImpl(int64_t dim, double eps) : dim_(dim), eps_(eps) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
-  torch::Tensor weight;
-
- private:
-  int64_t dim_;
-  double eps_;
-};
-TORCH_MODULE(RmsNorm);
+// T5LayerNorm: the shared RMS norm (no mean, no bias; the mean square in float32).
+using layers::RmsNorm;
 
 class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
  public:
@@ -87,24 +79,19 @@ class LayerSelfAttentionImpl : public torch::nn::Cloneable<LayerSelfAttentionImp
 };
 TORCH_MODULE(LayerSelfAttention);
 
-class DenseActDenseImpl : public torch::nn::Cloneable<DenseActDenseImpl> {
- public:
-  explicit DenseActDenseImpl(const Config& c) : c_(c) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear wi{nullptr}, wi_0{nullptr}, wi_1{nullptr}, wo{nullptr};
-
- private:
-  Config c_;
-};
-TORCH_MODULE(DenseActDense);
+// DenseReluDense (HF's name for both kinds), the shared MLP without biases: gated-gelu
+// wo(gelu_tanh(wi_0 x) * wi_1 x) (v1.1, mT5) or wo(relu(wi x)) (v1.0).
+inline layers::MlpOptions ff_options(const Config& c) {
+  if (c.gated) return {"wi_0", "wo", layers::Act::gelu_tanh, "wi_1", /*bias=*/false};
+  return {"wi", "wo", layers::Act::relu, "", /*bias=*/false};
+}
 
 class LayerFFImpl : public torch::nn::Cloneable<LayerFFImpl> {
  public:
   explicit LayerFFImpl(const Config& c) : c_(c) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x) { return x + DenseReluDense(layer_norm(x)); }
-  DenseActDense DenseReluDense{nullptr};  // HF's name for both kinds
+  layers::Mlp DenseReluDense{nullptr};  // ff_options(c)
   RmsNorm layer_norm{nullptr};
 
  private:

@@ -172,8 +172,8 @@ TEST(Gpt, InitIsGpt2s) {
   }
   // The seed alone decides.
   auto same = make_model(c, 5), other = make_model(c, 6);
-  EXPECT_TRUE(torch::equal(m->h[1]->as<gpt::BlockImpl>()->mlp->c_fc->weight,
-                           same->h[1]->as<gpt::BlockImpl>()->mlp->c_fc->weight));
+  EXPECT_TRUE(torch::equal(m->h[1]->as<gpt::BlockImpl>()->mlp->fc1->weight,
+                           same->h[1]->as<gpt::BlockImpl>()->mlp->fc1->weight));
   EXPECT_FALSE(torch::equal(m->wte->weight, other->wte->weight));
 }
 

@@ -46,7 +46,7 @@ inline torch::Tensor hf_gpt2_reference_forward(gpt::GptImpl& m, const torch::Ten
     hidden = a + residual;
     residual = hidden;
     hidden = torch::layer_norm(hidden, {C}, blk.ln_2->weight, blk.ln_2->bias, 1e-5);
-    hidden = conv1d(new_gelu(conv1d(hidden, *blk.mlp->c_fc)), *blk.mlp->c_proj);
+    hidden = conv1d(new_gelu(conv1d(hidden, *blk.mlp->fc1)), *blk.mlp->fc2);
     hidden = residual + hidden;
   }
   hidden = torch::layer_norm(hidden, {C}, m.ln_f->weight, m.ln_f->bias, 1e-5);
