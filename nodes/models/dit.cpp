@@ -53,11 +53,6 @@ void Config::check() const {
 
 // ---- leaf modules and blocks
 
-void TwoLayerImpl::reset() {
-  linear_1 = register_module("linear_1", lora::Linear(in_, mid_));
-  linear_2 = register_module("linear_2", lora::Linear(mid_, out_));
-}
-
 void AttentionPoolImpl::reset() {
   positional_embedding = register_parameter("positional_embedding", torch::zeros({len_ + 1, dim_}));
   k_proj = register_module("k_proj", lora::Linear(dim_, dim_));
@@ -76,13 +71,13 @@ torch::Tensor AttentionPoolImpl::forward(const torch::Tensor& x) {
 }
 
 void TimeEmbedImpl::reset() {
-  timestep_embedder = register_module("timestep_embedder", TwoLayer(256, cfg_.hidden, cfg_.hidden));
+  timestep_embedder = register_module("timestep_embedder", TwoLayer(256, cfg_.hidden, two_layer(cfg_.hidden)));
   if (cfg_.t5_dim > 0)
     pooler = register_module("pooler", AttentionPool(cfg_.text_len_t5, cfg_.t5_dim, kPoolHeads, cfg_.pooled_projection_dim));
   if (cfg_.use_style_cond_and_image_meta_size)
     style_embedder = register_module("style_embedder", torch::nn::Embedding(1, cfg_.hidden));
   if (cfg_.extra_in() > 0)
-    extra_embedder = register_module("extra_embedder", TwoLayer(cfg_.extra_in(), 4 * cfg_.hidden, cfg_.hidden));
+    extra_embedder = register_module("extra_embedder", TwoLayer(cfg_.extra_in(), 4 * cfg_.hidden, two_layer(cfg_.hidden)));
 }
 
 torch::Tensor TimeEmbedImpl::forward(const torch::Tensor& t, const torch::Tensor& t5, const torch::Tensor& meta,
@@ -228,7 +223,7 @@ DitImpl::DitImpl(Config cfg) : cfg_(cfg), rope_cache_(std::make_shared<RopeCache
 void DitImpl::reset() {
   const int64_t tokens = cfg_.text_len + (cfg_.t5_dim > 0 ? cfg_.text_len_t5 : 0);
   text_embedding_padding = register_parameter("text_embedding_padding", torch::zeros({tokens, cfg_.text_dim}));
-  if (cfg_.t5_dim > 0) text_embedder = register_module("text_embedder", TwoLayer(cfg_.t5_dim, 4 * cfg_.t5_dim, cfg_.text_dim));
+  if (cfg_.t5_dim > 0) text_embedder = register_module("text_embedder", TwoLayer(cfg_.t5_dim, 4 * cfg_.t5_dim, two_layer(cfg_.text_dim)));
   pos_embed = register_module("pos_embed", PatchEmbed(cfg_.in_channels, cfg_.hidden, cfg_.patch));
   time_extra_emb = register_module("time_extra_emb", TimeEmbed(cfg_));
   blocks = register_module("blocks", torch::nn::ModuleList());

@@ -112,18 +112,14 @@ using layers::LayerNorm;
 // table, the positions are the RoPE's) is the shared one.
 using layers::PatchEmbed;
 
-// linear_1 -> SiLU -> linear_2 (diffusers' TimestepEmbedding and PixArtAlphaTextProjection).
-class TwoLayerImpl : public torch::nn::Cloneable<TwoLayerImpl> {
- public:
-  TwoLayerImpl(int64_t in, int64_t mid, int64_t out) : in_(in), mid_(mid), out_(out) { reset(); }
-  void reset() override;
-  torch::Tensor forward(const torch::Tensor& x) { return linear_2(torch::silu(linear_1(x))); }
-  lora::Linear linear_1{nullptr}, linear_2{nullptr};
-
- private:
-  int64_t in_, mid_, out_;
-};
-TORCH_MODULE(TwoLayer);
+// linear_1 -> SiLU -> linear_2 (diffusers' TimestepEmbedding and PixArtAlphaTextProjection): the
+// shared MLP, in -> mid -> out.
+using TwoLayer = layers::Mlp;
+inline layers::MlpOptions two_layer(int64_t out) {
+  layers::MlpOptions o{"linear_1", "linear_2", layers::Act::silu};
+  o.out = out;
+  return o;
+}
 
 // HunyuanDiT's attention pooling (diffusers' HunyuanDiTAttentionPool, from CLIP's AttnPool2d): the
 // mean token is prepended, positions added, and the mean token alone queries all of them with

@@ -33,6 +33,7 @@ torch::Tensor activate(const torch::Tensor& x, Act act) {
     case Act::gelu: return torch::gelu(x);
     case Act::gelu_tanh: return gelu_tanh(x);
     case Act::relu: return torch::relu(x);
+    case Act::silu: return torch::silu(x);
   }
   throw std::logic_error("layers::activate: unknown activation");
 }
@@ -105,7 +106,7 @@ void MlpImpl::reset() {
   if (o_.fc1.empty() || o_.fc2.empty()) throw std::logic_error("layers::Mlp: fc1 and fc2 need names");
   register_at(*this, o_.fc1, lora::Linear(dim_, hidden_, o_.bias, o_.fan_in_fan_out));
   if (!o_.gate.empty()) register_at(*this, o_.gate, lora::Linear(dim_, hidden_, o_.bias, o_.fan_in_fan_out));
-  register_at(*this, o_.fc2, lora::Linear(hidden_, dim_, o_.bias, o_.fan_in_fan_out));
+  register_at(*this, o_.fc2, lora::Linear(hidden_, o_.out > 0 ? o_.out : dim_, o_.bias, o_.fan_in_fan_out));
   bind();
 }
 

@@ -56,8 +56,9 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
 TORCH_MODULE(RmsNorm);
 
 // The activations of the families' MLPs: exact GELU (erf: BERT, ViT/CapPa), GELU's tanh
-// approximation (GPT-2's gelu_new, HunyuanDiT, T5 v1.1; fused on the CPU: gelu_tanh.hpp), ReLU (T5 v1.0).
-enum class Act { gelu, gelu_tanh, relu };
+// approximation (GPT-2's gelu_new, HunyuanDiT, T5 v1.1; fused on the CPU: gelu_tanh.hpp), ReLU
+// (T5 v1.0), SiLU (diffusers' timestep and text projections).
+enum class Act { gelu, gelu_tanh, relu, silu };
 torch::Tensor activate(const torch::Tensor& x, Act act);
 
 struct MlpOptions {
@@ -67,11 +68,12 @@ struct MlpOptions {
   std::string gate;         // a gated MLP's second input projection (T5 v1.1's wi_1): fc2(act(fc1 x) * gate x)
   bool bias = true;
   bool fan_in_fan_out = false;  // Hugging Face's Conv1D layout, weight [in, out] (GPT-2)
+  int64_t out = 0;              // output width; 0: the input's (dim)
 };
 
 // The transformer MLP, fc2(act(fc1(x))) (or gated), its projections lora::Linear, so LoRA targets
 // them by name ("mlp.c_fc", "ff.net.0.proj", "fc1"). Parameters: FC1.weight [hidden, dim] (Conv1D:
-// [dim, hidden]), FC1.bias [hidden], FC2.weight [dim, hidden], FC2.bias [dim], GATE like FC1.
+// [dim, hidden]), FC1.bias [hidden], FC2.weight [out, hidden], FC2.bias [out], GATE like FC1.
 // Dropout, where a family has it, is the block's (after fc2).
 class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
  public:

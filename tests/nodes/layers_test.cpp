@@ -91,6 +91,12 @@ TEST(Layers, MlpComputesFc2OfTheActivatedFc1AndGatedTimesTheGate) {
   layers::Mlp relu(4, 16, layers::MlpOptions{"wi", "wo", layers::Act::relu, "", false});
   fill(*relu);
   EXPECT_TRUE(torch::allclose(relu(x), lin(torch::relu(lin(x, relu->fc1)), relu->fc2), 1e-5, 1e-5));
+  layers::MlpOptions narrow{"linear_1", "linear_2", layers::Act::silu};  // diffusers' TimestepEmbedding: 4 -> 16 -> 6
+  narrow.out = 6;
+  layers::Mlp silu(4, 16, narrow);
+  fill(*silu);
+  EXPECT_EQ(silu->fc2->weight.sizes(), torch::IntArrayRef({6, 16}));
+  EXPECT_TRUE(torch::allclose(silu(x), lin(torch::silu(lin(x, silu->fc1)), silu->fc2), 1e-5, 1e-5));
 }
 
 // A model's copy (the EMA's, a clone for another device) computes with its own parameters, also
