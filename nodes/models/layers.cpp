@@ -57,14 +57,14 @@ std::vector<std::string> split_path(const std::string& path) {
 // cannot: what it holds is its parent's to decide).
 class LevelImpl : public torch::nn::Module {
  public:
-  std::shared_ptr<torch::nn::Module> clone(const torch::optional<torch::Device>& device) const override {
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device) const override {
     auto copy = std::make_shared<LevelImpl>();
     for (const auto& child : named_children()) copy->register_module(child.key(), child.value()->clone(device));
     return copy;
   }
 
  private:
-  void clone_(torch::nn::Module& other, const torch::optional<torch::Device>& device) override {
+  void clone_(torch::nn::Module& other, const c10::optional<torch::Device>& device) override {
     for (const auto& child : other.named_children()) replace_module(child.key(), child.value()->clone(device));
   }
 };
@@ -116,7 +116,7 @@ void MlpImpl::bind() {
   gate = o_.gate.empty() ? lora::Linear(nullptr) : find_at(*this, o_.gate);
 }
 
-std::shared_ptr<torch::nn::Module> MlpImpl::clone(const torch::optional<torch::Device>& device) const {
+std::shared_ptr<torch::nn::Module> MlpImpl::clone(const c10::optional<torch::Device>& device) const {
   auto copy = std::dynamic_pointer_cast<MlpImpl>(Cloneable<MlpImpl>::clone(device));
   copy->bind();
   return copy;

@@ -82,7 +82,7 @@ class MlpImpl : public torch::nn::Cloneable<MlpImpl> {
   torch::Tensor forward(const torch::Tensor& x);
   // Cloneable's, then fc1/fc2/gate pointed at the copy's layers (a dotted path's levels are
   // copied as a whole, so the layers reset() made are not the ones the copy keeps).
-  std::shared_ptr<torch::nn::Module> clone(const torch::optional<torch::Device>& device = torch::nullopt) const override;
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override;
   lora::Linear fc1{nullptr}, fc2{nullptr}, gate{nullptr};  // gate null unless gated
 
  private:
