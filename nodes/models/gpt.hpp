@@ -96,7 +96,6 @@ TORCH_MODULE(Attention);
 // c_fc (Conv1D [dim, 4*dim]) -> gelu_new -> c_proj (Conv1D [4*dim, dim]): the shared MLP.
 inline layers::MlpOptions mlp_options() { return {"c_fc", "c_proj", layers::Act::gelu_tanh, "", true, /*fan_in_fan_out=*/true}; }
 
-
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
   BlockImpl(int64_t dim, int64_t heads, double dropout, std::shared_ptr<CausalMaskCache> masks)
