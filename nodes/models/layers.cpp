@@ -70,9 +70,9 @@ class LevelImpl : public torch::nn::Module {
 };
 
 std::shared_ptr<torch::nn::Module> child_of(torch::nn::Module& m, const std::string& name) {
-  for (const auto& c : m.named_children())
-    if (c.key() == name) return c.value();
-  return nullptr;
+  const auto children = m.named_children();
+  const auto* child = children.find(name);
+  return child ? *child : nullptr;
 }
 
 // Register `layer` at `path` under `root`, making the levels on the way.
@@ -87,15 +87,12 @@ void register_at(torch::nn::Module& root, const std::string& path, const lora::L
   at->register_module(parts.back(), layer);
 }
 
+// The layer at `path`, by torch's own dotted module names.
 lora::Linear find_at(torch::nn::Module& root, const std::string& path) {
-  std::shared_ptr<torch::nn::Module> at;
-  torch::nn::Module* m = &root;
-  for (const auto& part : split_path(path)) {
-    at = child_of(*m, part);
-    if (!at) throw std::logic_error("layers::Mlp: no module at '" + path + "'");
-    m = at.get();
-  }
-  auto linear = std::dynamic_pointer_cast<lora::LinearImpl>(at);
+  const auto modules = root.named_modules("", /*include_self=*/false);
+  const auto* at = modules.find(path);
+  if (!at) throw std::logic_error("layers::Mlp: no module at '" + path + "'");
+  auto linear = std::dynamic_pointer_cast<lora::LinearImpl>(*at);
   if (!linear) throw std::logic_error("layers::Mlp: the module at '" + path + "' is not a lora::Linear");
   return lora::Linear(linear);
 }
