@@ -70,14 +70,69 @@ Communicator::~Communicator() {
   if (stream_) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
 }
 
-void Communicator::allreduce(void* data, size_t count, comm::DType type, Event ready, Event done,
-                             const std::string& what) {
+template <class Enqueue>
+void Communicator::on_stream(Event ready, Event done, const std::string& what, Enqueue enqueue) {
   auto s = static_cast<cudaStream_t>(stream_);
   check_cuda(cudaSetDevice(device_), what);
   if (ready) check_cuda(cudaStreamWaitEvent(s, static_cast<cudaEvent_t>(ready), 0), what);
-  ncclResult_t r = ncclAllReduce(data, data, count, nccl_type(type), ncclSum, static_cast<ncclComm_t>(comm_), s);
-  if (r != ncclSuccess && r != ncclInProgress) check_nccl(r, what);
+  enqueue(static_cast<ncclComm_t>(comm_), s);
   if (done) check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(done), s), what);
+}
+
+namespace {
+// A non-blocking communicator answers ncclInProgress while it queues; that is no error.
+void check_queued(ncclResult_t r, const std::string& what) {
+  if (r != ncclSuccess && r != ncclInProgress) check_nccl(r, what);
+}
+
+void check_counts(const std::vector<size_t>& counts, const std::string& what) {
+  if (static_cast<int>(counts.size()) != comm::size())
+    throw comm::CommError(what + ": " + std::to_string(counts.size()) + " block sizes for " +
+                          std::to_string(comm::size()) + " ranks");
+}
+}  // namespace
+
+void Communicator::allreduce(void* data, size_t count, comm::DType type, Event ready, Event done,
+                             const std::string& what) {
+  on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
+    check_queued(ncclAllReduce(data, data, count, nccl_type(type), ncclSum, c, s), what);
+  });
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, comm::DType type,
+                                  Event ready, Event done, const std::string& what) {
+  check_counts(counts, what);
+  const size_t bytes = comm::dtype_size(type);
+  on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
+    check_queued(ncclGroupStart(), what);
+    size_t at = 0;
+    for (int q = 0; q < comm::size(); ++q) {
+      const size_t n = counts[static_cast<size_t>(q)];
+      const char* block = static_cast<const char*>(send) + at * bytes;
+      // Only the root's recvbuff is written; the others pass their own block, untouched.
+      void* into = q == comm::rank() ? recv : const_cast<char*>(block);
+      if (n > 0) check_queued(ncclReduce(block, into, n, nccl_type(type), ncclSum, q, c, s), what);
+      at += n;
+    }
+    check_queued(ncclGroupEnd(), what);
+  });
+}
+
+void Communicator::allgather_blocks(void* data, const std::vector<size_t>& counts, comm::DType type, Event ready,
+                                    Event done, const std::string& what) {
+  check_counts(counts, what);
+  const size_t bytes = comm::dtype_size(type);
+  on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
+    check_queued(ncclGroupStart(), what);
+    size_t at = 0;
+    for (int q = 0; q < comm::size(); ++q) {
+      const size_t n = counts[static_cast<size_t>(q)];
+      void* block = static_cast<char*>(data) + at * bytes;
+      if (n > 0) check_queued(ncclBroadcast(block, block, n, nccl_type(type), q, c, s), what);
+      at += n;
+    }
+    check_queued(ncclGroupEnd(), what);
+  });
 }
 
 void Communicator::wait(Event done, const std::string& what) {

@@ -33,12 +33,24 @@ class Communicator {
   // Enqueue on stream(): wait for `ready` (if any), sum `count` elements of `data` in place
   // over the ranks, record `done`. Returns at once; the host never waits here.
   void allreduce(void* data, size_t count, comm::DType type, Event ready, Event done, const std::string& what);
+  // The same for uneven blocks (the same counts on every rank), as comm::Channel's:
+  // recv = the sum over the ranks of this rank's block of `send` (counts[q] elements of rank q's
+  // block, the blocks one after the other; recv holds counts[rank]).
+  void reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, comm::DType type, Event ready,
+                      Event done, const std::string& what);
+  // In place: rank q's block of `data` (counts[q] elements, the blocks one after the other) from
+  // rank q to every rank.
+  void allgather_blocks(void* data, const std::vector<size_t>& counts, comm::DType type, Event ready, Event done,
+                        const std::string& what);
   // Host wait for `done`, polling NCCL's asynchronous error state; after comm::timeout() the
   // communicator is aborted and CommError names `what` (a rank died or hangs).
   void wait(Event done, const std::string& what);
 
  private:
   Communicator() = default;
+  // On stream(), behind `ready`: `enqueue` (NCCL calls), then `done` recorded.
+  template <class Enqueue>
+  void on_stream(Event ready, Event done, const std::string& what, Enqueue enqueue);
   void* comm_ = nullptr;  // ncclComm_t
   Stream stream_ = nullptr;
   int device_ = 0;

@@ -14,6 +14,11 @@
 // optimizer reads the gradients, so the host never blocks on a reduction. Failures still end
 // within run.comm_timeout_s: each step first checks (on the host, with the timeout) that the
 // previous step's reductions finished, one step behind, when they are long done normally.
+//
+// Sharded gradients (the optimizer's shard: gradients, ZeRO stage 2): each bucket is packed by
+// owner and reduce-scattered instead (MPI, or NCCL as grouped reduces), and what this rank owns
+// is unpacked into its slices. This path runs with one process too (the rank owns everything),
+// so the sharded code is the same at any world size.
 #include "train/allreduce.hpp"
 
 #include <spdlog/spdlog.h>
@@ -96,17 +101,6 @@ BucketPlan plan_buckets(const FlatLayout& layout, double first_bucket_mb, double
 
 namespace {
 
-comm::DType comm_dtype(torch::Dtype t, const std::string& who) {
-  switch (t) {
-    case torch::kFloat: return comm::DType::f32;
-    case torch::kDouble: return comm::DType::f64;
-    case torch::kBFloat16: return comm::DType::bf16;
-    default:
-      throw std::runtime_error(who + ": cannot all-reduce " + std::string(c10::toString(t)) +
-                               " gradients (float, double and bfloat16 are supported)");
-  }
-}
-
 std::string mib(int64_t bytes) {
   char s[32];
   std::snprintf(s, sizeof s, "%.2f MB", static_cast<double>(bytes) / (1024.0 * 1024.0));
@@ -150,7 +144,7 @@ class AllreduceNode : public Node {
     used_[i] = r.used ? 1 : 0;
     if (r.used) grads_[i] = r.grad;
     ++items_;
-    if (world_ == 1) return;  // nothing to reduce: the grads pass through
+    if (!reduces()) return;  // nothing to reduce: the grads pass through
     --missing_[static_cast<size_t>(plan_.bucket_of[i])];
     if (overlap_) launch_ready(ctx);
   }
@@ -167,7 +161,9 @@ class AllreduceNode : public Node {
 #if FLOWRUN_CUDA
       if (cuda_) {
         done_ev_->make_wait(compute_stream(), k);  // the optimizer's kernels queue behind the reduction
-        if (compressed_[k].defined()) slice(k).copy_(compressed_[k]);
+        torch::NoGradGuard no_grad;
+        if (shard_) settle_sharded(k);  // on the compute stream, behind the wait
+        else if (compressed_[k].defined()) slice(k).copy_(compressed_[k]);
         previous_ = k + 1;
         continue;
       }
@@ -219,7 +215,12 @@ class AllreduceNode : public Node {
       plan_ = plan_buckets(*buffer, first_bucket_mb_, bucket_mb_);
       if (ctx.run().rank == 0)
         spdlog::debug("{}: {} parameters in {} buckets", ctx.who(), n, plan_.buckets.size());
-      choose_transport(ctx, *buffer);
+      std::vector<torch::Device> devices;
+      for (const auto& f : buffer->flats) {
+        comm_dtype(f.scalar_type(), ctx.who());
+        devices.push_back(f.device());
+      }
+      choose_transport(ctx, devices);
     }
     started_ = true;
     buffer_ = buffer;
@@ -228,7 +229,7 @@ class AllreduceNode : public Node {
     ready_.assign(static_cast<size_t>(n), 0);
     used_.assign(static_cast<size_t>(n), 0);
     missing_.clear();
-    if (world_ > 1)
+    if (reduces())
       for (const auto& b : plan_.buckets) missing_.push_back(b.end - b.first);
     items_ = 0;
     next_ = 0;
@@ -237,7 +238,7 @@ class AllreduceNode : public Node {
   }
 
   // ZeRO stage 2 (train/optimizer_shard.hpp): buckets over the shard's layout, reduce-scattered
-  // over MPI into this rank's slice of each buffer.
+  // into this rank's slice of each buffer, over MPI (CPU) or NCCL (CUDA).
   void begin_sharded(StepContext& ctx, const GradShard& shard, int n) {
     if (static_cast<int>(shard.buckets.slots.size()) != n || shard.plan.world != world_)
       throw std::runtime_error(ctx.who() + ": the shard plan on 'ready' is for " +
@@ -248,13 +249,12 @@ class AllreduceNode : public Node {
       plan_ = plan_buckets(shard.buckets, first_bucket_mb_, bucket_mb_);
       if (ctx.run().rank == 0)
         spdlog::debug("{}: {} parameters in {} buckets (reduce-scattered)", ctx.who(), n, plan_.buckets.size());
-    }
-    for (const auto& g : shard.buckets.groups) {
-      comm_dtype(g.dtype, ctx.who());
-      if (!g.device.is_cpu())
-        throw std::runtime_error(ctx.who() + ": sharded gradients on " + g.device.str() +
-                                 ": their reduce-scatter runs over MPI on the CPU only (NCCL is not built yet); set the "
-                                 "optimizer's shard: none or states");
+      std::vector<torch::Device> devices;
+      for (const auto& g : shard.buckets.groups) {
+        comm_dtype(g.dtype, ctx.who());
+        devices.push_back(g.device);
+      }
+      choose_transport(ctx, devices);
     }
     // This step's slices: every element is written by some bucket (unused parameters: zeros).
     // New each step (the last step's may still be held by its optimizer); reusing them through
@@ -262,18 +262,19 @@ class AllreduceNode : public Node {
     slices_.clear();
     for (size_t g = 0; g < shard.plan.groups.size(); ++g)
       slices_.push_back(torch::empty({shard.plan.groups[g].end - shard.plan.groups[g].begin},
-                                     torch::TensorOptions().dtype(shard.plan.layout.groups[g].dtype)));
+                                     torch::TensorOptions()
+                                         .dtype(shard.plan.layout.groups[g].dtype)
+                                         .device(shard.plan.layout.groups[g].device)));
   }
 
-  // MPI for CPU gradients, NCCL for CUDA ones; never a mix.
-  void choose_transport(StepContext& ctx, const GradBuffer& buffer) {
-    const torch::Device device = buffer.flats.front().device();
-    for (const auto& f : buffer.flats) {
-      comm_dtype(f.scalar_type(), ctx.who());
-      if (f.device() != device)
-        throw std::runtime_error(ctx.who() + ": gradients on both " + device.str() + " and " + f.device().str() +
+  // MPI for CPU gradients, NCCL for CUDA ones (`devices`: of each flat buffer); never a mix.
+  // After a new bucket plan (the events are per bucket).
+  void choose_transport(StepContext& ctx, const std::vector<torch::Device>& devices) {
+    const torch::Device device = devices.front();
+    for (const auto& d : devices)
+      if (d != device)
+        throw std::runtime_error(ctx.who() + ": gradients on both " + device.str() + " and " + d.str() +
                                  "; keep the model on one device");
-    }
     if (device.is_cpu()) return;
 #if FLOWRUN_CUDA
     if (!device.is_cuda())
@@ -326,13 +327,25 @@ class AllreduceNode : public Node {
     return buffer_->flats[static_cast<size_t>(b.group)].narrow(0, b.offset, b.numel);
   }
 
+  // Whether this step sends anything: with several processes, or sharded (then even alone).
+  bool reduces() const { return world_ > 1 || shard_; }
+
   // Launch buckets in order while the next one has all its parameters (none in a single
-  // process: nothing to average, no copy, no division, no message).
+  // unsharded process: nothing to average, no copy, no division, no message).
   void launch_ready(StepContext& ctx) {
-    if (world_ == 1) return;
+    if (!reduces()) return;
     while (next_ < plan_.buckets.size() && missing_[next_] == 0) launch(ctx, next_++);
-    // Sharded: what arrived is put in place now, so a bucket's buffers live only while it is sent.
-    while (shard_ && settled_ < requests_.size() && requests_[settled_].done()) settle_sharded(settled_);
+    // Sharded over MPI: what arrived is put in place now, so a bucket's buffers live only while it
+    // is sent. (Over NCCL the host does not know; run() settles each bucket behind its event.)
+    while (shard_ && !on_gpu() && settled_ < requests_.size() && requests_[settled_].done()) settle_sharded(settled_);
+  }
+
+  bool on_gpu() const {
+#if FLOWRUN_CUDA
+    return cuda_;
+#else
+    return false;
+#endif
   }
 
   // Sharded: bucket k's reduce-scatter is done: this rank's block into its slices, the buffers let go.
@@ -386,12 +399,19 @@ class AllreduceNode : public Node {
     staged_dtype_.push_back(packed.scalar_type());
     if (compress_bf16_ && packed.scalar_type() != torch::kBFloat16) packed = packed.to(torch::kBFloat16);
     torch::Tensor mine = torch::empty({static_cast<int64_t>(counts[static_cast<size_t>(ctx.run().rank)])}, packed.options());
-    requests_.back() = channel_->reduce_scatter(packed.data_ptr(), mine.data_ptr(), counts,
-                                                comm_dtype(packed.scalar_type(), ctx.who()), comm::Op::sum,
-                                                "reduce-scatter of bucket " + std::to_string(k) + " (step " +
-                                                    std::to_string(step_) + ")");
-    staged_.push_back(packed);  // kept until the request is done
+    const std::string what = "reduce-scatter of bucket " + std::to_string(k) + " (step " + std::to_string(step_) + ")";
+    staged_.push_back(packed);  // kept until the bucket is settled
     received_.push_back(mine);
+#if FLOWRUN_CUDA
+    if (cuda_) {
+      ready_ev_->record(k, compute_stream());  // behind the packing
+      nccl_->reduce_scatter(packed.data_ptr(), mine.data_ptr(), counts, comm_dtype(packed.scalar_type(), ctx.who()),
+                            ready_ev_->at(k), done_ev_->at(k), ctx.who() + ": " + what);
+      return;
+    }
+#endif
+    requests_.back() = channel_->reduce_scatter(packed.data_ptr(), mine.data_ptr(), counts,
+                                                comm_dtype(packed.scalar_type(), ctx.who()), comm::Op::sum, what);
   }
 
   double bucket_mb_ = 0, first_bucket_mb_ = 0;  // setup: the schema's (defaults there)

@@ -218,8 +218,9 @@ class ForwardBackwardNode : public Node {
     // the buffer's order, rather than waking a worker for each parameter while backward runs.
     const int count = static_cast<int>(params.size());
     const bool overlap = ctx.run().world > 1;
+    const bool sharded = model.shard_gradients.on;  // at any world size (one process: owns all)
     int index = 0;
-    if (overlap && model.shard_gradients.on) {
+    if (sharded) {
       // ZeRO stage 2: no buffer. Each finished gradient goes to the allreduce as autograd wrote
       // it, and its .grad() is let go (safe in the hook: its accumulator is done for this
       // backward), so it is freed once the allreduce has sent its bucket.
@@ -255,7 +256,7 @@ class ForwardBackwardNode : public Node {
       throw std::runtime_error(ctx.who() + ": out of memory in step " + std::to_string(ctx.step()) + " (" + what +
                                "); " + memory_advice_);
     }
-    if (!overlap)
+    if (!overlap && !sharded)
       for (int k = count; k-- > 0;) {
         const torch::Tensor& grad = r.grads[static_cast<size_t>(k)];
         ctx.emit("ready", GradReady{k, grad.defined(), o.buffer, grad}, index++, count);
@@ -285,7 +286,7 @@ class ForwardBackwardNode : public Node {
     const double grads = m.gradients;
     const bool buffers = world > 1 || !fresh_;
     const int copies = (fresh_ ? 1 : 0) + (buffers ? static_cast<int>(kPool) : 0);
-    if (world > 1 && model.shard_gradients.on) {
+    if (model.shard_gradients.on) {
       m.gradients = grads * (1.0 + 1.0 / world);
       m.gradients_note = "autograd's, freed bucket by bucket, + this rank's 1/" + std::to_string(world) +
                          " (shard: gradients)";

@@ -14,6 +14,12 @@
 #include "common/state_io.hpp"
 #include "registry.hpp"
 
+#if FLOWRUN_CUDA
+#include <c10/cuda/CUDAStream.h>
+
+#include "comm/nccl.hpp"
+#endif
+
 namespace flowrun {
 
 LrDecay lr_decay(const std::string& name) {
@@ -317,10 +323,11 @@ void collect_sharded_state(OptimizerState& st, comm::Channel& ch) {
   std::map<std::string, torch::Tensor> out;
   auto gather = [&](const std::vector<torch::Tensor>& slices, const char* suffix) {
     if (slices.empty()) return;
-    // Whole buffers, this rank's slice in place, the others' all-gathered into them.
+    // Whole buffers, this rank's slice in place, the others' all-gathered into them; in host
+    // memory, over MPI, for a GPU's state too (a checkpoint copies it to the host anyway).
     std::vector<torch::Tensor> whole;
     for (size_t g = 0; g < plan.groups.size(); ++g) {
-      torch::Tensor b = torch::zeros({plan.groups[g].numel}, slices[g].options());
+      torch::Tensor b = torch::zeros({plan.groups[g].numel}, slices[g].options().device(torch::kCPU));
       b.narrow(0, plan.groups[g].begin, plan.groups[g].end - plan.groups[g].begin).copy_(slices[g]);
       whole.push_back(b);
     }
@@ -343,7 +350,7 @@ void collect_sharded_state(OptimizerState& st, comm::Channel& ch) {
     std::vector<torch::Tensor> parts;
     for (const auto& [name, shape] : all) {
       auto it = mine.find(name);
-      parts.push_back(it != mine.end() ? it->second.reshape({-1}).to(torch::kDouble)
+      parts.push_back(it != mine.end() ? it->second.reshape({-1}).to(torch::kCPU, torch::kDouble)
                                        : torch::zeros({c10::multiply_integers(shape)}, torch::kDouble));
       sizes.push_back(parts.back().numel());
     }
@@ -377,19 +384,31 @@ class OptimizerNode : public Node {
     sched_.kind = lr_decay(p.get<std::string>("schedule"));
     sched_.min_lr = p.get<double>("min_lr");
     cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
-    // ZeRO-1 (optimizer_shard.hpp): with several processes, this rank's slice of the moments
-    // only (Adafactor: of whole parameters), and its channel to all-gather the updated
-    // parameters (a collective node: a lane).
+    // ZeRO-1 (optimizer_shard.hpp): this rank's slice of the moments only (Adafactor: of whole
+    // parameters), and its channel to all-gather the updated parameters (a collective node: a
+    // lane): MPI for CPU parameters, NCCL (bootstrapped over the channel) for CUDA ones.
     // ZeRO-2 (shard: gradients): the gradients arrive as this rank's pieces already, which
     // forward_backward and the allreduce are told through the model's state.
+    // One process runs the same path, owning every element (nothing saved; its test).
     const std::string shard = p.get<std::string>("shard");
-    shard_ = shard != "none" && ctx.run().world > 1;
-    shard_grads_ = shard == "gradients" && ctx.run().world > 1;
+    shard_ = shard != "none";
+    shard_grads_ = shard == "gradients";
     if (shard_) {
-      if (!run_device(ctx.run()).is_cpu())
-        throw std::runtime_error(ctx.who() + ": shard: " + shard + " all-gathers the parameters over MPI, on the CPU; on " +
-                                 run_device(ctx.run()).str() + " (NCCL) it is not built yet: set shard: none");
       ch_ = comm::Channel::create(ctx.name());
+      const c10::Device device = run_device(ctx.run());
+      if (device.is_cuda()) {
+#if FLOWRUN_CUDA
+        device_ = device.index() < 0 ? 0 : device.index();
+        nccl_ = nccl::Communicator::create(*ch_, device_);
+        events_ = std::make_unique<nccl::Events>(2, device_);
+#endif
+      } else if (!device.is_cpu()) {
+        throw std::runtime_error(ctx.who() + ": shard: " + shard + " on " + device.str() +
+                                 ": the ranks exchange CPU parameters over MPI and CUDA ones over NCCL only; set shard: none");
+      }
+      if (ctx.run().world == 1)
+        spdlog::info("{}: shard: {} with one process: it owns every element, so no memory is saved (the sharded "
+                     "path runs as with several)", ctx.who(), shard);
     }
     if (shard_grads_) {
       // Only an allreduce turns the gradients forward_backward lets go of into this rank's slice.
@@ -491,19 +510,64 @@ class OptimizerNode : public Node {
                                        /*whole_tensors=*/!cfg_.rule->elementwise()),
                        named, cfg_);
     const ShardPieces pieces = shard_pieces(st.shard, named, grads);
+    const std::string step = " of step " + std::to_string(ctx.step());
+#if FLOWRUN_CUDA
+    // The last step's all-gather ended (long since, normally): a host check bounded by
+    // run.comm_timeout_s, so a dead rank ends the run instead of hanging it.
+    if (nccl_ && gathering_) nccl_->wait(events_->at(1), ctx.who() + ": all-gather of the parameters of step " +
+                                                             std::to_string(ctx.step() - 1));
+#endif
     torch::Tensor norm;
     if (shard_grads_) {
       // Each rank holds its pieces only: the global norm from the sum of the ranks' squares.
-      double sq = std::pow(global_norm(pieces.grads).item<double>(), 2);
-      comm::allreduce(*ch_, &sq, 1, comm::Op::sum, "gradient norm of step " + std::to_string(ctx.step()));
-      norm = torch::tensor(static_cast<float>(std::sqrt(sq)));
+      norm = global_norm(pieces.grads);
+#if FLOWRUN_CUDA
+      if (nccl_) {  // summed on the device: no step waits for the host
+        torch::Tensor sq = norm.to(buffers->front().device(), torch::kFloat).square().reshape({1}).contiguous();
+        exchange([&](nccl::Event ready, nccl::Event done) {
+          nccl_->allreduce(sq.data_ptr(), 1, comm::DType::f32, ready, done, ctx.who() + ": gradient norm" + step);
+        });
+        norm = sq.sqrt().reshape({});
+      }
+#endif
+      if (norm.is_cpu()) {
+        double sq = std::pow(norm.item<double>(), 2);
+        comm::allreduce(*ch_, &sq, 1, comm::Op::sum, "gradient norm" + step);
+        norm = torch::tensor(static_cast<float>(std::sqrt(sq)));
+      }
     } else {
       norm = global_norm(grads);
     }
     norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, norm);
-    allgather_slices(st.shard, *buffers, *ch_, "parameters of step " + std::to_string(ctx.step()));
+#if FLOWRUN_CUDA
+    if (nccl_) {
+      exchange([&](nccl::Event ready, nccl::Event done) {
+        for (size_t k = 0; k < buffers->size(); ++k) {
+          const torch::Tensor& b = (*buffers)[k];
+          nccl_->allgather_blocks(b.data_ptr(), st.shard.groups[k].counts(), comm_dtype(b.scalar_type(), ctx.who()),
+                                  k == 0 ? ready : nullptr, k + 1 == buffers->size() ? done : nullptr,
+                                  ctx.who() + ": all-gather of the parameters" + step);
+        }
+      });
+      gathering_ = true;
+      return norm;
+    }
+#endif
+    allgather_slices(st.shard, *buffers, *ch_, "parameters" + step);
     return norm;
   }
+
+#if FLOWRUN_CUDA
+  // NCCL work (`enqueue(ready, done)`) on the communicator's stream, behind what the compute
+  // stream has queued so far; the compute stream's later work (the next forward) behind it.
+  template <class Enqueue>
+  void exchange(Enqueue enqueue) {
+    void* compute = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    events_->record(0, compute);
+    enqueue(events_->at(0), events_->at(1));
+    events_->make_wait(compute, 1);
+  }
+#endif
 
   // Once, after the first update: what this rank holds (what a memory budget needs).
   void log_memory(StepContext& ctx, ModelState& model, const OptimizerState& st, const Grads& grads) {
@@ -529,9 +593,15 @@ class OptimizerNode : public Node {
 
   OptimConfig cfg_;
   LrSchedule sched_;
-  bool shard_ = false;        // shard: states or gradients, with several processes
+  bool shard_ = false;        // shard: states or gradients
   bool shard_grads_ = false;  // shard: gradients
   std::shared_ptr<comm::Channel> ch_;
+#if FLOWRUN_CUDA
+  int device_ = 0;
+  std::unique_ptr<nccl::Communicator> nccl_;  // sharded CUDA parameters: their all-gather
+  std::unique_ptr<nccl::Events> events_;      // [0]: the compute stream's work queued, [1]: NCCL's done
+  bool gathering_ = false;                    // an all-gather was queued (checked the next step)
+#endif
   bool logged_memory_ = false;
   int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far
   int64_t checked_ = -1;  // the step of the last check (-1: none yet)

@@ -10,6 +10,23 @@
 
 namespace flowrun {
 
+comm::DType comm_dtype(torch::Dtype t, const std::string& who) {
+  switch (t) {
+    case torch::kFloat: return comm::DType::f32;
+    case torch::kDouble: return comm::DType::f64;
+    case torch::kBFloat16: return comm::DType::bf16;
+    default:
+      throw std::runtime_error(who + ": cannot send " + std::string(c10::toString(t)) +
+                               " tensors between ranks (float, double and bfloat16 are supported)");
+  }
+}
+
+std::vector<size_t> ShardPlan::Group::counts() const {
+  std::vector<size_t> out;
+  for (size_t q = 0; q + 1 < cuts.size(); ++q) out.push_back(static_cast<size_t>(cuts[q + 1] - cuts[q]));
+  return out;
+}
+
 ShardPlan ShardPlan::make(const FlatLayout& layout, const std::vector<std::pair<std::string, torch::Tensor>>& params,
                           int rank, int world, bool whole_tensors) {
   if (world < 1 || rank < 0 || rank >= world)
@@ -99,13 +116,11 @@ void allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& b
     const ShardPlan::Group& g = plan.groups[k];
     const torch::Tensor& b = buffers[k];
     if (!b.device().is_cpu())
-      throw std::runtime_error("sharded optimizer: all-gathering parameters on " + b.device().str() +
-                               " is not built yet (CPU buffers over MPI only)");
+      throw std::logic_error("allgather_slices: a buffer on " + b.device().str() + " (MPI sends CPU memory; NCCL "
+                             "all-gathers device buffers)");
     if (b.numel() != g.numel || !b.is_contiguous())
       throw std::logic_error("allgather_slices: buffer " + std::to_string(k) + " changed size");
-    std::vector<size_t> counts;
-    for (int q = 0; q < plan.world; ++q) counts.push_back(static_cast<size_t>(g.cuts[q + 1] - g.cuts[q]));
-    pending.push_back(channel.allgather_blocks(b.data_ptr(), counts, b.element_size(), what));
+    pending.push_back(channel.allgather_blocks(b.data_ptr(), g.counts(), b.element_size(), what));
   }
   for (auto& r : pending) r.wait();
 }

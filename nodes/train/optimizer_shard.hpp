@@ -35,13 +35,14 @@
 #include <string>
 #include <vector>
 
+#include "comm.hpp"
 #include "common/flat_buffers.hpp"
 
 namespace flowrun {
 
-namespace comm {
-class Channel;
-}
+// The collectives' element type of a tensor dtype (float, double, bfloat16); else an error
+// naming `who`.
+comm::DType comm_dtype(torch::Dtype t, const std::string& who);
 
 struct ShardPlan {
   int rank = 0, world = 1;  // world 1: not sharded
@@ -49,6 +50,7 @@ struct ShardPlan {
     int64_t numel = 0;           // the whole buffer
     std::vector<int64_t> cuts;   // rank q's elements: [cuts[q], cuts[q + 1]); world + 1 of them
     int64_t begin = 0, end = 0;  // this rank's elements
+    std::vector<size_t> counts() const;  // rank q's element count, for the all-gather
   };
   std::vector<Group> groups;  // per flat buffer
   // This rank's pieces of the parameters: parameter `param`'s elements [offset, offset + numel),
@@ -83,7 +85,8 @@ ShardPieces shard_pieces(const ShardPlan& plan, const std::vector<std::pair<std:
                          const std::vector<torch::Tensor>& grads);
 
 // Every rank's slice of each buffer into every rank's buffers (an all-gather per buffer, in place,
-// over `channel`). Collective: every rank calls it.
+// over `channel`: MPI, CPU buffers; CUDA ones go over NCCL, the optimizer's). Collective: every
+// rank calls it.
 void allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& buffers, comm::Channel& channel,
                       const std::string& what);
 

@@ -607,3 +607,51 @@ TEST(Gpu, NcclWithAWorldOfOneReducesABucket) {
   nc->wait(done.at(0), "bucket 0");
   EXPECT_EQ(sum, 3.0 * (300 * 200 + 200));
 }
+
+// The grouped collectives of ZeRO's uneven blocks (one ncclReduce / ncclBroadcast per owner) with
+// a world of one: the reduce-scatter hands this rank its block, the in-place all-gather leaves
+// every block where it is, both ordered after the compute stream's writes by the events.
+TEST(Gpu, NcclReduceScatterAndAllGatherOfBlocksWithAWorldOfOne) {
+  ASSERT_EQ(comm::size(), 1);
+  auto channel = comm::Channel::create("gpu test blocks");
+  std::unique_ptr<nccl::Communicator> nc = nccl::Communicator::create(*channel, 0);
+  const int64_t n = 12345;  // no multiple of anything
+  torch::Tensor send = torch::zeros({n}, torch::kCUDA), recv = torch::full({n}, -1.0f, torch::kCUDA);
+  nccl::Events ready(1, 0), done(1, 0);
+  void* compute = c10::cuda::getCurrentCUDAStream(0).stream();
+  at::cuda::sleep(50000000);  // written late on the compute stream
+  send.copy_(torch::arange(n, torch::TensorOptions().dtype(torch::kFloat).device(torch::kCUDA)));
+  ready.record(0, compute);
+  nc->reduce_scatter(send.data_ptr(), recv.data_ptr(), {static_cast<size_t>(n)}, comm::DType::f32, ready.at(0),
+                     done.at(0), "reduce-scatter");
+  done.make_wait(compute, 0);
+  EXPECT_TRUE(torch::equal(recv, send));
+  ready.record(0, compute);
+  nc->allgather_blocks(recv.data_ptr(), {static_cast<size_t>(n)}, comm::DType::f32, ready.at(0), done.at(0), "all-gather");
+  done.make_wait(compute, 0);
+  EXPECT_TRUE(torch::equal(recv, send));
+  nc->wait(done.at(0), "all-gather");
+}
+
+// ZeRO over NCCL with a world of one (the sharded path runs alone as with several, the rank owning
+// every element): the optimizer's shard: states (its slice updated, all-gathered over NCCL) and
+// shard: gradients (buckets reduce-scattered over NCCL, the norm summed on the device) train the
+// GPT graph as shard: none does, every state on the GPU, and a sharded run resumes.
+TEST(Gpu, ShardedOptimizerAndGradientsOverNcclTrainAsUnsharded) {
+  auto streams = make_device_streams("cuda:0");
+  std::map<std::string, GpuRun> runs;
+  for (const std::string shard : {"none", "states", "gradients"})
+    runs[shard] = run_gpu(graph("gpt.yaml"), test::temp_dir("gpu_shard"),
+                          tiny_gpt(32, 64, 2, {"run.steps=20", "ckpt.every=1000", "ckpt.at=[]", "opt.shard=" + shard}),
+                          streams.get());
+  ASSERT_GT(runs["none"].last_loss, 0);
+  for (const std::string shard : {"states", "gradients"}) {
+    EXPECT_NEAR(runs[shard].last_loss, runs["none"].last_loss, 1e-4 * runs["none"].last_loss) << "shard: " << shard;
+    EXPECT_EQ(runs[shard].on_gpu, runs[shard].state_tensors) << "shard: " << shard;
+  }
+  const std::string dir = test::temp_dir("gpu_shard_resume");
+  const std::vector<std::string> ov = {"ckpt.every=10", "opt.shard=gradients"};
+  run_gpu(graph("gpt.yaml"), dir, tiny_gpt(32, 64, 2, {"run.steps=10", ov[0], ov[1]}), streams.get());
+  const GpuRun resumed = run_gpu(graph("gpt.yaml"), dir, tiny_gpt(32, 64, 2, {"run.steps=20", ov[0], ov[1]}), streams.get());
+  EXPECT_NEAR(resumed.last_loss, runs["gradients"].last_loss, 1e-3 * runs["gradients"].last_loss);
+}

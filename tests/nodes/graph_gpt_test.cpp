@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <sstream>
 
@@ -121,4 +122,42 @@ TEST(GraphGpt, LoraFineTunesAFrozenBaseAndExportsPeftAdapters) {
   const torch::Tensor tokens = torch::randint(256, {2, 17}, torch::kLong);
   torch::NoGradGuard no_grad;
   EXPECT_TRUE(torch::equal(ended_state->forward({{"tokens", tokens}}), reloaded_state->forward({{"tokens", tokens}})));
+}
+
+// ZeRO's sharded path with one process (the optimizer's shard; docs/distributed.md): the rank owns
+// every element, and the path runs as with several — stage 1 updates its slice and all-gathers
+// it, stage 2 packs each bucket by owner, reduce-scatters it and updates from its slices, the
+// gradient norm summed over the ranks. One owner makes the same update the unsharded optimizer
+// makes, bit for bit, clipping included (the norm squared and its root are exact in double), and
+// so the same checkpoint: parameters and optimizer moments, by the same names. Adafactor cuts by
+// whole parameters. (Two processes: tests/mpi/mpi_test.sh zero_states and zero_gradients.)
+TEST(GraphGpt, ShardedOptimizerAndGradientsWithOneProcessEqualTheUnshardedRun) {
+  const std::string src = FLOWRUN_SOURCE_DIR;
+  const std::string shards = src + "/data/text/fortunes_byte";
+  FLOWRUN_NEEDS_DATA(shards + ".train.bin");
+  const std::string graph = test::read_text(src + "/graphs/gpt.yaml");
+  for (const std::string kind : {"adamw", "adafactor"}) {
+    std::map<std::string, safetensors::File> params, moments;
+    for (const std::string shard : {"none", "states", "gradients"}) {
+      auto r = test::run_graph_text(
+          graph, {"data.path=" + shards, "data.seq_len=32", "data.batch=8", "model.layers=2", "model.dim=64",
+                  "model.heads=4", "model.vocab=256", "model.context=32", "opt.warmup=2", "opt.clip=0.5",
+                  "opt.kind=" + kind, "opt.shard=" + shard, "run.steps=6", "run.log_every=3", "eval.every=100000",
+                  "evlog.every=100000", "ckpt.every=6", "run.prefetch=1",
+                  kind == "adamw" ? "opt.adafactor=null" : "opt.adamw=null"});
+      const std::string at = r.out_dir + "/checkpoints/step_00000006/";
+      params[shard] = safetensors::load(at + "model.params.safetensors");
+      moments[shard] = safetensors::load(at + "opt.state.safetensors");
+    }
+    for (const std::string shard : {"states", "gradients"})
+      for (auto* files : {&params, &moments}) {
+        const auto& want = files->at("none").tensors;
+        const auto& got = files->at(shard).tensors;
+        ASSERT_EQ(got.size(), want.size()) << kind << ", shard: " << shard;
+        for (const auto& [name, t] : want) {
+          ASSERT_TRUE(got.count(name)) << kind << ", shard: " << shard << " lacks " << name;
+          EXPECT_TRUE(torch::equal(got.at(name), t)) << kind << ", shard: " << shard << ": " << name << " differs";
+        }
+      }
+  }
 }
