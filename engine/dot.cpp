@@ -23,7 +23,7 @@ static std::string q(const std::string& s) {
 
 namespace {
 
-std::string ms(double us) { return us >= 1000 ? fmt::format("{:.1f} ms", us / 1000) : fmt::format("{:.0f} us", us); }
+std::string duration_label(double us) { return us >= 1000 ? fmt::format("{:.1f} ms", us / 1000) : fmt::format("{:.0f} us", us); }
 
 // White (no share) to red (half the wall time or more).
 std::string heat(double share) {
@@ -56,7 +56,7 @@ std::string to_dot(const GraphSpec& g, const Registry& reg, const Profile* prof)
     }
     if (!n.stream.empty() && n.stream != "default") label += "\\nstream " + n.stream;
     if (const NodeProfile* np = prof ? prof->node(n.name) : nullptr) {
-      label += "\\nmean " + ms(np->mean_us) + ", p95 " + ms(np->p95_us) +
+      label += "\\nmean " + duration_label(np->mean_us) + ", p95 " + duration_label(np->p95_us) +
                fmt::format("\\n{:.1f} % of wall", 100 * np->share);
       if (np->overlapped_us > 0.01 * np->total_us)
         label += fmt::format(", {:.0f} % overlapped", 100 * np->overlapped_us / np->total_us);
@@ -81,7 +81,7 @@ std::string to_dot(const GraphSpec& g, const Registry& reg, const Profile* prof)
         const bool first = drawn.insert({r.node, n.name}).second;  // times once per node pair
         if (prof && first) {
           const double w = prof->mean_wait_us(r.node, n.name);
-          if (w > 0) label += ", waited " + ms(w) + "/run";
+          if (w > 0) label += ", waited " + duration_label(w) + "/run";
         }
         o << "  " << q(r.node) << " -> " << q(n.name) << " [";
         if (prof && first && critical.count({r.node, n.name})) o << "penwidth=3, ";
@@ -110,13 +110,13 @@ std::string to_dot(const GraphSpec& g, const Registry& reg, const Profile* prof)
     for (const auto& [from, to] : extra) {
       std::string label = "order";
       const double w = prof->mean_wait_us(from, to);
-      if (w > 0) label += ", waited " + ms(w) + "/run";
+      if (w > 0) label += ", waited " + duration_label(w) + "/run";
       o << "  " << q(from) << " -> " << q(to) << " [style=dotted, color=\"#888888\", fontcolor=\"#666666\", label="
         << q(label) << (critical.count({from, to}) ? ", penwidth=3" : "") << "];\n";
     }
     o << "  label=" << q(fmt::format("measured: {} steps, {:.2f} s; critical path ({} of {} steps, {}): bold",
                                      prof->steps, prof->wall_us / 1e6, prof->critical_path_steps, prof->steps,
-                                     ms(prof->critical_path_us)))
+                                     duration_label(prof->critical_path_us)))
       << ";\n";
   }
   o << "}\n";

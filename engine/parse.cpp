@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "registry.hpp"
+#include "schema.hpp"
 #include "spec.hpp"
 
 namespace flowrun {
@@ -38,14 +39,12 @@ std::vector<std::string> split(const std::string& s, char sep) {
 }
 
 // The tree as the walks after loading see it. yaml_load.cpp bounds nesting as written
-// (kMaxDepth levels) and the node count with aliases expanded, but there an alias is one
+// (kYamlMaxDepth levels) and the node count with aliases expanded, but there an alias is one
 // level: 110 anchors, each a 60-deep list holding the previous one, pass it and expand to
 // 6,600 levels, and every recursive walk after it (substitution, the checker, --print-config)
 // overflowed the stack (exit 139). This walk measures depth with aliases expanded (an alias
-// is as deep as the node it names); it recurses at most kMaxDepth + 1 levels and stops after
-// kMaxNodes nodes, so it is bounded itself. The limits are yaml_load.cpp's.
-constexpr int kMaxDepth = 64;
-constexpr uint64_t kMaxNodes = 1'000'000;
+// is as deep as the node it names); it recurses at most kYamlMaxDepth + 1 levels and stops after
+// kYamlMaxNodes nodes, so it is bounded itself. The limits are load_yaml's (schema.hpp).
 
 class ShapeCheck {
  public:
@@ -56,13 +55,13 @@ class ShapeCheck {
 
  private:
   bool walk(const YAML::Node& n, int depth, const std::string& path) {
-    if (++nodes_ > kMaxNodes)
-      return fail(n, path, "more than " + std::to_string(kMaxNodes) +
+    if (++nodes_ > kYamlMaxNodes)
+      return fail(n, path, "more than " + std::to_string(kYamlMaxNodes) +
                                " nodes once its aliases are expanded (an alias bomb?); a graph file is far smaller: copy "
                                "what you need instead");
     if (!n.IsMap() && !n.IsSequence()) return true;
-    if (depth > kMaxDepth)
-      return fail(n, path, "nested more than " + std::to_string(kMaxDepth) +
+    if (depth > kYamlMaxDepth)
+      return fail(n, path, "nested more than " + std::to_string(kYamlMaxDepth) +
                                " levels deep once its aliases are expanded (an alias is as deep as the node it names, and "
                                "that node may hold aliases too); a graph file needs a few: copy what you need instead of "
                                "nesting anchors");

@@ -23,6 +23,7 @@
 #pragma once
 #include <yaml-cpp/yaml.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -130,6 +131,8 @@ Mark mark_of(const YAML::Node& n, const std::string& file);
 // errors, alias cycles, alias bombs, nesting over 64 levels and keys that are not plain
 // scalars; adds duplicate keys and a second document to `diags` and returns the node, so that
 // the checker goes on to report the rest.
+inline constexpr int kYamlMaxDepth = 64;                 // levels of nesting
+inline constexpr uint64_t kYamlMaxNodes = 1'000'000;     // nodes, aliases expanded
 YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnostics& diags);
 
 // The schema as human docs (for `flowrun nodes TYPE`).

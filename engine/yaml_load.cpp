@@ -7,8 +7,8 @@
 //     every walk over it recurses forever. Refused where the alias is.
 //   - aliases copy their anchor's subtree: ten levels of ten aliases ("billion laughs") are
 //     1e10 nodes to any walk. The pass counts each node as often as aliases make it appear and
-//     refuses a document over kMaxNodes.
-//   - nesting deeper than kMaxDepth is refused (flowrun's own walks are recursive).
+//     refuses a document over kYamlMaxNodes.
+//   - nesting deeper than kYamlMaxDepth is refused (flowrun's own walks are recursive).
 //   - a key given twice in one map is refused (yaml-cpp keeps both; lookups see one).
 //   - keys are plain scalars (a list or map as a key has no name to look up).
 //   - a second document (`---`) is refused instead of ignored.
@@ -26,9 +26,6 @@
 namespace flowrun {
 
 namespace {
-
-constexpr int kMaxDepth = 64;
-constexpr uint64_t kMaxNodes = 1'000'000;
 
 Mark at(const std::string& file, const YAML::Mark& m) { return {file, m.line + 1, m.column + 1}; }
 
@@ -89,8 +86,8 @@ class Guard : public YAML::EventHandler {
 
   void add(const YAML::Mark& m, uint64_t n) {
     total_ += n;
-    if (total_ > kMaxNodes)
-      refuse(m, "the document expands to more than " + std::to_string(kMaxNodes) +
+    if (total_ > kYamlMaxNodes)
+      refuse(m, "the document expands to more than " + std::to_string(kYamlMaxNodes) +
                     " nodes through its aliases (an alias bomb?); a graph file is far smaller: copy what you need instead");
     if (!stack_.empty()) stack_.back().nodes += n;
   }
@@ -112,8 +109,8 @@ class Guard : public YAML::EventHandler {
 
   void open(const YAML::Mark& m, YAML::anchor_t anchor, bool is_map) {
     if (key_position()) refuse(m, "a map key is a plain name, not a " + std::string(is_map ? "map" : "list"));
-    if (static_cast<int>(stack_.size()) >= kMaxDepth)
-      refuse(m, "nested more than " + std::to_string(kMaxDepth) + " levels deep; a graph file needs a few");
+    if (static_cast<int>(stack_.size()) >= kYamlMaxDepth)
+      refuse(m, "nested more than " + std::to_string(kYamlMaxDepth) + " levels deep; a graph file needs a few");
     ++total_;
     stack_.push_back(Frame{anchor, is_map});
   }
@@ -147,7 +144,7 @@ YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnosti
   } catch (const Guard::Refused&) {
     throw GraphError(diags);
   } catch (const YAML::DeepRecursion& e) {
-    diags.error(at(file, e.mark), "", "nested more than " + std::to_string(kMaxDepth) + " levels deep; a graph file needs a few");
+    diags.error(at(file, e.mark), "", "nested more than " + std::to_string(kYamlMaxDepth) + " levels deep; a graph file needs a few");
     throw GraphError(diags);
   } catch (const YAML::ParserException& e) {
     diags.error(at(file, e.mark), "", "YAML syntax error: " + e.msg);

@@ -14,14 +14,14 @@ struct Rules {
   std::mutex mu;
   std::map<std::string, RuleFactory> factories;
 };
-Rules& rules() {
+Rules& registered_rules() {
   static Rules r;
   return r;
 }
 }  // namespace
 
 void register_update_rule(const std::string& name, RuleFactory factory) {
-  Rules& r = rules();
+  Rules& r = registered_rules();
   std::lock_guard<std::mutex> lock(r.mu);
   r.factories[name] = std::move(factory);
 }
@@ -29,7 +29,7 @@ void register_update_rule(const std::string& name, RuleFactory factory) {
 void add_update_rule(Registry& reg, const std::string& group_yaml, RuleFactory factory, const std::string& origin) {
   ParamGroup g = parse_param_group(group_yaml, origin);
   {
-    Rules& r = rules();
+    Rules& r = registered_rules();
     std::lock_guard<std::mutex> lock(r.mu);
     if (r.factories.count(g.name))
       throw std::runtime_error(origin + ": the optimizer already has an update rule '" + g.name +
@@ -53,7 +53,7 @@ void add_update_rule(Registry& reg, const std::string& group_yaml, RuleFactory f
 std::shared_ptr<const UpdateRule> make_update_rule(const std::string& kind, const Params& settings) {
   RuleFactory f;
   {
-    Rules& r = rules();
+    Rules& r = registered_rules();
     std::lock_guard<std::mutex> lock(r.mu);
     auto it = r.factories.find(kind);
     if (it != r.factories.end()) f = it->second;
@@ -77,7 +77,7 @@ std::shared_ptr<const UpdateRule> make_update_rule(const std::string& kind, cons
 }
 
 std::vector<std::string> update_rule_names() {
-  Rules& r = rules();
+  Rules& r = registered_rules();
   std::lock_guard<std::mutex> lock(r.mu);
   std::vector<std::string> out;
   for (const auto& [name, f] : r.factories) out.push_back(name);
