@@ -90,6 +90,19 @@ void check_counts(const std::vector<size_t>& counts, const std::string& what) {
     throw comm::CommError(what + ": " + std::to_string(counts.size()) + " block sizes for " +
                           std::to_string(comm::size()) + " ranks");
 }
+
+// Each owner q's block of `data` (counts[q] elements of `bytes` bytes, one after the other) as
+// fn(q, its first byte, its count), inside one NCCL group; empty blocks skipped.
+template <class Fn>
+void grouped_blocks(const void* data, const std::vector<size_t>& counts, size_t bytes, const std::string& what, Fn fn) {
+  check_queued(ncclGroupStart(), what);
+  size_t at = 0;
+  for (size_t q = 0; q < counts.size(); ++q) {
+    if (counts[q] > 0) fn(static_cast<int>(q), static_cast<const char*>(data) + at * bytes, counts[q]);
+    at += counts[q];
+  }
+  check_queued(ncclGroupEnd(), what);
+}
 }  // namespace
 
 void Communicator::allreduce(void* data, size_t count, comm::DType type, Event ready, Event done,
@@ -102,36 +115,23 @@ void Communicator::allreduce(void* data, size_t count, comm::DType type, Event r
 void Communicator::reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, comm::DType type,
                                   Event ready, Event done, const std::string& what) {
   check_counts(counts, what);
-  const size_t bytes = comm::dtype_size(type);
   on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
-    check_queued(ncclGroupStart(), what);
-    size_t at = 0;
-    for (int q = 0; q < comm::size(); ++q) {
-      const size_t n = counts[static_cast<size_t>(q)];
-      const char* block = static_cast<const char*>(send) + at * bytes;
+    grouped_blocks(send, counts, comm::dtype_size(type), what, [&](int q, const char* block, size_t n) {
       // Only the root's recvbuff is written; the others pass their own block, untouched.
       void* into = q == comm::rank() ? recv : const_cast<char*>(block);
-      if (n > 0) check_queued(ncclReduce(block, into, n, nccl_type(type), ncclSum, q, c, s), what);
-      at += n;
-    }
-    check_queued(ncclGroupEnd(), what);
+      check_queued(ncclReduce(block, into, n, nccl_type(type), ncclSum, q, c, s), what);
+    });
   });
 }
 
 void Communicator::allgather_blocks(void* data, const std::vector<size_t>& counts, comm::DType type, Event ready,
                                     Event done, const std::string& what) {
   check_counts(counts, what);
-  const size_t bytes = comm::dtype_size(type);
   on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
-    check_queued(ncclGroupStart(), what);
-    size_t at = 0;
-    for (int q = 0; q < comm::size(); ++q) {
-      const size_t n = counts[static_cast<size_t>(q)];
-      void* block = static_cast<char*>(data) + at * bytes;
-      if (n > 0) check_queued(ncclBroadcast(block, block, n, nccl_type(type), q, c, s), what);
-      at += n;
-    }
-    check_queued(ncclGroupEnd(), what);
+    grouped_blocks(data, counts, comm::dtype_size(type), what, [&](int q, const char* block, size_t n) {
+      void* at = const_cast<char*>(block);  // in place: the owner's block is the broadcast's source and target
+      check_queued(ncclBroadcast(at, at, n, nccl_type(type), q, c, s), what);
+    });
   });
 }
 
