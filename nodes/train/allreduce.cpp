@@ -215,12 +215,7 @@ class AllreduceNode : public Node {
       plan_ = plan_buckets(*buffer, first_bucket_mb_, bucket_mb_);
       if (ctx.run().rank == 0)
         spdlog::debug("{}: {} parameters in {} buckets", ctx.who(), n, plan_.buckets.size());
-      std::vector<torch::Device> devices;
-      for (const auto& f : buffer->flats) {
-        comm_dtype(f.scalar_type(), ctx.who());
-        devices.push_back(f.device());
-      }
-      choose_transport(ctx, devices);
+      choose_transport(ctx, plan_.layout);
     }
     started_ = true;
     buffer_ = buffer;
@@ -249,12 +244,7 @@ class AllreduceNode : public Node {
       plan_ = plan_buckets(shard.buckets, first_bucket_mb_, bucket_mb_);
       if (ctx.run().rank == 0)
         spdlog::debug("{}: {} parameters in {} buckets (reduce-scattered)", ctx.who(), n, plan_.buckets.size());
-      std::vector<torch::Device> devices;
-      for (const auto& g : shard.buckets.groups) {
-        comm_dtype(g.dtype, ctx.who());
-        devices.push_back(g.device);
-      }
-      choose_transport(ctx, devices);
+      choose_transport(ctx, plan_.layout);
     }
     // This step's slices: every element is written by some bucket (unused parameters: zeros).
     // New each step (the last step's may still be held by its optimizer); reusing them through
@@ -267,14 +257,16 @@ class AllreduceNode : public Node {
                                          .device(shard.plan.layout.groups[g].device)));
   }
 
-  // MPI for CPU gradients, NCCL for CUDA ones (`devices`: of each flat buffer); never a mix.
-  // After a new bucket plan (the events are per bucket).
-  void choose_transport(StepContext& ctx, const std::vector<torch::Device>& devices) {
-    const torch::Device device = devices.front();
-    for (const auto& d : devices)
-      if (d != device)
-        throw std::runtime_error(ctx.who() + ": gradients on both " + device.str() + " and " + d.str() +
+  // MPI for CPU gradients, NCCL for CUDA ones (the devices of the layout's flat buffers); never a
+  // mix. After a new bucket plan (the events are per bucket).
+  void choose_transport(StepContext& ctx, const FlatLayout& layout) {
+    const torch::Device device = layout.groups.front().device;
+    for (const auto& g : layout.groups) {
+      comm_dtype(g.dtype, ctx.who());
+      if (g.device != device)
+        throw std::runtime_error(ctx.who() + ": gradients on both " + device.str() + " and " + g.device.str() +
                                  "; keep the model on one device");
+    }
     if (device.is_cpu()) return;
 #if FLOWRUN_CUDA
     if (!device.is_cuda())
