@@ -24,12 +24,14 @@ code alone, this script re-runs itself with those variables set, which give the 
 this process, and DDP's workers) the same settings (flowrun leaves them as given).
 --malloc default skips that (the peer with glibc's defaults, flowrun with its own). The peer trains on random tokens, flowrun on the
 fortunes byte shards of scripts/data.sh: the speed of a step does not depend on the tokens.
-Both sides of dit_demo read the same image shards. Needs Debian's python3-torch (the same
-libtorch 1.13 that flowrun links), and python3-pil for dit_demo.
+Both sides of dit_demo read the same image shards. Run it with the Python whose PyTorch flowrun
+was built against (scripts/setup.sh's .venv/, requirements.txt: torch, pillow for dit_demo): the
+script checks that this torch's libtorch_cpu is the one the flowrun binary loads, so both sides
+run the same libtorch.
 
-  /usr/bin/python3 bench/cpu_peers.py                         # gpt_bench, eager and ddp
-  /usr/bin/python3 bench/cpu_peers.py --config fortunes_tiny --modes eager,wall
-  /usr/bin/python3 bench/cpu_peers.py --config dit_demo          # eager; data.path data/shapes/base
+  .venv/bin/python bench/cpu_peers.py                         # gpt_bench, eager and ddp
+  .venv/bin/python bench/cpu_peers.py --config fortunes_tiny --modes eager,wall
+  .venv/bin/python bench/cpu_peers.py --config dit_demo          # eager; data.path data/shapes/base
 """
 import argparse
 import json
@@ -105,6 +107,21 @@ def same_malloc():
     os.execve(sys.executable, [sys.executable] + sys.argv, dict(os.environ, **SAME_MALLOC))
 
 
+def same_libtorch(flowrun):
+    """The libtorch_cpu that the flowrun binary loads (ldd) is this Python's torch's: else the
+    comparison would be of two PyTorch versions, not of the training code."""
+    import torch
+
+    ours = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    out = subprocess.run(["ldd", flowrun], stdout=subprocess.PIPE, text=True).stdout
+    theirs = [l.split("=>")[1].split()[0] for l in out.splitlines() if "libtorch_cpu.so" in l and "=>" in l]
+    if not theirs or os.path.realpath(theirs[0]) != ours:
+        sys.exit("cpu_peers.py: %s loads %s, but this Python's torch %s is %s: run this script with the Python "
+                 "flowrun was built against (.venv/bin/python)" % (flowrun, theirs[0] if theirs else "no libtorch_cpu",
+                                                                     torch.__version__, ours))
+    print("same libtorch on both sides: torch %s (%s)" % (torch.__version__, os.path.dirname(ours)), flush=True)
+
+
 def ratio_cell(fl, pt):
     """Median of the rounds' speed ratios flowrun / PyTorch (PyTorch's seconds over flowrun's),
     with their min–max."""
@@ -127,6 +144,7 @@ def main():
     ap.add_argument("--window", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    same_libtorch(args.flowrun)
     if args.config == "dit_demo":
         args.modes = args.modes or "eager"
         return dit_main(args)

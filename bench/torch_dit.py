@@ -428,13 +428,7 @@ class Attention(nn.Module):
         v = self.to_v(kv).view(B, L, H, D // H).transpose(1, 2)
         if not self.cross:
             k = apply_rope(k, cos, sin)
-        if hasattr(F, "scaled_dot_product_attention"):
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-        else:  # libtorch 1.13 (Debian's python3-torch): the math, as flowrun's CPU path
-            s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(D // H))
-            if bias is not None:
-                s = s + bias
-            y = s.softmax(-1) @ v
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         return self.to_out[0](y.transpose(1, 2).reshape(B, N, D))
 
 

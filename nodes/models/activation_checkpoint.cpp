@@ -5,15 +5,11 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
-#include <torch/version.h>
 
 #include <optional>
 #include <stdexcept>
 
 #include "models/dropout.hpp"
-
-// libtorch 2.4 took the device type as an argument and deprecated the per-device functions.
-#define FLOWRUN_AUTOCAST_BY_DEVICE (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
 namespace flowrun {
 
@@ -26,31 +22,17 @@ struct AutocastState {
 
   static AutocastState now() {
     AutocastState s;
-#if FLOWRUN_AUTOCAST_BY_DEVICE
     s.cpu = at::autocast::is_autocast_enabled(at::kCPU);
     s.gpu = at::autocast::is_autocast_enabled(at::kCUDA);
     s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
     s.gpu_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-#else
-    s.cpu = at::autocast::is_cpu_enabled();
-    s.gpu = at::autocast::is_enabled();
-    s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
-    s.gpu_dtype = at::autocast::get_autocast_gpu_dtype();
-#endif
     return s;
   }
   void apply() const {
-#if FLOWRUN_AUTOCAST_BY_DEVICE
     at::autocast::set_autocast_enabled(at::kCPU, cpu);
     at::autocast::set_autocast_enabled(at::kCUDA, gpu);
     at::autocast::set_autocast_dtype(at::kCPU, cpu_dtype);
     at::autocast::set_autocast_dtype(at::kCUDA, gpu_dtype);
-#else
-    at::autocast::set_cpu_enabled(cpu);
-    at::autocast::set_enabled(gpu);
-    at::autocast::set_autocast_cpu_dtype(cpu_dtype);
-    at::autocast::set_autocast_gpu_dtype(gpu_dtype);
-#endif
   }
 };
 

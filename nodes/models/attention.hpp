@@ -4,7 +4,7 @@
 //   torch::Tensor y = attention(q, k, v, {mask});   // q [B, H, Lq, D], k, v [B, H, Lk, D], an additive
 //                                                   // mask -> [B, Lq, H*D], the heads side by side
 //
-// On a GPU (libtorch >= 2.0) it is torch's scaled_dot_product_attention (flash / memory-efficient
+// On a GPU it is torch's scaled_dot_product_attention (flash / memory-efficient
 // / cuDNN kernels, chosen by torch by shape and dtype); elsewhere it is written out, the query rows
 // in chunks so that no more than 2^25 scores exist at once (a 1024-px VAE's 16384 positions need
 // no 16384² matrix). The written-out path is the reference the families' tests check against the
@@ -14,29 +14,16 @@
 // attention dropout is on.
 #pragma once
 #include <torch/torch.h>
-#include <torch/version.h>
 
 namespace flowrun {
 
-#if TORCH_VERSION_MAJOR >= 2
-constexpr bool kHasFusedAttention = true;
-#else
-constexpr bool kHasFusedAttention = false;
-#endif
-
-inline bool fused_attention_available(const torch::Tensor& q) { return kHasFusedAttention && q.is_cuda(); }
+inline bool fused_attention_available(const torch::Tensor& q) { return q.is_cuda(); }
 
 inline torch::Tensor fused_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& bias, bool causal, double scale) {
-#if TORCH_VERSION_MAJOR >= 2
   c10::optional<at::Tensor> mask;
   if (bias.defined()) mask = bias.to(q.scalar_type());
   return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, causal, scale);
-#else
-  (void)q, (void)k, (void)v, (void)bias, (void)causal, (void)scale;
-  throw std::logic_error("fused_attention: this libtorch has no scaled_dot_product_attention (check "
-                         "fused_attention_available first)");
-#endif
 }
 
 struct AttentionOptions {

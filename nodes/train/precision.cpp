@@ -2,12 +2,8 @@
 #include "train/precision.hpp"
 
 #include <ATen/autocast_mode.h>
-#include <torch/version.h>
 
 #include "spec.hpp"
-
-// libtorch 2.4 took the device type as an argument and deprecated the per-device functions.
-#define FLOWRUN_AUTOCAST_BY_DEVICE (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4))
 
 namespace flowrun {
 
@@ -41,25 +37,11 @@ AutocastScope::AutocastScope(Precision p, const c10::Device& device) {
   active_ = true;
   cuda_ = device.is_cuda();
   // As torch.autocast.__enter__ does: remember, enable, set the dtype, count the nesting.
-#if FLOWRUN_AUTOCAST_BY_DEVICE
   const at::DeviceType type = cuda_ ? at::kCUDA : at::kCPU;
   prev_enabled_ = at::autocast::is_autocast_enabled(type);
   prev_dtype_ = at::autocast::get_autocast_dtype(type);
   at::autocast::set_autocast_enabled(type, true);
   at::autocast::set_autocast_dtype(type, at::kBFloat16);
-#else
-  if (cuda_) {
-    prev_enabled_ = at::autocast::is_enabled();
-    prev_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(at::kBFloat16);
-  } else {
-    prev_enabled_ = at::autocast::is_cpu_enabled();
-    prev_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-  }
-#endif
   at::autocast::increment_nesting();
 }
 
@@ -68,19 +50,9 @@ AutocastScope::~AutocastScope() {
   // The cache holds bf16 copies of the weights made in this scope; drop them when the
   // outermost scope ends (torch.autocast.__exit__).
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-#if FLOWRUN_AUTOCAST_BY_DEVICE
   const at::DeviceType type = cuda_ ? at::kCUDA : at::kCPU;
   at::autocast::set_autocast_enabled(type, prev_enabled_);
   at::autocast::set_autocast_dtype(type, prev_dtype_);
-#else
-  if (cuda_) {
-    at::autocast::set_enabled(prev_enabled_);
-    at::autocast::set_autocast_gpu_dtype(prev_dtype_);
-  } else {
-    at::autocast::set_cpu_enabled(prev_enabled_);
-    at::autocast::set_autocast_cpu_dtype(prev_dtype_);
-  }
-#endif
 }
 
 c10::Device model_device(const ModelState& model) {

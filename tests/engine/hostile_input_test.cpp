@@ -14,16 +14,16 @@ using namespace flowrun;
 
 namespace {
 
-struct Loaded {
+struct HostileLoaded {
   bool ok = false;
   std::vector<Diagnostic> diags;
   GraphSpec spec;
   std::string all;  // every diagnostic, one per line
 };
 
-Loaded load_text(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+HostileLoaded load_hostile(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
   test::register_test_nodes();
-  Loaded l;
+  HostileLoaded l;
   const std::string file = test::temp_dir("hostile") + "/g.yaml";
   std::ofstream(file) << yaml;
   try {
@@ -36,7 +36,7 @@ Loaded load_text(const std::string& yaml, const std::vector<std::string>& overri
   return l;
 }
 
-const Diagnostic& find(const Loaded& l, const std::string& needle) {
+const Diagnostic& find_diag(const HostileLoaded& l, const std::string& needle) {
   for (const auto& d : l.diags)
     if (d.message.find(needle) != std::string::npos) return d;
   ADD_FAILURE() << "no diagnostic containing '" << needle << "'; got:\n" << l.all;
@@ -50,9 +50,9 @@ const std::string kNodes = "nodes:\n  src: { type: t_source }\n";
 
 // Item 1: a scalar where a map belongs was std::terminate (YAML::BadSubscript).
 TEST(HostileInput, ScalarWhereAMapBelongs) {
-  Loaded l = load_text("flowrun: 1\nrun: 5\n" + kNodes);
+  HostileLoaded l = load_hostile("flowrun: 1\nrun: 5\n" + kNodes);
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "expected map");
+  const auto& d = find_diag(l, "expected map");
   EXPECT_EQ(d.path, "run");
   EXPECT_EQ(d.mark.line, 2);
 }
@@ -60,9 +60,9 @@ TEST(HostileInput, ScalarWhereAMapBelongs) {
 // Found by the graph fuzzer (tests/fuzz/corpus/graph/crash-run-scalar-substitution.yaml):
 // ${run.KEY} with `run` a scalar escaped the checker as YAML::BadSubscript.
 TEST(HostileInput, RunSubstitutionWhenRunIsNotAMap) {
-  Loaded l = load_text("flowrun: 1\nrun: just_a_word\nnodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n");
+  HostileLoaded l = load_hostile("flowrun: 1\nrun: just_a_word\nnodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find(l, "expected map").path, "run");
+  EXPECT_EQ(find_diag(l, "expected map").path, "run");
 }
 
 // Wrong shapes anywhere in the file: each an error, none a crash.
@@ -91,7 +91,7 @@ TEST(HostileInput, WrongShapesEverywhereAreErrors) {
       "",
   };
   for (const auto& f : files) {
-    Loaded l = load_text(f);
+    HostileLoaded l = load_hostile(f);
     EXPECT_FALSE(l.ok) << f;
     EXPECT_FALSE(l.diags.empty()) << f;
   }
@@ -99,9 +99,9 @@ TEST(HostileInput, WrongShapesEverywhereAreErrors) {
 
 // Item 2: an alias inside its own anchor made a node that contains itself (segfault).
 TEST(HostileInput, AliasInsideItsOwnAnchor) {
-  Loaded l = load_text("flowrun: 1\nrun: &r { steps: 5, self: *r }\n" + kNodes);
+  HostileLoaded l = load_hostile("flowrun: 1\nrun: &r { steps: 5, self: *r }\n" + kNodes);
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "would contain itself");
+  const auto& d = find_diag(l, "would contain itself");
   EXPECT_EQ(d.mark.line, 2);
   EXPECT_GT(d.mark.col, 20);
 }
@@ -116,16 +116,16 @@ TEST(HostileInput, AliasBombIsRefusedQuickly) {
   }
   y += kNodes;
   const auto t0 = std::chrono::steady_clock::now();
-  Loaded l = load_text(y);
+  HostileLoaded l = load_hostile(y);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(l.ok);
-  find(l, "alias bomb");
+  find_diag(l, "alias bomb");
   EXPECT_LT(s, 2.0);
 }
 
 // Aliases within reason still work: an anchor reused as a value.
 TEST(HostileInput, PlainAliasesStillWork) {
-  Loaded l = load_text("flowrun: 1\nrun: { steps: &n 4 }\nnodes:\n  src: { type: t_source, with: { k: *n } }\n");
+  HostileLoaded l = load_hostile("flowrun: 1\nrun: { steps: &n 4 }\nnodes:\n  src: { type: t_source, with: { k: *n } }\n");
   ASSERT_TRUE(l.ok) << l.all;
   EXPECT_EQ(l.spec.nodes[0].params["k"].as<int>(), 4);
 }
@@ -133,48 +133,48 @@ TEST(HostileInput, PlainAliasesStillWork) {
 // Item 8: duplicate keys validated and the last one won. Reported at the second one, and the
 // checker still reports the file's other problems.
 TEST(HostileInput, DuplicateKeysAnywhere) {
-  Loaded l = load_text("flowrun: 1\nrun:\n  steps: 5\n  steps: 7\nnodes:\n  src: { type: t_source, with: { k: 1, k: 2 } }\n"
+  HostileLoaded l = load_hostile("flowrun: 1\nrun:\n  steps: 5\n  steps: 7\nnodes:\n  src: { type: t_source, with: { k: 1, k: 2 } }\n"
                        "  b: { type: t_source, evry: 3 }\n");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find(l, "duplicate key 'steps'").mark.line, 4);
-  EXPECT_EQ(find(l, "duplicate key 'k'").mark.line, 6);
-  find(l, "unknown parameter 'evry'");
+  EXPECT_EQ(find_diag(l, "duplicate key 'steps'").mark.line, 4);
+  EXPECT_EQ(find_diag(l, "duplicate key 'k'").mark.line, 6);
+  find_diag(l, "unknown parameter 'evry'");
 }
 
 // Item 9: `.inf` validated (and the run failed at step 2). NaN and infinity are refused.
 TEST(HostileInput, InfiniteAndNanFloatsAreRefused) {
   for (const std::string v : {".inf", "-.inf", ".Inf", ".nan", "1e999"}) {
-    Loaded l = load_text("flowrun: 1\nrun: { steps: 5, comm_timeout_s: " + v + " }\n" + kNodes);
+    HostileLoaded l = load_hostile("flowrun: 1\nrun: { steps: 5, comm_timeout_s: " + v + " }\n" + kNodes);
     ASSERT_FALSE(l.ok) << v;
-    EXPECT_EQ(find(l, "expected float").path, "run.comm_timeout_s") << v;
+    EXPECT_EQ(find_diag(l, "expected float").path, "run.comm_timeout_s") << v;
   }
-  EXPECT_TRUE(load_text("flowrun: 1\nrun: { steps: 5, comm_timeout_s: 1e3 }\n" + kNodes).ok);
+  EXPECT_TRUE(load_hostile("flowrun: 1\nrun: { steps: 5, comm_timeout_s: 1e3 }\n" + kNodes).ok);
 }
 
 // A too-deep file was "bad file"; now it says what is wrong and where, at any depth.
 TEST(HostileInput, TooDeep) {
   for (int depth : {100, 100000}) {
-    Loaded l = load_text("flowrun: 1\nx: " + std::string(depth, '[') + std::string(depth, ']') + "\n" + kNodes);
+    HostileLoaded l = load_hostile("flowrun: 1\nx: " + std::string(depth, '[') + std::string(depth, ']') + "\n" + kNodes);
     ASSERT_FALSE(l.ok) << depth;
-    EXPECT_EQ(find(l, "levels deep").mark.line, 2) << depth;
+    EXPECT_EQ(find_diag(l, "levels deep").mark.line, 2) << depth;
   }
 }
 
 // A second YAML document was ignored silently.
 TEST(HostileInput, SecondDocument) {
-  Loaded l = load_text("flowrun: 1\n" + kNodes + "---\nflowrun: 1\n");
+  HostileLoaded l = load_hostile("flowrun: 1\n" + kNodes + "---\nflowrun: 1\n");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find(l, "second YAML document").mark.line, 4);
+  EXPECT_EQ(find_diag(l, "second YAML document").mark.line, 4);
 }
 
 // A malformed ${... was left in the value silently.
 TEST(HostileInput, MalformedSubstitution) {
   for (const std::string v : {"${HOME", "a${1x}b", "${run.steps"}) {
-    Loaded l = load_text("flowrun: 1\nrun: { out_dir: \"" + v + "\" }\n" + kNodes);
+    HostileLoaded l = load_hostile("flowrun: 1\nrun: { out_dir: \"" + v + "\" }\n" + kNodes);
     ASSERT_FALSE(l.ok) << v;
-    EXPECT_EQ(find(l, "a '${' that is not").path, "run.out_dir") << v;
+    EXPECT_EQ(find_diag(l, "a '${' that is not").path, "run.out_dir") << v;
   }
-  Loaded ok = load_text("flowrun: 1\nrun: { out_dir: \"x/${run.steps}/${NOT_SET_ANYWHERE:-d}\" }\n" + kNodes);
+  HostileLoaded ok = load_hostile("flowrun: 1\nrun: { out_dir: \"x/${run.steps}/${NOT_SET_ANYWHERE:-d}\" }\n" + kNodes);
   ASSERT_TRUE(ok.ok) << ok.all;
   EXPECT_EQ(ok.spec.run["out_dir"].as<std::string>(), "x/100/d");
 }
@@ -182,20 +182,20 @@ TEST(HostileInput, MalformedSubstitution) {
 // Keys are names: a list, a map or an alias as a key is refused.
 TEST(HostileInput, KeysThatAreNotNames) {
   for (const std::string bad : {"? [a, b]\n: 1\n", "? { a: 1 }\n: 1\n", "a: &k x\n*k : 1\n"}) {
-    Loaded l = load_text("flowrun: 1\n" + bad + kNodes);
+    HostileLoaded l = load_hostile("flowrun: 1\n" + bad + kNodes);
     ASSERT_FALSE(l.ok) << bad;
-    find(l, "a map key is");
+    find_diag(l, "a map key is");
   }
 }
 
 // Override values go through the same loader.
 TEST(HostileInput, OverrideValues) {
-  Loaded l = load_text("flowrun: 1\n" + kNodes, {"src.k=&a [*a]"});
+  HostileLoaded l = load_hostile("flowrun: 1\n" + kNodes, {"src.k=&a [*a]"});
   ASSERT_FALSE(l.ok);
-  find(l, "would contain itself");
-  Loaded d = load_text("flowrun: 1\n" + kNodes, {"src.k={a: 1, a: 2}"});
+  find_diag(l, "would contain itself");
+  HostileLoaded d = load_hostile("flowrun: 1\n" + kNodes, {"src.k={a: 1, a: 2}"});
   ASSERT_FALSE(d.ok);
-  find(d, "duplicate key 'a'");
+  find_diag(d, "duplicate key 'a'");
 }
 
 // The graph file itself: a folder, a device, a missing file.
@@ -226,10 +226,10 @@ TEST(HostileInput, AliasChainTooDeepOnceExpanded) {
            (i ? "*a" + std::to_string(i - 1) : std::string("x")) + std::string(60, ']') + "\n";
     y += "nodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n";
     const auto t0 = std::chrono::steady_clock::now();
-    Loaded l = load_text(y);
+    HostileLoaded l = load_hostile(y);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_FALSE(l.ok) << anchors;
-    const auto& d = find(l, "levels deep once its aliases are expanded");
+    const auto& d = find_diag(l, "levels deep once its aliases are expanded");
     EXPECT_EQ(d.path.rfind("a", 0), 0u) << d.path;  // under the key that holds the chain
     EXPECT_GE(d.mark.line, 2) << d.str();
     EXPECT_LT(s, 2.0) << anchors;
@@ -240,11 +240,11 @@ TEST(HostileInput, AliasChainTooDeepOnceExpanded) {
     v += std::string(i ? ", " : "") + "&a" + std::to_string(i) + " " + std::string(60, '[') +
          (i ? "*a" + std::to_string(i - 1) : std::string("x")) + std::string(60, ']');
   v += "]";
-  Loaded o = load_text("flowrun: 1\n" + kNodes, {"src.k=" + v});
+  HostileLoaded o = load_hostile("flowrun: 1\n" + kNodes, {"src.k=" + v});
   ASSERT_FALSE(o.ok);
-  EXPECT_EQ(find(o, "levels deep once its aliases are expanded").mark.file, "command line");
+  EXPECT_EQ(find_diag(o, "levels deep once its aliases are expanded").mark.file, "command line");
   // Within the limit, aliases of nested anchors still load.
-  Loaded ok = load_text("flowrun: 1\na: &a [[[x]]]\nb: &b [[*a, *a]]\nnodes:\n  src: { type: t_source, with: { k: 1 } }\n");
+  HostileLoaded ok = load_hostile("flowrun: 1\na: &a [[[x]]]\nb: &b [[*a, *a]]\nnodes:\n  src: { type: t_source, with: { k: 1 } }\n");
   EXPECT_EQ(ok.all.find("levels deep"), std::string::npos) << ok.all;
 }
 
@@ -256,10 +256,10 @@ TEST(HostileInput, SubstitutionOutputIsBounded) {
   for (int i = 0; i < 1000; ++i) b += "${run.a}";
   for (int i = 0; i < 100; ++i) c += "${run.b}";
   const auto t0 = std::chrono::steady_clock::now();
-  Loaded l = load_text("flowrun: 1\nrun:\n  a: " + std::string(1000, 'x') + "\n  b: \"" + b + "\"\n  c: \"" + c + "\"\n" + kNodes);
+  HostileLoaded l = load_hostile("flowrun: 1\nrun:\n  a: " + std::string(1000, 'x') + "\n  b: \"" + b + "\"\n  c: \"" + c + "\"\n" + kNodes);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "substitution makes more than 16 MiB of text");
+  const auto& d = find_diag(l, "substitution makes more than 16 MiB of text");
   EXPECT_EQ(d.path, "run.c");
   EXPECT_EQ(d.mark.line, 5);
   EXPECT_LT(s, 2.0);

@@ -1,6 +1,6 @@
 // Tokenizers: the byte tokenizer round-trips any bytes; GPT-2's BPE gives exactly the ids of
-// the npm reference encoder (gpt-3-encoder 1.1.4) on real text and tricky strings. The GPT-2
-// tests need scripts/data.sh to have run (data/gpt2/, data/npm/); without it they are skipped.
+// OpenAI's tiktoken (its gpt2 encoding) on real text and tricky strings. The GPT-2 tests need
+// scripts/data.sh to have run (data/gpt2/); without it they are skipped.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -64,6 +64,8 @@ const std::vector<std::string> kTricky = {
     "  \n  x",
     " \t x",
     "x \u00a0y",
+    "x \u0085y next\u0085\u0085line",
+    "x \ufeffy \ufeff",
     "end with newline\n",
     "ends with space before newline \n",
     "over\bstrike _\b_ (fortune files have these)",
@@ -104,9 +106,8 @@ TEST(Gpt2Pretokenize, SplitsLikeGpt2sRegex) {
 }
 
 TEST(Gpt2Pretokenize, WhitespaceIsTheUnicodeWhiteSpaceProperty) {
-  // As GPT-2's encoder.py (Python `regex`) and tiktoken: U+0085 is whitespace, U+FEFF is not.
-  // JavaScript's \s (the npm reference) says the opposite for these two characters only, so
-  // the reference comparison below leaves them out.
+  // As GPT-2's encoder.py (Python `regex`) and tiktoken: U+0085 is whitespace, U+FEFF is not
+  // (JavaScript's \s, and so the npm package gpt-3-encoder, says the opposite for these two).
   EXPECT_EQ(pretok("x \u0085y"), (Pieces{"x", " ", "\u0085", "y"}));
   EXPECT_EQ(pretok("x \ufeffy"), (Pieces{"x", " \ufeff", "y"}));
   // Only an ASCII space joins the next word (" ?\p{L}+"); other whitespace stands alone.
@@ -152,36 +153,27 @@ TEST(Gpt2Tokenizer, DecodeInvertsEncodeForAnyBytes) {
   EXPECT_THROW(gpt2().decode({50257}), std::out_of_range);
 }
 
-TEST(Gpt2Tokenizer, SameIdsAsTheNpmReference) {
+TEST(Gpt2Tokenizer, SameIdsAsTiktoken) {
   FLOWRUN_NEEDS_DATA(test::gpt2_vocab(), test::gpt2_merges());
-  const std::string npm = test::data_dir() + "/npm";
-  FLOWRUN_NEEDS_DATA(npm + "/node_modules/gpt-3-encoder/Encoder.js");
-  ASSERT_EQ(std::system("node --version > /dev/null 2>&1"), 0) << "`node` is not on PATH: install Debian's nodejs package";
+  // tiktoken comes with the environment scripts/setup.sh makes (requirements.txt).
+  const std::string python = FLOWRUN_PYTHON;
+  ASSERT_EQ(std::system(("'" + python + "' -c 'import tiktoken' > /dev/null 2>&1").c_str()), 0)
+      << python << " cannot import tiktoken: pip install -r requirements.txt (scripts/setup.sh does)";
   const std::vector<std::string> fortunes = test::all_fortunes();
   ASSERT_GT(fortunes.size(), 10000u) << "the fortunes text is missing: install Debian's fortunes package";
 
-  // A few hundred fortunes spread over all files, every one with non-ASCII text, and the
-  // tricky strings. (The reference is slow: all 15k fortunes would take a minute.)
-  std::vector<std::string> texts;
-  for (size_t i = 0; i < fortunes.size(); ++i) {
-    const bool non_ascii = std::any_of(fortunes[i].begin(), fortunes[i].end(), [](char c) { return c & 0x80; });
-    if (i % 50 == 0 || non_ascii) texts.push_back(fortunes[i]);
-  }
+  // Every fortune (tiktoken takes a second for all 15k; a few have non-ASCII text) and the
+  // tricky strings (many scripts, U+0085 and U+FEFF among them).
+  std::vector<std::string> texts = fortunes;
   const size_t n_fortunes = texts.size();
+  size_t non_ascii = 0;
+  for (const std::string& s : texts) non_ascii += std::any_of(s.begin(), s.end(), [](char c) { return c & 0x80; });
   for (const std::string& s : kTricky) texts.push_back(s);
-  // The documented difference (see WhitespaceIsTheUnicodeWhiteSpaceProperty): leave out
-  // texts with U+0085 or U+FEFF.
-  texts.erase(std::remove_if(texts.begin(), texts.end(),
-                             [](const std::string& s) {
-                               return s.find("\xc2\x85") != std::string::npos || s.find("\xef\xbb\xbf") != std::string::npos;
-                             }),
-              texts.end());
-  ASSERT_GT(n_fortunes, 300u);
 
   const std::string dir = test::temp_dir("gpt2ref");
   std::ofstream(dir + "/in.json") << nlohmann::json(texts).dump();
-  const std::string cmd = "node '" + std::string(FLOWRUN_SOURCE_DIR) + "/tests/support/gpt2_reference.js' '" + npm + "' '" + dir +
-                          "/in.json' '" + dir + "/out.json'";
+  const std::string cmd = "'" + python + "' '" + std::string(FLOWRUN_SOURCE_DIR) + "/tests/support/gpt2_reference.py' '" +
+                          test::gpt2_vocab() + "' '" + test::gpt2_merges() + "' '" + dir + "/in.json' '" + dir + "/out.json'";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const auto want = nlohmann::json::parse(test::read_text(dir + "/out.json"));
   ASSERT_EQ(want.size(), texts.size());
@@ -193,7 +185,8 @@ TEST(Gpt2Tokenizer, SameIdsAsTheNpmReference) {
     if (got != ref && ++mismatches <= 5) ADD_FAILURE() << "text " << i << " differs from the reference: \"" << texts[i] << "\"";
   }
   EXPECT_EQ(mismatches, 0u) << "of " << texts.size() << " texts";
-  std::printf("compared %zu texts (%zu fortunes), %zu tokens, with the npm reference\n", texts.size(), n_fortunes, tokens);
+  std::printf("compared %zu texts (%zu fortunes, %zu with non-ASCII text), %zu tokens, with tiktoken\n", texts.size(),
+              n_fortunes, non_ascii, tokens);
 }
 
 TEST(Gpt2Tokenizer, BrokenFilesAreErrorsNamingTheFile) {

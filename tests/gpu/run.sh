@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Everything that needs an NVIDIA GPU, in one script, run from the repository root on a machine
 # with a GPU, a pip PyTorch built with CUDA (its libtorch and NCCL), a C++ compiler and the CUDA
-# toolkit (nvcc: PyTorch's CMake package enables the CUDA language):
-#   1. build: unpacks the Debian packages the build needs (yaml-cpp, oneTBB, spdlog, fmt, ...;
-#      third_party/debs/, made by scripts/gpu_debs.sh on a machine with apt and carried over:
-#      the GPU machine may reach no package registry) into a prefix, configures build-gpu/ with
-#      FLOWRUN_CUDA=ON against that PyTorch (Ninja if present), builds the targets it runs;
+# toolkit (nvcc):
+#   1. build: the README's first command, scripts/setup.sh --no-demo, which builds the CUDA build
+#      where it sees a GPU (here into build-gpu/, against PYTHON's PyTorch; a machine without apt
+#      unpacks third_party/debs/, made by scripts/gpu_debs.sh elsewhere and carried over), and
+#      then the GPU tests and the torch-free engine tests;
 #   2. test: ctest -L gpu (tests/gpu/gpu_test.cpp), then the engine tests (stream ordering,
 #      executor) in the CUDA build;
 #   3. bench: bench/gpu_gpt2.py (GPT-2 124M at batch 8 and 16, flowrun vs a PyTorch eager loop, torch.compile
@@ -15,12 +15,12 @@
 #      diffusers + peft); the tables are printed last.
 # Usage: tests/gpu/run.sh [all|build|test|bench]   (default all; the stages can be run one per
 #        call when a call has a time limit: build-gpu/ is kept between them)
-# Carry third_party/debs/ (scripts/gpu_debs.sh) and data/text/ (scripts/data.sh: it needs
-# Debian's fortunes and npm) from the CPU machine; data/shapes is rendered here.
-# Environment: PYTHON (default python3), BUILD (build-gpu), PREFIX (BUILD/prefix), RESULTS
-# (BUILD/gpu-results: logs, ctest output, bench.md), BENCH_ARGS (extra bench/gpu_gpt2.py args),
-# NCU (0: no Nsight Compute kernel tables), DIFFUSERS (diffusers' source for bench/gpu_hydit.py:
-# a folder holding diffusers/, or a .tar.xz of it, where pip's diffusers is not installed).
+# Carry data/text/ and data/gpt2/ (scripts/data.sh) from the CPU machine where this one reaches no
+# registry; data/shapes is rendered here.
+# Environment: PYTHON (default python3), BUILD (build-gpu), RESULTS (BUILD/gpu-results: logs,
+# ctest output, bench.md), BENCH_ARGS (extra bench/gpu_gpt2.py args), NCU (0: no Nsight Compute
+# kernel tables), DIFFUSERS (diffusers' source for bench/gpu_hydit.py: a folder holding
+# diffusers/, or a .tar.xz of it, where pip's diffusers is not installed).
 # Exit status: non-zero if a prerequisite, the build, a test or the benchmark failed; the
 # benchmark runs even when tests failed.
 set -euo pipefail
@@ -85,45 +85,34 @@ find_nvcc() {
 
 # ---- 1. build -------------------------------------------------------------------------------
 if want build; then
-  ls third_party/debs/*.deb > /dev/null 2>&1 || [ -f "$PREFIX/.unpacked" ] ||
-    die "third_party/debs/ is empty: run scripts/gpu_debs.sh on a machine with apt and carry third_party/debs/ here"
-  if [ ! -f "$PREFIX/.unpacked" ]; then
-    say "unpacking third_party/debs into $PREFIX"
-    scripts/gpu_debs.sh unpack "$PREFIX" > "$RESULTS/prefix.env"
-    touch "$PREFIX/.unpacked"
-  fi
-  command -v "${CXX:-c++}" > /dev/null || die "no C++ compiler (${CXX:-c++}): install g++ or set CXX"
-  nvcc=$(find_nvcc) || die "no nvcc (CUDA toolkit $torch_cuda): PyTorch's CMake package needs it (enable_language(CUDA)); install the CUDA toolkit $torch_cuda or set CUDA_HOME"
+  nvcc=$(find_nvcc) || die "no nvcc (CUDA toolkit $torch_cuda): the CUDA build needs it; install the CUDA toolkit $torch_cuda or set CUDA_HOME"
   nvcc_version=$("$nvcc" --version | sed -n 's/.*release \([0-9.]*\).*/\1/p')
   say "nvcc $nvcc_version at $nvcc"
   [ "${nvcc_version%%.*}" = "${torch_cuda%%.*}" ] || echo "warning: nvcc is CUDA $nvcc_version, PyTorch was built with CUDA $torch_cuda"
   PATH="$(dirname "$nvcc"):$PATH"
+  # A cmake >= 3.25 first on PATH for setup.sh: the machine's, else third_party/debs/cmake's.
+  if ! cmake_ok cmake; then
+    [ -f "$PREFIX/.unpacked" ] || { scripts/gpu_debs.sh unpack "$PREFIX" > /dev/null && touch "$PREFIX/.unpacked"; }
+    pick_cmake
+    mkdir -p "$BUILD/bin"
+    for t in cmake ctest; do
+      printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$PREFIX/cmake/usr/lib/x86_64-linux-gnu:\$LD_LIBRARY_PATH" "$PREFIX/cmake/usr/bin/$t" > "$BUILD/bin/$t"
+      chmod +x "$BUILD/bin/$t"
+    done
+    PATH="$PWD/$BUILD/bin:$PATH"
+  fi
+  say "scripts/setup.sh --no-demo (the CUDA build in $BUILD; log: $RESULTS/setup.log)"
+  PYTHON=$(command -v "$PY") BUILD_DIR=$BUILD FLOWRUN_CUDA=1 CMAKE_ARGS="-DFLOWRUN_BENCH=OFF" scripts/setup.sh --no-demo \
+    > "$RESULTS/setup.log" 2>&1 || { tail -40 "$RESULTS/setup.log"; die "scripts/setup.sh failed ($RESULTS/setup.log)"; }
   pick_cmake
-  # NCCL: pip's nvidia-nccl package if PyTorch brought one (it has libnccl.so.2, no libnccl.so),
-  # else the toolkit's or the system's.
-  nccl_h=$($PY -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2> /dev/null |
-    xargs -r -I{} find {} -name nccl.h -path '*/include/*' 2> /dev/null | head -1 || true)
-  nccl_root=${nccl_h:+$(dirname "$(dirname "$nccl_h")")}
-  # Ninja when the machine has it (a fresh build folder only: a generator cannot change later).
-  pkg=()
-  command -v pkg-config > /dev/null || [ ! -x "$PREFIX/usr/bin/pkgconf" ] || pkg=(-DPKG_CONFIG_EXECUTABLE="$PREFIX/usr/bin/pkgconf")
-  gen=()
-  if command -v ninja > /dev/null && [ ! -f "$BUILD/CMakeCache.txt" ]; then gen=(-G Ninja); fi
-  say "configuring $BUILD (FLOWRUN_CUDA=ON${nccl_root:+, NCCL from $nccl_root}${gen:+, Ninja})"
-  "${CMAKE[@]}" -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLOWRUN_CUDA=ON -DFLOWRUN_BENCH=OFF \
-    -DCMAKE_PREFIX_PATH="$torch_prefix;$PREFIX/usr;$lib/cmake;$PREFIX/usr/share/cmake" \
-    -DCMAKE_LIBRARY_PATH="$lib" -DCMAKE_CUDA_COMPILER="$nvcc" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$nvcc")")" \
-    ${nccl_root:+-DFLOWRUN_NCCL_ROOT="$nccl_root"} "${pkg[@]}" > "$RESULTS/cmake.log" 2>&1 ||
-    { tail -40 "$RESULTS/cmake.log"; die "cmake failed ($RESULTS/cmake.log)"; }
-  # Only what this script runs: the binary (benchmarks), the GPU tests and the torch-free engine
-  # tests (with their plugins); not the node tests, benchmarks or tools (about 77 s on 16 cores).
-  say "building flowrun gpu_tests engine_tests ($(nproc) jobs; log: $RESULTS/build.log)"
-  "${CMAKE[@]}" --build "$BUILD" -j "$(nproc)" --target flowrun gpu_tests engine_tests > "$RESULTS/build.log" 2>&1 ||
+  # The GPU tests and the torch-free engine tests (with their plugins); not the node tests,
+  # benchmarks or tools.
+  say "building gpu_tests engine_tests ($(nproc) jobs; log: $RESULTS/build.log)"
+  "${CMAKE[@]}" --build "$BUILD" -j "$(nproc)" --target gpu_tests engine_tests > "$RESULTS/build.log" 2>&1 ||
     { grep -E -A3 "error|Error" "$RESULTS/build.log" | head -60; die "build failed ($RESULTS/build.log)"; }
-  say "built $BUILD/engine/flowrun ($(grep -q 'tokenize kind sentencepiece off' "$RESULTS/cmake.log" && echo 'without' || echo 'with') SentencePiece)"
+  say "built $BUILD/engine/flowrun"
 fi
 
-[ -f "$PREFIX/.unpacked" ] || die "$PREFIX is not unpacked: run tests/gpu/run.sh build first"
 [ -x "$BUILD/engine/flowrun" ] || die "$BUILD/engine/flowrun missing: run tests/gpu/run.sh build first"
 [ -n "${CMAKE+x}" ] || pick_cmake
 

@@ -34,20 +34,6 @@ class TinyDataset : public Dataset {
   int64_t vocab_;
 };
 
-// A bigram "language model": logits[b, t] = table[tokens[b, t]].
-std::shared_ptr<ModelState> bigram_model(int64_t vocab) {
-  auto m = std::make_shared<torch::nn::Module>();
-  at::Generator g = make_cpu_generator(7);
-  m->register_parameter("table", torch::randn({vocab, vocab}, g));
-  return std::make_shared<ModelState>(
-      m,
-      [](torch::nn::Module& mod, const TensorMap& b) {
-        const torch::Tensor& tok = b.at("tokens");
-        return torch::embedding(mod.named_parameters()["table"], tok.narrow(1, 0, tok.size(1) - 1));
-      },
-      "bigram");
-}
-
 // Sum over (b, t) of -log softmax(table[tokens[b, t]])[tokens[b, t+1]] and the count, by loops.
 std::pair<double, int64_t> nll_by_hand(const torch::Tensor& table, const torch::Tensor& tokens) {
   const torch::Tensor table64 = table.to(torch::kDouble);
@@ -68,7 +54,7 @@ std::pair<double, int64_t> nll_by_hand(const torch::Tensor& table, const torch::
 TEST(Evaluator, TokenWeightedMeanOverTheFirstBatches) {
   const int64_t V = 9;
   TinyDataset data(V);
-  auto model = bigram_model(V);
+  auto model = test::bigram_model(V);
   const torch::Tensor table = model->named_parameters()[0].second.detach();
   for (int64_t n : {1, 3, 50}) {  // 50: more than the split has, so all 4
     EvalOptions o;
@@ -119,7 +105,7 @@ TEST(Evaluator, RanksSumsGiveTheMeanOfOneProcessOverTheSameRows) {
   // It equals one process with batch 2B: the same rows.
   const int64_t V = 11;
   ShardedPool data(V);
-  auto model = bigram_model(V);
+  auto model = test::bigram_model(V);
   EvalOptions one;
   one.batches = 3, one.batch = 8;
   const EvalResult whole = evaluate(*model, data, LmLoss(), one);

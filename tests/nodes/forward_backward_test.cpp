@@ -116,20 +116,6 @@ TEST(ForwardBackward, ErrorsSayWhatIsMissing) {
   EXPECT_THROW(forward_backward(*m, wrong_shape, MseLoss(), 1), std::runtime_error);
 }
 
-// A "language model" whose logits are a trainable table indexed by the previous token:
-// logits[b, t] = table[tokens[b, t]] (a bigram model), so a test can compute the loss by hand.
-std::shared_ptr<ModelState> bigram_model(int64_t vocab) {
-  auto m = std::make_shared<torch::nn::Module>();
-  m->register_parameter("table", torch::randn({vocab, vocab}));
-  return std::make_shared<ModelState>(
-      m,
-      [](torch::nn::Module& mod, const TensorMap& b) {
-        const torch::Tensor& tok = b.at("tokens");
-        return torch::embedding(mod.named_parameters()["table"], tok.narrow(1, 0, tok.size(1) - 1));
-      },
-      "bigram");
-}
-
 // -mean over (b, t) of log softmax(logits[b, t])[tokens[b, t+1]], in doubles, by loops.
 double cross_entropy_by_hand(const torch::Tensor& table, const torch::Tensor& tokens) {
   const torch::Tensor table64 = table.to(torch::kDouble);
@@ -151,7 +137,7 @@ double cross_entropy_by_hand(const torch::Tensor& table, const torch::Tensor& to
 
 TEST(ForwardBackward, LmIsTheMeanNextTokenCrossEntropy) {
   torch::manual_seed(1);
-  auto m = bigram_model(7);
+  auto m = test::bigram_model(7);
   torch::Tensor tokens = torch::randint(7, {3, 6}, torch::kLong);
   TensorMap batch = {{"tokens", tokens}};
   const LmLoss lm;

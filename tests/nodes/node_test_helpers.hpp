@@ -6,6 +6,8 @@
 //   t_batch_probe  reads a batch; remembers each step's batch (BatchProbe::seen)
 //   t_scalars      outputs d: double, i: int64, t: 0-d float tensor, ti: 0-d int64 tensor, v: [2] tensor,
 //                  n: NamedScalars
+// And models small enough to check by hand: bigram_model (next-token logits = a row of a
+// [vocab, vocab] table).
 #pragma once
 #include <torch/torch.h>
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "common/grads.hpp"
+#include "common/seed.hpp"
 #include "common/named_scalars.hpp"
 #include "common/tensor_map.hpp"
 #include "executor.hpp"
@@ -198,6 +201,21 @@ inline std::string source_file(const std::string& rel) {
 }
 
 // Copies of a model's parameters by name.
+// A bigram language model: the logits of each batch "tokens" row's next token are the row of a
+// seeded random [vocab, vocab] table (its one parameter, "table") at the token.
+inline std::shared_ptr<ModelState> bigram_model(int64_t vocab, uint64_t seed = 7) {
+  auto m = std::make_shared<torch::nn::Module>();
+  at::Generator g = make_cpu_generator(seed);
+  m->register_parameter("table", torch::randn({vocab, vocab}, g));
+  return std::make_shared<ModelState>(
+      m,
+      [](torch::nn::Module& mod, const TensorMap& b) {
+        const torch::Tensor& tok = b.at("tokens");
+        return torch::embedding(mod.named_parameters()["table"], tok.narrow(1, 0, tok.size(1) - 1));
+      },
+      "bigram");
+}
+
 inline std::map<std::string, torch::Tensor> snapshot(const ModelState& m) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [k, v] : m.named_parameters()) out[k] = v.detach().clone();

@@ -94,7 +94,7 @@ TEST(Optimizer, AdamwOnLargeTensorsWithClippingMatchesTorch) {
       << (ours.lin->weight - ref.lin->weight).abs().max().item<float>();
   EXPECT_TRUE(torch::allclose(ours.lin->bias, ref.lin->bias, 1e-5, 1e-7));
   const auto& ref_state = static_cast<const torch::optim::AdamWParamState&>(
-      *torch_opt.state().at(c10::guts::to_string(ref.lin->weight.unsafeGetTensorImpl())));
+      *torch_opt.state().at(ref.lin->weight.unsafeGetTensorImpl()));
   EXPECT_TRUE(torch::allclose(st.slots[0].moment("exp_avg_sq"), ref_state.exp_avg_sq(), 1e-5, 1e-12));
 }
 

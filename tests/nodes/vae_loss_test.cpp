@@ -15,7 +15,7 @@
 namespace flowrun {
 namespace {
 
-vae::Config tiny() {
+vae::Config tiny_vae() {
   vae::Config c;
   c.block_out_channels = {8, 16};  // factor 2
   c.layers_per_block = 1;
@@ -25,7 +25,7 @@ vae::Config tiny() {
 }
 
 std::shared_ptr<vae::VaeState> trainable(uint64_t seed) {
-  return vae::make_vae_state(vae::make_autoencoder(tiny(), vae::Part::both, "", seed), /*frozen=*/false);
+  return vae::make_vae_state(vae::make_autoencoder(tiny_vae(), vae::Part::both, "", seed), /*frozen=*/false);
 }
 
 torch::Tensor images(int64_t b, uint64_t seed) {
@@ -94,7 +94,7 @@ TEST(VaeLoss, InTrainingDecodesAPosteriorSampleDrawnFromTheScopesGeneratorAndTra
 
 TEST(VaeLoss, RefusesAModelThatIsNotAWholeAutoencoderAndImagesOfTheWrongShape) {
   const VaeLoss loss(VaeLoss::Options{});
-  auto encoder_only = vae::make_vae_state(vae::make_autoencoder(tiny(), vae::Part::encoder, "", 1));
+  auto encoder_only = vae::make_vae_state(vae::make_autoencoder(tiny_vae(), vae::Part::encoder, "", 1));
   try {
     loss.loss(*encoder_only, {{"image", images(1, 1)}});
     FAIL() << "an encoder-only VAE trained";
@@ -117,14 +117,14 @@ TEST(VaeState, ATrainableCopyKeepsEveryParameterTrainableAndAFrozenOneNone) {
   ASSERT_TRUE(copy);  // still a VaeState: config and part travel with it
   EXPECT_FALSE(copy->frozen);
   EXPECT_EQ(copy->trainable_parameters().size(), s->trainable_parameters().size());
-  EXPECT_EQ(copy->config.block_out_channels, tiny().block_out_channels);
+  EXPECT_EQ(copy->config.block_out_channels, tiny_vae().block_out_channels);
   const auto a = s->named_parameters(), b = copy->named_parameters();
   ASSERT_EQ(a.size(), b.size());
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
     EXPECT_NE(a[i].second.data_ptr(), b[i].second.data_ptr()) << a[i].first;  // its own tensors
   }
-  auto frozen = vae::make_vae_state(vae::make_autoencoder(tiny(), vae::Part::both, "", 5));
+  auto frozen = vae::make_vae_state(vae::make_autoencoder(tiny_vae(), vae::Part::both, "", 5));
   EXPECT_TRUE(frozen->clone()->trainable_parameters().empty());
 }
 

@@ -5,7 +5,6 @@
 // (the optimizer node applies the decay, only where decays(p)). Settings: schemas/optimizer.yaml,
 // `adamw:`. Three ways to run it, same formulas: torch's fused multi-tensor kernel on a GPU, one
 // AVX2 pass over every fp32 CPU tensor, and tensor operations (update()) for the rest.
-#include <torch/version.h>
 
 #include <cmath>
 
@@ -63,12 +62,10 @@ class AdamW : public UpdateRule {
     p.addcdiv_(m[0], denom, -s.lr / bc1);
   }
 
-  // On a GPU with libtorch >= 2: torch's fused multi-tensor kernel (torch.optim.AdamW(fused=True)),
-  // one launch for all parameters of a group instead of ~8 per parameter. Not for CPU tensors, an
-  // older libtorch, mixed devices or dtypes, a parameter without a gradient this step, or
+  // On a GPU: torch's fused multi-tensor kernel (torch.optim.AdamW(fused=True)),
+  // one launch for all parameters of a group instead of ~8 per parameter. Not for CPU tensors, mixed devices or dtypes, a parameter without a gradient this step, or
   // moments of different ages (a parameter that once had no gradient).
   bool on_device(const OptimizerState& st, const ModelState::Named& params, const Grads& grads) const override {
-#if TORCH_VERSION_MAJOR >= 2
     if (params.empty() || !params.front().second.is_cuda()) return false;
     const torch::Device device = params.front().second.device();
     const auto dtype = params.front().second.scalar_type();
@@ -80,10 +77,6 @@ class AdamW : public UpdateRule {
     for (const auto& s : st.slots)
       if (s.step != st.slots.front().step) return false;
     return true;
-#else
-    (void)st, (void)params, (void)grads;
-    return false;
-#endif
   }
 
   void update_many(Batch& b) const override {
@@ -98,7 +91,6 @@ class AdamW : public UpdateRule {
   // step's flag as its found_inf (the kernel then changes nothing, and the step tensor does not
   // advance). Two groups: parameters that decay and those that do not.
   void fused(Batch& b) const {
-#if TORCH_VERSION_MAJOR >= 2
     OptimizerState& st = b.state;
     const torch::Device device = b.params.front().second.device();
     if (!st.fused_step.defined())
@@ -130,10 +122,6 @@ class AdamW : public UpdateRule {
       at::_fused_adamw_(p[k], g[k], m[k], v[k], /*max_exp_avg_sqs=*/{}, steps[k], b.lr, b1_, b2_,
                         k == 0 ? b.weight_decay : 0.0, eps_, /*amsgrad=*/false, /*maximize=*/false, scale, found);
     }
-#else
-    (void)b;
-    throw std::logic_error("adamw: this libtorch has no fused AdamW (check on_device first)");
-#endif
   }
 
   // fp32 CPU tensors: one pass over all of them (rules/cpu_apply.hpp).
