@@ -142,7 +142,7 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--window", type=int, default=5)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=7)
     args = ap.parse_args()
     same_libtorch(args.flowrun)
     if args.config == "dit_demo":
@@ -156,26 +156,31 @@ def main():
     print("|---|---|---|---|---|")
     for mode in args.modes.split(","):
         fl, pt, vals = [], [], []
-        for _ in range(args.rounds):
-            if mode == "eager":
-                ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=args.threads)
-                fl.append(flowrun_round(args.flowrun, ov, args.warmup)[0])
-                pt.append(eager_round(cfg, "cpu", args.steps, args.warmup, args.window, threads=args.threads))
-            elif mode == "ddp":
-                half = dict(cfg, batch=cfg["batch"] // 2)  # per rank
-                ov = gpt_overrides(half, args.data, args.steps, args.window, "cpu", threads=1)
-                mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
-                if os.geteuid() == 0:
-                    mpi.append("--allow-run-as-root")
-                fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0])
-                pt.append(ddp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))
-            elif mode == "wall":
+        if mode == "eager":
+            ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=args.threads)
+            sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup)[0]),
+                     lambda: pt.append(eager_round(cfg, "cpu", args.steps, args.warmup, args.window, threads=args.threads))]
+        elif mode == "ddp":
+            half = dict(cfg, batch=cfg["batch"] // 2)  # per rank
+            ov = gpt_overrides(half, args.data, args.steps, args.window, "cpu", threads=1)
+            mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
+            if os.geteuid() == 0:
+                mpi.append("--allow-run-as-root")
+            sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
+                     lambda: pt.append(ddp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
+        elif mode == "wall":
+            def flowrun_wall():
                 secs, val = readme_run(args.flowrun)
                 fl.append(secs)
                 vals.append(val)
-                pt.append(loop_seconds(cfg, 600, threads=args.threads))
-            else:
-                sys.exit("unknown mode " + mode)
+            sides = [flowrun_wall, lambda: pt.append(loop_seconds(cfg, 600, threads=args.threads))]
+        else:
+            sys.exit("unknown mode " + mode)
+        for r in range(args.rounds):
+            # Interleaved: flowrun first in even rounds, PyTorch first in odd ones, so that a
+            # machine speeding up or slowing down within a round favours neither side.
+            for side in sides if r % 2 == 0 else sides[::-1]:
+                side()
         if mode == "wall":
             f, p = statistics.median(fl), statistics.median(pt)
             print("| %s | wall, 600 steps | %.1f s | %.1f s (val_loss %s) | %s |"

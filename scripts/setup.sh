@@ -3,8 +3,8 @@
 #   1. install the Debian packages flowrun needs (only those missing; sudo if not root),
 #   2. PyTorch 2.x, whose libtorch flowrun builds against and the benchmarks' peers run on: a
 #      Python you name (PYTHON=/path/to/python, PyTorch >= 2.11), else python3 when its torch is
-#      recent enough, else .venv/ in the checkout with requirements.txt (pip; about 3.5 GB of
-#      wheels, 5.3 GB installed, 1-3 minutes where PyPI is fast),
+#      recent enough, else .venv/ in the checkout with requirements.txt (pip; about 2.6 GB of
+#      wheels, 4.8 GB installed, 1-2 minutes where PyPI is fast),
 #   3. configure and build the flowrun binary into build/ (RelWithDebInfo, ccache if present;
 #      the tests are built by scripts/test.sh); with an NVIDIA GPU, nvcc and a CUDA PyTorch, the
 #      CUDA build (FLOWRUN_CUDA=ON; FLOWRUN_CUDA=0 or 1 in the environment decides instead),
@@ -84,7 +84,7 @@ else
   fi
   PY=$PWD/.venv/bin/python
   # Pinned versions already installed: pip says so without asking the index.
-  echo "== PyTorch: pip install -r requirements.txt into .venv/ (the first time ~3.5 GB of wheels)"
+  echo "== PyTorch: pip install -r requirements.txt into .venv/ (the first time about 2.6 GB of wheels)"
   "$PY" -m pip install -q --disable-pip-version-check -r requirements.txt
 fi
 echo "== PyTorch $("$PY" -c 'import torch; print(torch.__version__)') from $PY"

@@ -1,9 +1,10 @@
 // graphs/gpt.yaml itself (a real GPT-2 small config), trained at a tiny size chosen by
 // overrides — the same file, no separate test graph: a 2-layer, 128-wide, 64-token byte-level
-// model on the fortunes corpus for 600 steps (batch 32, lr 3e-3, warmup 50).
+// model on the fortunes corpus for 600 steps (batch 16, lr 3e-3, warmup 50; the README's runs
+// batch 32).
 //
 // Threshold: validation loss below 2.4 nats per byte (the bar; an equivalent PyTorch
-// loop reaches about 2.2 in 600 steps). Measured here: 2.07, see the comment at the assertion.
+// loop reaches about 2.2 in 600 steps). Measured here: 2.22, see the comment at the assertion.
 // Needs the byte-level shards from scripts/data.sh (the setup command makes them).
 #include <gtest/gtest.h>
 
@@ -31,7 +32,7 @@ TEST(GraphGpt, TinyConfigLearnsFortunesBelow2p4NatsPerByte) {
   std::stringstream text;
   text << in.rdbuf();
   auto r = test::run_graph_text(
-      text.str(), {"data.path=" + shards, "data.seq_len=64", "data.batch=32", "model.layers=2", "model.dim=128",
+      text.str(), {"data.path=" + shards, "data.seq_len=64", "data.batch=16", "model.layers=2", "model.dim=128",
                    "model.heads=4", "model.vocab=256", "model.context=64", "opt.lr=3e-3", "opt.warmup=50",
                    "opt.min_lr=3e-4", "run.steps=600", "run.log_every=50", "run.prefetch=2",
                    // evaluate the trained weights themselves at the end, on 50 val batches
@@ -45,8 +46,9 @@ TEST(GraphGpt, TinyConfigLearnsFortunesBelow2p4NatsPerByte) {
   }
   ASSERT_GT(first_loss, 0);
   ASSERT_GT(val_loss, 0) << "no validation loss logged";
-  // Measured 2026-11-22 on 2 cores: train loss 2.81 at step 50, 2.14 at step 600; val loss
-  // 2.07 (ppl 7.9) after 600 steps, ~72 s. Uniform guessing would be ln(256) = 5.5.
+  // Measured 2026-11-28 on 2 cores (libtorch 2.11): train loss 2.86 at step 50, 2.25 at step 600;
+  // val loss 2.22 (ppl 9.2) after 600 steps, 26 s (batch 32: 2.07, 53 s). Uniform guessing would
+  // be ln(256) = 5.5.
   EXPECT_GT(first_loss, val_loss + 0.4);
   EXPECT_LT(val_loss, 2.4);
   EXPECT_TRUE(std::filesystem::exists(r.out_dir + "/checkpoints/step_00000600/manifest.json"));
