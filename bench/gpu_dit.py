@@ -32,7 +32,7 @@ Each round runs flowrun (own stream), the loop, flowrun (inline), one after the 
 is rewritten after each round, so a run cut short still leaves the rounds done.
 
   python3 bench/gpu_dit.py --flowrun build-gpu/engine/flowrun --out build-gpu/gpu-results/bench_dit.md
-  /usr/bin/python3 bench/gpu_dit.py --device cpu --tiny --flowrun build/engine/flowrun
+  .venv/bin/python bench/gpu_dit.py --device cpu --tiny --flowrun build/engine/flowrun
       # a smoke test on a CPU: torch_dit's DIT_DEMO sizes, data/shapes/base at 32 px, 6 steps, 1 round
 A flowrun run that fails prints the last 30 lines of its output and leaves its figure out; the
 script goes on and exits 3 at the end.

@@ -27,7 +27,7 @@ steps/s with the encoder on its own stream (`text.stream=encode`, prefetch 4) ag
 
 Usage (tests/gpu/run.sh calls it):
   python3 bench/gpu_gpt2.py --flowrun build-gpu/engine/flowrun --compile --dit --out build-gpu/gpu-results/bench.md
-  /usr/bin/python3 bench/gpu_gpt2.py --device cpu --tiny --flowrun build/engine/flowrun
+  .venv/bin/python bench/gpu_gpt2.py --device cpu --tiny --flowrun build/engine/flowrun
       # a smoke test of the script on a CPU (Debian's python3-torch; byte shards, 2 x 64 model)
 A flowrun run that fails (or missing shards) leaves its figure out, says why, and makes the
 exit status 3; the PyTorch figures and the table are still printed.
@@ -91,7 +91,7 @@ def shards_missing(data):
     if os.path.exists(data + ".train.bin") and os.path.exists(data + ".train.idx"):
         return None
     return ("token shards %s.train.{bin,idx} missing: make them with scripts/data.sh (on a machine with the "
-            "Debian package fortunes and npm) and carry data/text/ here, or pass --data" % data)
+            "Debian package fortunes and PyPI) and carry data/text/ here, or pass --data" % data)
 
 
 def gpt2(args, device):
