@@ -66,7 +66,7 @@ if(FLOWRUN_CUDA)
   list(APPEND CMAKE_PREFIX_PATH "${_torch_cmake_prefix}")
   find_package(Torch REQUIRED)
   # The same include folders, the copy without fmt/ in place of torch's own.
-  foreach(_target torch torch_cpu c10)
+  foreach(_target torch torch_cpu torch_cuda c10 c10_cuda headeronly torch_nvshmem)
     if(TARGET ${_target})
       get_target_property(_dirs ${_target} INTERFACE_INCLUDE_DIRECTORIES)
       if(_dirs)
