@@ -92,7 +92,7 @@ echo "== PyTorch $("$PY" -c 'import torch; print(torch.__version__)') from $PY"
 # ---- 3. build -------------------------------------------------------------------------------
 # The CUDA build where there is a GPU to run it: nvidia-smi sees one, nvcc is found and the
 # PyTorch is a CUDA build. NCCL: pip's nvidia package of it where PyTorch brought one.
-cuda_args=()
+cuda_args=(-DFLOWRUN_CUDA=OFF)  # said each time: a build folder keeps what it was configured with
 want_cuda=${FLOWRUN_CUDA:-auto}
 if [ "$want_cuda" = auto ]; then
   want_cuda=0
