@@ -27,9 +27,11 @@ cmake --build "$BUILD_DIR" -j "$CORES"
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$CORES" "$@")
 [ "${SANITIZE:-1}" = 0 ] && exit 0
 
+# The same Python as build/'s (its tiktoken is the GPT-2 tokenizer test's reference).
+py=$(sed -n 's/^FLOWRUN_PYTHON:FILEPATH=//p' "$BUILD_DIR/CMakeCache.txt")
 [ -f "$SAN_BUILD_DIR/CMakeCache.txt" ] ||
   CC=clang CXX=clang++ cmake -S . -B "$SAN_BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DFLOWRUN_TORCH=OFF -DFLOWRUN_SANITIZE=address,undefined -DFLOWRUN_FUZZ=ON
+    -DFLOWRUN_TORCH=OFF -DFLOWRUN_SANITIZE=address,undefined -DFLOWRUN_FUZZ=ON ${py:+-DFLOWRUN_PYTHON="$py"}
 cmake --build "$SAN_BUILD_DIR" -j "$CORES"
 cd "$SAN_BUILD_DIR"
 # Any sanitizer report fails the test that triggered it (-fno-sanitize-recover, abort_on_error).

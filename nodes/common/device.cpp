@@ -37,8 +37,8 @@ std::string no_gpu_reason() {
   return std::string("no CUDA device is visible to this process") +
          (v ? std::string(" (CUDA_VISIBLE_DEVICES=") + v + ")" : std::string(" (check nvidia-smi and the driver)"));
 #else
-  return "this flowrun was built without CUDA (Debian's libtorch is CPU-only); build with -DFLOWRUN_CUDA=ON "
-         "against a CUDA libtorch (tests/gpu/run.sh shows how)";
+  return "this flowrun was built without CUDA (a CPU build links libtorch_cpu alone); build with -DFLOWRUN_CUDA=ON "
+         "against a CUDA PyTorch (scripts/setup.sh does where it sees a GPU and nvcc)";
 #endif
 }
 
