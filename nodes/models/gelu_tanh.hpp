@@ -6,8 +6,8 @@
 //
 // On the CPU, for contiguous fp32 tensors, one pass forward and one pass backward (backward
 // recomputes s from x): libtorch 1.13's gelu(tanh) spent most of its time in a full-precision
-// tanh, and its backward more than twice that (18 ms of a 370 ms GPT bench step); PyTorch 2.11's
-// runs about as fast as this (bench/README.md), which stays for its accuracy at x << 0. The exp here
+// tanh, and its backward more than twice that (18 ms of a 370 ms GPT bench step). PyTorch 2.11's
+// runs about as fast (bench/README.md); this one stays for its gradient at x << 0. The exp here
 // is Cephes' expf (within 2 ulp): results are as close to the exact (double) values as
 // torch::gelu(x, "tanh")'s, and closer for the gradient at x << 0, where torch's 1 - tanh^2
 // cancels (tests/nodes/gelu_tanh_test.cpp). Everything else (other dtypes, devices, layouts; CPUs

@@ -62,8 +62,9 @@ class AdamW : public UpdateRule {
     p.addcdiv_(m[0], denom, -s.lr / bc1);
   }
 
-  // On a GPU: torch's fused multi-tensor kernel (torch.optim.AdamW(fused=True)),
-  // one launch for all parameters of a group instead of ~8 per parameter. Not for CPU tensors, mixed devices or dtypes, a parameter without a gradient this step, or
+  // On a GPU: torch's fused multi-tensor kernel (torch.optim.AdamW(fused=True)), one launch
+  // for all parameters of a group instead of ~8 per parameter. Not for CPU tensors, mixed
+  // devices or dtypes, a parameter without a gradient this step, or
   // moments of different ages (a parameter that once had no gradient).
   bool on_device(const OptimizerState& st, const ModelState::Named& params, const Grads& grads) const override {
     if (params.empty() || !params.front().second.is_cuda()) return false;
