@@ -6,9 +6,7 @@
 # checkout's .venv/, else python3), with torch >= FLOWRUN_TORCH_MIN. CMake asks it for
 # torch.utils.cmake_prefix_path, the version, the CUDA version and the C++ ABI.
 #
-# Defines TORCH_LIBRARIES (what every torch-using target links), TORCH_INCLUDE_DIRS,
-# FLOWRUN_TORCH_VERSION, FLOWRUN_TORCH_CUDA (the CUDA version torch was built with, empty if
-# none) and FLOWRUN_TORCH_ROOT (the torch package folder).
+# Defines TORCH_LIBRARIES, what every torch-using target links.
 #   - FLOWRUN_CUDA=ON: torch's own CMake package (find_package(Torch) through
 #     cmake_prefix_path), which needs the CUDA toolkit (nvcc) and links libtorch_cuda.
 #   - otherwise: libtorch_cpu and libc10 only, as an imported target. A pip torch is a CUDA
@@ -88,7 +86,6 @@ if(FLOWRUN_CUDA)
       endif()
     endif()
   endforeach()
-  flowrun_without_torch_fmt(TORCH_INCLUDE_DIRS)
 else()
   # The paths themselves, not find_library's cached answers: pointed at another PyTorch, the
   # build must not keep linking the first one's libraries.
@@ -98,12 +95,12 @@ else()
       message(FATAL_ERROR "flowrun: no lib${_lib}.so in ${FLOWRUN_TORCH_ROOT}/lib: not a PyTorch with libtorch. ${_how_to}")
     endif()
   endforeach()
-  set(TORCH_INCLUDE_DIRS "${_torch_include}" "${_torch_include}/torch/csrc/api/include")
+  set(_dirs "${_torch_include}" "${_torch_include}/torch/csrc/api/include")
   add_library(flowrun_torch INTERFACE IMPORTED GLOBAL)
   # SYSTEM include folders: torch's headers warn under our -W flags.
   set_target_properties(flowrun_torch PROPERTIES
-    INTERFACE_INCLUDE_DIRECTORIES "${TORCH_INCLUDE_DIRS}"
-    INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${TORCH_INCLUDE_DIRS}"
+    INTERFACE_INCLUDE_DIRECTORIES "${_dirs}"
+    INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${_dirs}"
     INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${_torch_abi}"
     INTERFACE_LINK_LIBRARIES "${FLOWRUN_LIB_torch_cpu};${FLOWRUN_LIB_c10}")
   set(TORCH_LIBRARIES flowrun_torch)

@@ -52,21 +52,29 @@ if [ ${#missing[@]} -gt 0 ]; then
     # carried here), unpacked into a prefix the build searches; the demo's extras stay missing.
     ls third_party/debs/*.deb > /dev/null 2>&1 ||
       { echo "setup.sh: apt-get could not install ${missing[*]} (and third_party/debs/ holds no .deb files: scripts/gpu_debs.sh fetches them on a machine with apt)" >&2; exit 1; }
-    prefix=$PWD/$BUILD_DIR/prefix
-    if [ ! -f "$prefix/.unpacked" ]; then
+    prefix=$BUILD_DIR/prefix
+    case $prefix in /*) ;; *) prefix=$PWD/$prefix ;; esac  # CMake and LD_LIBRARY_PATH need it absolute
+    if [ ! -f "$prefix/.unpacked" ] || [ ! -f "$prefix/unpack.env" ]; then
       echo "== no apt here: unpacking third_party/debs/ into $prefix"
-      scripts/gpu_debs.sh unpack "$prefix" > /dev/null && touch "$prefix/.unpacked"
+      mkdir -p "$prefix"
+      scripts/gpu_debs.sh unpack "$prefix" > "$prefix/unpack.env" && touch "$prefix/.unpacked"
     fi
-    lib=$prefix/usr/lib/x86_64-linux-gnu
-    export LD_LIBRARY_PATH="$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # for the test binaries' discovery, libicudata
-    export PKG_CONFIG_PATH="$lib/pkgconfig:$prefix/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
-    prefix_args=(-DCMAKE_PREFIX_PATH="$prefix/usr;$lib/cmake;$prefix/usr/share/cmake" -DCMAKE_LIBRARY_PATH="$lib")
+    # The search paths of the unpacked tree, as gpu_debs.sh printed them (NAME=VALUE lines).
+    while IFS='=' read -r name value; do
+      case $name in
+        CMAKE_PREFIX_PATH) prefix_args+=(-DCMAKE_PREFIX_PATH="$value") ;;
+        LD_LIBRARY_PATH)  # the test binaries' discovery, libicudata
+          export LD_LIBRARY_PATH="$value${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+          prefix_args+=(-DCMAKE_LIBRARY_PATH="$value") ;;
+        PKG_CONFIG_PATH) export PKG_CONFIG_PATH="$value${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}" ;;
+      esac
+    done < "$prefix/unpack.env"
     command -v pkg-config > /dev/null || [ ! -x "$prefix/usr/bin/pkgconf" ] || prefix_args+=(-DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf")
   fi
 fi
 
 # ---- 2. PyTorch -----------------------------------------------------------------------------
-torch_min=2.11  # as cmake/torch.cmake's FLOWRUN_TORCH_MIN
+torch_min=$(sed -n 's/^set(FLOWRUN_TORCH_MIN \([0-9.]*\)).*/\1/p' cmake/torch.cmake)  # its one home
 torch_ok() {    # torch_ok PYTHON: it imports a torch >= torch_min
   "$1" -c "import sys, torch; v = tuple(int(x) for x in torch.__version__.split('+')[0].split('.')[:2]); \
 sys.exit(0 if v >= tuple(int(x) for x in '$torch_min'.split('.')) else 1)" 2> /dev/null

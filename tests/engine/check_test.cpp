@@ -12,38 +12,6 @@ using namespace flowrun;
 
 namespace {
 
-struct Loaded {
-  bool ok = false;
-  std::vector<Diagnostic> diags;
-  GraphSpec spec;
-  std::string file;
-};
-
-Loaded load_text(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
-  test::register_test_nodes();
-  Loaded l;
-  l.file = test::temp_dir("check") + "/g.yaml";
-  std::ofstream(l.file) << yaml;
-  try {
-    l.spec = load_graph(l.file, overrides, Registry::global());
-    l.ok = true;
-  } catch (const GraphError& e) {
-    l.diags = e.diagnostics().list();
-  }
-  return l;
-}
-
-// The one diagnostic whose message contains `needle`, or fail.
-const Diagnostic& find(const Loaded& l, const std::string& needle) {
-  for (const auto& d : l.diags)
-    if (d.message.find(needle) != std::string::npos) return d;
-  std::string all;
-  for (const auto& d : l.diags) all += d.str() + "\n";
-  ADD_FAILURE() << "no diagnostic containing '" << needle << "'; got:\n" << all;
-  static Diagnostic none;
-  return none;
-}
-
 const char* kGood = R"(flowrun: 1
 name: good
 run: { steps: 5 }
@@ -58,7 +26,7 @@ nodes:
 }  // namespace
 
 TEST(Check, GoodFileBuildsSpecWithDefaults) {
-  Loaded l = load_text(kGood);
+  test::CheckedGraph l = test::check_graph_text(kGood);
   ASSERT_TRUE(l.ok);
   EXPECT_EQ(l.spec.name, "good");
   ASSERT_EQ(l.spec.nodes.size(), 5u);
@@ -73,7 +41,7 @@ TEST(Check, GoodFileBuildsSpecWithDefaults) {
 // The run: section also comes typed (GraphSpec::settings): the file's values, the schema's
 // defaults for the rest, out_dir filled in; what the CLI, the executor and the nodes read.
 TEST(RunSettings, AreTheCheckedRunSectionTyped) {
-  Loaded l = load_text(kGood, {"run.threads=3", "run.resume=auto", "run.precision=bf16", "run.comm_timeout_s=2.5"});
+  test::CheckedGraph l = test::check_graph_text(kGood, {"run.threads=3", "run.resume=auto", "run.precision=bf16", "run.comm_timeout_s=2.5"});
   ASSERT_TRUE(l.ok);
   const RunSettings& s = l.spec.settings;
   EXPECT_EQ(s.steps, 5);
@@ -91,7 +59,7 @@ TEST(RunSettings, AreTheCheckedRunSectionTyped) {
 // Every key of the schema's run group has its field: a key added to schemas/graph.yaml and not
 // to RunSettings is refused by name (here one added by hand to a checked section).
 TEST(RunSettings, AKeyWithoutAFieldIsRefusedByName) {
-  Loaded l = load_text(kGood);
+  test::CheckedGraph l = test::check_graph_text(kGood);
   ASSERT_TRUE(l.ok);
   EXPECT_NO_THROW(run_settings(l.spec.run));
   YAML::Node run = YAML::Clone(l.spec.run);
@@ -109,23 +77,23 @@ TEST(RunSettings, AKeyWithoutAFieldIsRefusedByName) {
 }
 
 TEST(Check, MisspeltTopKeyAndRunKey) {
-  Loaded l = load_text("flowrun: 1\nrun: { stesp: 5 }\nnodz: {}\nnodes:\n  s: { type: t_source }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: { stesp: 5 }\nnodz: {}\nnodes:\n  s: { type: t_source }\n");
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "unknown parameter 'stesp'");
+  const auto& d = test::find_diagnostic(l, "unknown parameter 'stesp'");
   EXPECT_NE(d.message.find("did you mean 'steps'"), std::string::npos);
   EXPECT_EQ(d.mark.line, 2);
   EXPECT_EQ(d.mark.col, 8);
   EXPECT_EQ(d.path, "run.stesp");
-  const auto& d2 = find(l, "unknown parameter 'nodz'");
+  const auto& d2 = test::find_diagnostic(l, "unknown parameter 'nodz'");
   EXPECT_NE(d2.message.find("did you mean 'nodes'"), std::string::npos);
   EXPECT_EQ(d2.mark.line, 3);
   EXPECT_EQ(l.diags.size(), 2u);  // all errors at once
 }
 
 TEST(Check, UnknownNodeTypeListsRegisteredTypes) {
-  Loaded l = load_text("flowrun: 1\nnodes:\n  s: { type: t_sorce }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nnodes:\n  s: { type: t_sorce }\n");
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "unknown node type 't_sorce'");
+  const auto& d = test::find_diagnostic(l, "unknown node type 't_sorce'");
   EXPECT_NE(d.message.find("did you mean 't_source'"), std::string::npos);
   EXPECT_NE(d.message.find("registered: "), std::string::npos);
   EXPECT_EQ(d.path, "nodes.s.type");
@@ -134,36 +102,36 @@ TEST(Check, UnknownNodeTypeListsRegisteredTypes) {
 }
 
 TEST(Check, WrongParamTypeAndRange) {
-  Loaded l = load_text("flowrun: 1\nnodes:\n  s: { type: t_source, with: { k: abc, sleep_ms: -4 } }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nnodes:\n  s: { type: t_source, with: { k: abc, sleep_ms: -4 } }\n");
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "expected int, got 'abc'");
+  const auto& d = test::find_diagnostic(l, "expected int, got 'abc'");
   EXPECT_EQ(d.path, "nodes.s.with.k");
   EXPECT_EQ(d.mark.line, 3);
-  const auto& r = find(l, "out of range");
+  const auto& r = test::find_diagnostic(l, "out of range");
   EXPECT_EQ(r.path, "nodes.s.with.sleep_ms");
 }
 
 TEST(Check, UnknownParamDidYouMean) {
-  Loaded l = load_text("flowrun: 1\nnodes:\n  s: { type: t_source, with: { sleep_mss: 1 } }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nnodes:\n  s: { type: t_source, with: { sleep_mss: 1 } }\n");
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "unknown parameter 'sleep_mss'");
+  const auto& d = test::find_diagnostic(l, "unknown parameter 'sleep_mss'");
   EXPECT_NE(d.message.find("did you mean 'sleep_ms'"), std::string::npos);
 }
 
 TEST(Check, InputMustNameEarlierNode) {
-  Loaded l = load_text(R"(flowrun: 1
+  test::CheckedGraph l = test::check_graph_text(R"(flowrun: 1
 nodes:
   a: { type: t_op, in: { in: [src.out] } }
   src: { type: t_source }
 )");
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "declared after 'a'");
+  const auto& d = test::find_diagnostic(l, "declared after 'a'");
   EXPECT_NE(d.message.find("file order is program order"), std::string::npos);
   EXPECT_EQ(d.mark.line, 3);
 }
 
 TEST(Check, UnknownNodeAndPortDidYouMean) {
-  Loaded l = load_text(R"(flowrun: 1
+  test::CheckedGraph l = test::check_graph_text(R"(flowrun: 1
 nodes:
   src: { type: t_source }
   a: { type: t_op, in: { in: [srx.out] } }
@@ -171,14 +139,14 @@ nodes:
   c: { type: t_op, in: { inn: [src.out] } }
 )");
   ASSERT_FALSE(l.ok);
-  EXPECT_NE(find(l, "no node 'srx'").message.find("did you mean 'src'"), std::string::npos);
-  EXPECT_NE(find(l, "has no output 'outt'").message.find("did you mean 'out'"), std::string::npos);
-  EXPECT_NE(find(l, "has no input 'inn'").message.find("did you mean 'in'"), std::string::npos);
+  EXPECT_NE(test::find_diagnostic(l, "no node 'srx'").message.find("did you mean 'src'"), std::string::npos);
+  EXPECT_NE(test::find_diagnostic(l, "has no output 'outt'").message.find("did you mean 'out'"), std::string::npos);
+  EXPECT_NE(test::find_diagnostic(l, "has no input 'inn'").message.find("did you mean 'in'"), std::string::npos);
   EXPECT_EQ(l.diags.size(), 3u);
 }
 
 TEST(Check, PortKindAndTypeMismatch) {
-  Loaded l = load_text(R"(flowrun: 1
+  test::CheckedGraph l = test::check_graph_text(R"(flowrun: 1
 nodes:
   src: { type: t_source }
   cell: { type: t_cell }
@@ -186,20 +154,20 @@ nodes:
   x: { type: t_op, in: { in: [cell.cell] } }
 )");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find(l, "src.out is a value port but input 's'").path, "nodes.w.in.s");
-  find(l, "cell.cell is a state port but input 'in'");
+  EXPECT_EQ(test::find_diagnostic(l, "src.out is a value port but input 's'").path, "nodes.w.in.s");
+  test::find_diagnostic(l, "cell.cell is a state port but input 'in'");
 }
 
 TEST(Check, MissingRequiredInput) {
-  Loaded l = load_text("flowrun: 1\nnodes:\n  w: { type: t_write }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nnodes:\n  w: { type: t_write }\n");
   ASSERT_FALSE(l.ok);
-  const auto& d = find(l, "missing input 's'");
+  const auto& d = test::find_diagnostic(l, "missing input 's'");
   EXPECT_EQ(d.path, "nodes.w.in.s");
   EXPECT_EQ(d.mark.line, 3);
 }
 
 TEST(Check, PeriodicProducerNeedsPeriodicConsumer) {
-  Loaded l = load_text(R"(flowrun: 1
+  test::CheckedGraph l = test::check_graph_text(R"(flowrun: 1
 nodes:
   src: { type: t_source, every: 2 }
   a: { type: t_op, in: { in: [src.out] } }
@@ -208,40 +176,40 @@ nodes:
 )");
   ASSERT_FALSE(l.ok);
   EXPECT_EQ(l.diags.size(), 2u);  // a and c; b (every 4 within every 2) is fine
-  EXPECT_EQ(find(l, "produced only every 2, but 'a' runs every step").path, "nodes.a.in.in");
+  EXPECT_EQ(test::find_diagnostic(l, "produced only every 2, but 'a' runs every step").path, "nodes.a.in.in");
 }
 
 TEST(Check, ListToSinglePortAndBadRef) {
-  Loaded l = load_text(R"(flowrun: 1
+  test::CheckedGraph l = test::check_graph_text(R"(flowrun: 1
 nodes:
   cell: { type: t_cell }
   w: { type: t_write, in: { s: [cell.cell] } }
   r: { type: t_read, in: { s: cellcell } }
 )");
   ASSERT_FALSE(l.ok);
-  find(l, "takes one NODE.PORT, not a list");
-  find(l, "'cellcell' is not NODE.PORT");
+  test::find_diagnostic(l, "takes one NODE.PORT, not a list");
+  test::find_diagnostic(l, "'cellcell' is not NODE.PORT");
 }
 
 TEST(Check, DuplicateNodeAndBadNodeKey) {
-  Loaded l = load_text(R"(flowrun: 1
+  test::CheckedGraph l = test::check_graph_text(R"(flowrun: 1
 nodes:
   a: { type: t_source }
   a: { type: t_source }
   b: { type: t_source, evry: 3 }
 )");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find(l, "duplicate key 'a'").mark.line, 4);
-  EXPECT_NE(find(l, "unknown parameter 'evry'").message.find("did you mean 'every'"), std::string::npos);
+  EXPECT_EQ(test::find_diagnostic(l, "duplicate key 'a'").mark.line, 4);
+  EXPECT_NE(test::find_diagnostic(l, "unknown parameter 'evry'").message.find("did you mean 'every'"), std::string::npos);
 }
 
 TEST(Check, MissingVersionAndSyntaxError) {
-  Loaded l = load_text("nodes:\n  a: { type: t_source }\n");
+  test::CheckedGraph l = test::check_graph_text("nodes:\n  a: { type: t_source }\n");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find(l, "missing required parameter 'flowrun'").path, "flowrun");
-  Loaded s = load_text("flowrun: 1\nnodes:\n  a: { type: t_source\n");
+  EXPECT_EQ(test::find_diagnostic(l, "missing required parameter 'flowrun'").path, "flowrun");
+  test::CheckedGraph s = test::check_graph_text("flowrun: 1\nnodes:\n  a: { type: t_source\n");
   ASSERT_FALSE(s.ok);
-  const auto& d = find(s, "YAML syntax error");
+  const auto& d = test::find_diagnostic(s, "YAML syntax error");
   EXPECT_GT(d.mark.line, 0);
 }
 
@@ -257,14 +225,14 @@ TEST(Check, MissingFileIsOneError) {
 }
 
 TEST(Check, DiagnosticFormat) {
-  Loaded l = load_text("flowrun: 1\nrun: { stesp: 5 }\nnodes:\n  s: { type: t_source }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: { stesp: 5 }\nnodes:\n  s: { type: t_source }\n");
   ASSERT_EQ(l.diags.size(), 1u);
   EXPECT_EQ(l.diags[0].str(), l.file + ":2:8: run.stesp: unknown parameter 'stesp' (did you mean 'steps'?); known: " +
                                   "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, compute_thread, trace, profile, progress, stop_grace_s, resume, comm_timeout_s");
 }
 
 TEST(Check, StreamNamesAreFreeNamesAndDefaultIsTheDefaultStream) {
-  Loaded ok = load_text(R"(flowrun: 1
+  test::CheckedGraph ok = test::check_graph_text(R"(flowrun: 1
 nodes:
   src: { type: t_source, stream: text_encoders }
   a: { type: t_op, stream: default, in: { in: [src.out] } }
@@ -272,34 +240,34 @@ nodes:
   ASSERT_TRUE(ok.ok);
   EXPECT_EQ(ok.spec.nodes[0].stream, "text_encoders");
   EXPECT_EQ(ok.spec.nodes[1].stream, "");  // "default" and no key are the same stream
-  Loaded bad = load_text(R"(flowrun: 1
+  test::CheckedGraph bad = test::check_graph_text(R"(flowrun: 1
 nodes:
   src: { type: t_source, stream: "io.1" }
 )");
   ASSERT_FALSE(bad.ok);
-  const Diagnostic& d = find(bad, "a stream name uses letters");
+  const Diagnostic& d = test::find_diagnostic(bad, "a stream name uses letters");
   EXPECT_EQ(d.path, "nodes.src.stream");
   EXPECT_EQ(d.mark.line, 3);
 }
 
 TEST(Check, RunDeviceIsAutoCpuCudaOrCudaN) {
   for (const char* good : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"})
-    EXPECT_TRUE(load_text(kGood, {std::string("run.device=") + good}).ok) << good;
+    EXPECT_TRUE(test::check_graph_text(kGood, {std::string("run.device=") + good}).ok) << good;
   // "cuda:" is YAML for a map { cuda: null }: a type error, reported as such.
-  EXPECT_EQ(find(load_text(kGood, {"run.device=cuda:"}), "expected string, got (a map)").path, "run.device");
+  EXPECT_EQ(test::find_diagnostic(test::check_graph_text(kGood, {"run.device=cuda:"}), "expected string, got (a map)").path, "run.device");
   for (const char* bad : {"gpu", "cuda:x", "cuda:-1", "CUDA"}) {
-    Loaded l = load_text(kGood, {std::string("run.device=") + bad});
+    test::CheckedGraph l = test::check_graph_text(kGood, {std::string("run.device=") + bad});
     ASSERT_FALSE(l.ok) << bad;
-    const Diagnostic& d = find(l, "is not a device: use auto, cpu, cuda or cuda:N");
+    const Diagnostic& d = test::find_diagnostic(l, "is not a device: use auto, cpu, cuda or cuda:N");
     EXPECT_EQ(d.path, "run.device") << bad;
   }
-  Loaded in_file = load_text("flowrun: 1\nrun:\n  steps: 2\n  device: tpu\nnodes:\n  src: { type: t_source }\n");
+  test::CheckedGraph in_file = test::check_graph_text("flowrun: 1\nrun:\n  steps: 2\n  device: tpu\nnodes:\n  src: { type: t_source }\n");
   ASSERT_FALSE(in_file.ok);
-  EXPECT_EQ(find(in_file, "'tpu' is not a device").mark.line, 4);
+  EXPECT_EQ(test::find_diagnostic(in_file, "'tpu' is not a device").mark.line, 4);
 }
 
 TEST(Check, AtStopNodesTakeStateInputsOnly) {
-  Loaded l = load_text(R"(flowrun: 1
+  test::CheckedGraph l = test::check_graph_text(R"(flowrun: 1
 nodes:
   src: { type: t_source }
   cell: { type: t_cell }
@@ -307,7 +275,7 @@ nodes:
   bad: { type: t_read, at: [stop], in: { s: cell.cell, in: [src.out] } }
 )");
   ASSERT_FALSE(l.ok);
-  const Diagnostic& d = find(l, "runs at stop, after the last step's values are freed");
+  const Diagnostic& d = test::find_diagnostic(l, "runs at stop, after the last step's values are freed");
   EXPECT_EQ(d.path, "nodes.bad.in.in");
   EXPECT_EQ(d.mark.line, 6);
   EXPECT_EQ(l.diags.size(), 1u);

@@ -14,45 +14,15 @@ using namespace flowrun;
 
 namespace {
 
-struct HostileLoaded {
-  bool ok = false;
-  std::vector<Diagnostic> diags;
-  GraphSpec spec;
-  std::string all;  // every diagnostic, one per line
-};
-
-HostileLoaded load_hostile(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
-  test::register_test_nodes();
-  HostileLoaded l;
-  const std::string file = test::temp_dir("hostile") + "/g.yaml";
-  std::ofstream(file) << yaml;
-  try {
-    l.spec = load_graph(file, overrides, Registry::global());
-    l.ok = true;
-  } catch (const GraphError& e) {
-    l.diags = e.diagnostics().list();
-    l.all = e.diagnostics().str();
-  }
-  return l;
-}
-
-const Diagnostic& find_diag(const HostileLoaded& l, const std::string& needle) {
-  for (const auto& d : l.diags)
-    if (d.message.find(needle) != std::string::npos) return d;
-  ADD_FAILURE() << "no diagnostic containing '" << needle << "'; got:\n" << l.all;
-  static Diagnostic none;
-  return none;
-}
-
 const std::string kNodes = "nodes:\n  src: { type: t_source }\n";
 
 }  // namespace
 
 // Item 1: a scalar where a map belongs was std::terminate (YAML::BadSubscript).
 TEST(HostileInput, ScalarWhereAMapBelongs) {
-  HostileLoaded l = load_hostile("flowrun: 1\nrun: 5\n" + kNodes);
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: 5\n" + kNodes);
   ASSERT_FALSE(l.ok);
-  const auto& d = find_diag(l, "expected map");
+  const auto& d = test::find_diagnostic(l, "expected map");
   EXPECT_EQ(d.path, "run");
   EXPECT_EQ(d.mark.line, 2);
 }
@@ -60,9 +30,9 @@ TEST(HostileInput, ScalarWhereAMapBelongs) {
 // Found by the graph fuzzer (tests/fuzz/corpus/graph/crash-run-scalar-substitution.yaml):
 // ${run.KEY} with `run` a scalar escaped the checker as YAML::BadSubscript.
 TEST(HostileInput, RunSubstitutionWhenRunIsNotAMap) {
-  HostileLoaded l = load_hostile("flowrun: 1\nrun: just_a_word\nnodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: just_a_word\nnodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find_diag(l, "expected map").path, "run");
+  EXPECT_EQ(test::find_diagnostic(l, "expected map").path, "run");
 }
 
 // Wrong shapes anywhere in the file: each an error, none a crash.
@@ -91,7 +61,7 @@ TEST(HostileInput, WrongShapesEverywhereAreErrors) {
       "",
   };
   for (const auto& f : files) {
-    HostileLoaded l = load_hostile(f);
+    test::CheckedGraph l = test::check_graph_text(f);
     EXPECT_FALSE(l.ok) << f;
     EXPECT_FALSE(l.diags.empty()) << f;
   }
@@ -99,9 +69,9 @@ TEST(HostileInput, WrongShapesEverywhereAreErrors) {
 
 // Item 2: an alias inside its own anchor made a node that contains itself (segfault).
 TEST(HostileInput, AliasInsideItsOwnAnchor) {
-  HostileLoaded l = load_hostile("flowrun: 1\nrun: &r { steps: 5, self: *r }\n" + kNodes);
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: &r { steps: 5, self: *r }\n" + kNodes);
   ASSERT_FALSE(l.ok);
-  const auto& d = find_diag(l, "would contain itself");
+  const auto& d = test::find_diagnostic(l, "would contain itself");
   EXPECT_EQ(d.mark.line, 2);
   EXPECT_GT(d.mark.col, 20);
 }
@@ -116,16 +86,16 @@ TEST(HostileInput, AliasBombIsRefusedQuickly) {
   }
   y += kNodes;
   const auto t0 = std::chrono::steady_clock::now();
-  HostileLoaded l = load_hostile(y);
+  test::CheckedGraph l = test::check_graph_text(y);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(l.ok);
-  find_diag(l, "alias bomb");
+  test::find_diagnostic(l, "alias bomb");
   EXPECT_LT(s, 2.0);
 }
 
 // Aliases within reason still work: an anchor reused as a value.
 TEST(HostileInput, PlainAliasesStillWork) {
-  HostileLoaded l = load_hostile("flowrun: 1\nrun: { steps: &n 4 }\nnodes:\n  src: { type: t_source, with: { k: *n } }\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: { steps: &n 4 }\nnodes:\n  src: { type: t_source, with: { k: *n } }\n");
   ASSERT_TRUE(l.ok) << l.all;
   EXPECT_EQ(l.spec.nodes[0].params["k"].as<int>(), 4);
 }
@@ -133,48 +103,48 @@ TEST(HostileInput, PlainAliasesStillWork) {
 // Item 8: duplicate keys validated and the last one won. Reported at the second one, and the
 // checker still reports the file's other problems.
 TEST(HostileInput, DuplicateKeysAnywhere) {
-  HostileLoaded l = load_hostile("flowrun: 1\nrun:\n  steps: 5\n  steps: 7\nnodes:\n  src: { type: t_source, with: { k: 1, k: 2 } }\n"
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun:\n  steps: 5\n  steps: 7\nnodes:\n  src: { type: t_source, with: { k: 1, k: 2 } }\n"
                        "  b: { type: t_source, evry: 3 }\n");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find_diag(l, "duplicate key 'steps'").mark.line, 4);
-  EXPECT_EQ(find_diag(l, "duplicate key 'k'").mark.line, 6);
-  find_diag(l, "unknown parameter 'evry'");
+  EXPECT_EQ(test::find_diagnostic(l, "duplicate key 'steps'").mark.line, 4);
+  EXPECT_EQ(test::find_diagnostic(l, "duplicate key 'k'").mark.line, 6);
+  test::find_diagnostic(l, "unknown parameter 'evry'");
 }
 
 // Item 9: `.inf` validated (and the run failed at step 2). NaN and infinity are refused.
 TEST(HostileInput, InfiniteAndNanFloatsAreRefused) {
   for (const std::string v : {".inf", "-.inf", ".Inf", ".nan", "1e999"}) {
-    HostileLoaded l = load_hostile("flowrun: 1\nrun: { steps: 5, comm_timeout_s: " + v + " }\n" + kNodes);
+    test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: { steps: 5, comm_timeout_s: " + v + " }\n" + kNodes);
     ASSERT_FALSE(l.ok) << v;
-    EXPECT_EQ(find_diag(l, "expected float").path, "run.comm_timeout_s") << v;
+    EXPECT_EQ(test::find_diagnostic(l, "expected float").path, "run.comm_timeout_s") << v;
   }
-  EXPECT_TRUE(load_hostile("flowrun: 1\nrun: { steps: 5, comm_timeout_s: 1e3 }\n" + kNodes).ok);
+  EXPECT_TRUE(test::check_graph_text("flowrun: 1\nrun: { steps: 5, comm_timeout_s: 1e3 }\n" + kNodes).ok);
 }
 
 // A too-deep file was "bad file"; now it says what is wrong and where, at any depth.
 TEST(HostileInput, TooDeep) {
   for (int depth : {100, 100000}) {
-    HostileLoaded l = load_hostile("flowrun: 1\nx: " + std::string(depth, '[') + std::string(depth, ']') + "\n" + kNodes);
+    test::CheckedGraph l = test::check_graph_text("flowrun: 1\nx: " + std::string(depth, '[') + std::string(depth, ']') + "\n" + kNodes);
     ASSERT_FALSE(l.ok) << depth;
-    EXPECT_EQ(find_diag(l, "levels deep").mark.line, 2) << depth;
+    EXPECT_EQ(test::find_diagnostic(l, "levels deep").mark.line, 2) << depth;
   }
 }
 
 // A second YAML document was ignored silently.
 TEST(HostileInput, SecondDocument) {
-  HostileLoaded l = load_hostile("flowrun: 1\n" + kNodes + "---\nflowrun: 1\n");
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\n" + kNodes + "---\nflowrun: 1\n");
   ASSERT_FALSE(l.ok);
-  EXPECT_EQ(find_diag(l, "second YAML document").mark.line, 4);
+  EXPECT_EQ(test::find_diagnostic(l, "second YAML document").mark.line, 4);
 }
 
 // A malformed ${... was left in the value silently.
 TEST(HostileInput, MalformedSubstitution) {
   for (const std::string v : {"${HOME", "a${1x}b", "${run.steps"}) {
-    HostileLoaded l = load_hostile("flowrun: 1\nrun: { out_dir: \"" + v + "\" }\n" + kNodes);
+    test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: { out_dir: \"" + v + "\" }\n" + kNodes);
     ASSERT_FALSE(l.ok) << v;
-    EXPECT_EQ(find_diag(l, "a '${' that is not").path, "run.out_dir") << v;
+    EXPECT_EQ(test::find_diagnostic(l, "a '${' that is not").path, "run.out_dir") << v;
   }
-  HostileLoaded ok = load_hostile("flowrun: 1\nrun: { out_dir: \"x/${run.steps}/${NOT_SET_ANYWHERE:-d}\" }\n" + kNodes);
+  test::CheckedGraph ok = test::check_graph_text("flowrun: 1\nrun: { out_dir: \"x/${run.steps}/${NOT_SET_ANYWHERE:-d}\" }\n" + kNodes);
   ASSERT_TRUE(ok.ok) << ok.all;
   EXPECT_EQ(ok.spec.run["out_dir"].as<std::string>(), "x/100/d");
 }
@@ -182,20 +152,20 @@ TEST(HostileInput, MalformedSubstitution) {
 // Keys are names: a list, a map or an alias as a key is refused.
 TEST(HostileInput, KeysThatAreNotNames) {
   for (const std::string bad : {"? [a, b]\n: 1\n", "? { a: 1 }\n: 1\n", "a: &k x\n*k : 1\n"}) {
-    HostileLoaded l = load_hostile("flowrun: 1\n" + bad + kNodes);
+    test::CheckedGraph l = test::check_graph_text("flowrun: 1\n" + bad + kNodes);
     ASSERT_FALSE(l.ok) << bad;
-    find_diag(l, "a map key is");
+    test::find_diagnostic(l, "a map key is");
   }
 }
 
 // Override values go through the same loader.
 TEST(HostileInput, OverrideValues) {
-  HostileLoaded l = load_hostile("flowrun: 1\n" + kNodes, {"src.k=&a [*a]"});
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\n" + kNodes, {"src.k=&a [*a]"});
   ASSERT_FALSE(l.ok);
-  find_diag(l, "would contain itself");
-  HostileLoaded d = load_hostile("flowrun: 1\n" + kNodes, {"src.k={a: 1, a: 2}"});
+  test::find_diagnostic(l, "would contain itself");
+  test::CheckedGraph d = test::check_graph_text("flowrun: 1\n" + kNodes, {"src.k={a: 1, a: 2}"});
   ASSERT_FALSE(d.ok);
-  find_diag(d, "duplicate key 'a'");
+  test::find_diagnostic(d, "duplicate key 'a'");
 }
 
 // The graph file itself: a folder, a device, a missing file.
@@ -226,10 +196,10 @@ TEST(HostileInput, AliasChainTooDeepOnceExpanded) {
            (i ? "*a" + std::to_string(i - 1) : std::string("x")) + std::string(60, ']') + "\n";
     y += "nodes:\n  src: { type: t_source, with: { k: \"${run.steps}\" } }\n";
     const auto t0 = std::chrono::steady_clock::now();
-    HostileLoaded l = load_hostile(y);
+    test::CheckedGraph l = test::check_graph_text(y);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_FALSE(l.ok) << anchors;
-    const auto& d = find_diag(l, "levels deep once its aliases are expanded");
+    const auto& d = test::find_diagnostic(l, "levels deep once its aliases are expanded");
     EXPECT_EQ(d.path.rfind("a", 0), 0u) << d.path;  // under the key that holds the chain
     EXPECT_GE(d.mark.line, 2) << d.str();
     EXPECT_LT(s, 2.0) << anchors;
@@ -240,11 +210,11 @@ TEST(HostileInput, AliasChainTooDeepOnceExpanded) {
     v += std::string(i ? ", " : "") + "&a" + std::to_string(i) + " " + std::string(60, '[') +
          (i ? "*a" + std::to_string(i - 1) : std::string("x")) + std::string(60, ']');
   v += "]";
-  HostileLoaded o = load_hostile("flowrun: 1\n" + kNodes, {"src.k=" + v});
+  test::CheckedGraph o = test::check_graph_text("flowrun: 1\n" + kNodes, {"src.k=" + v});
   ASSERT_FALSE(o.ok);
-  EXPECT_EQ(find_diag(o, "levels deep once its aliases are expanded").mark.file, "command line");
+  EXPECT_EQ(test::find_diagnostic(o, "levels deep once its aliases are expanded").mark.file, "command line");
   // Within the limit, aliases of nested anchors still load.
-  HostileLoaded ok = load_hostile("flowrun: 1\na: &a [[[x]]]\nb: &b [[*a, *a]]\nnodes:\n  src: { type: t_source, with: { k: 1 } }\n");
+  test::CheckedGraph ok = test::check_graph_text("flowrun: 1\na: &a [[[x]]]\nb: &b [[*a, *a]]\nnodes:\n  src: { type: t_source, with: { k: 1 } }\n");
   EXPECT_EQ(ok.all.find("levels deep"), std::string::npos) << ok.all;
 }
 
@@ -256,10 +226,10 @@ TEST(HostileInput, SubstitutionOutputIsBounded) {
   for (int i = 0; i < 1000; ++i) b += "${run.a}";
   for (int i = 0; i < 100; ++i) c += "${run.b}";
   const auto t0 = std::chrono::steady_clock::now();
-  HostileLoaded l = load_hostile("flowrun: 1\nrun:\n  a: " + std::string(1000, 'x') + "\n  b: \"" + b + "\"\n  c: \"" + c + "\"\n" + kNodes);
+  test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun:\n  a: " + std::string(1000, 'x') + "\n  b: \"" + b + "\"\n  c: \"" + c + "\"\n" + kNodes);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_FALSE(l.ok);
-  const auto& d = find_diag(l, "substitution makes more than 16 MiB of text");
+  const auto& d = test::find_diagnostic(l, "substitution makes more than 16 MiB of text");
   EXPECT_EQ(d.path, "run.c");
   EXPECT_EQ(d.mark.line, 5);
   EXPECT_LT(s, 2.0);

@@ -92,7 +92,9 @@ if want build; then
   PATH="$(dirname "$nvcc"):$PATH"
   # A cmake >= 3.25 first on PATH for setup.sh: the machine's, else third_party/debs/cmake's.
   if ! cmake_ok cmake; then
-    [ -f "$PREFIX/.unpacked" ] || { scripts/gpu_debs.sh unpack "$PREFIX" > /dev/null && touch "$PREFIX/.unpacked"; }
+    # (unpack.env: the search paths it prints, which scripts/setup.sh reads)
+    [ -f "$PREFIX/.unpacked" ] ||
+      { mkdir -p "$PREFIX" && scripts/gpu_debs.sh unpack "$PREFIX" > "$PREFIX/unpack.env" && touch "$PREFIX/.unpacked"; }
     pick_cmake
     mkdir -p "$BUILD/bin"
     for t in cmake ctest; do

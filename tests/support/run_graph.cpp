@@ -1,5 +1,6 @@
 #include "support/run_graph.hpp"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,29 @@ std::string temp_dir(const std::string& prefix) {
   fs::remove_all(d);
   fs::create_directories(d);
   return d.string();
+}
+
+CheckedGraph check_graph_text(const std::string& yaml, const std::vector<std::string>& overrides) {
+  register_test_nodes();
+  CheckedGraph g;
+  g.file = temp_dir("check") + "/g.yaml";
+  std::ofstream(g.file) << yaml;
+  try {
+    g.spec = load_graph(g.file, overrides, Registry::global());
+    g.ok = true;
+  } catch (const GraphError& e) {
+    g.diags = e.diagnostics().list();
+    g.all = e.diagnostics().str();
+  }
+  return g;
+}
+
+const Diagnostic& find_diagnostic(const CheckedGraph& g, const std::string& needle) {
+  for (const auto& d : g.diags)
+    if (d.message.find(needle) != std::string::npos) return d;
+  ADD_FAILURE() << "no diagnostic containing '" << needle << "'; got:\n" << g.all;
+  static Diagnostic none;
+  return none;
 }
 
 std::vector<nlohmann::json> read_jsonl(const std::string& path) {

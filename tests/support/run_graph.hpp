@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "executor.hpp"
+#include "spec.hpp"
 
 namespace flowrun::test {
 
@@ -23,6 +24,20 @@ std::string temp_dir(const std::string& prefix = "t");
 // `opt` gives the tracer, stop flag and callbacks; prefetch and workers come from the graph.
 RunResult run_graph_text(const std::string& yaml, const std::vector<std::string>& overrides = {},
                          const RunOptions& opt = {});
+
+// A graph file given as YAML text, written to a fresh temporary file and loaded (parsed and
+// checked, not run) with the test node types registered: its spec, or every diagnostic.
+struct CheckedGraph {
+  bool ok = false;
+  std::vector<Diagnostic> diags;
+  GraphSpec spec;
+  std::string file;  // where the text was written (the diagnostics name it)
+  std::string all;   // every diagnostic, one per line
+};
+CheckedGraph check_graph_text(const std::string& yaml, const std::vector<std::string>& overrides = {});
+
+// The first diagnostic whose message contains `needle`; a test failure listing them all if none.
+const Diagnostic& find_diagnostic(const CheckedGraph& g, const std::string& needle);
 
 // Run the flowrun binary of this build folder with `args` (each passed as one argument),
 // stdout and stderr to `log`; its exit code (-1 if it did not exit).
