@@ -88,6 +88,33 @@ class ShapeCheck {
   uint64_t nodes_ = 0;
 };
 
+// The tree with every alias made a copy of its own. yaml-cpp gives an alias the very node its
+// anchor names, so an override of one place (`model.pretrained=X`) would change every place
+// that shares the anchor, unseen. An anchor is a way to write a value twice, not a link: after
+// this, an override changes its own path only (a value meant for several places is written
+// once as ${...}). Maps and lists are new nodes; scalars are new handles on the file's own
+// data, so they keep their positions for errors (mark_of takes a map's or list's position
+// from its first entry). Bounded by ShapeCheck, which runs first.
+YAML::Node unshared(const YAML::Node& n) {
+  if (n.IsMap()) {
+    YAML::Node out(YAML::NodeType::Map);
+    for (auto it = n.begin(); it != n.end(); ++it) out.force_insert(it->first, unshared(it->second));
+    return out;
+  }
+  if (n.IsSequence()) {
+    YAML::Node out(YAML::NodeType::Sequence);
+    for (const auto& x : n) out.push_back(unshared(x));
+    return out;
+  }
+  // A new node that reads n's scalar (and its mark). `copy = n` would not do: assigning a
+  // handle makes it n's node. Assigning through a list's element sets that element's data to
+  // n's, and the element stays a node of its own.
+  YAML::Node box(YAML::NodeType::Sequence);
+  box.push_back(YAML::Node(YAML::NodeType::Null));
+  box[0] = n;
+  return box[0];
+}
+
 // A copy of `n` without source marks, so errors about it say "command line", not a position
 // inside the override's own text.
 YAML::Node without_marks(const YAML::Node& n) {
@@ -442,6 +469,7 @@ YAML::Node parse_graph_file(const std::string& file, const std::vector<std::stri
     diags.error(mark_of(shape.at, file), shape.where, "this part of the file is " + shape.problem);
     throw GraphError(diags);
   }
+  root.reset(unshared(root));
   for (const auto& ov : overrides) apply_override(root, ov, diags);
   substitute(root, file, diags);
   return root;
@@ -471,7 +499,7 @@ YAML::Node resolved_config(const GraphSpec& g) {
 
 std::string to_yaml(const YAML::Node& root) {
   YAML::Emitter e;
-  e << root;
+  e << without_marks(root);  // each value written where it is: no anchors and aliases (see unshared)
   return std::string(e.c_str()) + "\n";
 }
 

@@ -39,6 +39,10 @@ const char* to_string(ParamType t) {
 Mark mark_of(const YAML::Node& n, const std::string& file) {
   Mark m;
   YAML::Mark ym = n.Mark();
+  // A map or list copied from an alias (parse.cpp: unshared) has no position of its own: its
+  // first entry's is where it starts.
+  if ((ym.is_null() || ym.line < 0) && (n.IsMap() || n.IsSequence()) && n.size() > 0)
+    return mark_of(n.IsMap() ? n.begin()->first : n[0], file);
   if (ym.is_null() || ym.line < 0) {
     m.file = "command line";  // created by an override: no position in the file
     return m;

@@ -93,6 +93,44 @@ params:
   EXPECT_NE(e.find("nodes.m.with.lora.rnk: unknown parameter 'rnk' (did you mean 'rank'?)"), std::string::npos) << e;
 }
 
+// Issue 47: yaml-cpp gives an alias its anchor's very node, so `model.pretrained=X` in
+// hydit_v12_lora.yaml also redirected the VAE and both encoders, silently. An anchor writes a
+// value twice; an override changes its own path only, and errors in the copies still name the file.
+TEST(Overrides, ChangeTheirOwnPathOnlyNotTheOtherPlacesOfAnAnchor) {
+  test::register_test_nodes();
+  Registry::global().add(R"(type: t_nested2
+doc: nested params
+params:
+  lora:
+    type: map
+    fields:
+      rank: { type: int, default: 4 }
+      alpha: { type: float, default: 1.0 })",
+                         [] { return std::unique_ptr<Node>(); }, "tests");
+  const std::string f = write(R"(flowrun: 1
+nodes:
+  a: { type: t_source, with: { k: &k 3 } }
+  b: { type: t_source, with: { k: *k } }
+  m: { type: t_nested2, with: { lora: &l { rank: 8 } } }
+  n: { type: t_nested2, with: { lora: *l } }
+)");
+  GraphSpec g = load_graph(f, {"a.k=7", "n.lora.alpha=2.5"}, Registry::global());
+  EXPECT_EQ(g.nodes[0].params["k"].as<int>(), 7);
+  EXPECT_EQ(g.nodes[1].params["k"].as<int>(), 3);
+  EXPECT_EQ(g.nodes[2].params["lora"]["alpha"].as<double>(), 1.0);
+  EXPECT_EQ(g.nodes[3].params["lora"]["alpha"].as<double>(), 2.5);
+  EXPECT_EQ(g.nodes[3].params["lora"]["rank"].as<int>(), 8);
+
+  const std::string bad = write(R"(flowrun: 1
+nodes:
+  m: { type: t_nested2, with: { lora: &l { rank: 8, rnk: 2 } } }
+  n: { type: t_nested2, with: { lora: *l } }
+)");
+  const std::string e = errors_of(bad, {});
+  EXPECT_NE(e.find(bad + ":3:"), std::string::npos) << e;  // both copies point at the anchor's text
+  EXPECT_EQ(e.find("command line"), std::string::npos) << e;
+}
+
 TEST(Substitution, EnvWithDefaultAndRunKeys) {
   setenv("FLOWRUN_TEST_K", "9", 1);
   unsetenv("FLOWRUN_TEST_UNSET");
