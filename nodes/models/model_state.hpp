@@ -148,6 +148,9 @@ struct ModelState {
   }
   // Copy values in by name (shapes must match). strict: every tensor of the model must be
   // given and no unknown names; otherwise missing ones keep their values.
+  // Every tensor checked before any is copied: a refused load leaves the model as it was.
+  // NaN or infinite values are refused (a run resumed from them fails at its first step,
+  // blaming the learning rate).
   void load(const std::map<std::string, torch::Tensor>& in, bool strict = true) {
     torch::NoGradGuard no_grad;
     auto mine = tensors();
@@ -160,11 +163,14 @@ struct ModelState {
       if (!it->second.sizes().equals(v.sizes()))
         throw std::runtime_error("model '" + kind + "': tensor '" + k + "' has shape " + shape_str(it->second) +
                                  ", the one given has " + shape_str(v));
-      it->second.copy_(v);
+      if (v.is_floating_point() && !torch::isfinite(v).all().item<bool>())
+        throw std::runtime_error("model '" + kind + "': tensor '" + k + "' holds NaN or infinite values");
     }
     if (strict)
       for (const auto& [k, _] : mine)
         if (!in.count(k)) throw std::runtime_error("model '" + kind + "': tensor '" + k + "' is missing");
+    for (const auto& [k, v] : in)
+      if (auto it = mine.find(k); it != mine.end()) it->second.copy_(v);
   }
 };
 

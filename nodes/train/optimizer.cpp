@@ -55,6 +55,11 @@ std::map<std::string, torch::Tensor> OptimizerState::tensors() const {
     return out;
   }
   std::map<std::string, torch::Tensor> out;
+  if (slots.empty() && !pending.empty()) {  // loaded, not yet applied: what was loaded (start-up sends it to the ranks)
+    out = pending;
+    out["updates"] = torch::tensor(updates, torch::kInt64);
+    return out;
+  }
   // The fused path's step lives on the device (a read here, where a checkpoint copies anyway).
   const int64_t fused = fused_step.defined() ? static_cast<int64_t>(fused_step.item<double>()) : -1;
   for (const Slot& s : slots) {
@@ -132,7 +137,41 @@ void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tenso
 
 }  // namespace
 
+void OptimizerState::expect(const std::vector<std::pair<std::string, torch::Tensor>>& params, const UpdateRule& r) {
+  expected.clear();
+  for (const auto& [name, p] : params) {
+    for (const auto& m : r.moments()) expected[name + "." + m] = p.sizes().vec();
+    for (const auto& [m, shape] : r.own_moments(p.sizes())) expected[name + "." + m] = shape;
+    expected[name + ".step"] = {};
+  }
+  expected["updates"] = {};
+}
+
+namespace {
+
+// Issue 47: a state lacking a moment resumed with it at zero, a transposed one was taken.
+void check_loaded(const std::map<std::string, std::vector<int64_t>>& expected,
+                  const std::map<std::string, torch::Tensor>& t) {
+  const std::string hint = "; the checkpoint was written for another model or optimizer, or is damaged: "
+                           "resume from another checkpoint";
+  for (const auto& [name, shape] : expected) {
+    auto it = t.find(name);
+    if (it == t.end() || !it->second.defined())
+      throw std::runtime_error("optimizer state: tensor '" + name + "' is missing" + hint);
+    if (!it->second.sizes().equals(shape))
+      throw std::runtime_error("optimizer state: tensor '" + name + "' has shape " + shape_str(it->second) +
+                               ", expected " + c10::str(c10::IntArrayRef(shape)) + hint);
+    if (it->second.is_floating_point() && !torch::isfinite(it->second).all().item<bool>())
+      throw std::runtime_error("optimizer state: tensor '" + name + "' holds NaN or infinite values" + hint);
+  }
+  for (const auto& [name, _] : t)
+    if (!expected.count(name)) throw std::runtime_error("optimizer state: unexpected tensor '" + name + "'" + hint);
+}
+
+}  // namespace
+
 void OptimizerState::load(const std::map<std::string, torch::Tensor>& t) {
+  if (!expected.empty()) check_loaded(expected, t);
   fused_step = torch::Tensor();  // the loaded steps rule
   if (shard.sharded() && !slots.empty()) {
     // Whole tensors for a sharded state: kept, and sliced again at the next update.
@@ -427,7 +466,9 @@ class OptimizerNode : public Node {
     // reading it costs nothing, so the step that diverged stops the run itself.
     cfg_.defer_nonfinite = !run_device(ctx.run()).is_cpu();
     note_memory(ctx);
-    ctx.own_state("state", std::make_shared<OptimizerState>());
+    auto state = std::make_shared<OptimizerState>();
+    state->expect(ctx.state_as<ModelState>("model").named_parameters(/*trainable_only=*/true), *cfg_.rule);
+    ctx.own_state("state", state);
   }
 
   // For forward_backward's memory estimate (common/memory.hpp): the bytes of this rank's state,

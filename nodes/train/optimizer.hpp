@@ -92,8 +92,15 @@ struct OptimizerState {
   // exp_avg, exp_avg_sq; SGD: momentum_buffer; Adafactor: v_row and v_col, or v, and exp_avg for
   // its momentum), "NAME.step" (0-d int64), and "updates" (0-d int64). Aliases.
   std::map<std::string, torch::Tensor> tensors() const;
-  // Restore from tensors(); before the first update it is kept and applied then.
+  // Restore from tensors(); before the first update it is kept and applied then. Checked first
+  // against expect()'s list when there is one: a tensor missing, one it does not list, one of
+  // another shape (a transposed moment) or holding NaN/inf is refused, naming the tensor, and
+  // nothing is loaded.
   void load(const std::map<std::string, torch::Tensor>& t);
+  // What tensors() of a state for these parameters (named, trainable) under `rule` lists: set
+  // by the optimizer node at setup, so that a damaged checkpoint is refused where it is read.
+  void expect(const std::vector<std::pair<std::string, torch::Tensor>>& params, const UpdateRule& rule);
+  std::map<std::string, std::vector<int64_t>> expected;  // tensor name -> shape; empty: unchecked
 };
 
 // One optimizer step on `params` (the model's trainable parameters, named, in module order)

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "common/safetensors.hpp"
@@ -187,6 +188,50 @@ TEST(Checkpoint, ResumeFromAnotherGraphIsAClearError) {
   EXPECT_NE(b.find("tensor '0.bias' has shape [48], the one given has [32]"), std::string::npos) << b;
   EXPECT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "run.resume=" + dir + "/nope"}, dir + "/c.log"), 2);
   EXPECT_NE(slurp(dir + "/c.log").find("run.resume: no checkpoint folder " + dir + "/nope"), std::string::npos);
+}
+
+// Issue 47: an opt.state lacking a moment resumed with it at zero, a transposed moment of the
+// same size was taken, NaN moments or weights loaded silently. Each is refused at resume, naming
+// the file and the tensor, and the run does not start.
+TEST(Checkpoint, DamagedStateFilesAreRefusedNamingFileAndTensor) {
+  const std::string dir = test::temp_dir("ckpt");
+  const std::string g = write_graph(dir);
+  ASSERT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "run.steps=5"}, dir + "/a.log"), 0) << slurp(dir + "/a.log");
+  const std::string folder = dir + "/o/checkpoints/step_00000005";
+  const ckpt::Manifest m = ckpt::read_manifest(folder);
+  const std::string opt_file = folder + "/" + m.states.at("opt.state");
+  const std::string model_file = folder + "/" + m.states.at("model.params");
+  const auto opt = safetensors::load(opt_file).tensors;
+  const auto model = safetensors::load(model_file).tensors;
+  ASSERT_TRUE(opt.count("0.weight.exp_avg"));  // [32, 8]
+  using Damage = std::function<void(safetensors::Tensors&)>;
+  struct Case {
+    std::string file;
+    Damage damage;
+    std::string expect;
+  } cases[] = {
+      {opt_file, [](auto& t) { t.erase("0.weight.exp_avg_sq"); }, "tensor '0.weight.exp_avg_sq' is missing"},
+      {opt_file, [](auto& t) { t["0.weight.exp_avg"] = t["0.weight.exp_avg"].t().contiguous(); },
+       "tensor '0.weight.exp_avg' has shape [8, 32], expected [32, 8]"},
+      {opt_file, [](auto& t) { t["0.bias.exp_avg"][3] = NAN; }, "tensor '0.bias.exp_avg' holds NaN or infinite values"},
+      {opt_file, [](auto& t) { t["0.weight.momentum"] = t["0.weight.exp_avg"]; }, "unexpected tensor '0.weight.momentum'"},
+      {opt_file, [](auto& t) { t.erase("0.weight.step"); }, "tensor '0.weight.step' is missing"},
+      {model_file, [](auto& t) { t["0.weight"][0][0] = INFINITY; }, "tensor '0.weight' holds NaN or infinite values"},
+  };
+  for (const Case& c : cases) {
+    auto t = c.file == opt_file ? opt : model;
+    for (auto& [k, v] : t) v = v.clone();
+    c.damage(t);
+    safetensors::save(c.file, t);
+    EXPECT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "run.resume=" + folder, "run.steps=8"}, dir + "/b.log"), 1);
+    const std::string log = slurp(dir + "/b.log");
+    EXPECT_NE(log.find(c.file), std::string::npos) << log;
+    EXPECT_NE(log.find(c.expect), std::string::npos) << c.expect << "\n" << log;
+    safetensors::save(c.file, c.file == opt_file ? opt : model);
+  }
+  // Undamaged again: it resumes.
+  EXPECT_EQ(run_flowrun({g, "run.out_dir=" + dir + "/o", "run.resume=" + folder, "run.steps=8"}, dir + "/c.log"), 0)
+      << slurp(dir + "/c.log");
 }
 
 TEST(Checkpoint, SigkillWhileWritingResumesFromThePreviousCheckpoint) {

@@ -134,13 +134,16 @@ TEST(StartupSync, OneProcessLeavesEveryStateAsItWas) {
 }
 
 TEST(StartupSync, OptimizerMomentsPendingAfterAResumeAreKept) {
-  // After a resume, the optimizer holds the restored moments pending until its first update,
-  // and its tensors() lists only "updates": the sync must not drop them.
+  // After a resume, the optimizer holds the restored moments pending until its first update
+  // (a whole state: a partial one is refused): the sync must not drop them.
   register_opaque_state();
   auto ch = comm::Channel::create("startup");
   auto g = test::load_graph_text(kGraph);
   OptimizerState& st = g->state<OptimizerState>("opt", "state");
-  st.load({{"updates", torch::tensor(int64_t{7})}, {"0.weight.exp_avg", torch::ones({8, 4})}});
+  std::map<std::string, torch::Tensor> saved;
+  for (const auto& [name, shape] : st.expected)
+    saved[name] = shape.empty() ? torch::tensor(int64_t{7}) : torch::ones(shape);
+  st.load(saved);
   sync_start_state(*g->ex, *g->spec, *ch);
   EXPECT_EQ(st.updates, 7);
   ASSERT_EQ(st.pending.count("0.weight.exp_avg"), 1u);
