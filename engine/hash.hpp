@@ -7,8 +7,8 @@
 
 namespace flowrun {
 
-inline uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;  // the offset basis
+// `h`: a hash to go on from (fnv1a(a + b) == fnv1a(b, fnv1a(a))).
+inline uint64_t fnv1a(std::string_view s, uint64_t h = 0xcbf29ce484222325ull /* the offset basis */) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;  // the prime
   return h;
 }

@@ -1,6 +1,7 @@
 // DataCursor: the object behind a data node's `cursor` state port (port type `cursor`), held
 // in a Value as std::shared_ptr<DataCursor>. It says how far the reader got, so a checkpoint
-// can record it and a resumed run can check it reads on from the same place.
+// can record it and a resumed run can check it reads on from the same place, and what it reads
+// (the data's fingerprint), so that a resume over data changed since is noticed.
 #pragma once
 #include <torch/torch.h>
 
@@ -10,14 +11,24 @@
 
 namespace flowrun {
 
-struct DataCursor {
-  int64_t batches = 0;  // batches drawn so far = the last step read (steps are 1-based)
+// What a cursor indexes: the count of items (windows, samples) and of files, and a hash of the
+// index (each item's size and place), set by the data node at setup. Data rebuilt from another
+// corpus, grown, or with a shard added or replaced has another fingerprint.
+struct DataFingerprint {
+  int64_t items = -1;  // -1: none (a node that does not say; a checkpoint written before it was kept)
+  int64_t files = 0;
+  int64_t hash = 0;
+  bool operator==(const DataFingerprint& o) const { return items == o.items && files == o.files && hash == o.hash; }
+  std::string str() const;  // "1200 items in 3 file(s), index hash 0123abcd..."
+};
 
-  std::map<std::string, torch::Tensor> tensors() const { return {{"batches", torch::tensor(batches, torch::kInt64)}}; }
-  void load(const std::map<std::string, torch::Tensor>& t) {
-    auto it = t.find("batches");
-    if (it != t.end()) batches = it->second.item<int64_t>();
-  }
+struct DataCursor {
+  int64_t batches = 0;   // batches drawn so far = the last step read (steps are 1-based)
+  DataFingerprint data;  // what it reads (set at setup)
+  bool refuse_changed = true;  // load() over other data: refused, else a warning and it reads on
+
+  std::map<std::string, torch::Tensor> tensors() const;
+  void load(const std::map<std::string, torch::Tensor>& t);
 };
 
 }  // namespace flowrun

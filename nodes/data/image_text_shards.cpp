@@ -19,6 +19,7 @@
 #include "data/cursor.hpp"
 #include "data/image_tensor.hpp"
 #include "data/shuffle.hpp"
+#include "hash.hpp"
 #include "registry.hpp"
 
 namespace fs = std::filesystem;
@@ -418,6 +419,20 @@ std::vector<std::string> ImageTextDataset::captions(const std::string& split, in
 
 namespace {
 
+// What the cursor reads: the samples, over a hash of each one's shard (its name), key, member
+// sizes and image size (a shard added, removed or replaced changes it).
+DataFingerprint fingerprint(const ImageTextShards& d) {
+  uint64_t h = fnv1a(std::to_string(d.size()));
+  for (int64_t i = 0; i < d.size(); ++i) {
+    const ImageTextSample& s = d.sample(i);
+    const std::string shard = std::filesystem::path(d.shards().at(static_cast<size_t>(s.shard))).filename().string();
+    h = fnv1a(shard + "/" + s.key + " " + std::to_string(s.image.size) + " " + std::to_string(s.caption.size) + " " +
+                  std::to_string(s.w) + "x" + std::to_string(s.h) + "\n",
+              h);
+  }
+  return {d.size(), static_cast<int64_t>(d.shards().size()), static_cast<int64_t>(h)};
+}
+
 class ImageTextShardsNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
@@ -462,7 +477,10 @@ class ImageTextShardsNode : public Node {
         splits.emplace_back(name, std::make_shared<const ImageTextShards>(path, name, mode));
     }
     ctx.own_state("dataset", std::shared_ptr<Dataset>(std::make_shared<ImageTextDataset>(std::move(splits), size)));
-    ctx.own_state("cursor", std::make_shared<DataCursor>());
+    auto cursor = std::make_shared<DataCursor>();
+    cursor->data = fingerprint(*data_);
+    cursor->refuse_changed = p.get<std::string>("on_data_change") == "refuse";
+    ctx.own_state("cursor", cursor);
   }
 
   void run(StepContext& ctx) override {

@@ -3,6 +3,7 @@
 // Window and order rules: token_shards.hpp.
 #include "data/token_shards.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -13,6 +14,7 @@
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
 #include "data/shuffle.hpp"
+#include "hash.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -117,6 +119,24 @@ std::shared_ptr<const IndexedDataset> open_split(const std::string& path, const 
   return std::make_shared<const IndexedDataset>(prefix);  // validates; errors name the file
 }
 
+// What the cursor reads: the windows, over a hash of every document's size and of the first and
+// last tokens (a rebuilt corpus changes one or the other).
+DataFingerprint fingerprint(const TokenWindows& w) {
+  const IndexedDataset& d = w.data();
+  uint64_t h = fnv1a(std::to_string(d.num_sequences()) + " " + std::to_string(d.num_tokens()));
+  for (int64_t i = 0; i < d.num_sequences(); ++i) {
+    const int32_t n = d.sequence_size(i);
+    h = fnv1a(std::string_view(reinterpret_cast<const char*>(&n), sizeof n), h);
+  }
+  const int64_t ends = std::min<int64_t>(4096, d.num_tokens());
+  std::vector<int64_t> tokens(static_cast<size_t>(ends));
+  for (const int64_t at : {int64_t{0}, d.num_tokens() - ends}) {
+    d.read_tokens(at, ends, tokens.data());
+    h = fnv1a(std::string_view(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(int64_t)), h);
+  }
+  return {w.count(), 2, static_cast<int64_t>(h)};
+}
+
 class TokenShardsNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
@@ -140,7 +160,10 @@ class TokenShardsNode : public Node {
         splits.emplace_back(name, TokenWindows(open_split(path, name), seq_len));
     }
     ctx.own_state("dataset", std::shared_ptr<Dataset>(std::make_shared<TokenShardsDataset>(std::move(splits))));
-    ctx.own_state("cursor", std::make_shared<DataCursor>());
+    auto cursor = std::make_shared<DataCursor>();
+    cursor->data = fingerprint(own);
+    cursor->refuse_changed = p.get<std::string>("on_data_change") == "refuse";
+    ctx.own_state("cursor", cursor);
   }
 
   void run(StepContext& ctx) override {

@@ -509,6 +509,19 @@ TEST(ImageTextShardsNode, TwoRanksReadDisjointBatchesAndResumeIsExact) {
   auto bad = test::load_graph_at(graph_yaml(p, 9), 0, 1, /*first_step=*/6);
   bad->state<DataCursor>("data", "cursor").batches = 2;
   EXPECT_THROW(bad->run(), std::exception);
+  // Issue 47: shards changed since the checkpoint (here the last one gone) were read on from the
+  // old cursor; the cursor keeps what it read, and a resume over other data is refused.
+  const auto saved = full->state<DataCursor>("data", "cursor").tensors();
+  const auto paths = ImageTextShards::shard_paths(p, "train");
+  std::filesystem::rename(paths.back(), p + ".elsewhere");
+  auto changed = test::load_graph_at(graph_yaml(p, 12, ", flip: true"), 0, 1, /*first_step=*/10);
+  try {
+    changed->state<DataCursor>("data", "cursor").load(saved);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("then 25 items in " + std::to_string(paths.size()) + " file(s)"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(ImageTextShardsNode, BucketsGiveOneSizePerBatch) {

@@ -192,6 +192,53 @@ TEST(TokenShardsNode, ACursorFromAnotherStepIsAnError) {
   }
 }
 
+// Issue 47: shards rebuilt between a run and its resume (from more documents, or another corpus
+// of the same length) were read on from the old cursor. The cursor keeps what it read.
+TEST(TokenShardsNode, AResumeOverChangedDataIsRefusedOrReadOnWithAWarning) {
+  const std::string p = shards(1000, 0);
+  auto first = test::load_graph_at(graph_yaml(p, 5));
+  first->run();
+  const auto saved = first->state<DataCursor>("data", "cursor").tensors();
+  auto cursor_of = [&](const std::string& extra = "") {
+    auto g = test::load_graph_at(graph_yaml(p, 9, extra), 0, 1, /*first_step=*/6);
+    DataCursor c = g->state<DataCursor>("data", "cursor");
+    return c;
+  };
+  DataCursor same = cursor_of();
+  same.load(saved);  // the same data: loads
+  EXPECT_EQ(same.batches, 5);
+  auto refused = [&](const std::string& why) {
+    DataCursor c = cursor_of();
+    try {
+      c.load(saved);
+      ADD_FAILURE() << why << ": no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("the cursor was saved over other data than this reader's: then 124 items"),
+                std::string::npos) << why << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("on_data_change: continue"), std::string::npos) << e.what();
+    }
+  };
+  position_shard(p + ".train", 1200);  // grown
+  refused("grown");
+  {  // another corpus, as long: every token + 1
+    IndexedDatasetWriter w(p + ".train", TokenDtype::UInt16);
+    std::vector<int32_t> doc;
+    for (int64_t t = 0; t < 1000; ++t) {
+      doc.push_back(static_cast<int32_t>(t + 1));
+      if (doc.size() == static_cast<size_t>(7 + t % 13)) w.add_document(doc), doc.clear();
+    }
+    w.add_document(doc);
+    w.finish();
+  }
+  refused("another corpus of the same length");
+  DataCursor go_on = cursor_of(", on_data_change: continue");
+  go_on.load(saved);  // told so: reads on (a warning)
+  EXPECT_EQ(go_on.batches, 5);
+  DataCursor old_checkpoint = cursor_of();
+  old_checkpoint.load({{"batches", torch::tensor(int64_t{5})}});  // written before fingerprints: nothing to compare
+  EXPECT_EQ(old_checkpoint.batches, 5);
+}
+
 TEST(TokenShardsNode, MissingOrCorruptShardsAreErrorsNamingTheFile) {
   const std::string dir = test::temp_dir("tsnode");
   auto setup_error = [](const std::string& yaml) -> std::string {
