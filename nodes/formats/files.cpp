@@ -1,6 +1,8 @@
 #include "formats/files.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -66,6 +68,45 @@ std::string local_timestamp() {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
   return buf;
+}
+
+namespace {
+
+// BASE + SUFFIX for the first try, then BASE-2 + SUFFIX, ...
+std::string nth_name(const std::string& base, const std::string& suffix, int n) {
+  return base + (n == 1 ? "" : "-" + std::to_string(n)) + suffix;
+}
+
+constexpr int kMaxTries = 100000;
+
+}  // namespace
+
+std::string move_aside(const std::string& from, const std::string& base, const std::string& suffix) {
+  for (int n = 1; n <= kMaxTries; ++n) {
+    const std::string to = nth_name(base, suffix, n);
+    if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return to;
+    if (errno == EEXIST) continue;
+    if (errno == EINVAL || errno == ENOSYS) {  // a file system without RENAME_NOREPLACE: look first
+      std::error_code ec;
+      if (std::filesystem::exists(std::filesystem::symlink_status(to, ec))) continue;
+      std::filesystem::rename(from, to);
+      return to;
+    }
+    throw std::filesystem::filesystem_error("cannot move it aside", from, to, std::error_code(errno, std::generic_category()));
+  }
+  throw std::runtime_error("cannot move " + from + " aside: " + nth_name(base, suffix, 1) + " and " +
+                           std::to_string(kMaxTries - 1) + " numbered names after it are all taken");
+}
+
+std::string make_new_dir(const std::string& base) {
+  for (int n = 1; n <= kMaxTries; ++n) {
+    const std::string dir = nth_name(base, "", n);
+    if (::mkdir(dir.c_str(), 0777) == 0) return dir;
+    if (errno != EEXIST)
+      throw std::filesystem::filesystem_error("cannot make the folder", dir, std::error_code(errno, std::generic_category()));
+  }
+  throw std::runtime_error("cannot make a folder " + base + ": it and " + std::to_string(kMaxTries - 1) +
+                           " numbered names after it are all taken");
 }
 
 }  // namespace flowrun

@@ -27,4 +27,13 @@ std::string resolve_latest(const std::string& path);
 // The local time as "20261126-071502", for the names of files moved aside (metrics.previous-STAMP.jsonl).
 std::string local_timestamp();
 
+// Moves the file or folder FROM to BASE + SUFFIX, or to BASE-2 + SUFFIX, BASE-3 + SUFFIX, ...:
+// the first name not taken. Never replaces anything (a clock set back, two starts in one
+// second): the rename itself refuses an existing name (renameat2's RENAME_NOREPLACE). Returns
+// where it went; throws std::filesystem::filesystem_error when it cannot move it.
+std::string move_aside(const std::string& from, const std::string& base, const std::string& suffix = "");
+
+// Makes a new empty folder BASE, or BASE-2, BASE-3, ... where BASE is taken; returns it.
+std::string make_new_dir(const std::string& base);
+
 }  // namespace flowrun

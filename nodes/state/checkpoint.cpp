@@ -214,8 +214,7 @@ class Checkpoint : public Node {
     fsync_dir(tmp);
     move_earlier_aside();
     if (fs::exists(final_dir)) {  // never lose a complete folder (see the top)
-      const std::string aside = dir_ + "/replaced." + name + "." + local_timestamp();
-      fs::rename(final_dir, aside);
+      const std::string aside = move_aside(final_dir, dir_ + "/replaced." + name + "." + local_timestamp());
       spdlog::warn("checkpoint: {} was already there (written by another run); moved to {}", final_dir, aside);
     }
     fs::rename(tmp, final_dir);
@@ -230,8 +229,7 @@ class Checkpoint : public Node {
   // DIR.previous-STAMP (this run's first checkpoint is complete in its .tmp folder by now).
   void move_earlier_aside() {
     if (earlier_.empty()) return;
-    const std::string to = dir_ + ".previous-" + local_timestamp();
-    fs::create_directories(to);
+    const std::string to = make_new_dir(dir_ + ".previous-" + local_timestamp());
     for (const auto& n : earlier_)
       if (fs::exists(dir_ + "/" + n)) fs::rename(dir_ + "/" + n, to + "/" + n);
     fsync_dir(dir_);

@@ -290,14 +290,12 @@ std::string prepare_run_logs(const std::string& out_dir, int64_t first_step) {
   if (first_step <= 1) {
     const std::string stamp = local_timestamp();
     if (metrics_file) {
-      const fs::path to = dir / ("metrics.previous-" + stamp + ".jsonl");
-      fs::rename(metrics, to);
-      done += "the earlier run's metrics.jsonl moved to " + to.string();
+      const std::string to = move_aside(metrics.string(), (dir / ("metrics.previous-" + stamp)).string(), ".jsonl");
+      done += "the earlier run's metrics.jsonl moved to " + to;
     }
     if (fs::is_directory(fs::symlink_status(tb)) && !fs::is_empty(tb)) {
-      const fs::path to = dir / ("tb.previous-" + stamp);
-      fs::rename(tb, to);
-      done += std::string(done.empty() ? "" : "; ") + "its TensorBoard events (tb/) to " + to.string();
+      const std::string to = move_aside(tb.string(), (dir / ("tb.previous-" + stamp)).string());
+      done += std::string(done.empty() ? "" : "; ") + "its TensorBoard events (tb/) to " + to;
     }
     return done;
   }
