@@ -13,16 +13,6 @@ namespace flowrun {
 
 namespace fs = std::filesystem;
 
-namespace {
-nlohmann::json read_json(const std::string& path) {
-  try {
-    return nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    throw std::runtime_error(path + ": not valid JSON: " + e.what());
-  }
-}
-}  // namespace
-
 PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& kind) {
   if (!fs::is_directory(path)) throw std::runtime_error("pretrained: " + path + " is not a folder");
   PretrainedFolder f;
@@ -32,7 +22,7 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
     if (!fs::exists(index))
       throw std::runtime_error("pretrained: " + path + " has neither config.json (a component's folder, as " +
                                "save_pretrained writes it) nor model_index.json (a pipeline's)");
-    const nlohmann::json pipeline = read_json(index);
+    const nlohmann::json pipeline = read_json_file(index);
     if (!pipeline.contains(kind.component)) {
       std::string have;
       for (const auto& [key, value] : pipeline.items())
@@ -46,7 +36,7 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
                                kind.component + "')");
   }
   f.config_path = f.dir + "/config.json";
-  f.config = read_json(f.config_path);
+  f.config = read_json_file(f.config_path);
   if (!f.config.is_object()) throw std::runtime_error(f.config_path + ": not a JSON object");
   const std::string cls = config_value<std::string>(f, "_class_name", "");
   if (!kind.class_name.empty() && !cls.empty() && cls != kind.class_name)
@@ -58,15 +48,17 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
     f.weight_files = {single};
   } else if (fs::exists(index)) {
     f.weights_index = index;
-    const nlohmann::json j = read_json(index);
+    const nlohmann::json j = read_json_file(index);
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       throw std::runtime_error(index + ": no weight_map (a sharded checkpoint's index maps each tensor to its file)");
     std::set<std::string> seen;
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      const std::string shard = f.dir + "/" + file.get<std::string>();
+    for (const auto& [name, entry] : j["weight_map"].items()) {  // a tensor named twice: refused by read_json_file
+      std::string file;
+      json_as(entry, index + ": weight_map key '" + name + "'", file);
+      const std::string shard = f.dir + "/" + file;
       f.weight_map[name] = shard;
       if (seen.insert(shard).second) {
-        if (!fs::exists(shard)) throw std::runtime_error(index + " names " + file.get<std::string>() + ", which is not in " + f.dir);
+        if (!fs::exists(shard)) throw std::runtime_error(index + " names " + file + ", which is not in " + f.dir);
         f.weight_files.push_back(shard);
       }
     }

@@ -14,6 +14,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/safetensors.hpp"
+#include "formats/json_file.hpp"
 
 #include <map>
 #include <set>
@@ -70,10 +71,11 @@ YAML::Node written_params(const RunInfo& run, const std::string& node);
 
 // A config value of the folder as a number/bool/string, or `fallback` when the key is absent
 // or null (the library's default for keys an older save did not write).
+// Read by formats/json_file.hpp's json_value: a value of another type (32.7 for an integer,
+// "yes" for a bool, 1e30) is an error naming the file, the key, what was expected and the value.
 template <class T>
 T config_value(const PretrainedFolder& f, const std::string& key, T fallback) {
-  auto it = f.config.find(key);
-  return it == f.config.end() || it->is_null() ? fallback : it->get<T>();
+  return json_value<T>(f.config, f.config_path, key, fallback);
 }
 
 // The value of config.json's `key` that sets the node's parameter `param` (`fallback`: the

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "formats/files.hpp"
+#include "formats/json_file.hpp"
 #include "common/pretrained.hpp"
 
 namespace flowrun {
@@ -55,14 +56,9 @@ void TokenizeNode::setup(SetupContext& ctx) {
     file = tokenizer_file(p.get<std::string>("vocab"), folder(), &dir);
     const std::string config = dir + "/tokenizer_config.json";
     if (!dir.empty() && std::filesystem::exists(config)) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(read_file(config));
-      } catch (const nlohmann::json::exception& e) {
-        throw std::runtime_error(config + ": not valid JSON: " + e.what());
-      }
-      if (j.is_object() && j.contains("do_lower_case") && j["do_lower_case"].is_boolean()) {
-        const bool lower = j["do_lower_case"].get<bool>();
+      const nlohmann::json j = read_json_file(config);
+      if (j.is_object() && j.contains("do_lower_case") && !j["do_lower_case"].is_null()) {
+        const bool lower = json_value<bool>(j, config, "do_lower_case", false);  // "yes" is refused, not ignored
         const YAML::Node written = written_params(ctx.run(), ctx.name());
         if (written && written["lowercase"] && written["lowercase"].as<bool>() != lower)
           throw std::runtime_error(std::string("lowercase is ") + (lowercase ? "true" : "false") + " in the graph, " +

@@ -1,5 +1,7 @@
 #include "formats/checkpoint_io.hpp"
 
+#include "formats/json_file.hpp"
+
 #include "formats/files.hpp"
 
 #include <cerrno>
@@ -45,60 +47,16 @@ Manifest read_manifest(const std::string& folder) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
     throw std::runtime_error("checkpoint " + folder + " has no manifest.json (incomplete or not a checkpoint)");
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(path + ": cannot read it: " + std::strerror(errno));
-  // nlohmann keeps the last of two equal keys: a manifest with "step" twice would pass the
-  // field checks with whichever came last. The callback sees each key as it is read, by object,
-  // and keeps only the open containers (their keys so far): the path of a duplicate is spelled
-  // only when one is found, and nesting deeper than any manifest has is refused as it is read
-  // (a file of a million '[' once built a string per level: 11.8 GB before any answer).
-  constexpr size_t kMaxDepth = 64;
-  struct Open {
-    bool is_array;
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Open> open;
-  std::string duplicate;  // the first one: "'step'" or "'m.p' in 'states'"
-  const auto where = [&] {  // "states", "a.b", "list[]": the path of the innermost open object
-    std::string path;
-    for (size_t i = 0; i + 1 < open.size(); ++i)
-      path += open[i].is_array ? "[]" : (path.empty() ? "" : ".") + open[i].last_key;
-    return path;
-  };
-  const auto find_duplicates = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-    using E = nlohmann::json::parse_event_t;
-    if (event == E::object_start || event == E::array_start) {
-      if (open.size() == kMaxDepth)
-        throw std::runtime_error(path + ": nested deeper than " + std::to_string(kMaxDepth) +
-                                 " levels, which no manifest is; the checkpoint is damaged: resume from another one");
-      open.push_back({event == E::array_start, {}, ""});
-    } else if (event == E::object_end || event == E::array_end) {
-      if (!open.empty()) open.pop_back();
-    } else if (event == E::key && !open.empty() && parsed.is_string()) {
-      Open& o = open.back();
-      o.last_key = parsed.get<std::string>();
-      if (!o.keys.insert(o.last_key).second && duplicate.empty()) {
-        const std::string in_path = where();
-        duplicate = "'" + o.last_key + "'" + (in_path.empty() ? "" : " in '" + in_path + "'");
-      }
-    }
-    return true;
-  };
+  // JSON as read_json_file reads it: a key given twice is refused too (nlohmann keeps one of
+  // them: a manifest with "step" twice would pass the field checks with whichever came last).
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in, find_duplicates);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw std::runtime_error(path + ": not valid JSON (byte " + std::to_string(e.byte) +
-                             "); the checkpoint is damaged: resume from another one");
-  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range (found by fuzz_manifest)
-    throw std::runtime_error(path + ": not a valid manifest (" + e.what() +
-                             "); the checkpoint is damaged: resume from another one");
+    j = read_json_file(path);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string(e.what()) +
+                             "; flowrun writes a manifest whole, so this one was damaged or edited: resume from another "
+                             "checkpoint");
   }
-  if (!duplicate.empty())
-    throw std::runtime_error(path + ": key " + duplicate +
-                             " appears twice; flowrun writes each key once, so the manifest was damaged or edited: "
-                             "remove one of them, or resume from another checkpoint");
   auto bad = [&](const std::string& field, const std::string& expected) {
     return std::runtime_error(path + ": field '" + field + "': expected " + expected +
                               (j.is_object() && j.contains(field) ? ", got " + j[field].dump() : ", but it is missing"));

@@ -1,6 +1,8 @@
 // LoRA adapters in PEFT's layout: see lora.hpp. Test: tests/nodes/lora_test.cpp.
 #include "models/lora.hpp"
 
+#include "formats/json_file.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -223,30 +225,30 @@ void load_peft(ModelState& model, const std::string& given_dir, uint64_t seed) {
   const std::string dir = resolve_latest(given_dir);  // a folder through a checkpoint's `latest`
   if (!model.module) throw std::runtime_error("lora: model '" + model.kind + "' has no module");
   const std::string cfg_path = dir + "/adapter_config.json", st_path = dir + "/adapter_model.safetensors";
-  std::ifstream in(cfg_path);
-  if (!in) throw std::runtime_error("lora: cannot read " + cfg_path + " (a PEFT adapter folder has adapter_config.json)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw std::runtime_error("lora: " + cfg_path + ": " + e.what());
-  }
-  if (j.value("peft_type", std::string()) != "LORA")
-    throw std::runtime_error("lora: " + cfg_path + ": peft_type is not \"LORA\"");
-  if (j.contains("use_dora") && j["use_dora"].is_boolean() && j["use_dora"].get<bool>())
-    throw std::runtime_error("lora: " + cfg_path + ": DoRA adapters are not supported");
-  if (j.contains("rank_pattern") && j["rank_pattern"].is_object() && !j["rank_pattern"].empty())
-    throw std::runtime_error("lora: " + cfg_path + ": rank_pattern (per-layer ranks) is not supported");
+  if (!std::filesystem::exists(cfg_path))
+    throw std::runtime_error("lora: no " + cfg_path + " (a PEFT adapter folder has adapter_config.json)");
   Config c;
   try {
-    c.rank = j.at("r").get<int64_t>();
-    c.alpha = j.at("lora_alpha").get<double>();
-    c.dropout = j.value("lora_dropout", 0.0);
-    const auto& tm = j.at("target_modules");
-    if (tm.is_string()) throw std::runtime_error("target_modules as a regular expression is not supported");
-    c.targets = tm.get<std::vector<std::string>>();
-  } catch (const std::exception& e) {
-    throw std::runtime_error("lora: " + cfg_path + ": " + e.what());
+    const nlohmann::json j = read_json_file(cfg_path);
+    if (!j.is_object()) throw std::runtime_error(cfg_path + ": not a JSON object");
+    if (json_value<std::string>(j, cfg_path, "peft_type", "") != "LORA") throw std::runtime_error(cfg_path + ": peft_type is not \"LORA\"");
+    if (json_value<bool>(j, cfg_path, "use_dora", false)) throw std::runtime_error(cfg_path + ": DoRA adapters are not supported");
+    if (j.contains("rank_pattern") && j["rank_pattern"].is_object() && !j["rank_pattern"].empty())
+      throw std::runtime_error(cfg_path + ": rank_pattern (per-layer ranks) is not supported");
+    if (!j.contains("r") || !j.contains("lora_alpha") || !j.contains("target_modules"))
+      throw std::runtime_error(cfg_path + ": r, lora_alpha and target_modules are required (PEFT writes them)");
+    c.rank = json_value<int64_t>(j, cfg_path, "r", 0);
+    c.alpha = json_value<double>(j, cfg_path, "lora_alpha", 0.0);
+    c.dropout = json_value<double>(j, cfg_path, "lora_dropout", 0.0);
+    // The same bounds as the graph's lora parameters (schemas): rank >= 1, alpha >= 0, dropout in [0, 1).
+    if (c.rank < 1) throw std::runtime_error(cfg_path + ": key 'r': expected an integer >= 1, got " + std::to_string(c.rank));
+    if (c.alpha < 0) throw std::runtime_error(cfg_path + ": key 'lora_alpha': expected a number >= 0, got " + j["lora_alpha"].dump());
+    if (c.dropout < 0 || c.dropout >= 1)
+      throw std::runtime_error(cfg_path + ": key 'lora_dropout': expected a number in [0, 1), got " + j["lora_dropout"].dump());
+    if (j["target_modules"].is_string()) throw std::runtime_error(cfg_path + ": target_modules as a regular expression is not supported");
+    c.targets = json_value<std::vector<std::string>>(j, cfg_path, "target_modules", {});
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(std::string("lora: ") + e.what());
   }
   if (!has_lora(model)) apply_lora(*model.module, c, seed);
 

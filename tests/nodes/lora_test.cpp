@@ -131,6 +131,40 @@ TEST(Lora, PeftExportLoadsIntoAFreshBaseWithTheSameOutputs) {
   }
 }
 
+// Issue 47: adapter_config.json values the graph would refuse (lora_alpha: -8) were accepted,
+// wrong types ended in nlohmann's raw text. Read as config.json is: file, key, expected, value.
+TEST(Lora, AdapterConfigValuesAreCheckedAsTheGraphsAre) {
+  auto m = base_model();
+  lora::apply_lora(*m->module, kCfg, 5);
+  const std::string dir = test::temp_dir("lora") + "/adapter";
+  lora::export_peft(*m, dir, "runs/dit_base");
+  const nlohmann::json good = nlohmann::json::parse(std::ifstream(dir + "/adapter_config.json"));
+  struct Case {
+    std::string key;
+    nlohmann::json value;
+    std::string want;
+  } cases[] = {
+      {"lora_alpha", -8, "key 'lora_alpha': expected a number >= 0, got -8"},
+      {"r", 0, "key 'r': expected an integer >= 1, got 0"},
+      {"r", 4.5, "key 'r': expected an integer between -2147483648 and 2147483647, got 4.5"},
+      {"lora_alpha", "8", "key 'lora_alpha': expected a finite number, got \"8\""},
+      {"lora_dropout", 1.5, "key 'lora_dropout': expected a number in [0, 1), got 1.5"},
+      {"target_modules", nlohmann::json::array({"to_q", 3}), "key 'target_modules'[1]: expected a string, got 3"},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json cfg = good;
+    cfg[c.key] = c.value;
+    std::ofstream(dir + "/adapter_config.json") << cfg.dump();
+    auto fresh = base_model();
+    try {
+      lora::load_peft(*fresh, dir);
+      ADD_FAILURE() << c.key << " = " << c.value.dump() << ": no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(dir + "/adapter_config.json: " + c.want), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Lora, MergeFoldsAdaptersIntoTheBase) {
   auto m = base_model();
   lora::apply_lora(*m->module, kCfg, 5);

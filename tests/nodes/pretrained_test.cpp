@@ -12,6 +12,7 @@
 
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
+#include "formats/files.hpp"
 #include "formats/image_io.hpp"
 #include "prep/prep_images.hpp"
 #include "data_test_helpers.hpp"
@@ -164,6 +165,54 @@ TEST(Pretrained, WhatIsWrongIsAnErrorNamingTheFile) {
   save_folder(dir + "/both", tiny_config());
   const std::string e = error_of(dit_graph(dir + "/both", ", weights: x.safetensors"));
   EXPECT_NE(e.find("both pretrained and weights are set"), std::string::npos) << e;
+}
+
+// Issue 47: config.json values of the wrong type or range ended in nlohmann's raw type_error.302
+// without file or key, 32.7 was read as 32, 1e30 became INT64_MIN in a message; a config.json
+// that is a folder or /dev/zero said "unexpected end of input" (16 s for /dev/zero); a weights
+// index naming a tensor twice was accepted (the last one won). One reader for every key.
+TEST(Pretrained, ConfigValuesOfTheWrongTypeOrRangeAreErrorsNamingFileAndKey) {
+  const std::string dir = test::temp_dir("pretype");
+  struct Case {
+    std::string key;
+    nlohmann::json value;
+    std::string want;
+  } cases[] = {
+      {"num_layers", "2", "key 'num_layers': expected an integer between -2147483648 and 2147483647, got \"2\""},
+      {"num_layers", 32.7, "key 'num_layers': expected an integer between -2147483648 and 2147483647, got 32.7"},
+      {"num_layers", 1e30, "key 'num_layers': expected an integer between -2147483648 and 2147483647, got 1e+30"},
+      {"num_attention_heads", int64_t{1} << 62, "key 'num_attention_heads': expected an integer between"},
+      {"mlp_ratio", "four", "key 'mlp_ratio': expected a finite number, got \"four\""},
+      {"learn_sigma", "yes", "key 'learn_sigma': expected true or false, got \"yes\""},
+      {"patch_size", nlohmann::json::array({2}), "key 'patch_size': expected an integer"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    nlohmann::json cfg = tiny_config();
+    cfg[c.key] = c.value;
+    const std::string folder = dir + "/c" + std::to_string(i++);
+    save_folder(folder, cfg);
+    const std::string e = error_of(dit_graph(folder));
+    EXPECT_NE(e.find(folder + "/config.json: " + c.want), std::string::npos) << c.key << "\n" << e;
+  }
+  save_folder(dir + "/asdir", tiny_config());
+  fs::remove(dir + "/asdir/config.json");
+  fs::create_directories(dir + "/asdir/config.json");
+  std::string e = error_of(dit_graph(dir + "/asdir"));
+  EXPECT_NE(e.find(dir + "/asdir/config.json: is a folder, not a JSON file"), std::string::npos) << e;
+  save_folder(dir + "/zero", tiny_config());
+  fs::remove(dir + "/zero/config.json");
+  fs::create_symlink("/dev/zero", dir + "/zero/config.json");
+  e = error_of(dit_graph(dir + "/zero"));
+  EXPECT_NE(e.find(dir + "/zero/config.json: not a regular file"), std::string::npos) << e;
+  save_folder(dir + "/twice", tiny_config(), 2);
+  const std::string index = dir + "/twice/diffusion_pytorch_model.safetensors.index.json";
+  std::string text = read_file(index);
+  const size_t at = text.find("\"weight_map\": {") + std::string("\"weight_map\": {").size();
+  text.insert(at, "\"pos_embed.proj.weight\": \"diffusion_pytorch_model-00001-of-00002.safetensors\",");
+  write(index, text);
+  e = error_of(dit_graph(dir + "/twice"));
+  EXPECT_NE(e.find(index + ": key 'pos_embed.proj.weight' in 'weight_map' appears twice"), std::string::npos) << e;
 }
 
 // ---- the VAE: vae, vae_encode and the sampler's vae share the autoencoder_kl group ----
@@ -412,6 +461,11 @@ TEST(Pretrained, TokenizersFindTheirFileInATokenizerOrPipelineFolder) {
   const std::string e = error_of(graph(", lowercase: true"));
   EXPECT_NE(e.find("lowercase is true in the graph, " + p.dir + "/tokenizer/tokenizer_config.json has do_lower_case = false"),
             std::string::npos) << e;
+  // Issue 47: do_lower_case: "yes" was ignored; a value that is not a bool is refused.
+  write(p.dir + "/tokenizer/tokenizer_config.json", R"({"do_lower_case": "yes"})");
+  const std::string yes = error_of(graph(""));
+  EXPECT_NE(yes.find(p.dir + "/tokenizer/tokenizer_config.json: key 'do_lower_case': expected true or false, got \"yes\""),
+            std::string::npos) << yes;
 }
 
 // ---- graphs/hydit_v12_lora.yaml on a tiny pipeline: every component from one folder ----
