@@ -55,6 +55,13 @@ std::vector<std::string> SetupContext::refs(const std::string& port) const { ret
 
 bool SetupContext::connected(const std::string& port) const { return rt_->input(port) != nullptr; }
 
+const Value* SetupContext::producer_state(const std::string& value_port, const std::string& state_port) const {
+  const InputBinding* b = rt_->input(value_port);
+  if (!b || b->kind != PortKind::Value || b->producers.empty() || !rt_->core) return nullptr;
+  const Value* v = rt_->core->owned_state(b->producers.front(), state_port);
+  return v && !v->empty() ? v : nullptr;
+}
+
 std::vector<std::string> SetupContext::input_ports() const {
   std::vector<std::string> v;
   for (const auto& b : rt_->inputs) v.push_back(b.port);

@@ -419,6 +419,12 @@ struct Executor::Impl : ExecutorCore {
     return false;
   }
 
+  Value* owned_state(int node, const std::string& port) override {
+    const auto& owned = rts[static_cast<size_t>(node)]->owned_state;
+    auto it = owned.find(port);
+    return it == owned.end() ? nullptr : &states[static_cast<size_t>(it->second)];
+  }
+
   void deliver_item(int producer, int64_t step, const std::string& port, Value v, int index, int count) override {
     const auto& consumers = rts[producer]->stream_consumers.at(port);
     const int pstream = rts[producer]->stream;

@@ -121,6 +121,11 @@ class SetupContext : public ContextBase {
   // Names of the value outputs, sorted: the schema's named ones, and for a "*" output the
   // names other nodes read from it (out() under any other name is dropped).
   std::vector<std::string> value_outputs() const;
+  // The state `state_port` of the node that feeds value input `value_port` (its first ref),
+  // for a check at setup that needs what made the values (an encoder's embedding against the
+  // tokenizer's vocabulary). Read-only, and only here; nullptr when the input is not connected,
+  // or its producer owns no such state or has not created it.
+  const Value* producer_state(const std::string& value_port, const std::string& state_port) const;
 
  private:
   std::string what(const std::string& port) const;

@@ -78,6 +78,8 @@ class ExecutorCore {
  public:
   virtual ~ExecutorCore() = default;
   virtual void deliver_item(int producer, int64_t step, const std::string& port, Value v, int index, int count) = 0;
+  // Node `node`'s state output `port` (nullptr if it owns none of that name).
+  virtual Value* owned_state(int node, const std::string& port) = 0;
 };
 
 }  // namespace flowrun

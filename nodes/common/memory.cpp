@@ -50,7 +50,11 @@ uint64_t available_host_memory() {
   return avail;
 }
 
-void check_model_fits(const std::string& who, const std::string& config, double params, bool frozen) {
+void check_model_fits(const std::string& who, const std::string& config, double params, bool frozen, int64_t layers) {
+  if (layers > kMaxLayers)
+    throw std::runtime_error(fmt::format("{} ({}): {} layers, more than the {} flowrun builds (the deepest published "
+                                         "models have a few hundred); is the number right?",
+                                         who, config, layers, kMaxLayers));
   const uint64_t avail = available_host_memory();
   if (!avail) return;
   const double need = params * (frozen ? kWeightBytes : kWeightBytes + kGradBytes);

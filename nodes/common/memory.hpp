@@ -21,8 +21,13 @@ constexpr double kWeightBytes = 4, kGradBytes = 4, kAdamwStateBytes = 8;
 // alone exceed available_host_memory(); warns when training with AdamW (weights, gradients,
 // two moments: 16 bytes a parameter) would. `frozen`: weights only (4 bytes a parameter).
 // The whole step, activations included, is estimated and checked by forward_backward before
-// its first step (TrainingMemory), once the batch's shape is known.
-void check_model_fits(const std::string& who, const std::string& config, double params, bool frozen = false);
+// its first step (TrainingMemory), once the batch's shape is known. `layers`: its count of
+// repeated blocks, refused above kMaxLayers before any is built (each block is modules, with a
+// cost of their own that the parameter count does not see: a million narrow layers passed the
+// parameter check and ended in std::bad_alloc after half a minute).
+constexpr int64_t kMaxLayers = 10000;  // the deepest published models have a few hundred
+void check_model_fits(const std::string& who, const std::string& config, double params, bool frozen = false,
+                      int64_t layers = 0);
 
 // "12.3 MB" (powers of 1000).
 std::string bytes_text(double bytes);

@@ -51,14 +51,16 @@ class BertEncodeNode : public TextEncodeNode {
                        {"max_positions", &c.max_positions}, {"type_vocab", &c.type_vocab}});
       c.eps = p.get<double>("eps");
     }
-    // Embeddings + per layer: q, k, v, o (dim x dim) and the two feed-forward matrices.
+    // Embeddings (tokens, positions, token types) + per layer: q, k, v, o (dim x dim) and the
+    // two feed-forward matrices.
     check_model_fits(ctx.who(), "bert, " + std::to_string(c.layers) + " layers of " + std::to_string(c.dim),
-                     static_cast<double>(c.vocab) * c.dim + static_cast<double>(c.layers) * (4.0 * c.dim * c.dim + 2.0 * c.dim * c.ffn),
-                     /*frozen=*/true);
+                     (static_cast<double>(c.vocab) + c.max_positions + c.type_vocab) * c.dim +
+                         static_cast<double>(c.layers) * (4.0 * c.dim * c.dim + 2.0 * c.dim * c.ffn),
+                     /*frozen=*/true, c.layers);
     bert::Bert m(c);
     load_or_init(*m, src);
     return {make_text_encoder_state(m.ptr(), "bert"),
-            "bert layers=" + std::to_string(c.layers) + " dim=" + std::to_string(c.dim)};
+            "bert layers=" + std::to_string(c.layers) + " dim=" + std::to_string(c.dim), c.vocab};
   }
 };
 

@@ -62,15 +62,16 @@ class T5EncodeNode : public TextEncodeNode {
       c.gated = p.get<std::string>("feed_forward_proj") == "gated-gelu";
       c.eps = p.get<double>("eps");
     }
-    // Embeddings + per block: q, k, v, o (dim x heads*d_kv) and the feed-forward matrices.
+    // Embeddings + the relative position bias (buckets x heads) + per block: q, k, v, o (dim x
+    // heads*d_kv) and the feed-forward matrices.
     check_model_fits(ctx.who(), "t5, " + std::to_string(c.layers) + " layers of " + std::to_string(c.dim),
-                     static_cast<double>(c.vocab) * c.dim +
+                     static_cast<double>(c.vocab) * c.dim + static_cast<double>(c.buckets) * c.heads +
                          static_cast<double>(c.layers) * (4.0 * c.dim * c.heads * c.d_kv + (c.gated ? 3.0 : 2.0) * c.dim * c.ffn),
-                     /*frozen=*/true);
+                     /*frozen=*/true, c.layers);
     t5::T5Encoder m(c);
     load_or_init(*m, src);
     return {make_text_encoder_state(m.ptr(), "t5"),
-            "t5 encoder layers=" + std::to_string(c.layers) + " dim=" + std::to_string(c.dim)};
+            "t5 encoder layers=" + std::to_string(c.layers) + " dim=" + std::to_string(c.dim), c.vocab};
   }
 };
 

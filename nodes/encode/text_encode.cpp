@@ -91,6 +91,27 @@ TextConditioner text_conditioner(StepContext& ctx) {
   return c;
 }
 
+// Issue 47: a vocab.txt of 101 words for a BERT of 72 started, and step 1 failed in the
+// embedding naming neither file. The tokenizer that makes this node's tokens (the producer of
+// `tokens`, when it has a tokenizer state) must not make ids past the embedding's rows.
+void TextEncodeNode::check_tokenizer_fits(const SetupContext& ctx, int64_t vocab, const std::string& from) const {
+  const Value* v = ctx.producer_state("tokens", "tokenizer");
+  if (!v || vocab <= 0) return;
+  const auto& tok = v->as<std::shared_ptr<TextTokenizer>>(ctx.who() + " tokens' producer's tokenizer");
+  if (tok->vocab_size() <= vocab) return;
+  const std::string ref = ctx.refs("tokens").front(), node = ref.substr(0, ref.find('.'));
+  std::string file;
+  if (const GraphSpec* g = ctx.run().graph; g && g->index_of(node) >= 0) {
+    const YAML::Node given = g->nodes[static_cast<size_t>(g->index_of(node))].params["vocab"];
+    if (given && given.IsScalar()) file = " (" + given.Scalar() + ")";
+  }
+  throw std::runtime_error(ctx.who() + ": its tokens come from '" + node + "', whose " + tok->name() + " tokenizer" + file +
+                           " has " + std::to_string(tok->vocab_size()) + " ids, more than the " + std::to_string(vocab) +
+                           " rows of this encoder's token embedding" + (from.empty() ? "" : " (" + from + ")") +
+                           ": ids past " + std::to_string(vocab - 1) +
+                           " would index outside it; give the tokenizer that belongs to the encoder (the same folder)");
+}
+
 void TextEncodeNode::setup(SetupContext& ctx) {
   const Params& p = ctx.params();
   const std::string dtype = p.get<std::string>("dtype");
@@ -115,6 +136,8 @@ void TextEncodeNode::setup(SetupContext& ctx) {
   }
   state_ = b.state;
   state_->prefix = prefix;
+  state_->vocab = b.vocab;
+  check_tokenizer_fits(ctx, b.vocab, folder ? folder->config_path : src.weights);
   state_->module->to(run_device(ctx.run()), dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);
   if (ctx.run().rank == 0) {
     int64_t n = 0;

@@ -23,6 +23,7 @@ namespace flowrun {
 // "attention_mask" (optional: all ones) and returns the last hidden state [B, L, dim] as float32.
 struct TextEncoderState : ModelState {
   std::string prefix = "text";  // output keys PREFIX_emb, PREFIX_mask
+  int64_t vocab = 0;             // the ids its embedding has rows for (0: not known)
   using ModelState::ModelState;
   std::shared_ptr<ModelState> clone() const override;
 };
@@ -83,6 +84,7 @@ class TextEncodeNode : public Node {
   struct Built {
     std::shared_ptr<TextEncoderState> state;  // make_text_encoder_state(module, ...)
     std::string what;                          // "bert layers=2 dim=64", for the log
+    int64_t vocab = 0;                         // rows of its token embedding
   };
   // Where the weights come from: a pretrained folder (its config.json sets the architecture,
   // written: the node's `with:` as the graph wrote it, which must agree), a safetensors file,
@@ -112,6 +114,8 @@ class TextEncodeNode : public Node {
   }
 
  private:
+  // Refuses a tokenizer feeding `tokens` with more ids than `vocab` (`from`: the encoder's file).
+  void check_tokenizer_fits(const SetupContext& ctx, int64_t vocab, const std::string& from) const;
   std::shared_ptr<TextEncoderState> state_;
 };
 

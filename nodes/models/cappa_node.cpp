@@ -43,7 +43,7 @@ class CappaNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
-    check_model_fits(ctx.who(), describe(c), c.parameter_count());
+    check_model_fits(ctx.who(), describe(c), c.parameter_count(), /*frozen=*/false, c.depth + c.dec_depth);
     Cappa model(c);
     const uint64_t seed = node_seed(ctx);
     std::string from = init_lora_load(

@@ -215,6 +215,26 @@ torch::Tensor timestep_features(const torch::Tensor& t, int64_t dim) {
 
 // ---- the model
 
+double Config::parameter_count() const {
+  const double h = static_cast<double>(hidden), td = static_cast<double>(text_dim), t5 = static_cast<double>(t5_dim);
+  const double inner = static_cast<double>(ff_inner()), p2 = static_cast<double>(patch * patch);
+  double n = static_cast<double>(text_len + (t5_dim > 0 ? text_len_t5 : 0)) * td;  // text_embedding_padding
+  n += static_cast<double>(in_channels) * p2 * h + h;                               // pos_embed
+  n += 256 * h + h * h + 2 * h;                                                     // the timestep's two layers
+  if (t5_dim > 0) {
+    n += t5 * 4 * t5 + 4 * t5 * td;                                                 // text_embedder (T5 -> text width)
+    n += static_cast<double>(text_len_t5 + 1) * t5 + 3 * t5 * t5 +                  // the T5 pooler
+         t5 * static_cast<double>(pooled_projection_dim);
+  }
+  n += static_cast<double>(extra_in()) * 4 * h + 4 * h * h;                          // size/style/pooled embedder
+  // Per block: its modulation (h x h), self-attention (4 h^2), cross-attention (q, out: 2 h^2;
+  // k, v from the text: 2 td h), the MLP (2 h inner); the later half's skip (2h x h).
+  n += static_cast<double>(depth) * (h * h + 4 * h * h + 2 * h * h + 2 * td * h + 2 * h * inner);
+  n += static_cast<double>(depth / 2) * 2 * h * h;
+  n += 2 * h * h + h * p2 * static_cast<double>(out_channels());                    // norm_out, proj_out
+  return n;
+}
+
 DitImpl::DitImpl(Config cfg) : cfg_(cfg), rope_cache_(std::make_shared<RopeCache>()) {
   cfg_.check();
   reset();

@@ -99,6 +99,9 @@ struct Config {
     return (t5_dim > 0 ? pooled_projection_dim : 0) + (use_style_cond_and_image_meta_size ? 6 * 256 + hidden : 0);
   }
   int64_t head_dim() const { return hidden / heads; }
+  // Every parameter the model makes, counted from the sizes before anything is allocated (a
+  // config.json with patch_size or text_len absurd is refused by check_model_fits, not torch).
+  double parameter_count() const;
   int64_t ff_inner() const { return static_cast<int64_t>(static_cast<double>(hidden) * mlp_ratio); }
   void check() const;
 };

@@ -102,11 +102,8 @@ class DitNode : public Node {
     }
     const uint64_t seed = node_seed(ctx);
 
-    {  // at least: per block self- and cross-attention (6 h^2), the MLP (2 r h^2), the text keys/values
-      const double h = static_cast<double>(cfg.hidden);
-      check_model_fits(ctx.who(), "depth " + std::to_string(cfg.depth) + ", hidden " + std::to_string(cfg.hidden),
-                       cfg.depth * ((6 + 2 * cfg.mlp_ratio) * h * h + 2 * h * static_cast<double>(cfg.text_dim)));
-    }
+    check_model_fits(ctx.who(), "depth " + std::to_string(cfg.depth) + ", hidden " + std::to_string(cfg.hidden),
+                     cfg.parameter_count(), /*frozen=*/false, cfg.depth);
     Dit model(cfg);
     init_weights(*model, seed);
     std::string from = "DiT init, seed " + std::to_string(seed);

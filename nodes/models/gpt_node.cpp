@@ -27,7 +27,8 @@ class GptNode : public Node {
     {  // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
       const double d = static_cast<double>(cfg.dim);
       check_model_fits(ctx.who(), describe(cfg),
-                       static_cast<double>(cfg.vocab + cfg.context) * d + cfg.layers * (12 * d * d + 13 * d) + 2 * d);
+                       static_cast<double>(cfg.vocab + cfg.context) * d + cfg.layers * (12 * d * d + 13 * d) + 2 * d,
+                       /*frozen=*/false, cfg.layers);
     }
     Gpt model(cfg);
     std::string from = init_lora_load(

@@ -7,11 +7,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
 #include "formats/files.hpp"
+#include "common/memory.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
@@ -96,14 +98,22 @@ bool matches(const std::string& name, const std::string& target) {
 
 std::vector<std::string> apply_lora(torch::nn::Module& root, const Config& cfg, uint64_t seed) {
   cfg.check();
-  // Find every layer first, so that a bad target changes nothing.
+  // Find every layer first, so that a bad target changes nothing. A layer goes to the first
+  // target that matches it; a later target that matches only layers taken before it is named
+  // with the one that took them (c_proj, then attn.c_proj).
   std::vector<std::pair<std::string, LinearImpl*>> chosen;
   std::vector<std::string> chosen_target;
   std::set<std::string> used;
+  std::map<std::string, std::string> shadowed;  // target -> the earlier target that took its first match
   for (const auto& item : root.named_modules("", /*include_self=*/false)) {
     const std::string& name = item.key();
+    const std::string* taken_by = nullptr;
     for (const auto& t : cfg.targets) {
       if (!matches(name, t)) continue;
+      if (taken_by) {
+        shadowed.emplace(t, "'" + *taken_by + "' already takes " + name);
+        continue;
+      }
       auto* lin = item.value()->as<LinearImpl>();
       if (!lin)
         throw std::runtime_error("lora: target '" + t + "' matches module '" + name + "', which is a " +
@@ -112,9 +122,13 @@ std::vector<std::string> apply_lora(torch::nn::Module& root, const Config& cfg, 
       chosen.emplace_back(name, lin);
       chosen_target.push_back(t);
       used.insert(t);
-      break;
+      taken_by = &t;
     }
   }
+  for (const auto& t : cfg.targets)
+    if (!used.count(t) && shadowed.count(t))
+      throw std::runtime_error("lora: target '" + t + "' matches only layers an earlier target takes (" + shadowed.at(t) +
+                               "); drop one of the two");
   std::vector<std::string> unused;
   for (const auto& t : cfg.targets)
     if (!used.count(t)) unused.push_back(t);
@@ -127,6 +141,12 @@ std::vector<std::string> apply_lora(torch::nn::Module& root, const Config& cfg, 
     throw std::runtime_error("lora: target(s) " + u + " match no module of the model (its Linear layers: " + some +
                              (n > 6 ? ", ..." : "") + ")");
   }
+  // The adapters' size before any is made: a rank of a million ended in torch's allocator text.
+  double adapter_params = 0;
+  for (const auto& [name, lin] : chosen)
+    adapter_params += static_cast<double>(cfg.rank) * static_cast<double>(lin->in_features() + lin->out_features());
+  check_model_fits("lora", "rank " + std::to_string(cfg.rank) + " on " + std::to_string(chosen.size()) + " layers",
+                   adapter_params);
 
   torch::NoGradGuard no_grad;
   for (auto& p : root.parameters(true)) p.set_requires_grad(false);

@@ -432,7 +432,8 @@ double parameter_count(const Config& c, Part part) {
 }
 
 AutoencoderKL make_autoencoder(const Config& c, Part part, const std::string& weights, uint64_t seed, bool trainable) {
-  check_model_fits(std::string("AutoencoderKL ") + to_string(part), describe(c), parameter_count(c, part), !trainable);
+  check_model_fits(std::string("AutoencoderKL ") + to_string(part), describe(c), parameter_count(c, part), !trainable,
+                   c.layers_per_block * static_cast<int64_t>(c.block_out_channels.size()));
   AutoencoderKL m(c, part);
   if (!weights.empty())
     load_safetensors(*m, weights);

@@ -245,6 +245,26 @@ TEST(Lora, BadTargetsAreClearErrors) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("not a Linear"), std::string::npos) << e.what();
   }
+  // Issue 47: a target whose layers an earlier one takes was blamed as matching nothing.
+  c.targets = {"to_q", "attn1.to_q"};
+  try {
+    lora::apply_lora(*m->module, c, 1);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 'attn1.to_q' matches only layers an earlier target takes ('to_q' already "
+                                         "takes blocks.0.attn1.to_q)"),
+              std::string::npos) << e.what();
+  }
+  // ... and a rank that cannot fit ended in torch's allocator text: refused before anything is made.
+  c.targets = {"to_q"};
+  c.rank = 1000000000;
+  try {
+    lora::apply_lora(*m->module, c, 1);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("lora (rank 1000000000 on 8 layers) has about"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(lora::has_lora(*m));
   EXPECT_TRUE(lora::matches("blocks.0.attn1.to_out.0", "to_out.0"));
   EXPECT_TRUE(lora::matches("blocks.0.attn1.to_q", "attn1.to_q"));
   EXPECT_FALSE(lora::matches("blocks.0.attn1.xto_q", "to_q"));

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
 
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
@@ -195,6 +196,28 @@ TEST(Pretrained, ConfigValuesOfTheWrongTypeOrRangeAreErrorsNamingFileAndKey) {
     const std::string e = error_of(dit_graph(folder));
     EXPECT_NE(e.find(folder + "/config.json: " + c.want), std::string::npos) << c.key << "\n" << e;
   }
+  // Sizes that passed the checks and ended in torch's allocator text or std::bad_alloc: every
+  // parameter a config makes is counted, and absurd layer counts refused, before allocating.
+  write(dir + "/vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\na\n");
+  for (const auto& [key, value, want] : std::vector<std::tuple<std::string, int64_t, std::string>>{
+           {"text_len", 2000000000, "parameters: "},
+           {"patch_size", 100000, "parameters: "},
+           {"cross_attention_dim_t5", 1000000000, "parameters: "},
+           {"pooled_projection_dim", 2000000000, "parameters: "},
+           {"num_layers", 1000000, "1000000 layers, more than the 10000 flowrun builds"}}) {
+    nlohmann::json cfg = tiny_config();
+    cfg[key] = value;
+    const std::string folder = dir + "/size_" + key;
+    save_folder(folder, cfg);
+    const std::string e = error_of(dit_graph(folder));
+    EXPECT_NE(e.find("node 'model' (dit)"), std::string::npos) << key << "\n" << e;
+    EXPECT_NE(e.find(want), std::string::npos) << key << "\n" << e;
+  }
+  const std::string deep = error_of(
+      "flowrun: 1\nnodes:\n  caps: { type: t_captions, with: { captions: [a] } }\n"
+      "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + dir + "/vocab.txt', max_length: 6 } }\n"
+      "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { layers: 1000000, dim: 16, heads: 2, ffn: 16 } }\n");
+  EXPECT_NE(deep.find("node 'bert' (bert_encode) (bert, 1000000 layers of 16): 1000000 layers, more than"), std::string::npos) << deep;
   save_folder(dir + "/asdir", tiny_config());
   fs::remove(dir + "/asdir/config.json");
   fs::create_directories(dir + "/asdir/config.json");
@@ -589,6 +612,26 @@ TEST(Pretrained, TokenizersAndEncodersPairOneToOne) {
                            "            encoder: [bert.params, t5.params] }, with: { prompts: [a] } }\n";
   const std::string e = error_of(yaml);
   EXPECT_NE(e.find("1 tokenizer(s) [tok.tokenizer] and 2 encoder(s) [bert.params, t5.params]: give one tokenizer per encoder"),
+            std::string::npos) << e;
+}
+
+// Issue 47: a tokenizer with more ids than its encoder's embedding (a vocab.txt of 101 words for
+// a BERT of 72) started, and step 1 failed in the embedding, naming neither file.
+TEST(Pretrained, ATokenizerLargerThanItsEncoderIsRefusedAtSetup) {
+  const TinyPipeline p = save_text_pipeline(test::temp_dir("bigtok") + "/pipe");  // BERT vocab_size 20
+  std::string words = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n";
+  for (int i = 0; i < 30; ++i) words += "w" + std::to_string(i) + "\n";
+  write(p.dir + "/big/vocab.txt", words);
+  auto yaml = [&](const std::string& vocab) {
+    return "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  caps: { type: t_captions, with: { captions: [a Cat sat] } }\n"
+           "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + vocab + "', max_length: 6 } }\n"
+           "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + p.dir + "' } }\n";
+  };
+  EXPECT_NO_THROW(test::load_graph_text(yaml(p.dir)));
+  const std::string e = error_of(yaml(p.dir + "/big/vocab.txt"));
+  EXPECT_NE(e.find("node 'bert' (bert_encode): its tokens come from 'tok', whose wordpiece tokenizer (" + p.dir +
+                   "/big/vocab.txt) has 34 ids, more than the 20 rows of this encoder's token embedding (" + p.dir +
+                   "/text_encoder/config.json)"),
             std::string::npos) << e;
 }
 
