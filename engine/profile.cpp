@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -37,6 +38,13 @@ double Profile::mean_wait_us(const std::string& from, const std::string& to) con
 // ---- reading a trace file ---------------------------------------------------------------------
 
 std::vector<TraceSpan> read_trace_file(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st))
+    throw std::runtime_error(path + " is a folder; --trace takes the file a run wrote with run.trace=FILE");
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    throw std::runtime_error(path + " is not a regular file (a device or a pipe?); --trace takes the file a run wrote with "
+                             "run.trace=FILE");
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read the trace " + path + " (write one with run.trace=FILE)");
   nlohmann::json j;

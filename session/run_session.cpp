@@ -116,9 +116,10 @@ class OutDirLock {
 };
 
 // Stopping by signal. SIGINT (Ctrl-C), SIGTERM (what Slurm, Kubernetes and systemd send before
-// killing) and SIGUSR1 (Slurm's `--signal=USR1@SECONDS`) stop admitting steps; the steps in
+// killing), SIGUSR1 (Slurm's `--signal=USR1@SECONDS`) and SIGHUP (the terminal or ssh session
+// closed; it ended the run without its stop checkpoint) stop admitting steps; the steps in
 // flight finish, the `at: stop` nodes run (a final checkpoint), finish() joins the writers and
-// the process exits 128 + the signal: 130, 143, 138. A second signal, or run.stop_grace_s
+// the process exits 128 + the signal: 130, 143, 138, 129. A second signal, or run.stop_grace_s
 // seconds after the first, exits at once with that code; `latest` then still names the newest
 // complete checkpoint (folders are renamed into place only when complete).
 std::atomic<int> g_stop{0};     // the first stop signal; 0: none
@@ -138,6 +139,7 @@ extern "C" void on_stop_signal(int sig) {
   g_stop.store(sig);
   say(sig == SIGINT    ? "\nflowrun: Ctrl-C: stopping after the steps in flight (again to exit now)\n"
       : sig == SIGTERM ? "\nflowrun: SIGTERM: stopping after the steps in flight, then the nodes that run at stop\n"
+      : sig == SIGHUP  ? "\nflowrun: SIGHUP (the terminal went away): stopping after the steps in flight, then the nodes that run at stop\n"
                        : "\nflowrun: SIGUSR1: stopping after the steps in flight, then the nodes that run at stop\n");
   if (g_grace_s > 0) alarm(g_grace_s);
 }
@@ -151,7 +153,7 @@ void handle_stop_signals(bool on) {
   struct sigaction sa {};
   sigemptyset(&sa.sa_mask);
   sa.sa_handler = on ? on_stop_signal : SIG_DFL;
-  for (int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGHUP}) sigaction(sig, &sa, nullptr);
   sa.sa_handler = on ? on_grace_over : SIG_DFL;
   sigaction(SIGALRM, &sa, nullptr);
 }

@@ -27,7 +27,7 @@ static const char* kUsage =
     "                     NODE.tensorboard=true (metrics to TensorBoard); flowrun run --help\n"
     "environment: FLOWRUN_PLUGIN_PATH (':'-separated plugin files or folders), FLOWRUN_LOG (a level: debug, info, warn, ...; json: one JSON object per log line)\n"
     "exit codes: 0 ok, 1 a node failed, 2 invalid graph file, usage or out_dir in use,\n"
-    "            128 + signal when stopped by one: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1\n";
+    "            128 + signal when stopped by one: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1, 129 SIGHUP\n";
 
 // A training step frees its activations and allocates them again the next step. glibc hands
 // large blocks back to the kernel (blocks over the mmap threshold, and the top of the heap once

@@ -69,6 +69,14 @@ void check_model_fits(const std::string& who, const std::string& config, double 
                  "available", what, bytes_text(adamw), bytes_text(static_cast<double>(avail)));
 }
 
+void check_batch_fits(const std::string& who, const std::string& what, double bytes) {
+  const uint64_t avail = available_host_memory();
+  if (avail && bytes > static_cast<double>(avail))
+    throw std::runtime_error(fmt::format("{}: a batch ({}) is {}, but this machine has {} available; make the batch or "
+                                         "the size smaller",
+                                         who, what, bytes_text(bytes), bytes_text(static_cast<double>(avail))));
+}
+
 double TrainingMemory::total() const {
   double t = weights + gradients + std::max(activations, 0.0);
   for (const auto& k : kept) t += k.bytes;

@@ -29,6 +29,11 @@ constexpr int64_t kMaxLayers = 10000;  // the deepest published models have a fe
 void check_model_fits(const std::string& who, const std::string& config, double params, bool frozen = false,
                       int64_t layers = 0);
 
+// A batch a data node is about to make each step, `bytes` large (`what` says of what): refused
+// (std::runtime_error naming `who`) when it alone exceeds available_host_memory(), before the
+// first step tries (data.size or batch absurd ended in torch's allocator text).
+void check_batch_fits(const std::string& who, const std::string& what, double bytes);
+
 // "12.3 MB" (powers of 1000).
 std::string bytes_text(double bytes);
 

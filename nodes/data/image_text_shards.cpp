@@ -15,6 +15,7 @@
 
 #include "common/batch_keys.hpp"
 #include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
 #include "data/image_tensor.hpp"
@@ -69,6 +70,10 @@ ImageBucket BucketSpec::parse_size(const std::string& s) {
 std::vector<ImageBucket> image_buckets(const BucketSpec& spec) {
   const int size = spec.size;
   if (size < 1) throw std::invalid_argument("image size must be >= 1");
+  // A setting for another kind is refused, not ignored (issue 47: bucket_sizes with buckets: step).
+  if (!spec.sizes.empty() && spec.kind != BucketSpec::Kind::list)
+    throw std::invalid_argument("bucket_sizes is given, but buckets is not list: set buckets: list to use those sizes, "
+                                "or drop bucket_sizes");
   std::vector<ImageBucket> out;
   auto add = [&](ImageBucket b) {  // duplicates dropped: an image could never reach the second
     if (std::none_of(out.begin(), out.end(), [&](const ImageBucket& o) { return o.w == b.w && o.h == b.h; })) out.push_back(b);
@@ -453,6 +458,13 @@ class ImageTextShardsNode : public Node {
     const bool multi = spec.kind != BucketSpec::Kind::none;
     flip_ = p.get<bool>("flip");
     const int64_t batch = p.get<int64_t>("batch");
+    {  // the largest batch it makes (its largest bucket), before opening any shard
+      double pixels = 0;
+      for (const ImageBucket& b : buckets_) pixels = std::max(pixels, static_cast<double>(b.w) * b.h);
+      check_batch_fits(ctx.who(), std::to_string(batch) + " images of up to " + std::to_string(static_cast<int64_t>(pixels)) +
+                                      " pixels, 3 channels, float32",
+                       static_cast<double>(batch) * 3 * pixels * 4);
+    }
     const uint64_t seed = node_seed(ctx);
     const OnBad mode = p.get<std::string>("on_bad") == "error" ? OnBad::Error : OnBad::Skip;  // the schema's enum
     rank_ = ctx.run().rank, world_ = ctx.run().world;

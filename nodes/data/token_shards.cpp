@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "common/device.hpp"
+#include "common/memory.hpp"
 #include "common/seed.hpp"
 #include "data/cursor.hpp"
 #include "data/shuffle.hpp"
@@ -144,6 +145,8 @@ class TokenShardsNode : public Node {
     const std::string path = p.get<std::string>("path"), split = p.get<std::string>("split");
     const int64_t seq_len = p.get<int64_t>("seq_len"), batch = p.get<int64_t>("batch");
     delay_ms_ = p.get<int64_t>("delay_ms");
+    check_batch_fits(ctx.who(), std::to_string(batch) + " windows of " + std::to_string(seq_len + 1) + " int64 tokens",
+                     static_cast<double>(batch) * static_cast<double>(seq_len + 1) * 8);
     const uint64_t seed = node_seed(ctx);
     rank_ = ctx.run().rank, world_ = ctx.run().world;
 

@@ -134,6 +134,7 @@ class DitNode : public Node {
       load_safetensors(*model, path);
       from += (p.has("lora") ? "; base weights from " : "; weights from ") + path;
     }
+    warn_adapters_on_random_base(ctx, !adapted.empty(), pretrained || p.has("weights"), "DiT init, seed " + std::to_string(seed));
     from += load_adapters_param(ctx, *state, seed);
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) over the image's
     // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]).

@@ -28,6 +28,14 @@ std::string apply_lora_param(SetupContext& ctx, torch::nn::Module& module, uint6
   }
 }
 
+// Issue 47: adapters over a frozen base that is only its random init train nothing a user wants.
+void warn_adapters_on_random_base(SetupContext& ctx, bool adapters, bool base_loaded, const std::string& init) {
+  if (!adapters || base_loaded || ctx.run().rank != 0) return;
+  spdlog::warn("{}: lora adapters on a base that was not loaded (weights and pretrained are null): the frozen base is "
+               "its random init ({}), so the adapters learn around noise; give the base's weights, or drop lora",
+               ctx.who(), init);
+}
+
 std::string init_lora_load(SetupContext& ctx, torch::nn::Module& module, uint64_t seed,
                            const std::function<std::string()>& init, const std::function<void(const std::string&)>& load) {
   const Params& p = ctx.params();
@@ -39,6 +47,7 @@ std::string init_lora_load(SetupContext& ctx, torch::nn::Module& module, uint64_
     load(path);
     from = (adapters.empty() ? "weights from " : "base weights from ") + path;
   }
+  warn_adapters_on_random_base(ctx, !adapters.empty(), p.has("weights"), from);
   return from + adapters;
 }
 

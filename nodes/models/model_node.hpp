@@ -23,6 +23,10 @@
 
 namespace flowrun {
 
+// A warning (rank 0) when a model carries adapters (`adapters`) over a base nothing was loaded
+// into (`base_loaded` false): `init` says how the base was initialised.
+void warn_adapters_on_random_base(SetupContext& ctx, bool adapters, bool base_loaded, const std::string& init);
+
 // The module's values in the order a LoRA fine-tune needs: `init` (when the node has no
 // `weights`; it returns what it did, "GPT-2 init, seed 7"), the adapters of `lora`
 // (apply_lora_param), then `weights` (through a checkpoint's `latest`) loaded by `load`, the

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -106,6 +107,9 @@ void for_each_document(std::string_view text, const std::optional<std::string>& 
 
 }  // namespace
 
+// The largest document tokenized at once (its text and its ids are in memory together).
+constexpr uint64_t kMaxDocumentBytes = uint64_t{1} << 30;
+
 PrepTextSummary prep_text(const PrepTextOptions& opt) {
   const auto t0 = std::chrono::steady_clock::now();
   if (opt.out.empty()) throw std::invalid_argument("--out PREFIX is required");
@@ -121,9 +125,37 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   }
   const std::vector<std::string> files = expand_inputs(opt.inputs);
 
+  // The inputs are memory-mapped, never read whole (issue 47: a 5 GB file ended in a bare
+  // std::bad_alloc). A document is tokenized in memory, so one without --split-on is bounded.
+  auto text_of = [](const MappedFile& m) { return std::string_view(reinterpret_cast<const char*>(m.data()), m.size()); };
+  auto map_input = [](const std::string& f) {  // an input that cannot be read is a bad input (exit 2)
+    try {
+      return std::make_unique<MappedFile>(f);
+    } catch (const std::runtime_error& e) {
+      throw std::invalid_argument(e.what());
+    }
+  };
+  for (const std::string& f : files) {
+    std::error_code ec;
+    const uint64_t size = fs::file_size(f, ec);
+    if (!ec && !opt.split_on && size > kMaxDocumentBytes)
+      throw std::invalid_argument(f + ": " + std::to_string(size >> 20) + " MiB as one document (no --split-on), more than the " +
+                                  std::to_string(kMaxDocumentBytes >> 20) +
+                                  " MiB one document may be; give --split-on SEPARATOR (the line between documents) or split the file");
+  }
+
   // Pass 1: count documents, then choose the val ones.
   int64_t n_docs = 0;
-  for (const std::string& f : files) for_each_document(read_file(f), opt.split_on, [&](std::string_view) { ++n_docs; });
+  for (const std::string& f : files) {
+    const std::unique_ptr<MappedFile> mapped = map_input(f);
+    for_each_document(text_of(*mapped), opt.split_on, [&](std::string_view d) {
+      if (d.size() > kMaxDocumentBytes)
+        throw std::invalid_argument(f + ": a document of " + std::to_string(d.size() >> 20) + " MiB (document " +
+                                    std::to_string(n_docs + 1) + "), more than the " + std::to_string(kMaxDocumentBytes >> 20) +
+                                    " MiB one document may be; is --split-on the separator the file uses?");
+      ++n_docs;
+    });
+  }
   if (n_docs == 0) throw std::invalid_argument("the inputs hold no documents (all empty or blank)");
   int64_t n_val = 0;
   if (opt.val_fraction > 0) {
@@ -151,7 +183,8 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   std::vector<int32_t> ids;
   int64_t doc = 0;
   for (const std::string& f : files) {
-    const std::string text = read_file(f);
+    const std::unique_ptr<MappedFile> mapped = map_input(f);
+    const std::string_view text = text_of(*mapped);
     s.bytes += static_cast<int64_t>(text.size());
     for_each_document(text, opt.split_on, [&](std::string_view d) {
       ids.clear();

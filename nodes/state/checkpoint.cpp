@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <chrono>
 #include <filesystem>
 #include <future>
@@ -100,7 +101,12 @@ class Checkpoint : public Node {
       }
     }
     if (writer_rank_) {
-      fs::create_directories(dir_);
+      // A folder it cannot write is found now, not at the first checkpoint (issue 47: a
+      // read-only checkpoints/ surfaced as a raw filesystem error at the first write).
+      std::error_code ec;
+      fs::create_directories(dir_, ec);
+      if (ec) throw std::runtime_error("cannot make the checkpoint folder " + dir_ + ": " + ec.message());
+      probe_writable(dir_);
       // Folders a killed run left half-written; `latest` never names them. With
       // run.resume=never (start over, asked for by name) the earlier run's checkpoints are noted,
       // to move aside once this run has one of its own.
@@ -112,6 +118,7 @@ class Checkpoint : public Node {
         if (start_over && (n.rfind("step_", 0) == 0 || n == "latest")) earlier_.push_back(n);
       }
       std::sort(earlier_.begin(), earlier_.end());
+      if (!earlier_.empty()) probe_writable(fs::path(dir_).parent_path().string());  // DIR.previous-STAMP goes there
       if (!earlier_.empty())
         spdlog::info("run.resume=never: the earlier run's checkpoints in {} stay until this run's first is written, then "
                      "move to {}.previous-*",
@@ -179,16 +186,44 @@ class Checkpoint : public Node {
     if (pending_.valid()) pending_.get();
   }
 
+  // Creates and removes a file in `dir`: an error naming the folder when that fails.
+  static void probe_writable(const std::string& dir) {
+    const std::string probe = (fs::path(dir) / ".flowrun-write-probe").string();
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0)
+      throw std::runtime_error("checkpoint: cannot write in " + dir + " (" + std::strerror(errno) +
+                               "); checkpoints are written there: make it writable, or give another run.out_dir or dir");
+    ::close(fd);
+    ::unlink(probe.c_str());
+  }
+
   void pause() const {
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
   }
 
+  // A failed write (a full disk) removes its half-written folder and says so; `latest` still
+  // names the previous checkpoint.
   void write(const Snapshot& s) {
+    const std::string tmp = dir_ + "/." + ckpt::step_folder(s.step) + ".tmp";
+    try {
+      write_folder(s, tmp);
+    } catch (const std::exception& e) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+      const std::string latest = ckpt::latest(dir_);
+      throw std::runtime_error("checkpoint of step " + std::to_string(s.step) + " failed: " + e.what() +
+                               (ec ? "; its half-written folder " + tmp + " could not be removed: " + ec.message()
+                                   : "; its half-written folder was removed") +
+                               (latest.empty() ? std::string("; there is no complete checkpoint yet")
+                                               : "; latest still names " + latest));
+    }
+  }
+
+  void write_folder(const Snapshot& s, const std::string& tmp) {
     const auto t0 = std::chrono::steady_clock::now();
     if (s.copied) s.copied->synchronize();
     const std::string name = ckpt::step_folder(s.step);
     const std::string final_dir = dir_ + "/" + name;
-    const std::string tmp = dir_ + "/." + name + ".tmp";
     fs::remove_all(tmp);
     fs::create_directories(tmp);
     ckpt::Manifest m;

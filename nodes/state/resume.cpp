@@ -134,13 +134,19 @@ std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::stri
       }
     }
     for (const auto& f : found) {
+      // The folder `latest` names, passed over: the warning says why (issue 47: it said only
+      // what it resumed from instead).
+      const bool named = !name.empty() && fs::path(f.folder).filename().string() == name;
       if (!f.problem.empty()) {
         problems += "\n  " + f.problem;
+        if (named && latest_step >= 0)  // (an unreadable manifest was noted above)
+          notes.push_back(dir + "/latest names " + name + ", which cannot be used: " + f.problem);
         continue;
       }
       const std::string missing = missing_states(ckpt::read_manifest(f.folder), want);
       if (!missing.empty()) {
         problems += "\n  " + f.folder + ": has no state " + missing + ", which this graph saves";
+        if (named) notes.push_back(dir + "/latest names " + name + ", which has no state " + missing + " (this graph saves it)");
         continue;
       }
       if (latest_step >= 0 && f.step > latest_step)

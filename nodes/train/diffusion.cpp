@@ -139,6 +139,11 @@ torch::Tensor loss(ModelState& model, const TensorMap& batch, const Options& o) 
   const torch::Tensor* cond = nullptr;  // a condition tensor: its rows and device
   for (const auto& stream : batch_key::text_streams)
     if (auto c = batch.find(stream.emb); !cond && c != batch.end() && c->second.defined() && c->second.dim() >= 1) cond = &c->second;
+  // A setting that would do nothing is refused, not ignored (issue 47): cond_drop_t5 with no T5 stream.
+  if (o.cond_drop_t5 && *o.cond_drop_t5 > 0.0 && batch.find(batch_key::t5_emb) == batch.end())
+    throw std::runtime_error("objective diffusion_loss: cond_drop_t5 is " + std::to_string(*o.cond_drop_t5) +
+                             ", but the batch has no " + batch_key::t5_emb +
+                             " (a graph with one text stream): drop cond_drop_t5, or add a T5 encoder (out_prefix: t5)");
   at::Generator* training = cond ? TrainingScope::current_on(cond->device()) : nullptr;
   if (training) {
     const int64_t rows = cond->size(0);

@@ -303,6 +303,11 @@ latest_behind)
   # Resuming by name from an older checkpoint would write steps 6..8 again, over them: refused.
   expect_code 2 "$flowrun" "${g[@]}" run.steps=8 run.resume="$c/step_00000003"
   expect_out "already holds later complete checkpoints"
+  # The folder latest names lacks a state (issue 47: the warning said only what it resumed from).
+  sed -i 's/"opt.state"/"opt.other"/' "$c/step_00000008/manifest.json"
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=9 run.resume=auto
+  expect_out "latest names step_00000008, which has no state opt.state (this graph saves it)"
+  expect_out "resumed from $c/step_00000006"
   ;;
 two_checkpoint_nodes)
   # resume=auto considers every checkpoint node: the newest complete checkpoint that holds all
@@ -437,6 +442,9 @@ profile_and_dot_trace)
   "$flowrun" dot --trace "$tmp/p/trace.json" graphs/regression.yaml > "$tmp/g.dot" 2> "$tmp/err" ||
     { cat "$tmp/err" >&2; fail "dot --trace failed"; }
   dot -Tsvg "$tmp/g.dot" > "$tmp/g.svg" && grep -q "<svg" "$tmp/g.svg" || fail "graphviz rejected the dot output"
+  # A folder as the trace (issue 47: it printed the JSON parser's raw stream text).
+  expect_code 2 "$flowrun" dot --trace "$tmp/p" graphs/regression.yaml
+  expect_out "$tmp/p is a folder; --trace takes the file a run wrote with run.trace=FILE"
   python3 - "$tmp/p/trace.json" "$tmp/p/profile.json" "$tmp/g.dot" <<'PY' || fail "profile or dot --trace wrong"
 import json, re, sys
 events = json.load(open(sys.argv[1]))["traceEvents"]
@@ -505,6 +513,16 @@ sigterm_final_checkpoint)
   tail -4 "$tmp/s/metrics.jsonl" | grep -o '"loss":[^,]*' > "$tmp/a"
   tail -4 "$tmp/straight/metrics.jsonl" | grep -o '"loss":[^,]*' > "$tmp/b"
   [ -s "$tmp/a" ] && cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b" >&2; fail "losses after the resume differ"; }
+  # SIGHUP (the terminal or ssh session closed) stops the same way, exit 129, with the stop
+  # checkpoint (issue 47: it ended the run without one).
+  "$flowrun" "${g[@]}" run.steps=100000 run.out_dir="$tmp/h" >"$tmp/out" 2>&1 &
+  pid=$!
+  for i in $(seq 300); do [ "$(wc -l < "$tmp/h/metrics.jsonl" 2>/dev/null || echo 0)" -ge 3 ] && break; sleep 0.1; done
+  kill -HUP $pid
+  wait $pid; code=$?
+  [ $code = 129 ] || { cat "$tmp/out" >&2; fail "exit code $code after SIGHUP, expected 129"; }
+  n=$(grep -o '"step":[0-9]*' "$tmp/h/metrics.jsonl" | tail -1 | cut -d: -f2)
+  [ "$(cat "$tmp/h/checkpoints/latest")" = "step_$(printf %08d "$n")" ] || fail "no stop checkpoint at step $n after SIGHUP"
   # SIGUSR1 (Slurm's --signal) stops the same way, exit 138. A stop that outlasts
   # run.stop_grace_s exits then, leaving latest on a complete checkpoint.
   "$flowrun" "${g[@]}" run.steps=100000 run.out_dir="$tmp/u" ckpt.every=2 ckpt.with.write_delay_ms=1000 \

@@ -524,6 +524,26 @@ TEST(ImageTextShardsNode, TwoRanksReadDisjointBatchesAndResumeIsExact) {
   }
 }
 
+// Issue 47: settings that did nothing or escaped the size checks: bucket_sizes with buckets:
+// step was ignored; a size or batch that cannot fit ended in torch's allocator text.
+TEST(ImageTextShardsNode, SettingsThatCannotWorkAreRefusedAtSetup) {
+  const std::string p = shapes_shards(10);
+  auto error_of = [&](const std::string& extra, int size = 12) -> std::string {
+    std::string yaml = graph_yaml(p, 2, extra);
+    yaml.replace(yaml.find("size: 12"), 8, "size: " + std::to_string(size));
+    try {
+      test::load_graph_at(yaml);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  std::string e = error_of(", buckets: step, bucket_sizes: [16x16]");
+  EXPECT_NE(e.find("bucket_sizes is given, but buckets is not list"), std::string::npos) << e;
+  e = error_of("", 2000000);
+  EXPECT_NE(e.find("node 'data' (image_text_shards): a batch (4 images of up to 4000000000000 pixels"), std::string::npos) << e;
+}
+
 TEST(ImageTextShardsNode, BucketsGiveOneSizePerBatch) {
   // Images of three shapes: 32x32, 48x27 (16:9) and 24x32 (3:4).
   const std::string dir = test::temp_dir("buck"), src = dir + "/src";

@@ -1,6 +1,8 @@
 // flowrun prep text: text files -> token shards that read back as the same tokens; the val
 // split is a seeded choice of whole documents of the size asked for; bad usage exits 2.
 #include <gtest/gtest.h>
+
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include <set>
@@ -168,7 +170,17 @@ TEST(PrepTextCommand, BadUsageAndMissingInputsExit2) {
       {{"text", "--tokenizer", "byte", "--frobnicate", "--out", out, a}, "unknown option --frobnicate"},
       {{"text", "--tokenizer", "byte", "--out", out, a}, "only 1 document"},
       {{"text", "--tokenizer", "byte", "--out"}, "--out needs a value"},
+      // Issue 47: a 5 GB file ended in a bare std::bad_alloc. Inputs are memory-mapped; one
+      // document larger than 1 GiB is refused (here a sparse file: nothing is written to disk).
+      {{"text", "--tokenizer", "byte", "--val-fraction", "0", "--out", out, dir + "/huge.txt"},
+       dir + "/huge.txt: 1025 MiB as one document (no --split-on)"},
+      {{"text", "--tokenizer", "byte", "--val-fraction", "0", "--split-on", "%", "--out", out, dir + "/huge.txt"},
+       dir + "/huge.txt: a document of 1025 MiB (document 1)"},
   };
+  {
+    std::ofstream(dir + "/huge.txt") << "x";
+    std::filesystem::resize_file(dir + "/huge.txt", (uint64_t{1025} << 20));
+  }
   for (const auto& [args, want] : cases) {
     auto [c, err] = code(args);
     EXPECT_EQ(c, 2) << testing::PrintToString(args);
