@@ -11,7 +11,7 @@ namespace flowrun {
 void load_by_name(NamedTensorMap mine, const NamedTensorMap& tensors, const std::string& source,
                   const LoadByNameOptions& options) {
   NamedTensorMap given;  // by the model's names; undefined: present but unusable
-  std::vector<std::string> missing, unexpected, misshaped;
+  std::vector<std::string> missing, unexpected, misshaped, nonfinite;
   for (const auto& [raw, t] : tensors) {
     std::string name = raw;
     for (const auto& p : options.prefixes)
@@ -32,6 +32,10 @@ void load_by_name(NamedTensorMap mine, const NamedTensorMap& tensors, const std:
     } else if (!t.is_floating_point()) {
       misshaped.push_back(raw + ": dtype " + std::string(c10::toString(t.scalar_type())) + " is not a float type");
       given[name] = torch::Tensor();
+    } else if (!torch::isfinite(t).all().item<bool>()) {
+      // Issue 47: NaN weights or adapters loaded silently, and step 1 blamed the learning rate.
+      nonfinite.push_back(raw + " " + shape_str(t));
+      given[name] = torch::Tensor();
     } else {
       given[name] = t;
     }
@@ -41,16 +45,18 @@ void load_by_name(NamedTensorMap mine, const NamedTensorMap& tensors, const std:
       missing.push_back(name + " " + shape_str(t));
   if (options.check)
     for (auto& s : options.check(tensors)) misshaped.push_back(std::move(s));
-  if (!missing.empty() || !unexpected.empty() || !misshaped.empty()) {
+  if (!missing.empty() || !unexpected.empty() || !misshaped.empty() || !nonfinite.empty()) {
     std::ostringstream msg;
     msg << source << ": cannot load into " << options.model << ": " << missing.size() << " missing, "
-        << unexpected.size() << " unexpected, " << misshaped.size() << " mis-shaped tensor(s)";
+        << unexpected.size() << " unexpected, " << misshaped.size() << " mis-shaped"
+        << (nonfinite.empty() ? "" : ", " + std::to_string(nonfinite.size()) + " non-finite") << " tensor(s)";
     auto list = [&](const char* what, const std::vector<std::string>& items) {
       for (const auto& s : items) msg << "\n  " << what << ": " << s;
     };
     list("missing", missing);
     list("unexpected", unexpected);
     list("mis-shaped", misshaped);
+    list("holds NaN or infinite values", nonfinite);
     if (options.describe_file)
       if (const std::string d = options.describe_file(tensors); !d.empty()) msg << "\n  (" << d << ")";
     throw std::runtime_error(msg.str());

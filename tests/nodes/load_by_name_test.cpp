@@ -66,6 +66,24 @@ TEST(LoadByName, EveryProblemIsListedInOneErrorAndNothingIsCopied) {
   EXPECT_TRUE(torch::equal(m.lin->weight, before));  // all or nothing
 }
 
+// Issue 47: NaN weights or adapters loaded silently, and step 1 blamed the learning rate.
+TEST(LoadByName, NonFiniteValuesAreRefusedNamingTheTensor) {
+  Tiny m;
+  NamedTensorMap f = tiny_file();
+  f["lin.bias"] = f["lin.bias"].clone();
+  f["lin.bias"][1] = NAN;
+  LoadByNameOptions o;
+  o.model = "tiny";
+  try {
+    load_by_name(m, f, "nan.safetensors", o);
+    FAIL() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "nan.safetensors: cannot load into tiny: 0 missing, 0 unexpected, 0 mis-shaped, 1 non-finite tensor(s)\n"
+              "  holds NaN or infinite values: lin.bias [2]");
+  }
+}
+
 TEST(LoadByName, RenamesIgnoresOptionalNamesAndExtraChecks) {
   Tiny m;
   NamedTensorMap f = {{"lin.weight.default", torch::full({2, 3}, 1.0)},  // renamed
