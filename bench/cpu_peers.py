@@ -17,7 +17,7 @@ Modes:
 Rounds alternate flowrun / PyTorch; each figure is the median over rounds of per-step medians
 (start-up and --warmup steps excluded), and the ratio column gives the median of the rounds'
 ratios (flowrun and PyTorch of one round, run one after the other) with their min–max.
-Allocator: flowrun keeps freed memory in the process (engine/cli/main.cpp: mallopt of
+Allocator: flowrun keeps freed memory in the process (cli/main.cpp: mallopt of
 M_MMAP_THRESHOLD 32 MiB and M_TRIM_THRESHOLD max, the same as the environment variables
 MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_); so that the comparison is of the training
 code alone, this script re-runs itself with those variables set, which give the PyTorch loop (in
@@ -93,7 +93,7 @@ def dit_main(args):
                              else "glibc's defaults for PyTorch, flowrun's own"))
 
 
-# flowrun's allocator settings (engine/cli/main.cpp), as glibc's environment variables.
+# flowrun's allocator settings (cli/main.cpp), as glibc's environment variables.
 SAME_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(2 ** 31 - 1)}
 
 

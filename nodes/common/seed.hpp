@@ -49,9 +49,12 @@ enum : uint64_t {
   kSeedTagBuckets = 0x6275636b6574ull,   // "bucket": image_text_shards' bucket order
   kSeedTagFlip = 0x666c6970ull,          // "flip": image_text_shards' flips
   kSeedTagLatent = 0x7661656c6174ull,    // "vaelat": vae_encode's latent sample
+  kSeedTagShapes = 0x7368617065ull,      // "shape": the synthetic shapes' drawing (data/shapes.cpp)
+  kSeedTagValSplit = 0x76616c73706c6974ull,  // "valsplit": prep's choice of the held-out documents and images
 };
 inline constexpr uint64_t kSeedTags[] = {kSeedTagTeacher, kSeedTagBatch,     kSeedTagInit,    kSeedTagEpoch,
                                          kSeedTagDropout, kSeedTagRows,      kSeedTagDiffusion, kSeedTagCaption,
-                                         kSeedTagLora,    kSeedTagBuckets,   kSeedTagFlip,    kSeedTagLatent};
+                                         kSeedTagLora,    kSeedTagBuckets,   kSeedTagFlip,    kSeedTagLatent,
+                                         kSeedTagShapes,  kSeedTagValSplit};
 
 }  // namespace flowrun

@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <stdexcept>
 #include <string>
 
 namespace flowrun {
@@ -33,6 +34,19 @@ inline torch::Tensor to_device(const torch::Tensor& t, const torch::Device& devi
 inline TensorMap to_device(const TensorMap& batch, const torch::Device& device) {
   TensorMap out = batch;
   for (auto& [_, t] : out) t = to_device(t, device);
+  return out;
+}
+
+// The batch with the entries of `extra` added (forward_backward's and the evaluator's `cond`:
+// the frozen encoders' outputs); a key in both is an error naming it.
+inline TensorMap merge_batches(const TensorMap& batch, const TensorMap& extra) {
+  TensorMap out = batch;
+  for (const auto& [k, t] : extra) {
+    if (out.count(k))
+      throw std::runtime_error("the batch and the cond input both have '" + k +
+                               "' (rename one: the objective would not know which to use)");
+    out[k] = t;
+  }
   return out;
 }
 

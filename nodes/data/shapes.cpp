@@ -16,8 +16,6 @@ namespace flowrun {
 
 namespace {
 
-constexpr uint64_t kTagShapes = 0x7368617065ull;  // "shape"
-
 // A SplitMix64 stream.
 struct Rng {
   uint64_t state;
@@ -69,7 +67,7 @@ ShapeSpec shape_spec(uint64_t seed, const std::string& set, int64_t index) {
   if (set != "base" && set != "lora" && set != "all")
     throw std::invalid_argument("unknown shapes set '" + set + "' (known: base, lora, all)");
   const bool lora = set == "lora", all = set == "all";
-  Rng rng{mix_seed({seed, kTagShapes, lora ? 1ull : all ? 2ull : 0ull, static_cast<uint64_t>(index)})};
+  Rng rng{mix_seed({seed, kSeedTagShapes, lora ? 1ull : all ? 2ull : 0ull, static_cast<uint64_t>(index)})};
   ShapeSpec s;
   const int base_colors = purple_index();  // colors 0 .. base_colors-1 never include purple
   s.kind = shape_kinds()[static_cast<size_t>(rng.below(static_cast<int>(shape_kinds().size())))];

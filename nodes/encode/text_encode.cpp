@@ -27,8 +27,13 @@ std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<torch:
     return f(m, ids->second.to(dev), mask).to(torch::kFloat);
   };
   auto s = std::make_shared<TextEncoderState>(std::move(module), forward, kind);
-  s->prefix = prefix;
+  s->set_prefix(prefix);
   return s;
+}
+
+void TextEncoderState::set_prefix(const std::string& p) {
+  prefix = p;
+  condition = [p](ModelState& self, const TensorMap& tokens) { return encode_text(self, tokens, p); };
 }
 
 TensorMap encode_text(ModelState& encoder, const TensorMap& host_tokens, const std::string& prefix) {
@@ -46,8 +51,7 @@ TensorMap encode_text(ModelState& encoder, const TensorMap& host_tokens, const s
 }
 
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens) {
-  auto* s = dynamic_cast<TextEncoderState*>(&encoder);
-  return encode_text(encoder, tokens, s ? s->prefix : std::string("text"));
+  return encoder.condition ? encoder.condition(encoder, tokens) : encode_text(encoder, tokens, "text");
 }
 
 TensorMap TextConditioner::encode(const std::vector<std::string>& texts) const {
@@ -135,7 +139,7 @@ void TextEncodeNode::setup(SetupContext& ctx) {
     throw std::runtime_error(what.rfind(ctx.who(), 0) == 0 ? what : ctx.who() + ": " + what);
   }
   state_ = b.state;
-  state_->prefix = prefix;
+  state_->set_prefix(prefix);
   state_->vocab = b.vocab;
   check_tokenizer_fits(ctx, b.vocab, folder ? folder->config_path : src.weights);
   state_->module->to(run_device(ctx.run()), dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat);

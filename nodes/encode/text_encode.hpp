@@ -18,14 +18,16 @@
 
 namespace flowrun {
 
-// The ModelState behind an encoder node's `params` port (held as std::shared_ptr<ModelState>;
-// dynamic_pointer_cast to this for the prefix). forward(tokens) reads "input_ids" and
-// "attention_mask" (optional: all ones) and returns the last hidden state [B, L, dim] as float32.
+// The ModelState behind an encoder node's `params` port (held as std::shared_ptr<ModelState>).
+// forward(tokens) reads "input_ids" and "attention_mask" (optional: all ones) and returns the
+// last hidden state [B, L, dim] as float32; its `condition` encodes tokens into PREFIX_emb and
+// PREFIX_mask (set_prefix), so readers of the state (samplers, evaluators) need not know its type.
 struct TextEncoderState : ModelState {
   std::string prefix = "text";  // output keys PREFIX_emb, PREFIX_mask
   int64_t vocab = 0;             // the ids its embedding has rows for (0: not known)
   using ModelState::ModelState;
   std::shared_ptr<ModelState> clone() const override;
+  void set_prefix(const std::string& p);  // prefix, and condition = encode_text(self, tokens, p)
 };
 
 // How an encoder module maps (input_ids [B, L], attention_mask [B, L] or undefined) to [B, L, dim].
@@ -50,8 +52,9 @@ std::shared_ptr<TextEncoderState> make_text_encoder_state(std::shared_ptr<M> mod
 
 // tokens {"input_ids": int [B, L], "attention_mask": int [B, L] (optional)} ->
 // {PREFIX_emb: float32 [B, L, dim], PREFIX_mask: int64 [B, L]}, on the encoder's device, under
-// NoGradGuard. PREFIX: the state's prefix if it is a TextEncoderState, else "text" (or the
-// explicit one). Used by the encoder nodes and by samplers and evaluators encoding captions.
+// NoGradGuard. PREFIX: the explicit one, else the state's (its `condition`: a text encoder's
+// state says how it encodes; a state without one encodes as "text"). Used by the encoder nodes
+// and by samplers and evaluators encoding captions.
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens);
 TensorMap encode_text(ModelState& encoder, const TensorMap& tokens, const std::string& prefix);
 

@@ -7,7 +7,7 @@
 #include "data/dataset.hpp"
 #include "models/model_state.hpp"
 #include "node.hpp"
-#include "train/forward_backward.hpp"
+#include "common/tensor_map.hpp"
 #include "train/objective.hpp"
 #include "train/precision.hpp"
 

@@ -1,5 +1,5 @@
 // `flowrun prep KIND ...`: make training data files from raw inputs. Torch-free on purpose:
-// engine/cli/main.cpp includes it.
+// cli/main.cpp includes it.
 //   flowrun prep text ...   token shards (Megatron .bin/.idx) from text files: prep_text.hpp
 //   flowrun prep images ... WebDataset tar shards from image + caption pairs: prep_images.hpp
 //   flowrun prep shapes ... the DiT demo's colored-shapes image-text set (data/shapes.hpp):

@@ -124,7 +124,7 @@ PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
   int64_t n_val = 0;
   if (opt.val_fraction > 0 && n >= 2) n_val = std::clamp<int64_t>(std::llround(opt.val_fraction * static_cast<double>(n)), 1, n - 1);
   std::vector<char> is_val(static_cast<size_t>(n), 0);
-  const std::vector<int64_t> perm = seeded_permutation(n, mix_seed({opt.seed, 0x76616c73706c6974ull /* "valsplit" */}));
+  const std::vector<int64_t> perm = seeded_permutation(n, mix_seed({opt.seed, kSeedTagValSplit}));
   for (int64_t i = 0; i < n_val; ++i) is_val[static_cast<size_t>(perm[static_cast<size_t>(i)])] = 1;
 
   const char* split_names[2] = {"train", "val"};

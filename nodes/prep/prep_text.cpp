@@ -165,7 +165,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
     n_val = std::clamp<int64_t>(std::llround(opt.val_fraction * static_cast<double>(n_docs)), 1, n_docs - 1);
   }
   std::vector<bool> is_val(static_cast<size_t>(n_docs), false);
-  const std::vector<int64_t> perm = seeded_permutation(n_docs, mix_seed({opt.seed, 0x76616c73706c6974ull /* "valsplit" */}));
+  const std::vector<int64_t> perm = seeded_permutation(n_docs, mix_seed({opt.seed, kSeedTagValSplit}));
   for (int64_t k = 0; k < n_val; ++k) is_val[static_cast<size_t>(perm[static_cast<size_t>(k)])] = true;
 
   // Pass 2: tokenize each document into its split.

@@ -17,17 +17,6 @@
 
 namespace flowrun {
 
-TensorMap merge_batches(const TensorMap& batch, const TensorMap& extra) {
-  TensorMap out = batch;
-  for (const auto& [k, t] : extra) {
-    if (out.count(k))
-      throw std::runtime_error("the batch and the cond input both have '" + k +
-                               "' (rename one: the objective would not know which to use)");
-    out[k] = t;
-  }
-  return out;
-}
-
 int64_t batch_rows(const TensorMap& batch) {
   int64_t rows = -1;
   std::string first;

@@ -18,10 +18,6 @@
 
 namespace flowrun {
 
-// The batch with the entries of `extra` added (forward_backward's `cond` input); a key in both
-// is an error naming it.
-TensorMap merge_batches(const TensorMap& batch, const TensorMap& extra);
-
 // Split a batch along dim 0 into n micro-batches (sizes differ by at most one). Every tensor
 // with dim >= 1 must share its first dimension; 0-d tensors are given to every part.
 std::vector<TensorMap> split_batch(const TensorMap& batch, int64_t n);

@@ -265,7 +265,7 @@ TEST(ForwardBackward, Bf16AutocastOnCpuIsCloseToFp32) {
     EXPECT_GT(cos, 0.95) << i;
   }
   // The autocast state is restored after the call.
-  EXPECT_FALSE(at::autocast::is_cpu_enabled());
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
 }
 
 TEST(ForwardBackwardNode, PrecisionFromTheRun) {

@@ -2,7 +2,7 @@
 """The layers, checked: no source file includes a header of a layer above its own (ctest
 layers.includes). Bottom up, a folder per layer (a layer may include its own and any below):
 
-  0  engine/ (not cli/)       graph files, schemas, executor; no torch
+  0  engine/                  graph files, schemas, executor; no torch
   0  nodes/formats/           file formats and tokenizers; no torch, no engine
   1  nodes/common/            safetensors, devices, flat buffers, state I/O, seeds, batch keys
   2  nodes/data/ comm/ models/  data nodes, collectives, libtorch modules (and their glue)
@@ -11,7 +11,7 @@ layers.includes). Bottom up, a folder per layer (a layer may include its own and
   5  nodes/eval/              evaluators, sampler, metrics
   6  nodes/prep/              the `flowrun prep` tool
   7  session/                 a run of a checked graph
-  8  engine/cli/              the flowrun command
+  8  cli/                     the flowrun command
 
   python3 tests/tools/include_layers.py [SRC]    (exit 1 and one line per include against the order)
 """
@@ -24,7 +24,7 @@ LAYERS = {"engine": 0, "formats": 0, "common": 1, "data": 2, "comm": 2, "models"
 
 
 def layer_of_file(rel):
-    if rel.startswith("engine/cli/"):
+    if rel.startswith("cli/"):
         return "cli"
     if rel.startswith("engine/"):
         return "engine"
@@ -39,7 +39,7 @@ def main():
     engine_headers = set(os.listdir(os.path.join(src, "engine")))
     session_headers = set(os.listdir(os.path.join(src, "session")))
     bad, files = [], 0
-    for top in ("engine", "nodes", "session"):
+    for top in ("engine", "nodes", "session", "cli"):
         for root, _, names in os.walk(os.path.join(src, top)):
             for name in names:
                 if not name.endswith((".cpp", ".hpp", ".cu", ".cuh")):

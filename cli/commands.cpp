@@ -1,4 +1,4 @@
-#include "cli/commands.hpp"
+#include "commands.hpp"
 
 #include <spdlog/spdlog.h>
 

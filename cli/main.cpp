@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.hpp"
+#include "commands.hpp"
 #include "comm.hpp"
 #include "prep/prep.hpp"
 #include "log.hpp"
