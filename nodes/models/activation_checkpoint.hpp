@@ -45,6 +45,14 @@ struct CheckpointPolicy {
   std::string str() const;
 };
 
+// Block `index` of a model under `policy`: body(inputs), recomputed in backward when the policy
+// says so for that index (checkpointed), else run plainly. The one place a family says it:
+//   x = run_block(cfg.checkpoint, i, {x}, [block](const auto& in) { return block->forward(in[0]); });
+inline torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const std::vector<torch::Tensor>& inputs,
+                               const CheckpointBody& body) {
+  return policy.recompute(index) ? checkpointed(inputs, body) : body(inputs);
+}
+
 // Activation memory estimates (bytes) of a stack of `blocks` transformer blocks, `tokens` rows
 // (batch x sequence) of width `dim`, `bytes` per element (4 fp32, 2 bf16), with `heads` heads of
 // attention over `seq` positions: what backward keeps, per Korthikanti et al. 2022 (Megatron's

@@ -156,9 +156,7 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
   int64_t i = 0;
   for (const auto& b : *blocks) {
     EncoderBlockImpl* block = b->as<EncoderBlockImpl>();
-    x = c_.checkpoint.recompute(i++)
-            ? checkpointed({x}, [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); })
-            : block->forward(x);
+    x = run_block(c_.checkpoint, i++, {x}, [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); });
   }
   return norm(x);
 }
@@ -183,11 +181,8 @@ torch::Tensor DecoderImpl::forward(const torch::Tensor& encoded, const torch::Te
   int64_t i = 0;
   for (const auto& b : *blocks) {
     DecoderBlockImpl* block = b->as<DecoderBlockImpl>();
-    x = c_.checkpoint.recompute(i++) ? checkpointed({x, encoded, bias},
-                                                    [block](const std::vector<torch::Tensor>& in) {
-                                                      return block->forward(in[0], in[1], in[2]);
-                                                    })
-                                     : block->forward(x, encoded, bias);
+    x = run_block(c_.checkpoint, i++, {x, encoded, bias},
+                  [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); });
   }
   return head(norm(x));
 }

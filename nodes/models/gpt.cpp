@@ -139,10 +139,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   int64_t i = 0;
   for (const auto& m : *h) {
     BlockImpl* block = m->as<BlockImpl>();
-    if (cfg_.checkpoint.recompute(i++))
-      x = checkpointed({x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
-    else
-      x = block->forward(x, B, T);
+    x = run_block(cfg_.checkpoint, i++, {x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
   }
   x = ln_f(x);
   // Tied head: logits = x @ wte^T (BLAS reads the transpose in place).

@@ -181,11 +181,10 @@ void EncoderImpl::reset() {
   conv_out = register_module("conv_out", conv(C.back(), 2 * c_.latent_channels, 3));
 }
 
-// Module m's forward on h, recomputed in backward when the policy says so for block index i.
+// Module m's forward on h as block i (run_block).
 template <class M>
 torch::Tensor maybe_checkpointed(const CheckpointPolicy& policy, int64_t i, M* m, const torch::Tensor& h) {
-  if (!policy.recompute(i)) return m->forward(h);
-  return checkpointed({h}, [m](const std::vector<torch::Tensor>& in) { return m->forward(in[0]); });
+  return run_block(policy, i, {h}, [m](const std::vector<torch::Tensor>& in) { return m->forward(in[0]); });
 }
 
 torch::Tensor EncoderImpl::forward(const torch::Tensor& x) {
