@@ -26,7 +26,6 @@
 #include "data/image_tensor.hpp"
 #include "encode/tokenize.hpp"
 #include "eval/evaluator.hpp"
-#include "models/cappa.hpp"
 #include "registry.hpp"
 #include "train/objective.hpp"
 
@@ -73,7 +72,9 @@ class CaptionEvaluatorNode : public Node {
                                ", which trains no captioner; a caption evaluator needs the objective the model trains "
                                "with to offer its image key, start token and targets (Objective::captioning), as "
                                "caption_loss does");
-    cappa::module_of(ctx.state_as<ModelState>("model"));  // a clear error now if the model is not a captioner
+    if (const ModelState& m = ctx.state_as<ModelState>("model"); !m.captioner)
+      throw std::runtime_error(ctx.who() + ": model '" + m.kind + "' is not a captioner (its params must come from a "
+                               "cappa node, or their EMA)");
     opts_ = eval_options(ctx);
     samples_ = p.get<int64_t>("samples");
     check_eval_split(ctx.state_as<Dataset>("data"), opts_, ctx.who());
@@ -83,7 +84,7 @@ class CaptionEvaluatorNode : public Node {
   void run(StepContext& ctx) override {
     const auto t0 = std::chrono::steady_clock::now();
     ModelState& model = ctx.state_as<ModelState>("model");
-    cappa::CappaImpl& net = cappa::module_of(model);
+    const ModelState::Captioner& net = *model.captioner;
     const Dataset& data = ctx.state_as<Dataset>("data");
     const TextTokenizer& tok = ctx.state_as<TextTokenizer>("tokenizer");
     const c10::Device device = model_device(model);
@@ -106,9 +107,9 @@ class CaptionEvaluatorNode : public Node {
       const torch::Tensor counted = mask.to(torch::kBool);
       const int64_t L = labels.size(1);
       const torch::Tensor& images = batch.at(captioning_->image_key());
-      const torch::Tensor encoded = net.encode(images);  // once, for both decoders
-      const torch::Tensor greedy = cappa::greedy_decode(net, encoded, captioning_->start_tokens(batch.at("input_ids")), L, tok.eos_id());
-      const torch::Tensor parallel = cappa::parallel_decode(net, encoded, L);
+      const torch::Tensor encoded = net.encode(model, images);  // once, for both decoders
+      const torch::Tensor greedy = net.greedy(model, encoded, captioning_->start_tokens(batch.at("input_ids")), L, tok.eos_id());
+      const torch::Tensor parallel = net.parallel(model, encoded, L);
       auto score = [&](const torch::Tensor& pred, double* correct, double* exact) {
         const torch::Tensor right = pred.eq(labels) | ~counted;  // positions not counted are right
         *correct += (pred.eq(labels) & counted).sum().item<double>();

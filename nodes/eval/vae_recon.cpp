@@ -33,12 +33,20 @@ double ReconSums::latent_std() const {
   return std::sqrt(std::max(0.0, z2 / latents - mu * mu));
 }
 
-torch::Tensor reconstruct(vae::AutoencoderKLImpl& vae, const torch::Tensor& images, ReconSums& sums) {
+// An autoencoder state with both parts, or an error naming it (`who`: the caller).
+static const ModelState::Autoencoder& both_parts(const ModelState& m, const std::string& who) {
+  if (!m.autoencoder || !m.autoencoder->encode || !m.autoencoder->decode)
+    throw std::runtime_error(who + ": its model is '" + m.kind +
+                             "', not an AutoencoderKL with encoder and decoder (connect a vae node's params or their EMA)");
+  return *m.autoencoder;
+}
+
+torch::Tensor reconstruct(ModelState& vae, const torch::Tensor& images, ReconSums& sums) {
   torch::NoGradGuard no_grad;
-  if (vae.part() != vae::Part::both) throw std::runtime_error("reconstruct: the VAE needs its encoder and decoder");
-  const torch::Tensor w = vae.parameters().front();
-  const torch::Tensor mean = vae.encode(images.to(w.device(), w.scalar_type())).first;
-  const torch::Tensor rec = vae.decode(mean).to(images.device(), torch::kFloat);
+  const ModelState::Autoencoder& ae = both_parts(vae, "reconstruct");
+  const torch::Tensor w = vae.module->parameters().front();
+  const torch::Tensor mean = ae.encode(vae, images.to(w.device(), w.scalar_type())).first;
+  const torch::Tensor rec = ae.decode(vae, mean).to(images.device(), torch::kFloat);
   const torch::Tensor err = (rec - images.to(torch::kFloat)).to(torch::kDouble);
   const torch::Tensor m = mean.to(torch::kDouble);
   // One read from the device for the four sums.
@@ -65,11 +73,7 @@ class VaeReconNode : public Node {
     if (grid_ > opts_.batch)
       throw std::runtime_error(ctx.who() + ": grid is " + std::to_string(grid_) + " images but a batch has " +
                                std::to_string(opts_.batch) + "; the grid shows the first batch, so lower grid or raise batch");
-    auto& model = ctx.state_as<ModelState>("model");
-    auto* vae = model.module ? model.module->as<vae::AutoencoderKLImpl>() : nullptr;
-    if (!vae || vae->part() != vae::Part::both)
-      throw std::runtime_error(ctx.who() + ": its model is '" + model.kind +
-                               "', not an AutoencoderKL with encoder and decoder (connect a vae node's params or their EMA)");
+    both_parts(ctx.state_as<ModelState>("model"), ctx.who());
     if (p.get<bool>("tensorboard") && ctx.run().rank == 0) tb_ = tfevents::EventFile::open(ctx.run().out_dir + "/tb");
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     check_eval_split(ctx.state_as<Dataset>("data"), opts_, ctx.who());
@@ -77,9 +81,9 @@ class VaeReconNode : public Node {
 
   void run(StepContext& ctx) override {
     const auto t0 = std::chrono::steady_clock::now();
-    auto& vae = *ctx.state_as<ModelState>("model").module->as<vae::AutoencoderKLImpl>();
+    ModelState& vae = ctx.state_as<ModelState>("model");
     const Dataset& data = ctx.state_as<Dataset>("data");
-    const c10::Device device = vae.parameters().front().device();
+    const c10::Device device = model_device(vae);
     const int64_t n = std::min(opts_.batches, data.num_batches(opts_.split, opts_.batch, opts_.rank, opts_.world));
     ReconSums s;
     torch::Tensor shown;  // the first batch's first `grid` originals, then their reconstructions

@@ -2,7 +2,7 @@
 #pragma once
 #include <torch/torch.h>
 
-#include "models/vae.hpp"
+#include "models/model_state.hpp"
 
 namespace flowrun {
 
@@ -23,7 +23,8 @@ struct ReconSums {
 
 // images [B, C, H, W] in [-1, 1] -> their reconstructions decode(mean of encode(x)) as float32
 // on the images' device (deterministic: the posterior mean), under NoGradGuard; adds the pass's
-// errors and latent moments to `sums`. The VAE needs both parts.
-torch::Tensor reconstruct(vae::AutoencoderKLImpl& vae, const torch::Tensor& images, ReconSums& sums);
+// errors and latent moments to `sums`. `vae`: an autoencoder's state (ModelState::autoencoder)
+// with both parts.
+torch::Tensor reconstruct(ModelState& vae, const torch::Tensor& images, ReconSums& sums);
 
 }  // namespace flowrun

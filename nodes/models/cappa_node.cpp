@@ -52,6 +52,16 @@ class CappaNode : public Node {
     std::shared_ptr<ModelState> state = make_state(model);
     from += load_adapters_param(ctx, *state, seed);
     state->checkpoint = c.checkpoint;
+    // What its evaluator asks of it (ModelState::Captioner), on whichever copy it is given.
+    auto cap = std::make_shared<ModelState::Captioner>();
+    cap->encode = [](ModelState& self, const torch::Tensor& images) { return module_of(self).encode(images); };
+    cap->greedy = [](ModelState& self, const torch::Tensor& encoded, const torch::Tensor& start, int64_t steps, int64_t eos) {
+      return greedy_decode(module_of(self), encoded, start, steps, eos);
+    };
+    cap->parallel = [](ModelState& self, const torch::Tensor& encoded, int64_t steps) {
+      return parallel_decode(module_of(self), encoded, steps);
+    };
+    state->captioner = std::move(cap);
     // For forward_backward's memory estimate: what backward keeps of the encoder's and the
     // decoder's blocks (Korthikanti et al.'s estimate, models/activation_checkpoint.hpp); a
     // decoder block attends the caption and the image's patches (L + P positions).

@@ -72,6 +72,28 @@ struct ModelState {
   // state itself (`self`: copies keep a working hook). Unset: the model conditions nothing.
   std::function<TensorMap(ModelState& self, const TensorMap& batch)> condition;
 
+  // What a model can do beyond forward, said by the model's own code (models/), so that nodes
+  // reading its state (objectives, evaluators) need not know its type. `self`: the state itself
+  // (a clone, the EMA's, keeps working hooks). Unset: the model cannot.
+  // An autoencoder (vae/ states): images -> (mean, logvar) on the model's device and dtype, and
+  // latents -> images; either is unset for a VAE of one part.
+  struct Autoencoder {
+    int64_t in_channels = 0, downsample = 1;  // images [B, in_channels, H, W], H and W multiples of downsample
+    std::function<std::pair<torch::Tensor, torch::Tensor>(ModelState& self, const torch::Tensor& x)> encode;
+    std::function<torch::Tensor(ModelState& self, const torch::Tensor& z)> decode;
+  };
+  std::shared_ptr<const Autoencoder> autoencoder;
+  // A captioner (CapPa): images -> image tokens once, then decoded greedily from `start` (int64
+  // [B]) for `steps` tokens stopping at `eos`, or in one parallel pass; both -> [B, steps].
+  struct Captioner {
+    std::function<torch::Tensor(ModelState& self, const torch::Tensor& images)> encode;
+    std::function<torch::Tensor(ModelState& self, const torch::Tensor& encoded, const torch::Tensor& start, int64_t steps,
+                                int64_t eos)>
+        greedy;
+    std::function<torch::Tensor(ModelState& self, const torch::Tensor& encoded, int64_t steps)> parallel;
+  };
+  std::shared_ptr<const Captioner> captioner;
+
   // ZeRO stage 2 (train/optimizer_shard.hpp), asked for in its setup (before any step) by an
   // optimizer with shard: gradients: with several processes forward_backward then hands each
   // finished gradient to the allreduce and keeps none, and the allreduce keeps only this rank's

@@ -477,6 +477,17 @@ std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model, bool frozen) {
   s->config = model->config();
   s->part = model->part();
   s->frozen = frozen;
+  auto ae = std::make_shared<ModelState::Autoencoder>();
+  ae->in_channels = s->config.in_channels;
+  ae->downsample = s->config.downsample_factor();
+  auto vae_of = [](ModelState& self) -> AutoencoderKLImpl& {
+    auto* vae = self.module ? self.module->as<AutoencoderKLImpl>() : nullptr;
+    if (!vae) throw std::runtime_error("vae: model '" + self.kind + "' has no AutoencoderKL module");
+    return *vae;
+  };
+  if (s->part != Part::decoder) ae->encode = [vae_of](ModelState& self, const torch::Tensor& x) { return vae_of(self).encode(x); };
+  if (s->part != Part::encoder) ae->decode = [vae_of](ModelState& self, const torch::Tensor& z) { return vae_of(self).decode(z); };
+  s->autoencoder = std::move(ae);
   if (!frozen) {  // trained (the vae node): what backward keeps of a micro-batch of images
     s->checkpoint = s->config.checkpoint;
     s->activations = [c = s->config, part = s->part](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {

@@ -36,6 +36,24 @@ std::string errors_of(const std::string& file, const std::vector<std::string>& o
   return "";
 }
 
+// t_nested: a node with a map parameter (lora: rank, alpha), registered once.
+void register_nested_node() {
+  test::register_test_nodes();
+  static const bool added = [] {
+    Registry::global().add(R"(type: t_nested
+doc: nested params
+params:
+  lora:
+    type: map
+    fields:
+      rank: { type: int, default: 4 }
+      alpha: { type: float, default: 1.0 })",
+                           [] { return std::unique_ptr<Node>(); }, "tests");
+    return true;
+  }();
+  (void)added;
+}
+
 }  // namespace
 
 TEST(Overrides, RunKeyNodeParamAndSchedule) {
@@ -75,16 +93,7 @@ TEST(Overrides, WrongPathsSayDidYouMean) {
 }
 
 TEST(Overrides, NestedParamCreatesMaps) {
-  test::register_test_nodes();
-  Registry::global().add(R"(type: t_nested
-doc: nested params
-params:
-  lora:
-    type: map
-    fields:
-      rank: { type: int, default: 4 }
-      alpha: { type: float, default: 1.0 })",
-                         [] { return std::unique_ptr<Node>(); }, "tests");
+  register_nested_node();
   std::string f = write("flowrun: 1\nnodes:\n  m: { type: t_nested }\n");
   GraphSpec g = load_graph(f, {"m.lora.rank=16"}, Registry::global());
   EXPECT_EQ(g.nodes[0].params["lora"]["rank"].as<int>(), 16);
@@ -97,22 +106,13 @@ params:
 // hydit_v12_lora.yaml also redirected the VAE and both encoders, silently. An anchor writes a
 // value twice; an override changes its own path only, and errors in the copies still name the file.
 TEST(Overrides, ChangeTheirOwnPathOnlyNotTheOtherPlacesOfAnAnchor) {
-  test::register_test_nodes();
-  Registry::global().add(R"(type: t_nested2
-doc: nested params
-params:
-  lora:
-    type: map
-    fields:
-      rank: { type: int, default: 4 }
-      alpha: { type: float, default: 1.0 })",
-                         [] { return std::unique_ptr<Node>(); }, "tests");
+  register_nested_node();
   const std::string f = write(R"(flowrun: 1
 nodes:
   a: { type: t_source, with: { k: &k 3 } }
   b: { type: t_source, with: { k: *k } }
-  m: { type: t_nested2, with: { lora: &l { rank: 8 } } }
-  n: { type: t_nested2, with: { lora: *l } }
+  m: { type: t_nested, with: { lora: &l { rank: 8 } } }
+  n: { type: t_nested, with: { lora: *l } }
 )");
   GraphSpec g = load_graph(f, {"a.k=7", "n.lora.alpha=2.5"}, Registry::global());
   EXPECT_EQ(g.nodes[0].params["k"].as<int>(), 7);
@@ -123,8 +123,8 @@ nodes:
 
   const std::string bad = write(R"(flowrun: 1
 nodes:
-  m: { type: t_nested2, with: { lora: &l { rank: 8, rnk: 2 } } }
-  n: { type: t_nested2, with: { lora: *l } }
+  m: { type: t_nested, with: { lora: &l { rank: 8, rnk: 2 } } }
+  n: { type: t_nested, with: { lora: *l } }
 )");
   const std::string e = errors_of(bad, {});
   EXPECT_NE(e.find(bad + ":3:"), std::string::npos) << e;  // both copies point at the anchor's text

@@ -132,7 +132,7 @@ TEST(VaeRecon, ReconstructsThePosteriorMeanAndSumsItsErrorsAndLatentMoments) {
   auto s = trainable(2);
   const torch::Tensor x = images(2, 9);
   ReconSums sums;
-  const torch::Tensor rec = reconstruct(s->vae(), x, sums);
+  const torch::Tensor rec = reconstruct(*s, x, sums);
   torch::NoGradGuard no_grad;
   const torch::Tensor mean = s->vae().encode(x).first;
   EXPECT_TRUE(torch::allclose(rec, s->vae().decode(mean), 1e-6, 1e-6));
@@ -145,7 +145,7 @@ TEST(VaeRecon, ReconstructsThePosteriorMeanAndSumsItsErrorsAndLatentMoments) {
 
   // The figures are of the sums: a second pass adds to them.
   ReconSums two = sums;
-  reconstruct(s->vae(), x, two);
+  reconstruct(*s, x, two);
   EXPECT_EQ(two.pixels, 2 * sums.pixels);
   EXPECT_NEAR(two.l1(), sums.l1(), 1e-9);
   // PSNR of a known error: every value off by 0.2 -> mse 0.04 -> 10 log10(4 / 0.04) = 20 dB.
