@@ -536,6 +536,19 @@ sigterm_final_checkpoint)
   l=$(cat "$tmp/u/checkpoints/latest")
   [ -f "$tmp/u/checkpoints/$l/manifest.json" ] || fail "latest ($l) is not a complete checkpoint"
   ;;
+checkpoint_write_fails)
+  # A checkpoint write that fails (a full disk; here a file-size limit, SIGXFSZ ignored so the
+  # write returns EFBIG) removes its half-written folder and says latest still names the
+  # previous checkpoint (issue 47: a partial .step_*.tmp was left).
+  g=(tests/mpi/ddp.yaml ckpt.every=10 run.out_dir="$tmp/f")
+  expect_code 0 "$flowrun" "${g[@]}" run.steps=10
+  ( ulimit -f 20; trap '' XFSZ; exec "$flowrun" "${g[@]}" run.steps=20 run.resume=auto ) > "$tmp/out" 2>&1; code=$?
+  [ $code = 1 ] || { cat "$tmp/out" >&2; fail "exit code $code after a failed checkpoint write, expected 1"; }
+  expect_out "checkpoint of step 20 failed: writing $tmp/f/checkpoints/.step_00000020.tmp/"
+  expect_out "its half-written folder was removed; latest still names step_00000010"
+  ls -a "$tmp/f/checkpoints" | grep -q 'tmp' && fail "left a half-written folder: $(ls -a "$tmp/f/checkpoints")"
+  [ "$(cat "$tmp/f/checkpoints/latest")" = step_00000010 ] || fail "latest moved"
+  ;;
 *) fail "unknown case" ;;
 esac
 echo "ok [$case_name]"
