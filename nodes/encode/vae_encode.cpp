@@ -22,11 +22,12 @@ uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row) {
   return mix_seed({seed, kSeedTagLatent, static_cast<uint64_t>(step), static_cast<uint64_t>(row)});
 }
 
-torch::Tensor encode_latents(vae::VaeState& state, const torch::Tensor& images, const VaeEncodeOptions& o) {
+torch::Tensor encode_latents(ModelState& state, const torch::Tensor& images, const VaeEncodeOptions& o) {
   torch::NoGradGuard no_grad;
-  vae::AutoencoderKLImpl& m = state.vae();
-  const torch::Tensor w = m.parameters().front();
-  auto [mean, logvar] = m.encode(images.to(w.device(), w.scalar_type()));
+  if (!state.autoencoder || !state.autoencoder->encode)
+    throw std::runtime_error("encode_latents: model '" + state.kind + "' is not an autoencoder with an encoder");
+  const torch::Tensor w = state.module->parameters().front();
+  auto [mean, logvar] = state.autoencoder->encode(state, images.to(w.device(), w.scalar_type()));
   torch::Tensor z = mean.to(torch::kFloat);
   if (o.sample) {
     std::vector<torch::Tensor> eps;
@@ -37,7 +38,7 @@ torch::Tensor encode_latents(vae::VaeState& state, const torch::Tensor& images, 
     }
     z = z + torch::exp(0.5 * logvar.to(torch::kFloat)) * torch::stack(eps).to(z.device());
   }
-  return z * state.config.scaling_factor;
+  return z * state.autoencoder->scaling_factor;
 }
 
 namespace {
@@ -82,7 +83,7 @@ class VaeEncodeNode : public Node {
                                  keys_of(batch));
       VaeEncodeOptions mean;
       mean.sample = false;
-      return TensorMap{{out, encode_latents(static_cast<vae::VaeState&>(self), it->second, mean)}};
+      return TensorMap{{out, encode_latents(self, it->second, mean)}};
     };
     factor_ = c.downsample_factor();
     if (ctx.run().rank == 0) {

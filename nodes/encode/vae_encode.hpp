@@ -29,7 +29,8 @@ uint64_t vae_latent_seed(uint64_t seed, int64_t step, int64_t row);
 
 // images [B, in_channels, H, W] in [-1, 1] (H, W multiples of the downsampling factor) ->
 // float32 latents [B, latent_channels, H/f, W/f] = (sample or mean) * scaling_factor, on the
-// VAE's device, under NoGradGuard. The images are cast to the VAE's dtype and device.
-torch::Tensor encode_latents(vae::VaeState& vae, const torch::Tensor& images, const VaeEncodeOptions& o);
+// VAE's device, under NoGradGuard. The images are cast to the VAE's dtype and device. `vae`: an
+// autoencoder's state with an encoder (ModelState::autoencoder).
+torch::Tensor encode_latents(ModelState& vae, const torch::Tensor& images, const VaeEncodeOptions& o);
 
 }  // namespace flowrun

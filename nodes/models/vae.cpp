@@ -480,6 +480,7 @@ std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model, bool frozen) {
   auto ae = std::make_shared<ModelState::Autoencoder>();
   ae->in_channels = s->config.in_channels;
   ae->downsample = s->config.downsample_factor();
+  ae->scaling_factor = s->config.scaling_factor;
   auto vae_of = [](ModelState& self) -> AutoencoderKLImpl& {
     auto* vae = self.module ? self.module->as<AutoencoderKLImpl>() : nullptr;
     if (!vae) throw std::runtime_error("vae: model '" + self.kind + "' has no AutoencoderKL module");
