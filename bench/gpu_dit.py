@@ -15,8 +15,7 @@ in the loop:
   batch 32 (--batch) of 256 px images, bf16 (autocast, fp32 master weights), AdamW lr 1e-4
   (warm-up 100), clip 1.0, EMA every step, 10 % caption dropout.
   BERT in bf16 on both sides (autocast in the loop, text.dtype=bfloat16 in flowrun); the VAE
-  encoder in fp32 on both (dit_base shares the vae node's `with` with sample.vae through a YAML
-  anchor, whose schema has no dtype, so vae.dtype cannot be set by an override).
+  encoder in fp32 on both (vae.dtype stays float32, as the loop's VAE).
 Data: data/shapes/xl (--data), 256 px shapes shards; both sides read them (the loop through a
 DataLoader, --workers processes, pinned memory). Make them with
   flowrun prep shapes data/shapes/xl-png --set base --count 512 --size 256 --seed 1
@@ -151,9 +150,8 @@ def precision_note(precision):
         return "Precision: fp32 on both sides."
     return ("Precision: bf16 with fp32 master weights. The loop: the forwards of the DiT and BERT under bf16 "
             "autocast. flowrun: run.precision=bf16 (the DiT's forward under autocast), text.dtype=bfloat16 "
-            "(BERT's weights and math in bf16). The VAE encoder in fp32 on both sides, because flowrun's vae.dtype "
-            "cannot be set by an override (dit_base.yaml's `*vae` anchor shares the node's `with` map with "
-            "sample.vae, whose schema has no dtype).")
+            "(BERT's weights and math in bf16). The VAE encoder in fp32 on both sides (vae.dtype=float32, as "
+            "the loop's).")
 
 
 def loop_features(device, precision):

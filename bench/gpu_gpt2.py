@@ -166,7 +166,7 @@ def dit(args, device):
     base = ["graphs/dit_base.yaml", "run.device=" + device, "run.steps=%d" % args.steps,
             "run.log_every=%d" % args.window, "eval.every=1000000", "evlog.every=1000000", "sample.every=1000000",
             "sample.at=[]", "fid.every=1000000", "fid.at=[]", "evlog.at=[]", "ckpt.every=1000000", "ckpt.at=[]",
-            "vae.weights=null", "sample.vae.weights=null",  # the VAE seeded random: no trained one needed
+            "vae.weights=null",  # the VAE seeded random (the sampler decodes with it): no trained one needed
             # the heavy encoder: BERT-base sized (12 x 768), as HunyuanDiT's text encoder
             "text.dim=768", "text.layers=12", "text.heads=12", "text.ffn=3072", "model.text_dim=768"]
     own = base + ["text.stream=encode", "run.prefetch=4"]

@@ -663,7 +663,7 @@ def dit_overrides(cfg, data, steps, window, threads=0, device="cpu", precision="
     b, d = cfg["bert"], cfg["dit"]
     return ["graphs/dit_base.yaml", "data.path=" + data, "data.batch=%d" % cfg["batch"], "data.size=%d" % cfg["size"],
             "tok.vocab=" + cfg["vocab_txt"], "tok.max_length=%d" % cfg["max_length"]] + \
-           ["vae.weights=null", "sample.vae.weights=null"] + \
+           ["vae.weights=null"] + \
            ["vae.%s=%s" % kv for kv in sorted(cfg["vae"].items())] + \
            ["text.%s=%d" % kv for kv in sorted(b.items())] + \
            ["model.%s=%s" % kv for kv in sorted(d.items())] + \

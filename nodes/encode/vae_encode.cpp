@@ -65,10 +65,11 @@ class VaeEncodeNode : public Node {
     const uint64_t init_seed = mix_seed({seed_, name_seed(ctx.name()), kSeedTagInit});
     const std::string weights = p.has("weights") ? p.get<std::string>("weights") : pretrained;
     const std::string dtype = p.get<std::string>("dtype");
+    const bool decoder = p.get<bool>("decoder");  // for a sampler that decodes with this VAE
 
     vae::AutoencoderKL model{nullptr};
     try {
-      model = vae::make_autoencoder(c, vae::Part::encoder, weights, init_seed);
+      model = vae::make_autoencoder(c, decoder ? vae::Part::both : vae::Part::encoder, weights, init_seed);
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
@@ -89,8 +90,8 @@ class VaeEncodeNode : public Node {
     if (ctx.run().rank == 0) {
       int64_t n = 0;
       for (const auto& t : model->parameters()) n += t.numel();
-      spdlog::info("{}: frozen {} encoder ({:.2f}M parameters, {}, {}), {} -> {} ({} x {}, /{} per side, {})",
-                   ctx.who(), vae::describe(c), static_cast<double>(n) / 1e6, dtype,
+      spdlog::info("{}: frozen {} {} ({:.2f}M parameters, {}, {}), {} -> {} ({} x {}, /{} per side, {})",
+                   ctx.who(), vae::describe(c), decoder ? "encoder and decoder" : "encoder", static_cast<double>(n) / 1e6, dtype,
                    weights.empty() ? "random init" : "weights from " + weights, in_key_, out_key_,
                    sample_ ? "sample" : "mean", c.scaling_factor, factor_, sample_ ? "seeded per row" : "no noise");
       if (weights.empty())

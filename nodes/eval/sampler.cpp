@@ -24,7 +24,6 @@
 #include <filesystem>
 
 #include "common/batch_keys.hpp"
-#include "common/pretrained.hpp"
 #include "common/seed.hpp"
 #include "data/image_tensor.hpp"
 #include "encode/text_encode.hpp"
@@ -32,7 +31,6 @@
 #include "formats/files.hpp"
 #include "formats/image_io.hpp"
 #include "formats/tfevents.hpp"
-#include "models/vae_config.hpp"
 #include "registry.hpp"
 #include "train/losses.hpp"
 #include "train/precision.hpp"
@@ -99,14 +97,17 @@ Image sample_grid(const torch::Tensor& samples, int64_t cols) {
   return image_grid(s, static_cast<int>(cols));
 }
 
-torch::Tensor decode_latents(vae::AutoencoderKLImpl& vae, const torch::Tensor& latents) {
+torch::Tensor decode_latents(ModelState& vae, const torch::Tensor& latents) {
   torch::NoGradGuard no_grad;
   if (latents.dim() != 4) throw std::runtime_error("decode_latents: expected latents [N, C, h, w]");
-  const torch::Tensor w = vae.parameters().front();
-  const double s = vae.config().scaling_factor;
+  if (!vae.autoencoder || !vae.autoencoder->decode)
+    throw std::runtime_error("decode_latents: model '" + vae.kind + "' is not an autoencoder with a decoder");
+  const torch::Tensor w = vae.module->parameters().front();
+  const double s = vae.autoencoder->scaling_factor;
   std::vector<torch::Tensor> images;
   for (int64_t i = 0; i < latents.size(0); ++i)
-    images.push_back(vae.decode(latents.narrow(0, i, 1).to(w.device(), w.scalar_type()) / s).to(torch::kFloat));
+    images.push_back(
+        vae.autoencoder->decode(vae, latents.narrow(0, i, 1).to(w.device(), w.scalar_type()) / s).to(torch::kFloat));
   return torch::cat(images);
 }
 
@@ -138,42 +139,24 @@ class SamplerNode : public Node {
     prediction_ = denoiser->prediction();
     ddim_timesteps(schedule_.timesteps(), steps_);  // a bad `steps` is a setup error, not a step-500 one
     check_text_pairs(ctx);
-    if (p.has("vae")) setup_vae(ctx, p.sub("vae"));
-  }
-
-  // The decoder part of the VAE, once: loaded (decoder.* and post_quant_conv.*) or seeded.
-  void setup_vae(SetupContext& ctx, const Params& v) {
-    std::string pretrained;
-    vae::Config c;
-    try {
-      const YAML::Node written = written_params(ctx.run(), ctx.name());
-      c = autoencoder_kl_config(v, written ? written["vae"] : YAML::Node(), &pretrained);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(ctx.who() + ": vae: " + e.what());
-    }
-    if (!pretrained.empty() && v.has("weights"))
-      throw pretrained_and_weights(ctx.who() + ": vae");
-    if (channels_ != c.latent_channels)
-      throw std::runtime_error(ctx.who() + ": channels is " + std::to_string(channels_) + " but vae.latent_channels is " +
-                               std::to_string(c.latent_channels) + "; with a vae the samples are latents, so set "
-                               "channels to the VAE's latent channels (and height/width in latent rows/columns)");
-    const std::string weights = v.get<std::string>("weights", pretrained);
-    const uint64_t seed = mix_seed({static_cast<uint64_t>(seed_), name_seed(ctx.name()), kSeedTagInit});
-    try {
-      vae_ = vae::make_autoencoder(c, vae::Part::decoder, weights, seed);
-    } catch (const std::exception& e) {
-      throw std::runtime_error(ctx.who() + ": vae: " + e.what());
-    }
-    freeze(*vae_);
-    if (ctx.run().rank == 0) {
-      const int64_t f = c.downsample_factor();
-      spdlog::info("{}: decodes with the {} decoder ({}): {}x{} latents -> {}x{} images", ctx.who(), vae::describe(c),
-                   weights.empty() ? "random init" : "weights from " + weights, height_, width_, height_ * f,
-                   width_ * f);
-      if (weights.empty())
-        spdlog::warn("{}: vae.weights is null: the VAE decoder is randomly initialised (seed {}), so the grids are "
-                     "random decodings; give a diffusers diffusion_pytorch_model.safetensors for real images",
-                     ctx.who(), seed);
+    if (p.has("vae"))
+      throw std::runtime_error(ctx.who() + ": the sampler's vae settings moved: it decodes with the graph's own VAE, "
+                               "an input. Drop with: vae, give the vae_encode node decoder: true, and wire it: "
+                               "in: { ..., vae: VAE_NODE.params }");
+    if (ctx.connected("vae")) {
+      const ModelState& v = ctx.state_as<ModelState>("vae");
+      if (!v.autoencoder || !v.autoencoder->decode)
+        throw std::runtime_error(ctx.who() + ": its vae input (" + ctx.refs("vae").front() + ", '" + v.kind +
+                                 "') has no decoder: give that vae_encode node decoder: true");
+      if (channels_ != v.autoencoder->latent_channels)
+        throw std::runtime_error(ctx.who() + ": channels is " + std::to_string(channels_) + " but the vae's latent channels are " +
+                                 std::to_string(v.autoencoder->latent_channels) + "; with a vae the samples are latents, so set "
+                                 "channels to the VAE's latent channels (and height/width in latent rows/columns)");
+      if (ctx.run().rank == 0) {
+        const int64_t f = v.autoencoder->downsample;
+        spdlog::info("{}: decodes with {}'s decoder: {}x{} latents -> {}x{} images", ctx.who(), ctx.refs("vae").front(),
+                     height_, width_, height_ * f, width_ * f);
+      }
     }
   }
 
@@ -193,7 +176,8 @@ class SamplerNode : public Node {
     TensorMap cond = text_conditioner(ctx).encode(texts);
     // Size and style conditioning (models that have it read these; others ignore them): as
     // HunyuanDiT's pipeline, the image size as both original and target size, no crop, style 0.
-    const int64_t n = static_cast<int64_t>(texts.size()), f = vae_ ? vae_->config().downsample_factor() : 1;
+    ModelState* vae = ctx.connected("vae") ? &ctx.state_as<ModelState>("vae") : nullptr;
+    const int64_t n = static_cast<int64_t>(texts.size()), f = vae ? vae->autoencoder->downsample : 1;
     cond[batch_key::image_meta_size] = torch::tensor({static_cast<float>(height_ * f), static_cast<float>(width_ * f),
                                              static_cast<float>(height_ * f), static_cast<float>(width_ * f), 0.f, 0.f})
                                   .repeat({n, 1});
@@ -211,12 +195,7 @@ class SamplerNode : public Node {
       throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) +
                                ": the samples are not finite (the model diverged?)");
     torch::Tensor img = x;
-    if (vae_) {
-      // The decoder follows the samples to their device (it is this node's own module).
-      const torch::Tensor w = vae_->parameters().front();
-      if (w.device() != x.device()) vae_->to(x.device());
-      img = decode_latents(*vae_, x);
-    }
+    if (vae) img = decode_latents(*vae, x).to(x.device());
     ctx.out("samples", TensorMap{{img.size(1) == 3 ? "image" : "latents", img}});
 
     char name[32];
@@ -241,7 +220,6 @@ class SamplerNode : public Node {
   double guidance_ = 0;
   diffusion::NoiseSchedule schedule_;
   diffusion::Prediction prediction_ = diffusion::Prediction::eps;
-  vae::AutoencoderKL vae_{nullptr};  // decoder part, when `vae` is given
   std::shared_ptr<tfevents::EventFile> tb_;  // rank 0 with tensorboard: true
 };
 

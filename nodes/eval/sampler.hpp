@@ -8,7 +8,6 @@
 #include "common/tensor_map.hpp"
 #include "formats/image_io.hpp"
 #include "models/model_state.hpp"
-#include "models/vae.hpp"
 #include "train/diffusion.hpp"
 
 namespace flowrun {
@@ -37,6 +36,6 @@ Image sample_grid(const torch::Tensor& samples, int64_t cols);
 // Scaled latents [N, latent, h, w] -> float32 images [N, 3, h*f, w*f] (about [-1, 1]):
 // vae.decode(latents / scaling_factor), one image at a time (bounded memory), on the VAE's
 // device and dtype, under NoGradGuard. The VAE needs its decoder part.
-torch::Tensor decode_latents(vae::AutoencoderKLImpl& vae, const torch::Tensor& latents);
+torch::Tensor decode_latents(ModelState& vae, const torch::Tensor& latents);
 
 }  // namespace flowrun

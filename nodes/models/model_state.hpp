@@ -79,6 +79,7 @@ struct ModelState {
   // latents -> images; either is unset for a VAE of one part.
   struct Autoencoder {
     int64_t in_channels = 0, downsample = 1;  // images [B, in_channels, H, W], H and W multiples of downsample
+    int64_t latent_channels = 0;
     double scaling_factor = 1.0;              // latents for a diffusion model: (mean or sample) x this
     std::function<std::pair<torch::Tensor, torch::Tensor>(ModelState& self, const torch::Tensor& x)> encode;
     std::function<torch::Tensor(ModelState& self, const torch::Tensor& z)> decode;

@@ -481,6 +481,7 @@ std::shared_ptr<VaeState> make_vae_state(AutoencoderKL model, bool frozen) {
   ae->in_channels = s->config.in_channels;
   ae->downsample = s->config.downsample_factor();
   ae->scaling_factor = s->config.scaling_factor;
+  ae->latent_channels = s->config.latent_channels;
   auto vae_of = [](ModelState& self) -> AutoencoderKLImpl& {
     auto* vae = self.module ? self.module->as<AutoencoderKLImpl>() : nullptr;
     if (!vae) throw std::runtime_error("vae: model '" + self.kind + "' has no AutoencoderKL module");

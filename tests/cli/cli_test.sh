@@ -368,7 +368,7 @@ tensorboard_events)
     log.tensorboard=true evlog.tensorboard=true sample.tensorboard=true data.batch=8 tok.max_length=12 text.dim=16 \
     text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16 \
     sample.steps=2 sample.per_prompt=1 sample.every=6 fid.every=6 eval.every=3 evlog.every=6 eval.batch=8 eval.batches=1 \
-    vae.weights=null sample.vae.weights=null
+    vae.weights=null
   [ "$(ls "$tmp/o/tb" | wc -l)" = 1 ] || { ls -l "$tmp/o/tb" >&2; fail "expected one event file in OUT_DIR/tb"; }
   python3 tests/tools/read_tfevents.py "$tmp/o/tb" > "$tmp/events" || fail "the event file does not read back"
   python3 - "$tmp/events" "$tmp/o/metrics.jsonl" "$tmp/o/samples/step_0000006.png" <<'PY' || fail "events differ from metrics.jsonl"

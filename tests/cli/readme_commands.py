@@ -33,7 +33,7 @@ VAE_TINY = ["block_out_channels=[8, 8, 8]", "norm_num_groups=4"]
 DIT_TINY = (["data.batch=4", "tok.max_length=12", "text.dim=16", "text.heads=2", "text.ffn=32",
              "model.hidden=32", "model.depth=2", "model.heads=2", "model.mlp_ratio=2.0", "model.text_dim=16",
              "sample.steps=3", "sample.per_prompt=1", "sample.zoom=1", "eval.batch=8", "eval.batches=1"] +
-            ["vae." + o for o in VAE_TINY] + ["sample.vae." + o for o in VAE_TINY])
+            ["vae." + o for o in VAE_TINY])
 TINY = {
     "graphs/regression.yaml": [],
     # 16x16 images: the VAE's 2500 steps are most of this test (43 s at 32x32, 28 s at 16); the

@@ -311,7 +311,7 @@ fidelity_ranks)
   needs_data data/shapes/base.json
   tiny=(graphs/dit_base.yaml run.steps=2 run.log_every=1 run.progress=off opt.lr=0 tok.max_length=12 text.dim=16
         text.heads=2 text.ffn=32 model.hidden=32 model.depth=2 model.heads=2 model.mlp_ratio=2.0 model.text_dim=16
-        sample.steps=3 sample.per_prompt=2 eval.batch=8 eval.batches=1 vae.weights=null sample.vae.weights=null
+        sample.steps=3 sample.per_prompt=2 eval.batch=8 eval.batches=1 vae.weights=null
         ckpt.at=[])
   run_code 0 "$flowrun" "${tiny[@]}" run.out_dir="$tmp/one" data.batch=16
   expect_out "over 7 prompts, 14 images"

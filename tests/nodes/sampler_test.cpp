@@ -14,6 +14,7 @@
 #include "data/image_tensor.hpp"
 #include "prep/prep_images.hpp"
 #include "common/safetensors.hpp"
+#include "models/vae.hpp"
 #include "data/shapes.hpp"
 #include "eval/sampler.hpp"
 #include "train/losses.hpp"
@@ -270,9 +271,8 @@ TEST(SamplerNode, ADivergedModelIsAnErrorNamingTheStep) {
   }
 }
 
-// Latent diffusion end to end: images -> vae_encode -> a 4-channel dit; the sampler decodes its
-// 8x8 latents with the VAE's decoder (loaded from the same full diffusers-named file; the encoder
-// node takes only the encoder part) into 16x16 tiles.
+// Latent diffusion end to end: images -> vae_encode (with its decoder) -> a 4-channel dit; the
+// sampler decodes its 8x8 latents with that VAE (its vae input) into 16x16 tiles.
 TEST(SamplerNode, DecodesLatentsWithTheVaeDecoder) {
   const std::string data = make_shapes(test::temp_dir("sampler_vae"));
   vae::Config vc;
@@ -294,14 +294,15 @@ nodes:
   data:  { type: image_text_shards, with: { path: )" + data + R"(/shapes, size: 16, batch: 4 } }
   tok:   { type: wordpiece_tokenize, in: { text: data.captions }, with: { vocab: )" + data + R"(/png/vocab.txt, max_length: 12 } }
   text:  { type: bert_encode, in: { tokens: tok.tokens }, with: { vocab: 90, dim: 16, layers: 1, heads: 2, ffn: 32, max_positions: 16, seed: 7 } }
-  enc:   { type: vae_encode, in: { batch: data.batch }, with: { )" + vae_with + R"( } }
+  enc:   { type: vae_encode, in: { batch: data.batch }, with: { decoder: true, )" + vae_with + R"( } }
   model: { type: dit, in: { tokenizer: tok.tokenizer }, with: { patch: 2, in_channels: 4, hidden: 32, depth: 2, heads: 2, mlp_ratio: 2.0, text_dim: 16, t5_dim: 0 } }
   loss:  { type: diffusion_loss, with: { x_key: latents } }
   fb:    { type: forward_backward, in: { batch: enc.latents, cond: text.emb, objective: loss.objective, model: model.params } }
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1.0e-3 } }
-  sample: { type: sampler, at: [end], in: { objective: loss.objective, model: model.params, tokenizer: tok.tokenizer, encoder: text.params },
+  sample: { type: sampler, at: [end], in: { objective: loss.objective, model: model.params, tokenizer: tok.tokenizer, encoder: text.params,
+                                            vae: enc.params },
             with: { prompts: ["a large red circle", "a small blue square"], per_prompt: 3, steps: 3,
-                    height: 8, width: 8, channels: )" + channels + R"(, vae: { )" + vae_with + R"( } } }
+                    height: 8, width: 8, channels: )" + channels + R"( } }
 )";
   };
   auto run = test::load_graph_text(graph("4"));
@@ -319,7 +320,7 @@ nodes:
   vae::load_safetensors(*dec, weights);
   const torch::Tensor z = torch::randn({2, 4, 8, 8});
   torch::NoGradGuard no_grad;
-  const torch::Tensor x = decode_latents(*dec, z);
+  const torch::Tensor x = decode_latents(*vae::make_vae_state(dec), z);
   EXPECT_EQ(x.sizes().vec(), (std::vector<int64_t>{2, 3, 16, 16}));
   EXPECT_TRUE(torch::allclose(x, full->decode(z / 0.18215), 1e-5, 1e-5));
 
@@ -330,7 +331,16 @@ nodes:
   } catch (const std::exception& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("'sample'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("vae.latent_channels is 4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("channels is 3 but the vae's latent channels are 4"), std::string::npos) << msg;
+  }
+  // Issue 47: a VAE of its own (the old `vae:` settings) is refused, saying how to wire the graph's.
+  std::string old_way = graph("4");
+  old_way.replace(old_way.rfind("channels: 4"), 11, "channels: 4, vae: { weights: null }");  // the sampler's
+  try {
+    test::load_graph_text(old_way);
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the sampler's vae settings moved"), std::string::npos) << e.what();
   }
 }
 
