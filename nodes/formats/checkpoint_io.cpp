@@ -1,20 +1,17 @@
 #include "formats/checkpoint_io.hpp"
 
-#include "formats/json_file.hpp"
+#include <nlohmann/json.hpp>
 
-#include "formats/files.hpp"
-
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <algorithm>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <set>
-#include <sstream>
 #include <stdexcept>
 #include <vector>
+
+#include "formats/files.hpp"
+#include "formats/json_file.hpp"
 
 namespace flowrun::ckpt {
 
