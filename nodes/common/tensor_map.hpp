@@ -16,6 +16,12 @@ using TensorMap = std::map<std::string, torch::Tensor>;
 // "[2, 3, 32, 32]": a tensor's shape, for messages.
 inline std::string shape_str(const torch::Tensor& t) { return c10::str(t.sizes()); }
 
+// False when a floating-point tensor holds NaN or an infinity (one host read); other dtypes are
+// finite. What every loader of saved values checks (weights, adapters, model and optimizer states).
+inline bool all_finite(const torch::Tensor& t) {
+  return !t.is_floating_point() || torch::isfinite(t).all().item<bool>();
+}
+
 // "image, style": a batch's keys, for messages ("(none)" when empty).
 inline std::string keys_of(const TensorMap& m) {
   std::string s;

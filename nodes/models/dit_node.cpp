@@ -106,7 +106,8 @@ class DitNode : public Node {
                      cfg.parameter_count(), /*frozen=*/false, cfg.depth);
     Dit model(cfg);
     init_weights(*model, seed);
-    std::string from = "DiT init, seed " + std::to_string(seed);
+    const std::string init = "DiT init, seed " + std::to_string(seed);
+    std::string from = init;
     auto state = make_state(model);
     std::vector<std::string> adapted;
     from += apply_lora_param(ctx, *model, seed, &adapted);
@@ -134,7 +135,7 @@ class DitNode : public Node {
       load_safetensors(*model, path);
       from += (p.has("lora") ? "; base weights from " : "; weights from ") + path;
     }
-    warn_adapters_on_random_base(ctx, !adapted.empty(), pretrained || p.has("weights"), "DiT init, seed " + std::to_string(seed));
+    warn_adapters_on_random_base(ctx, !adapted.empty(), pretrained || p.has("weights"), init);
     from += load_adapters_param(ctx, *state, seed);
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) over the image's
     // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]).

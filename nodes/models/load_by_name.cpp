@@ -32,7 +32,7 @@ void load_by_name(NamedTensorMap mine, const NamedTensorMap& tensors, const std:
     } else if (!t.is_floating_point()) {
       misshaped.push_back(raw + ": dtype " + std::string(c10::toString(t.scalar_type())) + " is not a float type");
       given[name] = torch::Tensor();
-    } else if (!torch::isfinite(t).all().item<bool>()) {
+    } else if (!all_finite(t)) {
       // Issue 47: NaN weights or adapters loaded silently, and step 1 blamed the learning rate.
       nonfinite.push_back(raw + " " + shape_str(t));
       given[name] = torch::Tensor();

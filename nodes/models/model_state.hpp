@@ -187,7 +187,7 @@ struct ModelState {
       if (!it->second.sizes().equals(v.sizes()))
         throw std::runtime_error("model '" + kind + "': tensor '" + k + "' has shape " + shape_str(it->second) +
                                  ", the one given has " + shape_str(v));
-      if (v.is_floating_point() && !torch::isfinite(v).all().item<bool>())
+      if (!all_finite(v))
         throw std::runtime_error("model '" + kind + "': tensor '" + k + "' holds NaN or infinite values");
     }
     if (strict)

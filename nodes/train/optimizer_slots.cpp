@@ -126,7 +126,7 @@ void check_loaded(const std::map<std::string, std::vector<int64_t>>& expected,
     if (!it->second.sizes().equals(shape))
       throw std::runtime_error("optimizer state: tensor '" + name + "' has shape " + shape_str(it->second) +
                                ", expected " + c10::str(c10::IntArrayRef(shape)) + hint);
-    if (it->second.is_floating_point() && !torch::isfinite(it->second).all().item<bool>())
+    if (!all_finite(it->second))
       throw std::runtime_error("optimizer state: tensor '" + name + "' holds NaN or infinite values" + hint);
   }
   for (const auto& [name, _] : t)
