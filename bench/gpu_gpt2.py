@@ -6,16 +6,18 @@ master weights, AdamW, clip 1.0):
   - flowrun: `flowrun graphs/gpt.yaml` with run.device=cuda run.precision=bf16 (EMA, eval and
     checkpoints moved out of the way by overrides), tokens/s from its metrics.jsonl;
   - eager: a plain PyTorch training loop of the same model (HF GPT-2 layout, SDPA, fused AdamW);
-  - compile: the same loop under torch.compile (reported beside it, not the headline).
+  - compile: the same loop with the model under torch.compile (--compile), the stronger peer.
 Data: flowrun reads GPT-2 BPE token shards (--data, default data/text/fortunes_gpt2, made by
 scripts/data.sh); the PyTorch loop trains on seeded random tokens (the speed of a step does not
 depend on them).
-Rounds alternate flowrun / eager; each round's per-step time is the median over windows of
-`--window` steps after `--warmup` steps (start-up excluded; one host sync per window on both
-sides: flowrun's metrics node logs every `--window` steps, the loop reads its loss); the table
-gives medians over rounds, the ratio flowrun / eager and model FLOPs utilization (MFU):
-(6N + 12 L d T) x tokens/s, N = all parameters but the position embeddings, against the bf16
-matmul peak measured here (best of a few 8192^3 products).
+Rounds (`--rounds`, default 5) alternate flowrun / eager / compile; each run's per-step time is
+the median over windows of `--window` steps after `--warmup` steps (start-up and compilation
+excluded; one host sync per window on both sides: flowrun's metrics node logs every `--window`
+steps, the loop reads its loss); the table gives each side's median and range over the rounds,
+the per-round ratios flowrun / eager and flowrun / compile (median and range) and model FLOPs
+utilization (MFU): (6N + 12 L d T) x tokens/s, N = all parameters but the position embeddings,
+against the card's datasheet dense bf16 peak (DATASHEET_BF16) and against the bf16 matmul peak
+measured here (best of a few 8192^3 products).
 
 Activation checkpointing (`--memory`, issue 32): a GPT-2 350M-size graph with `checkpoint: blocks`
 against none, the peak device memory flowrun logs at the end and s/step, at a batch both fit and at
@@ -23,7 +25,7 @@ one only the checkpointed run should fit (`--memory-batches`).
 
 DiT (`--dit`): graphs/dit_base.yaml with a heavy text encoder (BERT 12 x 768) on the GPU,
 steps/s with the encoder on its own stream (`text.stream=encode`, prefetch 4) against inline
-(`text.stream=default`, prefetch 0), alternating rounds.
+(`text.stream=default`, the same prefetch 4), alternating rounds.
 
 Usage (tests/gpu/run.sh calls it):
   python3 bench/gpu_gpt2.py --flowrun build-gpu/engine/flowrun --compile --dit --out build-gpu/gpu-results/bench.md
@@ -44,8 +46,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import (eager_round, flowrun_round, gpt_overrides, peak_memory, run_flowrun,  # noqa: E402
-                         seconds_per_step, write_report)
+from torch_peers import (eager_round, flowrun_round, gpt_overrides, peak_memory, rounds_ratio,  # noqa: E402
+                         run_flowrun, seconds_per_step, write_report)
 
 
 def matmul_peak_tflops(device):
@@ -94,6 +96,28 @@ def shards_missing(data):
             "Debian package fortunes and PyPI) and carry data/text/ here, or pass --data" % data)
 
 
+# Dense bf16 tensor-core peaks from the vendors' datasheets (TFLOP/s, no sparsity), by the name
+# torch.cuda.get_device_name gives; MFU is quoted against this beside the measured matmul peak.
+DATASHEET_BF16 = [("H200", 989.4), ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.4),
+                  ("A100", 312.0), ("L40S", 362.1), ("L4", 121.0)]
+
+
+def datasheet_peak(name):
+    """(the card's datasheet dense bf16 TFLOP/s, the name it was matched by), or (nan, None)."""
+    for key, tflops in DATASHEET_BF16:
+        if key in name:
+            return tflops, key
+    return float("nan"), None
+
+
+def ms_range(secs):
+    """'median ms (min-max)' of per-round seconds, for a table cell."""
+    if not secs:
+        return "-"
+    ms = sorted(1e3 * s for s in secs)
+    return "%.1f ms (%.1f–%.1f)" % (statistics.median(ms), ms[0], ms[-1])
+
+
 def gpt2(args, device):
     if args.tiny:
         cfg = dict(layers=2, dim=64, heads=2, vocab=256, context=64, batch=4, bf16=False)
@@ -103,58 +127,75 @@ def gpt2(args, device):
         data = args.data or "data/text/fortunes_gpt2"
     overrides = gpt_overrides(cfg, data, args.steps, args.window, device)
     tokens = cfg["batch"] * cfg["context"]
-    fl, eg, flow_cmd = [], [], " ".join([args.flowrun] + overrides)
+    flow_cmd = " ".join([args.flowrun] + overrides)
+    # Per round, one figure per side (None where that side failed this round), in the order run:
+    # flowrun, the eager loop, the loop under torch.compile (--compile).
+    res = {"flowrun": [], "eager": [], "compile": []}
     flow_err = shards_missing(data)
+    comp_err = None if args.compile else "not run (--compile)"
     if flow_err:
         print("flowrun: no run: " + flow_err, file=sys.stderr, flush=True)
         FAILED.append("GPT-2 data")
     for r in range(args.rounds):
+        s = None
         if not flow_err:
             try:
                 s, flow_cmd = flowrun_round(args.flowrun, overrides, args.warmup)
-                fl.append(s)
-            except Exception as e:  # report the eager figures anyway, and why flowrun has none
+            except Exception as e:  # report the PyTorch figures anyway, and why flowrun has none
                 flow_err = fail("GPT-2, round %d" % (r + 1), e)
-        eg.append(eager_round(cfg, device, args.steps, args.warmup, args.window))
-        print("round %d: flowrun %s s/step, eager %.4f s/step" % (r + 1, "%.4f" % fl[-1] if fl and not flow_err else "-",
-                                                                 eg[-1]), flush=True)
-    comp, comp_err = None, None
-    if args.compile:
-        try:
-            comp = eager_round(cfg, device, args.steps, args.warmup, args.window, compile_it=True)
-        except Exception as e:  # no torch.compile (torch < 2) or no Triton: say so, keep the rest
-            comp_err = ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:200]
-            print("torch.compile failed: " + comp_err, file=sys.stderr, flush=True)
-    peak = matmul_peak_tflops(device)
+        res["flowrun"].append(s)
+        res["eager"].append(eager_round(cfg, device, args.steps, args.warmup, args.window))
+        c = None
+        if not comp_err:
+            try:  # a fresh model each round, as eager; the first round's warm-up steps hold the compile
+                c = eager_round(cfg, device, args.steps, args.warmup, args.window, compile_it=True)
+            except Exception as e:  # no Triton, or the compiler failed: say so, keep the rest
+                comp_err = ("%s: %s" % (type(e).__name__, e)).splitlines()[0][:200]
+                print("torch.compile failed: " + comp_err, file=sys.stderr, flush=True)
+        res["compile"].append(c)
+        print("round %d: %s" % (r + 1, ", ".join("%s %s ms/step" % (k, "-" if v[-1] is None else "%.2f" % (1e3 * v[-1]))
+                                                 for k, v in res.items())), flush=True)
+    measured = matmul_peak_tflops(device)
+    card = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+    sheet, sheet_name = datasheet_peak(card)
     fpt, n_params = flops_per_token(cfg)
-    rows = []
 
-    def row(name, sec):
-        tps = tokens / sec
-        mfu = fpt * tps / (peak * 1e12) if peak == peak else float("nan")
-        rows.append("| %s | %.0f | %.1f ms | %s |" % (name, tps, sec * 1e3, "%.1f %%" % (100 * mfu) if mfu == mfu else "-"))
-        return tps
+    def mfu(secs, peak):
+        done = [s for s in secs if s is not None]
+        if not done or peak != peak:
+            return "-"
+        return "%.1f %%" % (100 * fpt * tokens / statistics.median(done) / (peak * 1e12))
 
     feats = ["SDPA" if hasattr(F, "scaled_dot_product_attention") else "math attention",
              "fused AdamW" if device == "cuda" else "AdamW"] + (["bf16 autocast"] if cfg["bf16"] else [])
-    e = row("PyTorch eager loop (%s)" % ", ".join(feats), statistics.median(eg))
-    f = row("flowrun graphs/gpt.yaml", statistics.median(fl)) if fl and not flow_err else None
-    if comp:
-        row("PyTorch eager + torch.compile", comp)
-    elif comp_err:
-        rows.append("| PyTorch eager + torch.compile | failed: %s | | |" % comp_err.replace("|", "/"))
-    lines = ["## GPT-2 124M training throughput (%s)" % ("tiny smoke config" if args.tiny else "bf16, batch %d x %d tokens" % (cfg["batch"], cfg["context"])),
-             "", "| | tokens/s | per step | MFU |", "|---|---|---|---|"] + rows + [""]
-    if f:
-        lines.append("flowrun / eager = **%.3f x** (target >= 1.0), medians of %d alternating rounds, %d steps each "
-                     "(first %d excluded)." % (f / e, args.rounds, args.steps, args.warmup))
-    else:
-        lines.append("flowrun: no figure: %s" % (flow_err or "not run"))
+    names = {"flowrun": "flowrun graphs/gpt.yaml", "eager": "PyTorch eager loop (%s)" % ", ".join(feats),
+             "compile": "the same loop, model under torch.compile"}
+    rows = []
+    for k, secs in res.items():
+        done = [s for s in secs if s is not None]
+        if not done:
+            why = flow_err if k == "flowrun" else comp_err if k == "compile" else "no figure"
+            rows.append("| %s | no figure: %s | | | |" % (names[k], (why or "-").replace("|", "/")[:300]))
+            continue
+        rows.append("| %s | %.0f | %s | %s | %s |" % (names[k], tokens / statistics.median(done), ms_range(done),
+                                                      mfu(done, sheet), mfu(done, measured)))
+    title = "tiny smoke config" if args.tiny else "bf16, batch %d x %d tokens" % (cfg["batch"], cfg["context"])
+    lines = ["## GPT-2 124M training throughput (%s), %s" % (title, card), "",
+             "| | tokens/s | per step, median (range over rounds) | MFU (datasheet peak) | MFU (measured peak) |",
+             "|---|---|---|---|---|"] + rows + [""]
+    lines.append("flowrun / eager (eager ms over flowrun ms, per round) = %s; flowrun / torch.compile = %s. "
+                 "%d alternating rounds, each flowrun, eager, torch.compile; %d steps a run, the first %d excluded, "
+                 "medians of %d-step windows." % (rounds_ratio(res["eager"], res["flowrun"]),
+                                                  rounds_ratio(res["compile"], res["flowrun"]),
+                                                  args.rounds, args.steps, args.warmup, args.window))
     lines.append("")
-    lines.append("MFU: model FLOPs per token %.4g = 6N + 12 L d T (PaLM appendix B; N = %.1fM, every parameter "
-                 "but the position embeddings, the tied embedding counted once) x tokens/s, over the bf16 "
-                 "matmul peak measured here: %s TFLOP/s (best of 3 x 10 products of 8192 x 8192)." %
-                 (fpt, n_params / 1e6, "%.0f" % peak if peak == peak else "- (no GPU)"))
+    lines.append("MFU: model FLOPs per token %.4g = 6N + 12 L d T (PaLM appendix B; N = %.1fM, every parameter but "
+                 "the position embeddings, the tied embedding counted once) x tokens/s, over %s, and over the best "
+                 "bf16 matmul measured here, %s TFLOP/s (3 x 10 products of 8192 x 8192, random data)." %
+                 (fpt, n_params / 1e6,
+                  "the %s datasheet's dense bf16 peak, %.0f TFLOP/s" % (sheet_name, sheet) if sheet_name
+                  else "no datasheet peak (card not in bench/gpu_gpt2.py's DATASHEET_BF16)",
+                  "%.0f" % measured if measured == measured else "-"))
     lines.append("")
     lines.append("flowrun command: `%s`" % flow_cmd)
     lines.append("")
@@ -170,7 +211,7 @@ def dit(args, device):
             # the heavy encoder: BERT-base sized (12 x 768), as HunyuanDiT's text encoder
             "text.dim=768", "text.layers=12", "text.heads=12", "text.ffn=3072", "model.text_dim=768"]
     own = base + ["text.stream=encode", "run.prefetch=4"]
-    inline = base + ["text.stream=default", "vae.stream=default", "data.stream=default", "run.prefetch=0"]
+    inline = base + ["text.stream=default", "vae.stream=default", "data.stream=default", "run.prefetch=4"]
     title = "## DiT graph: encoders on their own stream vs inline (flowrun, graphs/dit_base.yaml, BERT 12x768)"
     if not glob.glob("data/shapes/base.train-*.tar"):
         FAILED.append("DiT data")
@@ -186,7 +227,7 @@ def dit(args, device):
     return [title, "",
             "| | steps/s |", "|---|---|",
             "| text encoder on `encode`, prefetch 4 | %.2f |" % (1 / statistics.median(a)),
-            "| inline (default stream, prefetch 0) | %.2f |" % (1 / statistics.median(b)), "",
+            "| inline (default stream, prefetch 4) | %.2f |" % (1 / statistics.median(b)), "",
             "own stream / inline = **%.3f x** (target >= 1.2)" % (statistics.median(b) / statistics.median(a))]
 
 
@@ -251,8 +292,8 @@ def main():
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--window", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--compile", action="store_true", help="also time the eager loop under torch.compile")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="also time the loop under torch.compile, in each round")
     ap.add_argument("--dit", action="store_true", help="also the DiT encoder-stream benchmark")
     ap.add_argument("--out", default=None, help="write the markdown table here too")
     ap.add_argument("--memory", action="store_true",

@@ -158,7 +158,9 @@ GpuRun run_gpu(const std::string& yaml, const std::string& out_dir, std::vector<
       if (port.kind == PortKind::State)
         if (const StateIO* io = find_state_io(ex.state(n.name, port.name)))
           for (const auto& [_, t] : io->tensors(ex.state(n.name, port.name))) {
-            if (t.dim() == 0 && t.scalar_type() == torch::kLong) continue;  // counters (steps) are host numbers
+            // Integers are host numbers: step counters, the data cursor's position and its data's
+            // fingerprint (nodes/data/cursor.cpp). Parameters, moments and EMA weights are floats.
+            if (!t.is_floating_point()) continue;
             ++r.state_tensors;
             r.on_gpu += t.is_cuda();
           }

@@ -8,19 +8,23 @@
 #      then the GPU tests and the torch-free engine tests;
 #   2. test: ctest -L gpu (tests/gpu/gpu_test.cpp), then the engine tests (stream ordering,
 #      executor) in the CUDA build;
-#   3. bench: bench/gpu_gpt2.py (GPT-2 124M at batch 8 and 16, flowrun vs a PyTorch eager loop, torch.compile
-#      beside it; activation checkpointing's peak memory at GPT-2 350M size) and bench/gpu_dit.py (a
-#      DiT-XL/2-size DiT against bench/torch_dit.py, its encoders' stream against inline) and
-#      bench/gpu_hydit.py (graphs/hydit_v12_lora.yaml at HunyuanDiT-v1.2 size, 1024 px, against
-#      diffusers + peft); the tables are printed last.
+#   3. bench, in parts (BENCH_PARTS, default all, in this order): gpt2, gpt2_16 (bench/gpu_gpt2.py:
+#      GPT-2 124M at batch 8 / 16, flowrun, a PyTorch eager loop and that loop under torch.compile
+#      in 5 alternating rounds); kernels (bench/gpu_kernels.py: per-kernel GPU time of each, by
+#      family); memory (activation checkpointing's peak memory at GPT-2 350M size); dit
+#      (bench/gpu_dit.py: a DiT-XL/2-size DiT against bench/torch_dit.py, its encoders' stream
+#      against inline, 3 rounds); hydit (bench/gpu_hydit.py: graphs/hydit_v12_lora.yaml at
+#      HunyuanDiT-v1.2 size, 1024 px, against diffusers + peft, 3 rounds); the tables are printed
+#      last. The whole bench stage takes longer than one 10-minute call: split it by BENCH_PARTS.
 # Usage: tests/gpu/run.sh [all|build|test|bench]   (default all; the stages can be run one per
 #        call when a call has a time limit: build-gpu/ is kept between them)
 # Carry data/text/ and data/gpt2/ (scripts/data.sh) from the CPU machine where this one reaches no
 # registry; data/shapes is rendered here.
 # Environment: PYTHON (default python3), BUILD (build-gpu), RESULTS (BUILD/gpu-results: logs,
-# ctest output, bench.md), BENCH_ARGS (extra bench/gpu_gpt2.py args), NCU (0: no Nsight Compute
-# kernel tables), DIFFUSERS (diffusers' source for bench/gpu_hydit.py: a folder holding
-# diffusers/, or a .tar.xz of it, where pip's diffusers is not installed).
+# ctest output, bench.md), BENCH_PARTS (the bench parts to run, above), BENCH_ARGS (extra
+# bench/gpu_gpt2.py args for gpt2 and gpt2_16), HYDIT_ROUNDS (default 3), DIFFUSERS (diffusers'
+# source for bench/gpu_hydit.py: a folder holding diffusers/, or a .tar.xz of it, where pip's
+# diffusers is not installed).
 # Exit status: non-zero if a prerequisite, the build, a test or the benchmark failed; the
 # benchmark runs even when tests failed.
 set -euo pipefail
@@ -151,55 +155,77 @@ if want test; then
 fi
 
 # ---- 3. benchmarks, table last --------------------------------------------------------------
+# BENCH_PARTS picks and orders them (default: all, in this order); each part's table is appended
+# to $RESULTS/bench.md as it finishes, so a call cut short keeps the parts done.
 bench=-
+part() { [[ " ${BENCH_PARTS:-gpt2 gpt2_16 kernels memory dit hydit} " == *" $1 "* ]]; }
+note_status() { [ "$bench" = - ] || [ "$bench" = 0 ] && bench=$1; return 0; }
 if want bench; then
-  say "benchmarks: $PY bench/gpu_gpt2.py (log: $RESULTS/bench.log)"
   rm -f "$RESULTS/bench.md"
   set +e
-  # shellcheck disable=SC2086  # BENCH_ARGS: extra words on purpose
-  $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --compile --memory --out "$RESULTS/bench.md" ${BENCH_ARGS:-} \
-    2>&1 | tee "$RESULTS/bench.log" | grep -E "^(round|memory:|flowrun failed|flowrun: no run|torch.compile failed|gpu_gpt2.py:)"
-  bench=${PIPESTATUS[0]}
-  # The DiT at DiT-XL/2 size against bench/torch_dit.py, and its encoders' stream against inline,
-  # on 256 px shapes rendered here (1200 images).
-  if ! ls data/shapes/xl.train-*.tar > /dev/null 2>&1; then
-    say "rendering data/shapes/xl (256 px) for bench/gpu_dit.py"
-    "$BUILD/engine/flowrun" prep shapes data/shapes/xl-png --set base --count 1200 --size 256 --seed 1 > /dev/null
-    "$BUILD/engine/flowrun" prep images data/shapes/xl-png data/shapes/xl --val-fraction 0.05 --seed 1 > /dev/null
-  fi
-  $PY bench/gpu_dit.py --flowrun "$BUILD/engine/flowrun" --out "$RESULTS/bench_dit.md" 2>&1 | tee "$RESULTS/bench_dit.log" |
-    grep -E "^(round|flowrun failed|gpu_dit.py:)"
-  dit_status=${PIPESTATUS[0]}
-  [ -f "$RESULTS/bench_dit.md" ] && { echo; cat "$RESULTS/bench_dit.md"; } >> "$RESULTS/bench.md"
-  [ "$bench" = 0 ] && bench=$dit_status
-  # Batch 16 (issue 30's second size), appended to the same table.
-  $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --batch 16 --out "$RESULTS/bench16.md" ${BENCH_ARGS:-} \
-    2>&1 | tee "$RESULTS/bench16.log" | grep -E "^(round|flowrun failed|flowrun: no run|gpu_gpt2.py:)"
-  b16=${PIPESTATUS[0]}
-  [ -f "$RESULTS/bench16.md" ] && sed -n '/^## GPT-2/,$p' "$RESULTS/bench16.md" >> "$RESULTS/bench.md"
-  [ "$bench" = 0 ] && bench=$b16
-  # HunyuanDiT-v1.2 size at 1024 px (issue 33): graphs/hydit_v12_lora.yaml against diffusers +
-  # peft, with a random-weight pipeline folder and 1024 px shapes made here (one round, ~90 s on
-  # an H200, so that the whole script fits a 10-minute call). diffusers: installed, or its source
-  # by DIFFUSERS (a folder holding diffusers/, or a .tar.xz of one).
-  if [ -n "${DIFFUSERS:-}" ] || $PY -c 'import diffusers' 2> /dev/null; then
-    $PY bench/gpu_hydit.py --flowrun "$BUILD/engine/flowrun" ${DIFFUSERS:+--diffusers "$DIFFUSERS"} --rounds 1 \
-      --out "$RESULTS/bench_hydit.md" 2>&1 | tee "$RESULTS/bench_hydit.log" | grep -E "^(== round|flowrun failed|gpu_hydit.py:)"
-    hydit_status=${PIPESTATUS[0]}
-    [ -f "$RESULTS/bench_hydit.md" ] && { echo; cat "$RESULTS/bench_hydit.md"; } >> "$RESULTS/bench.md"
-    [ "$bench" = 0 ] && bench=$hydit_status
-  else
-    echo "no diffusers (pip install diffusers, or DIFFUSERS=its source): bench/gpu_hydit.py left out"
-  fi
-  # Per-kernel GPU time of a 3-step run of each side (NCU=0 leaves it out): ncu_*.csv for
-  # ncu_compare.py, as bench/README.md's kernel table.
-  if [ "${NCU:-1}" != 0 ] && command -v ncu > /dev/null; then
-    say "ncu: bench/gpu_kernels.py (log: $RESULTS/ncu.log)"
-    $PY bench/gpu_kernels.py --flowrun "$BUILD/engine/flowrun" --out "$RESULTS" > "$RESULTS/ncu.log" 2>&1 ||
-      echo "bench/gpu_kernels.py failed (see $RESULTS/ncu.log)"
-  fi
+  for p in ${BENCH_PARTS:-gpt2 gpt2_16 kernels memory dit hydit}; do
+    case $p in
+      gpt2 | gpt2_16)
+        # GPT-2 124M at batch 8 / 16: flowrun, eager, torch.compile alternating, 5 rounds.
+        b=8; [ $p = gpt2_16 ] && b=16
+        say "bench/gpu_gpt2.py --batch $b --compile (log: $RESULTS/bench_$p.log)"
+        # shellcheck disable=SC2086  # BENCH_ARGS: extra words on purpose
+        $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --batch $b --compile --out "$RESULTS/bench_$p.md" ${BENCH_ARGS:-} \
+          2>&1 | tee "$RESULTS/bench_$p.log" | grep -E "^(round|flowrun failed|flowrun: no run|torch.compile failed|gpu_gpt2.py:)"
+        note_status "${PIPESTATUS[0]}"
+        [ -f "$RESULTS/bench_$p.md" ] && sed -n '/^## GPT-2/,$p' "$RESULTS/bench_$p.md" >> "$RESULTS/bench.md" ;;
+      memory)
+        # Activation checkpointing's peak memory at GPT-2 350M size (issue 32).
+        say "bench/gpu_gpt2.py --only memory (log: $RESULTS/bench_memory.log)"
+        $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --only memory --out "$RESULTS/bench_memory.md" \
+          2>&1 | tee "$RESULTS/bench_memory.log" | grep -E "^(memory:|flowrun failed|gpu_gpt2.py:)"
+        note_status "${PIPESTATUS[0]}"
+        [ -f "$RESULTS/bench_memory.md" ] && sed -n '/^## /,$p' "$RESULTS/bench_memory.md" >> "$RESULTS/bench.md" ;;
+      kernels)
+        # Per-kernel GPU time of a 3-step run of flowrun, eager and compile, summed by family
+        # (bench/ncu_compare.py): bench/README.md's kernel table.
+        if command -v ncu > /dev/null; then
+          say "ncu: bench/gpu_kernels.py (log: $RESULTS/ncu.log)"
+          $PY bench/gpu_kernels.py --flowrun "$BUILD/engine/flowrun" --out "$RESULTS" > "$RESULTS/ncu.log" 2>&1
+          note_status $?
+          { echo; echo "## GPU time per step by kernel family (ncu, 3 steps each side, start-up included)"; echo
+            sed -n '/^| family/,/^| total/p' "$RESULTS/ncu.log"; } >> "$RESULTS/bench.md"
+        else
+          echo "no ncu: the kernel table left out"
+        fi ;;
+      dit)
+        # A DiT-XL/2-size DiT against bench/torch_dit.py, and its encoders' stream against inline, on
+        # 256 px shapes rendered here (1200 images).
+        if ! ls data/shapes/xl.train-*.tar > /dev/null 2>&1; then
+          say "rendering data/shapes/xl (256 px) for bench/gpu_dit.py"
+          "$BUILD/engine/flowrun" prep shapes data/shapes/xl-png --set base --count 1200 --size 256 --seed 1 > /dev/null
+          "$BUILD/engine/flowrun" prep images data/shapes/xl-png data/shapes/xl --val-fraction 0.05 --seed 1 > /dev/null
+        fi
+        say "bench/gpu_dit.py (log: $RESULTS/bench_dit.log)"
+        $PY bench/gpu_dit.py --flowrun "$BUILD/engine/flowrun" --rounds 3 --out "$RESULTS/bench_dit.md" 2>&1 |
+          tee "$RESULTS/bench_dit.log" | grep -E "^(round|flowrun failed|gpu_dit.py:)"
+        note_status "${PIPESTATUS[0]}"
+        [ -f "$RESULTS/bench_dit.md" ] && { echo; cat "$RESULTS/bench_dit.md"; } >> "$RESULTS/bench.md" ;;
+      hydit)
+        # HunyuanDiT-v1.2 size at 1024 px (issue 33): graphs/hydit_v12_lora.yaml against diffusers +
+        # peft, with a random-weight pipeline folder and 1024 px shapes made here (~90 s a round on an
+        # H200). diffusers: installed, or its source by DIFFUSERS (a folder holding diffusers/, or a
+        # .tar.xz of one).
+        if [ -n "${DIFFUSERS:-}" ] || $PY -c 'import diffusers' 2> /dev/null; then
+          say "bench/gpu_hydit.py (log: $RESULTS/bench_hydit.log)"
+          $PY bench/gpu_hydit.py --flowrun "$BUILD/engine/flowrun" ${DIFFUSERS:+--diffusers "$DIFFUSERS"} \
+            --rounds "${HYDIT_ROUNDS:-3}" --inline --out "$RESULTS/bench_hydit.md" 2>&1 | tee "$RESULTS/bench_hydit.log" |
+            grep -E "^(== round|flowrun failed|gpu_hydit.py:)"
+          note_status "${PIPESTATUS[0]}"
+          [ -f "$RESULTS/bench_hydit.md" ] && { echo; cat "$RESULTS/bench_hydit.md"; } >> "$RESULTS/bench.md"
+        else
+          echo "no diffusers (pip install diffusers, or DIFFUSERS=its source): bench/gpu_hydit.py left out"
+        fi ;;
+      *) echo "BENCH_PARTS: unknown part '$p' (gpt2 gpt2_16 kernels memory dit hydit)"; bench=2 ;;
+    esac
+  done
   set -e
-  [ "$bench" = 0 ] || { tail -30 "$RESULTS/bench.log"; status=1; }
+  [ "$bench" = 0 ] || status=1
 fi
 
 echo
