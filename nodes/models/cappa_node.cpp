@@ -14,11 +14,13 @@ namespace flowrun::cappa {
 
 namespace {
 
-class CappaNode : public Node {
- public:
-  void setup(SetupContext& ctx) override {
+class CappaNode : public ModelNode {
+  Config c_;
+  Cappa model_{nullptr};
+
+  Plan configure(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    Config c;
+    Config& c = c_;
     p.read<int64_t>({{"image_size", &c.image_size}, {"patch", &c.patch}, {"channels", &c.channels},
                      {"width", &c.width}, {"depth", &c.depth}, {"heads", &c.heads}, {"mlp_dim", &c.mlp_dim},
                      {"dec_width", &c.dec_width}, {"dec_depth", &c.dec_depth}, {"dec_heads", &c.dec_heads},
@@ -43,15 +45,23 @@ class CappaNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
-    check_model_fits(ctx.who(), describe(c), c.parameter_count(), /*frozen=*/false, c.depth + c.dec_depth);
-    Cappa model(c);
-    const uint64_t seed = node_seed(ctx);
-    std::string from = init_lora_load(
-        ctx, *model, seed, [&] { init_weights(*model, seed); return "big_vision init, seed " + std::to_string(seed); },
-        [&](const std::string& path) { load_safetensors(*model, path); });
-    std::shared_ptr<ModelState> state = make_state(model);
-    from += load_adapters_param(ctx, *state, seed);
-    state->checkpoint = c.checkpoint;
+    Plan plan{describe(c), c.parameter_count(), c.depth + c.dec_depth, c.checkpoint};
+    plan.weights_are = "a cappa graph's checkpoint file (model.safetensors)";
+    return plan;
+  }
+
+  std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
+    model_ = Cappa(c_);
+    if (init) {
+      init_weights(*model_, seed);
+      how = "big_vision init, seed " + std::to_string(seed);
+    }
+    return make_state(model_);
+  }
+
+  void load_weights(ModelState&, const std::string& path) override { load_safetensors(*model_, path); }
+
+  void finish(SetupContext&, ModelState& state, const std::vector<std::string>&) override {
     // What its evaluator asks of it (ModelState::Captioner), on whichever copy it is given.
     auto cap = std::make_shared<ModelState::Captioner>();
     cap->encode = [](ModelState& self, const torch::Tensor& images) { return module_of(self).encode(images); };
@@ -61,12 +71,12 @@ class CappaNode : public Node {
     cap->parallel = [](ModelState& self, const torch::Tensor& encoded, int64_t steps) {
       return parallel_decode(module_of(self), encoded, steps);
     };
-    state->captioner = std::move(cap);
+    state.captioner = std::move(cap);
     // For forward_backward's memory estimate: what backward keeps of the encoder's and the
     // decoder's blocks (Korthikanti et al.'s estimate, models/activation_checkpoint.hpp); a
     // decoder block attends the caption and the image's patches (L + P positions).
     // On a GPU (where the model is when the estimate is asked for) attention is fused.
-    state->activations = [c, model](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+    state.activations = [c = c_, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const auto ids = b.find("input_ids");
       if (ids == b.end()) throw std::runtime_error("no input_ids in the batch");
       const int64_t rows = ids->second.size(0), P = c.tokens();
@@ -78,10 +88,7 @@ class CappaNode : public Node {
       return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed,
                                 std::max(enc.recompute_live, dec.recompute_live)};
     };
-    own_model(ctx, state, describe(c), from);
   }
-
-  void run(StepContext&) override {}  // parameters change only through the optimizer
 };
 
 }  // namespace

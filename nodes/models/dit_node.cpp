@@ -3,13 +3,11 @@
 // Schema: schemas/dit.yaml. Test: tests/nodes/dit_test.cpp, lora_test.cpp.
 #include <spdlog/spdlog.h>
 
-#include <filesystem>
 #include <map>
 #include <optional>
 #include <set>
 #include <tuple>
 
-#include "formats/files.hpp"
 #include "common/memory.hpp"
 #include "common/pretrained.hpp"
 #include "formats/text_tokenizer.hpp"
@@ -55,11 +53,14 @@ void apply_pretrained(const std::string& who, const PretrainedFolder& f, const Y
   check_config_keys(f, known, fixed, "HunyuanDiT2DModel", "this DiT");
 }
 
-class DitNode : public Node {
- public:
-  void setup(SetupContext& ctx) override {
+class DitNode : public ModelNode {
+  Config cfg_;
+  Dit model_{nullptr};
+  std::optional<PretrainedFolder> pretrained_;
+
+  Plan configure(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    Config cfg;
+    Config& cfg = cfg_;
     p.read<int64_t>({{"patch", &cfg.patch}, {"in_channels", &cfg.in_channels}, {"hidden", &cfg.hidden},
                      {"depth", &cfg.depth}, {"heads", &cfg.heads}, {"text_dim", &cfg.text_dim}, {"t5_dim", &cfg.t5_dim},
                      {"pooled_projection_dim", &cfg.pooled_projection_dim}});
@@ -77,14 +78,11 @@ class DitNode : public Node {
     cfg.mlp_ratio = p.get<double>("mlp_ratio");
     cfg.use_style_cond_and_image_meta_size = p.get<bool>("use_style_cond_and_image_meta_size");
     cfg.learn_sigma = p.get<bool>("learn_sigma");
-    std::optional<PretrainedFolder> pretrained;
     if (p.has("pretrained")) {
-      if (p.has("weights"))
-        throw pretrained_and_weights(ctx.who());
       try {
-        pretrained = open_pretrained(p.get<std::string>("pretrained"),
-                                     {"transformer", "HunyuanDiT2DModel", "diffusion_pytorch_model"});
-        apply_pretrained(ctx.who(), *pretrained, written_params(ctx.run(), ctx.name()), cfg);
+        pretrained_ = open_pretrained(p.get<std::string>("pretrained"),
+                                      {"transformer", "HunyuanDiT2DModel", "diffusion_pytorch_model"});
+        apply_pretrained(ctx.who(), *pretrained_, written_params(ctx.run(), ctx.name()), cfg);
       } catch (const std::exception& e) {
         const std::string what = e.what();
         throw std::runtime_error(what.rfind(ctx.who(), 0) == 0 ? what : ctx.who() + ": " + what);
@@ -100,17 +98,28 @@ class DitNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
-    const uint64_t seed = node_seed(ctx);
+    Plan plan{describe(cfg), cfg.parameter_count(), cfg.depth, cfg.checkpoint, pretrained_.has_value()};
+    plan.weights_are = "a dit graph's checkpoint file: train the base first, e.g. flowrun graphs/dit_base.yaml";
+    return plan;
+  }
 
-    check_model_fits(ctx.who(), "depth " + std::to_string(cfg.depth) + ", hidden " + std::to_string(cfg.hidden),
-                     cfg.parameter_count(), /*frozen=*/false, cfg.depth);
-    Dit model(cfg);
-    init_weights(*model, seed);
-    const std::string init = "DiT init, seed " + std::to_string(seed);
-    std::string from = init;
-    auto state = make_state(model);
-    std::vector<std::string> adapted;
-    from += apply_lora_param(ctx, *model, seed, &adapted);
+  std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
+    model_ = Dit(cfg_);
+    if (init) {
+      init_weights(*model_, seed);
+      how = "DiT init, seed " + std::to_string(seed);
+    }
+    return make_state(model_);
+  }
+
+  void load_weights(ModelState&, const std::string& path) override { load_safetensors(*model_, path); }
+
+  std::string load_pretrained(ModelState&) override {
+    load_state_dict(*model_, load_pretrained_weights(*pretrained_), weights_source(*pretrained_));
+    return pretrained_->dir;
+  }
+
+  void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted) override {
     // diffusers' HunyuanAttentionPool computes with q_proj.weight (and k, v, c) directly, not
     // through the module, so peft's adapters there do nothing in diffusers unless merged.
     std::vector<std::string> pooled;
@@ -121,27 +130,10 @@ class DitNode : public Node {
                    "their weights directly, so with diffusers + peft those adapters have no effect unless merged "
                    "into the weights; leave the pooler out of lora.targets to train what diffusers will use",
                    ctx.who(), pooled.size(), pooled.front());
-    if (pretrained) {
-      load_state_dict(*model, load_pretrained_weights(*pretrained), weights_source(*pretrained));
-      from += (p.has("lora") ? "; base weights from " : "; weights from ") + pretrained->dir;
-    }
-    if (p.has("weights")) {
-      // Through a checkpoint's `latest` file, so a graph can name "the newest base checkpoint".
-      const std::string path = resolve_latest(p.get<std::string>("weights"));
-      if (!std::filesystem::is_regular_file(path))
-        throw std::runtime_error(ctx.who() + ": weights: " + path +
-                                 " does not exist (train the base first, e.g. flowrun graphs/dit_base.yaml, or set " +
-                                 ctx.name() + ".weights=PATH)");
-      load_safetensors(*model, path);
-      from += (p.has("lora") ? "; base weights from " : "; weights from ") + path;
-    }
-    warn_adapters_on_random_base(ctx, !adapted.empty(), pretrained || p.has("weights"), init);
-    from += load_adapters_param(ctx, *state, seed);
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) over the image's
-    // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]).
-    state->checkpoint = cfg.checkpoint;
-    // On a GPU (where the model is when the estimate is asked for) attention is fused.
-    state->activations = [cfg, model](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+    // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]). On a GPU (where
+    // the model is when the estimate is asked for) attention is fused.
+    state.activations = [cfg = cfg_, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const bool fused = fused_attention_available(model->parameters().front());
       for (const auto& [key, t] : b)
         if (t.dim() == 4 && t.is_floating_point()) {
@@ -150,10 +142,7 @@ class DitNode : public Node {
         }
       throw std::runtime_error("the batch has no image (a 4-D tensor)");
     };
-    own_model(ctx, state, describe(cfg), from);
   }
-
-  void run(StepContext&) override {}  // parameters change only through the optimizer
 };
 
 }  // namespace

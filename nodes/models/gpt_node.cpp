@@ -13,27 +13,37 @@ namespace flowrun::gpt {
 
 namespace {
 
-class GptNode : public Node {
- public:
-  void setup(SetupContext& ctx) override {
-    const Params& p = ctx.params();
-    Config cfg;
-    p.read<int64_t>({{"layers", &cfg.layers}, {"dim", &cfg.dim}, {"heads", &cfg.heads}, {"vocab", &cfg.vocab},
-                     {"context", &cfg.context}});
-    cfg.dropout = p.get<double>("dropout");
-    cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
-    const uint64_t seed = node_seed(ctx);
+class GptNode : public ModelNode {
+  Config cfg_;
+  Gpt model_{nullptr};
 
-    {  // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
-      const double d = static_cast<double>(cfg.dim);
-      check_model_fits(ctx.who(), describe(cfg),
-                       static_cast<double>(cfg.vocab + cfg.context) * d + cfg.layers * (12 * d * d + 13 * d) + 2 * d,
-                       /*frozen=*/false, cfg.layers);
+  Plan configure(SetupContext& ctx) override {
+    const Params& p = ctx.params();
+    p.read<int64_t>({{"layers", &cfg_.layers}, {"dim", &cfg_.dim}, {"heads", &cfg_.heads}, {"vocab", &cfg_.vocab},
+                     {"context", &cfg_.context}});
+    cfg_.dropout = p.get<double>("dropout");
+    cfg_.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
+    // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
+    const double d = static_cast<double>(cfg_.dim);
+    Plan plan{describe(cfg_), static_cast<double>(cfg_.vocab + cfg_.context) * d + cfg_.layers * (12 * d * d + 13 * d) + 2 * d,
+              cfg_.layers, cfg_.checkpoint};
+    plan.weights_are = "a Hugging Face GPT-2 model.safetensors, or a gpt graph's checkpoint file";
+    return plan;
+  }
+
+  std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
+    model_ = Gpt(cfg_);
+    if (init) {
+      init_weights(*model_, seed);
+      how = "GPT-2 init, seed " + std::to_string(seed);
     }
-    Gpt model(cfg);
-    std::string from = init_lora_load(
-        ctx, *model, seed, [&] { init_weights(*model, seed); return "GPT-2 init, seed " + std::to_string(seed); },
-        [&](const std::string& path) { load_hf_safetensors(*model, path); });
+    return make_state(model_);
+  }
+
+  void load_weights(ModelState&, const std::string& path) override { load_hf_safetensors(*model_, path); }
+
+  void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>&) override {
+    const Config cfg = cfg_;
     if (ctx.run().rank == 0) {
       // What backward keeps per sequence of `context` tokens, in fp32 (half that in bf16).
       const ActivationEstimate a = estimate_activations(cfg.layers, cfg.context, cfg.dim, cfg.heads, cfg.context, 4,
@@ -44,14 +54,10 @@ class GptNode : public Node {
                    cfg.checkpoint.every ? cfg.checkpoint.str() : "blocks",
                    cfg.checkpoint.every ? " (on)" : " (off: checkpoint: none)");
     }
-    auto state = make_state(model);
-    from += load_adapters_param(ctx, *state, seed);
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) and the LM head's
-    // logits with their gradient (rows x T x vocab, twice).
-    state->checkpoint = cfg.checkpoint;
-    // On a GPU (where the model is when the estimate is asked for) attention is fused, unless
-    // attention dropout trains (models/gpt.cpp).
-    state->activations = [cfg, model](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+    // logits with their gradient (rows x T x vocab, twice). On a GPU (where the model is when the
+    // estimate is asked for) attention is fused, unless attention dropout trains (models/gpt.cpp).
+    state.activations = [cfg, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const torch::Tensor& tokens = b.at("tokens");  // [rows, T + 1]: inputs and the shifted targets
       const int64_t seq = std::max<int64_t>(1, std::min<int64_t>(tokens.size(1) - 1, cfg.context));
       const int64_t n = tokens.size(0) * seq;
@@ -62,10 +68,7 @@ class GptNode : public Node {
       e.checkpointed += logits;
       return e;
     };
-    own_model(ctx, state, describe(cfg), from);
   }
-
-  void run(StepContext&) override {}  // parameters change only through the optimizer
 };
 
 }  // namespace

@@ -2,7 +2,6 @@
 // module: models/mlp.hpp. Schema: schemas/mlp.yaml. Test: tests/nodes/mlp_test.cpp.
 #include <spdlog/fmt/fmt.h>
 
-#include "common/memory.hpp"
 #include "models/mlp.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
@@ -10,21 +9,27 @@
 namespace flowrun {
 namespace {
 
-class MlpNode : public Node {
- public:
-  void setup(SetupContext& ctx) override {
+class MlpNode : public ModelNode {
+  mlp::Config c_;
+
+  Plan configure(SetupContext& ctx) override {
     const Params& p = ctx.params();
-    mlp::Config c;
-    p.read<int64_t>({{"in_dim", &c.in_dim}, {"hidden", &c.hidden}, {"layers", &c.layers}, {"out_dim", &c.out_dim}});
-    c.activation = p.get<std::string>("activation");
-    const std::string what = fmt::format("{} layers of {}, {} in, {} out", c.layers, c.hidden, c.in_dim, c.out_dim);
-    check_model_fits(ctx.who(), what, mlp::parameter_count(c));
-    const uint64_t seed = node_seed(ctx);
-    // Initialised on the CPU (seeded, device-independent), then placed.
-    own_model(ctx, mlp::make(c, seed), what, "init, seed " + std::to_string(seed));
+    p.read<int64_t>({{"in_dim", &c_.in_dim}, {"hidden", &c_.hidden}, {"layers", &c_.layers}, {"out_dim", &c_.out_dim}});
+    c_.activation = p.get<std::string>("activation");
+    return {fmt::format("{} layers of {}, {} in, {} out", c_.layers, c_.hidden, c_.in_dim, c_.out_dim),
+            mlp::parameter_count(c_), c_.layers};
   }
 
-  void run(StepContext&) override {}  // parameters change only through the optimizer
+  // Initialised on the CPU (seeded, device-independent), then placed. The schema has no
+  // `weights`: the MLP always starts from its init.
+  std::shared_ptr<ModelState> build(uint64_t seed, bool, std::string& how) override {
+    how = "init, seed " + std::to_string(seed);
+    return mlp::make(c_, seed);
+  }
+
+  void load_weights(ModelState&, const std::string&) override {
+    throw std::logic_error("mlp: no weights parameter (schemas/mlp.yaml)");
+  }
 };
 
 }  // namespace

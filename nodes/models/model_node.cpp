@@ -1,16 +1,24 @@
-// The model nodes' shared tail (model_node.hpp).
+// The model nodes' base: ModelNode::setup, the sequence model_node.hpp describes.
 #include "models/model_node.hpp"
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "common/device.hpp"
+#include "common/memory.hpp"
+#include "common/pretrained.hpp"
 #include "formats/files.hpp"
 #include "models/lora.hpp"
 
 namespace flowrun {
 
+namespace {
+
+// The node's `lora` group, when set: every parameter frozen, adapters on the targeted layers.
+// Returns ", LoRA r=R on N layers" ("" when unset) and the adapted layers' names.
 std::string apply_lora_param(SetupContext& ctx, torch::nn::Module& module, uint64_t seed,
-                             std::vector<std::string>* adapted) {
+                             std::vector<std::string>& adapted) {
   const Params& p = ctx.params();
   if (!p.has("lora")) return "";
   const Params l = p.sub("lora");
@@ -20,37 +28,25 @@ std::string apply_lora_param(SetupContext& ctx, torch::nn::Module& module, uint6
   lc.dropout = l.get<double>("dropout");
   lc.targets = l.get<std::vector<std::string>>("targets");
   try {
-    const std::vector<std::string> names = lora::apply_lora(module, lc, seed);
-    if (adapted) *adapted = names;
-    return ", LoRA r=" + std::to_string(lc.rank) + " on " + std::to_string(names.size()) + " layers";
+    adapted = lora::apply_lora(module, lc, seed);
   } catch (const std::exception& e) {
     throw std::runtime_error(ctx.who() + ": " + e.what());
   }
+  return ", LoRA r=" + std::to_string(lc.rank) + " on " + std::to_string(adapted.size()) + " layers";
 }
 
-// Issue 47: adapters over a frozen base that is only its random init train nothing a user wants.
-void warn_adapters_on_random_base(SetupContext& ctx, bool adapters, bool base_loaded, const std::string& init) {
-  if (!adapters || base_loaded || ctx.run().rank != 0) return;
-  spdlog::warn("{}: lora adapters on a base that was not loaded (weights and pretrained are null): the frozen base is "
-               "its random init ({}), so the adapters learn around noise; give the base's weights, or drop lora",
-               ctx.who(), init);
+// The `weights` file, through a checkpoint's `latest` (a graph can name "the newest base
+// checkpoint"); a missing one is refused saying what it should be.
+std::string weights_path(SetupContext& ctx, const std::string& weights_are) {
+  const std::string path = resolve_latest(ctx.params().get<std::string>("weights"));
+  if (!std::filesystem::is_regular_file(path))
+    throw std::runtime_error(ctx.who() + ": weights: " + path + " does not exist (it should be " + weights_are +
+                             "); set " + ctx.name() + ".weights=PATH, or null to start from the seeded init");
+  return path;
 }
 
-std::string init_lora_load(SetupContext& ctx, torch::nn::Module& module, uint64_t seed,
-                           const std::function<std::string()>& init, const std::function<void(const std::string&)>& load) {
-  const Params& p = ctx.params();
-  std::string from = p.has("weights") ? "" : init();
-  const std::string adapters = apply_lora_param(ctx, module, seed);
-  if (p.has("weights")) {
-    // Through a checkpoint's `latest` file, so a graph can name "the newest base checkpoint".
-    const std::string path = resolve_latest(p.get<std::string>("weights"));
-    load(path);
-    from = (adapters.empty() ? "weights from " : "base weights from ") + path;
-  }
-  warn_adapters_on_random_base(ctx, !adapters.empty(), p.has("weights"), from);
-  return from + adapters;
-}
-
+// The node's `adapters` folder (PEFT's, through a checkpoint's `latest`), when set: loaded into
+// the model, its adapters made from adapter_config.json when the model has none yet.
 std::string load_adapters_param(SetupContext& ctx, ModelState& state, uint64_t seed) {
   const Params& p = ctx.params();
   if (!p.has("adapters")) return "";
@@ -63,6 +59,10 @@ std::string load_adapters_param(SetupContext& ctx, ModelState& state, uint64_t s
   return "; adapters from " + dir;
 }
 
+// Step 8: the parameter count (and the trainable count when some are frozen) logged with `what`
+// and `from` on rank 0; the module moved to the run's device; its adapters exportable when it is
+// built from lora::Linear layers (checkpoint `exports: true` writes them in PEFT's layout); the
+// state owned as the node's `params` output.
 void own_model(SetupContext& ctx, std::shared_ptr<ModelState> state, const std::string& what, const std::string& from) {
   int64_t n = 0, trainable = 0;
   for (const auto& t : state->module->parameters()) {
@@ -80,6 +80,44 @@ void own_model(SetupContext& ctx, std::shared_ptr<ModelState> state, const std::
   for (const auto& m : state->module->modules(/*include_self=*/false)) adaptable = adaptable || m->as<lora::LinearImpl>();
   if (adaptable && !state->exporter) state->exporter = lora::peft_export;
   ctx.own_state("params", state);
+}
+
+}  // namespace
+
+std::string ModelNode::load_pretrained(ModelState&) {
+  throw std::logic_error("ModelNode: Plan::pretrained set by a family without load_pretrained");
+}
+
+void ModelNode::finish(SetupContext&, ModelState&, const std::vector<std::string>&) {}
+
+void ModelNode::setup(SetupContext& ctx) {
+  const Params& p = ctx.params();
+  if (p.has("pretrained") && p.has("weights")) throw pretrained_and_weights(ctx.who());
+  const Plan plan = configure(ctx);
+  check_model_fits(ctx.who(), plan.what, plan.parameters, /*frozen=*/false, plan.layers);
+  const uint64_t seed = node_seed(ctx);
+  const bool loads = plan.pretrained || p.has("weights");
+  const std::string weights = p.has("weights") ? weights_path(ctx, plan.weights_are) : "";
+  std::string init;
+  std::shared_ptr<ModelState> state = build(seed, /*init=*/!loads, init);
+  std::vector<std::string> adapted;
+  const std::string lora = apply_lora_param(ctx, *state->module, seed, adapted);
+  std::string from = init;
+  const char* base = adapted.empty() ? "weights from " : "base weights from ";
+  if (plan.pretrained) from = base + load_pretrained(*state);
+  if (!weights.empty()) {
+    load_weights(*state, weights);
+    from = base + weights;
+  }
+  // Issue 47: adapters over a frozen base that is only its random init train nothing a user wants.
+  if (!adapted.empty() && !loads && ctx.run().rank == 0)
+    spdlog::warn("{}: lora adapters on a base that was not loaded (weights and pretrained are null): the frozen base is "
+                 "its random init ({}), so the adapters learn around noise; give the base's weights, or drop lora",
+                 ctx.who(), init);
+  from += lora + load_adapters_param(ctx, *state, seed);
+  state->checkpoint = plan.checkpoint;
+  finish(ctx, *state, adapted);
+  own_model(ctx, state, plan.what, from);
 }
 
 }  // namespace flowrun

@@ -1,55 +1,74 @@
-// What the model nodes (gpt, dit, cappa, vae, mlp) share once their module is built: LoRA
-// adapters from the graph (`lora:`, `adapters:`; the shared group schemas/groups/lora.yaml),
-// the parameter count in the log, the move to the run's device, and the `params` state they
-// own. A family's node reads its config, builds and initialises (or loads) its module, then:
+// The model nodes (gpt, dit, cappa, vae, mlp) own a module's parameters and do no per-step work.
+// A family says what is its own (its config, how to build, initialise and load its module, what
+// it adds to the state); ModelNode::setup says the rest once, in this order, for every family:
 //
-//   std::string from = init_lora_load(ctx, *model, seed,                // init or `weights`, `lora`
-//       [&] { init_weights(*model, seed); return "GPT-2 init, seed " + std::to_string(seed); },
-//       [&](const std::string& path) { load_hf_safetensors(*model, path); });
-//   auto state = make_state(model);
-//   from += load_adapters_param(ctx, *state, seed);  // `adapters:` set: PEFT folder
-//   own_model(ctx, state, describe(cfg), from);      // log, place, export adapters, own
+//   1. configure(ctx)        the family's config from `with:` (and a pretrained folder's
+//                            config.json), checked; nothing allocated yet
+//   2. check_model_fits      the parameter count against the run's device (common/memory.hpp)
+//   3. build(seed, init)     the module as the node's ModelState, seeded values unless `weights`
+//                            or `pretrained` will give every base value
+//   4. `lora`                every base parameter frozen, adapters on the targeted layers
+//                            (schemas/groups/lora.yaml; models/lora.hpp)
+//   5. base values           `pretrained` (load_pretrained) or the `weights` file through a
+//                            checkpoint's `latest` (load_weights); the adapters keep their init
+//   6. `adapters`            a PEFT folder's adapters
+//   7. finish(ctx, state)    what the family adds: activations estimate, captioner, warnings
+//   8. own                   the parameter count logged, the module moved to the run's device,
+//                            its adapters exportable, the state the node's `params` output
 //
-// Adapters go on the lora::Linear layers whose module names end with a target (gpt: c_attn,
-// attn.c_proj, mlp.c_fc, mlp.c_proj; dit: to_q, to_k, to_v, to_out.0, ff.net.0.proj, ...).
+// A family node, whole (models/gpt_node.cpp is the full one):
+//
+//   class GptNode : public ModelNode {
+//     Config cfg_; Gpt model_{nullptr};
+//     Plan configure(SetupContext& ctx) override { /* read cfg_ */ return {describe(cfg_), count, layers}; }
+//     std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
+//       model_ = Gpt(cfg_);
+//       if (init) { init_weights(*model_, seed); how = "GPT-2 init, seed " + std::to_string(seed); }
+//       return make_state(model_);
+//     }
+//     void load_weights(ModelState&, const std::string& path) override { load_hf_safetensors(*model_, path); }
+//   };
 #pragma once
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "models/activation_checkpoint.hpp"
 #include "models/model_state.hpp"
 #include "node.hpp"
 
 namespace flowrun {
 
-// A warning (rank 0) when a model carries adapters (`adapters`) over a base nothing was loaded
-// into (`base_loaded` false): `init` says how the base was initialised.
-void warn_adapters_on_random_base(SetupContext& ctx, bool adapters, bool base_loaded, const std::string& init);
+class ModelNode : public Node {
+ public:
+  void setup(SetupContext& ctx) final;
+  void run(StepContext&) override {}  // parameters change only through the optimizer
 
-// The module's values in the order a LoRA fine-tune needs: `init` (when the node has no
-// `weights`; it returns what it did, "GPT-2 init, seed 7"), the adapters of `lora`
-// (apply_lora_param), then `weights` (through a checkpoint's `latest`) loaded by `load`, the
-// base of the adapters, which keep their init (the family's loader takes lora::is_adapter
-// names as optional). Returns what was done, for own_model's log line.
-std::string init_lora_load(SetupContext& ctx, torch::nn::Module& module, uint64_t seed,
-                           const std::function<std::string()>& init, const std::function<void(const std::string&)>& load);
+ protected:
+  // What configure() tells the base about the model before anything is allocated.
+  struct Plan {
+    std::string what;               // the config in words: the log line, size errors
+    double parameters = 0;          // the parameter count, checked against the device's memory
+    int64_t layers = 0;             // blocks (check_model_fits bounds them)
+    CheckpointPolicy checkpoint{};  // the model's `checkpoint:` (activation recomputation)
+    bool pretrained = false;        // a `pretrained` folder gives the weights (load_pretrained)
+    // What a `weights` file of this family is, for the error when it is missing:
+    // "a Hugging Face GPT-2 model.safetensors or a checkpoint's model.safetensors".
+    std::string weights_are = "a checkpoint's model.safetensors of this model";
+  };
 
-// The node's `lora` group, when set: every parameter of `module` frozen, adapters on the
-// targeted layers (models/lora.hpp). Returns ", LoRA r=R on N layers", or "" when unset, and
-// the adapted layers' names in `adapted` if given. Errors name the node.
-std::string apply_lora_param(SetupContext& ctx, torch::nn::Module& module, uint64_t seed,
-                             std::vector<std::string>* adapted = nullptr);
-
-// The node's `adapters` folder (PEFT's, through a checkpoint's `latest`), when set: loaded
-// into the model, its adapters made from adapter_config.json when the model has none yet.
-// Returns "; adapters from DIR", or "".
-std::string load_adapters_param(SetupContext& ctx, ModelState& state, uint64_t seed);
-
-// Logs the parameter count (and the trainable count when some are frozen) with `what` (the
-// config) and `from` (init or weights), on rank 0; moves the module to the run's device; makes
-// its adapters exportable when it is built from lora::Linear layers (checkpoint `exports: true`
-// writes them in PEFT's layout); owns `state` as the node's `params` output.
-void own_model(SetupContext& ctx, std::shared_ptr<ModelState> state, const std::string& what, const std::string& from);
+  // Reads and checks the node's config (ctx.params()); allocates no tensors.
+  virtual Plan configure(SetupContext& ctx) = 0;
+  // The module as the node's state; with `init`, its seeded init, said in `how` ("GPT-2 init,
+  // seed 7"). Without, every base value comes from load_weights or load_pretrained next.
+  virtual std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) = 0;
+  // A `weights` file (resolved, existing) into the module; adapter names are optional in it.
+  virtual void load_weights(ModelState& state, const std::string& path) = 0;
+  // The `pretrained` folder's weights (Plan::pretrained set); returns the folder.
+  virtual std::string load_pretrained(ModelState& state);
+  // The family's last word on its state: its activations estimate, a captioner, warnings.
+  // `adapted`: the layers `lora` put adapters on.
+  virtual void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted);
+};
 
 }  // namespace flowrun

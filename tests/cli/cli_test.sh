@@ -233,9 +233,12 @@ hostile_files)
   # Item 10: a model that cannot fit is refused from its config, before allocating (it took
   # 44 s and ended in a bare std::bad_alloc).
   start=$(date +%s)
-  expect_code 1 "$flowrun" graphs/regression.yaml model.layers=100000000 run.out_dir="$tmp/big"
-  expect_out "node 'model' (mlp) (100000000 layers of 64, 8 in, 1 out) has about 4.16e+11 parameters"
+  expect_code 1 "$flowrun" graphs/regression.yaml model.layers=1000 model.hidden=100000 run.out_dir="$tmp/big"
+  expect_out "node 'model' (mlp) (1000 layers of 100000, 8 in, 1 out) has about 9.99e+12 parameters"
   expect_out "make the model smaller"
+  # A depth no model has is refused by itself (every model node: ModelNode's size check).
+  expect_code 1 "$flowrun" graphs/regression.yaml model.layers=100000000 run.out_dir="$tmp/big"
+  expect_out "node 'model' (mlp) (100000000 layers of 64, 8 in, 1 out): 100000000 layers, more than the 10000 flowrun builds"
   [ $(( $(date +%s) - start )) -lt 10 ] || fail "the size check took more than 10 s"
   # Unclear messages that now say why: a device as text input, a failed metrics write.
   expect_code 2 "$flowrun" prep text --tokenizer byte --out "$tmp/z" /dev/zero; expect_out "not a regular file or folder"
