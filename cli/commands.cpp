@@ -7,6 +7,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "comm.hpp"
 #include "dot.hpp"
 #include "explain.hpp"
 #include "log.hpp"
@@ -175,16 +176,33 @@ int cmd_dot(const std::vector<std::string>& args) {
 
 int cmd_explain(const std::vector<std::string>& args) {
   const char* usage =
-      "usage: flowrun explain FILE [KEY=VALUE...]\n"
+      "usage: flowrun explain FILE [KEY=VALUE...] [--world N]\n"
       "  the step FILE runs, as the sequential program it is: each node in file order with its inputs,\n"
       "  where it runs (device stream, compute thread, schedule) and what it waits for (@s: this step,\n"
-      "  @s-1: the one before), by the executor's own rule\n";
+      "  @s-1: the one before), by the executor's own rule; then how N processes (default: this job's,\n"
+      "  1 without mpirun) are laid out by run.parallel: each rank's coordinates and groups\n";
   if (wants_help(args)) return std::fputs(usage, stdout), 0;
-  FileArgs f = split_args(args);
+  std::vector<std::string> rest;
+  int world = comm::size();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--world") {
+      if (i + 1 >= args.size()) return usage_error("explain", "--world needs a number of processes", usage);
+      char* end = nullptr;
+      const long n = std::strtol(args[i + 1].c_str(), &end, 10);
+      if (!end || *end || n < 1 || n > (1 << 20))
+        return usage_error("explain", "--world " + args[i + 1] + ": expected a number of processes, at least 1", usage);
+      world = static_cast<int>(n);
+      ++i;
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  FileArgs f = split_args(rest);
   if (!f.error.empty()) return usage_error("explain", f.error, usage);
+  if (!f.flags.empty()) return usage_error("explain", "unknown option " + f.flags.front(), usage);
   GraphSpec g;
   if (!load(f.file, f.overrides, g)) return 2;
-  std::cout << explain(g, Registry::global());
+  std::cout << explain(g, Registry::global()) << "\n" << describe_layout(g, world);
   return 0;
 }
 

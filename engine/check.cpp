@@ -342,6 +342,13 @@ RunSettings run_settings(const YAML::Node& run) {
   get("stop_grace_s", s.stop_grace_s);
   get("resume", s.resume);
   get("comm_timeout_s", s.comm_timeout_s);
+  {
+    const YAML::Node par = run["parallel"];
+    if (!par || !par["tp"] || !par["pp"]) throw std::logic_error("run_settings: run.parallel.tp/pp missing (a checked section has every key)");
+    s.parallel.tp = par["tp"].as<int>();
+    s.parallel.pp = par["pp"].as<int>();
+    read.insert("parallel");
+  }
   for (const auto& kv : run)
     if (!read.count(kv.first.as<std::string>()))
       throw std::logic_error("run_settings: run." + kv.first.as<std::string>() +

@@ -49,7 +49,7 @@ size_t dtype_size(DType t) {
   return 1;
 }
 
-enum class Kind { allreduce, broadcast, allgather, allgather_blocks, reduce_scatter, barrier, dup };
+enum class Kind { allreduce, broadcast, allgather, allgather_blocks, reduce_scatter, barrier, dup, split };
 
 struct Pending {
   Kind kind = Kind::barrier;
@@ -62,10 +62,12 @@ struct Pending {
   int root = 0;
   std::vector<int> counts, displs;  // reduce_scatter, allgather_blocks: elements per rank, where
   size_t element_size = 0;          // allgather_blocks
+  int me = 0;                       // reduce_scatter, allgather_blocks: this rank's place in the channel
   std::vector<char> scratch;        // reduce_scatter: the other ranks' blocks of this rank's part
 #ifdef FLOWRUN_MPI
   MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm* out_comm = nullptr;  // dup
+  MPI_Comm* out_comm = nullptr;  // dup, split
+  int color = 0, key = 0;        // split
   std::vector<MPI_Request> reqs;
 #endif
   std::mutex mu;
@@ -216,7 +218,7 @@ void start(Pending& p) {
       // Only moved, never added: any MPI type of the element's size will do.
       const MPI_Datatype t = p.element_size == 1 ? MPI_UINT8_T : p.element_size == 2 ? MPI_UINT16_T
                            : p.element_size == 4 ? MPI_UINT32_T : MPI_UINT64_T;
-      const int me = world().rank;
+      const int me = p.me;
       char* data = static_cast<char*>(p.data);
       for (int r = 0; r < static_cast<int>(p.counts.size()); ++r) {
         if (r == me) continue;
@@ -233,7 +235,7 @@ void start(Pending& p) {
       // Point to point: block r to rank r; the others' blocks of this rank's part into scratch,
       // reduced when all arrived (finish_reduce_scatter).
       const size_t es = dtype_size(p.type);
-      const int me = world().rank;
+      const int me = p.me;
       const size_t mine = static_cast<size_t>(p.counts[static_cast<size_t>(me)]);
       p.scratch.resize(mine * es * p.counts.size());
       for (int r = 0; r < static_cast<int>(p.counts.size()); ++r) {
@@ -253,6 +255,12 @@ void start(Pending& p) {
     case Kind::dup:
       post(MPI_Comm_idup(MPI_COMM_WORLD, p.out_comm, &q), q);
       break;
+    case Kind::split:
+      // Blocking (MPI has no non-blocking split): at setup, where every rank makes its channels
+      // in the same order; the new communicator returns errors as the world does.
+      rc = MPI_Comm_split(MPI_COMM_WORLD, p.color, p.key, p.out_comm);
+      if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(*p.out_comm, MPI_ERRORS_RETURN);
+      break;
   }
   if (rc != MPI_SUCCESS) {
     for (auto& r : p.reqs) MPI_Request_free(&r);
@@ -267,7 +275,7 @@ void start(Pending& p) {
 // part, in rank order (this rank's own from `in`), whatever order they arrived in.
 int finish_reduce_scatter(Pending& p) {
   const size_t es = dtype_size(p.type);
-  const int me = world().rank;
+  const int me = p.me;
   const int mine = p.counts[static_cast<size_t>(me)];
   if (mine == 0) return MPI_SUCCESS;
   auto block = [&](int r) -> const void* {
@@ -305,7 +313,9 @@ bool test(Pending& p) {
 // On the communication thread: tell the others why, then end the job.
 [[noreturn]] void do_abort() {
   World& w = world();
-  std::string text = w.abort_message.substr(0, sizeof w.control_buf - 1);
+  // "CODE\nMESSAGE": the others end with this rank's exit code, so the job's is the same whichever
+  // rank mpirun hears from first (a setting every rank refuses alike exits 2 everywhere).
+  std::string text = (std::to_string(w.abort_code) + "\n" + w.abort_message).substr(0, sizeof w.control_buf - 1);
   std::vector<MPI_Request> sends;
   for (int r = 0; r < w.size; ++r) {
     if (r == w.rank) continue;
@@ -326,9 +336,15 @@ bool test(Pending& p) {
 // On the communication thread: another rank failed and said why.
 [[noreturn]] void peer_failed(int source, int length) {
   World& w = world();
-  const std::string text(w.control_buf, static_cast<size_t>(std::max(0, length)));
+  std::string text(w.control_buf, static_cast<size_t>(std::max(0, length)));
+  int code = 1;
+  if (const size_t nl = text.find('\n'); nl != std::string::npos && nl > 0 && nl < 4) {
+    code = std::atoi(text.substr(0, nl).c_str());
+    text.erase(0, nl + 1);
+    if (code <= 0 || code > 255) code = 1;
+  }
   spdlog::error("rank {} failed, so the job ends here too. Its error: {}", source, text);
-  mpi_abort(1);
+  mpi_abort(code);
 }
 
 void loop() {
@@ -514,7 +530,8 @@ struct Channel::Impl {
 #endif
 };
 
-Channel::Channel(std::string name, std::unique_ptr<Impl> impl) : name_(std::move(name)), impl_(std::move(impl)) {}
+Channel::Channel(std::string name, std::unique_ptr<Impl> impl, int rank, int size)
+    : name_(std::move(name)), rank_(rank), size_(size), impl_(std::move(impl)) {}
 Channel::~Channel() = default;  // communicators are freed by MPI_Finalize
 
 namespace {
@@ -535,7 +552,31 @@ std::shared_ptr<Channel> Channel::create(const std::string& name) {
     Request(submit(p)).wait();
   }
 #endif
-  return std::shared_ptr<Channel>(new Channel(name, std::move(impl)));
+  return std::shared_ptr<Channel>(new Channel(name, std::move(impl), comm::rank(), comm::size()));
+}
+
+std::shared_ptr<Channel> Channel::create_split(const std::string& name, int color, int key) {
+  if (color < 0) throw CommError("'" + name + "': split color " + std::to_string(color) + " (colors are 0-based)");
+  channels_created.fetch_add(1);
+  auto impl = std::make_unique<Impl>();
+  int r = 0, n = 1;
+#ifdef FLOWRUN_MPI
+  if (world().mpi && world().size > 1) {
+    auto p = std::make_shared<Pending>();
+    p->kind = Kind::split;
+    p->what = "'" + name + "': splitting the world into its groups";
+    p->out_comm = &impl->comm;
+    p->color = color;
+    p->key = key;
+    Request(submit(p)).wait();
+    // Rank and size of a communicator are local queries, safe off the communication thread.
+    MPI_Comm_rank(impl->comm, &r);
+    MPI_Comm_size(impl->comm, &n);
+  }
+#else
+  (void)key;
+#endif
+  return std::shared_ptr<Channel>(new Channel(name, std::move(impl), r, n));
 }
 
 namespace {
@@ -546,10 +587,10 @@ std::shared_ptr<Pending> make(Kind k, const std::string& channel, const std::str
   return p;
 }
 
-// Blocks per rank (allgather_blocks, reduce_scatter): one count per rank.
-void check_counts(const std::vector<size_t>& counts, const std::string& what) {
-  if (counts.size() != static_cast<size_t>(size()))
-    throw CommError(what + ": " + std::to_string(counts.size()) + " counts for " + std::to_string(size()) + " ranks");
+// Blocks per rank (allgather_blocks, reduce_scatter): one count per rank of the channel.
+void check_counts(const std::vector<size_t>& counts, int ranks, const std::string& what) {
+  if (counts.size() != static_cast<size_t>(ranks))
+    throw CommError(what + ": " + std::to_string(counts.size()) + " counts for " + std::to_string(ranks) + " ranks");
 }
 
 // The blocks' MPI counts and displacements (elements; ints, as MPI's).
@@ -566,7 +607,7 @@ void check_counts(const std::vector<size_t>& counts, const std::string& what) {
 
 Request Channel::allreduce(void* data, size_t count, DType type, Op op, const std::string& what) {
   if (type == DType::bf16 && op != Op::sum) throw CommError("'" + name_ + "': " + what + ": bf16 all-reduce supports only sum");
-  if (size() == 1) return Request();
+  if (size_ == 1) return Request();
 #ifdef FLOWRUN_MPI
   auto p = make(Kind::allreduce, name_, what);
   p->data = data, p->count = count, p->type = type, p->op = op, p->comm = impl_->comm;
@@ -577,7 +618,7 @@ Request Channel::allreduce(void* data, size_t count, DType type, Op op, const st
 }
 
 Request Channel::broadcast(void* data, size_t bytes, int root, const std::string& what) {
-  if (size() == 1) return Request();
+  if (size_ == 1) return Request();
 #ifdef FLOWRUN_MPI
   auto p = make(Kind::broadcast, name_, what);
   p->data = data, p->bytes = bytes, p->root = root, p->comm = impl_->comm;
@@ -588,7 +629,7 @@ Request Channel::broadcast(void* data, size_t bytes, int root, const std::string
 }
 
 Request Channel::allgather(const void* mine, void* all, size_t bytes_each, const std::string& what) {
-  if (size() == 1) {
+  if (size_ == 1) {
     std::memcpy(all, mine, bytes_each);
     return Request();
   }
@@ -606,11 +647,12 @@ Request Channel::allgather_blocks(void* data, const std::vector<size_t>& counts,
                                  const std::string& what) {
   if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8)
     throw CommError("'" + name_ + "': " + what + ": elements of " + std::to_string(element_size) + " bytes");
-  check_counts(counts, "'" + name_ + "': " + what);
-  if (size() == 1) return Request();
+  check_counts(counts, size_, "'" + name_ + "': " + what);
+  if (size_ == 1) return Request();
 #ifdef FLOWRUN_MPI
   auto p = make(Kind::allgather_blocks, name_, what);
   set_blocks(*p, counts);
+  p->me = rank_;
   p->data = data, p->element_size = element_size, p->comm = impl_->comm;
   return Request(submit(p));
 #else
@@ -621,14 +663,15 @@ Request Channel::allgather_blocks(void* data, const std::vector<size_t>& counts,
 Request Channel::reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, DType type, Op op,
                                const std::string& what) {
   if (type == DType::bf16 && op != Op::sum) throw CommError("'" + name_ + "': " + what + ": bf16 reduce-scatter supports only sum");
-  check_counts(counts, "'" + name_ + "': " + what);
-  if (size() == 1) {
+  check_counts(counts, size_, "'" + name_ + "': " + what);
+  if (size_ == 1) {
     std::memcpy(recv, send, counts.front() * dtype_size(type));
     return Request();
   }
 #ifdef FLOWRUN_MPI
   auto p = make(Kind::reduce_scatter, name_, what);
   set_blocks(*p, counts);
+  p->me = rank_;
   p->in = send, p->data = recv, p->type = type, p->op = op, p->comm = impl_->comm;
   return Request(submit(p));
 #else
@@ -637,7 +680,7 @@ Request Channel::reduce_scatter(const void* send, void* recv, const std::vector<
 }
 
 Request Channel::barrier(const std::string& what) {
-  if (size() == 1) return Request();
+  if (size_ == 1) return Request();
 #ifdef FLOWRUN_MPI
   auto p = make(Kind::barrier, name_, what);
   p->comm = impl_->comm;

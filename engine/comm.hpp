@@ -89,15 +89,23 @@ class Channel {
   // Collective over all ranks: every rank must create its channels in the same order (nodes do
   // it in setup(), which runs in file order). `name` appears in error messages.
   static std::shared_ptr<Channel> create(const std::string& name);
+  // Collective over all ranks, as create(): a channel among the ranks that pass the same `color`
+  // (0-based, one group per color), ranked by `key` (MPI_Comm_split): the groups of one
+  // dimension of a parallel mesh (nodes/parallel/mesh.hpp). Its collectives count ranks in the
+  // group: rank() and size() are the group's, and counts have one entry per member.
+  static std::shared_ptr<Channel> create_split(const std::string& name, int color, int key);
   // How many channels this process has created (the executor tells the nodes that communicate
   // by the count before and after their setup()).
   static uint64_t created();
   ~Channel();
   const std::string& name() const { return name_; }
+  // This rank's place in the channel and the channel's size (the world's, unless create_split).
+  int rank() const { return rank_; }
+  int size() const { return size_; }
 
   // In place: data[i] = op over ranks of data[i]. bf16 supports only sum (added in fp32).
   Request allreduce(void* data, size_t count, DType type, Op op, const std::string& what);
-  // bytes of data from `root` to every rank.
+  // bytes of data from `root` (its rank in the channel) to every rank.
   Request broadcast(void* data, size_t bytes, int root, const std::string& what);
   // all[r * bytes_each ...] = rank r's `mine`. `all` holds size() * bytes_each bytes.
   Request allgather(const void* mine, void* all, size_t bytes_each, const std::string& what);
@@ -116,8 +124,9 @@ class Channel {
   struct Impl;
 
  private:
-  Channel(std::string name, std::unique_ptr<Impl> impl);
+  Channel(std::string name, std::unique_ptr<Impl> impl, int rank, int size);
   std::string name_;
+  int rank_ = 0, size_ = 1;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -76,6 +76,11 @@ struct RunSettings {
   int stop_grace_s = 0;   // 0 = no limit
   std::string resume;     // "", auto, never or a checkpoint folder
   double comm_timeout_s = 0;
+  // run.parallel: the mesh's tensor- and pipeline-parallel sizes (nodes/parallel/mesh.hpp); the
+  // data-parallel size is what the world leaves.
+  struct Parallel {
+    int tp = 1, pp = 1;
+  } parallel;
 };
 
 struct GraphSpec {

@@ -26,6 +26,7 @@
 #include "common/torch_setup.hpp"
 #include "executor.hpp"
 #include "hash.hpp"
+#include "parallel/mesh.hpp"
 #include "log.hpp"
 #include "profile.hpp"
 #include "progress.hpp"
@@ -260,6 +261,40 @@ struct RunSession::Impl {
   bool ran = false;    // run() ran: close() has a profile and a trace to write
 };
 
+namespace {
+
+// The mesh run.parallel makes of `world` processes, refused while a strategy it asks for is not
+// built (a setting that is accepted must do what it says).
+parallel::Mesh layout_of(const GraphSpec& g, int world) {
+  const RunSettings::Parallel& p = g.settings.parallel;
+  parallel::Mesh mesh(world, p.tp, p.pp);
+  if (p.tp > 1)
+    throw std::runtime_error("run.parallel.tp is " + std::to_string(p.tp) +
+                             ": tensor parallel is not built in this flowrun yet; set run.parallel.tp=1 "
+                             "(every process then holds the whole model: data parallel, with ZeRO through "
+                             "the optimizer's shard)");
+  if (p.pp > 1)
+    throw std::runtime_error("run.parallel.pp is " + std::to_string(p.pp) +
+                             ": pipeline parallel is not built in this flowrun yet; set run.parallel.pp=1");
+  return mesh;
+}
+
+}  // namespace
+
+std::string describe_layout(const GraphSpec& g, int world) {
+  const RunSettings::Parallel& p = g.settings.parallel;
+  std::string out = "processes: ";
+  try {
+    const parallel::Mesh mesh(world, p.tp, p.pp);
+    out += mesh.describe() + " (run.parallel, tp fastest)\n";
+    for (const auto& line : mesh.table()) out += "  " + line + "\n";
+    layout_of(g, world);
+  } catch (const std::exception& e) {
+    out += std::string("cannot run: ") + e.what() + "\n";
+  }
+  return out;
+}
+
 RunSession::RunSession(const GraphSpec* g) : g_(g), impl_(std::make_unique<Impl>()) {}
 RunSession::~RunSession() = default;
 
@@ -278,6 +313,15 @@ std::optional<int> RunSession::start() {
   const GraphSpec& g = *g_;
   const RunSettings& run = g.settings;
   info_ = run_info(g);
+  // run.parallel: the mesh of the job's processes; a layout the world does not divide, or one
+  // with a strategy not built yet, stops every rank before any node is made.
+  try {
+    const parallel::Mesh mesh = layout_of(g, info_.world);
+    if (info_.world > 1 && info_.rank == 0) spdlog::info("processes: {}", mesh.describe());
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", g.file, e.what());
+    return 2;
+  }
   // Several ranks training without an all-reduce train a replica each, on its own slice of the
   // data, and only rank 0's is saved: allowed (independent replicas), never by surprise.
   if (info_.world > 1 && info_.rank == 0) {

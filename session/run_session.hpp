@@ -18,6 +18,7 @@
 #pragma once
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "node.hpp"
 
@@ -52,5 +53,9 @@ class RunSession {
   RunInfo info_;
   std::unique_ptr<Impl> impl_;
 };
+
+// run.parallel over `world` processes, for `flowrun explain`: the mesh (nodes/parallel/mesh.hpp)
+// and the coordinates and groups of each rank, or why the layout cannot run.
+std::string describe_layout(const GraphSpec& g, int world);
 
 }  // namespace flowrun

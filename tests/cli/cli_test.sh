@@ -127,6 +127,18 @@ dot_renders)
   expect_out "5. opt   = optimizer(grads = fb.grads, model writes model.params)   [compute thread]"
   expect_out "waits for fb@s (grads; reads model.params), opt@s-1 (its previous step; wrote model.params before"
   expect_code 2 "$flowrun" explain graphs/nope.yaml
+  # Then the layout of the processes (run.parallel's mesh), for this job or --world N.
+  expect_code 0 "$flowrun" explain graphs/regression.yaml
+  expect_out "processes: dp 1 x pp 1 x tp 1 (1 process)"
+  expect_code 0 "$flowrun" explain graphs/gpt.yaml --world 4 run.parallel.tp=2
+  expect_out "processes: dp 2 x pp 1 x tp 2 (4 processes)"
+  expect_out "rank 3: dp 1, pp 0, tp 1; tp group {2, 3}, dp group {1, 3}"
+  expect_out "cannot run: run.parallel.tp is 2: tensor parallel is not built in this flowrun yet"
+  expect_code 2 "$flowrun" explain graphs/gpt.yaml --world 0
+  expect_out "--world 0: expected a number of processes"
+  # A layout a single process cannot be: refused before any node is made.
+  expect_code 2 "$flowrun" graphs/regression.yaml run.parallel.tp=2 run.out_dir="$tmp/tp2"
+  expect_out "this is a single process; launch a multiple of 2 (mpirun -np 2 flowrun ...)"
   ;;
 nodes_docs)
   expect_code 0 "$flowrun" nodes

@@ -41,7 +41,8 @@ TEST(Check, GoodFileBuildsSpecWithDefaults) {
 // The run: section also comes typed (GraphSpec::settings): the file's values, the schema's
 // defaults for the rest, out_dir filled in; what the CLI, the executor and the nodes read.
 TEST(RunSettings, AreTheCheckedRunSectionTyped) {
-  test::CheckedGraph l = test::check_graph_text(kGood, {"run.threads=3", "run.resume=auto", "run.precision=bf16", "run.comm_timeout_s=2.5"});
+  test::CheckedGraph l = test::check_graph_text(kGood, {"run.threads=3", "run.resume=auto", "run.precision=bf16",
+                                                        "run.comm_timeout_s=2.5", "run.parallel.tp=4"});
   ASSERT_TRUE(l.ok);
   const RunSettings& s = l.spec.settings;
   EXPECT_EQ(s.steps, 5);
@@ -54,6 +55,8 @@ TEST(RunSettings, AreTheCheckedRunSectionTyped) {
   EXPECT_EQ(s.progress, "auto");
   EXPECT_TRUE(s.compute_thread);
   EXPECT_EQ(s.out_dir, "runs/good");
+  EXPECT_EQ(s.parallel.tp, 4);  // a nested map, its other key defaulted
+  EXPECT_EQ(s.parallel.pp, 1);
 }
 
 // Every key of the schema's run group has its field: a key added to schemas/graph.yaml and not

@@ -337,6 +337,24 @@ EOF
   run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" "$tmp/batch.yaml" run.out_dir="$tmp/b"
   expect_out "the ranks hold different captions"
   ;;
+mesh_groups)
+  # run.parallel's mesh (nodes/parallel/mesh.hpp) as MPI channels, one per dimension, on 4
+  # processes: every layout's groups hold exactly their members (testtool mesh-groups checks an
+  # all-reduce, a reduce-scatter and an all-gather of uneven blocks in each).
+  mpi4=("${mpi[@]}")
+  mpi4[3]=4  # -np 4
+  for layout in "2 1" "1 2" "2 2" "1 1"; do
+    # shellcheck disable=SC2086  # two numbers on purpose
+    run_code 0 "${mpi4[@]}" "$tool" mesh-groups $layout
+  done
+  expect_out "dp: 1 groups of 4"
+  # A layout the world does not divide, and one asking for a strategy not built yet, end every
+  # rank before any node is made, saying why.
+  run_code 2 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/odd" run.parallel.tp=3
+  expect_out "tp 3 x pp 1 = 3 does not divide the 4 processes"
+  run_code 2 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/tp" run.parallel.tp=2
+  expect_out "tensor parallel is not built in this flowrun yet"
+  ;;
 *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"

@@ -29,7 +29,7 @@ std::string one_model(const std::string& type, const std::string& more, int seed
          ", with: { " + kTiny.at(type) + more + " } }\n";
 }
 
-std::string error_of(const std::string& yaml) {
+std::string setup_error(const std::string& yaml) {
   try {
     test::load_graph_text(yaml);
   } catch (const std::exception& e) {
@@ -50,7 +50,7 @@ safetensors::Tensors params_of(const std::string& yaml) {
 
 TEST(ModelNode, AMissingWeightsFileIsRefusedSayingWhatItShouldBe) {
   for (const auto& [type, _] : kTiny) {
-    const std::string e = error_of(one_model(type, ", weights: /no/such/model.safetensors"));
+    const std::string e = setup_error(one_model(type, ", weights: /no/such/model.safetensors"));
     EXPECT_NE(e.find("'model' (" + type + "): weights: /no/such/model.safetensors does not exist (it should be "),
               std::string::npos)
         << type << ": " << e;

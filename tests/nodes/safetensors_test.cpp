@@ -21,7 +21,7 @@ std::string raw_file(const std::string& header, const std::string& data, int64_t
   return f;
 }
 
-std::string error_of(const std::string& path) {
+std::string load_error(const std::string& path) {
   try {
     safetensors::load(path);
   } catch (const std::exception& e) {
@@ -69,39 +69,39 @@ TEST(Safetensors, ReadsAFileWrittenByTheReferenceLayout) {
 TEST(Safetensors, DamagedFilesAreRejectedClearly) {
   const std::string ok_header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   const std::string data(8, '\0');
-  EXPECT_NE(error_of("/nonexistent.safetensors").find("no such file"), std::string::npos);
+  EXPECT_NE(load_error("/nonexistent.safetensors").find("no such file"), std::string::npos);
   // shorter than the size field
   std::string f = test::temp_dir("st") + "/short.safetensors";
   std::ofstream(f) << "abc";
-  EXPECT_NE(error_of(f).find("truncated: 3 bytes"), std::string::npos) << error_of(f);
+  EXPECT_NE(load_error(f).find("truncated: 3 bytes"), std::string::npos) << load_error(f);
   // header size beyond the file
-  EXPECT_NE(error_of(raw_file(ok_header, data, 5000)).find("truncated: header says 5000 bytes"), std::string::npos);
+  EXPECT_NE(load_error(raw_file(ok_header, data, 5000)).find("truncated: header says 5000 bytes"), std::string::npos);
   // absurd header size
-  EXPECT_NE(error_of(raw_file(ok_header, data, int64_t(1) << 40)).find("implausible"), std::string::npos);
+  EXPECT_NE(load_error(raw_file(ok_header, data, int64_t(1) << 40)).find("implausible"), std::string::npos);
   // not JSON
-  EXPECT_NE(error_of(raw_file("{not json", data)).find("bad header JSON"), std::string::npos);
+  EXPECT_NE(load_error(raw_file("{not json", data)).find("bad header JSON"), std::string::npos);
   // data cut off (truncated tensor bytes)
-  EXPECT_NE(error_of(raw_file(ok_header, data.substr(0, 5))).find("outside the 5 data bytes"), std::string::npos);
+  EXPECT_NE(load_error(raw_file(ok_header, data.substr(0, 5))).find("outside the 5 data bytes"), std::string::npos);
   // offsets out of range / reversed
-  EXPECT_NE(error_of(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data)).find("data_offsets [8, 0]"),
+  EXPECT_NE(load_error(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", data)).find("data_offsets [8, 0]"),
             std::string::npos);
   // size does not match the shape
-  EXPECT_NE(error_of(raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data)).find("8 bytes for a shape needing 12"),
+  EXPECT_NE(load_error(raw_file(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", data)).find("8 bytes for a shape needing 12"),
             std::string::npos);
   // overlapping tensors
-  EXPECT_NE(error_of(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+  EXPECT_NE(load_error(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
                               data))
                 .find("overlap"),
             std::string::npos);
   // unknown dtype, negative shape
-  EXPECT_NE(error_of(raw_file(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", data)).find("unsupported dtype 'Q7'"),
+  EXPECT_NE(load_error(raw_file(R"({"a":{"dtype":"Q7","shape":[2],"data_offsets":[0,8]}})", data)).find("unsupported dtype 'Q7'"),
             std::string::npos);
-  EXPECT_NE(error_of(raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data)).find("negative"),
+  EXPECT_NE(load_error(raw_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data)).find("negative"),
             std::string::npos);
   // every message names the file
-  EXPECT_EQ(error_of(raw_file("{not json", data)).rfind("safetensors file /", 0), 0u);
+  EXPECT_EQ(load_error(raw_file("{not json", data)).rfind("safetensors file /", 0), 0u);
   // a folder (e.g. a checkpoint folder given as weights) was "bad header JSON"; a device
   const std::string dir = test::temp_dir("st_dir");
-  EXPECT_NE(error_of(dir).find("is a folder, not a .safetensors file"), std::string::npos) << error_of(dir);
-  EXPECT_NE(error_of("/dev/zero").find("not a regular file"), std::string::npos) << error_of("/dev/zero");
+  EXPECT_NE(load_error(dir).find("is a folder, not a .safetensors file"), std::string::npos) << load_error(dir);
+  EXPECT_NE(load_error("/dev/zero").find("not a regular file"), std::string::npos) << load_error("/dev/zero");
 }

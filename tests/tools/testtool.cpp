@@ -5,6 +5,12 @@
 //   testtool trace-overlap TRACE.json PRODUCER CONSUMER
 //       how many steps have a CONSUMER mark span ("CONSUMER: bucket ...") that starts before
 //       the PRODUCER node's span of the same step ends; prints it, exit 1 if none
+//   mpirun -np N testtool mesh-groups TP PP
+//       the mesh of N processes (nodes/parallel/mesh.hpp) as MPI channels, one per dimension
+//       (comm::Channel::create_split): each channel's rank and size are the rank's coordinate and
+//       the dimension's size, and an all-reduce, a reduce-scatter and an all-gather of uneven
+//       blocks on it reach exactly the group's members; prints one line per dimension on rank 0,
+//       exit 1 on the first mismatch (naming rank, dimension and values)
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -13,7 +19,9 @@
 #include <set>
 #include <string>
 
+#include "comm.hpp"
 #include "common/safetensors.hpp"
+#include "parallel/mesh.hpp"
 
 namespace {
 
@@ -69,6 +77,63 @@ int trace_overlap(const std::string& file, const std::string& producer, const st
   return overlapped > 0 ? 0 : 1;
 }
 
+// Rank r's value in element i of its block for q: distinct for every (r, q, i).
+double value(int r, int q, size_t i) { return 1000.0 * r + 10.0 * q + static_cast<double>(i); }
+
+int mesh_groups(int tp, int pp) {
+  namespace comm = flowrun::comm;
+  using flowrun::parallel::Dim;
+  const flowrun::parallel::Mesh mesh(comm::size(), tp, pp);
+  const int me = comm::rank();
+  auto fail = [&](Dim d, const std::string& what) {
+    std::fprintf(stderr, "rank %d, %s group: %s\n", me, flowrun::parallel::name(d), what.c_str());
+    return 1;
+  };
+  for (Dim d : {Dim::tp, Dim::pp, Dim::dp}) {
+    const std::vector<int> group = mesh.group(d, me);
+    const int n = static_cast<int>(group.size());
+    auto ch = comm::Channel::create_split(flowrun::parallel::name(d), mesh.color(d, me), mesh.coord(me).at(d));
+    if (ch->rank() != mesh.coord(me).at(d) || ch->size() != n)
+      return fail(d, "channel rank " + std::to_string(ch->rank()) + " of " + std::to_string(ch->size()) +
+                         ", expected " + std::to_string(mesh.coord(me).at(d)) + " of " + std::to_string(n));
+    // All-reduce: the sum of the members' world ranks.
+    double sum = me, want = 0;
+    for (int r : group) want += r;
+    ch->allreduce(&sum, 1, comm::DType::f64, comm::Op::sum, "sum of ranks").wait();
+    if (sum != want) return fail(d, "all-reduce gave " + std::to_string(sum) + ", expected " + std::to_string(want));
+    // Uneven blocks: member q's block holds q + 1 elements.
+    std::vector<size_t> counts;
+    size_t total = 0;
+    for (int q = 0; q < n; ++q) counts.push_back(static_cast<size_t>(q + 1)), total += static_cast<size_t>(q + 1);
+    std::vector<double> send(total), mine(counts[static_cast<size_t>(ch->rank())]);
+    for (int q = 0, at = 0; q < n; ++q)
+      for (size_t i = 0; i < counts[static_cast<size_t>(q)]; ++i) send[static_cast<size_t>(at++)] = value(me, q, i);
+    ch->reduce_scatter(send.data(), mine.data(), counts, comm::DType::f64, comm::Op::sum, "reduce-scatter").wait();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      double expect = 0;
+      for (int r : group) expect += value(r, ch->rank(), i);
+      if (mine[i] != expect)
+        return fail(d, "reduce-scatter element " + std::to_string(i) + " is " + std::to_string(mine[i]) +
+                           ", expected " + std::to_string(expect));
+    }
+    std::vector<double> all(total, -1.0);
+    size_t at = 0;
+    for (int q = 0; q < ch->rank(); ++q) at += counts[static_cast<size_t>(q)];
+    for (size_t i = 0; i < counts[static_cast<size_t>(ch->rank())]; ++i) all[at + i] = value(me, ch->rank(), i);
+    ch->allgather_blocks(all.data(), counts, sizeof(double), "all-gather").wait();
+    at = 0;
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < counts[static_cast<size_t>(q)]; ++i, ++at)
+        if (all[at] != value(group[static_cast<size_t>(q)], q, i))
+          return fail(d, "all-gather block " + std::to_string(q) + " element " + std::to_string(i) + " is " +
+                             std::to_string(all[at]) + ", expected rank " + std::to_string(group[static_cast<size_t>(q)]) + "'s");
+    if (me == 0)
+      std::printf("%s: %d groups of %d, all-reduce, reduce-scatter and all-gather within each\n",
+                  flowrun::parallel::name(d), comm::size() / n, n);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -77,10 +142,17 @@ int main(int argc, char** argv) {
     if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
       return tensor_diff(argv[2], argv[3], std::stod(argv[4]), argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
+    if (cmd == "mesh-groups" && argc == 4) {
+      flowrun::comm::init(&argc, &argv);
+      const int rc = mesh_groups(std::stoi(argv[2]), std::stoi(argv[3]));
+      if (rc != 0) flowrun::comm::abort_job("testtool mesh-groups failed", rc);
+      flowrun::comm::finalize();
+      return rc;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER\n");
+  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP\n");
   return 2;
 }

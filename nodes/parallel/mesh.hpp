@@ -1,0 +1,55 @@
+// The room for parallelism (docs/distributed.md): the processes of a run as a mesh of named
+// dimensions, as torchtitan's ParallelDims / DeviceMesh and Megatron-LM's parallel_state.
+//
+//   run: { parallel: { tp: 2, pp: 1 } }      mpirun -np 8 flowrun GRAPH
+//   -> dp 4 x pp 1 x tp 2; rank r = (dp * pp_size + pp) * tp_size + tp
+//
+// tp varies fastest, so the tensor-parallel ranks of a replica are neighbours (on one machine
+// when they fit: their collectives are the most frequent), then pp, then dp. A group of a
+// dimension is the ranks that differ only in that coordinate: rank 5 of the mesh above is
+// (dp 2, pp 0, tp 1); its tp group is ranks {4, 5}, its dp group {1, 3, 5, 7}.
+//
+// Pure arithmetic, no MPI and no torch: the run session builds it once from run.parallel and the
+// world, `flowrun explain` prints it, and collectives over a dimension use group() and color()
+// (comm::Channel::create's split).
+#pragma once
+#include <string>
+#include <vector>
+
+namespace flowrun::parallel {
+
+enum class Dim { dp, pp, tp };
+const char* name(Dim d);  // "dp", "pp", "tp"
+
+class Mesh {
+ public:
+  struct Coord {
+    int dp = 0, pp = 0, tp = 0;
+    int at(Dim d) const { return d == Dim::dp ? dp : d == Dim::pp ? pp : tp; }
+    bool operator==(const Coord& o) const { return dp == o.dp && pp == o.pp && tp == o.tp; }
+  };
+
+  Mesh() = default;  // a single process: every dimension 1
+  // `world` processes split as tp x pp per replica; throws (naming the three numbers and how
+  // to fix them) when tp x pp does not divide the world.
+  Mesh(int world, int tp, int pp);
+
+  int world() const { return world_; }
+  int size(Dim d) const { return d == Dim::dp ? dp_ : d == Dim::pp ? pp_ : tp_; }
+  Coord coord(int rank) const;
+  int rank_of(const Coord& c) const;
+  // The ranks of `rank`'s group along `d` (its other coordinates fixed), by their coordinate in d.
+  std::vector<int> group(Dim d, int rank) const;
+  // The same number for every member of that group and a different one for every other group
+  // along `d`, 0-based (MPI_Comm_split's color; the member's position is its coordinate in d).
+  int color(Dim d, int rank) const;
+  // "dp 4 x pp 1 x tp 2 (8 processes)"
+  std::string describe() const;
+  // One line per rank: "rank 5: dp 2, pp 0, tp 1; tp group {4, 5}, dp group {1, 3, 5, 7}".
+  std::vector<std::string> table() const;
+
+ private:
+  int world_ = 1, dp_ = 1, pp_ = 1, tp_ = 1;
+};
+
+}  // namespace flowrun::parallel
