@@ -540,42 +540,44 @@ std::atomic<uint64_t> channels_created{0};
 
 uint64_t Channel::created() { return channels_created.load(); }
 
-std::shared_ptr<Channel> Channel::create(const std::string& name) {
+namespace {
+// A channel's communicator (MPI_COMM_WORLD duplicated, or split by color and key) made on the
+// communication thread; the channel's rank and size in it. Nothing in a single-process world.
+std::unique_ptr<Channel::Impl> make_communicator(Kind kind, const std::string& what, int color, int key, int* rank,
+                                                 int* size) {
   channels_created.fetch_add(1);
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Channel::Impl>();
+  *rank = comm::rank(), *size = comm::size();
 #ifdef FLOWRUN_MPI
   if (world().mpi && world().size > 1) {
     auto p = std::make_shared<Pending>();
-    p->kind = Kind::dup;
-    p->what = "'" + name + "': creating its communicator";
-    p->out_comm = &impl->comm;
-    Request(submit(p)).wait();
-  }
-#endif
-  return std::shared_ptr<Channel>(new Channel(name, std::move(impl), comm::rank(), comm::size()));
-}
-
-std::shared_ptr<Channel> Channel::create_split(const std::string& name, int color, int key) {
-  if (color < 0) throw CommError("'" + name + "': split color " + std::to_string(color) + " (colors are 0-based)");
-  channels_created.fetch_add(1);
-  auto impl = std::make_unique<Impl>();
-  int r = 0, n = 1;
-#ifdef FLOWRUN_MPI
-  if (world().mpi && world().size > 1) {
-    auto p = std::make_shared<Pending>();
-    p->kind = Kind::split;
-    p->what = "'" + name + "': splitting the world into its groups";
+    p->kind = kind;
+    p->what = what;
     p->out_comm = &impl->comm;
     p->color = color;
     p->key = key;
     Request(submit(p)).wait();
     // Rank and size of a communicator are local queries, safe off the communication thread.
-    MPI_Comm_rank(impl->comm, &r);
-    MPI_Comm_size(impl->comm, &n);
+    MPI_Comm_rank(impl->comm, rank);
+    MPI_Comm_size(impl->comm, size);
   }
 #else
-  (void)key;
+  (void)kind, (void)what, (void)color, (void)key;
 #endif
+  return impl;
+}
+}  // namespace
+
+std::shared_ptr<Channel> Channel::create(const std::string& name) {
+  int r = 0, n = 1;
+  auto impl = make_communicator(Kind::dup, "'" + name + "': creating its communicator", 0, 0, &r, &n);
+  return std::shared_ptr<Channel>(new Channel(name, std::move(impl), r, n));
+}
+
+std::shared_ptr<Channel> Channel::create_split(const std::string& name, int color, int key) {
+  if (color < 0) throw CommError("'" + name + "': split color " + std::to_string(color) + " (colors are 0-based)");
+  int r = 0, n = 1;
+  auto impl = make_communicator(Kind::split, "'" + name + "': splitting the world into its groups", color, key, &r, &n);
   return std::shared_ptr<Channel>(new Channel(name, std::move(impl), r, n));
 }
 

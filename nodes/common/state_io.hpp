@@ -20,8 +20,8 @@ namespace flowrun {
 
 using NamedTensors = std::map<std::string, torch::Tensor>;
 
-namespace comm {
-class Channel;
+namespace parallel {
+class Group;
 }
 
 struct StateIO {
@@ -29,7 +29,7 @@ struct StateIO {
   std::function<void(Value&, const NamedTensors&)> load;         // copy values in
   // Optional, for a state the ranks hold pieces of (a sharded optimizer state): gather it so that
   // tensors() lists it whole. Collective: the checkpoint node calls it on every rank first.
-  std::function<void(Value&, comm::Channel&)> collect;
+  std::function<void(Value&, parallel::Group&)> collect;
 };
 
 void register_state_io(std::type_index type, StateIO io);

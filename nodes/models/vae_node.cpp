@@ -2,6 +2,7 @@
 // graphs/vae.yaml; objective vae_loss trains it, vae_recon shows and scores its reconstructions,
 // and the checkpoint's files load by name into vae_encode and the sampler's `vae`.
 // Schema: schemas/vae.yaml. Test: tests/nodes/vae_loss_test.cpp, graph_vae_test.cpp.
+#include "common/pretrained.hpp"
 #include "models/vae_config.hpp"
 #include "models/model_node.hpp"
 #include "models/vae.hpp"

@@ -29,7 +29,7 @@
 #include <future>
 #include <thread>
 
-#include "comm.hpp"
+#include "parallel/collectives.hpp"
 #include "common/device.hpp"
 #include "formats/files.hpp"
 #include "common/safetensors.hpp"
@@ -70,7 +70,7 @@ class Checkpoint : public Node {
   std::future<void> pending_;
   // run.resume=never: the earlier run's step folders and `latest`, moved aside by the first write.
   std::vector<std::string> earlier_;
-  std::shared_ptr<comm::Channel> ch_;  // several processes: to gather sharded states (StateIO::collect)
+  std::shared_ptr<parallel::Group> group_;  // several processes: to gather sharded states (StateIO::collect)
 
  public:
   void setup(SetupContext& c) override {
@@ -79,7 +79,7 @@ class Checkpoint : public Node {
     delay_ms_ = c.params().get<int>("write_delay_ms");
     exports_ = c.params().get<bool>("exports");
     writer_rank_ = c.run().rank == 0;
-    if (c.run().world > 1) ch_ = comm::Channel::create(c.name());  // collective: setup runs in file order
+    if (c.run().world > 1) group_ = parallel::Group::world(c.name());  // collective: setup runs in file order
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
       name_ = g->name;
@@ -136,9 +136,9 @@ class Checkpoint : public Node {
 
   void run(StepContext& c) override {
     // A state the ranks hold pieces of (a sharded optimizer state) is gathered first, by every rank.
-    if (ch_)
+    if (group_)
       for (Value* v : c.states_all("state"))
-        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, *ch_);
+        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, *group_);
     if (!writer_rank_) return;  // rank 0 writes the replicated state; a copy here would be wasted
     Snapshot snap;
     snap.step = c.step();

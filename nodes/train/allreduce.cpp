@@ -8,12 +8,13 @@
 // backward finished the parameters in (DDP's Reducer does the same with next_bucket_). run(),
 // called after the last item, launches what is left, waits for all, and outputs the views.
 //
-// CUDA gradients (FLOWRUN_CUDA builds) go through NCCL on the communicator's own stream
-// (comm/nccl.hpp): a bucket's all-reduce waits on an event the compute stream recorded after
-// backward wrote it, and the compute stream waits on the all-reduce's `done` event before the
-// optimizer reads the gradients, so the host never blocks on a reduction. Failures still end
-// within run.comm_timeout_s: each step first checks (on the host, with the timeout) that the
-// previous step's reductions finished, one step behind, when they are long done normally.
+// The reductions go through the one collective interface (parallel/collectives.hpp): MPI for CPU
+// gradients, NCCL for CUDA ones on the communicator's own stream, where a bucket's all-reduce
+// waits for what the compute stream queued before it (backward writing the bucket), and the
+// compute stream waits for the all-reduce before the optimizer reads the gradients, so the host
+// never blocks on a reduction. Failures still end within run.comm_timeout_s: each step first
+// checks (on the host, with the timeout) that the previous step's reductions ended, one step
+// behind, when they are long done normally.
 //
 // Sharded gradients (the optimizer's shard: gradients, ZeRO stage 2): each bucket is packed by
 // owner and reduce-scattered instead (MPI, or NCCL as grouped reduces), and what this rank owns
@@ -27,16 +28,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "comm.hpp"
 #include "common/grads.hpp"
+#include "parallel/collectives.hpp"
 #include "registry.hpp"
 #include "train/optimizer_shard.hpp"
-
-#if FLOWRUN_CUDA
-#include <c10/cuda/CUDAStream.h>
-
-#include "comm/nccl.hpp"
-#endif
 
 namespace flowrun {
 
@@ -115,9 +110,10 @@ class AllreduceNode : public Node {
     first_bucket_mb_ = p.get<double>("first_bucket_mb");
     compress_bf16_ = p.get<std::string>("compress") == "bf16";
     overlap_ = p.get<bool>("overlap");
-    // Collective: setup() runs in file order on every rank, so channels are made in one order.
-    channel_ = comm::Channel::create(ctx.name());
-    world_ = comm::size();
+    // Collective: setup() runs in file order on every rank, so groups are made in one order.
+    // The data-parallel group: the world while run.parallel has tp and pp at 1.
+    group_ = parallel::Group::world(ctx.name());
+    world_ = group_->size();
   }
 
   void on_item(StepContext& ctx, const std::string& /*port*/, const Value& v, int /*index*/, int count) override {
@@ -146,7 +142,7 @@ class AllreduceNode : public Node {
     ++items_;
     if (!reduces()) return;  // nothing to reduce: the grads pass through
     --missing_[static_cast<size_t>(plan_.bucket_of[i])];
-    if (overlap_) launch_ready(ctx);
+    if (overlap_) launch_ready();
   }
 
   void run(StepContext& ctx) override {
@@ -155,37 +151,28 @@ class AllreduceNode : public Node {
       throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) + ": got " + std::to_string(items_) +
                                " items on 'ready' for " + (n < 0 ? std::string("a model") : std::to_string(n) + " trainable parameters") +
                                "; connect it to forward_backward's `ready`, which sends each parameter once a step");
-    launch_ready(ctx);  // all of them when overlap is off; else what waited on earlier buckets
-    for (size_t k = 0; k < requests_.size(); ++k) {
-      comm::Request& req = requests_[k];
-#if FLOWRUN_CUDA
-      if (cuda_) {
-        done_ev_->make_wait(compute_stream(), k);  // the optimizer's kernels queue behind the reduction
-        torch::NoGradGuard no_grad;
-        if (shard_) settle_sharded(k);  // on the compute stream, behind the wait
-        else if (compressed_[k].defined()) slice(k).copy_(compressed_[k]);
-        previous_ = k + 1;
-        continue;
-      }
-#endif
-      req.wait();
+    launch_ready();  // all of them when overlap is off; else what waited on earlier buckets
+    for (size_t k = 0; k < works_.size(); ++k) {
+      // CPU: the host waits; GPU: the optimizer's kernels queue behind the reduction, and what
+      // follows here runs on the compute stream behind that wait.
+      works_[k].wait();
+      torch::NoGradGuard no_grad;
       if (shard_) {
         if (k >= settled_) settle_sharded(k);
       } else if (compressed_[k].defined()) {
-        torch::NoGradGuard no_grad;
         slice(k).copy_(compressed_[k]);
       }
-      if (world_ > 1)
-        ctx.trace_mark("bucket " + std::to_string(k) + " (" + mib(plan_.buckets[k].bytes) + ")", req.started(),
-                       req.finished());
+      if (world_ > 1 && works_[k].timed())
+        ctx.trace_mark("bucket " + std::to_string(k) + " (" + mib(plan_.buckets[k].bytes) + ")", works_[k].started(),
+                       works_[k].finished());
     }
     if (world_ > 1) {
       // Used on any rank: averaged gradient (zeros from the ranks that did not use it). Used on
       // none: undefined, so the optimizer skips it, as DDP with find_unused_parameters leaves it.
-      comm::Request req = channel_->allreduce(used_.data(), used_.size(), comm::DType::u8, comm::Op::max,
-                                              "used-parameter flags (step " + std::to_string(ctx.step()) + ")");
-      req.wait();
+      const torch::Tensor used = torch::from_blob(used_.data(), {static_cast<int64_t>(used_.size())}, torch::kByte);
+      group_->all_reduce(used, comm::Op::max, "used-parameter flags (step " + std::to_string(ctx.step()) + ")").wait();
     }
+    previous_ = works_;  // checked when the next step begins
     // After the reduction in place, a used parameter's grad (its view of the buffer) holds the
     // average; sharded, this rank's piece of it (none where it owns none).
     Grads grads(static_cast<size_t>(n));
@@ -206,9 +193,11 @@ class AllreduceNode : public Node {
       throw std::runtime_error(ctx.who() + ": the 'ready' stream announces " + std::to_string(count) +
                                " items, its gradient buffer holds " + std::to_string(buffer->views.size()) +
                                " parameters");
-#if FLOWRUN_CUDA
-    if (cuda_) finish_previous_step(ctx);
-#endif
+    // Last step's reductions ended (long since, normally): the host checks, bounded by
+    // run.comm_timeout_s, so a dead rank ends the run here instead of hanging it (a CPU
+    // reduction was waited for already).
+    for (parallel::Work& w : previous_) w.check();
+    previous_.clear();
     if (first.shard) {
       begin_sharded(ctx, *first.shard, n);
     } else if (world_ > 1 && (plan_.bucket_of.empty() || !plan_.fits(*buffer))) {
@@ -257,44 +246,20 @@ class AllreduceNode : public Node {
                                          .device(shard.plan.layout.groups[g].device)));
   }
 
-  // MPI for CPU gradients, NCCL for CUDA ones (the devices of the layout's flat buffers); never a
-  // mix. After a new bucket plan (the events are per bucket).
+  // The gradients' flat buffers: one device (MPI for the CPU, NCCL for CUDA: the collective
+  // interface picks by it), dtypes the ranks can exchange. After a new bucket plan.
   void choose_transport(StepContext& ctx, const FlatLayout& layout) {
     const torch::Device device = layout.groups.front().device;
     for (const auto& g : layout.groups) {
-      comm_dtype(g.dtype, ctx.who());
+      parallel::comm_dtype(g.dtype, ctx.who());
       if (g.device != device)
         throw std::runtime_error(ctx.who() + ": gradients on both " + device.str() + " and " + g.device.str() +
                                  "; keep the model on one device");
     }
-    if (device.is_cpu()) return;
-#if FLOWRUN_CUDA
-    if (!device.is_cuda())
+    if (!device.is_cpu() && !device.is_cuda())
       throw std::runtime_error(ctx.who() + ": cannot all-reduce gradients on " + device.str());
-    cuda_ = true;
-    device_ = device.index() < 0 ? 0 : device.index();
-    if (!nccl_) nccl_ = nccl::Communicator::create(*channel_, device_);
-    ready_ev_ = std::make_unique<nccl::Events>(plan_.buckets.size(), device_);
-    done_ev_ = std::make_unique<nccl::Events>(plan_.buckets.size(), device_);
-    previous_ = 0;
-#else
-    throw std::runtime_error(ctx.who() + ": gradients on " + device.str() +
-                             ": this flowrun was built without CUDA (FLOWRUN_CUDA), so only CPU gradients can be "
-                             "all-reduced; rebuild against a CUDA libtorch");
-#endif
+    on_gpu_ = device.is_cuda();
   }
-
-#if FLOWRUN_CUDA
-  void* compute_stream() const { return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream(); }
-
-  // Host check, bounded by run.comm_timeout_s, that last step's reductions ended (see top).
-  void finish_previous_step(StepContext& ctx) {
-    for (size_t k = 0; k < previous_; ++k)
-      nccl_->wait(done_ev_->at(k), ctx.who() + ": all-reduce of bucket " + std::to_string(k) + " (step " +
-                                       std::to_string(ctx.step() - 1) + ")");
-    previous_ = 0;
-  }
-#endif
 
   void end_step() {
     started_ = false;
@@ -305,7 +270,7 @@ class AllreduceNode : public Node {
     staged_.clear();
     staged_dtype_.clear();
     grads_.clear();
-    requests_.clear();
+    works_.clear();
     compressed_.clear();
     ready_.clear();
     used_.clear();
@@ -324,20 +289,12 @@ class AllreduceNode : public Node {
 
   // Launch buckets in order while the next one has all its parameters (none in a single
   // unsharded process: nothing to average, no copy, no division, no message).
-  void launch_ready(StepContext& ctx) {
+  void launch_ready() {
     if (!reduces()) return;
-    while (next_ < plan_.buckets.size() && missing_[next_] == 0) launch(ctx, next_++);
+    while (next_ < plan_.buckets.size() && missing_[next_] == 0) launch(next_++);
     // Sharded over MPI: what arrived is put in place now, so a bucket's buffers live only while it
     // is sent. (Over NCCL the host does not know; run() settles each bucket behind its event.)
-    while (shard_ && !on_gpu() && settled_ < requests_.size() && requests_[settled_].done()) settle_sharded(settled_);
-  }
-
-  bool on_gpu() const {
-#if FLOWRUN_CUDA
-    return cuda_;
-#else
-    return false;
-#endif
+    while (shard_ && !on_gpu_ && settled_ < works_.size() && works_[settled_].done()) settle_sharded(settled_);
   }
 
   // Sharded: bucket k's reduce-scatter is done: this rank's block into its slices, the buffers let go.
@@ -350,74 +307,44 @@ class AllreduceNode : public Node {
     settled_ = k + 1;
   }
 
-  void launch(StepContext& ctx, size_t k) {
-    requests_.emplace_back();
+  void launch(size_t k) {
     compressed_.emplace_back();
     torch::NoGradGuard no_grad;
-    if (shard_) return launch_sharded(ctx, k);
+    if (shard_) return launch_sharded(k);
     torch::Tensor s = slice(k);
     // Average = sum of grad / world: divide before the sum (exact for a power-of-two world), as
     // DDP's default communication hook does.
     s.div_(world_);
-    const std::string what = "all-reduce of bucket " + std::to_string(k) + " (step " + std::to_string(step_) + ")";
-#if FLOWRUN_CUDA
-    if (cuda_) {
-      torch::Tensor data = s;
-      if (compress_bf16_ && s.scalar_type() != torch::kBFloat16) data = compressed_.back() = s.to(torch::kBFloat16);
-      ready_ev_->record(k, compute_stream());
-      nccl_->allreduce(data.data_ptr(), static_cast<size_t>(data.numel()), comm_dtype(data.scalar_type(), ctx.who()),
-                       ready_ev_->at(k), done_ev_->at(k), ctx.who() + ": " + what);
-      return;
-    }
-#endif
-    if (compress_bf16_ && s.scalar_type() != torch::kBFloat16) {
-      compressed_.back() = s.to(torch::kBFloat16);
-      requests_.back() = channel_->allreduce(compressed_.back().data_ptr(), static_cast<size_t>(s.numel()),
-                                             comm::DType::bf16, comm::Op::sum, what);
-    } else {
-      requests_.back() = channel_->allreduce(s.data_ptr(), static_cast<size_t>(s.numel()),
-                                             comm_dtype(s.scalar_type(), ctx.who()), comm::Op::sum, what);
-    }
+    torch::Tensor data = s;
+    if (compress_bf16_ && s.scalar_type() != torch::kBFloat16) data = compressed_.back() = s.to(torch::kBFloat16);
+    works_.push_back(group_->all_reduce(data, comm::Op::sum,
+                                        "all-reduce of bucket " + std::to_string(k) + " (step " + std::to_string(step_) + ")"));
   }
 
   // ZeRO stage 2: bucket k's gradients packed by owner (divided by the world first, as above),
   // its parameters' own gradients let go, and the packed buffer reduce-scattered: this rank
   // receives the sum of its block.
-  void launch_sharded(StepContext& ctx, size_t k) {
+  void launch_sharded(size_t k) {
     const Bucket& b = plan_.buckets[k];
     std::vector<size_t> counts;
     torch::Tensor packed = pack_by_owner(*shard_, b.first, b.end, grads_, counts, world_);
     for (int pos = b.first; pos < b.end; ++pos) grads_[static_cast<size_t>(plan_.layout.order[static_cast<size_t>(pos)])].reset();
     staged_dtype_.push_back(packed.scalar_type());
     if (compress_bf16_ && packed.scalar_type() != torch::kBFloat16) packed = packed.to(torch::kBFloat16);
-    torch::Tensor mine = torch::empty({static_cast<int64_t>(counts[static_cast<size_t>(ctx.run().rank)])}, packed.options());
+    torch::Tensor mine = torch::empty({static_cast<int64_t>(counts[static_cast<size_t>(group_->rank())])}, packed.options());
     const std::string what = "reduce-scatter of bucket " + std::to_string(k) + " (step " + std::to_string(step_) + ")";
     staged_.push_back(packed);  // kept until the bucket is settled
     received_.push_back(mine);
-#if FLOWRUN_CUDA
-    if (cuda_) {
-      ready_ev_->record(k, compute_stream());  // behind the packing
-      nccl_->reduce_scatter(packed.data_ptr(), mine.data_ptr(), counts, comm_dtype(packed.scalar_type(), ctx.who()),
-                            ready_ev_->at(k), done_ev_->at(k), ctx.who() + ": " + what);
-      return;
-    }
-#endif
-    requests_.back() = channel_->reduce_scatter(packed.data_ptr(), mine.data_ptr(), counts,
-                                                comm_dtype(packed.scalar_type(), ctx.who()), comm::Op::sum, what);
+    works_.push_back(group_->reduce_scatter(packed, mine, counts, what));  // behind the packing, on a GPU too
   }
 
   double bucket_mb_ = 0, first_bucket_mb_ = 0;  // setup: the schema's (defaults there)
   bool compress_bf16_ = false, overlap_ = false;
-  std::shared_ptr<comm::Channel> channel_;
-  int world_ = 1;
+  std::shared_ptr<parallel::Group> group_;  // the data-parallel ranks
+  int world_ = 1;                           // their number
   BucketPlan plan_;
-#if FLOWRUN_CUDA
-  bool cuda_ = false;
-  int device_ = 0;
-  std::unique_ptr<nccl::Communicator> nccl_;
-  std::unique_ptr<nccl::Events> ready_ev_, done_ev_;  // per bucket
-  size_t previous_ = 0;  // buckets of the previous step to check in finish_previous_step()
-#endif
+  bool on_gpu_ = false;                     // the gradients are CUDA tensors (NCCL)
+  std::vector<parallel::Work> previous_;    // the last step's reductions, checked at the next
 
   // This step's state (reset by end_step()).
   bool started_ = false;  // its first item arrived
@@ -429,7 +356,7 @@ class AllreduceNode : public Node {
   Grads grads_;  // per parameter: the grad its item carried (sharded: until its bucket is sent)
   std::vector<uint8_t> ready_, used_;  // per parameter; used_ is all-reduced in place (u8 max)
   std::vector<int> missing_;           // per bucket: parameters not ready yet
-  std::vector<comm::Request> requests_;      // per launched bucket
+  std::vector<parallel::Work> works_;        // per launched bucket: its reduction
   std::vector<torch::Tensor> compressed_;    // per launched bucket: its bf16 copy (compress: bf16)
   int items_ = 0;
   size_t next_ = 0;  // next bucket to launch

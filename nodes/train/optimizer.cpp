@@ -12,17 +12,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "comm.hpp"
 #include "common/device.hpp"
 #include "common/state_io.hpp"
+#include "parallel/collectives.hpp"
 #include "registry.hpp"
 #include "train/optimizer_slots.hpp"
-
-#if FLOWRUN_CUDA
-#include <c10/cuda/CUDAStream.h>
-
-#include "comm/nccl.hpp"
-#endif
 
 namespace flowrun {
 
@@ -134,8 +128,8 @@ class OptimizerNode : public Node {
     sched_.min_lr = p.get<double>("min_lr");
     cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
     // ZeRO-1 (optimizer_shard.hpp): this rank's slice of the moments only (Adafactor: of whole
-    // parameters), and its channel to all-gather the updated parameters (a collective node: a
-    // lane): MPI for CPU parameters, NCCL (bootstrapped over the channel) for CUDA ones.
+    // parameters), and its group to all-gather the updated parameters (a collective node: a
+    // lane; parallel/collectives.hpp: MPI for CPU parameters, NCCL for CUDA ones).
     // ZeRO-2 (shard: gradients): the gradients arrive as this rank's pieces already, which
     // forward_backward and the allreduce are told through the model's state.
     // One process runs the same path, owning every element (nothing saved; its test).
@@ -143,15 +137,9 @@ class OptimizerNode : public Node {
     shard_ = shard != "none";
     shard_grads_ = shard == "gradients";
     if (shard_) {
-      ch_ = comm::Channel::create(ctx.name());
+      group_ = parallel::Group::world(ctx.name());
       const c10::Device device = run_device(ctx.run());
-      if (device.is_cuda()) {
-#if FLOWRUN_CUDA
-        device_ = device.index() < 0 ? 0 : device.index();
-        nccl_ = nccl::Communicator::create(*ch_, device_);
-        events_ = std::make_unique<nccl::Events>(2, device_);
-#endif
-      } else if (!device.is_cpu()) {
+      if (!device.is_cuda() && !device.is_cpu()) {
         throw std::runtime_error(ctx.who() + ": shard: " + shard + " on " + device.str() +
                                  ": the ranks exchange CPU parameters over MPI and CUDA ones over NCCL only; set shard: none");
       }
@@ -262,63 +250,31 @@ class OptimizerNode : public Node {
                        named, cfg_);
     const ShardPieces pieces = shard_pieces(st.shard, named, grads);
     const std::string step = " of step " + std::to_string(ctx.step());
-#if FLOWRUN_CUDA
     // The last step's all-gather ended (long since, normally): a host check bounded by
-    // run.comm_timeout_s, so a dead rank ends the run instead of hanging it.
-    if (nccl_ && gathering_) nccl_->wait(events_->at(1), ctx.who() + ": all-gather of the parameters of step " +
-                                                             std::to_string(ctx.step() - 1));
-#endif
+    // run.comm_timeout_s, so a dead rank ends the run instead of hanging it (a CPU one was waited
+    // for already).
+    for (parallel::Work& w : gathering_) w.check();
+    gathering_.clear();
     torch::Tensor norm;
     if (shard_grads_) {
-      // Each rank holds its pieces only: the global norm from the sum of the ranks' squares.
+      // Each rank holds its pieces only: the global norm from the sum of the ranks' squares,
+      // summed where the gradients are (on a GPU no step waits for the host; on the CPU in double).
       norm = global_norm(pieces.grads);
-#if FLOWRUN_CUDA
-      if (nccl_) {  // summed on the device: no step waits for the host
-        torch::Tensor sq = norm.to(buffers->front().device(), torch::kFloat).square().reshape({1}).contiguous();
-        exchange([&](nccl::Event ready, nccl::Event done) {
-          nccl_->allreduce(sq.data_ptr(), 1, comm::DType::f32, ready, done, ctx.who() + ": gradient norm" + step);
-        });
-        norm = sq.sqrt().reshape({});
-      }
-#endif
-      if (norm.is_cpu()) {
-        double sq = std::pow(norm.item<double>(), 2);
-        comm::allreduce(*ch_, &sq, 1, comm::Op::sum, "gradient norm" + step);
-        norm = torch::tensor(static_cast<float>(std::sqrt(sq)));
-      }
+      const c10::Device device = buffers->front().device();
+      torch::Tensor sq = norm.to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
+      group_->all_reduce(sq, comm::Op::sum, "gradient norm" + step).wait();
+      norm = sq.sqrt().reshape({}).to(torch::kFloat);
     } else {
       norm = global_norm(grads);
     }
     norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, norm);
-#if FLOWRUN_CUDA
-    if (nccl_) {
-      exchange([&](nccl::Event ready, nccl::Event done) {
-        for (size_t k = 0; k < buffers->size(); ++k) {
-          const torch::Tensor& b = (*buffers)[k];
-          nccl_->allgather_blocks(b.data_ptr(), st.shard.groups[k].counts(), comm_dtype(b.scalar_type(), ctx.who()),
-                                  k == 0 ? ready : nullptr, k + 1 == buffers->size() ? done : nullptr,
-                                  ctx.who() + ": all-gather of the parameters" + step);
-        }
-      });
-      gathering_ = true;
-      return norm;
-    }
-#endif
-    allgather_slices(st.shard, *buffers, *ch_, "parameters" + step);
+    // Every rank's updated slice into every rank's parameters; on a GPU the next forward queues
+    // behind the all-gather, the host does not wait.
+    gathering_ = allgather_slices(st.shard, *buffers, *group_, "all-gather of the parameters" + step);
+    for (parallel::Work& w : gathering_) w.wait();
     return norm;
   }
 
-#if FLOWRUN_CUDA
-  // NCCL work (`enqueue(ready, done)`) on the communicator's stream, behind what the compute
-  // stream has queued so far; the compute stream's later work (the next forward) behind it.
-  template <class Enqueue>
-  void exchange(Enqueue enqueue) {
-    void* compute = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
-    events_->record(0, compute);
-    enqueue(events_->at(0), events_->at(1));
-    events_->make_wait(compute, 1);
-  }
-#endif
 
   // Once, after the first update: what this rank holds (what a memory budget needs).
   void log_memory(StepContext& ctx, ModelState& model, const OptimizerState& st, const Grads& grads) {
@@ -346,13 +302,8 @@ class OptimizerNode : public Node {
   LrSchedule sched_;
   bool shard_ = false;        // shard: states or gradients
   bool shard_grads_ = false;  // shard: gradients
-  std::shared_ptr<comm::Channel> ch_;
-#if FLOWRUN_CUDA
-  int device_ = 0;
-  std::unique_ptr<nccl::Communicator> nccl_;  // sharded CUDA parameters: their all-gather
-  std::unique_ptr<nccl::Events> events_;      // [0]: the compute stream's work queued, [1]: NCCL's done
-  bool gathering_ = false;                    // an all-gather was queued (checked the next step)
-#endif
+  std::shared_ptr<parallel::Group> group_;  // sharded: the ranks the slices are exchanged with
+  std::vector<parallel::Work> gathering_;   // the last step's all-gather (checked the next step)
   bool logged_memory_ = false;
   int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far
   int64_t checked_ = -1;  // the step of the last check (-1: none yet)
@@ -369,8 +320,8 @@ static const bool kOptimizerStateIO = [] {
       std::type_index(typeid(std::shared_ptr<OptimizerState>)),
       flowrun::StateIO{[](const flowrun::Value& v) { return flowrun::NamedTensors(v.as<std::shared_ptr<OptimizerState>>()->tensors()); },
                        [](flowrun::Value& v, const flowrun::NamedTensors& t) { v.as_mut<std::shared_ptr<OptimizerState>>()->load(t); },
-                       [](flowrun::Value& v, flowrun::comm::Channel& ch) {
-                         flowrun::collect_sharded_state(*v.as_mut<std::shared_ptr<OptimizerState>>(), ch);
+                       [](flowrun::Value& v, flowrun::parallel::Group& group) {
+                         flowrun::collect_sharded_state(*v.as_mut<std::shared_ptr<OptimizerState>>(), group);
                        }});
   return true;
 }();

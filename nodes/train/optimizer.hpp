@@ -126,7 +126,7 @@ torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& p
 // every rank into `gathered`, which tensors() then lists (a checkpoint); nothing when unsharded.
 void make_shard_slots(OptimizerState& state, const ShardPlan& plan, const ModelState::Named& params,
                       const OptimConfig& cfg);
-void collect_sharded_state(OptimizerState& state, comm::Channel& channel);
+void collect_sharded_state(OptimizerState& state, parallel::Group& group);
 
 // The global L2 norm of the defined tensors (0-d float32; 0 if none). fp32 tensors on a GPU
 // take torch's multi-tensor norm (a few launches for all of them, as clip_grad_norm_'s foreach

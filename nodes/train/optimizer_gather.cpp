@@ -2,12 +2,12 @@
 // collect_sharded_state): collective, every rank's pieces all-gathered into whole moments.
 #include <stdexcept>
 
-#include "comm.hpp"
+#include "parallel/collectives.hpp"
 #include "train/optimizer.hpp"
 
 namespace flowrun {
 
-void collect_sharded_state(OptimizerState& st, comm::Channel& ch) {
+void collect_sharded_state(OptimizerState& st, parallel::Group& group) {
   const ShardPlan& plan = st.shard;
   if (!plan.sharded() || st.slots.empty()) return;
   torch::NoGradGuard no_grad;
@@ -16,7 +16,8 @@ void collect_sharded_state(OptimizerState& st, comm::Channel& ch) {
   std::vector<double> steps(n, 0.0);
   for (size_t k = 0; k < plan.pieces.size(); ++k)
     steps[static_cast<size_t>(plan.pieces[k].param)] = static_cast<double>(st.slots[k].step);
-  comm::allreduce(ch, steps.data(), steps.size(), comm::Op::max, "optimizer steps for a checkpoint");
+  group.all_reduce(torch::from_blob(steps.data(), {static_cast<int64_t>(n)}, torch::kDouble), comm::Op::max,
+                   "optimizer steps for a checkpoint").wait();
   std::map<std::string, torch::Tensor> out;
   auto gather = [&](const std::vector<torch::Tensor>& slices, const char* suffix) {
     if (slices.empty()) return;
@@ -28,7 +29,8 @@ void collect_sharded_state(OptimizerState& st, comm::Channel& ch) {
       b.narrow(0, plan.groups[g].begin, plan.groups[g].end - plan.groups[g].begin).copy_(slices[g]);
       whole.push_back(b);
     }
-    allgather_slices(plan, whole, ch, std::string("optimizer moments ") + suffix + " for a checkpoint");
+    for (parallel::Work& w : allgather_slices(plan, whole, group, std::string("optimizer moments ") + suffix + " for a checkpoint"))
+      w.wait();
     for (size_t i = 0; i < n; ++i) out[plan.names[i] + suffix] = plan.layout.view(whole, i, plan.shapes[i]);
   };
   const std::vector<std::string> flat_names = st.rule->moments();
@@ -52,8 +54,7 @@ void collect_sharded_state(OptimizerState& st, comm::Channel& ch) {
       sizes.push_back(parts.back().numel());
     }
     torch::Tensor flat = torch::cat(parts).contiguous();
-    comm::allreduce(ch, flat.data_ptr<double>(), static_cast<size_t>(flat.numel()), comm::Op::sum,
-                    "the " + st.rule->kind + " rule's own moments for a checkpoint");
+    group.all_reduce(flat, comm::Op::sum, "the " + st.rule->kind + " rule's own moments for a checkpoint").wait();
     int64_t at = 0;
     for (size_t j = 0; j < all.size(); ++j) {
       out[all[j].first] = flat.narrow(0, at, sizes[j]).to(torch::kFloat).view(all[j].second);

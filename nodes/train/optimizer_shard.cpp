@@ -10,17 +10,6 @@
 
 namespace flowrun {
 
-comm::DType comm_dtype(torch::Dtype t, const std::string& who) {
-  switch (t) {
-    case torch::kFloat: return comm::DType::f32;
-    case torch::kDouble: return comm::DType::f64;
-    case torch::kBFloat16: return comm::DType::bf16;
-    default:
-      throw std::runtime_error(who + ": cannot send " + std::string(c10::toString(t)) +
-                               " tensors between ranks (float, double and bfloat16 are supported)");
-  }
-}
-
 std::vector<size_t> ShardPlan::Group::counts() const {
   std::vector<size_t> out;
   for (size_t q = 0; q + 1 < cuts.size(); ++q) out.push_back(static_cast<size_t>(cuts[q + 1] - cuts[q]));
@@ -104,25 +93,22 @@ ShardPieces shard_pieces(const ShardPlan& plan, const std::vector<std::pair<std:
   return out;
 }
 
-void allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& buffers, comm::Channel& channel,
-                      const std::string& what) {
+std::vector<parallel::Work> allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& buffers,
+                                             parallel::Group& group, const std::string& what) {
   if (buffers.size() != plan.groups.size())
     throw std::logic_error("allgather_slices: " + std::to_string(buffers.size()) + " buffers for a plan of " +
                            std::to_string(plan.groups.size()));
   // In place: each rank's slice lies where it belongs in every rank's buffer already, so the
   // buffers themselves are the all-gather's blocks (no staging copy of the model).
-  std::vector<comm::Request> pending;
+  std::vector<parallel::Work> pending;
   for (size_t k = 0; k < buffers.size(); ++k) {
     const ShardPlan::Group& g = plan.groups[k];
     const torch::Tensor& b = buffers[k];
-    if (!b.device().is_cpu())
-      throw std::logic_error("allgather_slices: a buffer on " + b.device().str() + " (MPI sends CPU memory; NCCL "
-                             "all-gathers device buffers)");
     if (b.numel() != g.numel || !b.is_contiguous())
       throw std::logic_error("allgather_slices: buffer " + std::to_string(k) + " changed size");
-    pending.push_back(channel.allgather_blocks(b.data_ptr(), g.counts(), b.element_size(), what));
+    pending.push_back(group.all_gather(b, g.counts(), what));
   }
-  for (auto& r : pending) r.wait();
+  return pending;
 }
 
 std::shared_ptr<const GradShard> GradShard::make(const std::vector<std::pair<std::string, torch::Tensor>>& params,

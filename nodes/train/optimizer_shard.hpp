@@ -35,14 +35,10 @@
 #include <string>
 #include <vector>
 
-#include "comm.hpp"
 #include "common/flat_buffers.hpp"
+#include "parallel/collectives.hpp"
 
 namespace flowrun {
-
-// The collectives' element type of a tensor dtype (float, double, bfloat16); else an error
-// naming `who`.
-comm::DType comm_dtype(torch::Dtype t, const std::string& who);
 
 struct ShardPlan {
   int rank = 0, world = 1;  // world 1: not sharded
@@ -84,11 +80,11 @@ struct ShardPieces {
 ShardPieces shard_pieces(const ShardPlan& plan, const std::vector<std::pair<std::string, torch::Tensor>>& params,
                          const std::vector<torch::Tensor>& grads);
 
-// Every rank's slice of each buffer into every rank's buffers (an all-gather per buffer, in place,
-// over `channel`: MPI, CPU buffers; CUDA ones go over NCCL, the optimizer's). Collective: every
-// rank calls it.
-void allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& buffers, comm::Channel& channel,
-                      const std::string& what);
+// Every rank's slice of each buffer into every rank's buffers: an all-gather per buffer, in place,
+// over `group` (MPI for CPU buffers, NCCL for CUDA ones). Collective: every rank calls it. Returns
+// the collectives, to wait for.
+std::vector<parallel::Work> allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& buffers,
+                                             parallel::Group& group, const std::string& what);
 
 // Stage 2: what forward_backward attaches to every gradient it hands to the allreduce
 // (GradReady::shard): the optimizer's plan and the layout the allreduce makes its buckets by

@@ -22,7 +22,8 @@
 #include <sstream>
 
 #include "comm.hpp"
-#include "comm/nccl.hpp"
+#include "parallel/collectives.hpp"
+#include "parallel/nccl.hpp"
 #include "common/device.hpp"
 #include "common/seed.hpp"
 #include "common/state_io.hpp"
@@ -608,6 +609,32 @@ TEST(Gpu, NcclWithAWorldOfOneReducesABucket) {
   const double sum = buffer->flats[0].sum().item<double>();
   nc->wait(done.at(0), "bucket 0");
   EXPECT_EQ(sum, 3.0 * (300 * 200 + 200));
+}
+
+// The one collective interface (parallel/collectives.hpp) with CUDA tensors and a world of one:
+// NCCL behind the caller's stream (a tensor written late on it is reduced after the write), wait()
+// making the stream wait, check() the host's bounded check; the mesh's dp group of a single
+// process the same.
+TEST(Gpu, TheCollectiveInterfaceRunsNcclBehindTheCallersStream) {
+  ASSERT_EQ(comm::size(), 1);
+  for (auto group : {parallel::Group::world("gpu group"),
+                     parallel::Group::along("gpu mesh", parallel::Mesh(1, 1, 1), parallel::Dim::dp, 0)}) {
+    torch::Tensor t = torch::zeros({4096}, torch::kCUDA);
+    at::cuda::sleep(50000000);  // written late on the current stream
+    t.fill_(2.0f);
+    parallel::Work w = group->all_reduce(t, comm::Op::sum, "sum");
+    w.wait();
+    EXPECT_EQ(t.sum().item<double>(), 2.0 * 4096) << group->name();
+    w.check();
+    EXPECT_TRUE(w.done());
+    torch::Tensor blocks = torch::arange(10, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
+    torch::Tensor recv = torch::full({10}, -1.0, blocks.options());
+    group->reduce_scatter(blocks, recv, {10}, "reduce-scatter").wait();
+    group->all_gather(blocks, {10}, "all-gather").wait();
+    group->broadcast(blocks, 0, "broadcast").wait();
+    EXPECT_TRUE(torch::equal(recv, blocks)) << group->name();
+    EXPECT_TRUE(torch::equal(blocks.cpu(), torch::arange(10, torch::kBFloat16))) << group->name();
+  }
 }
 
 // The grouped collectives of ZeRO's uneven blocks (one ncclReduce / ncclBroadcast per owner) with

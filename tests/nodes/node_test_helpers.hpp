@@ -222,4 +222,11 @@ inline std::map<std::string, torch::Tensor> snapshot(const ModelState& m) {
   return out;
 }
 
+// A module's parameters by name, copied.
+inline std::map<std::string, torch::Tensor> snapshot(const torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& item : m.named_parameters(true)) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
 }  // namespace flowrun::test

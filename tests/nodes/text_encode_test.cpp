@@ -47,7 +47,7 @@ t5::Config t5_config(bool gated = true) {
 }
 
 // Every parameter random (norm gains around 1), so that biases and gains matter.
-void randomize(torch::nn::Module& m, uint64_t seed) {
+void randomize_encoder(torch::nn::Module& m, uint64_t seed) {
   torch::NoGradGuard no_grad;
   at::Generator g = make_cpu_generator(seed);
   for (auto& item : m.named_parameters(true)) {
@@ -58,11 +58,6 @@ void randomize(torch::nn::Module& m, uint64_t seed) {
   }
 }
 
-Named params_of(torch::nn::Module& m) {
-  Named p;
-  for (const auto& item : m.named_parameters(true)) p[item.key()] = item.value().detach().clone();
-  return p;
-}
 
 torch::Tensor ids_tensor(std::vector<int64_t> v, int64_t B, int64_t L) {
   return torch::tensor(v, torch::kInt64).view({B, L});
@@ -175,8 +170,8 @@ const torch::Tensor kMask = ids_tensor({1, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 1, 1
 TEST(TextEncodeBert, MatchesAReferenceComposedFromPlainOps) {
   const bert::Config c = bert_config();
   bert::Bert m(c);
-  randomize(*m, 1);
-  Named P = params_of(*m);
+  randomize_encoder(*m, 1);
+  Named P = test::snapshot(*m);
   torch::NoGradGuard no_grad;
   torch::Tensor got = m->forward(kIds, kMask), want = bert_reference(P, c, kIds, kMask);
   ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{2, 8, 16}));
@@ -218,17 +213,17 @@ void expect_padding_does_not_matter(Model& m) {
 
 TEST(TextEncodeBert, PaddingDoesNotChangeRealTokens) {
   bert::Bert m(bert_config());
-  randomize(*m, 2);
+  randomize_encoder(*m, 2);
   expect_padding_does_not_matter(m);
 }
 
 TEST(TextEncodeBert, SafetensorsRoundTripByNameWithBertPrefix) {
   const bert::Config c = bert_config();
   bert::Bert a(c), b(c);
-  randomize(*a, 3);
+  randomize_encoder(*a, 3);
   bert::init_weights(*b, 4);
   safetensors::Tensors t;
-  for (const auto& [k, v] : params_of(*a)) t["bert." + k] = v;
+  for (const auto& [k, v] : test::snapshot(*a)) t["bert." + k] = v;
   t["bert.pooler.dense.weight"] = torch::zeros({16, 16});        // ignored
   t["bert.embeddings.position_ids"] = torch::arange(16).view({1, 16});  // ignored buffer
   const std::string file = test::temp_dir("text_encode") + "/bert.safetensors";
@@ -241,7 +236,7 @@ TEST(TextEncodeBert, SafetensorsRoundTripByNameWithBertPrefix) {
 TEST(TextEncodeBert, LoadingListsMissingAndMisshapedTensorsAndNamesTheFile) {
   const bert::Config c = bert_config();
   bert::Bert a(c);
-  safetensors::Tensors t = params_of(*a);
+  safetensors::Tensors t = test::snapshot(*a);
   t.erase("encoder.layer.1.attention.output.LayerNorm.bias");
   t["encoder.layer.0.intermediate.dense.weight"] = torch::zeros({8, 16});
   t["encoder.layer.0.attention.self.qkv.weight"] = torch::zeros({2});
@@ -289,8 +284,8 @@ TEST(TextEncodeT5, MatchesAReferenceComposedFromPlainOps) {
   for (bool gated : {true, false}) {
     const t5::Config c = t5_config(gated);
     t5::T5Encoder m(c);
-    randomize(*m, 5);
-    Named P = params_of(*m);
+    randomize_encoder(*m, 5);
+    Named P = test::snapshot(*m);
     torch::NoGradGuard no_grad;
     torch::Tensor got = m->forward(kIds, kMask), want = t5_reference(P, c, kIds, kMask);
     ASSERT_EQ(got.sizes().vec(), (std::vector<int64_t>{2, 8, 16}));
@@ -331,16 +326,16 @@ TEST(TextEncodeT5, ParameterNamesAreHuggingFaces) {
 
 TEST(TextEncodeT5, PaddingDoesNotChangeRealTokens) {
   t5::T5Encoder m(t5_config());
-  randomize(*m, 6);
+  randomize_encoder(*m, 6);
   expect_padding_does_not_matter(m);
 }
 
 TEST(TextEncodeT5, SafetensorsRoundTripWithTiedEmbedTokens) {
   const t5::Config c = t5_config();
   t5::T5Encoder a(c), b(c);
-  randomize(*a, 7);
+  randomize_encoder(*a, 7);
   t5::init_weights(*b, 8);
-  safetensors::Tensors t = params_of(*a);
+  safetensors::Tensors t = test::snapshot(*a);
   t["encoder.embed_tokens.weight"] = t.at("shared.weight");  // as HF saves T5EncoderModel
   const std::string file = test::temp_dir("text_encode") + "/t5.safetensors";
   safetensors::save(file, t);
@@ -363,7 +358,7 @@ TEST(TextEncodeT5, SafetensorsRoundTripWithTiedEmbedTokens) {
 
 TEST(TextEncodeT5, MissingRelativeAttentionBiasIsNamed) {
   t5::T5Encoder a(t5_config());
-  safetensors::Tensors t = params_of(*a);
+  safetensors::Tensors t = test::snapshot(*a);
   t.erase("encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight");
   const std::string file = test::temp_dir("text_encode") + "/t5_missing.safetensors";
   safetensors::save(file, t);
@@ -384,7 +379,7 @@ TEST(TextEncodeT5, MissingRelativeAttentionBiasIsNamed) {
 
 TEST(TextEncodeState, FrozenAndEncodeTextUsesThePrefix) {
   t5::T5Encoder m(t5_config());
-  randomize(*m, 9);
+  randomize_encoder(*m, 9);
   auto s = make_text_encoder_state(m.ptr(), "t5", "t5");
   EXPECT_TRUE(s->trainable_parameters().empty());
   for (const auto& [n, p] : s->named_parameters()) EXPECT_FALSE(p.requires_grad()) << n;

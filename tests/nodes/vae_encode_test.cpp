@@ -30,7 +30,7 @@ vae::Config tiny() {
 }
 
 // Every parameter random and of a sane scale, so that every bias and gain matters.
-void randomize(torch::nn::Module& m, uint64_t seed) {
+void randomize_vae(torch::nn::Module& m, uint64_t seed) {
   torch::NoGradGuard no_grad;
   at::Generator g = make_cpu_generator(seed);
   for (auto& item : m.named_parameters(true)) {
@@ -44,11 +44,6 @@ void randomize(torch::nn::Module& m, uint64_t seed) {
   }
 }
 
-Named params_of(torch::nn::Module& m) {
-  Named p;
-  for (const auto& item : m.named_parameters(true)) p[item.key()] = item.value().detach().clone();
-  return p;
-}
 
 // ---- references: plain ops on the named tensors ----
 
@@ -328,8 +323,8 @@ TEST(Vae, ShapesFollowTheDownsamplingFactor) {
 TEST(Vae, EncoderAndDecoderMatchReferencesComposedFromPlainOps) {
   const vae::Config c = tiny();
   vae::AutoencoderKL m(c);
-  randomize(*m, 4);
-  Named P = params_of(*m);
+  randomize_vae(*m, 4);
+  Named P = test::snapshot(*m);
   torch::NoGradGuard no_grad;
   const torch::Tensor x = images(2, 16, 12, 5);
   auto [mean, logvar] = m->encode(x);
@@ -354,9 +349,9 @@ TEST(Vae, EncoderAndDecoderMatchReferencesComposedFromPlainOps) {
 TEST(Vae, AttentionOverManyPositionsMatchesTheReference) {
   // 80 x 80 = 6400 positions: the attention works through query rows in chunks.
   vae::Attention a(8, 4);
-  randomize(*a, 6);
+  randomize_vae(*a, 6);
   Named P;
-  for (const auto& [k, v] : params_of(*a)) P["a." + k] = v;
+  for (const auto& [k, v] : test::snapshot(*a)) P["a." + k] = v;
   torch::NoGradGuard no_grad;
   const torch::Tensor x = torch::randn({1, 8, 80, 80}, make_cpu_generator(7));
   torch::Tensor got = a->forward(x), want = attention_ref(x, P, "a", 4);
@@ -366,10 +361,10 @@ TEST(Vae, AttentionOverManyPositionsMatchesTheReference) {
 TEST(Vae, SafetensorsRoundTripFullAndPartialModules) {
   const vae::Config c = tiny();
   vae::AutoencoderKL a(c);
-  randomize(*a, 8);
+  randomize_vae(*a, 8);
   const std::string dir = test::temp_dir("vae");
   const std::string file = dir + "/diffusion_pytorch_model.safetensors";
-  safetensors::save(file, params_of(*a));
+  safetensors::save(file, test::snapshot(*a));
   torch::NoGradGuard no_grad;
   const torch::Tensor x = images(2, 8, 8, 9), z = torch::randn({2, 4, 4, 4});
   const auto want = a->encode(x);
@@ -389,14 +384,14 @@ TEST(Vae, SafetensorsRoundTripFullAndPartialModules) {
   EXPECT_TRUE(torch::equal(e->encode(x).first, want.first));
   EXPECT_TRUE(torch::equal(d->decode(z), want_img));
   const std::string enc_file = dir + "/encoder_only.safetensors";
-  safetensors::save(enc_file, params_of(*e));
+  safetensors::save(enc_file, test::snapshot(*e));
   vae::AutoencoderKL e2(c, vae::Part::encoder);
   vae::load_safetensors(*e2, enc_file);
   EXPECT_TRUE(torch::equal(e2->encode(x).first, want.first));
 
   // Older diffusers files: query/key/value/proj_attn as 1x1 convolutions, a "vae." prefix.
   safetensors::Tensors old;
-  for (const auto& [k, v] : params_of(*a)) {
+  for (const auto& [k, v] : test::snapshot(*a)) {
     std::string n = k;
     for (auto [from, to] : std::vector<std::pair<std::string, std::string>>{
              {".to_q.", ".query."}, {".to_k.", ".key."}, {".to_v.", ".value."}, {".to_out.0.", ".proj_attn."}})
@@ -415,7 +410,7 @@ TEST(Vae, SafetensorsRoundTripFullAndPartialModules) {
 TEST(Vae, LoadingListsEveryProblemAndNamesTheFile) {
   const vae::Config c = tiny();
   vae::AutoencoderKL a(c);
-  safetensors::Tensors t = params_of(*a);
+  safetensors::Tensors t = test::snapshot(*a);
   t.erase("encoder.mid_block.attentions.0.to_k.bias");
   t["encoder.conv_out.weight"] = torch::zeros({6, 16, 3, 3});
   t["encoder.mid_block.attentions.1.to_q.weight"] = torch::zeros({16, 16});
@@ -436,7 +431,7 @@ TEST(Vae, LoadingListsEveryProblemAndNamesTheFile) {
   // A decoder-only file cannot make an encoder: every encoder tensor is listed as missing.
   vae::AutoencoderKL d(c, vae::Part::decoder);
   const std::string dec_file = test::temp_dir("vae") + "/decoder_only.safetensors";
-  safetensors::save(dec_file, params_of(*d));
+  safetensors::save(dec_file, test::snapshot(*d));
   vae::AutoencoderKL e(c, vae::Part::encoder);
   try {
     vae::load_safetensors(*e, dec_file);
@@ -453,7 +448,7 @@ TEST(Vae, LoadingListsEveryProblemAndNamesTheFile) {
 
 std::shared_ptr<vae::VaeState> encoder_state(uint64_t seed) {
   vae::AutoencoderKL m(tiny(), vae::Part::encoder);
-  randomize(*m, seed);
+  randomize_vae(*m, seed);
   return vae::make_vae_state(m);
 }
 
@@ -610,7 +605,7 @@ nodes:
   // A weights file without the encoder: a setup error naming the node, the file and a tensor.
   vae::AutoencoderKL d(tiny(), vae::Part::decoder);
   const std::string file = test::temp_dir("vae") + "/dec.safetensors";
-  safetensors::save(file, params_of(*d));
+  safetensors::save(file, test::snapshot(*d));
   msg = run("weights: " + file, "size: 8");
   EXPECT_NE(msg.find("'enc'"), std::string::npos) << msg;
   EXPECT_NE(msg.find(file), std::string::npos) << msg;

@@ -4,8 +4,9 @@ layers.includes). Bottom up, a folder per layer (a layer may include its own and
 
   0  engine/                  graph files, schemas, executor; no torch
   0  nodes/formats/           file formats and tokenizers; no torch, no engine
-  1  nodes/common/            safetensors, devices, flat buffers, state I/O, seeds, batch keys
-  2  nodes/data/ comm/ parallel/ models/  data nodes, collectives, the parallel mesh, libtorch modules
+  1  nodes/common/ parallel/  safetensors, devices, flat buffers, state I/O, seeds, batch keys; the
+                              parallel mesh and the one collective interface (MPI, NCCL)
+  2  nodes/data/ comm/ models/  data nodes, the job's start-up agreement, libtorch modules
   3  nodes/train/ state/      objectives, forward/backward, optimizer, EMA, checkpoints
   4  nodes/encode/            frozen encoders and tokenizer nodes
   5  nodes/eval/              evaluators, sampler, metrics
@@ -19,7 +20,7 @@ import os
 import re
 import sys
 
-LAYERS = {"engine": 0, "formats": 0, "common": 1, "data": 2, "comm": 2, "parallel": 2, "models": 2, "train": 3, "state": 3,
+LAYERS = {"engine": 0, "formats": 0, "common": 1, "parallel": 1, "data": 2, "comm": 2, "models": 2, "train": 3, "state": 3,
           "encode": 4, "eval": 5, "prep": 6, "session": 7, "cli": 8}
 
 

@@ -21,6 +21,7 @@
 
 #include "comm.hpp"
 #include "common/safetensors.hpp"
+#include "parallel/collectives.hpp"
 #include "parallel/mesh.hpp"
 
 namespace {
@@ -127,6 +128,16 @@ int mesh_groups(int tp, int pp) {
         if (all[at] != value(group[static_cast<size_t>(q)], q, i))
           return fail(d, "all-gather block " + std::to_string(q) + " element " + std::to_string(i) + " is " +
                              std::to_string(all[at]) + ", expected rank " + std::to_string(group[static_cast<size_t>(q)]) + "'s");
+    // The same through the one collective interface (parallel/collectives.hpp), on tensors.
+    auto tensors = flowrun::parallel::Group::along("tensors", mesh, d, me);
+    torch::Tensor t = torch::full({3}, static_cast<double>(me), torch::kDouble);
+    tensors->all_reduce(t, comm::Op::sum, "sum of ranks").wait();
+    torch::Tensor b = torch::full({2}, -1.0, torch::kFloat);
+    if (tensors->rank() == 0) b.fill_(static_cast<float>(me));
+    tensors->broadcast(b, 0, "the first member's rank").wait();
+    if (t[2].item<double>() != want || b[1].item<float>() != static_cast<float>(group.front()))
+      return fail(d, "the group's all-reduce gave " + std::to_string(t[2].item<double>()) + " (expected " +
+                         std::to_string(want) + "), its broadcast " + std::to_string(b[1].item<float>()));
     if (me == 0)
       std::printf("%s: %d groups of %d, all-reduce, reduce-scatter and all-gather within each\n",
                   flowrun::parallel::name(d), comm::size() / n, n);

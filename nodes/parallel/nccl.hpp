@@ -1,5 +1,5 @@
-// NCCL all-reduce for CUDA tensors (built only with FLOWRUN_CUDA; CPU tensors use MPI through
-// engine/comm.hpp). Torch-free and CUDA-header-free interface: streams and events are passed
+// NCCL collectives for CUDA tensors (built only with FLOWRUN_CUDA), the GPU backend of
+// parallel/collectives.hpp, which nodes call (CPU tensors go through MPI, engine/comm.hpp). Torch-free and CUDA-header-free interface: streams and events are passed
 // as the runtime's opaque handles (cudaStream_t / cudaEvent_t are pointers).
 //
 // Bootstrap: NCCL needs every rank to hold the same ncclUniqueId; rank 0 makes it and the
@@ -22,17 +22,20 @@ using Event = void*;   // cudaEvent_t
 
 class Communicator {
  public:
-  // Collective over all ranks (call it in setup, like Channel::create). `device`: the CUDA
-  // device this rank's tensors live on.
+  // Collective over the channel's ranks (a communicator of the same group: the world, or a
+  // dimension of the mesh). `device`: the CUDA device this rank's tensors live on.
   static std::unique_ptr<Communicator> create(comm::Channel& bootstrap, int device);
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
   Stream stream() const { return stream_; }
-  // Enqueue on stream(): wait for `ready` (if any), sum `count` elements of `data` in place
-  // over the ranks, record `done`. Returns at once; the host never waits here.
-  void allreduce(void* data, size_t count, comm::DType type, Event ready, Event done, const std::string& what);
+  // Enqueue on stream(): wait for `ready` (if any), reduce `count` elements of `data` in place
+  // over the ranks (`op`), record `done`. Returns at once; the host never waits here.
+  void allreduce(void* data, size_t count, comm::DType type, Event ready, Event done, const std::string& what,
+                 comm::Op op = comm::Op::sum);
+  // The same for `count` elements of `data` from the group's rank `root` to every rank.
+  void broadcast(void* data, size_t count, comm::DType type, int root, Event ready, Event done, const std::string& what);
   // The same for uneven blocks (the same counts on every rank), as comm::Channel's:
   // recv = the sum over the ranks of this rank's block of `send` (counts[q] elements of rank q's
   // block, the blocks one after the other; recv holds counts[rank]).
@@ -54,6 +57,7 @@ class Communicator {
   void* comm_ = nullptr;  // ncclComm_t
   Stream stream_ = nullptr;
   int device_ = 0;
+  int rank_ = 0, size_ = 1;  // in the bootstrap channel's group
 };
 
 // Reusable CUDA events (timing off), one per bucket: recorded on one stream, waited on by
@@ -67,6 +71,7 @@ class Events {
   size_t size() const { return events_.size(); }
   Event at(size_t i) const { return events_.at(i); }
   void record(size_t i, Stream on);          // cudaEventRecord(at(i), on)
+  bool query(size_t i) const;                // cudaEventQuery(at(i)): what it follows has finished
   void make_wait(Stream who, size_t i);      // cudaStreamWaitEvent(who, at(i))
 
  private:

@@ -1,5 +1,5 @@
 // NCCL communicators bootstrapped over MPI (nccl.hpp).
-#include "comm/nccl.hpp"
+#include "parallel/nccl.hpp"
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -39,13 +39,13 @@ std::unique_ptr<Communicator> Communicator::create(comm::Channel& bootstrap, int
   const std::string what = "'" + bootstrap.name() + "': NCCL set-up";
   check_cuda(cudaSetDevice(device), what);
   ncclUniqueId id{};
-  if (comm::rank() == 0) check_nccl(ncclGetUniqueId(&id), what);
+  if (bootstrap.rank() == 0) check_nccl(ncclGetUniqueId(&id), what);
   comm::broadcast(bootstrap, &id, sizeof id, 0, what + " (sending the NCCL id)");
   // Non-blocking init, so a rank that never joins ends in a timeout instead of a hang.
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
-  ncclResult_t r = ncclCommInitRankConfig(&comm, comm::size(), id, comm::rank(), &config);
+  ncclResult_t r = ncclCommInitRankConfig(&comm, bootstrap.size(), id, bootstrap.rank(), &config);
   if (r != ncclSuccess && r != ncclInProgress) check_nccl(r, what);
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(comm::timeout());
   ncclResult_t state = ncclInProgress;
@@ -62,6 +62,8 @@ std::unique_ptr<Communicator> Communicator::create(comm::Channel& bootstrap, int
   cudaStream_t s = nullptr;
   check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), what);
   c->stream_ = s;
+  c->rank_ = bootstrap.rank();
+  c->size_ = bootstrap.size();
   return c;
 }
 
@@ -85,10 +87,19 @@ void check_queued(ncclResult_t r, const std::string& what) {
   if (r != ncclSuccess && r != ncclInProgress) check_nccl(r, what);
 }
 
-void check_counts(const std::vector<size_t>& counts, const std::string& what) {
-  if (static_cast<int>(counts.size()) != comm::size())
-    throw comm::CommError(what + ": " + std::to_string(counts.size()) + " block sizes for " +
-                          std::to_string(comm::size()) + " ranks");
+void check_counts(const std::vector<size_t>& counts, int ranks, const std::string& what) {
+  if (static_cast<int>(counts.size()) != ranks)
+    throw comm::CommError(what + ": " + std::to_string(counts.size()) + " block sizes for " + std::to_string(ranks) +
+                          " ranks");
+}
+
+ncclRedOp_t nccl_op(comm::Op op) {
+  switch (op) {
+    case comm::Op::sum: return ncclSum;
+    case comm::Op::max: return ncclMax;
+    case comm::Op::min: return ncclMin;
+  }
+  return ncclSum;
 }
 
 // Each owner q's block of `data` (counts[q] elements of `bytes` bytes, one after the other) as
@@ -106,19 +117,26 @@ void grouped_blocks(const void* data, const std::vector<size_t>& counts, size_t 
 }  // namespace
 
 void Communicator::allreduce(void* data, size_t count, comm::DType type, Event ready, Event done,
+                             const std::string& what, comm::Op op) {
+  on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
+    check_queued(ncclAllReduce(data, data, count, nccl_type(type), nccl_op(op), c, s), what);
+  });
+}
+
+void Communicator::broadcast(void* data, size_t count, comm::DType type, int root, Event ready, Event done,
                              const std::string& what) {
   on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
-    check_queued(ncclAllReduce(data, data, count, nccl_type(type), ncclSum, c, s), what);
+    check_queued(ncclBroadcast(data, data, count, nccl_type(type), root, c, s), what);
   });
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, comm::DType type,
                                   Event ready, Event done, const std::string& what) {
-  check_counts(counts, what);
+  check_counts(counts, size_, what);
   on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
     grouped_blocks(send, counts, comm::dtype_size(type), what, [&](int q, const char* block, size_t n) {
       // Only the root's recvbuff is written; the others pass their own block, untouched.
-      void* into = q == comm::rank() ? recv : const_cast<char*>(block);
+      void* into = q == rank_ ? recv : const_cast<char*>(block);
       check_queued(ncclReduce(block, into, n, nccl_type(type), ncclSum, q, c, s), what);
     });
   });
@@ -126,7 +144,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, const std::vecto
 
 void Communicator::allgather_blocks(void* data, const std::vector<size_t>& counts, comm::DType type, Event ready,
                                     Event done, const std::string& what) {
-  check_counts(counts, what);
+  check_counts(counts, size_, what);
   on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
     grouped_blocks(data, counts, comm::dtype_size(type), what, [&](int q, const char* block, size_t n) {
       void* at = const_cast<char*>(block);  // in place: the owner's block is the broadcast's source and target
@@ -172,6 +190,13 @@ Events::~Events() {
 
 void Events::record(size_t i, Stream on) {
   check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(at(i)), static_cast<cudaStream_t>(on)), "CUDA event record");
+}
+
+bool Events::query(size_t i) const {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(at(i)));
+  if (e == cudaErrorNotReady) return false;
+  check_cuda(e, "CUDA event query");
+  return true;
 }
 
 void Events::make_wait(Stream who, size_t i) {

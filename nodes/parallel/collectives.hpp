@@ -1,0 +1,106 @@
+// The one interface for collectives (docs/distributed.md): a group of ranks (the world, or one
+// dimension of the mesh, parallel/mesh.hpp) and its collectives on tensors. CPU tensors go
+// through MPI (engine/comm.hpp: the communication thread), CUDA ones through NCCL
+// (parallel/nccl.hpp: a communicator with its own stream, bootstrapped over the group's MPI
+// channel at the group's first CUDA collective). Nodes call this and hold no #if FLOWRUN_CUDA.
+//
+//   group_ = parallel::Group::world(ctx.name());     // setup(): every rank, in file order
+//   parallel::Work w = group_->all_reduce(bucket, comm::Op::sum, "all-reduce of bucket 3 (step 7)");
+//   ...                                               // returns at once: more work, more collectives
+//   w.wait();    // the result is there for what comes next: on the CPU the host waited; on a GPU the
+//                // current stream waits for it, the host does not
+//   w.check();   // the next step: a GPU collective has ended (the host, within run.comm_timeout_s)
+//
+// Every rank issues the same collectives on a group in the same order (a node runs its steps one
+// at a time, in step order); the tensors stay alive and untouched until wait() returned.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.hpp"
+#include "parallel/mesh.hpp"
+
+namespace flowrun::parallel {
+
+// The collectives' element type of a tensor dtype (float, double, bfloat16, uint8); else an error
+// naming `who`.
+comm::DType comm_dtype(torch::Dtype t, const std::string& who);
+
+class Work {
+ public:
+  struct Impl {
+    virtual ~Impl() = default;
+    virtual void wait() = 0;
+    virtual void check() = 0;
+    virtual bool done() const = 0;
+    virtual bool timed() const { return false; }
+    virtual comm::Clock::time_point started() const { return {}; }
+    virtual comm::Clock::time_point finished() const { return {}; }
+  };
+  Work() = default;  // nothing to wait for
+  explicit Work(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+  // What comes next sees the result: CPU, the host waited (CommError after run.comm_timeout_s);
+  // CUDA, the calling thread's current stream waits for it on the device.
+  void wait() {
+    if (impl_) impl_->wait();
+  }
+  // The collective has ended, checked on the host within run.comm_timeout_s (a CUDA one: its
+  // event; a CPU one has, once wait() returned).
+  void check() {
+    if (impl_) impl_->check();
+  }
+  // A host poll: it has ended.
+  bool done() const { return !impl_ || impl_->done(); }
+  // When it started and ended, for traces: known for MPI's (the communication thread saw them).
+  bool timed() const { return impl_ && impl_->timed(); }
+  comm::Clock::time_point started() const { return impl_ ? impl_->started() : comm::Clock::time_point(); }
+  comm::Clock::time_point finished() const { return impl_ ? impl_->finished() : comm::Clock::time_point(); }
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+class Group {
+ public:
+  // The world. Collective over every rank (a node's setup(): every rank, file order); `name`
+  // names the group's channel in errors.
+  static std::shared_ptr<Group> world(const std::string& name);
+  // `rank`'s group along `dim` of `mesh`, ranked by its coordinate there. Collective over the world.
+  static std::shared_ptr<Group> along(const std::string& name, const Mesh& mesh, Dim dim, int rank);
+  ~Group();
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  struct Cuda;  // the NCCL side (collectives.cpp), made at the group's first CUDA collective
+
+  const std::string& name() const { return channel_->name(); }
+  int rank() const { return channel_->rank(); }
+  int size() const { return channel_->size(); }
+
+  // In place: t = op over the group of t (contiguous; bfloat16: sum only).
+  Work all_reduce(const torch::Tensor& t, comm::Op op, const std::string& what);
+  // recv = the sum over the group of this rank's block of `send`: `send` holds every rank's block
+  // one after the other, counts[q] elements for rank q (the same counts on every rank); recv
+  // holds counts[rank()].
+  Work reduce_scatter(const torch::Tensor& send, const torch::Tensor& recv, const std::vector<size_t>& counts,
+                      const std::string& what);
+  // In place: rank q's block of `data` (counts[q] elements, the blocks one after the other) from
+  // rank q to every rank.
+  Work all_gather(const torch::Tensor& data, const std::vector<size_t>& counts, const std::string& what);
+  // `t` of rank `root` (its rank in the group) to every rank.
+  Work broadcast(const torch::Tensor& t, int root, const std::string& what);
+
+ private:
+  explicit Group(std::shared_ptr<comm::Channel> channel);
+  Cuda& cuda(const torch::Tensor& t, const std::string& what);
+  template <class Nccl, class Mpi>
+  Work run(const torch::Tensor& t, const std::string& what, Nccl nccl, Mpi mpi);  // collectives.cpp
+  std::shared_ptr<comm::Channel> channel_;
+  std::unique_ptr<Cuda> cuda_;
+};
+
+}  // namespace flowrun::parallel

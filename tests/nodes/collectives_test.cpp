@@ -1,0 +1,44 @@
+// The one collective interface (nodes/parallel/collectives.hpp) in a single process: a group of
+// one, whose collectives leave every tensor as the sums over one rank are (the multi-process
+// cases: tests/mpi mesh_groups; CUDA tensors over NCCL: tests/gpu).
+#include <gtest/gtest.h>
+
+#include "parallel/collectives.hpp"
+
+using flowrun::parallel::Group;
+
+TEST(Collectives, AGroupOfOneLeavesEveryTensorAsItIs) {
+  auto g = Group::world("solo");
+  EXPECT_EQ(g->size(), 1);
+  EXPECT_EQ(g->rank(), 0);
+  torch::Tensor t = torch::arange(5, torch::kFloat);
+  g->all_reduce(t, flowrun::comm::Op::sum, "sum").wait();
+  EXPECT_TRUE(torch::equal(t, torch::arange(5, torch::kFloat)));
+  torch::Tensor recv = torch::full({5}, -1.0, torch::kDouble);
+  g->reduce_scatter(torch::arange(5, torch::kDouble), recv, {5}, "reduce-scatter").wait();
+  EXPECT_TRUE(torch::equal(recv, torch::arange(5, torch::kDouble)));
+  torch::Tensor blocks = torch::arange(4, torch::kBFloat16);
+  g->all_gather(blocks, {4}, "all-gather").wait();
+  EXPECT_TRUE(torch::equal(blocks, torch::arange(4, torch::kBFloat16)));
+  torch::Tensor flags = torch::tensor({0, 1, 1}, torch::kByte);
+  {  // a Work of a group of one is done at once
+    flowrun::parallel::Work w = g->all_reduce(flags, flowrun::comm::Op::max, "flags");
+    EXPECT_TRUE(w.done());
+    w.wait();
+    w.check();
+  }
+  EXPECT_TRUE(torch::equal(flags, torch::tensor({0, 1, 1}, torch::kByte)));
+}
+
+TEST(Collectives, WhatCannotGoBetweenRanksIsRefusedNamingIt) {
+  auto g = Group::world("solo");
+  try {
+    g->all_reduce(torch::zeros({2}, torch::kInt), flowrun::comm::Op::sum, "node 'x' (y): counts");
+    FAIL() << "int32 was accepted";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("node 'x' (y): counts: cannot send Int tensors between ranks"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(g->all_reduce(torch::zeros({4, 4}).t(), flowrun::comm::Op::sum, "transposed"), std::logic_error);
+  EXPECT_THROW(g->reduce_scatter(torch::zeros({2}), torch::zeros({2}, torch::kDouble), {2}, "mixed"), std::logic_error);
+}
