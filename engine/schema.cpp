@@ -325,13 +325,27 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     throw GraphError(diags);
   }
   SchemaReader r{origin, diags};
-  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "inputs", "outputs", "groups", "params", "node"}, "schema");
+  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "collectives", "inputs", "outputs", "groups", "params", "node"},
+                 "schema");
   if (!root["type"]) diags.error({origin, 1, 1}, "type", "the schema must name its node type: type: NAME");
   try {
     if (root["type"]) s.type = root["type"].as<std::string>();
     if (root["doc"]) s.doc = root["doc"].as<std::string>();
     if (root["stateless"]) s.stateless = root["stateless"].as<bool>();
     if (root["compute"]) s.compute = root["compute"].as<bool>();
+    if (const YAML::Node& c = root["collectives"]) {
+      const YAML::Node group = c.IsMap() ? c["group"] : YAML::Node();
+      const std::string g = group && group.IsScalar() ? group.as<std::string>() : "";
+      if (g != "world" && g != "dp" && g != "tp" && g != "pp")
+        diags.error(mark_of(c, origin), "collectives",
+                    "collectives is { group: world | dp | tp | pp, doc: what the node exchanges }");
+      else
+        s.collectives_group = g;
+      if (c.IsMap()) {
+        r.unknown_keys(c, {"group", "doc"}, "collectives");
+        if (c["doc"]) s.collectives_doc = c["doc"].as<std::string>();
+      }
+    }
     s.inputs = r.ports(root["inputs"], true, "inputs");
     s.outputs = r.ports(root["outputs"], false, "outputs");
     // Shared groups' parameters first, in the order listed, then the type's own.
@@ -545,6 +559,9 @@ std::string describe(const NodeSchema& s) {
   if (!s.doc.empty()) o << "  " << s.doc << "\n";
   o << "  scheduling: " << (s.stateless ? "stateless (steps may run in parallel)" : "serial (one step at a time, in order)")
     << (s.compute ? ", tensor math (on the compute thread)" : "") << "\n";
+  if (!s.collectives_group.empty())
+    o << "  collectives: over the " << s.collectives_group << " group" << (s.collectives_doc.empty() ? "" : ": " + s.collectives_doc)
+      << "\n";
   auto ports = [&](const char* title, const std::vector<PortSchema>& v) {
     if (v.empty()) return;
     o << "\n" << title << ":\n";

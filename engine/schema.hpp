@@ -7,6 +7,8 @@
 //   doc: One line that says what the node does.
 //   stateless: false          # true: may run several steps at once (no per-step order)
 //   compute: true             # its run() is tensor math: runs on the compute thread
+//   collectives: { group: dp, doc: "..." }   # it talks to other ranks: over which group of the
+//                             # mesh (world, dp, tp, pp; nodes/parallel/mesh.hpp), and what
 //   inputs:
 //     grads: { kind: value, type: grads, doc: ... }
 //     model: { kind: state, access: write, type: params }
@@ -85,6 +87,9 @@ struct NodeSchema {
   std::string doc;
   bool stateless = false;
   bool compute = false;  // tensor math: on the compute thread (RunOptions::compute_thread)
+  // Collectives with the other ranks: the mesh group they run over ("" for none; world, dp, tp,
+  // pp) and what they exchange; `flowrun explain` and `flowrun nodes` print them.
+  std::string collectives_group, collectives_doc;
   std::vector<PortSchema> inputs, outputs;
   std::vector<ParamSchema> params;
   std::string origin = "built-in";  // or the plugin file it came from

@@ -134,6 +134,7 @@ dot_renders)
   expect_out "processes: dp 2 x pp 1 x tp 2 (4 processes)"
   expect_out "rank 3: dp 1, pp 0, tp 1; tp group {2, 3}, dp group {1, 3}"
   expect_out "cannot run: run.parallel.tp is 2: tensor parallel is not built in this flowrun yet"
+  expect_out "collectives over the dp group: each bucket of gradients all-reduced"
   expect_code 2 "$flowrun" explain graphs/gpt.yaml --world 0
   expect_out "--world 0: expected a number of processes"
   # A layout a single process cannot be: refused before any node is made.

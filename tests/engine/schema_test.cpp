@@ -109,6 +109,30 @@ params: { lr: { type: float, default: 0.1, min: 0, doc: "learning rate" } })",
   EXPECT_NE(d.find("  lr: float >= 0, default 0.1\n      learning rate"), std::string::npos) << d;
 }
 
+// `collectives: { group, doc }`: a node that talks to other ranks says over which group of the
+// mesh (world, dp, tp, pp) and what; `flowrun nodes` and `flowrun explain` print it. Another
+// group, or a key of its own, is a schema error.
+TEST(Schema, CollectivesNameTheirGroupOfTheMesh) {
+  const NodeSchema s = parse_node_schema(R"(type: demo
+collectives: { group: dp, doc: "gradients averaged" }
+inputs: { x: { kind: value, type: tensor } })",
+                                         "built-in");
+  EXPECT_EQ(s.collectives_group, "dp");
+  EXPECT_NE(describe(s).find("collectives: over the dp group: gradients averaged"), std::string::npos) << describe(s);
+  EXPECT_EQ(parse_node_schema("type: quiet\n", "built-in").collectives_group, "");
+  try {
+    parse_node_schema("type: x\ncollectives: { group: ep, dco: y }\n", "x.yaml");
+    FAIL() << "group ep was accepted";
+  } catch (const GraphError& e) {
+    const std::string d = e.diagnostics().str();
+    EXPECT_NE(d.find("collectives is { group: world | dp | tp | pp"), std::string::npos) << d;
+    EXPECT_NE(d.find("unknown schema key 'dco' (did you mean 'doc'?)"), std::string::npos) << d;
+  }
+  // The built-in nodes that exchange anything say so.
+  for (const std::string t : {"allreduce", "optimizer", "checkpoint", "metrics", "evaluator"})
+    EXPECT_FALSE(parse_node_schema(builtin_schema(t), "schemas/" + t + ".yaml").collectives_group.empty()) << t;
+}
+
 // Shared parameter groups (schemas/groups/NAME.yaml): `groups: [NAME]` adds a group's
 // parameters before the type's own; a map parameter with `group: NAME` takes them as fields,
 // before its own `fields`. Every built-in group parses, and the types that use one get the
