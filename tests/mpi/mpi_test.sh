@@ -348,6 +348,13 @@ mesh_groups)
     run_code 0 "${mpi4[@]}" "$tool" mesh-groups $layout
   done
   expect_out "dp: 1 groups of 4"
+  # A rank that never joins its group's collective (alive, silent) ends every rank of every group
+  # within the collective timeout.
+  start=$(date +%s)
+  run_code nonzero timeout 100 "${mpi4[@]}" "$tool" mesh-hang 2 1
+  expect_out "no answer from the other ranks in 2 s (run.comm_timeout_s)"
+  expect_out "rank 0 of 4: 'hang (tp)': an all-reduce rank 1 never joins"
+  [ $(( $(date +%s) - start )) -lt 60 ] || fail "the job did not end within a bounded time"
   # A layout the world does not divide, and one asking for a strategy not built yet, end every
   # rank before any node is made, saying why.
   run_code 2 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/odd" run.parallel.tp=3

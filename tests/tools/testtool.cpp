@@ -11,6 +11,10 @@
 //       the dimension's size, and an all-reduce, a reduce-scatter and an all-gather of uneven
 //       blocks on it reach exactly the group's members; prints one line per dimension on rank 0,
 //       exit 1 on the first mismatch (naming rank, dimension and values)
+//   mpirun -np N testtool mesh-hang TP PP
+//       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
+//       the collective timeout (2 s) and ends the whole job, every group's ranks included
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -18,6 +22,7 @@
 #include <regex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "comm.hpp"
 #include "common/safetensors.hpp"
@@ -145,6 +150,25 @@ int mesh_groups(int tp, int pp) {
   return 0;
 }
 
+int mesh_hang(int tp, int pp) {
+  namespace comm = flowrun::comm;
+  using flowrun::parallel::Dim;
+  const flowrun::parallel::Mesh mesh(comm::size(), tp, pp);
+  const int me = comm::rank();
+  comm::set_timeout(2.0);
+  auto group = flowrun::parallel::Group::along("hang", mesh, Dim::tp, me);
+  if (me == 1) std::this_thread::sleep_for(std::chrono::seconds(120));  // alive, silent
+  torch::Tensor t = torch::ones({4});
+  try {
+    group->all_reduce(t, comm::Op::sum, "an all-reduce rank 1 never joins").wait();
+  } catch (const std::exception& e) {
+    comm::abort_job(comm::where() + ": " + e.what(), 3);
+  }
+  // The ranks of other groups finish theirs, then wait here for the job's end (the abort).
+  std::this_thread::sleep_for(std::chrono::seconds(120));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -153,6 +177,10 @@ int main(int argc, char** argv) {
     if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
       return tensor_diff(argv[2], argv[3], std::stod(argv[4]), argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
+    if (cmd == "mesh-hang" && argc == 4) {
+      flowrun::comm::init(&argc, &argv);
+      return mesh_hang(std::stoi(argv[2]), std::stoi(argv[3]));
+    }
     if (cmd == "mesh-groups" && argc == 4) {
       flowrun::comm::init(&argc, &argv);
       const int rc = mesh_groups(std::stoi(argv[2]), std::stoi(argv[3]));
@@ -164,6 +192,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP\n");
+  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | mesh-hang TP PP\n");
   return 2;
 }
