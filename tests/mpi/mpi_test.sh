@@ -348,6 +348,11 @@ mesh_groups)
     run_code 0 "${mpi4[@]}" "$tool" mesh-groups $layout
   done
   expect_out "dp: 1 groups of 4"
+  # Tensor parallel's conjugate operators (parallel/tensor_parallel.hpp): Megatron's column-then-
+  # row MLP split over tp groups of 2 and of 4 equals the whole MLP, output and gradients.
+  run_code 0 "${mpi4[@]}" "$tool" tp-mlp 2
+  expect_out "tp 2: the split MLP equals the whole one (output and gradients)"
+  run_code 0 "${mpi4[@]}" "$tool" tp-mlp 4
   # A rank that never joins its group's collective (alive, silent) ends every rank of every group
   # within the collective timeout.
   start=$(date +%s)

@@ -11,6 +11,11 @@
 //       the dimension's size, and an all-reduce, a reduce-scatter and an all-gather of uneven
 //       blocks on it reach exactly the group's members; prints one line per dimension on rank 0,
 //       exit 1 on the first mismatch (naming rank, dimension and values)
+//   mpirun -np N testtool tp-mlp TP
+//       Megatron's column-then-row MLP over each tp group (parallel/tensor_parallel.hpp) against
+//       the whole MLP computed on every rank: output, input gradient and each rank's weight
+//       gradients (its blocks of the whole ones) within 1e-5 relative; exit 1 naming the first
+//       that differs
 //   mpirun -np N testtool mesh-hang TP PP
 //       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
 //       the collective timeout (2 s) and ends the whole job, every group's ranks included
@@ -28,6 +33,7 @@
 #include "common/safetensors.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 
 namespace {
 
@@ -150,6 +156,49 @@ int mesh_groups(int tp, int pp) {
   return 0;
 }
 
+int tp_mlp(int tp) {
+  namespace comm = flowrun::comm;
+  namespace par = flowrun::parallel;
+  const par::Mesh mesh(comm::size(), tp, 1);
+  const int me = comm::rank();
+  auto group = par::Group::along("tp mlp", mesh, par::Dim::tp, me);
+  // The same whole weights and batch on every rank (seeded); the dp replicas differ in nothing here.
+  torch::manual_seed(5);
+  const int64_t n = 6, d = 8, h = 16;
+  torch::Tensor w1 = torch::randn({h, d}, torch::kDouble), b1 = torch::randn({h}, torch::kDouble);
+  torch::Tensor w2 = torch::randn({d, h}, torch::kDouble), b2 = torch::randn({d}, torch::kDouble);
+  torch::Tensor x0 = torch::randn({n, d}, torch::kDouble), target = torch::randn({n, d}, torch::kDouble);
+  auto loss_of = [&](const torch::Tensor& y) { return (y - target).pow(2).sum(); };
+  // Whole.
+  std::vector<torch::Tensor> whole = {x0.clone().requires_grad_(), w1.clone().requires_grad_(), b1.clone().requires_grad_(),
+                                      w2.clone().requires_grad_()};
+  torch::Tensor y_whole = torch::linear(torch::gelu(torch::linear(whole[0], whole[1], whole[2])), whole[3], b2);
+  loss_of(y_whole).backward();
+  // Split: W1 and b1 by rows (column-parallel), W2 by columns (row-parallel), b2 added once after the sum.
+  std::vector<torch::Tensor> mine = {x0.clone().requires_grad_(), par::tp_block(w1, 0, *group, "w1").clone().requires_grad_(),
+                                     par::tp_block(b1, 0, *group, "b1").clone().requires_grad_(),
+                                     par::tp_block(w2, 1, *group, "w2").clone().requires_grad_()};
+  torch::Tensor hidden = torch::gelu(torch::linear(par::copy_to_tp(mine[0], group), mine[1], mine[2]));
+  torch::Tensor y = par::reduce_from_tp(torch::linear(hidden, mine[3]), group) + b2;
+  loss_of(y).backward();
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return (a - b).abs().max().item<double>() <= 1e-5 * std::max(1.0, b.abs().max().item<double>());
+  };
+  const std::vector<std::pair<std::string, bool>> checks = {
+      {"output", close(y, y_whole)},
+      {"input gradient", close(mine[0].grad(), whole[0].grad())},
+      {"w1 gradient", close(mine[1].grad(), par::tp_block(whole[1].grad(), 0, *group, "w1"))},
+      {"b1 gradient", close(mine[2].grad(), par::tp_block(whole[2].grad(), 0, *group, "b1"))},
+      {"w2 gradient", close(mine[3].grad(), par::tp_block(whole[3].grad(), 1, *group, "w2"))}};
+  for (const auto& [what, ok] : checks)
+    if (!ok) {
+      std::fprintf(stderr, "rank %d: tp %d: the split MLP's %s differs from the whole one's\n", me, tp, what.c_str());
+      return 1;
+    }
+  if (me == 0) std::printf("tp %d: the split MLP equals the whole one (output and gradients)\n", tp);
+  return 0;
+}
+
 int mesh_hang(int tp, int pp) {
   namespace comm = flowrun::comm;
   using flowrun::parallel::Dim;
@@ -177,6 +226,13 @@ int main(int argc, char** argv) {
     if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
       return tensor_diff(argv[2], argv[3], std::stod(argv[4]), argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
+    if (cmd == "tp-mlp" && argc == 3) {
+      flowrun::comm::init(&argc, &argv);
+      const int rc = tp_mlp(std::stoi(argv[2]));
+      if (rc != 0) flowrun::comm::abort_job("testtool tp-mlp failed", rc);
+      flowrun::comm::finalize();
+      return rc;
+    }
     if (cmd == "mesh-hang" && argc == 4) {
       flowrun::comm::init(&argc, &argv);
       return mesh_hang(std::stoi(argv[2]), std::stoi(argv[3]));
@@ -192,6 +248,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | mesh-hang TP PP\n");
+  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | tp-mlp TP | mesh-hang TP PP\n");
   return 2;
 }

@@ -1,0 +1,64 @@
+// Megatron-LM's conjugate operators f and g (tensor_parallel.hpp) as autograd functions.
+#include "parallel/tensor_parallel.hpp"
+
+#include <stdexcept>
+
+namespace flowrun::parallel {
+
+namespace {
+
+// The group travels to backward as its address in the autograd context (saved_data holds
+// IValues only). Groups live as long as the node that made them, which outlives every graph its
+// forward builds.
+void keep_group(torch::autograd::AutogradContext* ctx, Group* g) { ctx->saved_data["group"] = reinterpret_cast<int64_t>(g); }
+Group& group_of(torch::autograd::AutogradContext* ctx) { return *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt()); }
+
+// The sum over the group, in a new tensor (the input is an autograd value: never written).
+torch::Tensor summed(const torch::Tensor& t, Group& g, const char* what) {
+  torch::Tensor out = t.contiguous().clone();
+  g.all_reduce(out, comm::Op::sum, what).wait();
+  return out;
+}
+
+struct CopyToTp : torch::autograd::Function<CopyToTp> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, Group* g) {
+    keep_group(ctx, g);
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    return {summed(grad[0], group_of(ctx), "tensor parallel: the gradient of a copied input"), torch::Tensor()};
+  }
+};
+
+struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
+  static torch::Tensor forward(torch::autograd::AutogradContext*, const torch::Tensor& y, Group* g) {
+    return summed(y, *g, "tensor parallel: the sum of the ranks' partial outputs");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*, torch::autograd::variable_list grad) {
+    return {grad[0], torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor copy_to_tp(const torch::Tensor& x, const std::shared_ptr<Group>& tp) {
+  if (!tp || tp->size() == 1) return x;
+  return CopyToTp::apply(x, tp.get());
+}
+
+torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group>& tp) {
+  if (!tp || tp->size() == 1) return y;
+  return ReduceFromTp::apply(y, tp.get());
+}
+
+torch::Tensor tp_block(const torch::Tensor& whole, int64_t dim, const Group& tp, const std::string& what) {
+  const int64_t n = whole.size(dim), parts = tp.size();
+  if (n % parts != 0)
+    throw std::runtime_error(what + ": " + std::to_string(n) + " along dimension " + std::to_string(dim) +
+                             " does not split into " + std::to_string(parts) +
+                             " equal tensor-parallel blocks; choose run.parallel.tp dividing it");
+  return whole.narrow(dim, tp.rank() * (n / parts), n / parts);
+}
+
+}  // namespace flowrun::parallel

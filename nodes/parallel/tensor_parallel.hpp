@@ -1,0 +1,32 @@
+// Tensor parallel's building blocks (Megatron-LM, Shoeybi et al. 2019, section 3), over a group
+// of the mesh (the tp group, parallel/mesh.hpp): the two conjugate operators that make a pair of
+// linear layers, split column-then-row, cost one all-reduce forward and one backward.
+//
+//   x ─ copy_to_tp(x) ─ column-split linear (W1's rows: this rank's out/tp) ─ gelu ─
+//       row-split linear (W2's columns: in/tp) ─ reduce_from_tp(·) ─ + b2 ─ y
+//
+//   copy_to_tp(x):     forward: x as it is (every rank holds it);  backward: the gradient summed
+//                      over the group (each rank's branch contributed a part)   (Megatron's f)
+//   reduce_from_tp(y): forward: y summed over the group;  backward: the gradient as it is  (g)
+//
+// With a group of one both are the identity. The collectives go through parallel/collectives.hpp
+// (MPI for CPU tensors, NCCL for CUDA ones); the tp ranks of a replica read the same batch, so
+// what enters copy_to_tp is the same on each.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+
+#include "parallel/collectives.hpp"
+
+namespace flowrun::parallel {
+
+torch::Tensor copy_to_tp(const torch::Tensor& x, const std::shared_ptr<Group>& tp);
+torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group>& tp);
+
+// This rank's block of `whole` along `dim` when it is cut into group-size equal blocks (the
+// column-split linear's rows of W and b: dim 0; the row-split one's columns of W: dim 1). The
+// size along dim must divide; else an error naming `what`, the size and the group's.
+torch::Tensor tp_block(const torch::Tensor& whole, int64_t dim, const Group& tp, const std::string& what);
+
+}  // namespace flowrun::parallel
