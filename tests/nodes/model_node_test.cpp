@@ -29,15 +29,6 @@ std::string one_model(const std::string& type, const std::string& more, int seed
          ", with: { " + kTiny.at(type) + more + " } }\n";
 }
 
-std::string setup_error(const std::string& yaml) {
-  try {
-    test::load_graph_text(yaml);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 // The model's parameters by name, copied.
 safetensors::Tensors params_of(const std::string& yaml) {
   auto g = test::load_graph_text(yaml);
@@ -50,7 +41,7 @@ safetensors::Tensors params_of(const std::string& yaml) {
 
 TEST(ModelNode, AMissingWeightsFileIsRefusedSayingWhatItShouldBe) {
   for (const auto& [type, _] : kTiny) {
-    const std::string e = setup_error(one_model(type, ", weights: /no/such/model.safetensors"));
+    const std::string e = test::graph_error(one_model(type, ", weights: /no/such/model.safetensors"));
     EXPECT_NE(e.find("'model' (" + type + "): weights: /no/such/model.safetensors does not exist (it should be "),
               std::string::npos)
         << type << ": " << e;

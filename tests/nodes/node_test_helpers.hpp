@@ -183,6 +183,16 @@ inline std::unique_ptr<GraphRun> load_graph_text(const std::string& yaml, const 
 }
 
 // Run the graph and return the batches its t_batch_probe saw, by step.
+// The error loading `yaml` ends in (load_graph_text: check and set up), or "no error".
+inline std::string graph_error(const std::string& yaml) {
+  try {
+    load_graph_text(yaml);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 inline std::map<int64_t, TensorMap> run_and_probe(GraphRun& g) {
   {
     std::lock_guard<std::mutex> l(BatchProbe::mu());

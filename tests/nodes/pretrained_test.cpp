@@ -103,15 +103,6 @@ void expect_loaded(const std::string& pretrained) {
   EXPECT_GT(n, 20u);
 }
 
-std::string error_of(const std::string& yaml) {
-  try {
-    test::load_graph_text(yaml);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
 TEST(Pretrained, DitTakesItsSizesAndWeightsFromTheFolder) {
   const std::string dir = test::temp_dir("pre");
   save_folder(dir + "/one", tiny_config());
@@ -125,14 +116,14 @@ TEST(Pretrained, DitTakesItsSizesAndWeightsFromTheFolder) {
   expect_loaded(dir + "/pipe");
   // Sizes the graph also gives must agree with config.json.
   EXPECT_NO_THROW(test::load_graph_text(dit_graph(dir + "/one", ", depth: 2, hidden: 32")));
-  const std::string e = error_of(dit_graph(dir + "/one", ", depth: 3"));
+  const std::string e = test::graph_error(dit_graph(dir + "/one", ", depth: 3"));
   EXPECT_NE(e.find("depth is 3 in the graph, " + dir + "/one/config.json has num_layers = 2"), std::string::npos) << e;
 }
 
 TEST(Pretrained, WhatIsWrongIsAnErrorNamingTheFile) {
   const std::string dir = test::temp_dir("prebad");
   auto expect_error = [&](const std::string& folder, const std::string& want) {
-    const std::string e = error_of(dit_graph(folder));
+    const std::string e = test::graph_error(dit_graph(folder));
     EXPECT_NE(e.find(want), std::string::npos) << "wanted: " << want << "\ngot: " << e;
   };
   fs::create_directories(dir + "/empty");
@@ -164,7 +155,7 @@ TEST(Pretrained, WhatIsWrongIsAnErrorNamingTheFile) {
   write(dir + "/noweights/config.json", tiny_config().dump());
   expect_error(dir + "/noweights", "has no diffusion_pytorch_model.safetensors nor diffusion_pytorch_model.safetensors.index.json");
   save_folder(dir + "/both", tiny_config());
-  const std::string e = error_of(dit_graph(dir + "/both", ", weights: x.safetensors"));
+  const std::string e = test::graph_error(dit_graph(dir + "/both", ", weights: x.safetensors"));
   EXPECT_NE(e.find("both pretrained and weights are set"), std::string::npos) << e;
 }
 
@@ -193,7 +184,7 @@ TEST(Pretrained, ConfigValuesOfTheWrongTypeOrRangeAreErrorsNamingFileAndKey) {
     cfg[c.key] = c.value;
     const std::string folder = dir + "/c" + std::to_string(i++);
     save_folder(folder, cfg);
-    const std::string e = error_of(dit_graph(folder));
+    const std::string e = test::graph_error(dit_graph(folder));
     EXPECT_NE(e.find(folder + "/config.json: " + c.want), std::string::npos) << c.key << "\n" << e;
   }
   // Sizes that passed the checks and ended in torch's allocator text or std::bad_alloc: every
@@ -209,11 +200,11 @@ TEST(Pretrained, ConfigValuesOfTheWrongTypeOrRangeAreErrorsNamingFileAndKey) {
     cfg[key] = value;
     const std::string folder = dir + "/size_" + key;
     save_folder(folder, cfg);
-    const std::string e = error_of(dit_graph(folder));
+    const std::string e = test::graph_error(dit_graph(folder));
     EXPECT_NE(e.find("node 'model' (dit)"), std::string::npos) << key << "\n" << e;
     EXPECT_NE(e.find(want), std::string::npos) << key << "\n" << e;
   }
-  const std::string deep = error_of(
+  const std::string deep = test::graph_error(
       "flowrun: 1\nnodes:\n  caps: { type: t_captions, with: { captions: [a] } }\n"
       "  tok: { type: wordpiece_tokenize, in: { text: caps.text }, with: { vocab: '" + dir + "/vocab.txt', max_length: 6 } }\n"
       "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { layers: 1000000, dim: 16, heads: 2, ffn: 16 } }\n");
@@ -221,12 +212,12 @@ TEST(Pretrained, ConfigValuesOfTheWrongTypeOrRangeAreErrorsNamingFileAndKey) {
   save_folder(dir + "/asdir", tiny_config());
   fs::remove(dir + "/asdir/config.json");
   fs::create_directories(dir + "/asdir/config.json");
-  std::string e = error_of(dit_graph(dir + "/asdir"));
+  std::string e = test::graph_error(dit_graph(dir + "/asdir"));
   EXPECT_NE(e.find(dir + "/asdir/config.json: is a folder, not a JSON file"), std::string::npos) << e;
   save_folder(dir + "/zero", tiny_config());
   fs::remove(dir + "/zero/config.json");
   fs::create_symlink("/dev/zero", dir + "/zero/config.json");
-  e = error_of(dit_graph(dir + "/zero"));
+  e = test::graph_error(dit_graph(dir + "/zero"));
   EXPECT_NE(e.find(dir + "/zero/config.json: not a regular file"), std::string::npos) << e;
   save_folder(dir + "/twice", tiny_config(), 2);
   const std::string index = dir + "/twice/diffusion_pytorch_model.safetensors.index.json";
@@ -234,7 +225,7 @@ TEST(Pretrained, ConfigValuesOfTheWrongTypeOrRangeAreErrorsNamingFileAndKey) {
   const size_t at = text.find("\"weight_map\": {") + std::string("\"weight_map\": {").size();
   text.insert(at, "\"pos_embed.proj.weight\": \"diffusion_pytorch_model-00001-of-00002.safetensors\",");
   write(index, text);
-  e = error_of(dit_graph(dir + "/twice"));
+  e = test::graph_error(dit_graph(dir + "/twice"));
   EXPECT_NE(e.find(index + ": key 'pos_embed.proj.weight' in 'weight_map' appears twice"), std::string::npos) << e;
 }
 
@@ -288,16 +279,16 @@ TEST(Pretrained, VaeTakesItsSettingsAndWeightsFromTheFolder) {
   }
   // A setting also written in the graph must agree; what this VAE does not compute is refused.
   EXPECT_NO_THROW(test::load_graph_text(vae_graph(dir + "/pipe", ", latent_channels: 4, block_out_channels: [16, 16]")));
-  std::string e = error_of(vae_graph(dir + "/pipe", ", latent_channels: 8"));
+  std::string e = test::graph_error(vae_graph(dir + "/pipe", ", latent_channels: 8"));
   EXPECT_NE(e.find("latent_channels is 8 in the graph, " + dir + "/pipe/vae/config.json has latent_channels = 4"), std::string::npos) << e;
-  e = error_of(vae_graph(dir + "/pipe", ", block_out_channels: [16, 32]"));
+  e = test::graph_error(vae_graph(dir + "/pipe", ", block_out_channels: [16, 32]"));
   EXPECT_NE(e.find("block_out_channels is [16, 32] in the graph"), std::string::npos) << e;
   nlohmann::json shifted = tiny_vae_config();
   shifted["shift_factor"] = 0.1159;
   save_vae(dir + "/shifted", shifted);
-  e = error_of(vae_graph(dir + "/shifted"));
+  e = test::graph_error(vae_graph(dir + "/shifted"));
   EXPECT_NE(e.find(dir + "/shifted/config.json: shift_factor = 0.1159 is not built"), std::string::npos) << e;
-  e = error_of(vae_graph(dir + "/pipe", ", weights: x.safetensors"));
+  e = test::graph_error(vae_graph(dir + "/pipe", ", weights: x.safetensors"));
   EXPECT_NE(e.find("both pretrained and weights are set"), std::string::npos) << e;
 }
 
@@ -415,7 +406,7 @@ TEST(Pretrained, TextEncodersTakeTheirSizesAndWeightsFromTransformersFolders) {
   }
   // Sizes also written in the graph must agree with config.json.
   EXPECT_NO_THROW(test::load_graph_text(encoders_graph(p.dir, p.dir, ", dim: 16, layers: 2")));
-  const std::string e = error_of(encoders_graph(p.dir, p.dir, ", layers: 12"));
+  const std::string e = test::graph_error(encoders_graph(p.dir, p.dir, ", layers: 12"));
   EXPECT_NE(e.find("'bert'"), std::string::npos) << e;
   EXPECT_NE(e.find("layers is 12 in the graph, " + p.dir + "/text_encoder/config.json has num_hidden_layers = 2"),
             std::string::npos) << e;
@@ -426,7 +417,7 @@ TEST(Pretrained, ATextEncoderFolderItCannotComputeIsAnErrorNamingTheFile) {
   const TinyPipeline p = save_text_pipeline(dir + "/pipe");
   auto bert_error = [&](const nlohmann::json& config, const std::string& want) {
     save_transformers(dir + "/bert", config, p.bert);
-    const std::string e = error_of(encoders_graph(dir + "/bert", p.dir, "", p.dir));
+    const std::string e = test::graph_error(encoders_graph(dir + "/bert", p.dir, "", p.dir));
     EXPECT_NE(e.find(want), std::string::npos) << "wanted: " << want << "\ngot: " << e;
   };
   nlohmann::json c = tiny_bert_config();
@@ -440,7 +431,7 @@ TEST(Pretrained, ATextEncoderFolderItCannotComputeIsAnErrorNamingTheFile) {
   bert_error(c, dir + "/bert/config.json: use_rotary is not a BertModel setting this BERT knows");
   auto t5_error = [&](const nlohmann::json& config, const std::string& want) {
     save_transformers(dir + "/t5", config, p.mt5);
-    const std::string e = error_of(encoders_graph(p.dir, dir + "/t5"));
+    const std::string e = test::graph_error(encoders_graph(p.dir, dir + "/t5"));
     EXPECT_NE(e.find(want), std::string::npos) << "wanted: " << want << "\ngot: " << e;
   };
   c = tiny_mt5_config();
@@ -452,7 +443,7 @@ TEST(Pretrained, ATextEncoderFolderItCannotComputeIsAnErrorNamingTheFile) {
   c = tiny_mt5_config();
   c["feed_forward_proj"] = "gated-silu";
   t5_error(c, "feed_forward_proj = gated-silu is not built");
-  const std::string e = error_of(encoders_graph(p.dir, p.dir, ", weights: x.safetensors"));
+  const std::string e = test::graph_error(encoders_graph(p.dir, p.dir, ", weights: x.safetensors"));
   EXPECT_NE(e.find("'bert' (bert_encode): both pretrained and weights are set"), std::string::npos) << "got: " << e;
 }
 
@@ -481,12 +472,12 @@ TEST(Pretrained, TokenizersFindTheirFileInATokenizerOrPipelineFolder) {
   auto g = test::load_graph_text(graph(""));
   const TensorMap ids = encode_texts(g->state<TextTokenizer>("tok", "tokenizer"), {"a Cat sat"});
   EXPECT_TRUE(torch::equal(ids.at("input_ids"), torch::tensor({{2, 4, 5, 6, 3, 0}}))) << ids.at("input_ids");
-  const std::string e = error_of(graph(", lowercase: true"));
+  const std::string e = test::graph_error(graph(", lowercase: true"));
   EXPECT_NE(e.find("lowercase is true in the graph, " + p.dir + "/tokenizer/tokenizer_config.json has do_lower_case = false"),
             std::string::npos) << e;
   // Issue 47: do_lower_case: "yes" was ignored; a value that is not a bool is refused.
   write(p.dir + "/tokenizer/tokenizer_config.json", R"({"do_lower_case": "yes"})");
-  const std::string yes = error_of(graph(""));
+  const std::string yes = test::graph_error(graph(""));
   EXPECT_NE(yes.find(p.dir + "/tokenizer/tokenizer_config.json: key 'do_lower_case': expected true or false, got \"yes\""),
             std::string::npos) << yes;
 }
@@ -610,7 +601,7 @@ TEST(Pretrained, TokenizersAndEncodersPairOneToOne) {
                            "  model: { type: mlp, with: { in_dim: 4, hidden: 4, layers: 1, out_dim: 4 } }\n"
                            "  sample: { type: sampler, in: { objective: loss.objective, model: model.params, tokenizer: tok.tokenizer,\n"
                            "            encoder: [bert.params, t5.params] }, with: { prompts: [a] } }\n";
-  const std::string e = error_of(yaml);
+  const std::string e = test::graph_error(yaml);
   EXPECT_NE(e.find("1 tokenizer(s) [tok.tokenizer] and 2 encoder(s) [bert.params, t5.params]: give one tokenizer per encoder"),
             std::string::npos) << e;
 }
@@ -628,7 +619,7 @@ TEST(Pretrained, ATokenizerLargerThanItsEncoderIsRefusedAtSetup) {
            "  bert: { type: bert_encode, in: { tokens: tok.tokens }, with: { pretrained: '" + p.dir + "' } }\n";
   };
   EXPECT_NO_THROW(test::load_graph_text(yaml(p.dir)));
-  const std::string e = error_of(yaml(p.dir + "/big/vocab.txt"));
+  const std::string e = test::graph_error(yaml(p.dir + "/big/vocab.txt"));
   EXPECT_NE(e.find("node 'bert' (bert_encode): its tokens come from 'tok', whose wordpiece tokenizer (" + p.dir +
                    "/big/vocab.txt) has 34 ids, more than the 20 rows of this encoder's token embedding (" + p.dir +
                    "/text_encoder/config.json)"),
