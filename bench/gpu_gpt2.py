@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import (eager_round, flowrun_round, gpt_overrides, peak_memory, rounds_ratio,  # noqa: E402
+from torch_peers import (eager_round, flowrun_round, gpt_overrides, ms_range, peak_memory, rounds_ratio,  # noqa: E402
                          run_flowrun, seconds_per_step, write_report)
 
 
@@ -108,14 +108,6 @@ def datasheet_peak(name):
         if key in name:
             return tflops, key
     return float("nan"), None
-
-
-def ms_range(secs):
-    """'median ms (min-max)' of per-round seconds, for a table cell."""
-    if not secs:
-        return "-"
-    ms = sorted(1e3 * s for s in secs)
-    return "%.1f ms (%.1f–%.1f)" % (statistics.median(ms), ms[0], ms[-1])
 
 
 def gpt2(args, device):

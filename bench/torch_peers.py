@@ -243,6 +243,14 @@ def rounds_ratio(num, den):
     return "**%.3f x** (%.3f–%.3f, %d rounds)" % (statistics.median(r), r[0], r[-1], len(r))
 
 
+def ms_range(secs):
+    """'median ms (min–max)' of per-round seconds, for a table cell."""
+    if not secs:
+        return "-"
+    ms = sorted(1e3 * s for s in secs)
+    return "%.1f ms (%.1f–%.1f)" % (statistics.median(ms), ms[0], ms[-1])
+
+
 def write_report(out, lines):
     """The lines as one text, written to `out` too (its folder made) unless out is None."""
     text = "\n".join(lines) + "\n"

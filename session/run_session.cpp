@@ -263,11 +263,9 @@ struct RunSession::Impl {
 
 namespace {
 
-// The mesh run.parallel makes of `world` processes, refused while a strategy it asks for is not
-// built (a setting that is accepted must do what it says).
-parallel::Mesh layout_of(const GraphSpec& g, int world) {
-  const RunSettings::Parallel& p = g.settings.parallel;
-  parallel::Mesh mesh(world, p.tp, p.pp);
+// A strategy run.parallel asks for that is not built yet is refused (a setting that is accepted
+// must do what it says).
+void refuse_unbuilt(const RunSettings::Parallel& p) {
   if (p.tp > 1)
     throw std::runtime_error("run.parallel.tp is " + std::to_string(p.tp) +
                              ": tensor parallel is not built in this flowrun yet; set run.parallel.tp=1 "
@@ -276,7 +274,6 @@ parallel::Mesh layout_of(const GraphSpec& g, int world) {
   if (p.pp > 1)
     throw std::runtime_error("run.parallel.pp is " + std::to_string(p.pp) +
                              ": pipeline parallel is not built in this flowrun yet; set run.parallel.pp=1");
-  return mesh;
 }
 
 }  // namespace
@@ -288,7 +285,7 @@ std::string describe_layout(const GraphSpec& g, int world) {
     const parallel::Mesh mesh(world, p.tp, p.pp);
     out += mesh.describe() + " (run.parallel, tp fastest)\n";
     for (const auto& line : mesh.table()) out += "  " + line + "\n";
-    layout_of(g, world);
+    refuse_unbuilt(p);
   } catch (const std::exception& e) {
     out += std::string("cannot run: ") + e.what() + "\n";
   }
@@ -316,7 +313,8 @@ std::optional<int> RunSession::start() {
   // run.parallel: the mesh of the job's processes; a layout the world does not divide, or one
   // with a strategy not built yet, stops every rank before any node is made.
   try {
-    const parallel::Mesh mesh = layout_of(g, info_.world);
+    const parallel::Mesh mesh(info_.world, run.parallel.tp, run.parallel.pp);
+    refuse_unbuilt(run.parallel);
     if (info_.world > 1 && info_.rank == 0) spdlog::info("processes: {}", mesh.describe());
   } catch (const std::exception& e) {
     spdlog::error("{}: {}", g.file, e.what());
