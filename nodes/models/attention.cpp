@@ -4,7 +4,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <vector>
+
+#include "common/tensor_map.hpp"
 
 namespace flowrun {
 
@@ -37,6 +41,21 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
                                   v));
   }
   return merge_heads(parts.size() == 1 ? parts[0] : torch::cat(parts, 2));
+}
+
+torch::Tensor self_attention(const torch::Tensor& qkv, int64_t B, int64_t L, int64_t H, const AttentionOptions& o) {
+  const int64_t C = qkv.size(-1) / 3;
+  if (qkv.size(-1) != 3 * C || C % H != 0 || qkv.numel() != B * L * 3 * C)
+    throw std::logic_error("self_attention: qkv " + shape_str(qkv) + " is not [" + std::to_string(B) + ", " +
+                           std::to_string(L) + ", 3 * heads * head_dim] with " + std::to_string(H) + " heads");
+  const torch::Tensor x = qkv.view({B, L, 3 * C});
+  if (!fused_attention_available(x) && cpu_attention_kernel_applies(x, o))
+    return cpu_self_attention(x, H, o.causal, o.scale != 0.0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(C / H)));
+  // q, k and v as strided views of the projection ([B, L, H, D] seen as [B, H, L, D]), which
+  // the fused GPU kernels read as they are.
+  const std::vector<torch::Tensor> parts = x.split(C, 2);
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, L, H, C / H}).transpose(1, 2); };
+  return attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), o);
 }
 
 }  // namespace flowrun

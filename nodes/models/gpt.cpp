@@ -58,31 +58,25 @@ void AttentionImpl::reset() {
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
   const int64_t H = heads_, D = dim_ / heads_;
-  if (fused_attention_available(x) && (dropout_ == 0.0 || !TrainingScope::current())) {
-    // On a GPU, as the eager loop does it: q, k and v are strided views of the projection
-    // ([B, T, H, D] seen as [B, H, T, D]), which the fused kernels read as they are: no copy
-    // forward, and backward's gradient of the split is one concatenation.
-    const std::vector<torch::Tensor> qkv = c_attn(x).view({B, T, 3 * dim_}).split(dim_, 2);
-    auto heads = [&](const torch::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
+  if (dropout_ == 0.0 || !TrainingScope::current()) {
+    // The shared self-attention: SDPA on a GPU, the fused CPU kernel in float32 (both read q, k
+    // and v out of the projection as they are).
     AttentionOptions causal;
     causal.causal = true;
-    torch::Tensor y = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), causal);  // [B, T, dim]
-    return flowrun::dropout(c_proj(y.reshape({B * T, dim_})), dropout_);
+    torch::Tensor y = self_attention(c_attn(x), B, T, H, causal);  // [B, T, dim]
+    return flowrun::dropout(c_proj(y.view({B * T, dim_})), dropout_);
   }
-  // The CPU path, tuned for it (and attention dropout from the step's generator, which the shared
-  // attention has not): the fused projection's columns are q | k | v, each split into heads. One copy turns
-  // [B*T, 3*dim] = [B, T, 3, H, D] into [3, B, H, T, D], so q, k and v are each contiguous
-  // [B*H, T, D] for bmm (one copy instead of one per tensor; same in backward: unbind's
-  // backward stacks the three gradients in one pass, where three selects would each fill a
-  // zero tensor of the whole size).
+  // With attention dropout in training (drawn from the step's generator, which the shared
+  // attention has not), written out: the fused projection's columns are q | k | v, each split
+  // into heads. One copy turns [B*T, 3*dim] = [B, T, 3, H, D] into [3, B, H, T, D], so q, k and v
+  // are each contiguous [B*H, T, D] for bmm (one copy instead of one per tensor; same in
+  // backward: unbind's backward stacks the three gradients in one pass, where three selects
+  // would each fill a zero tensor of the whole size).
   const std::vector<torch::Tensor> qkv = c_attn(x).view({B, T, 3, H, D}).permute({2, 0, 3, 1, 4}).contiguous().unbind(0);
   torch::Tensor q = qkv[0].view({B * H, T, D});
   torch::Tensor k = qkv[1].view({B * H, T, D});
   torch::Tensor v = qkv[2].view({B * H, T, D});
   // scores = mask + (q @ k^T) / sqrt(D) in one call; the [T, T] mask broadcasts over B*H.
-  // (scaled_dot_product_attention would draw its dropout from the global generator; on PyTorch
-  // 2.11's CPU it is no faster than this here without dropout either: 12.3 against 12.9 ms
-  // forward + backward for [16, 4, 128, 64], copies included.)
   torch::Tensor mask = masks_->get(T, q.options());
   torch::Tensor att = torch::baddbmm(mask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(double(D)));
   att = torch::softmax(att, -1);

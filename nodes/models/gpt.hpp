@@ -62,7 +62,8 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
 };
 TORCH_MODULE(Embedding);
 
-// The causal masks the attention adds to its scores: [T, T], 0 on and below the diagonal,
+// The causal masks the attention adds to its scores when attention dropout is on (otherwise
+// self_attention masks by itself): [T, T], 0 on and below the diagonal,
 // -inf above. One per (dtype, device), for the largest T asked so far; a smaller T takes its
 // top-left corner (a view). Shared by a model and its clones; thread-safe, because two
 // readers of one model (forward_backward, an evaluator) may run its forward at once.

@@ -66,5 +66,44 @@ TEST(Attention, LongSequencesGoInChunksOfQueryRowsWithTheSameResult) {
   EXPECT_TRUE(torch::isfinite(q.grad()).all().item<bool>());
 }
 
+// GPT's self-attention from its fused projection: on the CPU a kernel of its own (reading q, k
+// and v out of the projection, the causal half skipped) whose output and gradient are the
+// written-out attention's, for any length (one block of query rows, several, a partial last one)
+// and with or without the mask.
+TEST(Attention, SelfAttentionFromAFusedProjectionIsTheWrittenOutOneValuesAndGradients) {
+  torch::manual_seed(4);
+  for (const bool causal : {true, false}) {
+    for (const int64_t L : {1, 5, 64, 130}) {
+      const int64_t B = 2, H = 3, D = 8;
+      AttentionOptions o;
+      o.causal = causal;
+      ASSERT_TRUE(cpu_attention_kernel_applies(torch::zeros({1, 1, 3 * H * D}), o));
+      torch::Tensor qkv = torch::randn({B * L, 3 * H * D}).requires_grad_();
+      torch::Tensor ref_qkv = qkv.detach().clone().requires_grad_();
+      torch::Tensor y = self_attention(qkv, B, L, H, o);
+      const std::vector<torch::Tensor> parts = ref_qkv.view({B, L, 3 * H * D}).split(H * D, 2);
+      auto heads = [&](const torch::Tensor& t) { return t.view({B, L, H, D}).transpose(1, 2); };
+      torch::Tensor ref = attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), o);
+      ASSERT_EQ(y.sizes(), ref.sizes());
+      EXPECT_TRUE(torch::allclose(y, ref, 1e-5, 1e-6)) << "causal " << causal << " L " << L << ": " << (y - ref).abs().max();
+      const torch::Tensor g = torch::randn(y.sizes());
+      y.backward(g);
+      ref.backward(g);
+      EXPECT_TRUE(torch::allclose(qkv.grad(), ref_qkv.grad(), 1e-4, 1e-5))
+          << "causal " << causal << " L " << L << ": " << (qkv.grad() - ref_qkv.grad()).abs().max();
+    }
+  }
+  // Under the mask the first query sees the first key only: its output is that key's value.
+  AttentionOptions causal;
+  causal.causal = true;
+  torch::Tensor qkv = torch::randn({1, 70, 3 * 16});
+  EXPECT_TRUE(torch::allclose(self_attention(qkv, 1, 70, 2, causal).select(1, 0), qkv.select(1, 0).narrow(1, 32, 16)));
+  // What the kernel does not take goes the written-out way, with the same result: a bias.
+  AttentionOptions biased;
+  biased.bias = torch::zeros({1, 1, 1, 70});
+  EXPECT_FALSE(cpu_attention_kernel_applies(qkv, biased));
+  EXPECT_TRUE(torch::allclose(self_attention(qkv, 1, 70, 2, biased), self_attention(qkv, 1, 70, 2), 1e-5, 1e-6));
+}
+
 }  // namespace
 }  // namespace flowrun
