@@ -46,7 +46,9 @@ namespace {
 
 // Rows per block under the causal mask. Smaller blocks skip more (4 blocks of 32 leave ⅝ of the
 // products, 2 of 64 ¾) but make smaller products: on 2 cores, [16, 4, 128, 64] forward +
-// backward took 5.0 ms at 32, 5.5 at 16 and 64, 6.7 at 128 (no skipping).
+// backward took 5.0 ms at 32, 5.5 at 16 and 64, 6.7 at 128 (no skipping); at 1024 tokens
+// ([1, 12, 1024, 64]) 32 to 128 took the same (88-90 ms; in another run 103 ms against the
+// written-out attention's 135).
 constexpr int64_t kBlock = 32;
 
 // ---- the batched products: one group per shape, one call per step
