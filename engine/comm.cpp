@@ -49,7 +49,7 @@ size_t dtype_size(DType t) {
   return 1;
 }
 
-enum class Kind { allreduce, broadcast, allgather, allgather_blocks, reduce_scatter, barrier, dup, split };
+enum class Kind { allreduce, broadcast, allgather, allgather_blocks, reduce_scatter, send, recv, barrier, dup, split };
 
 struct Pending {
   Kind kind = Kind::barrier;
@@ -59,7 +59,7 @@ struct Pending {
   size_t count = 0, bytes = 0;
   DType type = DType::f32;
   Op op = Op::sum;
-  int root = 0;
+  int root = 0;  // broadcast: the sender; send, recv: the other rank
   std::vector<int> counts, displs;  // reduce_scatter, allgather_blocks: elements per rank, where
   size_t element_size = 0;          // allgather_blocks
   int me = 0;                       // reduce_scatter, allgather_blocks: this rank's place in the channel
@@ -115,6 +115,7 @@ World& world() {
 
 constexpr int kTagFailure = 7;
 constexpr int kTagBlocks = 8;  // on a channel's communicator: reduce_scatter's and allgather_blocks' messages
+constexpr int kTagPoint = 9;   // on a channel's communicator: send's and recv's
 
 [[noreturn]] void sleep_forever() {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -249,6 +250,18 @@ void start(Pending& p) {
       }
       break;
     }
+    case Kind::send:
+    case Kind::recv:
+      // In pieces of kMaxPiece bytes, all with one tag: MPI keeps the order of the messages
+      // between two ranks with one tag, so the pieces (and whole messages) pair up in order.
+      for (size_t off = 0; off < p.bytes; off += kMaxPiece) {
+        const int n = static_cast<int>(std::min(kMaxPiece, p.bytes - off));
+        if (p.kind == Kind::send)
+          post(MPI_Isend(static_cast<const char*>(p.in) + off, n, MPI_BYTE, p.root, kTagPoint, p.comm, &q), q);
+        else
+          post(MPI_Irecv(static_cast<char*>(p.data) + off, n, MPI_BYTE, p.root, kTagPoint, p.comm, &q), q);
+      }
+      break;
     case Kind::barrier:
       post(MPI_Ibarrier(p.comm, &q), q);
       break;
@@ -677,6 +690,38 @@ Request Channel::reduce_scatter(const void* send, void* recv, const std::vector<
   p->in = send, p->data = recv, p->type = type, p->op = op, p->comm = impl_->comm;
   return Request(submit(p));
 #else
+  return Request();
+#endif
+}
+
+void Channel::check_peer(int peer, const std::string& what) const {
+  if (peer < 0 || peer >= size_ || peer == rank_)
+    throw CommError("'" + name_ + "': " + what + ": rank " + std::to_string(peer) + " is not another rank of this group of " +
+                    std::to_string(size_) + " (this one is rank " + std::to_string(rank_) + ")");
+}
+
+Request Channel::send(const void* data, size_t bytes, int peer, const std::string& what) {
+  check_peer(peer, what);
+  if (bytes == 0) return Request();
+#ifdef FLOWRUN_MPI
+  auto p = make(Kind::send, name_, what);
+  p->in = data, p->bytes = bytes, p->root = peer, p->comm = impl_->comm;
+  return Request(submit(p));
+#else
+  (void)data;
+  return Request();
+#endif
+}
+
+Request Channel::recv(void* data, size_t bytes, int peer, const std::string& what) {
+  check_peer(peer, what);
+  if (bytes == 0) return Request();
+#ifdef FLOWRUN_MPI
+  auto p = make(Kind::recv, name_, what);
+  p->data = data, p->bytes = bytes, p->root = peer, p->comm = impl_->comm;
+  return Request(submit(p));
+#else
+  (void)data;
   return Request();
 #endif
 }

@@ -119,6 +119,15 @@ class Channel {
   // same counts on every rank); recv holds counts[rank()]. bf16 supports only sum.
   Request reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, DType type, Op op,
                          const std::string& what);
+  // Point to point: `bytes` of data to rank `peer` (its rank in the channel), or from it into
+  // data. Between two ranks the messages of a channel are matched in the order each side issues
+  // them (issue sends and receives in the same order on both ends: pipeline stages); the sizes
+  // must agree. A rank has no channel to itself: peer == rank() is refused.
+  Request send(const void* data, size_t bytes, int peer, const std::string& what);
+  Request recv(void* data, size_t bytes, int peer, const std::string& what);
+  // CommError unless `peer` is another rank of the channel (send's and recv's check, for the
+  // backends beside MPI's too).
+  void check_peer(int peer, const std::string& what) const;
   Request barrier(const std::string& what);
 
   struct Impl;

@@ -93,6 +93,13 @@ class Group {
   Work all_gather(const torch::Tensor& data, const std::vector<size_t>& counts, const std::string& what);
   // `t` of rank `root` (its rank in the group) to every rank.
   Work broadcast(const torch::Tensor& t, int root, const std::string& what);
+  // Point to point (pipeline stages): `t` to the group's rank `peer`, or `t` filled from it (the
+  // same dtype and number of elements on both ends). Between two ranks the messages are paired
+  // in the order each side issues them; on a GPU (NCCL) a send also waits until its receive runs,
+  // so two ranks that send to each other issue one side's receive first. A rank never sends to
+  // itself (refused, naming the ranks).
+  Work send(const torch::Tensor& t, int peer, const std::string& what);
+  Work recv(const torch::Tensor& t, int peer, const std::string& what);
 
  private:
   explicit Group(std::shared_ptr<comm::Channel> channel);

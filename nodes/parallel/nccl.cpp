@@ -153,6 +153,20 @@ void Communicator::allgather_blocks(void* data, const std::vector<size_t>& count
   });
 }
 
+void Communicator::send(const void* data, size_t count, comm::DType type, int peer, Event ready, Event done,
+                        const std::string& what) {
+  on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
+    check_queued(ncclSend(data, count, nccl_type(type), peer, c, s), what);
+  });
+}
+
+void Communicator::recv(void* data, size_t count, comm::DType type, int peer, Event ready, Event done,
+                        const std::string& what) {
+  on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
+    check_queued(ncclRecv(data, count, nccl_type(type), peer, c, s), what);
+  });
+}
+
 void Communicator::wait(Event done, const std::string& what) {
   auto e = static_cast<cudaEvent_t>(done);
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(comm::timeout());

@@ -45,6 +45,12 @@ class Communicator {
   // rank q to every rank.
   void allgather_blocks(void* data, const std::vector<size_t>& counts, comm::DType type, Event ready, Event done,
                         const std::string& what);
+  // The same for point to point: `count` elements of `data` to the group's rank `peer`, or from
+  // it into `data`. NCCL pairs a send with the peer's receive in issue order, and a send waits
+  // on the device until its receive runs: two ranks that both send to each other first wait on
+  // each other (issue one side's receive first).
+  void send(const void* data, size_t count, comm::DType type, int peer, Event ready, Event done, const std::string& what);
+  void recv(void* data, size_t count, comm::DType type, int peer, Event ready, Event done, const std::string& what);
   // Host wait for `done`, polling NCCL's asynchronous error state; after comm::timeout() the
   // communicator is aborted and CommError names `what` (a rank died or hangs).
   void wait(Event done, const std::string& what);

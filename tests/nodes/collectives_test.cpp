@@ -42,3 +42,17 @@ TEST(Collectives, WhatCannotGoBetweenRanksIsRefusedNamingIt) {
   EXPECT_THROW(g->all_reduce(torch::zeros({4, 4}).t(), flowrun::comm::Op::sum, "transposed"), std::logic_error);
   EXPECT_THROW(g->reduce_scatter(torch::zeros({2}), torch::zeros({2}, torch::kDouble), {2}, "mixed"), std::logic_error);
 }
+
+TEST(Collectives, APointToPointMessageNeedsAnotherRankOfTheGroup) {
+  auto g = Group::world("solo");
+  try {
+    g->send(torch::zeros({2}), 0, "node 'stage0' (pipeline): activations of micro-batch 1");
+    FAIL() << "a send to itself was accepted";
+  } catch (const flowrun::comm::CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("'solo': node 'stage0' (pipeline): activations of micro-batch 1: rank 0 is "
+                                         "not another rank of this group of 1 (this one is rank 0)"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(g->recv(torch::zeros({2}), 1, "gradients"), flowrun::comm::CommError);
+}

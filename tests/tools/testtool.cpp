@@ -9,7 +9,8 @@
 //       the mesh of N processes (nodes/parallel/mesh.hpp) as MPI channels, one per dimension
 //       (comm::Channel::create_split): each channel's rank and size are the rank's coordinate and
 //       the dimension's size, and an all-reduce, a reduce-scatter and an all-gather of uneven
-//       blocks on it reach exactly the group's members; prints one line per dimension on rank 0,
+//       blocks on it, and send/recv around its ring (two messages, in order), reach exactly the
+//       group's members; prints one line per dimension on rank 0,
 //       exit 1 on the first mismatch (naming rank, dimension and values)
 //   mpirun -np N testtool tp-mlp TP
 //       Megatron's column-then-row MLP over each tp group (parallel/tensor_parallel.hpp) against
@@ -149,8 +150,25 @@ int mesh_groups(int tp, int pp) {
     if (t[2].item<double>() != want || b[1].item<float>() != static_cast<float>(group.front()))
       return fail(d, "the group's all-reduce gave " + std::to_string(t[2].item<double>()) + " (expected " +
                          std::to_string(want) + "), its broadcast " + std::to_string(b[1].item<float>()));
+    // Point to point around the group's ring: two messages to the next member, two from the one
+    // before, each pair in the order it was sent.
+    if (n > 1) {
+      const int next = (tensors->rank() + 1) % n, before = (tensors->rank() + n - 1) % n;
+      const torch::Tensor out1 = torch::full({3}, static_cast<float>(me)), out2 = torch::full({5}, 10.0 * me, torch::kDouble);
+      torch::Tensor in1 = torch::full({3}, -1.0f), in2 = torch::full({5}, -1.0, torch::kDouble);
+      std::vector<flowrun::parallel::Work> works;
+      works.push_back(tensors->send(out1, next, "first message"));
+      works.push_back(tensors->send(out2, next, "second message"));
+      works.push_back(tensors->recv(in1, before, "first message"));
+      works.push_back(tensors->recv(in2, before, "second message"));
+      for (auto& w : works) w.wait();
+      const int from = group[static_cast<size_t>(before)];
+      if (in1[2].item<float>() != static_cast<float>(from) || in2[4].item<double>() != 10.0 * from)
+        return fail(d, "from member " + std::to_string(before) + " (rank " + std::to_string(from) + ") came " +
+                           std::to_string(in1[2].item<float>()) + " and " + std::to_string(in2[4].item<double>()));
+    }
     if (me == 0)
-      std::printf("%s: %d groups of %d, all-reduce, reduce-scatter and all-gather within each\n",
+      std::printf("%s: %d groups of %d, all-reduce, reduce-scatter, all-gather and send/recv within each\n",
                   flowrun::parallel::name(d), comm::size() / n, n);
   }
   return 0;
