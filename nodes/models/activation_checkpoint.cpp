@@ -155,12 +155,16 @@ std::string CheckpointPolicy::str() const {
 }
 
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
-                                        int64_t bytes, const CheckpointPolicy& policy, bool fused_attention) {
-  // Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer with 2-byte activations; fused
-  // attention keeps no scores, one fp32 logsumexp per head and token.
+                                        int64_t bytes, const CheckpointPolicy& policy, AttentionKeeps keeps) {
+  // Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer with 2-byte activations; the CPU's
+  // fused attention keeps 2 of the 5 (its probabilities), a GPU's fused one no scores but one fp32
+  // logsumexp per head and token.
   const double h_tokens = static_cast<double>(heads) * static_cast<double>(tokens);
+  const double units = keeps == AttentionKeeps::scores ? 5.0 : 2.0;
   const double per_block = 34.0 * static_cast<double>(tokens) * static_cast<double>(dim) * static_cast<double>(bytes) / 2.0 +
-                           (fused_attention ? 4.0 * h_tokens : 5.0 * h_tokens * static_cast<double>(seq) * static_cast<double>(bytes) / 2.0);
+                           (keeps == AttentionKeeps::logsumexp
+                                ? 4.0 * h_tokens
+                                : units * h_tokens * static_cast<double>(seq) * static_cast<double>(bytes) / 2.0);
   const double input = static_cast<double>(tokens) * static_cast<double>(dim) * static_cast<double>(bytes);
   ActivationEstimate e;
   e.plain = static_cast<double>(blocks) * per_block;
@@ -169,6 +173,11 @@ ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t 
   e.recompute_live = recomputed > 0 ? per_block : 0.0;
   e.checkpointed = static_cast<double>(blocks - recomputed) * per_block + static_cast<double>(recomputed) * input +
                    e.recompute_live;
+  if (keeps == AttentionKeeps::probabilities) {  // and one block's fp32 gradient of them in its backward
+    const double grads = h_tokens * static_cast<double>(seq) * 4.0;
+    e.plain += grads;
+    e.checkpointed += grads;
+  }
   return e;
 }
 

@@ -53,19 +53,27 @@ inline torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, co
   return policy.recompute(index) ? checkpointed(inputs, body) : body(inputs);
 }
 
+// What a block's attention keeps for backward (models/attention.hpp):
+enum class AttentionKeeps {
+  scores,         // written out: the scores, their softmax and the dropout mask (5 units per score)
+  probabilities,  // the CPU's fused self_attention (float32): the softmax alone (2 units per score),
+                  // and in one block's backward their fp32 gradient
+  logsumexp,      // a GPU's fused attention: one fp32 logsumexp per head and token, no scores
+};
+
 // Activation memory estimates (bytes) of a stack of `blocks` transformer blocks, `tokens` rows
 // (batch x sequence) of width `dim`, `bytes` per element (4 fp32, 2 bf16), with `heads` heads of
 // attention over `seq` positions: what backward keeps, per Korthikanti et al. 2022 (Megatron's
 // "Reducing Activation Recomputation"): per block about 34 x tokens x dim (in 2-byte units) plus
-// 5 x heads x seq x tokens for the attention scores (kept by the CPU's attention; a GPU's fused
-// attention, `fused_attention`, keeps one fp32 logsumexp per head and token instead), scaled
-// to `bytes`; with checkpointing, each recomputed block keeps only its input (tokens x dim), and
-// one block's worth is live while it is recomputed.
+// 5 x heads x seq x tokens for the attention scores (as `keeps` says), scaled to `bytes`; with
+// checkpointing, each recomputed block keeps only its input (tokens x dim), and one block's
+// worth is live while it is recomputed.
 struct ActivationEstimate {
   double plain = 0, checkpointed = 0;
   double recompute_live = 0;  // of checkpointed: the recomputed block live again during backward
 };
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
-                                        int64_t bytes, const CheckpointPolicy& policy, bool fused_attention = false);
+                                        int64_t bytes, const CheckpointPolicy& policy,
+                                        AttentionKeeps keeps = AttentionKeeps::scores);
 
 }  // namespace flowrun

@@ -81,10 +81,11 @@ class CappaNode : public ModelNode {
       if (ids == b.end()) throw std::runtime_error("no input_ids in the batch");
       const int64_t rows = ids->second.size(0), P = c.tokens();
       const int64_t L = std::min<int64_t>(ids->second.dim() > 1 ? ids->second.size(1) : 1, c.max_len);
-      const bool fused = fused_attention_available(model->parameters().front());
-      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy, fused);
+      const AttentionKeeps keeps =
+          fused_attention_available(model->parameters().front()) ? AttentionKeeps::logsumexp : AttentionKeeps::scores;
+      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy, keeps);
       const ActivationEstimate dec =
-          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy, fused);
+          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy, keeps);
       return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed,
                                 std::max(enc.recompute_live, dec.recompute_live)};
     };

@@ -134,11 +134,12 @@ class DitNode : public ModelNode {
     // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]). On a GPU (where
     // the model is when the estimate is asked for) attention is fused.
     state.activations = [cfg = cfg_, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
-      const bool fused = fused_attention_available(model->parameters().front());
+      const AttentionKeeps keeps =
+          fused_attention_available(model->parameters().front()) ? AttentionKeeps::logsumexp : AttentionKeeps::scores;
       for (const auto& [key, t] : b)
         if (t.dim() == 4 && t.is_floating_point()) {
           const int64_t tokens = (t.size(2) / cfg.patch) * (t.size(3) / cfg.patch);
-          return estimate_activations(cfg.depth, t.size(0) * tokens, cfg.hidden, cfg.heads, tokens, bytes, policy, fused);
+          return estimate_activations(cfg.depth, t.size(0) * tokens, cfg.hidden, cfg.heads, tokens, bytes, policy, keeps);
         }
       throw std::runtime_error("the batch has no image (a 4-D tensor)");
     };

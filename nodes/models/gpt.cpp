@@ -64,7 +64,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
     AttentionOptions causal;
     causal.causal = true;
     torch::Tensor y = self_attention(c_attn(x), B, T, H, causal);  // [B, T, dim]
-    return flowrun::dropout(c_proj(y.view({B * T, dim_})), dropout_);
+    return flowrun::dropout(c_proj(y.reshape({B * T, dim_})), dropout_);
   }
   // With attention dropout in training (drawn from the step's generator, which the shared
   // attention has not), written out: the fused projection's columns are q | k | v, each split

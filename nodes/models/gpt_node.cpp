@@ -13,6 +13,14 @@ namespace flowrun::gpt {
 
 namespace {
 
+// What the model's attention keeps for backward (models/gpt.cpp): unless attention dropout trains,
+// it is fused — torch's on a GPU (where the weights `w` are), flowrun's on the CPU in float32.
+AttentionKeeps attention_keeps(const Config& cfg, const torch::Tensor& w, int64_t bytes) {
+  if (cfg.dropout != 0.0) return AttentionKeeps::scores;
+  if (fused_attention_available(w)) return AttentionKeeps::logsumexp;
+  return bytes == 4 && cpu_attention_kernel_applies(w, {}) ? AttentionKeeps::probabilities : AttentionKeeps::scores;
+}
+
 class GptNode : public ModelNode {
   Config cfg_;
   Gpt model_{nullptr};
@@ -47,7 +55,8 @@ class GptNode : public ModelNode {
     if (ctx.run().rank == 0) {
       // What backward keeps per sequence of `context` tokens, in fp32 (half that in bf16).
       const ActivationEstimate a = estimate_activations(cfg.layers, cfg.context, cfg.dim, cfg.heads, cfg.context, 4,
-                                                        cfg.checkpoint.every ? cfg.checkpoint : CheckpointPolicy::parse("blocks"));
+                                                        cfg.checkpoint.every ? cfg.checkpoint : CheckpointPolicy::parse("blocks"),
+                                                        attention_keeps(cfg, model_->wte->weight, 4));
       spdlog::info("{}: activations kept for backward, per sequence of {} tokens in fp32: about {:.1f} MB without "
                    "checkpointing, {:.1f} MB with checkpoint: {}{}",
                    ctx.who(), cfg.context, a.plain / 1e6, a.checkpointed / 1e6,
@@ -55,14 +64,13 @@ class GptNode : public ModelNode {
                    cfg.checkpoint.every ? " (on)" : " (off: checkpoint: none)");
     }
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) and the LM head's
-    // logits with their gradient (rows x T x vocab, twice). On a GPU (where the model is when the
-    // estimate is asked for) attention is fused, unless attention dropout trains (models/gpt.cpp).
+    // logits with their gradient (rows x T x vocab, twice), the attention's as attention_keeps says.
     state.activations = [cfg, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const torch::Tensor& tokens = b.at("tokens");  // [rows, T + 1]: inputs and the shifted targets
       const int64_t seq = std::max<int64_t>(1, std::min<int64_t>(tokens.size(1) - 1, cfg.context));
       const int64_t n = tokens.size(0) * seq;
       ActivationEstimate e = estimate_activations(cfg.layers, n, cfg.dim, cfg.heads, seq, bytes, policy,
-                                                  cfg.dropout == 0.0 && fused_attention_available(model->wte->weight));
+                                                  attention_keeps(cfg, model->wte->weight, bytes));
       const double logits = 2.0 * static_cast<double>(n) * static_cast<double>(cfg.vocab) * static_cast<double>(bytes);
       e.plain += logits;
       e.checkpointed += logits;

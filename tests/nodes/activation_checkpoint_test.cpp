@@ -253,12 +253,12 @@ TEST(ActivationCheckpoint, NoGradForwardIsThePlainForward) {
   EXPECT_TRUE(torch::equal(a->forward({{"tokens", idx}}), b->forward({{"tokens", idx}})));
 }
 
-// graphs/gpt.yaml at 12 blocks of 128 on 16 x 256-token byte sequences (fp32, no EMA, evaluation
+// graphs/gpt.yaml at 12 blocks of 128 on 32 x 256-token byte sequences (fp32, no EMA, evaluation
 // or checkpoints), one step, as a user runs it: what the step adds to the flowrun process's peak
 // resident memory (its "done" line) at least 40 % lower with every block recomputed. Measured:
 // the whole process's peak, less that of the same run on one 8-token row (the library, the
 // model and the data: libtorch 2.x alone keeps some 0.3 GB resident).
-double peak_gb(const std::string& checkpoint, int batch = 16, int seq_len = 256) {
+double peak_gb(const std::string& checkpoint, int batch = 32, int seq_len = 256) {
   const std::string src = FLOWRUN_SOURCE_DIR, dir = test::temp_dir("ckpt_mem");
   const std::vector<std::string> args = {
       src + "/graphs/gpt.yaml", "data.path=" + src + "/data/text/fortunes_byte", "data.seq_len=" + std::to_string(seq_len),
@@ -283,8 +283,9 @@ TEST(ActivationCheckpoint, PeakMemoryOfAStepIsMuchLower) {
   FLOWRUN_NEEDS_DATA(std::string(FLOWRUN_SOURCE_DIR) + "/data/text/fortunes_byte.train.bin");
   const double base = peak_gb("none", 1, 8);
   const double plain = peak_gb("none") - base, recomputed = peak_gb("blocks") - base;
-  const ActivationEstimate e = estimate_activations(12, 16 * 256, 128, 4, 256, 4, CheckpointPolicy::parse("blocks"));
-  std::printf("flowrun's peak resident memory above a one-row run's (%.3f GB), 12 blocks x 128, 16 x 256 tokens, "
+  const ActivationEstimate e =
+      estimate_activations(12, 32 * 256, 128, 4, 256, 4, CheckpointPolicy::parse("blocks"), AttentionKeeps::probabilities);
+  std::printf("flowrun's peak resident memory above a one-row run's (%.3f GB), 12 blocks x 128, 32 x 256 tokens, "
               "fp32: %.3f GB plain, %.3f GB with checkpoint: blocks (activations estimated %.3f / %.3f GB)\n",
               base, plain, recomputed, e.plain / 1e9, e.checkpointed / 1e9);
   ASSERT_GT(base, 0);

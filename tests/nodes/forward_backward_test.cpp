@@ -664,9 +664,10 @@ TEST(ForwardBackwardMemory, TheEstimateBeforeTheFirstStepHasEveryPart) {
 }
 
 // A step that cannot fit is refused before it allocates anything, naming the figures and what
-// would make it fit: one sequence of 32768 tokens keeps 4 heads x 32768^2 attention scores per
-// block, ~43 GB, two blocks ~86 GB, far beyond this machine. The refusal names checkpointing
-// (one block's worth then: less, not enough alone); a larger accumulate cannot help one row.
+// would make it fit: one sequence of 32768 tokens keeps 4 heads x 32768^2 attention
+// probabilities per block (fp32), ~17 GB, two blocks and the gradient of one ~52 GB, beyond this
+// machine. The refusal names checkpointing (one block's worth and its gradient then: less, not
+// enough alone); a larger accumulate cannot help one row.
 TEST(ForwardBackwardMemory, AStepThatCannotFitIsRefusedWithTheSettingsThatWouldHelp) {
   FLOWRUN_NEEDS_DATA(std::string(FLOWRUN_SOURCE_DIR) + "/data/text/fortunes_byte.train.bin");
   if (available_host_memory() > 200e9) GTEST_SKIP() << "this machine has more than 200 GB available";
