@@ -701,24 +701,19 @@ void Channel::check_peer(int peer, const std::string& what) const {
 }
 
 Request Channel::send(const void* data, size_t bytes, int peer, const std::string& what) {
-  check_peer(peer, what);
-  if (bytes == 0) return Request();
-#ifdef FLOWRUN_MPI
-  auto p = make(Kind::send, name_, what);
-  p->in = data, p->bytes = bytes, p->root = peer, p->comm = impl_->comm;
-  return Request(submit(p));
-#else
-  (void)data;
-  return Request();
-#endif
+  return point(const_cast<void*>(data), bytes, peer, what, true);  // a send only reads it
 }
 
 Request Channel::recv(void* data, size_t bytes, int peer, const std::string& what) {
+  return point(data, bytes, peer, what, false);
+}
+
+Request Channel::point(void* data, size_t bytes, int peer, const std::string& what, bool sending) {
   check_peer(peer, what);
   if (bytes == 0) return Request();
 #ifdef FLOWRUN_MPI
-  auto p = make(Kind::recv, name_, what);
-  p->data = data, p->bytes = bytes, p->root = peer, p->comm = impl_->comm;
+  auto p = make(sending ? Kind::send : Kind::recv, name_, what);
+  p->in = data, p->data = data, p->bytes = bytes, p->root = peer, p->comm = impl_->comm;
   return Request(submit(p));
 #else
   (void)data;

@@ -134,6 +134,7 @@ class Channel {
 
  private:
   Channel(std::string name, std::unique_ptr<Impl> impl, int rank, int size);
+  Request point(void* data, size_t bytes, int peer, const std::string& what, bool sending);  // send, recv
   std::string name_;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<Impl> impl_;

@@ -189,24 +189,24 @@ Work Group::broadcast(const torch::Tensor& t, int root, const std::string& what)
       [&](const std::string& w) { return channel_->broadcast(t.data_ptr(), n * comm::dtype_size(type), root, w); });
 }
 
-Work Group::send(const torch::Tensor& t, int peer, const std::string& what) {
-  check_tensor(t, what);
-  channel_->check_peer(peer, what);
-  const comm::DType type = comm_dtype(t.scalar_type(), what);
-  const auto n = static_cast<size_t>(t.numel());
-  return run(
-      t, what, [&](auto& c, auto ready, auto done, const std::string& w) { c.send(t.data_ptr(), n, type, peer, ready, done, w); },
-      [&](const std::string& w) { return channel_->send(t.data_ptr(), n * comm::dtype_size(type), peer, w); });
-}
+Work Group::send(const torch::Tensor& t, int peer, const std::string& what) { return point(t, peer, what, true); }
+Work Group::recv(const torch::Tensor& t, int peer, const std::string& what) { return point(t, peer, what, false); }
 
-Work Group::recv(const torch::Tensor& t, int peer, const std::string& what) {
+Work Group::point(const torch::Tensor& t, int peer, const std::string& what, bool sending) {
   check_tensor(t, what);
   channel_->check_peer(peer, what);
   const comm::DType type = comm_dtype(t.scalar_type(), what);
   const auto n = static_cast<size_t>(t.numel());
   return run(
-      t, what, [&](auto& c, auto ready, auto done, const std::string& w) { c.recv(t.data_ptr(), n, type, peer, ready, done, w); },
-      [&](const std::string& w) { return channel_->recv(t.data_ptr(), n * comm::dtype_size(type), peer, w); });
+      t, what,
+      [&](auto& c, auto ready, auto done, const std::string& w) {
+        if (sending) c.send(t.data_ptr(), n, type, peer, ready, done, w);
+        else c.recv(t.data_ptr(), n, type, peer, ready, done, w);
+      },
+      [&](const std::string& w) {
+        const size_t bytes = n * comm::dtype_size(type);
+        return sending ? channel_->send(t.data_ptr(), bytes, peer, w) : channel_->recv(t.data_ptr(), bytes, peer, w);
+      });
 }
 
 }  // namespace flowrun::parallel

@@ -104,6 +104,7 @@ class Group {
  private:
   explicit Group(std::shared_ptr<comm::Channel> channel);
   Cuda& cuda(const torch::Tensor& t, const std::string& what);
+  Work point(const torch::Tensor& t, int peer, const std::string& what, bool sending);  // send, recv
   template <class Nccl, class Mpi>
   Work run(const torch::Tensor& t, const std::string& what, Nccl nccl, Mpi mpi);  // collectives.cpp
   std::shared_ptr<comm::Channel> channel_;
