@@ -121,8 +121,11 @@ def gpt2(args, device):
     tokens = cfg["batch"] * cfg["context"]
     flow_cmd = " ".join([args.flowrun] + overrides)
     # Per round, one figure per side (None where that side failed this round), in the order run:
-    # flowrun, the eager loop, the loop under torch.compile (--compile).
-    res = {"flowrun": [], "eager": [], "compile": []}
+    # flowrun, flowrun with run.cuda_graph (--cuda-graph), the eager loop, the loop under
+    # torch.compile (--compile).
+    res = {"flowrun": [], "flowrun_graph": [], "eager": [], "compile": []}
+    graph_overrides = overrides + ["run.cuda_graph=true"]
+    graph_err = None if args.cuda_graph else "not run (--cuda-graph)"
     flow_err = shards_missing(data)
     comp_err = None if args.compile else "not run (--compile)"
     if flow_err:
@@ -136,6 +139,13 @@ def gpt2(args, device):
             except Exception as e:  # report the PyTorch figures anyway, and why flowrun has none
                 flow_err = fail("GPT-2, round %d" % (r + 1), e)
         res["flowrun"].append(s)
+        g = None
+        if not flow_err and not graph_err:
+            try:
+                g = flowrun_round(args.flowrun, graph_overrides, args.warmup)[0]
+            except Exception as e:
+                graph_err = fail("GPT-2 run.cuda_graph, round %d" % (r + 1), e)
+        res["flowrun_graph"].append(g)
         res["eager"].append(eager_round(cfg, device, args.steps, args.warmup, args.window))
         c = None
         if not comp_err:
@@ -160,13 +170,15 @@ def gpt2(args, device):
 
     feats = ["SDPA" if hasattr(F, "scaled_dot_product_attention") else "math attention",
              "fused AdamW" if device == "cuda" else "AdamW"] + (["bf16 autocast"] if cfg["bf16"] else [])
-    names = {"flowrun": "flowrun graphs/gpt.yaml", "eager": "PyTorch eager loop (%s)" % ", ".join(feats),
+    names = {"flowrun": "flowrun graphs/gpt.yaml", "flowrun_graph": "the same, `run.cuda_graph=true`", "eager": "PyTorch eager loop (%s)" % ", ".join(feats),
              "compile": "the same loop, model under torch.compile"}
     rows = []
     for k, secs in res.items():
         done = [s for s in secs if s is not None]
+        if k == "flowrun_graph" and not args.cuda_graph:
+            continue
         if not done:
-            why = flow_err if k == "flowrun" else comp_err if k == "compile" else "no figure"
+            why = {"flowrun": flow_err, "flowrun_graph": graph_err, "compile": comp_err}.get(k) or "no figure"
             rows.append("| %s | no figure: %s | | | |" % (names[k], (why or "-").replace("|", "/")[:300]))
             continue
         rows.append("| %s | %.0f | %s | %s | %s |" % (names[k], tokens / statistics.median(done), ms_range(done),
@@ -176,10 +188,17 @@ def gpt2(args, device):
              "| | tokens/s | per step, median (range over rounds) | MFU (datasheet peak) | MFU (measured peak) |",
              "|---|---|---|---|---|"] + rows + [""]
     lines.append("flowrun / eager (eager ms over flowrun ms, per round) = %s; flowrun / torch.compile = %s. "
-                 "%d alternating rounds, each flowrun, eager, torch.compile; %d steps a run, the first %d excluded, "
+                 "%d alternating rounds, each flowrun, %seager, torch.compile; %d steps a run, the first %d excluded, "
                  "medians of %d-step windows." % (rounds_ratio(res["eager"], res["flowrun"]),
-                                                  rounds_ratio(res["compile"], res["flowrun"]),
-                                                  args.rounds, args.steps, args.warmup, args.window))
+                                                  rounds_ratio(res["compile"], res["flowrun"]), args.rounds,
+                                                  "flowrun with run.cuda_graph, " if args.cuda_graph else "",
+                                                  args.steps, args.warmup, args.window))
+    if args.cuda_graph:
+        lines.append("")
+        lines.append("With run.cuda_graph (forward and backward replayed as one CUDA graph): flowrun / eager = %s; "
+                     "flowrun / torch.compile = %s; against flowrun without it = %s." %
+                     (rounds_ratio(res["eager"], res["flowrun_graph"]), rounds_ratio(res["compile"], res["flowrun_graph"]),
+                      rounds_ratio(res["flowrun"], res["flowrun_graph"])))
     lines.append("")
     lines.append("MFU: model FLOPs per token %.4g = 6N + 12 L d T (PaLM appendix B; N = %.1fM, every parameter but "
                  "the position embeddings, the tied embedding counted once) x tokens/s, over %s, and over the best "
@@ -286,6 +305,8 @@ def main():
     ap.add_argument("--window", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="also time the loop under torch.compile, in each round")
+    ap.add_argument("--cuda-graph", action="store_true",
+                    help="also time flowrun with run.cuda_graph=true (forward and backward as a CUDA graph), in each round")
     ap.add_argument("--dit", action="store_true", help="also the DiT encoder-stream benchmark")
     ap.add_argument("--out", default=None, help="write the markdown table here too")
     ap.add_argument("--memory", action="store_true",

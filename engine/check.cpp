@@ -336,6 +336,7 @@ RunSettings run_settings(const YAML::Node& run) {
   get("threads", s.threads);
   get("workers", s.workers);
   get("compute_thread", s.compute_thread);
+  get("cuda_graph", s.cuda_graph);
   get("trace", s.trace);
   get("profile", s.profile);
   get("progress", s.progress);

@@ -70,6 +70,7 @@ struct RunSettings {
   int threads = 0;        // 0: the cores (shared by the ranks on a machine)
   int workers = 0;        // 0: the cores
   bool compute_thread = false;
+  bool cuda_graph = false;  // forward_backward's CUDA graph (train/forward_backward.cpp)
   std::string trace;      // "" = none
   bool profile = false;
   std::string progress;   // auto, on, off

@@ -89,6 +89,7 @@ class TrainingScope {
   static uint64_t row_seed(int64_t row, uint64_t tag) {
     const TrainingScope* s = current_ref();
     if (!s) throw std::logic_error("TrainingScope::row_seed outside a training scope");
+    ++draws();
     return mix_seed({s->rows_seed_, tag, static_cast<uint64_t>(s->first_row_ + row)});
   }
   // The same, for drawing tensors on `device`: the CPU generator for the CPU; for a GPU, a
@@ -97,6 +98,7 @@ class TrainingScope {
   static at::Generator* current_on(const torch::Device& device) {
     TrainingScope* s = current_ref();
     if (!s) return nullptr;
+    ++draws();
     if (device.is_cpu()) return &s->gen_;
 #if FLOWRUN_CUDA
     if (device.is_cuda()) {
@@ -109,6 +111,14 @@ class TrainingScope {
 #endif
     throw std::runtime_error("dropout and other training-time draws on " + device.str() +
                              " need a CUDA build of flowrun (FLOWRUN_CUDA)");
+  }
+
+  // How many times this thread was handed something to draw with (current_on, row_seed), in
+  // any scope: forward_backward's run.cuda_graph refuses a captured step that drew, since a
+  // replay would draw the same numbers every step.
+  static uint64_t& draws() {
+    static thread_local uint64_t n = 0;
+    return n;
   }
 
  private:

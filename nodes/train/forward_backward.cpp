@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "common/cuda_graph.hpp"
 #include "common/device.hpp"
 #include "common/memory.hpp"
 #include "common/seed.hpp"
@@ -177,6 +178,11 @@ class ForwardBackwardNode : public Node {
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
     const std::vector<std::string> model_ref = ctx.refs("model");
     model_node_ = model_ref.empty() ? "model" : model_ref.front().substr(0, model_ref.front().find('.'));
+    cuda_graph_ = ctx.run().graph && ctx.run().graph->settings.cuda_graph;
+    if (cuda_graph_) {
+      refuse_uncapturable(ctx, device);
+      work_ = std::make_unique<CapturedWork>(device.index());
+    }
   }
 
   void run(StepContext& ctx) override {
@@ -193,12 +199,18 @@ class ForwardBackwardNode : public Node {
     o.first_row = static_cast<int64_t>(rank_) * batch_rows(batch);
 
     if (!memory_checked_) check_memory(ctx, model, batch);
+    // run.cuda_graph: all of autograd's work on the graph's own stream, from the gradient hooks
+    // on (they make the parameters' accumulators, which keep the stream they were made on).
+    std::optional<CapturedWork::OnStream> on_graph_stream;
+    if (cuda_graph_) on_graph_stream.emplace(*work_);
     const std::vector<torch::Tensor> params = model.trainable_parameters();
     if (!hooks_ || !hooks_->covers(params)) {
       // First step, or the model's parameter tensors changed: new hooks, new buffers.
       hooks_.reset();
       pool_.clear();
       grad_shard_.reset();
+      graph_.reset();  // run.cuda_graph: captured for the old tensors; again after the warm-up
+      eager_steps_ = 0;
       if (!params.empty()) hooks_ = std::make_shared<GradHooks>(params);
     }
     o.hooks = hooks_;
@@ -238,12 +250,17 @@ class ForwardBackwardNode : public Node {
     }
     FwdBwdResult r;
     try {
-      r = forward_backward(model, batch, *objective_, o);
+      r = cuda_graph_ ? graphed(ctx, model, batch, o) : forward_backward(model, batch, *objective_, o);
     } catch (const c10::OutOfMemoryError& e) {  // the allocator's message, without its C++ backtrace
       std::string what = e.what_without_backtrace();
       what = what.substr(0, std::min(what.find('\n'), what.find(" See documentation")));  // torch's link, on the next line
       throw std::runtime_error(ctx.who() + ": out of memory in step " + std::to_string(ctx.step()) + " (" + what +
                                "); " + memory_advice_);
+    }
+    if (on_graph_stream) {  // back on the node's stream, which now waits for the graph's
+      on_graph_stream.reset();
+      CapturedWork::used_here(r.loss);
+      for (const torch::Tensor& g : r.grads) CapturedWork::used_here(g);
     }
     if (!overlap && !sharded)
       for (int k = count; k-- > 0;) {
@@ -256,6 +273,114 @@ class ForwardBackwardNode : public Node {
   }
 
  private:
+  // ---- run.cuda_graph: forward and backward captured once, replayed every step ----
+  // The first kEagerSteps steps run eagerly (cuBLAS handles and workspaces, autocast and the
+  // caching allocator settle outside the capture, as torch's docs advise), the next is captured
+  // (common/cuda_graph.hpp) on copies of its batch, and from then on each step copies its batch
+  // into those tensors and replays: the grads are written where the capture's backward wrote
+  // them (each .grad() pointed there again after the replay), the loss is copied out (the next
+  // replay overwrites it while a logger may still read this step's). Safe because the next
+  // step's forward_backward runs after this step's optimizer on the device (it reads the model
+  // the optimizer writes), and nothing else keeps a step's grads.
+  static constexpr int kEagerSteps = 3;
+  struct Replay {
+    TensorMap batch;                    // the inputs the capture read; each step's batch is copied in
+    torch::Tensor loss;                 // where each replay writes the loss
+    std::vector<torch::Tensor> grads;   // where each replay writes the grads (undefined: none)
+    std::string key;                    // the batch's names, shapes and dtypes
+  };
+
+  // What a capture can never replay, refused at setup with the setting to change.
+  void refuse_uncapturable(SetupContext& ctx, const c10::Device& device) const {
+    const std::string off = "; set run.cuda_graph=false";
+    if (!fresh_)
+      throw std::runtime_error(ctx.who() + ": run.cuda_graph needs grad_layout fresh: grad_layout buffer takes "
+                               "one of two gradient buffers each step, and a replay writes where the capture did" + off);
+    if (ctx.run().world > 1)
+      throw std::runtime_error(ctx.who() + ": run.cuda_graph with several processes is not built yet (the gradient "
+                               "all-reduce starts during backward, from hooks a replayed graph does not call)" + off);
+    if (!CapturedWork::available())
+      throw std::runtime_error(ctx.who() + ": run.cuda_graph needs a CUDA build of flowrun (FLOWRUN_CUDA)" + off);
+    if (!device.is_cuda())
+      throw std::runtime_error(ctx.who() + ": run.cuda_graph needs the model on a GPU; it is on " + device.str() +
+                               " (run.device " + ctx.run().device + ")" + off);
+  }
+
+  static std::string batch_key(const TensorMap& batch) {
+    std::string key;
+    for (const auto& [name, t] : batch)
+      key += name + (t.defined() ? shape_str(t) + c10::toString(t.scalar_type()) : std::string("-")) + ";";
+    return key;
+  }
+
+  FwdBwdResult graphed(StepContext& ctx, ModelState& model, const TensorMap& batch, const FwdBwdOptions& o) {
+    if (model.shard_gradients.on)
+      throw std::runtime_error(ctx.who() + ": run.cuda_graph with the optimizer's shard: gradients is not built "
+                               "yet (each gradient leaves during backward); set run.cuda_graph=false");
+    const std::string key = batch_key(batch);
+    if (!graph_) {
+      if (++eager_steps_ <= kEagerSteps) return forward_backward(model, batch, *objective_, o);
+      return capture(ctx, model, batch, o, key);
+    }
+    if (graph_->key != key) {  // not the captured shapes (a short last batch): this step eagerly
+      if (!shape_warned_ && ctx.run().rank == 0)
+        spdlog::warn("{}: step {}'s batch ({}) is not the shape run.cuda_graph captured ({}): such steps run eagerly",
+                     ctx.who(), ctx.step(), key, graph_->key);
+      shape_warned_ = true;
+      return forward_backward(model, batch, *objective_, o);
+    }
+    Replay& g = *graph_;
+    for (auto& [name, t] : g.batch)
+      if (t.defined()) t.copy_(batch.at(name), /*non_blocking=*/true);
+    work_->replay();
+    const std::vector<torch::Tensor> params = model.trainable_parameters();
+    for (size_t k = 0; k < params.size(); ++k) {
+      torch::Tensor p = params[k];  // a handle: mutable_grad() is non-const
+      p.mutable_grad() = g.grads[k];  // an eager step in between may have made new ones
+    }
+    FwdBwdResult r;
+    r.loss = g.loss.clone();
+    r.grads = g.grads;
+    return r;
+  }
+
+  FwdBwdResult capture(StepContext& ctx, ModelState& model, const TensorMap& batch, const FwdBwdOptions& o,
+                       const std::string& key) {
+    auto g = std::make_unique<Replay>();
+    g->key = key;
+    // Copies on the model's device: a batch from the host would be copied inside the capture,
+    // which waits for the host.
+    const c10::Device device = model_device(model);
+    for (const auto& [name, t] : batch)
+      g->batch[name] = t.defined() ? t.to(device, t.scalar_type(), /*non_blocking=*/false, /*copy=*/true) : t;
+    const uint64_t drawn = TrainingScope::draws();
+    const std::string why = ctx.who() + ": run.cuda_graph: step " + std::to_string(ctx.step()) + " ";
+    const std::string draws = "draws random numbers (dropout, or the objective's own draws such as diffusion's t "
+                              "and noise), and a replayed graph would draw the same ones every step; set the "
+                              "model's dropout to 0 or run.cuda_graph=false";
+    FwdBwdResult r;
+    try {
+      work_->capture([&] { r = forward_backward(model, g->batch, *objective_, o); });
+    } catch (const c10::OutOfMemoryError&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (TrainingScope::draws() != drawn) throw std::runtime_error(why + draws);
+      std::string what = e.what();
+      what = what.substr(0, what.find('\n'));
+      throw std::runtime_error(why + "could not be captured as a CUDA graph (" + what +
+                               "); set run.cuda_graph=false to run it eagerly");
+    }
+    if (TrainingScope::draws() != drawn) throw std::runtime_error(why + draws);
+    g->loss = r.loss;
+    g->grads = r.grads;
+    if (ctx.run().rank == 0)
+      spdlog::info("{}: run.cuda_graph: forward and backward captured at step {} ({} eager steps before), "
+                   "replayed from here on", ctx.who(), ctx.step(), kEagerSteps);
+    graph_ = std::move(g);
+    r.loss = graph_->loss.clone();
+    return r;
+  }
+
   // Before the first step: the step's memory per rank (common/memory.hpp), logged; on the CPU,
   // refused (memory_check: refuse) when what is still to allocate exceeds what is available,
   // naming the settings that would make it fit.
@@ -375,6 +500,11 @@ class ForwardBackwardNode : public Node {
   std::shared_ptr<GradHooks> hooks_;
   std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first
   std::shared_ptr<const GradShard> grad_shard_;     // ZeRO stage 2: the plan each item carries
+  bool cuda_graph_ = false;  // run.cuda_graph
+  int eager_steps_ = 0;      // steps run eagerly before the capture
+  bool shape_warned_ = false;
+  std::unique_ptr<CapturedWork> work_;  // run.cuda_graph: the graph's stream, and the graph
+  std::unique_ptr<Replay> graph_;        // what the graph reads and writes, once captured
 };
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include "comm.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/nccl.hpp"
+#include "common/cuda_graph.hpp"
 #include "common/device.hpp"
 #include "common/seed.hpp"
 #include "common/state_io.hpp"
@@ -125,6 +126,7 @@ namespace {
 // of every state (parameters, optimizer moments, EMA, ...) lives on the GPU.
 struct GpuRun {
   double first_loss = -1, last_loss = -1;
+  std::vector<double> losses;  // every logged loss, in step order
   int64_t state_tensors = 0, on_gpu = 0;
 };
 
@@ -152,6 +154,7 @@ GpuRun run_gpu(const std::string& yaml, const std::string& out_dir, std::vector<
   for (const auto& j : test::read_jsonl(out_dir + "/metrics.jsonl"))
     if (j.contains("loss")) {
       r.last_loss = j["loss"].get<double>();
+      r.losses.push_back(r.last_loss);
       if (r.first_loss < 0) r.first_loss = r.last_loss;
     }
   for (const NodeSpec& n : g.nodes)
@@ -210,6 +213,57 @@ TEST(Gpu, GptGraphResumesOnTheGpu) {
   ASSERT_GT(straight.last_loss, 0);
   // GPU kernels may sum in another order from run to run; bit-identity is the CPU's promise.
   EXPECT_NEAR(resumed.last_loss, straight.last_loss, 1e-3 * straight.last_loss);
+}
+
+// run.cuda_graph: forward and backward captured at step 4 and replayed from then on train as the
+// eager steps do: 20 steps of the GPT graph in bf16, each logged loss within bf16 rounding of the
+// eager run's (the same kernels on the same inputs; only cuBLAS's choices could differ), and
+// the graph really replayed (17 replays: the capture's at step 4, then steps 5-20).
+TEST(Gpu, CudaGraphReplayTrainsAsTheEagerStep) {
+  auto streams = make_device_streams("cuda:0");
+  const std::vector<std::string> ov = {"run.steps=20", "run.precision=bf16", "ckpt.every=1000", "ckpt.at=[]"};
+  std::vector<std::string> graphed = ov;
+  graphed.push_back("run.cuda_graph=true");
+  const GpuRun eager = run_gpu(graph("gpt.yaml"), test::temp_dir("gpu_eager"), tiny_gpt(64, 128, 4, ov), streams.get());
+  const int64_t replays = CapturedWork::replays();
+  const GpuRun replayed =
+      run_gpu(graph("gpt.yaml"), test::temp_dir("gpu_graph"), tiny_gpt(64, 128, 4, graphed), streams.get());
+  EXPECT_EQ(CapturedWork::replays() - replays, 17) << "captured at step 4 (3 eager steps), replayed for steps 4-20";
+  ASSERT_EQ(eager.losses.size(), 20u);
+  ASSERT_EQ(replayed.losses.size(), 20u);
+  for (size_t i = 0; i < eager.losses.size(); ++i)
+    EXPECT_NEAR(replayed.losses[i], eager.losses[i], 1e-2 * eager.losses[i]) << "step " << i + 1;
+  EXPECT_LT(replayed.last_loss, replayed.first_loss);
+}
+
+// A run with run.cuda_graph resumes: 10 steps and a checkpoint, then 10 more (captured again
+// after the resumed run's warm-up) end where 20 eager steps do.
+TEST(Gpu, CudaGraphRunResumes) {
+  auto streams = make_device_streams("cuda:0");
+  const std::vector<std::string> ov = {"run.precision=bf16", "ckpt.every=10"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), ov.begin(), ov.end());
+    return tiny_gpt(64, 128, 4, more);
+  };
+  const GpuRun straight = run_gpu(graph("gpt.yaml"), test::temp_dir("gpu_cg_straight"), with({"run.steps=20"}), streams.get());
+  const std::string dir = test::temp_dir("gpu_cg_resumed");
+  run_gpu(graph("gpt.yaml"), dir, with({"run.steps=10", "run.cuda_graph=true"}), streams.get());
+  const GpuRun resumed = run_gpu(graph("gpt.yaml"), dir, with({"run.steps=20", "run.cuda_graph=true"}), streams.get());
+  ASSERT_GT(straight.last_loss, 0);
+  EXPECT_NEAR(resumed.last_loss, straight.last_loss, 1e-2 * straight.last_loss);
+}
+
+// A step that draws random numbers (dropout here) is refused at its capture, with the reason:
+// a replay would draw the same masks every step.
+TEST(Gpu, CudaGraphRefusesAStepThatDrawsRandomNumbers) {
+  auto streams = make_device_streams("cuda:0");
+  try {
+    run_gpu(graph("gpt.yaml"), test::temp_dir("gpu_cg_dropout"),
+            tiny_gpt(32, 64, 2, {"run.steps=6", "model.dropout=0.1", "run.cuda_graph=true", "ckpt.at=[]"}), streams.get());
+    FAIL() << "a step with dropout was captured";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("draws random numbers"), std::string::npos) << e.what();
+  }
 }
 
 // bf16 autocast with fp32 master weights: the loss of the first step within 2 % of fp32's.

@@ -9,7 +9,7 @@
 #   2. test: ctest -L gpu (tests/gpu/gpu_test.cpp), then the engine tests (stream ordering,
 #      executor) in the CUDA build;
 #   3. bench, in parts (BENCH_PARTS, default all, in this order): gpt2, gpt2_16 (bench/gpu_gpt2.py:
-#      GPT-2 124M at batch 8 / 16, flowrun, a PyTorch eager loop and that loop under torch.compile
+#      GPT-2 124M at batch 8 / 16, flowrun, flowrun with run.cuda_graph, a PyTorch eager loop and that loop under torch.compile
 #      in 5 alternating rounds); kernels (bench/gpu_kernels.py: per-kernel GPU time of each, by
 #      family); memory (activation checkpointing's peak memory at GPT-2 350M size); dit
 #      (bench/gpu_dit.py: a DiT-XL/2-size DiT against bench/torch_dit.py, its encoders' stream
@@ -166,11 +166,11 @@ if want bench; then
   for p in ${BENCH_PARTS:-gpt2 gpt2_16 kernels memory dit hydit}; do
     case $p in
       gpt2 | gpt2_16)
-        # GPT-2 124M at batch 8 / 16: flowrun, eager, torch.compile alternating, 5 rounds.
+        # GPT-2 124M at batch 8 / 16: flowrun, flowrun with run.cuda_graph, eager, torch.compile alternating, 5 rounds.
         b=8; [ $p = gpt2_16 ] && b=16
         say "bench/gpu_gpt2.py --batch $b --compile (log: $RESULTS/bench_$p.log)"
         # shellcheck disable=SC2086  # BENCH_ARGS: extra words on purpose
-        $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --batch $b --compile --out "$RESULTS/bench_$p.md" ${BENCH_ARGS:-} \
+        $PY bench/gpu_gpt2.py --flowrun "$BUILD/engine/flowrun" --batch $b --compile --cuda-graph --out "$RESULTS/bench_$p.md" ${BENCH_ARGS:-} \
           2>&1 | tee "$RESULTS/bench_$p.log" | grep -E "^(round|flowrun failed|flowrun: no run|torch.compile failed|gpu_gpt2.py:)"
         note_status "${PIPESTATUS[0]}"
         [ -f "$RESULTS/bench_$p.md" ] && sed -n '/^## GPT-2/,$p' "$RESULTS/bench_$p.md" >> "$RESULTS/bench.md" ;;

@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/cuda_graph.hpp"
 #include "common/memory.hpp"
 #include "common/seed.hpp"
 #include "data_test_helpers.hpp"
@@ -314,6 +315,44 @@ nodes:
   auto pa = test::snapshot(a->state<ModelState>("model", "params"));
   auto pb = test::snapshot(b->state<ModelState>("model", "params"));
   for (const auto& [k, v] : pa) EXPECT_TRUE(torch::allclose(v, pb.at(k), 1e-5, 1e-6)) << k;
+}
+
+// run.cuda_graph (forward and backward captured once as a CUDA graph, then replayed): what a
+// replay could never do is refused before the first step, naming the node and the setting.
+// (On a GPU: tests/gpu/gpu_test.cpp, Gpu.CudaGraph*.)
+TEST(ForwardBackwardNode, CudaGraphRefusesWhatCannotBeReplayed) {
+  const std::string yaml = R"(
+flowrun: 1
+run: { steps: 2, seed: 3 }
+nodes:
+  data: { type: synthetic_regression, with: { in_dim: 4, batch: 16 } }
+  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
+  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 0.1 } }
+)";
+  auto refusal = [&](std::vector<std::string> ov) -> std::string {
+    ov.push_back("run.cuda_graph=true");
+    try {
+      test::load_graph_text(yaml, ov)->run();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(ran)";
+  };
+  // Two gradient buffers taken in turn: a replay writes where the capture did.
+  const std::string buffer = refusal({"fb.grad_layout=buffer"});
+  EXPECT_NE(buffer.find("node 'fb' (forward_backward): run.cuda_graph needs grad_layout fresh"), std::string::npos)
+      << buffer;
+  EXPECT_NE(buffer.find("set run.cuda_graph=false"), std::string::npos) << buffer;
+  // No GPU here: nothing to capture.
+  const std::string cpu = refusal({"run.device=cpu"});
+  EXPECT_NE(cpu.find(CapturedWork::available() ? "run.cuda_graph needs the model on a GPU; it is on cpu"
+                                               : "run.cuda_graph needs a CUDA build of flowrun"),
+            std::string::npos)
+      << cpu;
+  // Off (the default), the same graph trains.
+  EXPECT_NO_THROW(test::load_graph_text(yaml)->run());
 }
 
 // ---- gradient buffer, hooks and the ready stream ----

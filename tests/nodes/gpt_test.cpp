@@ -321,6 +321,27 @@ TEST(Gpt, DropoutIsOffOutsideTrainingAndReproducibleInside) {
   EXPECT_NE(l1, l0);
 }
 
+// run.cuda_graph refuses to capture a step that draws random numbers (a replay would draw the
+// same ones every step); what it counts: a training forward with dropout draws, one without
+// dropout or outside training does not.
+TEST(Gpt, AStepDrawsRandomNumbersOnlyWithDropout) {
+  gpt::Config c = small_config();
+  c.dropout = 0.2;
+  auto dropping = gpt::make_state(make_model(c));
+  auto plain = gpt::make_state(make_model(small_config()));
+  const TensorMap batch = {{"tokens", random_tokens(2, 10, 100, 8)}};
+  FwdBwdOptions o;
+  o.dropout_seed = 5;
+  auto draws_of = [&](ModelState& m, const FwdBwdOptions& opt) {
+    const uint64_t before = TrainingScope::draws();
+    forward_backward(m, batch, LmLoss(), opt);
+    return TrainingScope::draws() - before;
+  };
+  EXPECT_EQ(draws_of(*plain, o), 0u);
+  EXPECT_EQ(draws_of(*dropping, FwdBwdOptions{}), 0u);  // no scope: an eval-mode forward
+  EXPECT_GT(draws_of(*dropping, o), 0u);
+}
+
 TEST(Gpt, TwoLayerModelOverfitsOneBatch) {
   gpt::Config c;
   c.layers = 2;
