@@ -270,7 +270,7 @@ void refuse_unbuilt(const RunSettings::Parallel& p) {
     throw std::runtime_error("run.parallel.tp is " + std::to_string(p.tp) +
                              ": tensor parallel is not built in this flowrun yet; set run.parallel.tp=1 "
                              "(every process then holds the whole model: data parallel, with ZeRO through "
-                             "the optimizer's shard)");
+                             "a zero node's plan)");
   if (p.pp > 1)
     throw std::runtime_error("run.parallel.pp is " + std::to_string(p.pp) +
                              ": pipeline parallel is not built in this flowrun yet; set run.parallel.pp=1");

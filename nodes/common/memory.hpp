@@ -39,7 +39,7 @@ std::string bytes_text(double bytes);
 
 // What a node keeps per rank for a model besides its weights (an optimizer's state, an EMA's
 // copy), noted on the model's state at setup (ModelState::kept). `fix`: a setting that would
-// shrink it ("opt.shard=states") and `fixed` its bytes then; empty: none.
+// shrink it ("zero.stage=states") and `fixed` its bytes then; empty: none.
 struct MemoryItem {
   std::string what;  // "optimizer state (adamw)"
   std::string node;  // the node that keeps it

@@ -96,15 +96,6 @@ struct ModelState {
   };
   std::shared_ptr<const Captioner> captioner;
 
-  // ZeRO stage 2 (train/optimizer_shard.hpp), asked for in its setup (before any step) by an
-  // optimizer with shard: gradients: with several processes forward_backward then hands each
-  // finished gradient to the allreduce and keeps none, and the allreduce keeps only this rank's
-  // slice of the averaged gradients. whole_tensors: slices cut at parameter starts (Adafactor).
-  struct ShardGradients {
-    bool on = false;
-    bool whole_tensors = false;
-  };
-  ShardGradients shard_gradients;
 
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)
@@ -128,7 +119,6 @@ struct ModelState {
     auto copy = std::make_shared<ModelState>(*this);
     copy->module = module->clone();
     copy->kept.clear();  // what other nodes keep for this model, not for the copy
-    copy->shard_gradients = {};
     // clone() copies values; keep each parameter's trainable flag as in the source.
     auto src = module->named_parameters(true);
     auto dst = copy->module->named_parameters(true);

@@ -12,7 +12,7 @@
 // A folder of the same name that is still there when a new one is written (run.resume=PATH over
 // later steps is refused at start; this is the safety net) is moved to replaced.NAME.STAMP.
 //
-// Several ranks: a state the ranks hold pieces of (an optimizer with shard: states) is gathered
+// Several ranks: a state the ranks hold pieces of (an optimizer under a ZeRO plan) is gathered
 // first by every rank (StateIO::collect, on this node's channel); otherwise the saved state is
 // replicated (data cursors count global batches; params,
 // optimizer moments and EMA weights are equal after every all-reduced step; the start-up sync

@@ -16,7 +16,7 @@
 // checks (on the host, with the timeout) that the previous step's reductions ended, one step
 // behind, when they are long done normally.
 //
-// Sharded gradients (the optimizer's shard: gradients, ZeRO stage 2): each bucket is packed by
+// Sharded gradients (a zero plan's stage gradients, ZeRO stage 2): each bucket is packed by
 // owner and reduce-scattered instead (MPI, or NCCL as grouped reduces), and what this rank owns
 // is unpacked into its slices. This path runs with one process too (the rank owns everything),
 // so the sharded code is the same at any world size.

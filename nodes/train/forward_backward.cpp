@@ -13,6 +13,7 @@
 #include "common/memory.hpp"
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
+#include "parallel/zero_plan.hpp"
 #include "registry.hpp"
 #include "train/optimizer_shard.hpp"
 
@@ -178,6 +179,7 @@ class ForwardBackwardNode : public Node {
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
     const std::vector<std::string> model_ref = ctx.refs("model");
     model_node_ = model_ref.empty() ? "model" : model_ref.front().substr(0, model_ref.front().find('.'));
+    if (ctx.connected("zero")) zero_ = &ctx.state_as<ZeroPlan>("zero");
     cuda_graph_ = ctx.run().graph && ctx.run().graph->settings.cuda_graph;
     if (cuda_graph_) {
       refuse_uncapturable(ctx, device);
@@ -219,7 +221,7 @@ class ForwardBackwardNode : public Node {
     // the buffer's order, rather than waking a worker for each parameter while backward runs.
     const int count = static_cast<int>(params.size());
     const bool overlap = ctx.run().world > 1;
-    const bool sharded = model.shard_gradients.on;  // at any world size (one process: owns all)
+    const bool sharded = zero_ && zero_->shards_gradients();  // at any world size (one process: owns all)
     int index = 0;
     if (sharded) {
       // ZeRO stage 2: no buffer. Each finished gradient goes to the allreduce as autograd wrote
@@ -227,10 +229,10 @@ class ForwardBackwardNode : public Node {
       // backward), so it is freed once the allreduce has sent its bucket.
       if (!fresh_)
         throw std::runtime_error(ctx.who() + ": grad_layout buffer keeps every gradient in a whole buffer, which the "
-                                 "optimizer's shard: gradients is there to avoid: set grad_layout: fresh");
+                                 "ZeRO plan's stage gradients is there to avoid: set grad_layout: fresh");
       if (!grad_shard_ || grad_shard_->plan.layout.slots.size() != params.size())
         grad_shard_ = GradShard::make(model.named_parameters(/*trainable_only=*/true), ctx.run().rank,
-                                      ctx.run().world, model.shard_gradients.whole_tensors);
+                                      ctx.run().world, zero_->whole_tensors);
       o.buffer = nullptr;
       o.on_ready = [&ctx, &index, count, &params, shard = grad_shard_](int param, bool used) {
         torch::Tensor p = params[static_cast<size_t>(param)];  // a handle: mutable_grad() is non-const
@@ -293,6 +295,9 @@ class ForwardBackwardNode : public Node {
   // What a capture can never replay, refused at setup with the setting to change.
   void refuse_uncapturable(SetupContext& ctx, const c10::Device& device) const {
     const std::string off = "; set run.cuda_graph=false";
+    if (zero_ && zero_->shards_gradients())
+      throw std::runtime_error(ctx.who() + ": run.cuda_graph with the ZeRO stage gradients is not built yet (each "
+                               "gradient leaves for the allreduce during backward)" + off);
     if (!fresh_)
       throw std::runtime_error(ctx.who() + ": run.cuda_graph needs grad_layout fresh: grad_layout buffer takes "
                                "one of two gradient buffers each step, and a replay writes where the capture did" + off);
@@ -314,9 +319,6 @@ class ForwardBackwardNode : public Node {
   }
 
   FwdBwdResult graphed(StepContext& ctx, ModelState& model, const TensorMap& batch, const FwdBwdOptions& o) {
-    if (model.shard_gradients.on)
-      throw std::runtime_error(ctx.who() + ": run.cuda_graph with the optimizer's shard: gradients is not built "
-                               "yet (each gradient leaves during backward); set run.cuda_graph=false");
     const std::string key = batch_key(batch);
     if (!graph_) {
       if (++eager_steps_ <= kEagerSteps) return forward_backward(model, batch, *objective_, o);
@@ -394,16 +396,16 @@ class ForwardBackwardNode : public Node {
     // Copies of the gradients (run() below): autograd's own (grad_layout fresh), and with several
     // processes or grad_layout buffer the buffers of take_buffer()'s pool (two while a step's grads
     // are still held as the next backward runs).
-    // ZeRO stage 2 (the optimizer's shard: gradients): autograd's, each freed once its bucket is
+    // ZeRO stage 2 (the zero plan's stage gradients): autograd's, each freed once its bucket is
     // sent, and this rank's 1/world of the averaged ones.
     const int world = ctx.run().world;
     const double grads = m.gradients;
     const bool buffers = world > 1 || !fresh_;
     const int copies = (fresh_ ? 1 : 0) + (buffers ? static_cast<int>(kPool) : 0);
-    if (model.shard_gradients.on) {
+    if (zero_ && zero_->shards_gradients()) {
       m.gradients = grads * (1.0 + 1.0 / world);
       m.gradients_note = "autograd's, freed bucket by bucket, + this rank's 1/" + std::to_string(world) +
-                         " (shard: gradients)";
+                         " (ZeRO stage gradients)";
     } else {
       if (copies > 1)
         m.gradients_note = std::to_string(copies) + " copies: " + (fresh_ ? "autograd's + " : "") +
@@ -500,6 +502,7 @@ class ForwardBackwardNode : public Node {
   std::shared_ptr<GradHooks> hooks_;
   std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first
   std::shared_ptr<const GradShard> grad_shard_;     // ZeRO stage 2: the plan each item carries
+  const ZeroPlan* zero_ = nullptr;  // the zero node's plan, if `zero` is connected
   bool cuda_graph_ = false;  // run.cuda_graph
   int eager_steps_ = 0;      // steps run eagerly before the capture
   bool shape_warned_ = false;

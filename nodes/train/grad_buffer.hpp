@@ -74,7 +74,7 @@ struct GradReady {
   // process forward_backward may need none (grad is the tensor autograd wrote; buffer null).
   std::shared_ptr<GradBuffer> buffer;
   torch::Tensor grad;  // the finished gradient (undefined when !used)
-  // ZeRO stage 2 (the optimizer's shard: gradients, with several processes): no buffer; grad is
+  // ZeRO stage 2 (a zero plan's stage gradients, with several processes): no buffer; grad is
   // the tensor autograd wrote, which forward_backward no longer holds, and the allreduce keeps
   // only this rank's slice of the averaged gradients, as `shard` says.
   std::shared_ptr<const GradShard> shard;

@@ -15,6 +15,7 @@
 #include "common/device.hpp"
 #include "common/state_io.hpp"
 #include "parallel/collectives.hpp"
+#include "parallel/zero_plan.hpp"
 #include "registry.hpp"
 #include "train/optimizer_slots.hpp"
 
@@ -127,38 +128,31 @@ class OptimizerNode : public Node {
     sched_.kind = lr_decay(p.get<std::string>("schedule"));
     sched_.min_lr = p.get<double>("min_lr");
     cfg_.skip_nonfinite = p.get<bool>("skip_nonfinite");
-    // ZeRO-1 (optimizer_shard.hpp): this rank's slice of the moments only (Adafactor: of whole
+    // The ZeRO plan (parallel/zero_plan.hpp), read from a zero node. Stage 1
+    // (optimizer_shard.hpp): this rank's slice of the moments only (Adafactor: of whole
     // parameters), and its group to all-gather the updated parameters (a collective node: a
-    // lane; parallel/collectives.hpp: MPI for CPU parameters, NCCL for CUDA ones).
-    // ZeRO-2 (shard: gradients): the gradients arrive as this rank's pieces already, which
-    // forward_backward and the allreduce are told through the model's state.
-    // One process runs the same path, owning every element (nothing saved; its test).
-    const std::string shard = p.get<std::string>("shard");
-    shard_ = shard != "none";
-    shard_grads_ = shard == "gradients";
+    // lane; parallel/collectives.hpp: MPI for CPU parameters, NCCL for CUDA ones). Stage 2: the
+    // gradients arrive as this rank's pieces already, cut as the plan says by the allreduce of a
+    // forward_backward that reads the same plan. One process runs the same path, owning every
+    // element (nothing saved; its test).
+    const ZeroPlan plan = ctx.connected("zero") ? ctx.state_as<ZeroPlan>("zero") : ZeroPlan{};
+    shard_ = plan.shards_states();
+    shard_grads_ = plan.shards_gradients();
+    whole_tensors_ = plan.whole_tensors || !cfg_.rule->elementwise();
     if (shard_) {
+      const std::string stage = ZeroPlan::name(plan.stage);
+      const std::string plan_ref = ctx.refs("zero").front();
       group_ = parallel::Group::world(ctx.name());
       const c10::Device device = run_device(ctx.run());
-      if (!device.is_cuda() && !device.is_cpu()) {
-        throw std::runtime_error(ctx.who() + ": shard: " + shard + " on " + device.str() +
-                                 ": the ranks exchange CPU parameters over MPI and CUDA ones over NCCL only; set shard: none");
-      }
+      if (!device.is_cuda() && !device.is_cpu())
+        throw std::runtime_error(ctx.who() + ": ZeRO stage " + stage + " (" + plan_ref + ") on " + device.str() +
+                                 ": the ranks exchange CPU parameters over MPI and CUDA ones over NCCL only; set its "
+                                 "stage: none");
       if (ctx.run().world == 1)
-        spdlog::info("{}: shard: {} with one process: it owns every element, so no memory is saved (the sharded "
-                     "path runs as with several)", ctx.who(), shard);
+        spdlog::info("{}: ZeRO stage {} with one process: it owns every element, so no memory is saved (the sharded "
+                     "path runs as with several)", ctx.who(), stage);
     }
-    if (shard_grads_) {
-      // Only an allreduce turns the gradients forward_backward lets go of into this rank's slice.
-      const std::vector<std::string> from = ctx.refs("grads");
-      const std::string node = from.empty() ? "" : from.front().substr(0, from.front().find('.'));
-      const int at = ctx.run().graph ? ctx.run().graph->index_of(node) : -1;
-      if (at < 0 || ctx.run().graph->nodes[static_cast<size_t>(at)].type != "allreduce")
-        throw std::runtime_error(ctx.who() + ": shard: gradients reduce-scatters the gradients in an allreduce node, but "
-                                 "'grads' comes from '" + (from.empty() ? std::string("nowhere") : from.front()) +
-                                 "': wire grads: SYNC.grads from an allreduce fed by forward_backward's ready, or set "
-                                 "shard: states");
-      ctx.state_as<ModelState>("model").shard_gradients = {true, !cfg_.rule->elementwise()};
-    }
+    check_plan_wiring(ctx, plan);
     // On a GPU no step reads the grad norm on the host: non-finite steps are skipped on the
     // device and counted, and the count is read on logged steps (check_nonfinite). On the CPU
     // reading it costs nothing, so the step that diverged stops the run itself.
@@ -167,6 +161,51 @@ class OptimizerNode : public Node {
     auto state = std::make_shared<OptimizerState>();
     state->expect(ctx.state_as<ModelState>("model").named_parameters(/*trainable_only=*/true), *cfg_.rule);
     ctx.own_state("state", state);
+  }
+
+  // The plan's wiring. The forward_backward whose gradients this node updates from (through an
+  // allreduce, or directly) must read the same plan as this node, or none if this node reads
+  // none: under stage gradients it lets go of its gradients for the allreduce to cut. Stage
+  // gradients also needs that allreduce (only it cuts the gradients into this rank's slices),
+  // and a rule that needs whole parameters needs the plan to cut at them (the allreduce cuts
+  // before this node could).
+  void check_plan_wiring(SetupContext& ctx, const ZeroPlan& plan) const {
+    const std::string plan_ref = ctx.connected("zero") ? ctx.refs("zero").front() : std::string();
+    const std::string plan_node = plan_ref.substr(0, plan_ref.find('.'));
+    const GraphSpec* g = ctx.run().graph;
+    if (!g) return;  // a graph made by hand (tests)
+    auto producer = [&](const NodeSpec& n, const std::string& port) -> const NodeSpec* {
+      const InputSpec* in = n.input(port);
+      if (!in || in->refs.empty()) return nullptr;
+      const int at = g->index_of(in->refs.front().node);
+      return at < 0 ? nullptr : &g->nodes[static_cast<size_t>(at)];
+    };
+    const int self = g->index_of(ctx.name());
+    const NodeSpec* from = self < 0 ? nullptr : producer(g->nodes[static_cast<size_t>(self)], "grads");
+    const NodeSpec* sync = from && from->type == "allreduce" ? from : nullptr;
+    const NodeSpec* fb = sync ? producer(*sync, "ready") : from;
+    if (fb && fb->type == "forward_backward") {
+      const InputSpec* in = fb->input("zero");
+      const std::string fb_ref = in && !in->refs.empty() ? in->refs.front().str() : std::string();
+      if (fb_ref != plan_ref)
+        throw std::runtime_error(ctx.who() + ": the forward_backward '" + fb->name + "' whose gradients this node "
+                                 "updates from reads the ZeRO plan " + (fb_ref.empty() ? "of nobody" : "'" + fb_ref + "'") +
+                                 " and this node " + (plan_ref.empty() ? "none" : "'" + plan_ref + "'") +
+                                 ": both must read the same one (add zero: " + (plan_ref.empty() ? fb_ref : plan_ref) +
+                                 " to the inputs of the one that lacks it)");
+    }
+    if (!plan.shards_gradients()) return;
+    if (!plan.whole_tensors && !cfg_.rule->elementwise())
+      throw std::runtime_error(ctx.who() + ": kind " + ctx.params().get<std::string>("kind") + " needs whole "
+                               "parameters per rank (its moments are not element-wise), and ZeRO stage gradients "
+                               "cuts them where the plan says: set " + plan_node + ".cut=tensors");
+    if (!sync) {
+      const std::vector<std::string> grads = ctx.refs("grads");
+      throw std::runtime_error(ctx.who() + ": ZeRO stage gradients reduce-scatters the gradients in an allreduce node, "
+                               "but 'grads' comes from '" + (grads.empty() ? std::string("nowhere") : grads.front()) +
+                               "': wire grads: SYNC.grads from an allreduce fed by forward_backward's ready, or set " +
+                               plan_node + ".stage=states");
+    }
   }
 
   // For forward_backward's memory estimate (common/memory.hpp): the bytes of this rank's state,
@@ -186,7 +225,10 @@ class OptimizerNode : public Node {
       item.what += ", sharded";
       item.bytes = bytes / world;
     } else if (world > 1) {
-      item.fix = ctx.name() + ".shard=gradients";
+      // With a zero node wired in, its stage by an override; else the node to add.
+      const std::vector<std::string> plan = ctx.connected("zero") ? ctx.refs("zero") : std::vector<std::string>{};
+      item.fix = plan.empty() ? std::string("a zero node with stage: gradients (schemas/zero.yaml)")
+                              : plan.front().substr(0, plan.front().find('.')) + ".stage=gradients";
       item.fixed = bytes / world;
       item.fix_shards_gradients = true;  // forward_backward adds the gradients it saves
     }
@@ -246,7 +288,7 @@ class OptimizerNode : public Node {
     if (st.slots.empty() || !(st.shard.layout == model.flat.layout()))
       make_shard_slots(st,
                        ShardPlan::make(model.flat.layout(), named, ctx.run().rank, ctx.run().world,
-                                       /*whole_tensors=*/!cfg_.rule->elementwise()),
+                                       /*whole_tensors=*/whole_tensors_),
                        named, cfg_);
     const ShardPieces pieces = shard_pieces(st.shard, named, grads);
     const std::string step = " of step " + std::to_string(ctx.step());
@@ -293,15 +335,16 @@ class OptimizerNode : public Node {
     const double params = bytes(model.trainable_parameters());
     spdlog::info("{}: per rank: parameters {:.2f} MB, gradients {:.2f} MB, optimizer state {:.2f} MB{}", ctx.who(),
                  params / 1e6, bytes(grads) / 1e6, moments / 1e6,
-                 shard_ ? fmt::format(" (shard: {}, this rank's 1/{} slice)", shard_grads_ ? "gradients" : "states",
+                 shard_ ? fmt::format(" (ZeRO stage {}, this rank's 1/{} slice)", shard_grads_ ? "gradients" : "states",
                                       ctx.run().world)
                         : std::string());
   }
 
   OptimConfig cfg_;
   LrSchedule sched_;
-  bool shard_ = false;        // shard: states or gradients
-  bool shard_grads_ = false;  // shard: gradients
+  bool shard_ = false;        // ZeRO stage states or gradients
+  bool shard_grads_ = false;  // ZeRO stage gradients
+  bool whole_tensors_ = false;  // slices cut at parameter starts (the plan's cut: tensors, or the rule needs it)
   std::shared_ptr<parallel::Group> group_;  // sharded: the ranks the slices are exchanged with
   std::vector<parallel::Work> gathering_;   // the last step's all-gather (checked the next step)
   bool logged_memory_ = false;

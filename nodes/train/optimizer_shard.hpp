@@ -1,11 +1,12 @@
-// ZeRO (Rajbhandari et al. 2020) over the data-parallel ranks, the optimizer's `shard`:
-//   - stage 1, `shard: states`: the optimizer's state sharded. Each rank updates only its slice
+// ZeRO (Rajbhandari et al. 2020) over the data-parallel ranks, as a zero node's plan says
+// (parallel/zero_plan.hpp; the optimizer and forward_backward read it):
+//   - stage 1, `stage: states`: the optimizer's state sharded. Each rank updates only its slice
 //     of each of the model's flat parameter buffers (common/flat_buffers.hpp: one per dtype and
 //     device, the parameters in module order) and keeps optimizer moments for those elements
 //     only; then the ranks' updated slices are all-gathered, so every rank holds the whole model
 //     again for the next forward. The gradients are all-reduced whole (the allreduce node), so
 //     the global norm for clipping is the same on every rank.
-//   - stage 2, `shard: gradients`: the gradients sharded too. forward_backward hands each
+//   - stage 2, `stage: gradients`: the gradients sharded too. forward_backward hands each
 //     finished gradient to the allreduce alone (no gradient buffer) and drops its own reference;
 //     the allreduce packs a bucket's gradients by owner and reduce-scatters it (averaged, as the
 //     all-reduce averages), so each rank keeps only the averaged gradients of its own slice, and

@@ -717,15 +717,15 @@ TEST(Gpu, NcclReduceScatterAndAllGatherOfBlocksWithAWorldOfOne) {
 }
 
 // ZeRO over NCCL with a world of one (the sharded path runs alone as with several, the rank owning
-// every element): the optimizer's shard: states (its slice updated, all-gathered over NCCL) and
-// shard: gradients (buckets reduce-scattered over NCCL, the norm summed on the device) train the
-// GPT graph as shard: none does, every state on the GPU, and a sharded run resumes.
+// every element): the ZeRO stage states (its slice updated, all-gathered over NCCL) and
+// gradients (buckets reduce-scattered over NCCL, the norm summed on the device) train the
+// GPT graph as stage none does, every state on the GPU, and a sharded run resumes.
 TEST(Gpu, ShardedOptimizerAndGradientsOverNcclTrainAsUnsharded) {
   auto streams = make_device_streams("cuda:0");
   std::map<std::string, GpuRun> runs;
   for (const std::string shard : {"none", "states", "gradients"})
     runs[shard] = run_gpu(graph("gpt.yaml"), test::temp_dir("gpu_shard"),
-                          tiny_gpt(32, 64, 2, {"run.steps=20", "ckpt.every=1000", "ckpt.at=[]", "opt.shard=" + shard}),
+                          tiny_gpt(32, 64, 2, {"run.steps=20", "ckpt.every=1000", "ckpt.at=[]", "zero.stage=" + shard}),
                           streams.get());
   ASSERT_GT(runs["none"].last_loss, 0);
   for (const std::string shard : {"states", "gradients"}) {
@@ -733,7 +733,7 @@ TEST(Gpu, ShardedOptimizerAndGradientsOverNcclTrainAsUnsharded) {
     EXPECT_EQ(runs[shard].on_gpu, runs[shard].state_tensors) << "shard: " << shard;
   }
   const std::string dir = test::temp_dir("gpu_shard_resume");
-  const std::vector<std::string> ov = {"ckpt.every=10", "opt.shard=gradients"};
+  const std::vector<std::string> ov = {"ckpt.every=10", "zero.stage=gradients"};
   run_gpu(graph("gpt.yaml"), dir, tiny_gpt(32, 64, 2, {"run.steps=10", ov[0], ov[1]}), streams.get());
   const GpuRun resumed = run_gpu(graph("gpt.yaml"), dir, tiny_gpt(32, 64, 2, {"run.steps=20", ov[0], ov[1]}), streams.get());
   EXPECT_NEAR(resumed.last_loss, runs["gradients"].last_loss, 1e-3 * runs["gradients"].last_loss);

@@ -74,24 +74,24 @@ independent_collectives)
   expect_out "2 ranks but no allreduce node: each rank trains a replica of its own"
   ;;
 zero_states)
-  # ZeRO stage 1 (opt.shard=states): each rank keeps the moments of half the parameters and the
-  # run ends exactly where shard: none ends; the checkpoint holds whole tensors, so a run resumes
+  # ZeRO stage 1 (zero.stage=states): each rank keeps the moments of half the parameters and the
+  # run ends exactly where stage none ends; the checkpoint holds whole tensors, so a run resumes
   # at the same world size bit for bit and at another (2 -> 1, 1 -> 2) within the data-parallel
   # tolerance (the one-process batch of 16 against two ranks of 8, as equivalence).
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/none" data.batch=8
   grep -o "optimizer state [0-9.]* MB" "$tmp/out" | head -1 | awk '{print $3}' > "$tmp/mem_none"
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/sharded" data.batch=8 opt.shard=states
-  expect_out "(shard: states, this rank's 1/2 slice)"
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/sharded" data.batch=8 zero.stage=states
+  expect_out "(ZeRO stage states, this rank's 1/2 slice)"
   grep -o "optimizer state [0-9.]* MB" "$tmp/out" | head -1 | awk '{print $3}' > "$tmp/mem_sharded"
   awk -v a="$(cat "$tmp/mem_none")" -v b="$(cat "$tmp/mem_sharded")" 'BEGIN { exit !(b <= 0.51 * a && b >= 0.49 * a) }' ||
     fail "optimizer state per rank: $(cat "$tmp/mem_none") MB unsharded, $(cat "$tmp/mem_sharded") MB sharded: not halved"
   for f in model.params opt.state ema.params; do
     "$tool" tensor-diff "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
-      fail "$f differs between shard: states and shard: none"
+      fail "$f differs between stage states and stage none"
   done
   # 2 -> 2: five steps, a checkpoint, five more, as the straight run.
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 opt.shard=states run.steps=5 ckpt.every=5
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 opt.shard=states run.resume=auto
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 zero.stage=states run.steps=5 ckpt.every=5
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 zero.stage=states run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r22" 10)" 0 || fail "resume 2 -> 2 differs"
   # 2 -> 1: the sharded checkpoint of step 5 continued by one process (batch 16).
   mkdir -p "$tmp/r21/checkpoints" && cp -r "$tmp/r22/checkpoints/step_00000005" "$tmp/r21/checkpoints/" &&
@@ -100,17 +100,17 @@ zero_states)
   "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r21" 10)" 1e-5 || fail "resume 2 -> 1 differs"
   # 1 -> 2: one process's checkpoint of step 5 continued by two sharded ranks.
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=16 run.steps=5 ckpt.every=5
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 opt.shard=states run.resume=auto
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 zero.stage=states run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
   # Adafactor, sharded by whole parameters: the same run as unsharded, less state per rank, and
   # its checkpoint (the statistics gathered from their ranks) continued by one process.
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_none" data.batch=8 opt.kind=adafactor
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sharded" data.batch=8 opt.kind=adafactor opt.shard=states
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sharded" data.batch=8 opt.kind=adafactor zero.stage=states
   for f in model.params opt.state; do
     "$tool" tensor-diff "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
-      fail "Adafactor: $f differs between shard: states and shard: none"
+      fail "Adafactor: $f differs between stage states and stage none"
   done
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af21" data.batch=8 opt.kind=adafactor opt.shard=states \
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af21" data.batch=8 opt.kind=adafactor zero.stage=states \
     run.steps=5 ckpt.every=5
   rm -rf "$tmp/af21/checkpoints/step_00000010"
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/af21" data.batch=16 opt.kind=adafactor run.resume=auto
@@ -118,68 +118,68 @@ zero_states)
   # A rank killed, or hanging, mid-run while the other waits in the parameters' all-gather: the
   # job ends (a hang by run.comm_timeout_s), well within 60 s.
   start=$(date +%s)
-  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/kill" data.batch=8 opt.shard=states \
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/kill" data.batch=8 zero.stage=states \
     run.steps=50 fault.rank=1 fault.step=5 fault.mode=kill
   [ $(( $(date +%s) - start )) -lt 60 ] || fail "a killed rank: the job took $(( $(date +%s) - start )) s to end"
   start=$(date +%s)
-  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/hang" data.batch=8 opt.shard=states \
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/hang" data.batch=8 zero.stage=states \
     run.steps=50 run.comm_timeout_s=3 fault.rank=1 fault.step=5 fault.mode=hang
   expect_out "no answer from the other ranks in 3 s (run.comm_timeout_s)"
   [ $(( $(date +%s) - start )) -lt 60 ] || fail "a hanging rank: the job took $(( $(date +%s) - start )) s to end"
   ;;
 zero_gradients)
-  # ZeRO stage 2 (opt.shard=gradients): each bucket's gradients reduce-scattered, each rank
+  # ZeRO stage 2 (zero.stage=gradients): each bucket's gradients reduce-scattered, each rank
   # keeping the averaged gradients of its half only. Without clipping the run ends exactly where
-  # shard: none ends (the same sums: a pair of ranks adds in one order); with clipping within
+  # stage none ends (the same sums: a pair of ranks adds in one order); with clipping within
   # rounding (the norm is summed per rank). Per-rank gradients and optimizer state halved (the
   # optimizer's log); the checkpoint holds whole tensors (resume 2 -> 2 bit for bit, 2 -> 1, 1 -> 2);
   # grads from anything but an allreduce are refused; a killed rank ends the job.
   for s in none gradients; do
-    run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/$s" data.batch=8 opt.shard=$s opt.clip=0
+    run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/$s" data.batch=8 zero.stage=$s opt.clip=0
     grep -o "gradients [0-9.]* MB, optimizer state [0-9.]* MB" "$tmp/out" | head -1 | awk '{print $2, $6}' > "$tmp/mem_$s"
   done
-  expect_out "(shard: gradients, this rank's 1/2 slice)"
-  expect_out "autograd's, freed bucket by bucket, + this rank's 1/2 (shard: gradients)"
+  expect_out "(ZeRO stage gradients, this rank's 1/2 slice)"
+  expect_out "autograd's, freed bucket by bucket, + this rank's 1/2 (ZeRO stage gradients)"
   read -r g_none s_none < "$tmp/mem_none"; read -r g_sh s_sh < "$tmp/mem_gradients"
   awk -v a="$g_none" -v b="$g_sh" -v c="$s_none" -v d="$s_sh" \
     'BEGIN { exit !(b <= 0.51 * a && b >= 0.49 * a && d <= 0.51 * c && d >= 0.49 * c) }' ||
     fail "per rank: gradients $g_none -> $g_sh MB, optimizer state $s_none -> $s_sh MB: not halved"
   for f in model.params opt.state ema.params; do
     "$tool" tensor-diff "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/gradients/checkpoints/step_00000010/$f.safetensors" 0 ||
-      fail "$f differs between shard: gradients and shard: none"
+      fail "$f differs between stage gradients and stage none"
   done
   # Launched after backward (overlap false) and sent as bf16 (compress): the same sums again.
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/late" data.batch=8 opt.shard=gradients opt.clip=0 sync.overlap=false
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/late" data.batch=8 zero.stage=gradients opt.clip=0 sync.overlap=false
   "$tool" tensor-diff "$(params "$tmp/none" 10)" "$(params "$tmp/late" 10)" 0 || fail "overlap false differs"
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bf_none" data.batch=8 opt.clip=0 sync.compress=bf16
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bf_sh" data.batch=8 opt.clip=0 sync.compress=bf16 opt.shard=gradients
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bf_sh" data.batch=8 opt.clip=0 sync.compress=bf16 zero.stage=gradients
   "$tool" tensor-diff "$(params "$tmp/bf_none" 10)" "$(params "$tmp/bf_sh" 10)" 0 || fail "compress bf16 differs"
   # With the graph's clip (1.0), and Adafactor (sharded by whole parameters).
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_none" data.batch=8
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_full" data.batch=8 opt.shard=gradients
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_full" data.batch=8 zero.stage=gradients
   "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_full" 10)" 1e-5 || fail "with clip: differs"
   # 2 -> 2: five steps, a checkpoint, five more, as the straight run, bit for bit.
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 opt.shard=gradients run.steps=5 ckpt.every=5
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 opt.shard=gradients run.resume=auto
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 zero.stage=gradients run.steps=5 ckpt.every=5
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 zero.stage=gradients run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/clip_full" 10)" "$(params "$tmp/clip_sh" 10)" 0 || fail "resume 2 -> 2 differs"
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_none" data.batch=8 opt.kind=adafactor opt.clip=0
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sh" data.batch=8 opt.kind=adafactor opt.clip=0 opt.shard=gradients
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sh" data.batch=8 opt.kind=adafactor opt.clip=0 zero.stage=gradients zero.cut=tensors
   for f in model.params opt.state; do
     "$tool" tensor-diff "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sh/checkpoints/step_00000010/$f.safetensors" 0 ||
-      fail "Adafactor: $f differs between shard: gradients and shard: none"
+      fail "Adafactor: $f differs between stage gradients and stage none"
   done
   # A plugin's update rule (examples/plugins/lion, element-wise) sharded like the built-in ones:
-  # ZeRO-1 and ZeRO-2 end where shard: none ends, its moment gathered whole into the checkpoint.
+  # ZeRO-1 and ZeRO-2 end where stage none ends, its moment gathered whole into the checkpoint.
   sed 's#libt_plugin_fault.so" \]#libt_plugin_fault.so", "${FLOWRUN_BUILD}/examples/plugins/liblion.so" ]#' $graph > "$tmp/lion.yaml"
   for s in none states gradients; do
     run_code 0 "${mpi[@]}" "$flowrun" "$tmp/lion.yaml" run.out_dir="$tmp/lion_$s" data.batch=8 opt.kind=lion opt.lr=1e-3 \
-      opt.clip=0 opt.shard=$s
+      opt.clip=0 zero.stage=$s
   done
-  expect_out "(shard: gradients, this rank's 1/2 slice)"
+  expect_out "(ZeRO stage gradients, this rank's 1/2 slice)"
   for s in states gradients; do
     for f in model.params opt.state; do
       "$tool" tensor-diff "$tmp/lion_none/checkpoints/step_00000010/$f.safetensors" \
-        "$tmp/lion_$s/checkpoints/step_00000010/$f.safetensors" 0 || fail "Lion: $f differs between shard: $s and shard: none"
+        "$tmp/lion_$s/checkpoints/step_00000010/$f.safetensors" 0 || fail "Lion: $f differs between stage $s and stage none"
     done
   done
   # 2 -> 1: the sharded run's checkpoint of step 5 continued by one process (batch 16); 1 -> 2.
@@ -187,14 +187,21 @@ zero_gradients)
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=16 run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_sh" 10)" 1e-5 || fail "resume 2 -> 1 differs"
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=16 run.steps=5 ckpt.every=5
-  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 opt.shard=gradients run.resume=auto
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 zero.stage=gradients run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
   # grads not from an allreduce: refused, naming the fix.
-  run_code nonzero "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bad" data.batch=8 opt.shard=gradients opt.in.grads=fb.grads
-  expect_out "shard: gradients reduce-scatters the gradients in an allreduce node, but 'grads' comes from 'fb.grads'"
+  run_code nonzero "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bad" data.batch=8 zero.stage=gradients opt.in.grads=fb.grads
+  expect_out "ZeRO stage gradients reduce-scatters the gradients in an allreduce node, but 'grads' comes from 'fb.grads'"
+  # The plan read by the optimizer only (forward_backward would keep whole gradients), and
+  # Adafactor cut element-wise: refused, naming the fix.
+  sed '/^  fb:/s/, zero: zero.plan//' $graph > "$tmp/fb_whole.yaml"
+  run_code nonzero "${mpi[@]}" "$flowrun" "$tmp/fb_whole.yaml" run.out_dir="$tmp/bad" data.batch=8 zero.stage=gradients
+  expect_out "the forward_backward 'fb' whose gradients this node updates from reads the ZeRO plan of nobody and this node 'zero.plan'"
+  run_code nonzero "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bad" data.batch=8 zero.stage=gradients opt.kind=adafactor
+  expect_out "set zero.cut=tensors"
   # A rank killed mid-run while the other waits in a reduce-scatter or the all-gather.
   start=$(date +%s)
-  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/kill" data.batch=8 opt.shard=gradients \
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/kill" data.batch=8 zero.stage=gradients \
     run.steps=50 fault.rank=1 fault.step=5 fault.mode=kill
   [ $(( $(date +%s) - start )) -lt 60 ] || fail "a killed rank: the job took $(( $(date +%s) - start )) s to end"
   ;;

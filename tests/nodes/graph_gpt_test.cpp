@@ -126,13 +126,13 @@ TEST(GraphGpt, LoraFineTunesAFrozenBaseAndExportsPeftAdapters) {
   EXPECT_TRUE(torch::equal(ended_state->forward({{"tokens", tokens}}), reloaded_state->forward({{"tokens", tokens}})));
 }
 
-// ZeRO's sharded path with one process (the optimizer's shard; docs/distributed.md): the rank owns
+// ZeRO's sharded path with one process (the zero node's plan; docs/distributed.md): the rank owns
 // every element, and the path runs as with several — stage 1 updates its slice and all-gathers
 // it, stage 2 packs each bucket by owner, reduce-scatters it and updates from its slices, the
 // gradient norm summed over the ranks. One owner makes the same update the unsharded optimizer
 // makes, bit for bit, clipping included (the norm squared and its root are exact in double), and
 // so the same checkpoint: parameters and optimizer moments, by the same names. Adafactor cuts by
-// whole parameters. (Two processes: tests/mpi/mpi_test.sh zero_states and zero_gradients.)
+// whole parameters (zero.cut=tensors, which stage gradients needs said). (Two processes: tests/mpi/mpi_test.sh zero_states and zero_gradients.)
 TEST(GraphGpt, ShardedOptimizerAndGradientsWithOneProcessEqualTheUnshardedRun) {
   const std::string src = FLOWRUN_SOURCE_DIR;
   const std::string shards = src + "/data/text/fortunes_byte";
@@ -144,9 +144,10 @@ TEST(GraphGpt, ShardedOptimizerAndGradientsWithOneProcessEqualTheUnshardedRun) {
       auto r = test::run_graph_text(
           graph, {"data.path=" + shards, "data.seq_len=32", "data.batch=8", "model.layers=2", "model.dim=64",
                   "model.heads=4", "model.vocab=256", "model.context=32", "opt.warmup=2", "opt.clip=0.5",
-                  "opt.kind=" + kind, "opt.shard=" + shard, "run.steps=6", "run.log_every=3", "eval.every=100000",
+                  "opt.kind=" + kind, "zero.stage=" + shard, "run.steps=6", "run.log_every=3", "eval.every=100000",
                   "evlog.every=100000", "ckpt.every=6", "run.prefetch=1",
-                  kind == "adamw" ? "opt.adafactor=null" : "opt.adamw=null"});
+                  kind == "adamw" ? "opt.adafactor=null" : "opt.adamw=null",
+                  kind == "adamw" ? "zero.cut=elements" : "zero.cut=tensors"});
       const std::string at = r.out_dir + "/checkpoints/step_00000006/";
       params[shard] = safetensors::load(at + "model.params.safetensors");
       moments[shard] = safetensors::load(at + "opt.state.safetensors");
@@ -162,4 +163,55 @@ TEST(GraphGpt, ShardedOptimizerAndGradientsWithOneProcessEqualTheUnshardedRun) {
         }
       }
   }
+}
+
+// The ZeRO plan is a node (zero) that forward_backward and the optimizer read through their
+// `zero` ports; its wiring is checked before the first step, each refusal naming the fix: both
+// read the same plan (under stage gradients forward_backward lets go of the gradients the
+// optimizer would otherwise expect whole), stage gradients takes its grads from an allreduce,
+// and a rule that needs whole parameters (Adafactor) needs cut: tensors for stage gradients.
+TEST(GraphGpt, AZeroPlanIsReadByForwardBackwardAndTheOptimizerAlike) {
+  const std::string src = FLOWRUN_SOURCE_DIR;
+  const std::string shards = src + "/data/text/fortunes_byte";
+  FLOWRUN_NEEDS_DATA(shards + ".train.bin");
+  const std::string graph = test::read_text(src + "/graphs/gpt.yaml");
+  const std::vector<std::string> tiny = {"data.path=" + shards, "data.seq_len=16", "data.batch=4", "model.layers=1",
+                                         "model.dim=32", "model.heads=2", "model.vocab=256", "model.context=16",
+                                         "run.steps=1", "eval.every=100000", "evlog.every=100000", "ckpt.at=[]"};
+  auto refusal = [&](const std::string& text, std::vector<std::string> ov) -> std::string {
+    ov.insert(ov.begin(), tiny.begin(), tiny.end());
+    try {
+      test::run_graph_text(text, ov);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "(ran)";
+  };
+  auto without = [&](const std::string& node) {  // the graph with NODE's `zero: zero.plan` input taken out
+    std::string text = graph;
+    const size_t line = text.find("\n  " + node + ":");
+    const size_t at = text.find(", zero: zero.plan", line);
+    EXPECT_NE(at, std::string::npos) << node;
+    return text.erase(at, std::string(", zero: zero.plan").size());
+  };
+  std::string e = refusal(without("opt"), {});
+  EXPECT_NE(e.find("node 'opt' (optimizer): the forward_backward 'fb' whose gradients this node updates from reads the "
+                   "ZeRO plan 'zero.plan' and this node none: both must read the same one (add zero: zero.plan"),
+            std::string::npos)
+      << e;
+  e = refusal(without("fb"), {"zero.stage=gradients"});
+  EXPECT_NE(e.find("reads the ZeRO plan of nobody and this node 'zero.plan'"), std::string::npos) << e;
+  e = refusal(graph, {"zero.stage=gradients", "opt.kind=adafactor", "opt.adamw=null"});
+  EXPECT_NE(e.find("kind adafactor needs whole parameters per rank"), std::string::npos) << e;
+  EXPECT_NE(e.find("set zero.cut=tensors"), std::string::npos) << e;
+  e = refusal(graph, {"zero.stage=gradients", "opt.in.grads=fb.grads"});
+  EXPECT_NE(e.find("ZeRO stage gradients reduce-scatters the gradients in an allreduce node, but 'grads' comes from "
+                   "'fb.grads'"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("or set zero.stage=states"), std::string::npos) << e;
+  // Neither reads one: stage none, as before the node existed.
+  std::string neither = without("opt");
+  neither.erase(neither.find(", zero: zero.plan"), std::string(", zero: zero.plan").size());  // fb's, the one left
+  EXPECT_EQ(refusal(neither, {}), "(ran)");
 }

@@ -9,7 +9,7 @@
 //
 // Everything else is the optimizer's, for every rule alike: clipping, the lr schedule, weight
 // decay, non-finite steps, checkpoints (m is saved as NAME.exp_avg) and ZeRO (Lion is
-// element-wise, so `shard: states | gradients` cuts its moment with the parameters).
+// element-wise, so a zero plan's `stage: states | gradients` cuts its moment with the parameters).
 #include <torch/torch.h>
 
 #include "plugin_api.hpp"

@@ -42,7 +42,7 @@ void for_each_chunk(const std::vector<Piece>& pieces, const Fn& fn) {
 
 #if FLOWRUN_HAVE_AVX2_CODE
 // An element's result must not depend on where a range starts or ends (a rank's slice of a
-// buffer, shard: states, is updated as the whole buffer is, bit for bit): every element goes
+// buffer, ZeRO stage states, is updated as the whole buffer is, bit for bit): every element goes
 // through the same 8-lane code, the last few of a range too (padded with zeros in a local
 // block), and no multiply-add is contracted into an FMA, which the compiler may do in one
 // inlined copy and not another (seen: one lane of a tail differed). A kernel using it turns
