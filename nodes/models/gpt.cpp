@@ -30,6 +30,21 @@ void Config::check() const {
                              std::to_string(heads) + " (each head gets dim/heads channels)");
   if (!(dropout >= 0.0 && dropout < 1.0))
     throw std::runtime_error("gpt: dropout must be in [0, 1), got " + std::to_string(dropout));
+  if (tp && heads % tp->size() != 0)
+    throw std::runtime_error("gpt: heads " + std::to_string(heads) + " do not split into " +
+                             std::to_string(tp->size()) + " tensor-parallel parts; choose run.parallel.tp dividing it");
+}
+
+parallel::TpSplit tp_split(const std::string& name) {
+  auto ends_with = [&](const std::string& end) {
+    return name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0;
+  };
+  if (ends_with("attn.c_attn.weight")) return {1, 3};  // Conv1D [dim, 3 dim]: q | k | v columns
+  if (ends_with("attn.c_attn.bias")) return {0, 3};
+  if (ends_with("attn.c_proj.weight") || ends_with("mlp.c_proj.weight")) return {0, 1};  // [in, out]: by input rows
+  if (ends_with("mlp.c_fc.weight")) return {1, 1};
+  if (ends_with("mlp.c_fc.bias")) return {0, 1};
+  return {};  // embeddings, LayerNorms, the row-split layers' biases: whole on every rank
 }
 
 // ---- leaf modules: reset() allocates without initialising (init_weights or a load fills
@@ -52,19 +67,22 @@ torch::Tensor CausalMaskCache::get(int64_t T, const torch::TensorOptions& opts) 
 // ---- blocks
 
 void AttentionImpl::reset() {
-  c_attn = register_module("c_attn", conv1d(dim_, 3 * dim_));
-  c_proj = register_module("c_proj", conv1d(dim_, dim_));
+  const int64_t width = layers::tp_share(dim_, tp_, "gpt: the attention's width");  // this rank's heads' channels
+  c_attn = register_module("c_attn", conv1d(dim_, 3 * width));
+  c_proj = register_module("c_proj", conv1d(width, dim_));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
-  const int64_t H = heads_, D = dim_ / heads_;
+torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int64_t T) {
+  // With tp this rank's heads only: its q, k, v columns in, its rows of c_proj out, summed.
+  const int64_t H = heads_ / (tp_ ? tp_->size() : 1), D = dim_ / heads_, width = H * D;
+  const torch::Tensor x = parallel::copy_to_tp(input, tp_);
   if (dropout_ == 0.0 || !TrainingScope::current()) {
     // The shared self-attention: SDPA on a GPU, the fused CPU kernel in float32 (both read q, k
     // and v out of the projection as they are).
     AttentionOptions causal;
     causal.causal = true;
-    torch::Tensor y = self_attention(c_attn(x), B, T, H, causal);  // [B, T, dim]
-    return flowrun::dropout(c_proj(y.reshape({B * T, dim_})), dropout_);
+    torch::Tensor y = self_attention(c_attn(x), B, T, H, causal);  // [B, T, width]
+    return flowrun::dropout(layers::row_parallel(*c_proj, y.reshape({B * T, width}), tp_), dropout_);
   }
   // With attention dropout in training (drawn from the step's generator, which the shared
   // attention has not), written out: the fused projection's columns are q | k | v, each split
@@ -82,15 +100,15 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t 
   att = torch::softmax(att, -1);
   att = flowrun::dropout(att, dropout_);
   torch::Tensor y = torch::bmm(att, v);                                   // [B*H, T, D]
-  y = y.view({B, H, T, D}).permute({0, 2, 1, 3}).reshape({B * T, dim_});  // heads side by side
-  return flowrun::dropout(c_proj(y), dropout_);
+  y = y.view({B, H, T, D}).permute({0, 2, 1, 3}).reshape({B * T, width});  // heads side by side
+  return flowrun::dropout(layers::row_parallel(*c_proj, y, tp_), dropout_);
 }
 
 void BlockImpl::reset() {
   ln_1 = register_module("ln_1", LayerNorm(dim_));
-  attn = register_module("attn", Attention(dim_, heads_, dropout_, masks_));
+  attn = register_module("attn", Attention(dim_, heads_, dropout_, masks_, tp_));
   ln_2 = register_module("ln_2", LayerNorm(dim_));
-  mlp = register_module("mlp", layers::Mlp(dim_, 4 * dim_, mlp_options()));
+  mlp = register_module("mlp", layers::Mlp(dim_, 4 * dim_, mlp_options(tp_)));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
@@ -109,7 +127,7 @@ void GptImpl::reset() {
   wte = register_module("wte", Embedding(cfg_.vocab, cfg_.dim));
   wpe = register_module("wpe", Embedding(cfg_.context, cfg_.dim));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < cfg_.layers; ++i) h->push_back(Block(cfg_.dim, cfg_.heads, cfg_.dropout, masks_));
+  for (int64_t i = 0; i < cfg_.layers; ++i) h->push_back(Block(cfg_.dim, cfg_.heads, cfg_.dropout, masks_, cfg_.tp));
   ln_f = register_module("ln_f", LayerNorm(cfg_.dim));
 }
 
@@ -203,7 +221,11 @@ void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tenso
     return "the file looks like layers=" + std::to_string(layers) + " dim=" + std::to_string(wte.size(1)) +
            " vocab=" + std::to_string(wte.size(0)) + " context=" + std::to_string(wpe.size(0));
   };
-  load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
+  const std::shared_ptr<parallel::Group>& tp = model.config().tp;
+  if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
+  std::map<std::string, torch::Tensor> parts;  // this rank's part of each whole tensor
+  for (const auto& [name, t] : tensors) parts[name] = parallel::tp_part(t, tp_split(name), *tp, source + ": " + name);
+  load_by_name(model, parts, source, o);
 }
 
 void load_hf_safetensors(GptImpl& model, const std::string& path) {

@@ -37,8 +37,18 @@ struct Config {
   int64_t layers = 12, dim = 768, heads = 12, vocab = 50257, context = 1024;
   double dropout = 0.0;  // HF's embd_pdrop = attn_pdrop = resid_pdrop (see models/dropout.hpp)
   CheckpointPolicy checkpoint;  // blocks recomputed in backward (models/activation_checkpoint.hpp)
-  void check() const;    // throws on dim % heads != 0, non-positive sizes, dropout outside [0, 1)
+  // Tensor parallel (Megatron-LM's split, parallel/tensor_parallel.hpp): each rank of the group
+  // holds heads/tp of each attention's heads (c_attn split by its q, k and v columns, c_proj by
+  // its input rows) and hidden/tp of each MLP's units (c_fc by columns, c_proj by rows); the
+  // embeddings, the LayerNorms, the biases added after a sum and the tied head are whole on
+  // every rank. A block costs one all-reduce forward and one backward per sub-layer. Null or a
+  // group of one: the whole model. (Not yet reachable from a graph: run.parallel.tp > 1 is
+  // refused until the data, all-reduce, optimizer and checkpoint nodes know the layout.)
+  std::shared_ptr<parallel::Group> tp;
+  void check() const;    // throws on dim % heads != 0, heads % tp != 0, non-positive sizes, dropout outside [0, 1)
 };
+// How whole tensor `name` (HF's name, "h.3.attn.c_attn.weight") is laid out over the tp group.
+parallel::TpSplit tp_split(const std::string& name);
 // "layers=12 dim=768 heads=12 vocab=50257 context=1024", for messages.
 std::string describe(const Config& c);
 
@@ -80,27 +90,32 @@ class CausalMaskCache {
 
 class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
  public:
-  AttentionImpl(int64_t dim, int64_t heads, double dropout, std::shared_ptr<CausalMaskCache> masks)
-      : dim_(dim), heads_(heads), dropout_(dropout), masks_(std::move(masks)) { reset(); }
+  AttentionImpl(int64_t dim, int64_t heads, double dropout, std::shared_ptr<CausalMaskCache> masks,
+                std::shared_ptr<parallel::Group> tp = nullptr)
+      : dim_(dim), heads_(heads), dropout_(dropout), masks_(std::move(masks)), tp_(std::move(tp)) { reset(); }
   void reset() override;
   // x: [B*T, dim] (rows in batch-major order) -> [B*T, dim]
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
-  lora::Linear c_attn{nullptr}, c_proj{nullptr};
+  lora::Linear c_attn{nullptr}, c_proj{nullptr};  // with tp: this rank's heads' columns / rows
 
  private:
   int64_t dim_, heads_;
   double dropout_;
   std::shared_ptr<CausalMaskCache> masks_;
+  std::shared_ptr<parallel::Group> tp_;
 };
 TORCH_MODULE(Attention);
 
 // c_fc (Conv1D [dim, 4*dim]) -> gelu_new -> c_proj (Conv1D [4*dim, dim]): the shared MLP.
-inline layers::MlpOptions mlp_options() { return {"c_fc", "c_proj", layers::Act::gelu_tanh, "", true, /*fan_in_fan_out=*/true}; }
+inline layers::MlpOptions mlp_options(std::shared_ptr<parallel::Group> tp = nullptr) {
+  return {"c_fc", "c_proj", layers::Act::gelu_tanh, "", true, /*fan_in_fan_out=*/true, 0, std::move(tp)};
+}
 
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
-  BlockImpl(int64_t dim, int64_t heads, double dropout, std::shared_ptr<CausalMaskCache> masks)
-      : dim_(dim), heads_(heads), dropout_(dropout), masks_(std::move(masks)) { reset(); }
+  BlockImpl(int64_t dim, int64_t heads, double dropout, std::shared_ptr<CausalMaskCache> masks,
+            std::shared_ptr<parallel::Group> tp = nullptr)
+      : dim_(dim), heads_(heads), dropout_(dropout), masks_(std::move(masks)), tp_(std::move(tp)) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
   LayerNorm ln_1{nullptr}, ln_2{nullptr};
@@ -111,6 +126,7 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   int64_t dim_, heads_;
   double dropout_;
   std::shared_ptr<CausalMaskCache> masks_;
+  std::shared_ptr<parallel::Group> tp_;
 };
 TORCH_MODULE(Block);
 
@@ -140,7 +156,8 @@ TORCH_MODULE(Gpt);
 // alone (never torch's global one).
 void init_weights(GptImpl& model, uint64_t seed);
 
-// Copy a Hugging Face GPT-2 state dict into the model. Names may carry the "transformer."
+// Copy a Hugging Face GPT-2 state dict into the model (with tp: each rank's part of the whole
+// tensors, tp_split). Names may carry the "transformer."
 // prefix or not; HF's buffers (h.N.attn.bias, h.N.attn.masked_bias) are ignored; lm_head.weight,
 // if present, must equal wte.weight (the head is tied). Every parameter must be given with
 // its exact shape (any float dtype; converted). All problems — missing, unexpected and

@@ -99,11 +99,26 @@ lora::Linear find_at(torch::nn::Module& root, const std::string& path) {
 
 }  // namespace
 
+int64_t tp_share(int64_t n, const std::shared_ptr<parallel::Group>& tp, const std::string& what) {
+  const int64_t parts = tp ? tp->size() : 1;
+  if (n % parts != 0)
+    throw std::runtime_error(what + " " + std::to_string(n) + " does not split into " + std::to_string(parts) +
+                             " tensor-parallel parts; choose run.parallel.tp dividing it");
+  return n / parts;
+}
+
+torch::Tensor row_parallel(lora::LinearImpl& fc, const torch::Tensor& x, const std::shared_ptr<parallel::Group>& tp) {
+  if (!tp || tp->size() == 1) return fc.forward(x);
+  torch::Tensor y = parallel::reduce_from_tp(fc.forward_without_bias(x), tp);
+  return fc.bias.defined() ? y + fc.bias : y;
+}
+
 void MlpImpl::reset() {
   if (o_.fc1.empty() || o_.fc2.empty()) throw std::logic_error("layers::Mlp: fc1 and fc2 need names");
-  register_at(*this, o_.fc1, lora::Linear(dim_, hidden_, o_.bias, o_.fan_in_fan_out));
-  if (!o_.gate.empty()) register_at(*this, o_.gate, lora::Linear(dim_, hidden_, o_.bias, o_.fan_in_fan_out));
-  register_at(*this, o_.fc2, lora::Linear(hidden_, o_.out > 0 ? o_.out : dim_, o_.bias, o_.fan_in_fan_out));
+  const int64_t hidden = tp_share(hidden_, o_.tp, "the MLP's hidden width");
+  register_at(*this, o_.fc1, lora::Linear(dim_, hidden, o_.bias, o_.fan_in_fan_out));
+  if (!o_.gate.empty()) register_at(*this, o_.gate, lora::Linear(dim_, hidden, o_.bias, o_.fan_in_fan_out));
+  register_at(*this, o_.fc2, lora::Linear(hidden, o_.out > 0 ? o_.out : dim_, o_.bias, o_.fan_in_fan_out));
   bind();
 }
 
@@ -120,9 +135,10 @@ std::shared_ptr<torch::nn::Module> MlpImpl::clone(const c10::optional<torch::Dev
 }
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
-  torch::Tensor h = activate(fc1(x), o_.act);
-  if (gate) h = h * gate(x);
-  return fc2(h);
+  const torch::Tensor in = parallel::copy_to_tp(x, o_.tp);  // its gradient summed over the group
+  torch::Tensor h = activate(fc1(in), o_.act);
+  if (gate) h = h * gate(in);
+  return row_parallel(*fc2, h, o_.tp);
 }
 
 void PatchConvImpl::reset() {

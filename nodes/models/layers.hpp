@@ -14,6 +14,7 @@
 #include <string>
 
 #include "models/lora.hpp"
+#include "parallel/tensor_parallel.hpp"
 
 namespace flowrun::layers {
 
@@ -69,7 +70,18 @@ struct MlpOptions {
   bool bias = true;
   bool fan_in_fan_out = false;  // Hugging Face's Conv1D layout, weight [in, out] (GPT-2)
   int64_t out = 0;              // output width; 0: the input's (dim)
+  // Tensor parallel (parallel/tensor_parallel.hpp, Megatron's MLP): fc1 (and gate) split by
+  // their outputs, fc2 by its inputs, so each rank holds hidden/tp of the hidden units and the
+  // block costs one all-reduce each way. Null or a group of one: whole.
+  std::shared_ptr<parallel::Group> tp;
 };
+
+// A row-parallel layer's output: this rank's partial product summed over the tp group, then the
+// bias once (fc(x) itself without a group or with a group of one).
+torch::Tensor row_parallel(lora::LinearImpl& fc, const torch::Tensor& x, const std::shared_ptr<parallel::Group>& tp);
+// `n` over the tp group's size: what each rank holds of a split width; an error naming `what`
+// when it does not divide.
+int64_t tp_share(int64_t n, const std::shared_ptr<parallel::Group>& tp, const std::string& what);
 
 // The transformer MLP, fc2(act(fc1(x))) (or gated), its projections lora::Linear, so LoRA targets
 // them by name ("mlp.c_fc", "ff.net.0.proj", "fc1"). Parameters: FC1.weight [hidden, dim] (Conv1D:

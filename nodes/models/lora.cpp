@@ -44,7 +44,11 @@ void LinearImpl::reset() {
   }
 }
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return product(x, bias); }
+
+torch::Tensor LinearImpl::forward_without_bias(const torch::Tensor& x) { return product(x, torch::Tensor()); }
+
+torch::Tensor LinearImpl::product(const torch::Tensor& x, const torch::Tensor& bias) {
   torch::Tensor y;
   if (!fan_in_fan_out_)
     y = torch::nn::functional::linear(x, weight, bias);

@@ -68,6 +68,9 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);
+  // x W (+ the adapter's term) without the bias: a row-parallel layer's partial product, which
+  // the tensor-parallel ranks sum before the bias is added once (layers::row_parallel).
+  torch::Tensor forward_without_bias(const torch::Tensor& x);
 
   // Give the layer an adapter (lora_A, lora_B registered, uninitialised); `target` is the
   // target that matched it (exported as target_modules).
@@ -88,6 +91,7 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   Factor lora_A{nullptr}, lora_B{nullptr};  // null without an adapter
 
  private:
+  torch::Tensor product(const torch::Tensor& x, const torch::Tensor& bias);
   int64_t in_, out_;
   bool has_bias_, fan_in_fan_out_;
   int64_t rank_ = 0;

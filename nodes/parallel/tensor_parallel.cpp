@@ -61,4 +61,16 @@ torch::Tensor tp_block(const torch::Tensor& whole, int64_t dim, const Group& tp,
   return whole.narrow(dim, tp.rank() * (n / parts), n / parts);
 }
 
+torch::Tensor tp_part(const torch::Tensor& whole, const TpSplit& s, const Group& tp, const std::string& what) {
+  if (!s.split() || tp.size() == 1) return whole;
+  if (s.runs == 1) return tp_block(whole, s.dim, tp, what);
+  const int64_t n = whole.size(s.dim);
+  if (n % s.runs != 0)
+    throw std::runtime_error(what + ": " + std::to_string(n) + " along dimension " + std::to_string(s.dim) +
+                             " is not " + std::to_string(s.runs) + " equal runs");
+  std::vector<torch::Tensor> parts;
+  for (const torch::Tensor& run : whole.split(n / s.runs, s.dim)) parts.push_back(tp_block(run, s.dim, tp, what));
+  return torch::cat(parts, s.dim);
+}
+
 }  // namespace flowrun::parallel

@@ -29,4 +29,16 @@ torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group
 // size along dim must divide; else an error naming `what`, the size and the group's.
 torch::Tensor tp_block(const torch::Tensor& whole, int64_t dim, const Group& tp, const std::string& what);
 
+// How a model's whole tensor is laid out over the tp group: replicated (dim < 0), or split along
+// `dim`; a tensor that fuses `runs` equal runs along dim (GPT's q|k|v projection: 3) is split
+// run by run, a rank's part being its block of each run, in order (so q, k and v keep their
+// heads together on each rank).
+struct TpSplit {
+  int64_t dim = -1;
+  int64_t runs = 1;
+  bool split() const { return dim >= 0; }
+};
+// This rank's part of `whole` (whole itself when replicated or the group is of one).
+torch::Tensor tp_part(const torch::Tensor& whole, const TpSplit& s, const Group& tp, const std::string& what);
+
 }  // namespace flowrun::parallel

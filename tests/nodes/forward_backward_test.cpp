@@ -296,9 +296,8 @@ nodes:
   EXPECT_EQ(m[0]["rows"].get<int64_t>(), 16);
 }
 
-TEST(ForwardBackwardNode, AccumulateInAGraph) {
-  // The same two-step training with accumulate 1 and 4 ends at the same parameters.
-  const std::string yaml = R"(
+// Two SGD steps of a small MLP on regression batches, as a graph file.
+const char* const kTwoSgdSteps = R"(
 flowrun: 1
 run: { steps: 2, seed: 3 }
 nodes:
@@ -308,6 +307,10 @@ nodes:
   fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
   opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 0.1 } }
 )";
+
+TEST(ForwardBackwardNode, AccumulateInAGraph) {
+  // The same two-step training with accumulate 1 and 4 ends at the same parameters.
+  const std::string yaml = kTwoSgdSteps;
   auto a = test::load_graph_text(yaml);
   auto b = test::load_graph_text(yaml, {"fb.accumulate=4"});
   a->run();
@@ -321,16 +324,7 @@ nodes:
 // replay could never do is refused before the first step, naming the node and the setting.
 // (On a GPU: tests/gpu/gpu_test.cpp, Gpu.CudaGraph*.)
 TEST(ForwardBackwardNode, CudaGraphRefusesWhatCannotBeReplayed) {
-  const std::string yaml = R"(
-flowrun: 1
-run: { steps: 2, seed: 3 }
-nodes:
-  data: { type: synthetic_regression, with: { in_dim: 4, batch: 16 } }
-  model: { type: mlp, with: { in_dim: 4, hidden: 8, layers: 1 } }
-  loss: { type: mse_loss }
-  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
-  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { kind: sgd, lr: 0.1 } }
-)";
+  const std::string yaml = kTwoSgdSteps;
   auto refusal = [&](std::vector<std::string> ov) -> std::string {
     ov.push_back("run.cuda_graph=true");
     try {

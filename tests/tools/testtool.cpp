@@ -17,12 +17,19 @@
 //       the whole MLP computed on every rank: output, input gradient and each rank's weight
 //       gradients (its blocks of the whole ones) within 1e-5 relative; exit 1 naming the first
 //       that differs
+//   mpirun -np N testtool gpt-tp TP
+//       a tiny GPT (models/gpt.hpp) split over each tp group (Config::tp) against the whole model
+//       computed on every rank, both from the same whole weights (the split one loads them as a
+//       file's tensors, each rank taking its parts): the loss, and each rank's parameter
+//       gradients (its parts of the whole model's; whole parameters whole) within 1e-5 of each
+//       tensor's largest value, fp32 on the CPU; exit 1 naming the first that differs
 //   mpirun -np N testtool mesh-hang TP PP
 //       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
 //       the collective timeout (2 s) and ends the whole job, every group's ranks included
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -32,6 +39,7 @@
 
 #include "comm.hpp"
 #include "common/safetensors.hpp"
+#include "models/gpt.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -217,6 +225,56 @@ int tp_mlp(int tp) {
   return 0;
 }
 
+int gpt_tp(int tp) {
+  namespace comm = flowrun::comm;
+  namespace par = flowrun::parallel;
+  namespace gpt = flowrun::gpt;
+  const par::Mesh mesh(comm::size(), tp, 1);
+  const int me = comm::rank();
+  gpt::Config c;
+  c.layers = 2, c.dim = 32, c.heads = 4, c.vocab = 64, c.context = 16;
+  gpt::Gpt whole(c);
+  gpt::init_weights(*whole, 7);
+  {  // biases and LayerNorms off their init (zeros, ones), so a bias added on every rank shows
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(11);
+    for (auto& p : whole->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  }
+  c.tp = par::Group::along("tp gpt", mesh, par::Dim::tp, me);
+  gpt::Gpt split(c);
+  std::map<std::string, torch::Tensor> file;
+  for (const auto& p : whole->named_parameters()) file[p.key()] = p.value().detach().clone();
+  gpt::load_hf_state_dict(*split, file, "the whole model's tensors");
+  torch::manual_seed(3);  // the same batch on every rank (the tp ranks of a replica read the same)
+  const torch::Tensor tokens = torch::randint(c.vocab, {4, c.context + 1}, torch::kLong);
+  auto loss_of = [&](gpt::GptImpl& m) {
+    const torch::Tensor logits = m.forward(tokens.narrow(1, 0, c.context));
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab}), tokens.narrow(1, 1, c.context).reshape({-1}));
+  };
+  const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
+  l_whole.backward();
+  l_split.backward();
+  auto differs = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return !a.sizes().equals(b.sizes()) ||
+           (a - b).abs().max().item<double>() > 1e-5 * std::max(1.0, b.abs().max().item<double>());
+  };
+  std::string bad = differs(l_split, l_whole) ? "the loss" : "";
+  const auto grads = whole->named_parameters();
+  for (const auto& p : split->named_parameters()) {
+    if (!bad.empty()) break;
+    const torch::Tensor want = par::tp_part(grads[p.key()].grad(), gpt::tp_split(p.key()), *c.tp, p.key());
+    if (!p.value().grad().defined() || differs(p.value().grad(), want)) bad = p.key() + "'s gradient";
+  }
+  if (!bad.empty()) {
+    std::fprintf(stderr, "rank %d: tp %d: the split GPT's %s differs from the whole one's\n", me, tp, bad.c_str());
+    return 1;
+  }
+  if (me == 0)
+    std::printf("tp %d: the split GPT equals the whole one (loss %.6f, every parameter's gradient)\n", tp,
+                l_whole.item<double>());
+  return 0;
+}
+
 int mesh_hang(int tp, int pp) {
   namespace comm = flowrun::comm;
   using flowrun::parallel::Dim;
@@ -244,28 +302,26 @@ int main(int argc, char** argv) {
     if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
       return tensor_diff(argv[2], argv[3], std::stod(argv[4]), argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
-    if (cmd == "tp-mlp" && argc == 3) {
+    // A check under mpirun: a failure on one rank ends the job on all of them.
+    auto under_mpi = [&](const std::function<int()>& check) {
       flowrun::comm::init(&argc, &argv);
-      const int rc = tp_mlp(std::stoi(argv[2]));
-      if (rc != 0) flowrun::comm::abort_job("testtool tp-mlp failed", rc);
+      const int rc = check();
+      if (rc != 0) flowrun::comm::abort_job("testtool " + cmd + " failed", rc);
       flowrun::comm::finalize();
       return rc;
-    }
+    };
+    if (cmd == "tp-mlp" && argc == 3) return under_mpi([&] { return tp_mlp(std::stoi(argv[2])); });
+    if (cmd == "gpt-tp" && argc == 3) return under_mpi([&] { return gpt_tp(std::stoi(argv[2])); });
     if (cmd == "mesh-hang" && argc == 4) {
       flowrun::comm::init(&argc, &argv);
       return mesh_hang(std::stoi(argv[2]), std::stoi(argv[3]));
     }
-    if (cmd == "mesh-groups" && argc == 4) {
-      flowrun::comm::init(&argc, &argv);
-      const int rc = mesh_groups(std::stoi(argv[2]), std::stoi(argv[3]));
-      if (rc != 0) flowrun::comm::abort_job("testtool mesh-groups failed", rc);
-      flowrun::comm::finalize();
-      return rc;
-    }
+    if (cmd == "mesh-groups" && argc == 4)
+      return under_mpi([&] { return mesh_groups(std::stoi(argv[2]), std::stoi(argv[3])); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | tp-mlp TP | mesh-hang TP PP\n");
+  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | mesh-hang TP PP\n");
   return 2;
 }
