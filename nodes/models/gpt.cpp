@@ -33,6 +33,10 @@ void Config::check() const {
   if (tp && heads % tp->size() != 0)
     throw std::runtime_error("gpt: heads " + std::to_string(heads) + " do not split into " +
                              std::to_string(tp->size()) + " tensor-parallel parts; choose run.parallel.tp dividing it");
+  if (tp && vocab % tp->size() != 0)
+    throw std::runtime_error("gpt: vocab " + std::to_string(vocab) + " does not split into " +
+                             std::to_string(tp->size()) + " tensor-parallel parts; pad it (GPT-2's 50257 as 50304) or "
+                             "choose run.parallel.tp dividing it");
 }
 
 parallel::TpSplit tp_split(const std::string& name) {
@@ -44,7 +48,8 @@ parallel::TpSplit tp_split(const std::string& name) {
   if (ends_with("attn.c_proj.weight") || ends_with("mlp.c_proj.weight")) return {0, 1};  // [in, out]: by input rows
   if (ends_with("mlp.c_fc.weight")) return {1, 1};
   if (ends_with("mlp.c_fc.bias")) return {0, 1};
-  return {};  // embeddings, LayerNorms, the row-split layers' biases: whole on every rank
+  if (name == "wte.weight" || name == "transformer.wte.weight" || name == "lm_head.weight") return {0, 1};  // by vocabulary rows; the tied head too
+  return {};  // wpe, LayerNorms, the row-split layers' biases: whole on every rank
 }
 
 // ---- leaf modules: reset() allocates without initialising (init_weights or a load fills
@@ -124,7 +129,7 @@ GptImpl::GptImpl(Config cfg) : cfg_(cfg), masks_(std::make_shared<CausalMaskCach
 }
 
 void GptImpl::reset() {
-  wte = register_module("wte", Embedding(cfg_.vocab, cfg_.dim));
+  wte = register_module("wte", Embedding(layers::tp_share(cfg_.vocab, cfg_.tp, "gpt: the vocabulary"), cfg_.dim));
   wpe = register_module("wpe", Embedding(cfg_.context, cfg_.dim));
   h = register_module("h", torch::nn::ModuleList());
   for (int64_t i = 0; i < cfg_.layers; ++i) h->push_back(Block(cfg_.dim, cfg_.heads, cfg_.dropout, masks_, cfg_.tp));
@@ -145,7 +150,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
                                std::to_string(cfg_.vocab) + " tokens");
   }
   // The residual stream is kept as [B*T, C] so every projection is one addmm.
-  torch::Tensor x = torch::embedding(wte->weight, idx) + wpe->weight.narrow(0, 0, T);
+  torch::Tensor x = parallel::vocab_parallel_embedding(idx, wte->weight, cfg_.tp) + wpe->weight.narrow(0, 0, T);
   x = flowrun::dropout(x, cfg_.dropout).view({B * T, C});
   // Iterate the ModuleList itself, never a cached vector of blocks: clone() replaces its items.
   int64_t i = 0;
@@ -154,8 +159,9 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
     x = run_block(cfg_.checkpoint, i++, {x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
   }
   x = ln_f(x);
-  // Tied head: logits = x @ wte^T (BLAS reads the transpose in place).
-  return torch::mm(x, wte->weight.t()).view({B, T, cfg_.vocab});
+  // Tied head: logits = x @ wte^T (BLAS reads the transpose in place); with tp this rank's
+  // vocabulary columns (parallel::vocab_parallel_cross_entropy scores them).
+  return torch::mm(parallel::copy_to_tp(x, cfg_.tp), wte->weight.t()).view({B, T, wte->weight.size(0)});
 }
 
 void init_weights(GptImpl& model, uint64_t seed) {

@@ -39,10 +39,11 @@ struct Config {
   CheckpointPolicy checkpoint;  // blocks recomputed in backward (models/activation_checkpoint.hpp)
   // Tensor parallel (Megatron-LM's split, parallel/tensor_parallel.hpp): each rank of the group
   // holds heads/tp of each attention's heads (c_attn split by its q, k and v columns, c_proj by
-  // its input rows) and hidden/tp of each MLP's units (c_fc by columns, c_proj by rows); the
-  // embeddings, the LayerNorms, the biases added after a sum and the tied head are whole on
-  // every rank. A block costs one all-reduce forward and one backward per sub-layer. Null or a
-  // group of one: the whole model. (Not yet reachable from a graph: run.parallel.tp > 1 is
+  // its input rows), hidden/tp of each MLP's units (c_fc by columns, c_proj by rows) and vocab/tp
+  // rows of the token table, so of the tied head's logits (forward gives [B, T, vocab/tp], which
+  // parallel::vocab_parallel_cross_entropy scores); the position table, the LayerNorms and the
+  // biases added after a sum are whole on every rank. A block costs one all-reduce forward and
+  // one backward per sub-layer. Null or a group of one: the whole model. (Not yet reachable from a graph: run.parallel.tp > 1 is
   // refused until the data, all-reduce, optimizer and checkpoint nodes know the layout.)
   std::shared_ptr<parallel::Group> tp;
   void check() const;    // throws on dim % heads != 0, heads % tp != 0, non-positive sizes, dropout outside [0, 1)

@@ -40,7 +40,54 @@ struct ReduceFromTp : torch::autograd::Function<ReduceFromTp> {
   }
 };
 
+// The cross-entropy over logits split by columns (vocab_parallel_cross_entropy).
+struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossEntropy> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& logits,
+                               const torch::Tensor& targets, Group* g) {
+    const int64_t n = logits.size(0), v = logits.size(1), first = g->rank() * v;
+    const torch::Tensor x = logits.to(torch::kFloat);
+    torch::Tensor max = std::get<0>(x.max(1));
+    g->all_reduce(max, comm::Op::max, "vocab-parallel cross-entropy: the rows' max").wait();
+    torch::Tensor e = (x - max.unsqueeze(1)).exp();
+    torch::Tensor sum = e.sum(1);
+    g->all_reduce(sum, comm::Op::sum, "vocab-parallel cross-entropy: the rows' sum of exponentials").wait();
+    const torch::Tensor mine = (targets >= first) & (targets < first + v);
+    const torch::Tensor column = (targets - first).clamp(0, v - 1);
+    torch::Tensor target = x.gather(1, column.unsqueeze(1)).squeeze(1) * mine;
+    g->all_reduce(target, comm::Op::sum, "vocab-parallel cross-entropy: the targets' logits").wait();
+    ctx->save_for_backward({e.div_(sum.unsqueeze(1)), column, mine});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
+    return (sum.log() + max - target).sum() / static_cast<double>(n);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad) {
+    const auto saved = ctx->get_saved_variables();
+    torch::Tensor g = saved[0].clone();  // softmax, this rank's columns
+    g.scatter_add_(1, saved[1].unsqueeze(1), -saved[2].to(g.scalar_type()).unsqueeze(1));  // - one-hot where held
+    g.mul_(grad[0] / static_cast<double>(g.size(0)));
+    return {g.to(static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt())), torch::Tensor(), torch::Tensor()};
+  }
+};
+
 }  // namespace
+
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& table,
+                                       const std::shared_ptr<Group>& tp) {
+  if (!tp || tp->size() == 1) return torch::embedding(table, ids);
+  const int64_t rows = table.size(0), first = tp->rank() * rows;
+  const torch::Tensor other = (ids < first) | (ids >= first + rows);
+  torch::Tensor e = torch::embedding(table, (ids - first).masked_fill(other, 0));
+  return reduce_from_tp(e.masked_fill(other.unsqueeze(-1), 0.0), tp);
+}
+
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                           const std::shared_ptr<Group>& tp) {
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))
+    throw std::runtime_error("vocab-parallel cross-entropy: logits [N, V/tp] and targets [N], got " +
+                             c10::str(logits.sizes()) + " and " + c10::str(targets.sizes()));
+  if (!tp || tp->size() == 1) return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);
+  return VocabParallelCrossEntropy::apply(logits, targets, tp.get());
+}
 
 torch::Tensor copy_to_tp(const torch::Tensor& x, const std::shared_ptr<Group>& tp) {
   if (!tp || tp->size() == 1) return x;

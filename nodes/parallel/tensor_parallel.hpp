@@ -29,6 +29,20 @@ torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group
 // size along dim must divide; else an error naming `what`, the size and the group's.
 torch::Tensor tp_block(const torch::Tensor& whole, int64_t dim, const Group& tp, const std::string& what);
 
+// Over the vocabulary (Megatron-LM's VocabParallelEmbedding and vocab-parallel cross-entropy):
+// each rank holds rows [first, first + V/tp) of the token table.
+//   vocab_parallel_embedding(ids, table): the rows of the ids this rank holds, zeros for the
+//     others, summed over the group: every rank gets the whole embedding.
+//   vocab_parallel_cross_entropy(logits, targets, first): the mean over rows of the
+//     cross-entropy of logits [N, V/tp] (this rank's columns of the whole [N, V]) against
+//     targets [N] (ids into the whole vocabulary), in fp32: the max, the sum of exponentials and
+//     the target's logit each one all-reduce of N numbers, never the whole logits; backward
+//     writes this rank's columns of softmax - one-hot.
+torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& table,
+                                       const std::shared_ptr<Group>& tp);
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
+                                           const std::shared_ptr<Group>& tp);
+
 // How a model's whole tensor is laid out over the tp group: replicated (dim < 0), or split along
 // `dim`; a tensor that fuses `runs` equal runs along dim (GPT's q|k|v projection: 3) is split
 // run by run, a rank's part being its block of each run, in order (so q, k and v keep their

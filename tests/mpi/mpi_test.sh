@@ -360,9 +360,9 @@ mesh_groups)
   run_code 0 "${mpi4[@]}" "$tool" tp-mlp 2
   expect_out "tp 2: the split MLP equals the whole one (output and gradients)"
   run_code 0 "${mpi4[@]}" "$tool" tp-mlp 4
-  # The GPT's blocks split the same way (models/gpt.hpp Config::tp: each rank's heads and MLP
-  # units; whole weights loaded as a file's, each rank taking its parts) equal the whole model:
-  # the loss and every parameter's gradient.
+  # The GPT split the same way (models/gpt.hpp Config::tp: each rank's heads, MLP units and
+  # vocabulary rows, scored by the vocabulary-parallel cross-entropy; whole weights loaded as a
+  # file's, each rank taking its parts) equals the whole model: the loss and every gradient.
   run_code 0 "${mpi4[@]}" "$tool" gpt-tp 2
   expect_out "tp 2: the split GPT equals the whole one"
   run_code 0 "${mpi4[@]}" "$tool" gpt-tp 4

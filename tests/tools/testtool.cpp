@@ -18,7 +18,8 @@
 //       gradients (its blocks of the whole ones) within 1e-5 relative; exit 1 naming the first
 //       that differs
 //   mpirun -np N testtool gpt-tp TP
-//       a tiny GPT (models/gpt.hpp) split over each tp group (Config::tp) against the whole model
+//       a tiny GPT (models/gpt.hpp) split over each tp group (Config::tp: heads, MLP units and the
+//       vocabulary, scored by the vocabulary-parallel cross-entropy) against the whole model
 //       computed on every rank, both from the same whole weights (the split one loads them as a
 //       file's tensors, each rank taking its parts): the loss, and each rank's parameter
 //       gradients (its parts of the whole model's; whole parameters whole) within 1e-5 of each
@@ -247,9 +248,10 @@ int gpt_tp(int tp) {
   gpt::load_hf_state_dict(*split, file, "the whole model's tensors");
   torch::manual_seed(3);  // the same batch on every rank (the tp ranks of a replica read the same)
   const torch::Tensor tokens = torch::randint(c.vocab, {4, c.context + 1}, torch::kLong);
-  auto loss_of = [&](gpt::GptImpl& m) {
+  auto loss_of = [&](gpt::GptImpl& m) {  // the split model's logits: its vocabulary columns
     const torch::Tensor logits = m.forward(tokens.narrow(1, 0, c.context));
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, c.vocab}), tokens.narrow(1, 1, c.context).reshape({-1}));
+    return par::vocab_parallel_cross_entropy(logits.reshape({-1, logits.size(2)}),
+                                             tokens.narrow(1, 1, c.context).reshape({-1}), m.config().tp);
   };
   const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
   l_whole.backward();
