@@ -269,7 +269,7 @@ struct Checker {
       if (!t) continue;
       NodeSpec& me = g.nodes.back();
       me.origin = t->schema.origin;
-      me.params = check_params(t->schema.params, entry["with"], ns.mark, file, path + ".with", diags);
+      me.params = check_params(t->schema.params, entry["with"], ns.mark, file, path + ".with", diags, t->schema.moved);
       inputs(me, *t, entry["in"], g.nodes.size() - 1, all_names);
       if (me.schedule.at_stop)  // it runs after the last step retired: its values are gone
         for (const auto& in : me.inputs)

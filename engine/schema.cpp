@@ -325,7 +325,8 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     throw GraphError(diags);
   }
   SchemaReader r{origin, diags};
-  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "collectives", "inputs", "outputs", "groups", "params", "node"},
+  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "collectives", "inputs", "outputs", "groups", "params", "moved",
+                  "node"},
                  "schema");
   if (!root["type"]) diags.error({origin, 1, 1}, "type", "the schema must name its node type: type: NAME");
   try {
@@ -345,6 +346,12 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
         r.unknown_keys(c, {"group", "doc"}, "collectives");
         if (c["doc"]) s.collectives_doc = c["doc"].as<std::string>();
       }
+    }
+    if (const YAML::Node& m = root["moved"]) {
+      if (!m.IsMap())
+        diags.error(mark_of(m, origin), "moved", "moved is a map of retired parameter names to where their setting went");
+      else
+        for (auto it = m.begin(); it != m.end(); ++it) s.moved[it->first.as<std::string>()] = it->second.as<std::string>();
     }
     s.inputs = r.ports(root["inputs"], true, "inputs");
     s.outputs = r.ports(root["outputs"], false, "outputs");
@@ -480,7 +487,8 @@ YAML::Node check_param(const ParamSchema& ps, const YAML::Node& value, const std
 }
 
 YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node& map, const Mark& where,
-                        const std::string& file, const std::string& path, Diagnostics& diags) {
+                        const std::string& file, const std::string& path, Diagnostics& diags,
+                        const std::map<std::string, std::string>& moved) {
   YAML::Node out(YAML::NodeType::Map);
   std::vector<std::string> known;
   for (const auto& p : params) known.push_back(p.name);
@@ -495,6 +503,10 @@ YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node
       const ParamSchema* ps = nullptr;
       for (const auto& p : params)
         if (p.name == k) ps = &p;
+      if (!ps && moved.count(k)) {
+        diags.error(mark_of(it->first, file), prefix + k, "parameter '" + k + "' is no longer here: " + moved.at(k));
+        continue;
+      }
       if (!ps) {
         // A field of one of the map parameters, written one level too high (beta1 for adamw.beta1)?
         std::string inside;

@@ -22,12 +22,16 @@
 //     kind:  { type: enum, values: [adamw, sgd], default: adamw }
 //     vae:   { group: autoencoder_kl, doc: ... }   # a map whose fields are a group's
 //     adamw: { type: map, when: { kind: adamw }, fields: {...} }  # set only with kind: adamw
+//   moved:                    # parameters no longer taken, and where their setting went
+//     shard: "the ZeRO plan is a node of its own now: ..."
 #pragma once
 #include <yaml-cpp/yaml.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -92,6 +96,9 @@ struct NodeSchema {
   std::string collectives_group, collectives_doc;
   std::vector<PortSchema> inputs, outputs;
   std::vector<ParamSchema> params;
+  // Parameters this type no longer takes, and where their setting went (schema `moved:`): a
+  // graph file still setting one is told that instead of "unknown parameter".
+  std::map<std::string, std::string> moved;
   std::string origin = "built-in";  // or the plugin file it came from
 
   const PortSchema* input(const std::string& name) const;   // honours "*"
@@ -126,8 +133,10 @@ ParamSchema parse_param_schema(const std::string& name, const YAML::Node& n, con
 YAML::Node check_param(const ParamSchema& ps, const YAML::Node& value, const std::string& file,
                        const std::string& path, Diagnostics& diags);
 // Check a map of parameters (a node's `with:`, the graph's `run:`) and fill defaults.
+// `moved`: retired parameter names and where their setting went (NodeSchema::moved).
 YAML::Node check_params(const std::vector<ParamSchema>& params, const YAML::Node& map, const Mark& where,
-                        const std::string& file, const std::string& path, Diagnostics& diags);
+                        const std::string& file, const std::string& path, Diagnostics& diags,
+                        const std::map<std::string, std::string>& moved = {});
 
 Mark mark_of(const YAML::Node& n, const std::string& file);
 

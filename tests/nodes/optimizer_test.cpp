@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "node_test_helpers.hpp"
+#include "support/run_graph.hpp"
 #include "train/optimizer.hpp"
 
 namespace flowrun {
@@ -562,6 +563,25 @@ params:
   const auto saved = st.tensors();
   EXPECT_EQ(saved.at("weight.step").item<int64_t>(), 1);
   EXPECT_EQ(saved.size(), 3u);  // two steps and "updates": the rule keeps no moment
+}
+
+// A parameter a type no longer takes (schema `moved:`) is refused with where its setting went,
+// not as an unknown parameter with a guess: the optimizer's `shard`, now a zero node's stage.
+TEST(OptimizerNode, TheRetiredShardParameterSaysWhereItWent) {
+  test::CheckedGraph g = test::check_graph_text(R"(flowrun: 1
+nodes:
+  data: { type: synthetic_regression }
+  model: { type: mlp }
+  loss: { type: mse_loss }
+  fb: { type: forward_backward, in: { batch: data.batch, objective: loss.objective, model: model.params } }
+  opt: { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { shard: states } }
+)");
+  ASSERT_EQ(g.diags.size(), 1u);
+  const std::string d = g.diags[0].str();
+  EXPECT_NE(d.find(":7:81: nodes.opt.with.shard: parameter 'shard' is no longer here: the ZeRO plan is a node of its own"),
+            std::string::npos)
+      << d;
+  EXPECT_NE(d.find("zero: { type: zero, with: { stage: states } }"), std::string::npos) << d;
 }
 
 }  // namespace
