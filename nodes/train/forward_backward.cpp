@@ -262,7 +262,10 @@ class ForwardBackwardNode : public Node {
     if (on_graph_stream) {  // back on the node's stream, which now waits for the graph's
       on_graph_stream.reset();
       CapturedWork::used_here(r.loss);
-      for (const torch::Tensor& g : r.grads) CapturedWork::used_here(g);
+      // A replay's grads live in the graph's pool for the whole run (nothing hands them out
+      // again): only an eager step's, freed later, need their use on this stream noted.
+      if (!replayed_)
+        for (const torch::Tensor& g : r.grads) CapturedWork::used_here(g);
     }
     if (!overlap && !sharded)
       for (int k = count; k-- > 0;) {
@@ -320,6 +323,7 @@ class ForwardBackwardNode : public Node {
 
   FwdBwdResult graphed(StepContext& ctx, ModelState& model, const TensorMap& batch, const FwdBwdOptions& o) {
     const std::string key = batch_key(batch);
+    replayed_ = false;
     if (!graph_) {
       if (++eager_steps_ <= kEagerSteps) return forward_backward(model, batch, *objective_, o);
       return capture(ctx, model, batch, o, key);
@@ -335,6 +339,7 @@ class ForwardBackwardNode : public Node {
     for (auto& [name, t] : g.batch)
       if (t.defined()) t.copy_(batch.at(name), /*non_blocking=*/true);
     work_->replay();
+    replayed_ = true;
     const std::vector<torch::Tensor> params = model.trainable_parameters();
     for (size_t k = 0; k < params.size(); ++k) {
       torch::Tensor p = params[k];  // a handle: mutable_grad() is non-const
@@ -506,6 +511,7 @@ class ForwardBackwardNode : public Node {
   bool cuda_graph_ = false;  // run.cuda_graph
   int eager_steps_ = 0;      // steps run eagerly before the capture
   bool shape_warned_ = false;
+  bool replayed_ = false;    // this step replayed the graph (its grads are the graph's)
   std::unique_ptr<CapturedWork> work_;  // run.cuda_graph: the graph's stream, and the graph
   std::unique_ptr<Replay> graph_;        // what the graph reads and writes, once captured
 };
