@@ -337,6 +337,7 @@ RunSettings run_settings(const YAML::Node& run) {
   get("workers", s.workers);
   get("compute_thread", s.compute_thread);
   get("cuda_graph", s.cuda_graph);
+  get("cpu_gemm", s.cpu_gemm);
   get("trace", s.trace);
   get("profile", s.profile);
   get("progress", s.progress);

@@ -71,6 +71,7 @@ struct RunSettings {
   int workers = 0;        // 0: the cores
   bool compute_thread = false;
   bool cuda_graph = false;  // forward_backward's CUDA graph (train/forward_backward.cpp)
+  std::string cpu_gemm;     // auto, libtorch, openblas (nodes/common/cpu_blas.hpp)
   std::string trace;      // "" = none
   bool profile = false;
   std::string progress;   // auto, on, off

@@ -34,6 +34,7 @@ packages=(
   libpng-dev libjpeg-dev                    # images: prep images/shapes, image_text_shards
   libsentencepiece-dev                      # sentencepiece_tokenize (T5/mT5), via an isolated shim
   libopenmpi-dev openmpi-bin
+  libopenblas0-openmp                       # float32 CPU GEMMs of the linear layers (run.cpu_gemm)
   libgtest-dev libgmock-dev libbenchmark-dev
   graphviz                                  # flowrun dot | dot -Tsvg, and its test
   fortunes                                  # English text for the GPT demo and tests

@@ -21,6 +21,7 @@
 
 #include "comm.hpp"
 #include "comm/startup.hpp"
+#include "common/cpu_blas.hpp"
 #include "common/device.hpp"
 #include "common/memory.hpp"
 #include "common/torch_setup.hpp"
@@ -336,6 +337,12 @@ std::optional<int> RunSession::start() {
   }
   const int threads = intra_op_threads(run.threads);
   configure_torch(threads, info_.seed);
+  try {
+    cpu_blas::select(cpu_blas::parse(run.cpu_gemm));
+  } catch (const std::exception& e) {
+    spdlog::error("{}: {}", g.file, e.what());
+    return 2;
+  }
   // run.device, resolved once here (nodes resolve it the same way): a request this build or
   // machine cannot honour stops the run before any node is made.
   try {
@@ -419,6 +426,8 @@ std::optional<int> RunSession::start() {
   spdlog::info("{}: {} nodes, steps {}..{}, prefetch {}, device {}, {} intra-op thread{}, out_dir {}", g.file,
                g.nodes.size(), info_.first_step, info_.last_step, run.prefetch, info_.device, threads,
                threads == 1 ? "" : "s", info_.out_dir);
+  if (c10::Device(info_.device).is_cpu() && info_.rank == 0)
+    spdlog::info("float32 linear layers multiply through {} (run.cpu_gemm: {})", cpu_blas::describe(), run.cpu_gemm);
   m.ready = true;
   return std::nullopt;
 }

@@ -11,6 +11,7 @@
 #include "common/seed.hpp"
 #include "models/attention.hpp"
 #include "models/dropout.hpp"
+#include "models/linear.hpp"
 #include "models/load_by_name.hpp"
 
 namespace flowrun::gpt {
@@ -161,7 +162,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   x = ln_f(x);
   // Tied head: logits = x @ wte^T (BLAS reads the transpose in place); with tp this rank's
   // vocabulary columns (parallel::vocab_parallel_cross_entropy scores them).
-  return torch::mm(parallel::copy_to_tp(x, cfg_.tp), wte->weight.t()).view({B, T, wte->weight.size(0)});
+  return flowrun::linear(parallel::copy_to_tp(x, cfg_.tp), wte->weight).view({B, T, wte->weight.size(0)});
 }
 
 void init_weights(GptImpl& model, uint64_t seed) {

@@ -17,6 +17,7 @@
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
+#include "models/linear.hpp"
 #include "models/load_by_name.hpp"
 
 namespace flowrun::lora {
@@ -49,13 +50,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return product(x, bi
 torch::Tensor LinearImpl::forward_without_bias(const torch::Tensor& x) { return product(x, torch::Tensor()); }
 
 torch::Tensor LinearImpl::product(const torch::Tensor& x, const torch::Tensor& bias) {
-  torch::Tensor y;
-  if (!fan_in_fan_out_)
-    y = torch::nn::functional::linear(x, weight, bias);
-  else if (x.dim() == 2 && bias.defined())
-    y = torch::addmm(bias, x, weight);  // HF Conv1D: one call, as transformers computes it
-  else
-    y = bias.defined() ? torch::matmul(x, weight) + bias : torch::matmul(x, weight);
+  torch::Tensor y = flowrun::linear(x, weight, bias, fan_in_fan_out_);
   if (rank_ > 0) {
     torch::Tensor a = torch::nn::functional::linear(flowrun::dropout(x, dropout_), lora_A->weight);
     y = y + torch::nn::functional::linear(a, lora_B->weight) * scale();

@@ -184,7 +184,7 @@ std::vector<std::string> changed_settings(const std::string& saved, const std::s
   // (not what it computes) are left out.
   static const std::set<std::string> kHow = {"run.steps",   "run.resume",  "run.progress", "run.trace",
                                              "run.profile", "run.out_dir", "run.workers",  "run.threads",
-                                             "run.comm_timeout_s", "run.stop_grace_s", "run.log_every", "run.prefetch", "run.compute_thread", "run.cuda_graph",
+                                             "run.comm_timeout_s", "run.stop_grace_s", "run.log_every", "run.prefetch", "run.compute_thread", "run.cuda_graph", "run.cpu_gemm",
                                              "run.parallel.tp", "run.parallel.pp"};  // any layout resumes any other
   // Keys as an override names them: run.seed, opt.lr (nodes.opt.with.lr), fb.every.
   auto key = [](const std::string& path) {

@@ -1,0 +1,139 @@
+// flowrun::linear: a linear layer's product. On the CPU in float32 with OpenBLAS active it is one
+// autograd function over OpenBLAS's GEMM (models/linear.hpp, common/cpu_blas.hpp), and it computes
+// what torch's linear computes — values, and the gradients of the input, the weight and the bias —
+// in both weight layouts, any input rank, strided inputs, frozen weights and empty batches;
+// run.cpu_gemm: libtorch (and bf16 autocast) leave every product to libtorch.
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+
+#include "common/cpu_blas.hpp"
+#include "models/linear.hpp"
+
+namespace flowrun {
+namespace {
+
+// Selects a library for one test and puts the default (automatic) back after it.
+struct SelectedGemm {
+  explicit SelectedGemm(cpu_blas::Library lib) { cpu_blas::select(lib); }
+  ~SelectedGemm() { cpu_blas::select(cpu_blas::Library::automatic); }
+};
+
+struct LinearOutcome {
+  torch::Tensor y, dx, dw, db;
+};
+
+// y = linear(x, w, b) and the gradients of sum(y · g), computed by `f` in float64 or float32.
+template <typename F>
+LinearOutcome linear_outcome(F f, const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const torch::Tensor& g,
+          torch::Dtype dtype) {
+  torch::Tensor xx = x.to(dtype).detach().requires_grad_(x.requires_grad());
+  torch::Tensor ww = w.to(dtype).detach().requires_grad_(w.requires_grad());
+  torch::Tensor bb = b.defined() ? b.to(dtype).detach().requires_grad_(true) : torch::Tensor();
+  torch::Tensor y = f(xx, ww, bb);
+  if (y.requires_grad()) (y * g.to(dtype)).sum().backward();
+  return {y.detach(), xx.grad(), ww.grad(), bb.defined() ? bb.grad() : torch::Tensor()};
+}
+
+torch::Tensor linear_reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, bool w_in_out) {
+  torch::Tensor y = torch::matmul(x, w_in_out ? w : w.t());
+  return b.defined() ? y + b : y;
+}
+
+// |got - want| within 1e-5 of want's largest value (float32 products of a few hundred terms).
+void expect_linear_close(const torch::Tensor& got, const torch::Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!want.defined()) return;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  EXPECT_EQ(got.scalar_type(), torch::kFloat) << what;
+  if (want.numel() == 0) return;
+  const double scale = std::max(1.0, want.abs().max().item<double>());
+  EXPECT_LT((got.to(torch::kDouble) - want).abs().max().item<double>(), 1e-5 * scale) << what;
+}
+
+// The kernel against float64 torch for x [..., in], the weight [out, in] (or [in, out]).
+void expect_kernel_matches(torch::Tensor x, bool w_in_out, bool bias, bool weight_trains = true) {
+  const int64_t in = x.size(-1), out = 24;
+  torch::Tensor w = w_in_out ? torch::randn({in, out}) : torch::randn({out, in});
+  w.requires_grad_(weight_trains);
+  x.requires_grad_(true);
+  torch::Tensor b = bias ? torch::randn({out}) : torch::Tensor();
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  const torch::Tensor g = torch::randn(sizes);
+  ASSERT_TRUE(cpu_linear_applies(x, w, b));
+  const auto kernel = [&](const torch::Tensor& a, const torch::Tensor& c, const torch::Tensor& d) {
+    return cpu_linear(a, c, d, w_in_out);
+  };
+  const auto exact = [&](const torch::Tensor& a, const torch::Tensor& c, const torch::Tensor& d) {
+    return linear_reference(a, c, d, w_in_out);
+  };
+  const torch::Tensor b_before = b.defined() ? b.clone() : torch::Tensor();
+  const LinearOutcome got = linear_outcome(kernel, x, w, b, g, torch::kFloat), want = linear_outcome(exact, x, w, b, g, torch::kDouble);
+  if (bias) EXPECT_TRUE(torch::equal(b, b_before)) << "the product wrote into the bias";  // y starts as a copy of it
+  const std::string what = std::string(w_in_out ? "[in, out]" : "[out, in]") + (bias ? " with bias" : "") +
+                           ", x " + c10::str(x.sizes());
+  expect_linear_close(got.y, want.y, what + ": y");
+  expect_linear_close(got.dx, want.dx, what + ": dx");
+  expect_linear_close(got.dw, want.dw, what + ": dW");
+  expect_linear_close(got.db, want.db, what + ": db");
+}
+
+#define SKIP_WITHOUT_OPENBLAS()                                              \
+  if (!cpu_blas::active()) GTEST_SKIP() << cpu_blas::describe()
+
+TEST(Linear, TheOpenBlasKernelComputesWhatTorchsLinearComputes) {
+  SKIP_WITHOUT_OPENBLAS();
+  torch::manual_seed(0);
+  for (bool w_in_out : {false, true})
+    for (bool bias : {false, true}) {
+      expect_kernel_matches(torch::randn({37, 19}), w_in_out, bias);       // rows, no batch
+      expect_kernel_matches(torch::randn({3, 11, 64}), w_in_out, bias);    // [B, T, C]: one product over B·T rows
+      expect_kernel_matches(torch::randn({5}), w_in_out, bias);            // one vector
+    }
+}
+
+TEST(Linear, StridedInputsFrozenWeightsAndEmptyBatchesToo) {
+  SKIP_WITHOUT_OPENBLAS();
+  torch::manual_seed(1);
+  expect_kernel_matches(torch::randn({19, 37}).t(), false, true);            // a transposed view
+  expect_kernel_matches(torch::randn({8, 40}).narrow(1, 3, 32), true, true);  // rows with a stride
+  expect_kernel_matches(torch::randn({4, 16}), false, true, /*weight_trains=*/false);  // a frozen base: no dW
+  expect_kernel_matches(torch::randn({0, 16}), false, true);                 // no rows: y empty, dW and db zero
+}
+
+TEST(Linear, TheLayerProductTakesTheKernelOnlyWhereOpenBlasIsSelected) {
+  SKIP_WITHOUT_OPENBLAS();
+  const torch::Tensor x = torch::randn({6, 8}).requires_grad_(true), w = torch::randn({4, 8}).requires_grad_(true);
+  {
+    SelectedGemm lib(cpu_blas::Library::libtorch);
+    EXPECT_FALSE(cpu_linear_applies(x, w, {}));
+    EXPECT_EQ(cpu_blas::describe(), "libtorch (run.cpu_gemm: libtorch)");
+    // libtorch's own product: its autograd node is libtorch's, bit for bit torch::linear.
+    const torch::Tensor y = flowrun::linear(x, w);
+    EXPECT_TRUE(torch::equal(y, torch::nn::functional::linear(x, w)));
+    EXPECT_EQ(y.grad_fn()->name().find("CpuLinear"), std::string::npos) << y.grad_fn()->name();
+  }
+  {
+    SelectedGemm lib(cpu_blas::Library::openblas);
+    EXPECT_TRUE(cpu_linear_applies(x, w, {}));
+    EXPECT_NE(cpu_blas::describe().find("OpenBLAS"), std::string::npos) << cpu_blas::describe();
+    EXPECT_NE(cpu_blas::describe().find("USE_OPENMP"), std::string::npos) << cpu_blas::describe();
+    EXPECT_NE(flowrun::linear(x, w).grad_fn()->name().find("CpuLinear"), std::string::npos);
+  }
+  // Not float32 on the CPU, or under bf16 autocast: libtorch's product (autocast casts it).
+  EXPECT_FALSE(cpu_linear_applies(x.to(torch::kDouble), w.to(torch::kDouble), {}));
+  EXPECT_FALSE(cpu_linear_applies(x, w, torch::zeros({4}, torch::kBFloat16)));
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  EXPECT_FALSE(cpu_linear_applies(x, w, {}));
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+}
+
+TEST(Linear, RunCpuGemmNamesItsThreeValues) {
+  EXPECT_EQ(cpu_blas::parse("auto"), cpu_blas::Library::automatic);
+  EXPECT_EQ(cpu_blas::parse("libtorch"), cpu_blas::Library::libtorch);
+  EXPECT_EQ(cpu_blas::parse("openblas"), cpu_blas::Library::openblas);
+  EXPECT_THROW(cpu_blas::parse("mkl"), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace flowrun
