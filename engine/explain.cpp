@@ -117,9 +117,9 @@ std::string explain(const GraphSpec& g, const Registry& reg) {
         made += (made.empty() ? "" : ", ") + ns.name + "." + out.name +
                 (out.access == Access::Write ? " (state, written each step)" : " (state, made at setup)");
     if (!made.empty()) o << "      " << std::string(width, ' ') << "  owns " << made << "\n";
-    if (!schema[i]->collectives_group.empty())
-      o << "      " << std::string(width, ' ') << "  collectives over the " << schema[i]->collectives_group << " group"
-        << (schema[i]->collectives_doc.empty() ? "" : ": " + schema[i]->collectives_doc) << "\n";
+    for (const auto& c : schema[i]->collectives)
+      o << "      " << std::string(width, ' ') << "  collectives over the " << c.group << " group"
+        << (c.doc.empty() ? "" : ": " + c.doc) << "\n";
     o << "      " << std::string(width, ' ') << "  waits for ";
     if (waits[i].empty()) o << "nothing";
     for (size_t k = 0; k < waits[i].size(); ++k) o << (k ? ", " : "") << waits[i][k];

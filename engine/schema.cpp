@@ -334,17 +334,22 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     if (root["doc"]) s.doc = root["doc"].as<std::string>();
     if (root["stateless"]) s.stateless = root["stateless"].as<bool>();
     if (root["compute"]) s.compute = root["compute"].as<bool>();
-    if (const YAML::Node& c = root["collectives"]) {
-      const YAML::Node group = c.IsMap() ? c["group"] : YAML::Node();
-      const std::string g = group && group.IsScalar() ? group.as<std::string>() : "";
-      if (g != "world" && g != "dp" && g != "tp" && g != "pp")
-        diags.error(mark_of(c, origin), "collectives",
-                    "collectives is { group: world | dp | tp | pp, doc: what the node exchanges }");
+    if (const YAML::Node& all = root["collectives"]) {
+      std::vector<YAML::Node> items;
+      if (all.IsSequence())
+        for (const auto& c : all) items.push_back(c);
       else
-        s.collectives_group = g;
-      if (c.IsMap()) {
-        r.unknown_keys(c, {"group", "doc"}, "collectives");
-        if (c["doc"]) s.collectives_doc = c["doc"].as<std::string>();
+        items.push_back(all);
+      for (const YAML::Node& c : items) {
+        const YAML::Node group = c.IsMap() ? c["group"] : YAML::Node();
+        const std::string g = group && group.IsScalar() ? group.as<std::string>() : "";
+        if (c.IsMap()) r.unknown_keys(c, {"group", "doc"}, "collectives");
+        if (g != "world" && g != "dp" && g != "tp" && g != "pp") {
+          diags.error(mark_of(c, origin), "collectives",
+                      "collectives is { group: world | dp | tp | pp, doc: what the node exchanges }, or a list of them");
+          continue;
+        }
+        s.collectives.push_back({g, c["doc"] ? c["doc"].as<std::string>() : ""});
       }
     }
     if (const YAML::Node& m = root["moved"]) {
@@ -571,9 +576,8 @@ std::string describe(const NodeSchema& s) {
   if (!s.doc.empty()) o << "  " << s.doc << "\n";
   o << "  scheduling: " << (s.stateless ? "stateless (steps may run in parallel)" : "serial (one step at a time, in order)")
     << (s.compute ? ", tensor math (on the compute thread)" : "") << "\n";
-  if (!s.collectives_group.empty())
-    o << "  collectives: over the " << s.collectives_group << " group" << (s.collectives_doc.empty() ? "" : ": " + s.collectives_doc)
-      << "\n";
+  for (const auto& c : s.collectives)
+    o << "  collectives: over the " << c.group << " group" << (c.doc.empty() ? "" : ": " + c.doc) << "\n";
   auto ports = [&](const char* title, const std::vector<PortSchema>& v) {
     if (v.empty()) return;
     o << "\n" << title << ":\n";

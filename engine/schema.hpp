@@ -91,9 +91,13 @@ struct NodeSchema {
   std::string doc;
   bool stateless = false;
   bool compute = false;  // tensor math: on the compute thread (RunOptions::compute_thread)
-  // Collectives with the other ranks: the mesh group they run over ("" for none; world, dp, tp,
-  // pp) and what they exchange; `flowrun explain` and `flowrun nodes` print them.
-  std::string collectives_group, collectives_doc;
+  // Collectives with the other ranks: per mesh group they run over (world, dp, tp, pp), what is
+  // exchanged there (schema `collectives:`, one { group, doc } or a list of them); none for a
+  // node that talks to no one. `flowrun explain` and `flowrun nodes` print them.
+  struct Collectives {
+    std::string group, doc;
+  };
+  std::vector<Collectives> collectives;
   std::vector<PortSchema> inputs, outputs;
   std::vector<ParamSchema> params;
   // Parameters this type no longer takes, and where their setting went (schema `moved:`): a

@@ -267,11 +267,6 @@ namespace {
 // A strategy run.parallel asks for that is not built yet is refused (a setting that is accepted
 // must do what it says).
 void refuse_unbuilt(const RunSettings::Parallel& p) {
-  if (p.tp > 1)
-    throw std::runtime_error("run.parallel.tp is " + std::to_string(p.tp) +
-                             ": tensor parallel is not built in this flowrun yet; set run.parallel.tp=1 "
-                             "(every process then holds the whole model: data parallel, with ZeRO through "
-                             "a zero node's plan)");
   if (p.pp > 1)
     throw std::runtime_error("run.parallel.pp is " + std::to_string(p.pp) +
                              ": pipeline parallel is not built in this flowrun yet; set run.parallel.pp=1");

@@ -139,6 +139,7 @@ void sync_start_state(Executor& ex, const GraphSpec& g, comm::Channel& ch) {
       const NamedTensors tensors = io ? io->tensors(v) : NamedTensors{};
       check_same_everywhere(ch, ref, io ? describe_tensors(tensors) : "no StateIO: " + v.type_name() + "\n", tensors);
       if (!io || !comm::distributed()) continue;
+      if (io->partitioned && io->partitioned(v)) continue;  // tp parts: built alike from the whole (seeded or loaded), never the same
       broadcast_from_rank0(ch, ref, *io, v, tensors);
       ++states;
       bytes += total_bytes(tensors);

@@ -30,6 +30,9 @@ struct StateIO {
   // Optional, for a state the ranks hold pieces of (a sharded optimizer state): gather it so that
   // tensors() lists it whole. Collective: the checkpoint node calls it on every rank first.
   std::function<void(Value&, parallel::Group&)> collect;
+  // Optional: true when the ranks hold different parts of this state (a model split over tensor
+  // parallel): the start-up sync compares its shapes but does not broadcast rank 0's values.
+  std::function<bool(const Value&)> partitioned;
 };
 
 void register_state_io(std::type_index type, StateIO io);

@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "parallel/mesh.hpp"
 #include "common/batch_keys.hpp"
 #include "common/device.hpp"
 #include "common/memory.hpp"
@@ -467,7 +468,8 @@ class ImageTextShardsNode : public Node {
     }
     const uint64_t seed = node_seed(ctx);
     const OnBad mode = p.get<std::string>("on_bad") == "error" ? OnBad::Error : OnBad::Skip;  // the schema's enum
-    rank_ = ctx.run().rank, world_ = ctx.run().world;
+    const parallel::Replica replica = parallel::replica_of(ctx.run());  // the tp ranks of a replica read the same batches
+    rank_ = replica.index, world_ = replica.count;
 
     data_ = std::make_shared<const ImageTextShards>(path, split, mode);
     std::vector<int> bucket_of(static_cast<size_t>(data_->size()));

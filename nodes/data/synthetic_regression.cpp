@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "parallel/mesh.hpp"
 #include "common/batch_keys.hpp"
 #include "common/device.hpp"
 #include "common/seed.hpp"
@@ -57,6 +58,7 @@ class SyntheticRegressionNode : public Node {
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
     batch_ = p.get<int64_t>("batch");
+    replica_ = parallel::replica_of(ctx.run());
     delay_ms_ = p.get<int64_t>("delay_ms");
     uint64_t seed = node_seed(ctx);
     gen_ = std::make_unique<SyntheticRegression>(p.get<int64_t>("in_dim"), p.get<int64_t>("out_dim"),
@@ -67,12 +69,13 @@ class SyntheticRegressionNode : public Node {
 
   void run(StepContext& ctx) override {
     if (delay_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms_));
-    ctx.out("batch", to_device(gen_->batch(ctx.step(), batch_, ctx.run().rank, ctx.run().world), run_device(ctx.run())));
+    ctx.out("batch", to_device(gen_->batch(ctx.step(), batch_, replica_.index, replica_.count), run_device(ctx.run())));
     ctx.state_as<DataCursor>("cursor").batches = ctx.step();
   }
 
  private:
   int64_t batch_ = 0, delay_ms_ = 0;
+  parallel::Replica replica_;
   std::unique_ptr<SyntheticRegression> gen_;
   std::shared_ptr<DataCursor> cursor_;
 };

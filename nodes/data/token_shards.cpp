@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "parallel/mesh.hpp"
 #include "common/device.hpp"
 #include "common/memory.hpp"
 #include "common/seed.hpp"
@@ -148,7 +149,8 @@ class TokenShardsNode : public Node {
     check_batch_fits(ctx.who(), std::to_string(batch) + " windows of " + std::to_string(seq_len + 1) + " int64 tokens",
                      static_cast<double>(batch) * static_cast<double>(seq_len + 1) * 8);
     const uint64_t seed = node_seed(ctx);
-    rank_ = ctx.run().rank, world_ = ctx.run().world;
+    const parallel::Replica replica = parallel::replica_of(ctx.run());  // the tp ranks of a replica read the same batches
+    rank_ = replica.index, world_ = replica.count;
 
     TokenWindows own(open_split(path, split), seq_len);
     sampler_ = std::make_unique<TokenShardSampler>(own, batch, seed);

@@ -12,6 +12,8 @@
 #include <cmath>
 #include <limits>
 
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "comm.hpp"
 #include "encode/text_encode.hpp"
 #include "encode/tokenize.hpp"
@@ -61,8 +63,9 @@ EvalOptions eval_options(const SetupContext& ctx) {
   o.split = p.get<std::string>("split");
   o.batches = p.get<int64_t>("batches");
   o.batch = p.get<int64_t>("batch");
-  o.rank = ctx.run().rank;
-  o.world = ctx.run().world;
+  const parallel::Replica replica = parallel::replica_of(ctx.run());  // the tp ranks of a replica score the same batches
+  o.rank = replica.index;
+  o.world = replica.count;
   return o;
 }
 
@@ -102,6 +105,7 @@ class EvaluatorNode : public Node {
     opts_ = eval_options(ctx);
     opts_.precision = run_precision(ctx.run());
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
+    tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // a split model's collectives (TpChannel)
     check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());
     const Dataset& data = ctx.state_as<Dataset>("data");
     // Text conditioning: the captions of each batch, tokenized and encoded as training did.
@@ -117,6 +121,7 @@ class EvaluatorNode : public Node {
   }
 
   void run(StepContext& ctx) override {
+    const parallel::TpChannel tp_channel(tp_group_.get());
     ModelState& model = ctx.state_as<ModelState>("model");
     const Dataset& data = ctx.state_as<Dataset>("data");
     EvalOptions o = opts_;
@@ -164,6 +169,7 @@ class EvaluatorNode : public Node {
   ModelState* vae_ = nullptr;  // the vae input's state (frozen: never written; its `condition`), when connected
   EvalOptions opts_;
   std::shared_ptr<comm::Channel> ch_;
+  std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
 };
 
 }  // namespace

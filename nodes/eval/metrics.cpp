@@ -24,6 +24,7 @@
 #include "common/named_scalars.hpp"
 #include "common/tensor_map.hpp"
 #include "formats/tfevents.hpp"
+#include "parallel/mesh.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -91,6 +92,9 @@ class MetricsNode : public Node {
     t0_ = last_time_ = Clock::now();
     last_logged_ = run.first_step - 1;
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
+    // Counters (tokens, images) are per replica: its tp and pp ranks all count the same batch.
+    const parallel::Replica replica = parallel::replica_of(run);
+    counter_share_ = static_cast<double>(replica.count) / static_cast<double>(run.world);
     if (!rank0_) return;
     std::filesystem::path dir = run.out_dir.empty() ? std::filesystem::path(".") : std::filesystem::path(run.out_dir);
     std::filesystem::create_directories(dir);
@@ -138,7 +142,7 @@ class MetricsNode : public Node {
     }
     size_t k = 0;
     for (auto& [name, sum] : sums_) {
-      const double per_s = window > 0 ? totals[k++] / window : 0.0;
+      const double per_s = window > 0 ? totals[k++] * counter_share_ / window : 0.0;
       j[name + "_per_s"] = per_s;
       line += fmt::format(" {}/s {:.4g}", name, per_s);
       sum = 0.0;
@@ -200,6 +204,7 @@ class MetricsNode : public Node {
   int64_t log_every_ = 10, last_ = 0, last_logged_ = 0;
   bool every_run_ = false;
   std::map<std::string, double> sums_;  // per_second inputs, summed since the last log
+  double counter_share_ = 1.0;          // replicas / ranks: the counters' sum over ranks counts each replica's once
   bool rank0_ = true;
   Clock::time_point t0_, last_time_;
   std::string path_;

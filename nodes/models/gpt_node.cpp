@@ -7,6 +7,8 @@
 #include "models/attention.hpp"
 #include "models/gpt.hpp"
 #include "models/model_node.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
 
 namespace flowrun::gpt {
@@ -31,6 +33,7 @@ class GptNode : public ModelNode {
                      {"context", &cfg_.context}});
     cfg_.dropout = p.get<double>("dropout");
     cfg_.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
+    split_over_tp(ctx);
     // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
     const double d = static_cast<double>(cfg_.dim);
     Plan plan{describe(cfg_), static_cast<double>(cfg_.vocab + cfg_.context) * d + cfg_.layers * (12 * d * d + 13 * d) + 2 * d,
@@ -39,13 +42,45 @@ class GptNode : public ModelNode {
     return plan;
   }
 
+  // run.parallel.tp > 1: this rank's heads, MLP units and vocabulary rows (gpt.hpp, Config::tp),
+  // over the tp group of the mesh (collective: setup runs in file order on every rank).
+  void split_over_tp(SetupContext& ctx) {
+    const parallel::Mesh mesh = parallel::mesh_of(ctx.run());
+    const int tp = mesh.size(parallel::Dim::tp);
+    if (tp == 1) return;
+    const std::string why = " with run.parallel.tp " + std::to_string(tp) + " is not built yet";
+    if (cfg_.dropout != 0.0)
+      throw std::runtime_error(ctx.who() + ": dropout " + std::to_string(cfg_.dropout) + why +
+                               " (the masks of the split heads must not depend on tp); set " + ctx.name() +
+                               ".dropout=0 or run.parallel.tp=1");
+    if (ctx.params().has("lora"))
+      throw std::runtime_error(ctx.who() + ": lora" + why + " (adapters split with their base layers); drop " +
+                               ctx.name() + ".lora or set run.parallel.tp=1");
+    cfg_.tp = parallel::Group::along(ctx.name(), mesh, parallel::Dim::tp, ctx.run().rank);
+    cfg_.check();  // heads and vocabulary divisible by tp, named
+  }
+
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
     model_ = Gpt(cfg_);
     if (init) {
-      init_weights(*model_, seed);
       how = "GPT-2 init, seed " + std::to_string(seed);
+      if (cfg_.tp) {
+        // The whole model's init, each rank keeping its parts: the same values as with tp 1.
+        Config whole_cfg = cfg_;
+        whole_cfg.tp = nullptr;
+        Gpt whole(whole_cfg);
+        init_weights(*whole, seed);
+        std::map<std::string, torch::Tensor> whole_tensors;
+        for (const auto& t : whole->named_parameters()) whole_tensors[t.key()] = t.value().detach();
+        load_hf_state_dict(*model_, whole_tensors, how);
+        how += ", split over tp " + std::to_string(cfg_.tp->size()) + ": the count is this rank's part";
+      } else {
+        init_weights(*model_, seed);
+      }
     }
-    return make_state(model_);
+    std::shared_ptr<ModelState> state = make_state(model_);
+    if (cfg_.tp) state->tp = std::make_shared<const parallel::TpLayout>(parallel::TpLayout{cfg_.tp, tp_split});
+    return state;
   }
 
   void load_weights(ModelState&, const std::string& path) override { load_hf_safetensors(*model_, path); }

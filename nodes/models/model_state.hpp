@@ -37,6 +37,10 @@
 
 namespace flowrun {
 
+namespace parallel {
+struct TpLayout;  // parallel/tensor_parallel.hpp
+}
+
 struct ModelState {
   using ForwardFn = std::function<torch::Tensor(torch::nn::Module&, const TensorMap&)>;
   using Named = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -95,6 +99,14 @@ struct ModelState {
     std::function<torch::Tensor(ModelState& self, const torch::Tensor& encoded, int64_t steps)> parallel;
   };
   std::shared_ptr<const Captioner> captioner;
+
+  // Tensor parallel (run.parallel.tp > 1): the module holds this rank's parts of the split
+  // tensors, laid out as `tp` says (set by a model that splits: gpt). Checkpoints hold whole
+  // tensors: the checkpoint's collect (model_state.cpp, collective) gathers them into `gathered`
+  // on the writing rank, which is what it saves; a load (resume) takes whole tensors and keeps
+  // this rank's parts; the start-up broadcast leaves the parts alone. Null: the module is whole.
+  std::shared_ptr<const parallel::TpLayout> tp;
+  std::map<std::string, torch::Tensor> gathered;
 
 
   ModelState() = default;

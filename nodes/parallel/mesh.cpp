@@ -3,6 +3,9 @@
 
 #include <stdexcept>
 
+#include "node.hpp"
+#include "spec.hpp"
+
 namespace flowrun::parallel {
 
 const char* name(Dim d) { return d == Dim::dp ? "dp" : d == Dim::pp ? "pp" : "tp"; }
@@ -82,6 +85,16 @@ std::vector<std::string> Mesh::table() const {
     lines.push_back(first ? line.substr(0, line.size() - 1) : line);
   }
   return lines;
+}
+
+Mesh mesh_of(const RunInfo& run) {
+  if (!run.graph) return Mesh(run.world, 1, 1);
+  return Mesh(run.world, run.graph->settings.parallel.tp, run.graph->settings.parallel.pp);
+}
+
+Replica replica_of(const RunInfo& run) {
+  const Mesh mesh = mesh_of(run);
+  return {mesh.coord(run.rank).dp, mesh.size(Dim::dp)};
 }
 
 }  // namespace flowrun::parallel

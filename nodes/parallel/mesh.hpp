@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+namespace flowrun {
+struct RunInfo;
+}
+
 namespace flowrun::parallel {
 
 enum class Dim { dp, pp, tp };
@@ -51,5 +55,17 @@ class Mesh {
  private:
   int world_ = 1, dp_ = 1, pp_ = 1, tp_ = 1;
 };
+
+// The run's mesh: run.parallel of its graph over its world (a RunInfo without a graph, as in
+// tests: world x 1 x 1).
+Mesh mesh_of(const RunInfo& run);
+
+// The data-parallel replica a rank belongs to and how many there are: what data readers,
+// evaluators and samplers shard by (the tp and pp ranks of one replica read the same batches).
+// Without tp or pp: the rank and the world.
+struct Replica {
+  int index = 0, count = 1;
+};
+Replica replica_of(const RunInfo& run);
 
 }  // namespace flowrun::parallel

@@ -69,7 +69,30 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
   }
 };
 
+thread_local Group* t_channel = nullptr;  // TpChannel's group on this thread
+
+// The group a split layer's collective goes over: this thread's TpChannel if one is open (the
+// calling node's own channel over the same ranks), else the model's.
+Group* channel(const std::shared_ptr<Group>& tp) {
+  if (!t_channel) return tp.get();
+  if (t_channel->size() != tp->size() || t_channel->rank() != tp->rank())
+    throw std::logic_error("tensor parallel: the open TpChannel (" + t_channel->name() + ", rank " +
+                           std::to_string(t_channel->rank()) + " of " + std::to_string(t_channel->size()) +
+                           ") is not over the model's tp ranks (" + tp->name() + ")");
+  return t_channel;
+}
+
 }  // namespace
+
+std::shared_ptr<Group> own_tp_group(const std::string& node, const RunInfo& run) {
+  const Mesh mesh = mesh_of(run);
+  return mesh.size(Dim::tp) == 1 ? nullptr : Group::along(node, mesh, Dim::tp, run.rank);
+}
+
+TpChannel::TpChannel(Group* g) : previous_(t_channel) {
+  if (g) t_channel = g;
+}
+TpChannel::~TpChannel() { t_channel = previous_; }
 
 torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& table,
                                        const std::shared_ptr<Group>& tp) {
@@ -86,17 +109,17 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
     throw std::runtime_error("vocab-parallel cross-entropy: logits [N, V/tp] and targets [N], got " +
                              c10::str(logits.sizes()) + " and " + c10::str(targets.sizes()));
   if (!tp || tp->size() == 1) return torch::nn::functional::cross_entropy(logits.to(torch::kFloat), targets);
-  return VocabParallelCrossEntropy::apply(logits, targets, tp.get());
+  return VocabParallelCrossEntropy::apply(logits, targets, channel(tp));
 }
 
 torch::Tensor copy_to_tp(const torch::Tensor& x, const std::shared_ptr<Group>& tp) {
   if (!tp || tp->size() == 1) return x;
-  return CopyToTp::apply(x, tp.get());
+  return CopyToTp::apply(x, channel(tp));
 }
 
 torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group>& tp) {
   if (!tp || tp->size() == 1) return y;
-  return ReduceFromTp::apply(y, tp.get());
+  return ReduceFromTp::apply(y, channel(tp));
 }
 
 torch::Tensor tp_block(const torch::Tensor& whole, int64_t dim, const Group& tp, const std::string& what) {
@@ -118,6 +141,49 @@ torch::Tensor tp_part(const torch::Tensor& whole, const TpSplit& s, const Group&
   std::vector<torch::Tensor> parts;
   for (const torch::Tensor& run : whole.split(n / s.runs, s.dim)) parts.push_back(tp_block(run, s.dim, tp, what));
   return torch::cat(parts, s.dim);
+}
+
+torch::Tensor tp_whole(const torch::Tensor& part, const TpSplit& s, Group& tp, const std::string& what) {
+  if (!s.split() || tp.size() == 1) return part;
+  if (part.dim() <= s.dim || part.size(s.dim) % s.runs != 0)
+    throw std::runtime_error(what + ": a part of shape " + c10::str(part.sizes()) + " cannot be split along dimension " +
+                             std::to_string(s.dim) + " in " + std::to_string(s.runs) + " runs");
+  // Every rank's part, one after the other in rank order, gathered in place.
+  const int64_t n = part.numel(), ranks = tp.size();
+  torch::Tensor flat = torch::empty({ranks * n}, part.options());
+  flat.narrow(0, tp.rank() * n, n).copy_(part.reshape({-1}));
+  tp.all_gather(flat, std::vector<size_t>(static_cast<size_t>(ranks), static_cast<size_t>(n)), what).wait();
+  // Each part holds its block of every run: the whole is, run by run, the ranks' blocks in order.
+  const int64_t block = part.size(s.dim) / s.runs;
+  std::vector<torch::Tensor> pieces;
+  for (int64_t r = 0; r < s.runs; ++r)
+    for (int64_t q = 0; q < ranks; ++q) pieces.push_back(flat.narrow(0, q * n, n).view(part.sizes()).narrow(s.dim, r * block, block));
+  return torch::cat(pieces, s.dim);
+}
+
+namespace {
+TpSplit split_of(const TpLayout& l, const std::string& name, const TpLayout::Names& param_of, const torch::Tensor& t) {
+  const TpSplit s = l.split(param_of ? param_of(name) : name);
+  return t.dim() > s.dim ? s : TpSplit{};
+}
+}  // namespace
+
+std::map<std::string, torch::Tensor> TpLayout::wholes(const std::map<std::string, torch::Tensor>& parts,
+                                                      const Names& param_of) const {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : parts)  // a std::map: every rank gathers in the same (name) order
+    out[name] = t.defined() ? tp_whole(t.detach(), split_of(*this, name, param_of, t), *group, "tensor parallel: gathering " + name)
+                            : t;
+  return out;
+}
+
+std::map<std::string, torch::Tensor> TpLayout::parts(const std::map<std::string, torch::Tensor>& wholes,
+                                                     const Names& param_of) const {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : wholes)
+    out[name] = t.defined() ? tp_part(t, split_of(*this, name, param_of, t), *group, name) : t;
+  return out;
 }
 
 }  // namespace flowrun::parallel

@@ -15,11 +15,36 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "parallel/collectives.hpp"
 
 namespace flowrun::parallel {
+
+// Whose channel a split model's collectives use. A Group is one MPI channel whose messages pair
+// up by the order each rank issues them, so only one node may issue on it: two nodes running the
+// same model at once (forward_backward of step s+1 and an evaluator of step s) would interleave
+// differently on each rank. So every node that runs a split model opens its own group over the
+// tp ranks (Group::along in its setup) around its work; the split layers below use the one open
+// on the calling thread, else the model's own (Config::tp), which its checkpoint gathers use.
+// Backward uses the group its forward used. A null group opens nothing.
+class TpChannel {
+ public:
+  explicit TpChannel(Group* g);
+  ~TpChannel();
+  TpChannel(const TpChannel&) = delete;
+  TpChannel& operator=(const TpChannel&) = delete;
+
+ private:
+  Group* previous_;
+};
+
+// A node's own group over its tp ranks, for TpChannel (call in setup: collective over the world,
+// every rank in file order); null when run.parallel.tp is 1.
+std::shared_ptr<Group> own_tp_group(const std::string& node, const RunInfo& run);
 
 torch::Tensor copy_to_tp(const torch::Tensor& x, const std::shared_ptr<Group>& tp);
 torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group>& tp);
@@ -54,5 +79,25 @@ struct TpSplit {
 };
 // This rank's part of `whole` (whole itself when replicated or the group is of one).
 torch::Tensor tp_part(const torch::Tensor& whole, const TpSplit& s, const Group& tp, const std::string& what);
+// The whole tensor from every rank's `part` (tp_part's inverse): an all-gather, collective over
+// the group (every member, in the same order). `part` itself when replicated or the group is of one.
+torch::Tensor tp_whole(const torch::Tensor& part, const TpSplit& s, Group& tp, const std::string& what);
+
+// A split model's layout, for the states that hold its tensors by name (its parameters, their
+// optimizer moments, an EMA's copy): the tp group, and each parameter's split by its name.
+// Checkpoints keep whole tensors under today's names, whatever the layout: wholes() before a
+// save (collective), parts() after a load. A tensor is split only when it has the split's
+// dimension (a moment's 0-d step counter is not). `param_of` maps a state's tensor name to its
+// parameter's ("h.0.mlp.c_fc.weight.exp_avg" -> "h.0.mlp.c_fc.weight"); identity by default.
+struct TpLayout {
+  std::shared_ptr<Group> group;
+  std::function<TpSplit(const std::string& param)> split;
+
+  using Names = std::function<std::string(const std::string&)>;
+  std::map<std::string, torch::Tensor> wholes(const std::map<std::string, torch::Tensor>& parts,
+                                              const Names& param_of = nullptr) const;
+  std::map<std::string, torch::Tensor> parts(const std::map<std::string, torch::Tensor>& wholes,
+                                             const Names& param_of = nullptr) const;
+};
 
 }  // namespace flowrun::parallel

@@ -111,8 +111,13 @@ class AllreduceNode : public Node {
     compress_bf16_ = p.get<std::string>("compress") == "bf16";
     overlap_ = p.get<bool>("overlap");
     // Collective: setup() runs in file order on every rank, so groups are made in one order.
-    // The data-parallel group: the world while run.parallel has tp and pp at 1.
-    group_ = parallel::Group::world(ctx.name());
+    // The data-parallel group (run.parallel's dp: the world while tp and pp are 1). Under tp the
+    // ranks of one replica hold different parts of the parameters: each part is averaged over
+    // the ranks holding the same part, its replicas.
+    const parallel::Mesh mesh = parallel::mesh_of(ctx.run());
+    group_ = mesh.size(parallel::Dim::dp) == mesh.world()
+                 ? parallel::Group::world(ctx.name())
+                 : parallel::Group::along(ctx.name(), mesh, parallel::Dim::dp, ctx.run().rank);
     world_ = group_->size();
   }
 

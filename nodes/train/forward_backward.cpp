@@ -14,6 +14,8 @@
 #include "common/seed.hpp"
 #include "models/dropout.hpp"
 #include "parallel/zero_plan.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
 #include "train/optimizer_shard.hpp"
 
@@ -174,7 +176,16 @@ class ForwardBackwardNode : public Node {
                    "on CPUs without bf16 matrix instructions (about 17x on the 2-core CI machine)",
                    ctx.who());
     seed_ = ctx.run().seed;
-    rank_ = ctx.run().rank;
+    // Draws (dropout masks, per-row noise) by data-parallel replica: the tp ranks of a replica
+    // run the same rows and draw alike.
+    rank_ = parallel::replica_of(ctx.run()).index;
+    const int tp = parallel::mesh_of(ctx.run()).size(parallel::Dim::tp);
+    tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // this node's channel for the split model's collectives
+    if (tp > 1 && !ctx.state_as<ModelState>("model").tp)
+      throw std::runtime_error(ctx.who() + ": run.parallel.tp is " + std::to_string(tp) + ", but its model (" +
+                               ctx.state_as<ModelState>("model").kind +
+                               ") does not split over tensor parallel (built for gpt so far): every tp rank would "
+                               "train the whole model; set run.parallel.tp=1");
     fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
     const std::vector<std::string> model_ref = ctx.refs("model");
@@ -188,6 +199,7 @@ class ForwardBackwardNode : public Node {
   }
 
   void run(StepContext& ctx) override {
+    const parallel::TpChannel tp_channel(tp_group_.get());
     const TensorMap& in_batch = ctx.in<TensorMap>("batch");
     TensorMap batch = in_batch;
     if (has_cond_)
@@ -504,6 +516,7 @@ class ForwardBackwardNode : public Node {
   FwdBwdOptions options_;
   uint64_t seed_ = 0;
   int rank_ = 0;
+  std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives (TpChannel)
   std::shared_ptr<GradHooks> hooks_;
   std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first
   std::shared_ptr<const GradShard> grad_shard_;     // ZeRO stage 2: the plan each item carries

@@ -15,6 +15,7 @@
 #include "common/device.hpp"
 #include "common/state_io.hpp"
 #include "parallel/collectives.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "parallel/zero_plan.hpp"
 #include "registry.hpp"
 #include "train/optimizer_slots.hpp"
@@ -159,7 +160,24 @@ class OptimizerNode : public Node {
     cfg_.defer_nonfinite = !run_device(ctx.run()).is_cpu();
     note_memory(ctx);
     auto state = std::make_shared<OptimizerState>();
-    state->expect(ctx.state_as<ModelState>("model").named_parameters(/*trainable_only=*/true), *cfg_.rule);
+    const ModelState& model = ctx.state_as<ModelState>("model");
+    state->expect(model.named_parameters(/*trainable_only=*/true), *cfg_.rule);
+    // A model split over tp: its moments are split alike (checkpoints gather them whole), and the
+    // gradient norm adds the split parameters' squares over the tp group.
+    state->tp = model.tp;
+    if (model.tp) {
+      tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // the norm's sum over the tp ranks
+      if (shard_)
+        throw std::runtime_error(ctx.who() + ": ZeRO stage " + ZeroPlan::name(plan.stage) + " (" +
+                                 ctx.refs("zero").front() + ") with run.parallel.tp " +
+                                 std::to_string(model.tp->group->size()) +
+                                 ": sharding a tensor-parallel model's states over its data-parallel ranks is not "
+                                 "built yet; set the zero node's stage: none");
+      if (!cfg_.rule->elementwise())
+        throw std::runtime_error(ctx.who() + ": kind " + kind + " keeps statistics over whole rows and columns of a "
+                                 "parameter, which tensor parallel splits (run.parallel.tp " +
+                                 std::to_string(model.tp->group->size()) + "); use kind adamw or sgd, or tp 1");
+    }
     ctx.own_state("state", state);
   }
 
@@ -243,8 +261,10 @@ class OptimizerNode : public Node {
     // The writer of the parameters keeps them in flat buffers (models/model_state.hpp); once
     // they are, this only checks that they still are.
     model.flat.ensure(model.trainable_parameters());
-    torch::Tensor norm = shard_ ? sharded_update(ctx, model, st, grads, lr)
-                                : optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
+    torch::Tensor norm = shard_    ? sharded_update(ctx, model, st, grads, lr)
+                         : model.tp ? optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_,
+                                                       lr, tp_global_norm(ctx, model, grads))
+                                    : optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
     if (!logged_memory_) log_memory(ctx, model, st, grads);
     const int64_t step = ctx.step();
     if (!cfg_.defer_nonfinite) {
@@ -277,6 +297,21 @@ class OptimizerNode : public Node {
                            "lr, add clip, or set skip_nonfinite: true");
     spdlog::warn("{}: {} step(s) with non-finite gradients {}, their updates skipped ({} skipped so far)", ctx.who(),
                  fresh, when, count);
+  }
+
+  // Under tp: the norm of the whole model's gradients. A split parameter's gradient is this
+  // rank's part (the squares summed over the tp group); a replicated one's (norms, the row-split
+  // layers' biases) is the same on every tp rank and counted once.
+  torch::Tensor tp_global_norm(StepContext& ctx, const ModelState& model, const Grads& grads) const {
+    Grads split, replicated;
+    const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
+    for (size_t i = 0; i < named.size() && i < grads.size(); ++i)
+      (model.tp->split(named[i].first).split() ? split : replicated).push_back(grads[i]);
+    // Summed where the gradients are (on a GPU no step waits for the host; on the CPU in double).
+    const bool cpu = grads.empty() || !grads.front().defined() || grads.front().is_cpu();
+    torch::Tensor sq = global_norm(split).to(cpu ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
+    tp_group_->all_reduce(sq, comm::Op::sum, "tensor-parallel gradient norm of step " + std::to_string(ctx.step())).wait();
+    return (sq + global_norm(replicated).to(sq.options()).square()).sqrt().reshape({}).to(torch::kFloat);
   }
 
   // ZeRO-1 and 2: this rank's pieces updated with the norm of all the grads (the same on every
@@ -347,6 +382,7 @@ class OptimizerNode : public Node {
   bool whole_tensors_ = false;  // slices cut at parameter starts (the plan's cut: tensors, or the rule needs it)
   std::shared_ptr<parallel::Group> group_;  // sharded: the ranks the slices are exchanged with
   std::vector<parallel::Work> gathering_;   // the last step's all-gather (checked the next step)
+  std::shared_ptr<parallel::Group> tp_group_;  // a tp model: this node's group over its tp ranks
   bool logged_memory_ = false;
   int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far
   int64_t checked_ = -1;  // the step of the last check (-1: none yet)
@@ -361,10 +397,23 @@ static const bool kOptimizerStateIO = [] {
   using flowrun::OptimizerState;
   flowrun::register_state_io(
       std::type_index(typeid(std::shared_ptr<OptimizerState>)),
-      flowrun::StateIO{[](const flowrun::Value& v) { return flowrun::NamedTensors(v.as<std::shared_ptr<OptimizerState>>()->tensors()); },
-                       [](flowrun::Value& v, const flowrun::NamedTensors& t) { v.as_mut<std::shared_ptr<OptimizerState>>()->load(t); },
-                       [](flowrun::Value& v, flowrun::parallel::Group& group) {
-                         flowrun::collect_sharded_state(*v.as_mut<std::shared_ptr<OptimizerState>>(), group);
-                       }});
+      flowrun::StateIO{
+          [](const flowrun::Value& v) {
+            const auto& st = v.as<std::shared_ptr<OptimizerState>>();
+            return st->tp && !st->gathered.empty() ? st->gathered : flowrun::NamedTensors(st->tensors());
+          },
+          [](flowrun::Value& v, const flowrun::NamedTensors& t) {
+            auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
+            st->load(st->tp ? st->tp->parts(t, flowrun::moment_parameter) : t);
+          },
+          [](flowrun::Value& v, flowrun::parallel::Group& group) {
+            auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
+            if (!st->tp) return flowrun::collect_sharded_state(*st, group);
+            // A tp model's moments, whole: every rank gathers, the writer (rank 0) keeps them.
+            st->gathered.clear();
+            flowrun::NamedTensors whole = st->tp->wholes(st->tensors(), flowrun::moment_parameter);
+            if (group.rank() == 0) st->gathered = std::move(whole);
+          },
+          [](const flowrun::Value& v) { return v.as<std::shared_ptr<OptimizerState>>()->tp != nullptr; }});
   return true;
 }();

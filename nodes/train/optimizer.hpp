@@ -86,6 +86,9 @@ struct OptimizerState {
   // pieces of the parameters, and tensors() lists what collect_sharded_state() gathered.
   ShardPlan shard;
   std::map<std::string, torch::Tensor> gathered;
+  // The model's tensor-parallel layout (ModelState::tp): the moments are split as their
+  // parameters; checkpoints gather them whole into `gathered` and load whole ones into the parts.
+  std::shared_ptr<const parallel::TpLayout> tp;
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
   // Every tensor by name, for checkpoints: "NAME.MOMENT" for each of the rule's moments (AdamW:
@@ -127,6 +130,13 @@ torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& p
 void make_shard_slots(OptimizerState& state, const ShardPlan& plan, const ModelState::Named& params,
                       const OptimConfig& cfg);
 void collect_sharded_state(OptimizerState& state, parallel::Group& group);
+
+// The parameter an optimizer state's tensor belongs to: "h.0.mlp.c_fc.weight.exp_avg" ->
+// "h.0.mlp.c_fc.weight" (tensors() names them NAME.MOMENT and NAME.step; "updates" has none).
+inline std::string moment_parameter(const std::string& name) {
+  const size_t dot = name.rfind('.');
+  return dot == std::string::npos ? name : name.substr(0, dot);
+}
 
 // The global L2 norm of the defined tensors (0-d float32; 0 if none). fp32 tensors on a GPU
 // take torch's multi-tensor norm (a few launches for all of them, as clip_grad_norm_'s foreach

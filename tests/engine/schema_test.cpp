@@ -109,17 +109,23 @@ params: { lr: { type: float, default: 0.1, min: 0, doc: "learning rate" } })",
   EXPECT_NE(d.find("  lr: float >= 0, default 0.1\n      learning rate"), std::string::npos) << d;
 }
 
-// `collectives: { group, doc }`: a node that talks to other ranks says over which group of the
-// mesh (world, dp, tp, pp) and what; `flowrun nodes` and `flowrun explain` print it. Another
+// `collectives: { group, doc }` (or a list of them): a node that talks to other ranks says over
+// which group of the mesh (world, dp, tp, pp) and what; `flowrun nodes` and `flowrun explain` print it. Another
 // group, or a key of its own, is a schema error.
 TEST(Schema, CollectivesNameTheirGroupOfTheMesh) {
   const NodeSchema s = parse_node_schema(R"(type: demo
 collectives: { group: dp, doc: "gradients averaged" }
 inputs: { x: { kind: value, type: tensor } })",
                                          "built-in");
-  EXPECT_EQ(s.collectives_group, "dp");
+  ASSERT_EQ(s.collectives.size(), 1u);
+  EXPECT_EQ(s.collectives[0].group, "dp");
   EXPECT_NE(describe(s).find("collectives: over the dp group: gradients averaged"), std::string::npos) << describe(s);
-  EXPECT_EQ(parse_node_schema("type: quiet\n", "built-in").collectives_group, "");
+  EXPECT_TRUE(parse_node_schema("type: quiet\n", "built-in").collectives.empty());
+  // A node that talks over several groups lists them.
+  const NodeSchema two = parse_node_schema("type: both\ncollectives: [ { group: dp, doc: a }, { group: tp, doc: b } ]\n", "built-in");
+  ASSERT_EQ(two.collectives.size(), 2u);
+  EXPECT_EQ(two.collectives[1].group, "tp");
+  EXPECT_NE(describe(two).find("collectives: over the tp group: b"), std::string::npos) << describe(two);
   try {
     parse_node_schema("type: x\ncollectives: { group: ep, dco: y }\n", "x.yaml");
     FAIL() << "group ep was accepted";
@@ -130,7 +136,7 @@ inputs: { x: { kind: value, type: tensor } })",
   }
   // The built-in nodes that exchange anything say so.
   for (const std::string t : {"allreduce", "optimizer", "checkpoint", "metrics", "evaluator"})
-    EXPECT_FALSE(parse_node_schema(builtin_schema(t), "schemas/" + t + ".yaml").collectives_group.empty()) << t;
+    EXPECT_FALSE(parse_node_schema(builtin_schema(t), "schemas/" + t + ".yaml").collectives.empty()) << t;
 }
 
 // Shared parameter groups (schemas/groups/NAME.yaml): `groups: [NAME]` adds a group's
