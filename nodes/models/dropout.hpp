@@ -148,4 +148,19 @@ inline torch::Tensor dropout(const torch::Tensor& x, double p) {
   return x * mask;
 }
 
+// Dropout of this rank's part of a tensor that tensor parallel splits (x: the part of the tensor
+// of sizes `whole`, starting at `first` along `dim`): the mask is drawn for the whole tensor and
+// cut, so a split model draws the masks, and every draw after them, of the unsplit one (the
+// result does not depend on tp; each rank draws the whole mask, as a tp 1 rank does).
+inline torch::Tensor dropout_of_part(const torch::Tensor& x, double p, at::IntArrayRef whole, int64_t dim, int64_t first) {
+  if (p <= 0.0 || TrainingScope::current() == nullptr) return x;
+  at::Generator* g = TrainingScope::current_on(x.device());
+  torch::Tensor mask;
+  {
+    torch::NoGradGuard no_grad;
+    mask = torch::empty(whole, x.options()).bernoulli_(1.0 - p, *g).div_(1.0 - p).narrow(dim, first, x.size(dim));
+  }
+  return x * mask;
+}
+
 }  // namespace flowrun

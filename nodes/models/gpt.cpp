@@ -104,7 +104,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int6
   torch::Tensor mask = masks_->get(T, q.options());
   torch::Tensor att = torch::baddbmm(mask, q, k.transpose(1, 2), /*beta=*/1.0, /*alpha=*/1.0 / std::sqrt(double(D)));
   att = torch::softmax(att, -1);
-  att = flowrun::dropout(att, dropout_);
+  if (tp_ && tp_->size() > 1)  // this rank's heads of the whole [B, heads, T, T] mask: as with tp 1
+    att = flowrun::dropout_of_part(att.view({B, H, T, T}), dropout_, {B, heads_, T, T}, 1, tp_->rank() * H).view({B * H, T, T});
+  else
+    att = flowrun::dropout(att, dropout_);
   torch::Tensor y = torch::bmm(att, v);                                   // [B*H, T, D]
   y = y.view({B, H, T, D}).permute({0, 2, 1, 3}).reshape({B * T, width});  // heads side by side
   return flowrun::dropout(layers::row_parallel(*c_proj, y, tp_), dropout_);

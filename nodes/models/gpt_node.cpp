@@ -49,10 +49,6 @@ class GptNode : public ModelNode {
     const int tp = mesh.size(parallel::Dim::tp);
     if (tp == 1) return;
     const std::string why = " with run.parallel.tp " + std::to_string(tp) + " is not built yet";
-    if (cfg_.dropout != 0.0)
-      throw std::runtime_error(ctx.who() + ": dropout " + std::to_string(cfg_.dropout) + why +
-                               " (the masks of the split heads must not depend on tp); set " + ctx.name() +
-                               ".dropout=0 or run.parallel.tp=1");
     if (ctx.params().has("lora"))
       throw std::runtime_error(ctx.who() + ": lora" + why + " (adapters split with their base layers); drop " +
                                ctx.name() + ".lora or set run.parallel.tp=1");

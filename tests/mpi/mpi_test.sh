@@ -427,6 +427,13 @@ tensor_parallel)
              match($0, /"tokens_per_s":[0-9.eE+-]*/); t = substr($0, RSTART + 15, RLENGTH - 15);
              r = t / s; exit !(r > 255.9 && r < 256.1) }' || fail "$run: tokens per step is not 256"
   done
+  # Dropout on (embeddings, attention probabilities, residual branches): tp 2 draws the masks of
+  # tp 1 (a split head's attention mask cut from the whole tensor's), so the losses agree too.
+  run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/drop1" model.dropout=0.1
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/drop2" model.dropout=0.1 run.parallel.tp=2
+  losses "$tmp/drop1/metrics.jsonl" > "$tmp/d1"; losses "$tmp/drop2/metrics.jsonl" > "$tmp/d2"
+  same_numbers "$tmp/d1" "$tmp/d2" 1e-6 || fail "with dropout the losses differ between tp 2 and tp 1"
+  cmp -s "$tmp/d1" "$tmp/l1" && fail "dropout 0.1 changed no loss: the masks were not applied"
   # Resume across layouts: the checkpoint of step 3 continued by the other layout.
   from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/checkpoints/" &&
            echo step_00000003 > "$2/checkpoints/latest"; }
@@ -443,8 +450,9 @@ tensor_parallel)
       fail "resume tp 2 -> tp 2: $f is not bit-identical"
   done
   # What is not built yet under tp is refused at start (a node's setup: exit 1), saying what to change.
-  run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no1" run.parallel.tp=2 model.dropout=0.1
-  expect_out "dropout 0.100000 with run.parallel.tp 2 is not built yet"
+  run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no1" run.parallel.tp=2 model.lora.rank=4 \
+    model.lora.targets=[c_attn]
+  expect_out "lora with run.parallel.tp 2 is not built yet"
   run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no2" run.parallel.tp=2 zero.stage=states
   expect_out "sharding a tensor-parallel model's states over its data-parallel ranks is not built yet"
   run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no3" run.parallel.tp=2 model.heads=3 model.dim=33
