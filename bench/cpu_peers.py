@@ -11,6 +11,9 @@ Modes:
   eager  one process, --threads intra-op threads: flowrun vs a plain PyTorch loop
   ddp    2 processes on the same cores, global batch as above: `mpirun -np 2 flowrun` (batch
          per rank = half) vs PyTorch DDP (gloo), 1 thread per process
+  tp     2 processes of 1 thread, tensor parallel, each running the whole batch:
+         `mpirun -np 2 flowrun ... run.parallel.tp=2` vs DTensor's ColwiseParallel /
+         RowwiseParallel plans over gloo (torch_peers.tp_round)
   wall   fortunes_tiny only: the README's 600-step command, whole process wall time (start-up,
          evaluation and checkpoints included), against the PyTorch loop's 600 steps (its
          start-up excluded); flowrun's last val_loss beside it (target <= 2.1 nats/byte)
@@ -43,7 +46,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import ddp_round, eager_round, flowrun_round, gpt_overrides, loop_seconds  # noqa: E402
+from torch_peers import ddp_round, eager_round, flowrun_round, gpt_overrides, loop_seconds, tp_round  # noqa: E402
 
 CONFIGS = {
     "gpt_bench": dict(layers=4, dim=256, heads=4, vocab=256, context=128, batch=16, bf16=False),
@@ -168,6 +171,15 @@ def main():
                 mpi.append("--allow-run-as-root")
             sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
                      lambda: pt.append(ddp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
+        elif mode == "tp":
+            # Tensor parallel over 2 processes of 1 thread, each running the whole batch: flowrun's
+            # run.parallel.tp=2 against DTensor's column/row plans (torch_peers.tp_round).
+            ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=1) + ["run.parallel.tp=2"]
+            mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
+            if os.geteuid() == 0:
+                mpi.append("--allow-run-as-root")
+            sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
+                     lambda: pt.append(tp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
         elif mode == "wall":
             def flowrun_wall():
                 secs, val = readme_run(args.flowrun)

@@ -151,6 +151,11 @@ def _ddp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
 def ddp_round(cfg, world, steps, warmup, window, threads=1):
     """Seconds per step of PyTorch DDP (gloo, CPU) over `world` local processes, global batch
     cfg["batch"]: rank 0's median over windows after warm-up."""
+    return _spawn(_ddp_worker, world, (cfg, steps, warmup, window, threads), "DDP")
+
+
+def _spawn(worker, world, args, what):
+    """Runs worker(rank, world, port, *args, queue) in `world` spawned processes; rank 0's result."""
     import socket
 
     import torch.multiprocessing as mp
@@ -160,15 +165,113 @@ def ddp_round(cfg, world, steps, warmup, window, threads=1):
         port = s.getsockname()[1]
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_ddp_worker, args=(r, world, port, cfg, steps, warmup, window, threads, out))
-             for r in range(world)]
+    procs = [ctx.Process(target=worker, args=(r, world, port) + tuple(args) + (out,)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
     if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError("a DDP process failed (exit codes %s)" % [p.exitcode for p in procs])
+        raise RuntimeError("a %s process failed (exit codes %s)" % (what, [p.exitcode for p in procs]))
     return out.get()
+
+
+# ---- the tensor-parallel peer: DTensor's column/row plans (torch.distributed.tensor.parallel) ----
+
+class TpBlock(Block):
+    """Block with q, k and v as three Linears, so that ColwiseParallel splits each by heads (a
+    fused q|k|v split by columns would give rank 0 all of q and half of k); attention runs on the
+    heads of this rank's columns (torchtitan does the same with its n_heads per rank)."""
+
+    def __init__(self, d, h):
+        super().__init__(d, h)
+        del self.c_attn
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.tp = 1
+
+    def attn(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        C = q.size(-1)  # this rank's columns: h / tp heads
+        q, k, v = (t.view(B, T, self.h // self.tp, C * self.tp // self.h).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class TpGPT(GPT):
+    def __init__(self, layers, d, h, vocab, context):
+        super().__init__(layers, d, h, vocab, context)
+        self.h = nn.ModuleList(TpBlock(d, h) for _ in range(layers))
+        self.apply(self._init)
+
+
+class TpAdamW:
+    """AdamW (GPT-2's decay groups) over the DTensor parameters and over the plain ones: a foreach
+    kernel takes one kind, so two optimizers, stepped together."""
+
+    def __init__(self, model):
+        from torch.distributed.tensor import DTensor
+
+        def groups(dtensor):
+            ps = [p for p in model.parameters() if isinstance(p, DTensor) == dtensor]
+            return [{"params": [p for p in ps if p.dim() >= 2], "weight_decay": 0.1},
+                    {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}]
+        kw = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8}
+        self.opts = [torch.optim.AdamW(groups(True), **kw), torch.optim.AdamW(groups(False), **kw)]
+
+    def step(self):
+        for o in self.opts:
+            o.step()
+
+    def zero_grad(self, set_to_none=True):
+        for o in self.opts:
+            o.zero_grad(set_to_none=set_to_none)
+
+
+def tp_clip_grad_norm_(params, max_norm):
+    """clip_grad_norm_ over a tensor-parallel model: torch's refuses DTensor and plain gradients
+    together. The split gradients' local squares summed with one all-reduce, the replicated ones
+    counted once."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    grads = [p.grad for p in params if p.grad is not None]
+    split = [g for g in grads if isinstance(g, DTensor) and any(isinstance(pl, Shard) for pl in g.placements)]
+    whole = [g.to_local() if isinstance(g, DTensor) else g for g in grads if not any(g is s for s in split)]
+    sq = torch.stack([g.to_local().float().pow(2).sum() for g in split]).sum() if split else torch.zeros(())
+    dist.all_reduce(sq)
+    sq = sq + (torch.stack([g.float().pow(2).sum() for g in whole]).sum() if whole else 0.0)
+    coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+    return sq.sqrt()
+
+
+def _tp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = TpGPT(cfg["layers"], cfg["dim"], cfg["heads"], cfg["vocab"], cfg["context"])
+    for b in model.h:
+        parallelize_module(b, mesh, {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+                                     "c_proj": RowwiseParallel(), "c_fc": ColwiseParallel(),
+                                     "mlp_proj": RowwiseParallel()})
+        b.tp = world
+    torch.nn.utils.clip_grad_norm_ = tp_clip_grad_norm_  # timed_steps clips through it (this process only)
+    times = timed_steps(model, model, TpAdamW(model), cfg, "cpu", steps, warmup, window, rank=0)  # the same batch on every rank
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def tp_round(cfg, world, steps, warmup, window, threads=1):
+    """Seconds per step of DTensor tensor parallel (gloo, CPU) over `world` local processes, each
+    running the whole batch cfg["batch"]: rank 0's median over windows after warm-up."""
+    return _spawn(_tp_worker, world, (cfg, steps, warmup, window, threads), "tensor-parallel")
 
 
 # ---- flowrun ----
