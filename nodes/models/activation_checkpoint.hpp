@@ -67,13 +67,15 @@ enum class AttentionKeeps {
 // "Reducing Activation Recomputation"): per block about 34 x tokens x dim (in 2-byte units) plus
 // 5 x heads x seq x tokens for the attention scores (as `keeps` says), scaled to `bytes`; with
 // checkpointing, each recomputed block keeps only its input (tokens x dim), and one block's
-// worth is live while it is recomputed.
+// worth is live while it is recomputed. Under tensor parallel over `tp` ranks (no sequence
+// parallel) a rank keeps 10 + 24/tp of the 34 (the norms' and the residual's are whole on every
+// rank, the attention's and the MLP's are split) and 1/tp of the scores.
 struct ActivationEstimate {
   double plain = 0, checkpointed = 0;
   double recompute_live = 0;  // of checkpointed: the recomputed block live again during backward
 };
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
                                         int64_t bytes, const CheckpointPolicy& policy,
-                                        AttentionKeeps keeps = AttentionKeeps::scores);
+                                        AttentionKeeps keeps = AttentionKeeps::scores, int64_t tp = 1);
 
 }  // namespace flowrun

@@ -95,14 +95,16 @@ class GptNode : public ModelNode {
                    cfg.checkpoint.every ? " (on)" : " (off: checkpoint: none)");
     }
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) and the LM head's
-    // logits with their gradient (rows x T x vocab, twice), the attention's as attention_keeps says.
+    // logits with their gradient (rows x T x vocab, twice), the attention's as attention_keeps says;
+    // under tp this rank's share (its heads, MLP units and vocabulary columns).
     state.activations = [cfg, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const torch::Tensor& tokens = b.at("tokens");  // [rows, T + 1]: inputs and the shifted targets
       const int64_t seq = std::max<int64_t>(1, std::min<int64_t>(tokens.size(1) - 1, cfg.context));
       const int64_t n = tokens.size(0) * seq;
+      const int64_t tp = cfg.tp ? cfg.tp->size() : 1;
       ActivationEstimate e = estimate_activations(cfg.layers, n, cfg.dim, cfg.heads, seq, bytes, policy,
-                                                  attention_keeps(cfg, model->wte->weight, bytes));
-      const double logits = 2.0 * static_cast<double>(n) * static_cast<double>(cfg.vocab) * static_cast<double>(bytes);
+                                                  attention_keeps(cfg, model->wte->weight, bytes), tp);
+      const double logits = 2.0 * static_cast<double>(n) * static_cast<double>(cfg.vocab / tp) * static_cast<double>(bytes);
       e.plain += logits;
       e.checkpointed += logits;
       return e;

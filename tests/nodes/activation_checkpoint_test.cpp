@@ -293,6 +293,22 @@ TEST(ActivationCheckpoint, PeakMemoryOfAStepIsMuchLower) {
   EXPECT_LE(recomputed, 0.6 * plain) << plain << " GB vs " << recomputed << " GB";
 }
 
+// Under tensor parallel (no sequence parallel) a rank keeps Korthikanti's 10 + 24/tp units a
+// token of a block (the norms and the residual whole, the attention and the MLP split) and 1/tp
+// of the attention scores; a recomputed block's input stays whole.
+TEST(ActivationCheckpoint, UnderTensorParallelARankKeepsItsShareOfTheSplitSubLayers) {
+  const CheckpointPolicy none = CheckpointPolicy::parse("none"), blocks = CheckpointPolicy::parse("blocks");
+  const int64_t tokens = 8 * 64, dim = 128, heads = 4, seq = 64;
+  const double unit = static_cast<double>(tokens * dim) * 4 / 2;           // one of the 34, fp32
+  const double scores = 5.0 * heads * tokens * seq * 4 / 2;                 // the written-out attention's
+  const ActivationEstimate whole = estimate_activations(2, tokens, dim, heads, seq, 4, none);
+  const ActivationEstimate two = estimate_activations(2, tokens, dim, heads, seq, 4, none, AttentionKeeps::scores, 2);
+  EXPECT_DOUBLE_EQ(whole.plain, 2 * (34 * unit + scores));
+  EXPECT_DOUBLE_EQ(two.plain, 2 * (22 * unit + scores / 2));
+  const ActivationEstimate two_blocks = estimate_activations(2, tokens, dim, heads, seq, 4, blocks, AttentionKeeps::scores, 2);
+  EXPECT_DOUBLE_EQ(two_blocks.checkpointed, 2 * static_cast<double>(tokens * dim) * 4 + (22 * unit + scores / 2));
+}
+
 TEST(ActivationCheckpoint, PolicyParsesItsValuesAndRefusesOthers) {
   EXPECT_EQ(CheckpointPolicy::parse("none").every, 0);
   EXPECT_EQ(CheckpointPolicy::parse("blocks").every, 1);
