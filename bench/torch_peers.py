@@ -235,11 +235,16 @@ def tp_clip_grad_norm_(params, max_norm):
     from torch.distributed.tensor import DTensor, Shard
 
     grads = [p.grad for p in params if p.grad is not None]
-    split = [g for g in grads if isinstance(g, DTensor) and any(isinstance(pl, Shard) for pl in g.placements)]
-    whole = [g.to_local() if isinstance(g, DTensor) else g for g in grads if not any(g is s for s in split)]
-    sq = torch.stack([g.to_local().float().pow(2).sum() for g in split]).sum() if split else torch.zeros(())
+    sharded = [isinstance(g, DTensor) and any(isinstance(pl, Shard) for pl in g.placements) for g in grads]
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    sq = torch.zeros(())
+    for g, s in zip(local, sharded):  # the split ones first, summed over the ranks
+        if s:
+            sq += g.float().pow(2).sum()
     dist.all_reduce(sq)
-    sq = sq + (torch.stack([g.float().pow(2).sum() for g in whole]).sum() if whole else 0.0)
+    for g, s in zip(local, sharded):  # the replicated ones once
+        if not s:
+            sq += g.float().pow(2).sum()
     coef = torch.clamp(max_norm / (sq.sqrt() + 1e-6), max=1.0)
     for g in grads:
         g.mul_(coef)

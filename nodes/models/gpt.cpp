@@ -233,9 +233,7 @@ void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tenso
   };
   const std::shared_ptr<parallel::Group>& tp = model.config().tp;
   if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
-  std::map<std::string, torch::Tensor> parts;  // this rank's part of each whole tensor
-  for (const auto& [name, t] : tensors) parts[name] = parallel::tp_part(t, tp_split(name), *tp, source + ": " + name);
-  load_by_name(model, parts, source, o);
+  load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
 }
 
 void load_hf_safetensors(GptImpl& model, const std::string& path) {

@@ -123,6 +123,7 @@ std::shared_ptr<Group> Group::world(const std::string& name) {
 }
 
 std::shared_ptr<Group> Group::along(const std::string& name, const Mesh& mesh, Dim dim, int rank) {
+  if (mesh.size(dim) == mesh.world()) return world(name);  // the dimension spans every rank (dp when tp = pp = 1)
   return std::shared_ptr<Group>(
       new Group(comm::Channel::create_split(name + " (" + parallel::name(dim) + ")", mesh.color(dim, rank),
                                             mesh.coord(rank).at(dim))));

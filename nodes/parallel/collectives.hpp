@@ -69,7 +69,9 @@ class Group {
   // The world. Collective over every rank (a node's setup(): every rank, file order); `name`
   // names the group's channel in errors.
   static std::shared_ptr<Group> world(const std::string& name);
-  // `rank`'s group along `dim` of `mesh`, ranked by its coordinate there. Collective over the world.
+  // `rank`'s group along `dim` of `mesh`, ranked by its coordinate there: the world itself (named
+  // `name`) when the dimension spans every rank, else a split of it named "NAME (dim)". Collective
+  // over the world.
   static std::shared_ptr<Group> along(const std::string& name, const Mesh& mesh, Dim dim, int rank);
   ~Group();
   Group(const Group&) = delete;

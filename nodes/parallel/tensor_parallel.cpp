@@ -179,10 +179,11 @@ std::map<std::string, torch::Tensor> TpLayout::wholes(const std::map<std::string
 }
 
 std::map<std::string, torch::Tensor> TpLayout::parts(const std::map<std::string, torch::Tensor>& wholes,
-                                                     const Names& param_of) const {
+                                                     const Names& param_of, const std::string& source) const {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, t] : wholes)
-    out[name] = t.defined() ? tp_part(t, split_of(*this, name, param_of, t), *group, name) : t;
+    out[name] = t.defined() ? tp_part(t, split_of(*this, name, param_of, t), *group, source.empty() ? name : source + ": " + name)
+                            : t;
   return out;
 }
 

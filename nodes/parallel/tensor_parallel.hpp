@@ -96,8 +96,9 @@ struct TpLayout {
   using Names = std::function<std::string(const std::string&)>;
   std::map<std::string, torch::Tensor> wholes(const std::map<std::string, torch::Tensor>& parts,
                                               const Names& param_of = nullptr) const;
+  // `source` (a file) prefixes the tensor's name in errors.
   std::map<std::string, torch::Tensor> parts(const std::map<std::string, torch::Tensor>& wholes,
-                                             const Names& param_of = nullptr) const;
+                                             const Names& param_of = nullptr, const std::string& source = "") const;
 };
 
 }  // namespace flowrun::parallel

@@ -114,10 +114,7 @@ class AllreduceNode : public Node {
     // The data-parallel group (run.parallel's dp: the world while tp and pp are 1). Under tp the
     // ranks of one replica hold different parts of the parameters: each part is averaged over
     // the ranks holding the same part, its replicas.
-    const parallel::Mesh mesh = parallel::mesh_of(ctx.run());
-    group_ = mesh.size(parallel::Dim::dp) == mesh.world()
-                 ? parallel::Group::world(ctx.name())
-                 : parallel::Group::along(ctx.name(), mesh, parallel::Dim::dp, ctx.run().rank);
+    group_ = parallel::Group::along(ctx.name(), parallel::mesh_of(ctx.run()), parallel::Dim::dp, ctx.run().rank);
     world_ = group_->size();
   }
 

@@ -179,10 +179,9 @@ class ForwardBackwardNode : public Node {
     // Draws (dropout masks, per-row noise) by data-parallel replica: the tp ranks of a replica
     // run the same rows and draw alike.
     rank_ = parallel::replica_of(ctx.run()).index;
-    const int tp = parallel::mesh_of(ctx.run()).size(parallel::Dim::tp);
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // this node's channel for the split model's collectives
-    if (tp > 1 && !ctx.state_as<ModelState>("model").tp)
-      throw std::runtime_error(ctx.who() + ": run.parallel.tp is " + std::to_string(tp) + ", but its model (" +
+    if (tp_group_ && !ctx.state_as<ModelState>("model").tp)
+      throw std::runtime_error(ctx.who() + ": run.parallel.tp is " + std::to_string(tp_group_->size()) + ", but its model (" +
                                ctx.state_as<ModelState>("model").kind +
                                ") does not split over tensor parallel (built for gpt so far): every tp rank would "
                                "train the whole model; set run.parallel.tp=1");

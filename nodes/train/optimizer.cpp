@@ -19,6 +19,7 @@
 #include "parallel/zero_plan.hpp"
 #include "registry.hpp"
 #include "train/optimizer_slots.hpp"
+#include "train/precision.hpp"
 
 namespace flowrun {
 
@@ -40,6 +41,18 @@ torch::Tensor global_norm(const Grads& grads) {
   }
   return at::linalg_vector_norm(torch::stack(norms), 2);
 }
+
+namespace {
+// The squares of `grads`' global norm summed over `group` ([1]; each rank holds part of the
+// gradients), summed where the gradients are (on `device`: on a GPU no step waits for the host;
+// on the CPU in double).
+torch::Tensor squares_over(const Grads& grads, const c10::Device& device, parallel::Group& group, const std::string& what) {
+  torch::Tensor sq =
+      global_norm(grads).to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
+  group.all_reduce(sq, comm::Op::sum, what).wait();
+  return sq;
+}
+}  // namespace
 
 int64_t nonfinite_count(const OptimizerState& st) {
   return st.nonfinite.defined() ? static_cast<int64_t>(st.nonfinite.item<double>()) : 0;
@@ -167,6 +180,8 @@ class OptimizerNode : public Node {
     state->tp = model.tp;
     if (model.tp) {
       tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // the norm's sum over the tp ranks
+      for (const auto& [name, t] : model.named_parameters(/*trainable_only=*/true))  // the norm's two sums, per gradient
+        tp_split_.push_back(model.tp->split(name).split());
       if (shard_)
         throw std::runtime_error(ctx.who() + ": ZeRO stage " + ZeroPlan::name(plan.stage) + " (" +
                                  ctx.refs("zero").front() + ") with run.parallel.tp " +
@@ -304,13 +319,9 @@ class OptimizerNode : public Node {
   // layers' biases) is the same on every tp rank and counted once.
   torch::Tensor tp_global_norm(StepContext& ctx, const ModelState& model, const Grads& grads) const {
     Grads split, replicated;
-    const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
-    for (size_t i = 0; i < named.size() && i < grads.size(); ++i)
-      (model.tp->split(named[i].first).split() ? split : replicated).push_back(grads[i]);
-    // Summed where the gradients are (on a GPU no step waits for the host; on the CPU in double).
-    const bool cpu = grads.empty() || !grads.front().defined() || grads.front().is_cpu();
-    torch::Tensor sq = global_norm(split).to(cpu ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
-    tp_group_->all_reduce(sq, comm::Op::sum, "tensor-parallel gradient norm of step " + std::to_string(ctx.step())).wait();
+    for (size_t i = 0; i < tp_split_.size() && i < grads.size(); ++i) (tp_split_[i] ? split : replicated).push_back(grads[i]);
+    const torch::Tensor sq = squares_over(split, model_device(model), *tp_group_,
+                                          "tensor-parallel gradient norm of step " + std::to_string(ctx.step()));
     return (sq + global_norm(replicated).to(sq.options()).square()).sqrt().reshape({}).to(torch::kFloat);
   }
 
@@ -336,11 +347,7 @@ class OptimizerNode : public Node {
     if (shard_grads_) {
       // Each rank holds its pieces only: the global norm from the sum of the ranks' squares,
       // summed where the gradients are (on a GPU no step waits for the host; on the CPU in double).
-      norm = global_norm(pieces.grads);
-      const c10::Device device = buffers->front().device();
-      torch::Tensor sq = norm.to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
-      group_->all_reduce(sq, comm::Op::sum, "gradient norm" + step).wait();
-      norm = sq.sqrt().reshape({}).to(torch::kFloat);
+      norm = squares_over(pieces.grads, buffers->front().device(), *group_, "gradient norm" + step).sqrt().reshape({}).to(torch::kFloat);
     } else {
       norm = global_norm(grads);
     }
@@ -383,6 +390,7 @@ class OptimizerNode : public Node {
   std::shared_ptr<parallel::Group> group_;  // sharded: the ranks the slices are exchanged with
   std::vector<parallel::Work> gathering_;   // the last step's all-gather (checked the next step)
   std::shared_ptr<parallel::Group> tp_group_;  // a tp model: this node's group over its tp ranks
+  std::vector<bool> tp_split_;                 // a tp model: per trainable parameter, split over tp (else replicated)
   bool logged_memory_ = false;
   int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far
   int64_t checked_ = -1;  // the step of the last check (-1: none yet)
