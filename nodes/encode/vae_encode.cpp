@@ -14,6 +14,7 @@
 #include "common/seed.hpp"
 #include "common/tensor_map.hpp"
 #include "node.hpp"
+#include "parallel/mesh.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -126,7 +127,8 @@ class VaeEncodeNode : public Node {
     o.sample = sample_;
     o.seed = seed_;
     o.step = ctx.step();
-    o.first_row = static_cast<int64_t>(ctx.run().rank) * img.size(0);
+    // By data-parallel replica: the tp ranks of a replica encode the same rows and draw alike.
+    o.first_row = static_cast<int64_t>(parallel::replica_of(ctx.run()).index) * img.size(0);
     TensorMap out;
     for (const auto& [k, v] : batch)
       if (k != in_key_) out[k] = v;

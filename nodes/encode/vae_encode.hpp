@@ -21,7 +21,7 @@ struct VaeEncodeOptions {
   bool sample = true;     // false: the posterior mean
   uint64_t seed = 0;      // the node's seed (or run.seed)
   int64_t step = 1;       // the training step
-  int64_t first_row = 0;  // global index of the first row (rank * rows per rank)
+  int64_t first_row = 0;  // global index of the first row (replica * rows per replica)
 };
 
 // Seed of the sampling noise of global row `row` at `step`.

@@ -26,6 +26,8 @@
 #include "data/image_tensor.hpp"
 #include "encode/tokenize.hpp"
 #include "eval/evaluator.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
 #include "train/objective.hpp"
 
@@ -79,9 +81,11 @@ class CaptionEvaluatorNode : public Node {
     samples_ = p.get<int64_t>("samples");
     check_eval_split(ctx.state_as<Dataset>("data"), opts_, ctx.who());
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
+    tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // a split model's collectives (TpChannel)
   }
 
   void run(StepContext& ctx) override {
+    const parallel::TpChannel tp_channel(tp_group_.get());
     const auto t0 = std::chrono::steady_clock::now();
     ModelState& model = ctx.state_as<ModelState>("model");
     const ModelState::Captioner& net = *model.captioner;
@@ -178,6 +182,7 @@ class CaptionEvaluatorNode : public Node {
   EvalOptions opts_;
   int64_t samples_ = 0;
   std::shared_ptr<comm::Channel> ch_;
+  std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
 };
 
 }  // namespace

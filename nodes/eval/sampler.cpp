@@ -31,6 +31,8 @@
 #include "formats/files.hpp"
 #include "formats/image_io.hpp"
 #include "formats/tfevents.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
 #include "train/losses.hpp"
 #include "train/precision.hpp"
@@ -135,6 +137,10 @@ class SamplerNode : public Node {
       throw std::runtime_error(ctx.who() + ": its objective is " + objective.type +
                                ", which trains no denoiser; sampling needs the objective the model trains with to "
                                "offer its noise schedule and prediction (Objective::denoising), as diffusion_loss does");
+    // A model split over tp ranks samples on every rank of the first replica (each holds a part),
+    // over a channel of this node's own (parallel/tensor_parallel.hpp TpChannel).
+    tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // collective: setup runs in file order
+    first_replica_ = parallel::replica_of(ctx.run()).index == 0;
     schedule_ = denoiser->noise_schedule();
     prediction_ = denoiser->prediction();
     ddim_timesteps(schedule_.timesteps(), steps_);  // a bad `steps` is a setup error, not a step-500 one
@@ -165,12 +171,14 @@ class SamplerNode : public Node {
     for (const auto& pr : prompts_)
       for (int64_t i = 0; i < per_prompt_; ++i) texts.push_back(pr);
     ctx.out("captions", texts);
-    // The grid is the same on every rank (same seed, same weights): only rank 0 makes it; the
-    // others output no samples (what shapes_fidelity expects of them).
-    if (ctx.run().rank != 0) {
+    // The grid is the same on every rank (same seed, same weights): only rank 0 makes it (with its
+    // tp partners, under tensor parallel); the others output no samples (what shapes_fidelity
+    // expects of them).
+    if (!first_replica_) {
       ctx.out("samples", TensorMap{});
       return;
     }
+    const parallel::TpChannel tp_channel(tp_group_.get());
     const auto t0 = std::chrono::steady_clock::now();
     auto& model = ctx.state_as<ModelState>("model");
     TensorMap cond = text_conditioner(ctx).encode(texts);
@@ -191,6 +199,10 @@ class SamplerNode : public Node {
     torch::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(seed_));
     o.noise = torch::randn({n, channels_, height_, width_}, gen);
     const torch::Tensor x = sample_ddim(model, cond, o);
+    if (ctx.run().rank != 0) {  // a tp partner of rank 0: its part of the work is done
+      ctx.out("samples", TensorMap{});
+      return;
+    }
     if (!torch::isfinite(x).all().item<bool>())
       throw std::runtime_error(ctx.who() + ": step " + std::to_string(ctx.step()) +
                                ": the samples are not finite (the model diverged?)");
@@ -218,6 +230,8 @@ class SamplerNode : public Node {
   std::vector<std::string> prompts_;
   int64_t per_prompt_ = 0, zoom_ = 0, steps_ = 0, height_ = 0, width_ = 0, channels_ = 0, seed_ = 0;  // setup: the schema's
   double guidance_ = 0;
+  std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
+  bool first_replica_ = true;                  // rank 0's replica: its tp ranks sample
   diffusion::NoiseSchedule schedule_;
   diffusion::Prediction prediction_ = diffusion::Prediction::eps;
   std::shared_ptr<tfevents::EventFile> tb_;  // rank 0 with tensorboard: true

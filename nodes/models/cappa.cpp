@@ -31,6 +31,28 @@ void Config::check() const {
     throw std::invalid_argument("cappa: posemb is learn or sincos2d, not '" + posemb + "'");
   if (posemb == "sincos2d" && width % 4 != 0)
     throw std::invalid_argument("cappa: posemb sincos2d needs a width divisible by 4");
+  if (tp) {
+    const int64_t n = tp->size();
+    if (heads % n != 0 || dec_heads % n != 0 || mlp_dim % n != 0 || dec_mlp_dim % n != 0)
+      throw std::invalid_argument("cappa: heads " + std::to_string(heads) + ", dec_heads " + std::to_string(dec_heads) +
+                                  ", mlp_dim " + std::to_string(mlp_dim) + " and dec_mlp_dim " + std::to_string(dec_mlp_dim) +
+                                  " do not all split into " + std::to_string(n) +
+                                  " tensor-parallel parts; choose run.parallel.tp dividing each");
+  }
+}
+
+parallel::TpSplit tp_split(const std::string& name) {
+  if (lora::is_adapter(name)) return lora::adapter_tp_split(name, tp_split, /*fan_in_fan_out=*/false);
+  auto ends_with = [&](const char* e) {
+    const size_t n = std::char_traits<char>::length(e);
+    return name.size() >= n && name.compare(name.size() - n, n, e) == 0;
+  };
+  if (name.find(".blocks.") == std::string::npos) return {};  // embeddings, positions, final norms, the head
+  if (ends_with(".attn.qkv.weight") || ends_with(".attn.qkv.bias")) return {0, 3};  // [3W, W]: q | k | v rows
+  for (const char* column : {"_attn.q.weight", "_attn.k.weight", "_attn.v.weight", ".mlp.fc1.weight", ".mlp.fc1.bias"})
+    if (ends_with(column)) return {0, 1};
+  if (ends_with(".attn.proj.weight") || ends_with("_attn.proj.weight") || ends_with(".mlp.fc2.weight")) return {1, 1};
+  return {};  // norms, the row-split layers' biases
 }
 
 double Config::parameter_count() const {
@@ -64,20 +86,22 @@ torch::Tensor split_heads(const torch::Tensor& x, int64_t heads) {
 }  // namespace
 
 void EncoderAttentionImpl::reset() {
-  qkv = register_module("qkv", lora::Linear(dim_, 3 * dim_));
-  proj = register_module("proj", lora::Linear(dim_, dim_));
+  const int64_t width = layers::tp_share(dim_, tp_, "cappa: the encoder attention's width");  // this rank's heads
+  qkv = register_module("qkv", lora::split(lora::Linear(dim_, 3 * width), tp_, lora::TpRole::outputs));
+  proj = register_module("proj", lora::split(lora::Linear(width, dim_), tp_, lora::TpRole::inputs));
 }
 
 torch::Tensor EncoderAttentionImpl::forward(const torch::Tensor& x) {
-  auto parts = qkv(x).chunk(3, -1);
-  return proj(attention(split_heads(parts[0], heads_), split_heads(parts[1], heads_), split_heads(parts[2], heads_)));
+  const int64_t H = heads_ / (tp_ ? tp_->size() : 1);
+  auto parts = qkv(parallel::copy_to_tp(x, tp_)).chunk(3, -1);
+  return layers::row_parallel(*proj, attention(split_heads(parts[0], H), split_heads(parts[1], H), split_heads(parts[2], H)), tp_);
 }
 
 void EncoderBlockImpl::reset() {
   norm1 = register_module("norm1", flax_norm(dim_, true));
-  attn = register_module("attn", EncoderAttention(dim_, heads_));
+  attn = register_module("attn", EncoderAttention(dim_, heads_, tp_));
   norm2 = register_module("norm2", flax_norm(dim_, true));
-  mlp = register_module("mlp", Mlp(dim_, mlp_, mlp_options(true)));
+  mlp = register_module("mlp", Mlp(dim_, mlp_, mlp_options(true, tp_)));
 }
 
 torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
@@ -87,24 +111,28 @@ torch::Tensor EncoderBlockImpl::forward(torch::Tensor x) {
 
 void DecoderAttentionImpl::reset() {
   auto lin = [](int64_t in, int64_t out) { return lora::Linear(in, out, /*bias=*/false); };
-  q = register_module("q", lin(dim_, dim_));
-  k = register_module("k", lin(kv_dim_, dim_));
-  v = register_module("v", lin(kv_dim_, dim_));
-  proj = register_module("proj", lin(dim_, dim_));
+  const int64_t width = layers::tp_share(dim_, tp_, "cappa: the decoder attention's width");  // this rank's heads
+  q = register_module("q", lora::split(lin(dim_, width), tp_, lora::TpRole::outputs));
+  k = register_module("k", lora::split(lin(kv_dim_, width), tp_, lora::TpRole::outputs));
+  v = register_module("v", lora::split(lin(kv_dim_, width), tp_, lora::TpRole::outputs));
+  proj = register_module("proj", lora::split(lin(width, dim_), tp_, lora::TpRole::inputs));
 }
 
 torch::Tensor DecoderAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& kv, const torch::Tensor& bias) {
-  return proj(attention(split_heads(q(x), heads_), split_heads(k(kv), heads_), split_heads(v(kv), heads_), {bias}));
+  const int64_t H = heads_ / (tp_ ? tp_->size() : 1);
+  const torch::Tensor xs = parallel::copy_to_tp(x, tp_);
+  const torch::Tensor& kvs = kv.is_same(x) ? xs : kv;  // self-attention: the one copy
+  return layers::row_parallel(*proj, attention(split_heads(q(xs), H), split_heads(k(kvs), H), split_heads(v(kvs), H), {bias}), tp_);
 }
 
 void DecoderBlockImpl::reset() {
   const bool b = c_.decoder_bias;
   norm1 = register_module("norm1", flax_norm(c_.dec_width, b));
-  self_attn = register_module("self_attn", DecoderAttention(c_.dec_width, c_.dec_width, c_.dec_heads));
+  self_attn = register_module("self_attn", DecoderAttention(c_.dec_width, c_.dec_width, c_.dec_heads, c_.tp));
   norm2 = register_module("norm2", flax_norm(c_.dec_width, b));
-  cross_attn = register_module("cross_attn", DecoderAttention(c_.dec_width, c_.width, c_.dec_heads));
+  cross_attn = register_module("cross_attn", DecoderAttention(c_.dec_width, c_.width, c_.dec_heads, c_.tp));
   norm3 = register_module("norm3", flax_norm(c_.dec_width, b));
-  mlp = register_module("mlp", Mlp(c_.dec_width, c_.dec_mlp_dim, mlp_options(b)));
+  mlp = register_module("mlp", Mlp(c_.dec_width, c_.dec_mlp_dim, mlp_options(b, c_.tp)));
 }
 
 torch::Tensor DecoderBlockImpl::forward(torch::Tensor x, const torch::Tensor& encoded, const torch::Tensor& self_bias) {
@@ -140,7 +168,7 @@ void EncoderImpl::reset() {
   else
     pos_embed = register_buffer("pos_embed", sincos2d(g, g, c_.width));
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c_.depth; ++i) blocks->push_back(EncoderBlock(c_.width, c_.heads, c_.mlp_dim));
+  for (int64_t i = 0; i < c_.depth; ++i) blocks->push_back(EncoderBlock(c_.width, c_.heads, c_.mlp_dim, c_.tp));
   norm = register_module("norm", flax_norm(c_.width, true));
 }
 
@@ -178,10 +206,13 @@ torch::Tensor DecoderImpl::forward(const torch::Tensor& encoded, const torch::Te
   const int64_t B = ids.size(0), L = ids.size(1);
   torch::Tensor x = embed(ids.to(torch::kLong)) + pos_embed.narrow(1, 0, L);
   const torch::Tensor bias = self_attention_bias(parallel, B, L, x.options());
+  // Under tp every cross-attention reads its heads' keys and values of the image: one copy, so
+  // the image's gradient is summed over the ranks once for all blocks.
+  const torch::Tensor image = parallel::copy_to_tp(encoded, c_.tp);
   int64_t i = 0;
   for (const auto& b : *blocks) {
     DecoderBlockImpl* block = b->as<DecoderBlockImpl>();
-    x = run_block(c_.checkpoint, i++, {x, encoded, bias},
+    x = run_block(c_.checkpoint, i++, {x, image, bias},
                   [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); });
   }
   return head(norm(x));
@@ -286,7 +317,7 @@ void init_weights(CappaImpl& m, uint64_t seed) {
   // Norms: ones and zeros, as constructed.
 }
 
-void load_safetensors(CappaImpl& model, const std::string& path) {
+void load_state_dict(CappaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source) {
   LoadByNameOptions o;
   o.model = "cappa (" + describe(model.config()) + ")";
   // A sincos2d position table is a fixed function of the config, not a weight; a base file
@@ -294,7 +325,13 @@ void load_safetensors(CappaImpl& model, const std::string& path) {
   o.optional = [&](const std::string& n) {
     return (model.config().posemb == "sincos2d" && n == "encoder.pos_embed") || lora::is_adapter(n);
   };
-  load_by_name(model, safetensors::load(path).tensors, path, o);
+  const std::shared_ptr<parallel::Group>& tp = model.config().tp;
+  if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);
+  load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
+}
+
+void load_safetensors(CappaImpl& model, const std::string& path) {
+  load_state_dict(model, safetensors::load(path).tensors, path);
 }
 
 std::shared_ptr<ModelState> make_state(Cappa model) {

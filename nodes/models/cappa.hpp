@@ -35,6 +35,14 @@
 // pass. Which rows and positions is the objective's choice (caption_loss); the model only
 // applies it (decoder_inputs, self_attention_bias below).
 //
+// Tensor parallel (Config::tp; Megatron-LM's split, parallel/tensor_parallel.hpp): each rank of
+// the group holds heads/tp of every attention's heads (the encoder's fused qkv by its q, k and v
+// rows, the decoder's q, k, v by rows; each proj by its input columns) and mlp_dim/tp,
+// dec_mlp_dim/tp of the MLPs' units (fc1 by rows, fc2 by columns): a block costs one all-reduce
+// forward and one backward per attention and MLP; the encoded image enters every
+// cross-attention through one copy (its gradient summed once). Whole on every rank: the patch
+// embedding, positions, norms, the token embedding and the head (tp_split says which is which).
+//
 // Init (big_vision's): the patch conv lecun-normal (truncated normal, std 1/sqrt(fan_in) /
 // 0.8796), its bias 0; positions N(0, 1/W) (learned); encoder attention xavier-uniform per q, k,
 // v and proj, biases 0; MLP xavier-uniform, biases N(0, 1e-6^2); decoder attention
@@ -44,6 +52,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -66,10 +75,13 @@ struct Config {
   int64_t vocab = 32000;  // V; the embedding has V + 1 rows (the mask token)
   int64_t max_len = 64;   // T: decoder inputs per caption at most
   CheckpointPolicy checkpoint;  // encoder and decoder blocks recomputed in backward (activation_checkpoint.hpp)
+  std::shared_ptr<parallel::Group> tp;  // tensor parallel (see the top); null: whole
   int64_t tokens() const { return (image_size / patch) * (image_size / patch); }
-  void check() const;  // sizes positive, widths divisible by heads, image_size divisible by patch
+  void check() const;  // sizes positive, widths divisible by heads, image_size divisible by patch, heads and MLPs by tp
   double parameter_count() const;
 };
+// How whole tensor `name` ("decoder.blocks.2.cross_attn.k.weight") is laid out over the tp group.
+parallel::TpSplit tp_split(const std::string& name);
 std::string describe(const Config& c);  // "vit 768x12 (patch 16, 224 px), decoder 768x6, vocab 32000"
 
 // LayerNorm over the last dim, eps 1e-6, with or without a bias (flax's): flax_norm(dim, bias).
@@ -78,24 +90,31 @@ inline Norm flax_norm(int64_t dim, bool bias) { return Norm(dim, layers::NormOpt
 
 // fc1 -> exact GELU -> fc2, with or without biases: the shared MLP.
 using layers::Mlp;
-inline layers::MlpOptions mlp_options(bool bias) { return {"fc1", "fc2", layers::Act::gelu, "", bias}; }
+inline layers::MlpOptions mlp_options(bool bias, std::shared_ptr<parallel::Group> tp = nullptr) {
+  layers::MlpOptions o{"fc1", "fc2", layers::Act::gelu, "", bias};
+  o.tp = std::move(tp);
+  return o;
+}
 
 // The ViT block's self-attention: one qkv projection [3W, W] with bias, then proj.
 class EncoderAttentionImpl : public torch::nn::Cloneable<EncoderAttentionImpl> {
  public:
-  EncoderAttentionImpl(int64_t dim, int64_t heads) : dim_(dim), heads_(heads) { reset(); }
+  EncoderAttentionImpl(int64_t dim, int64_t heads, std::shared_ptr<parallel::Group> tp = nullptr)
+      : dim_(dim), heads_(heads), tp_(std::move(tp)) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x);  // [B, N, W]
   lora::Linear qkv{nullptr}, proj{nullptr};
 
  private:
   int64_t dim_, heads_;
+  std::shared_ptr<parallel::Group> tp_;
 };
 TORCH_MODULE(EncoderAttention);
 
 class EncoderBlockImpl : public torch::nn::Cloneable<EncoderBlockImpl> {
  public:
-  EncoderBlockImpl(int64_t dim, int64_t heads, int64_t mlp) : dim_(dim), heads_(heads), mlp_(mlp) { reset(); }
+  EncoderBlockImpl(int64_t dim, int64_t heads, int64_t mlp, std::shared_ptr<parallel::Group> tp = nullptr)
+      : dim_(dim), heads_(heads), mlp_(mlp), tp_(std::move(tp)) { reset(); }
   void reset() override;
   torch::Tensor forward(torch::Tensor x);
   Norm norm1{nullptr}, norm2{nullptr};
@@ -104,20 +123,25 @@ class EncoderBlockImpl : public torch::nn::Cloneable<EncoderBlockImpl> {
 
  private:
   int64_t dim_, heads_, mlp_;
+  std::shared_ptr<parallel::Group> tp_;
 };
 TORCH_MODULE(EncoderBlock);
 
 // Decoder attention: q from the decoder [D -> D], k and v from `kv_dim` inputs (the decoder
 // itself, or the encoded image), no biases; `bias` is added to the scores ([B, 1, Lq, Lk]).
+// With tp this rank's heads; a kv other than x must come through parallel::copy_to_tp (the
+// decoder's forward copies the encoded image once).
 class DecoderAttentionImpl : public torch::nn::Cloneable<DecoderAttentionImpl> {
  public:
-  DecoderAttentionImpl(int64_t dim, int64_t kv_dim, int64_t heads) : dim_(dim), kv_dim_(kv_dim), heads_(heads) { reset(); }
+  DecoderAttentionImpl(int64_t dim, int64_t kv_dim, int64_t heads, std::shared_ptr<parallel::Group> tp = nullptr)
+      : dim_(dim), kv_dim_(kv_dim), heads_(heads), tp_(std::move(tp)) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& kv, const torch::Tensor& bias);
   lora::Linear q{nullptr}, k{nullptr}, v{nullptr}, proj{nullptr};
 
  private:
   int64_t dim_, kv_dim_, heads_;
+  std::shared_ptr<parallel::Group> tp_;
 };
 TORCH_MODULE(DecoderAttention);
 
@@ -202,7 +226,8 @@ torch::Tensor self_attention_bias(const torch::Tensor& parallel, int64_t B, int6
 // big_vision's init (see the top of this file), from a generator seeded by `seed` alone.
 void init_weights(CappaImpl& model, uint64_t seed);
 // The model's own names (a flowrun checkpoint's model.params.safetensors, or one converted to
-// them), every tensor checked (load_by_name).
+// them), every tensor checked (load_by_name); with tp whole tensors, each rank taking its parts.
+void load_state_dict(CappaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source);
 void load_safetensors(CappaImpl& model, const std::string& path);
 
 // The state behind the cappa node's `params` port: forward(batch) = forward_batch.

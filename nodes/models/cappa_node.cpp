@@ -40,6 +40,7 @@ class CappaNode : public ModelNode {
     };
     from_tokenizer("vocab", tok ? tok->vocab_size() : 0, &c.vocab);
     from_tokenizer("max_len", tok ? tok->max_length() - 1 : 0, &c.max_len);  // inputs: every token but the last
+    c.tp = tp_group(ctx);  // run.parallel.tp > 1: this rank's heads and MLP units (cappa.hpp)
     try {
       c.check();
     } catch (const std::exception& e) {
@@ -53,10 +54,22 @@ class CappaNode : public ModelNode {
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
     model_ = Cappa(c_);
     if (init) {
-      init_weights(*model_, seed);
       how = "big_vision init, seed " + std::to_string(seed);
+      if (c_.tp) {
+        // The whole model's init, each rank keeping its parts: the same values as with tp 1.
+        Config whole_cfg = c_;
+        whole_cfg.tp = nullptr;
+        Cappa whole(whole_cfg);
+        init_weights(*whole, seed);
+        load_state_dict(*model_, named_tensors(*whole), how);
+        how += ", split over tp " + std::to_string(c_.tp->size()) + ": the count is this rank's part";
+      } else {
+        init_weights(*model_, seed);
+      }
     }
-    return make_state(model_);
+    std::shared_ptr<ModelState> state = make_state(model_);
+    if (c_.tp) state->tp = std::make_shared<const parallel::TpLayout>(parallel::TpLayout{c_.tp, tp_split});
+    return state;
   }
 
   void load_weights(ModelState&, const std::string& path) override { load_safetensors(*model_, path); }
@@ -75,7 +88,8 @@ class CappaNode : public ModelNode {
     // For forward_backward's memory estimate: what backward keeps of the encoder's and the
     // decoder's blocks (Korthikanti et al.'s estimate, models/activation_checkpoint.hpp); a
     // decoder block attends the caption and the image's patches (L + P positions).
-    // On a GPU (where the model is when the estimate is asked for) attention is fused.
+    // On a GPU (where the model is when the estimate is asked for) attention is fused. Under tp
+    // a rank's share.
     state.activations = [c = c_, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const auto ids = b.find("input_ids");
       if (ids == b.end()) throw std::runtime_error("no input_ids in the batch");
@@ -83,9 +97,10 @@ class CappaNode : public ModelNode {
       const int64_t L = std::min<int64_t>(ids->second.dim() > 1 ? ids->second.size(1) : 1, c.max_len);
       const AttentionKeeps keeps =
           fused_attention_available(model->parameters().front()) ? AttentionKeeps::logsumexp : AttentionKeeps::scores;
-      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy, keeps);
+      const int64_t tp = c.tp ? c.tp->size() : 1;
+      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy, keeps, tp);
       const ActivationEstimate dec =
-          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy, keeps);
+          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy, keeps, tp);
       return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed,
                                 std::max(enc.recompute_live, dec.recompute_live)};
     };

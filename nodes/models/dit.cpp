@@ -49,6 +49,20 @@ void Config::check() const {
     throw std::runtime_error("dit: the head width hidden/heads = " + std::to_string(head_dim()) +
                              " must be a multiple of 4 (2-D RoPE rotates pairs in two halves)");
   if (!(mlp_ratio > 0) || ff_inner() < 1) throw std::runtime_error("dit: mlp_ratio must be > 0");
+  if (tp && (heads % tp->size() != 0 || ff_inner() % tp->size() != 0))
+    throw std::runtime_error("dit: heads " + std::to_string(heads) + " and the MLP's width " + std::to_string(ff_inner()) +
+                             " (int(hidden x mlp_ratio)) do not both split into " + std::to_string(tp->size()) +
+                             " tensor-parallel parts; choose run.parallel.tp dividing both");
+}
+
+parallel::TpSplit tp_split(const std::string& name) {
+  if (lora::is_adapter(name)) return lora::adapter_tp_split(name, tp_split, /*fan_in_fan_out=*/false);
+  if (name.rfind("blocks.", 0) != 0) return {};  // embedders, pooler, norm_out, proj_out: whole
+  for (const char* column : {".to_q.weight", ".to_q.bias", ".to_k.weight", ".to_k.bias", ".to_v.weight", ".to_v.bias",
+                             ".ff.net.0.proj.weight", ".ff.net.0.proj.bias"})
+    if (ends_with(name, column)) return {0, 1};  // [out, in]: this rank's heads' / units' rows
+  if (ends_with(name, ".to_out.0.weight") || ends_with(name, ".ff.net.2.weight")) return {1, 1};  // by input columns
+  return {};  // norms, modulations, skip linears, the row-split layers' biases
 }
 
 // ---- leaf modules and blocks
@@ -116,35 +130,40 @@ torch::Tensor AdaNormContinuousImpl::forward(const torch::Tensor& x, const torch
 
 void AttentionImpl::reset() {
   const int64_t D = dim_ / heads_;
-  to_q = register_module("to_q", lora::Linear(dim_, dim_));
-  to_k = register_module("to_k", lora::Linear(kv_dim_, dim_));
-  to_v = register_module("to_v", lora::Linear(kv_dim_, dim_));
-  norm_q = register_module("norm_q", LayerNorm(D, layers::fp32_norm()));
-  norm_k = register_module("norm_k", LayerNorm(D, layers::fp32_norm()));
+  const int64_t width = layers::tp_share(dim_, tp_, "dit: the attention's width");  // this rank's heads' channels
+  to_q = register_module("to_q", lora::split(lora::Linear(dim_, width), tp_, lora::TpRole::outputs));
+  to_k = register_module("to_k", lora::split(lora::Linear(kv_dim_, width), tp_, lora::TpRole::outputs));
+  to_v = register_module("to_v", lora::split(lora::Linear(kv_dim_, width), tp_, lora::TpRole::outputs));
+  layers::NormOptions per_head = layers::fp32_norm();
+  per_head.tp = tp_;  // shared by the heads, which tp splits: their gradients summed over the ranks
+  norm_q = register_module("norm_q", LayerNorm(D, per_head));
+  norm_k = register_module("norm_k", LayerNorm(D, per_head));
   to_out = register_module("to_out", torch::nn::ModuleList());
-  to_out->push_back(lora::Linear(dim_, dim_));
+  to_out->push_back(lora::split(lora::Linear(width, dim_), tp_, lora::TpRole::inputs));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& ctx, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
-  const int64_t B = x.size(0), N = x.size(1), H = heads_, D = dim_ / heads_;
-  const torch::Tensor& kv = cross_ ? ctx : x;
+  // With tp this rank's heads only: its q, k, v rows in, its columns of to_out.0 out, summed.
+  const int64_t B = x.size(0), N = x.size(1), H = heads_ / (tp_ ? tp_->size() : 1), D = dim_ / heads_;
+  const torch::Tensor xs = parallel::copy_to_tp(x, tp_);
+  const torch::Tensor& kv = cross_ ? ctx : xs;
   const int64_t L = kv.size(1);
-  torch::Tensor q = norm_q(to_q(x).view({B, N, H, D}).transpose(1, 2));  // [B, H, N, D]
+  torch::Tensor q = norm_q(to_q(xs).view({B, N, H, D}).transpose(1, 2));  // [B, H, N, D]
   torch::Tensor k = norm_k(to_k(kv).view({B, L, H, D}).transpose(1, 2));
   torch::Tensor v = to_v(kv).view({B, L, H, D}).transpose(1, 2);
   q = apply_rope(q, cos, sin);
   if (!cross_) k = apply_rope(k, cos, sin);  // HunyuanDiT: the text keys are not rotated
-  return to_out[0]->as<lora::LinearImpl>()->forward(attention(q, k, v));  // [B, N, dim]
+  return layers::row_parallel(*to_out[0]->as<lora::LinearImpl>(), attention(q, k, v), tp_);  // [B, N, dim]
 }
 
 void BlockImpl::reset() {
   norm1 = register_module("norm1", AdaNormShift(cfg_.hidden));
-  attn1 = register_module("attn1", Attention(cfg_.hidden, cfg_.hidden, cfg_.heads, false));
+  attn1 = register_module("attn1", Attention(cfg_.hidden, cfg_.hidden, cfg_.heads, false, cfg_.tp));
   norm2 = register_module("norm2", LayerNorm(cfg_.hidden, layers::fp32_norm()));
-  attn2 = register_module("attn2", Attention(cfg_.hidden, cfg_.text_dim, cfg_.heads, true));
+  attn2 = register_module("attn2", Attention(cfg_.hidden, cfg_.text_dim, cfg_.heads, true, cfg_.tp));
   norm3 = register_module("norm3", LayerNorm(cfg_.hidden, layers::fp32_norm()));
-  ff = register_module("ff", layers::Mlp(cfg_.hidden, cfg_.ff_inner(), ff_options()));
+  ff = register_module("ff", layers::Mlp(cfg_.hidden, cfg_.ff_inner(), ff_options(cfg_.tp)));
   if (skip_) {
     skip_norm = register_module("skip_norm", LayerNorm(2 * cfg_.hidden, layers::fp32_norm()));
     skip_linear = register_module("skip_linear", lora::Linear(2 * cfg_.hidden, cfg_.hidden));
@@ -325,6 +344,10 @@ torch::Tensor DitImpl::forward(const Inputs& in) {
                       1);
   }
   ctx = torch::where(keep.to(torch::kBool).unsqueeze(2), ctx, text_embedding_padding.to(dtype));
+  // Under tp every cross-attention reads its heads' keys and values of the text: one copy, so
+  // the text's gradient (into the T5 projection and the padding rows) is summed over the ranks
+  // once for all blocks.
+  ctx = parallel::copy_to_tp(ctx, cfg_.tp);
 
   torch::Tensor h = pos_embed(x);  // [B, N, hidden], row-major patches
   torch::Tensor tt = t.dim() == 0 ? t.reshape({1}).expand({B}) : (t.size(0) == 1 ? t.expand({B}) : t);
@@ -415,7 +438,9 @@ void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>&
   LoadByNameOptions o;
   o.model = "dit (" + describe(model.config()) + ")";
   o.optional = lora::is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
-  load_by_name(model, tensors, source, o);
+  const std::shared_ptr<parallel::Group>& tp = model.config().tp;
+  if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);
+  load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
 }
 
 void load_safetensors(DitImpl& model, const std::string& path) {

@@ -62,6 +62,18 @@
 // first C (diffusers' pipeline: noise_pred.chunk(2)[0]); nothing here trains the variance half.
 // t5_dim 0 (flowrun's one-encoder variant, not in diffusers): no text_embedder, no pooler, the
 // padding has text_len rows.
+//
+// Tensor parallel (Config::tp; Megatron-LM's split, parallel/tensor_parallel.hpp): each rank of
+// the group holds heads/tp of both attentions' heads (to_q, to_k, to_v by their output rows,
+// to_out.0 by its input columns) and inner/tp of the MLP's units (ff.net.0.proj by rows,
+// ff.net.2 by columns), so a block costs one all-reduce forward and one backward per attention
+// and per MLP; the text states enter every cross-attention through one copy (their gradient
+// summed once, not per block). Whole on every rank: the adaLN modulations (norm1.linear, an
+// [hidden, hidden] shift added to the whole stream), the skip linears (their input is the whole
+// concatenation; splitting them would cost a collective each for 2/17 of a block's weights),
+// the norms, the embedders, the pooler, norm_out and proj_out (tp_split says which is which); the
+// per-head q and k norms are whole too, their gradients summed over the ranks (each rank's heads
+// use them: layers::NormOptions::tp).
 #pragma once
 #include <torch/torch.h>
 
@@ -93,6 +105,7 @@ struct Config {
   bool learn_sigma = true;                          // proj_out predicts 2C channels (prediction | variance)
   CheckpointPolicy checkpoint;                      // blocks recomputed in backward (activation_checkpoint.hpp)
   int64_t rope_base_grid = 32;                      // RoPE positions fit to a B x B grid (the pipeline's); 0: integer
+  std::shared_ptr<parallel::Group> tp;              // tensor parallel (see the top); null: whole
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   // Width of extra_embedder's input; 0: the model has none.
   int64_t extra_in() const {
@@ -103,8 +116,10 @@ struct Config {
   // config.json with patch_size or text_len absurd is refused by check_model_fits, not torch).
   double parameter_count() const;
   int64_t ff_inner() const { return static_cast<int64_t>(static_cast<double>(hidden) * mlp_ratio); }
-  void check() const;
+  void check() const;  // also: heads and ff_inner() divisible by tp
 };
+// How whole tensor `name` (diffusers' name, "blocks.3.attn1.to_q.weight") is laid out over the tp group.
+parallel::TpSplit tp_split(const std::string& name);
 // "patch=2 in_channels=4 hidden=1408 ...", for messages.
 std::string describe(const Config& c);
 
@@ -190,11 +205,12 @@ TORCH_MODULE(AdaNormContinuous);
 
 class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
  public:
-  AttentionImpl(int64_t dim, int64_t kv_dim, int64_t heads, bool cross)
-      : dim_(dim), kv_dim_(kv_dim), heads_(heads), cross_(cross) { reset(); }
+  AttentionImpl(int64_t dim, int64_t kv_dim, int64_t heads, bool cross, std::shared_ptr<parallel::Group> tp = nullptr)
+      : dim_(dim), kv_dim_(kv_dim), heads_(heads), cross_(cross), tp_(std::move(tp)) { reset(); }
   void reset() override;
   // x [B, N, dim]; ctx [B, L, kv_dim] (cross) or undefined (self); cos/sin [N, head_dim]. Every
-  // key is attended to (padded text tokens are learned embeddings, not masked out).
+  // key is attended to (padded text tokens are learned embeddings, not masked out). With tp
+  // this rank's heads; ctx must come through parallel::copy_to_tp (the model's forward does).
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& ctx, const torch::Tensor& cos,
                         const torch::Tensor& sin);
   lora::Linear to_q{nullptr}, to_k{nullptr}, to_v{nullptr};
@@ -204,12 +220,17 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
  private:
   int64_t dim_, kv_dim_, heads_;
   bool cross_;
+  std::shared_ptr<parallel::Group> tp_;
 };
 TORCH_MODULE(Attention);
 
 // ff: diffusers' FeedForward (net.0 a GELU(tanh) with its proj, net.1 dropout, net.2 the output
 // projection), the shared MLP at those paths.
-inline layers::MlpOptions ff_options() { return {"net.0.proj", "net.2", layers::Act::gelu_tanh}; }
+inline layers::MlpOptions ff_options(std::shared_ptr<parallel::Group> tp = nullptr) {
+  layers::MlpOptions o{"net.0.proj", "net.2", layers::Act::gelu_tanh};
+  o.tp = std::move(tp);
+  return o;
+}
 
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
@@ -296,7 +317,8 @@ void init_weights(DitImpl& model, uint64_t seed);
 // Copy a state dict in by name (any float dtype, converted). Every parameter that is not a LoRA
 // adapter must be given with its shape; adapters (lora_A / lora_B) are optional (a base model's
 // file has none; a LoRA run's checkpoint has them). Missing, unexpected and mis-shaped tensors
-// are all listed in one error that starts with `source`.
+// are all listed in one error that starts with `source`. With tp the tensors are whole, each
+// rank taking its parts (tp_split).
 void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source);
 void load_safetensors(DitImpl& model, const std::string& path);
 

@@ -93,6 +93,7 @@ class DitNode : public ModelNode {
     }
     cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     cfg.rope_base_grid = p.has("rope_base_grid") ? p.get<int64_t>("rope_base_grid") : 0;  // null: integer positions
+    cfg.tp = tp_group(ctx);  // run.parallel.tp > 1: this rank's heads and MLP units (dit.hpp)
     try {
       cfg.check();
     } catch (const std::exception& e) {
@@ -106,10 +107,22 @@ class DitNode : public ModelNode {
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
     model_ = Dit(cfg_);
     if (init) {
-      init_weights(*model_, seed);
       how = "DiT init, seed " + std::to_string(seed);
+      if (cfg_.tp) {
+        // The whole model's init, each rank keeping its parts: the same values as with tp 1.
+        Config whole_cfg = cfg_;
+        whole_cfg.tp = nullptr;
+        Dit whole(whole_cfg);
+        init_weights(*whole, seed);
+        load_state_dict(*model_, named_tensors(*whole), how);
+        how += ", split over tp " + std::to_string(cfg_.tp->size()) + ": the count is this rank's part";
+      } else {
+        init_weights(*model_, seed);
+      }
     }
-    return make_state(model_);
+    std::shared_ptr<ModelState> state = make_state(model_);
+    if (cfg_.tp) state->tp = std::make_shared<const parallel::TpLayout>(parallel::TpLayout{cfg_.tp, tp_split});
+    return state;
   }
 
   void load_weights(ModelState&, const std::string& path) override { load_safetensors(*model_, path); }
@@ -132,14 +145,15 @@ class DitNode : public ModelNode {
                    ctx.who(), pooled.size(), pooled.front());
     // Backward keeps the blocks' activations (Korthikanti et al.'s estimate) over the image's
     // patch tokens: the batch's 4-D tensor (pixels or latents, [rows, C, H, W]). On a GPU (where
-    // the model is when the estimate is asked for) attention is fused.
+    // the model is when the estimate is asked for) attention is fused. Under tp a rank's share.
     state.activations = [cfg = cfg_, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
       const AttentionKeeps keeps =
           fused_attention_available(model->parameters().front()) ? AttentionKeeps::logsumexp : AttentionKeeps::scores;
       for (const auto& [key, t] : b)
         if (t.dim() == 4 && t.is_floating_point()) {
           const int64_t tokens = (t.size(2) / cfg.patch) * (t.size(3) / cfg.patch);
-          return estimate_activations(cfg.depth, t.size(0) * tokens, cfg.hidden, cfg.heads, tokens, bytes, policy, keeps);
+          return estimate_activations(cfg.depth, t.size(0) * tokens, cfg.hidden, cfg.heads, tokens, bytes, policy, keeps,
+                                      cfg.tp ? cfg.tp->size() : 1);
         }
       throw std::runtime_error("the batch has no image (a 4-D tensor)");
     };

@@ -41,6 +41,7 @@ void Config::check() const {
 }
 
 parallel::TpSplit tp_split(const std::string& name) {
+  if (lora::is_adapter(name)) return lora::adapter_tp_split(name, tp_split, /*fan_in_fan_out=*/true);
   auto ends_with = [&](const std::string& end) {
     return name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0;
   };
@@ -74,8 +75,8 @@ torch::Tensor CausalMaskCache::get(int64_t T, const torch::TensorOptions& opts) 
 
 void AttentionImpl::reset() {
   const int64_t width = layers::tp_share(dim_, tp_, "gpt: the attention's width");  // this rank's heads' channels
-  c_attn = register_module("c_attn", conv1d(dim_, 3 * width));
-  c_proj = register_module("c_proj", conv1d(width, dim_));
+  c_attn = register_module("c_attn", lora::split(conv1d(dim_, 3 * width), tp_, lora::TpRole::outputs));
+  c_proj = register_module("c_proj", lora::split(conv1d(width, dim_), tp_, lora::TpRole::inputs));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int64_t T) {

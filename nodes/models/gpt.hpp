@@ -43,8 +43,7 @@ struct Config {
   // rows of the token table, so of the tied head's logits (forward gives [B, T, vocab/tp], which
   // parallel::vocab_parallel_cross_entropy scores); the position table, the LayerNorms and the
   // biases added after a sum are whole on every rank. A block costs one all-reduce forward and
-  // one backward per sub-layer. Null or a group of one: the whole model. (Not yet reachable from a graph: run.parallel.tp > 1 is
-  // refused until the data, all-reduce, optimizer and checkpoint nodes know the layout.)
+  // one backward per sub-layer. Null or a group of one: the whole model (run.parallel.tp: gpt_node.cpp).
   std::shared_ptr<parallel::Group> tp;
   void check() const;    // throws on dim % heads != 0, heads % tp != 0, non-positive sizes, dropout outside [0, 1)
 };

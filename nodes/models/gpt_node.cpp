@@ -7,7 +7,6 @@
 #include "models/attention.hpp"
 #include "models/gpt.hpp"
 #include "models/model_node.hpp"
-#include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
 
@@ -42,18 +41,15 @@ class GptNode : public ModelNode {
     return plan;
   }
 
-  // run.parallel.tp > 1: this rank's heads, MLP units and vocabulary rows (gpt.hpp, Config::tp),
-  // over the tp group of the mesh (collective: setup runs in file order on every rank).
+  // run.parallel.tp > 1: this rank's heads, MLP units and vocabulary rows (gpt.hpp, Config::tp).
   void split_over_tp(SetupContext& ctx) {
-    const parallel::Mesh mesh = parallel::mesh_of(ctx.run());
-    const int tp = mesh.size(parallel::Dim::tp);
-    if (tp == 1) return;
-    const std::string why = " with run.parallel.tp " + std::to_string(tp) + " is not built yet";
-    if (ctx.params().has("lora"))
-      throw std::runtime_error(ctx.who() + ": lora" + why + " (adapters split with their base layers); drop " +
-                               ctx.name() + ".lora or set run.parallel.tp=1");
-    cfg_.tp = parallel::Group::along(ctx.name(), mesh, parallel::Dim::tp, ctx.run().rank);
-    cfg_.check();  // heads and vocabulary divisible by tp, named
+    cfg_.tp = tp_group(ctx);
+    if (!cfg_.tp) return;
+    try {
+      cfg_.check();  // heads and vocabulary divisible by tp, named
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
   }
 
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
@@ -66,9 +62,7 @@ class GptNode : public ModelNode {
         whole_cfg.tp = nullptr;
         Gpt whole(whole_cfg);
         init_weights(*whole, seed);
-        std::map<std::string, torch::Tensor> whole_tensors;
-        for (const auto& t : whole->named_parameters()) whole_tensors[t.key()] = t.value().detach();
-        load_hf_state_dict(*model_, whole_tensors, how);
+        load_hf_state_dict(*model_, named_tensors(*whole), how);
         how += ", split over tp " + std::to_string(cfg_.tp->size()) + ": the count is this rank's part";
       } else {
         init_weights(*model_, seed);

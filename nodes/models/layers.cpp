@@ -15,9 +15,11 @@ void LayerNormImpl::reset() {
 }
 
 torch::Tensor LayerNormImpl::forward(const torch::Tensor& x) {
-  if (!o_.fp32) return torch::layer_norm(x, {dim_}, weight, bias, o_.eps);
-  torch::Tensor w = weight.defined() ? weight.to(torch::kFloat) : torch::Tensor();
-  torch::Tensor b = bias.defined() ? bias.to(torch::kFloat) : torch::Tensor();
+  torch::Tensor w = weight.defined() ? parallel::copy_to_tp(weight, o_.tp) : torch::Tensor();
+  torch::Tensor b = bias.defined() ? parallel::copy_to_tp(bias, o_.tp) : torch::Tensor();
+  if (!o_.fp32) return torch::layer_norm(x, {dim_}, w, b, o_.eps);
+  if (w.defined()) w = w.to(torch::kFloat);
+  if (b.defined()) b = b.to(torch::kFloat);
   return torch::layer_norm(x.to(torch::kFloat), {dim_}, w, b, o_.eps).to(x.scalar_type());
 }
 
@@ -116,9 +118,12 @@ torch::Tensor row_parallel(lora::LinearImpl& fc, const torch::Tensor& x, const s
 void MlpImpl::reset() {
   if (o_.fc1.empty() || o_.fc2.empty()) throw std::logic_error("layers::Mlp: fc1 and fc2 need names");
   const int64_t hidden = tp_share(hidden_, o_.tp, "the MLP's hidden width");
-  register_at(*this, o_.fc1, lora::Linear(dim_, hidden, o_.bias, o_.fan_in_fan_out));
-  if (!o_.gate.empty()) register_at(*this, o_.gate, lora::Linear(dim_, hidden, o_.bias, o_.fan_in_fan_out));
-  register_at(*this, o_.fc2, lora::Linear(hidden, o_.out > 0 ? o_.out : dim_, o_.bias, o_.fan_in_fan_out));
+  auto linear = [&](int64_t in, int64_t out, lora::TpRole role) {
+    return lora::split(lora::Linear(in, out, o_.bias, o_.fan_in_fan_out), o_.tp, role);
+  };
+  register_at(*this, o_.fc1, linear(dim_, hidden, lora::TpRole::outputs));
+  if (!o_.gate.empty()) register_at(*this, o_.gate, linear(dim_, hidden, lora::TpRole::outputs));
+  register_at(*this, o_.fc2, linear(hidden, o_.out > 0 ? o_.out : dim_, lora::TpRole::inputs));
   bind();
 }
 

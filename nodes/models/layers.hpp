@@ -23,6 +23,10 @@ struct NormOptions {
   bool weight = true;  // a gain; false: no parameters at all (bias must be false too)
   bool bias = true;
   bool fp32 = false;   // computed in float32 and cast back (diffusers' FP32LayerNorm)
+  // A norm whose input is each tp rank's part of a split tensor (the DiT's per-head q and k norms
+  // over a rank's heads): its parameters, whole on every rank, get their gradients summed over
+  // the group (parallel::copy_to_tp on them). Null: a norm of whole tensors.
+  std::shared_ptr<parallel::Group> tp;
 };
 // eps 1e-6 in float32, affine or not: the DiT's (diffusers' FP32LayerNorm).
 inline NormOptions fp32_norm(bool affine = true) { return {1e-6, affine, affine, true}; }

@@ -52,10 +52,49 @@ torch::Tensor LinearImpl::forward_without_bias(const torch::Tensor& x) { return 
 torch::Tensor LinearImpl::product(const torch::Tensor& x, const torch::Tensor& bias) {
   torch::Tensor y = flowrun::linear(x, weight, bias, fan_in_fan_out_);
   if (rank_ > 0) {
-    torch::Tensor a = torch::nn::functional::linear(flowrun::dropout(x, dropout_), lora_A->weight);
-    y = y + torch::nn::functional::linear(a, lora_B->weight) * scale();
+    // Under tp (see the top of lora.hpp): the factor every rank holds whole gets its gradient
+    // summed over the group; a split input's dropout mask is its columns of the whole input's.
+    const bool split = tp_ && tp_->size() > 1;
+    torch::Tensor A = lora_A->weight, B = lora_B->weight, in;
+    if (split && tp_role_ == TpRole::outputs) A = parallel::copy_to_tp(A, tp_);
+    if (split && tp_role_ == TpRole::inputs) {
+      B = parallel::copy_to_tp(B, tp_);
+      std::vector<int64_t> whole = x.sizes().vec();
+      whole.back() = whole_in_features();
+      in = flowrun::dropout_of_part(x, dropout_, whole, x.dim() - 1, tp_->rank() * in_);
+    } else {
+      in = flowrun::dropout(x, dropout_);
+    }
+    y = y + torch::nn::functional::linear(torch::nn::functional::linear(in, A), B) * scale();
   }
   return y;
+}
+
+void LinearImpl::set_tp(std::shared_ptr<parallel::Group> tp, TpRole role) {
+  if (rank_ > 0) throw std::logic_error("lora: a layer is split over tp before it gets an adapter");
+  tp_ = std::move(tp);
+  tp_role_ = role;
+}
+
+int64_t LinearImpl::whole_in_features() const {
+  return tp_ && tp_role_ == TpRole::inputs ? in_ * tp_->size() : in_;
+}
+
+torch::Tensor LinearImpl::inputs_part(const torch::Tensor& whole) const {
+  if (!(tp_ && tp_role_ == TpRole::inputs && tp_->size() > 1)) return whole;
+  return parallel::tp_block(whole, whole.dim() - 1, *tp_, "lora: a row-split layer's adapter");
+}
+
+parallel::TpSplit adapter_tp_split(const std::string& name, const std::function<parallel::TpSplit(const std::string&)>& base,
+                                   bool fan_in_fan_out) {
+  const size_t at = name.rfind(".lora_");
+  if (at == std::string::npos) return {};
+  const parallel::TpSplit w = base(name.substr(0, at) + ".weight");
+  if (!w.split()) return {};
+  const bool outputs = w.dim == (fan_in_fan_out ? 1 : 0);  // W's output dimension split: column-parallel
+  const bool is_b = name.compare(at, 8, ".lora_B.") == 0;
+  if (outputs) return is_b ? parallel::TpSplit{0, w.runs} : parallel::TpSplit{};  // B [out, r] by rows
+  return is_b ? parallel::TpSplit{} : parallel::TpSplit{1, 1};                     // A [r, in] by columns
 }
 
 void LinearImpl::add_adapter(int64_t rank, double alpha, double dropout, const std::string& target) {
@@ -153,10 +192,12 @@ std::vector<std::string> apply_lora(torch::nn::Module& root, const Config& cfg, 
   for (size_t i = 0; i < chosen.size(); ++i) {
     LinearImpl* lin = chosen[i].second;
     lin->add_adapter(cfg.rank, cfg.alpha, cfg.dropout, chosen_target[i]);
-    // PEFT: kaiming_uniform_(A, a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)); B = 0.
-    const double bound = 1.0 / std::sqrt(static_cast<double>(lin->in_features()));
-    torch::Tensor a = torch::empty({cfg.rank, lin->in_features()}).uniform_(-bound, bound, g);
-    lin->lora_A->weight.copy_(a);
+    // PEFT: kaiming_uniform_(A, a=sqrt(5)) = U(-1/sqrt(fan_in), 1/sqrt(fan_in)); B = 0. A split
+    // layer's A is drawn whole (the same draws at any tp) and this rank's columns kept.
+    const int64_t in = lin->whole_in_features();
+    const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+    torch::Tensor a = torch::empty({cfg.rank, in}).uniform_(-bound, bound, g);
+    lin->lora_A->weight.copy_(lin->inputs_part(a));
     lin->lora_A->weight.set_requires_grad(true);
     lin->lora_B->weight.set_requires_grad(true);
   }
@@ -194,9 +235,18 @@ Config adapter_config(const ModelState& model) {
 PeftFiles peft_files(const ModelState& model, const std::string& base_model) {
   const Config c = adapter_config(model);
   PeftFiles f;
+  // A model split over tp exports whole adapters: those the checkpoint's collect gathered.
+  auto whole = [&](const std::string& name, const torch::Tensor& mine) {
+    if (!model.tp) return mine.detach().to(torch::kCPU, false, true);
+    auto it = model.gathered.find(name);
+    if (it == model.gathered.end())
+      throw std::logic_error("lora: a tensor-parallel model's adapters export from its gathered whole tensors; '" + name +
+                             "' was not gathered (the checkpoint's collect runs first)");
+    return it->second.detach().to(torch::kCPU, false, true);
+  };
   for (const auto& [name, lin] : adapted_layers(*model.module)) {
-    f.tensors[kPeftPrefix + name + ".lora_A.weight"] = lin->lora_A->weight.detach().to(torch::kCPU, false, true);
-    f.tensors[kPeftPrefix + name + ".lora_B.weight"] = lin->lora_B->weight.detach().to(torch::kCPU, false, true);
+    f.tensors[kPeftPrefix + name + ".lora_A.weight"] = whole(name + ".lora_A.weight", lin->lora_A->weight);
+    f.tensors[kPeftPrefix + name + ".lora_B.weight"] = whole(name + ".lora_B.weight", lin->lora_B->weight);
   }
   nlohmann::json j;
   j["peft_type"] = "LORA";
@@ -292,7 +342,15 @@ void load_peft(ModelState& model, const std::string& given_dir, uint64_t seed) {
     return k;
   };
   o.check = [&disagree](const NamedTensorMap&) { return disagree; };
-  load_by_name(std::move(mine), safetensors::load(st_path).tensors, "lora: " + st_path, o);
+  std::map<std::string, torch::Tensor> file = safetensors::load(st_path).tensors;
+  if (model.tp) {  // split over tp: this rank's parts of the file's whole adapters
+    std::map<std::string, torch::Tensor> renamed;
+    for (auto& [k, t] : file) renamed[o.rename(k)] = t;
+    const std::string prefix = kPeftPrefix;
+    file = model.tp->parts(
+        renamed, [&](const std::string& k) { return k.rfind(prefix, 0) == 0 ? k.substr(prefix.size()) : k; }, "lora: " + st_path);
+  }
+  load_by_name(std::move(mine), file, "lora: " + st_path, o);
 }
 
 void merge_lora(ModelState& model) {

@@ -18,6 +18,14 @@
 // when N == T or N ends with "." + T ("to_q" matches blocks.3.attn1.to_q; "attn1.to_q" only the
 // self-attention's; "to_out.0" the attention output projections).
 //
+// Tensor parallel (parallel/tensor_parallel.hpp): a layer the model splits (split() below)
+// holds its part of W — its outputs' rows (column-parallel) or its inputs' columns
+// (row-parallel) — and its adapter splits with it, so that B·A is this rank's part of the whole
+// delta: with the outputs B's rows (A whole on every rank, its gradient summed over the group),
+// with the inputs A's columns (B whole, its gradient summed). A is drawn whole and cut, the
+// dropout mask of a split input cut from the whole input's, so adapters train alike at any tp;
+// exports and checkpoints hold whole tensors (adapter_tp_split).
+//
 // PEFT files (export_peft / load_peft): DIR/adapter_model.safetensors holds
 // "base_model.model.<path>.lora_A.weight" / ".lora_B.weight" for every adapted layer;
 // DIR/adapter_config.json {"peft_type": "LORA", "r", "lora_alpha", "target_modules",
@@ -32,8 +40,13 @@
 #include <vector>
 
 #include "models/model_state.hpp"
+#include "parallel/tensor_parallel.hpp"
 
 namespace flowrun::lora {
+
+// Which dimension of a layer tensor parallel splits: none, its outputs (column-parallel), or its
+// inputs (row-parallel).
+enum class TpRole { whole, outputs, inputs };
 
 struct Config {
   int64_t rank = 8;
@@ -83,8 +96,16 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   double dropout() const { return dropout_; }
   double scale() const { return rank_ > 0 ? alpha_ / static_cast<double>(rank_) : 0.0; }
   const std::string& target() const { return target_; }
-  int64_t in_features() const { return in_; }
+  int64_t in_features() const { return in_; }   // this rank's part under tp
   int64_t out_features() const { return out_; }
+  // Under tp (set by the model that splits the layer, before any adapter): the group and which
+  // dimension it splits; in_features() / out_features() are then the part's.
+  void set_tp(std::shared_ptr<parallel::Group> tp, TpRole role);
+  // The whole layer's input width (in_features() times the group's size when the inputs are split).
+  int64_t whole_in_features() const;
+  // This rank's columns (last dimension) of `whole`, a tensor over the whole layer's inputs:
+  // `whole` itself unless the inputs are split.
+  torch::Tensor inputs_part(const torch::Tensor& whole) const;
   bool fan_in_fan_out() const { return fan_in_fan_out_; }
 
   torch::Tensor weight, bias;           // bias undefined without one
@@ -97,8 +118,25 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   int64_t rank_ = 0;
   double alpha_ = 0.0, dropout_ = 0.0;
   std::string target_;
+  std::shared_ptr<parallel::Group> tp_;  // null or a group of one: whole
+  TpRole tp_role_ = TpRole::whole;
 };
 TORCH_MODULE(Linear);
+
+// `layer` split over `tp` as `role` says (LinearImpl::set_tp), for a model's reset():
+//   c_attn = register_module("c_attn", lora::split(conv1d(dim, 3 * width), tp, lora::TpRole::outputs));
+inline Linear split(Linear layer, std::shared_ptr<parallel::Group> tp, TpRole role) {
+  layer->set_tp(std::move(tp), role);
+  return layer;
+}
+
+// How an adapter tensor of a split model is laid out over the tp group, from its base layer's
+// split (`base`: the family's tp_split, asked for "<layer>.weight"; `fan_in_fan_out`: the
+// family's weights are Conv1D [in, out]): a column-split layer's lora_B by rows (in the base's
+// runs: GPT's q | k | v), a row-split layer's lora_A by columns, else whole. Families' tp_split
+// call it for adapter names (is_adapter).
+parallel::TpSplit adapter_tp_split(const std::string& name, const std::function<parallel::TpSplit(const std::string&)>& base,
+                                   bool fan_in_fan_out);
 
 // True for an adapter's parameter name ("h.0.attn.c_attn.lora_A.weight"): what a base model's
 // file lacks (a loader's `optional`) and a model's init leaves to apply_lora.

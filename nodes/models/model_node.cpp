@@ -10,6 +10,7 @@
 #include "common/pretrained.hpp"
 #include "formats/files.hpp"
 #include "models/lora.hpp"
+#include "parallel/mesh.hpp"
 
 namespace flowrun {
 
@@ -86,6 +87,19 @@ void own_model(SetupContext& ctx, std::shared_ptr<ModelState> state, const std::
 
 std::string ModelNode::load_pretrained(ModelState&) {
   throw std::logic_error("ModelNode: Plan::pretrained set by a family without load_pretrained");
+}
+
+std::shared_ptr<parallel::Group> ModelNode::tp_group(SetupContext& ctx) {
+  const parallel::Mesh mesh = parallel::mesh_of(ctx.run());
+  const int tp = mesh.size(parallel::Dim::tp);
+  if (tp == 1) return nullptr;
+  return parallel::Group::along(ctx.name(), mesh, parallel::Dim::tp, ctx.run().rank);
+}
+
+std::map<std::string, torch::Tensor> ModelNode::named_tensors(torch::nn::Module& whole) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& t : whole.named_parameters()) out[t.key()] = t.value().detach();
+  return out;
 }
 
 void ModelNode::finish(SetupContext&, ModelState&, const std::vector<std::string>&) {}

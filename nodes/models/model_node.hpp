@@ -29,6 +29,7 @@
 //     void load_weights(ModelState&, const std::string& path) override { load_hf_safetensors(*model_, path); }
 //   };
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@
 #include "node.hpp"
 
 namespace flowrun {
+
+namespace parallel {
+class Group;
+}
 
 class ModelNode : public Node {
  public:
@@ -66,6 +71,13 @@ class ModelNode : public Node {
   virtual void load_weights(ModelState& state, const std::string& path) = 0;
   // The `pretrained` folder's weights (Plan::pretrained set); returns the folder.
   virtual std::string load_pretrained(ModelState& state);
+  // Tensor parallel, for a family that splits (its Config::tp, its tp_split): the group over the
+  // model's tp ranks (run.parallel.tp), null at tp 1; collective (setup runs in file order on
+  // every rank).
+  static std::shared_ptr<parallel::Group> tp_group(SetupContext& ctx);
+  // The tensors of `whole` by name: a split model's init is the whole model's, each rank loading
+  // its parts as from a file (so tp changes no value).
+  static std::map<std::string, torch::Tensor> named_tensors(torch::nn::Module& whole);
   // The family's last word on its state: its activations estimate, a captioner, warnings.
   // `adapted`: the layers `lora` put adapters on.
   virtual void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted);

@@ -101,9 +101,10 @@ struct ModelState {
   std::shared_ptr<const Captioner> captioner;
 
   // Tensor parallel (run.parallel.tp > 1): the module holds this rank's parts of the split
-  // tensors, laid out as `tp` says (set by a model that splits: gpt). Checkpoints hold whole
-  // tensors: the checkpoint's collect (model_state.cpp, collective) gathers them into `gathered`
-  // on the writing rank, which is what it saves; a load (resume) takes whole tensors and keeps
+  // tensors, laid out as `tp` says (set by a model that splits: gpt, dit, cappa). Checkpoints hold
+  // whole tensors: the checkpoint's collect (model_state.cpp, collective) gathers them into
+  // `gathered` on the writing rank, which is what it saves and exports (lora::peft_files); a
+  // load (resume) takes whole tensors and keeps
   // this rank's parts; the start-up broadcast leaves the parts alone. Null: the module is whole.
   std::shared_ptr<const parallel::TpLayout> tp;
   std::map<std::string, torch::Tensor> gathered;

@@ -183,7 +183,7 @@ class ForwardBackwardNode : public Node {
     if (tp_group_ && !ctx.state_as<ModelState>("model").tp)
       throw std::runtime_error(ctx.who() + ": run.parallel.tp is " + std::to_string(tp_group_->size()) + ", but its model (" +
                                ctx.state_as<ModelState>("model").kind +
-                               ") does not split over tensor parallel (built for gpt so far): every tp rank would "
+                               ") does not split over tensor parallel (built for gpt, dit and cappa): every tp rank would "
                                "train the whole model; set run.parallel.tp=1");
     fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";

@@ -366,6 +366,19 @@ mesh_groups)
   run_code 0 "${mpi4[@]}" "$tool" gpt-tp 2
   expect_out "tp 2: the split GPT equals the whole one"
   run_code 0 "${mpi4[@]}" "$tool" gpt-tp 4
+  # The DiT too (models/dit.hpp Config::tp: both attentions' heads, the MLP's units), with both
+  # text streams, the T5 pooler, size and style conditioning and the long skips.
+  run_code 0 "${mpi4[@]}" "$tool" dit-tp 2
+  expect_out "tp 2: the split DiT equals the whole one"
+  run_code 0 "${mpi4[@]}" "$tool" dit-tp 4
+  # With LoRA adapters on split layers of both kinds and on a whole one (lora.hpp).
+  run_code 0 "${mpi4[@]}" "$tool" dit-tp 2 lora
+  expect_out "tp 2: the split DiT with LoRA adapters equals the whole one"
+  run_code 0 "${mpi4[@]}" "$tool" dit-tp 4 lora
+  # And CapPa (models/cappa.hpp Config::tp: the ViT's and the decoder's heads and MLP units).
+  run_code 0 "${mpi4[@]}" "$tool" cappa-tp 2
+  expect_out "tp 2: the split CapPa equals the whole one"
+  run_code 0 "${mpi4[@]}" "$tool" cappa-tp 4
   # A rank that never joins its group's collective (alive, silent) ends every rank of every group
   # within the collective timeout.
   start=$(date +%s)
@@ -381,7 +394,7 @@ mesh_groups)
   expect_out "pipeline parallel is not built in this flowrun yet"
   # tp with a model that does not split (this graph's MLP): refused, not trained whole on every rank.
   run_code 1 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/tp" run.parallel.tp=2
-  expect_out "does not split over tensor parallel (built for gpt so far)"
+  expect_out "does not split over tensor parallel (built for gpt, dit and cappa)"
   ;;
 tensor_parallel)
   # run.parallel.tp (issue 48): graphs/gpt.yaml at a tiny size, its heads, MLP units and
@@ -449,14 +462,119 @@ tensor_parallel)
     "$tool" tensor-diff "$tmp/two/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "resume tp 2 -> tp 2: $f is not bit-identical"
   done
+  # LoRA under tp (adapters split with their base layers, lora.hpp), its dropout on: the losses
+  # of one process, and the exported PEFT adapter (whole tensors under PEFT's names) the same.
+  lora=(model.lora.rank=4 model.lora.targets=[c_attn,c_proj,c_fc] model.lora.dropout=0.1 ckpt.exports=true)
+  run_code 0 "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora1"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora2" run.parallel.tp=2
+  losses "$tmp/lora1/metrics.jsonl" > "$tmp/a1"; losses "$tmp/lora2/metrics.jsonl" > "$tmp/a2"
+  same_numbers "$tmp/a1" "$tmp/a2" 1e-6 || fail "LoRA: the losses differ between tp 2 and one process"
+  for m in model.params ema.params; do
+    "$tool" tensor-diff "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
+      "$tmp/lora2/checkpoints/step_00000006/$m/adapter_model.safetensors" 1e-4 || fail "LoRA: the PEFT adapters of $m differ"
+  done
   # What is not built yet under tp is refused at start (a node's setup: exit 1), saying what to change.
-  run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no1" run.parallel.tp=2 model.lora.rank=4 \
-    model.lora.targets=[c_attn]
-  expect_out "lora with run.parallel.tp 2 is not built yet"
   run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no2" run.parallel.tp=2 zero.stage=states
   expect_out "sharding a tensor-parallel model's states over its data-parallel ranks is not built yet"
   run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no3" run.parallel.tp=2 model.heads=3 model.dim=33
   expect_out "do not split into 2 tensor-parallel parts"
+  ;;
+tensor_parallel_dit)
+  # run.parallel.tp for the DiT (issue 48): graphs/dit_base.yaml at a tiny size, both attentions'
+  # heads and the MLP's units split over 2 ranks (its frozen VAE and BERT whole on each; the VAE's
+  # posterior draws and the diffusion noise by replica), trains what one process trains: with
+  # SGD (momentum) the parameters, momenta and EMA within 1e-5; with AdamW every step's loss, the
+  # held-out loss and the sampler's grid (drawn by rank 0 with its tp partner, scored by
+  # shapes_fidelity) as one process's. dp 2 x tp 2 against dp 2 (the diffusion objective draws
+  # its noise and timesteps per replica, not per global row, so any dp 2 differs from one
+  # process of twice the rows; tp must change nothing at a given dp).
+  needs_data data/shapes/base.json
+  g=(graphs/dit_base.yaml run.steps=6 run.log_every=1 run.progress=off run.threads=1 data.batch=8 tok.max_length=12
+     text.dim=16 text.heads=2 text.ffn=32 model.hidden=32 model.depth=3 model.heads=4 model.mlp_ratio=2.0
+     model.text_dim=16 opt.warmup=2 ema.decay=0.9 ema.warmup=false vae.weights=null sample.steps=2 sample.per_prompt=1
+     sample.every=3 fid.every=3 eval.every=3 evlog.every=3 eval.batch=8 eval.batches=1 ckpt.every=3)
+  run_code 0 "$flowrun" "${g[@]}" opt.kind=sgd run.out_dir="$tmp/sgd1"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" opt.kind=sgd run.out_dir="$tmp/sgd2" run.parallel.tp=2
+  expect_out "split over tp 2: the count is this rank's part"
+  for f in model.params opt.state ema.params; do
+    "$tool" tensor-diff "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+      fail "SGD: $f differs between tp 2 and one process"
+  done
+  run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/one"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/two" run.parallel.tp=2
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/dp2" data.batch=4 eval.batch=4
+  run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/four" run.parallel.tp=2 data.batch=4 eval.batch=4
+  expect_out "processes: dp 2 x pp 1 x tp 2 (4 processes)"
+  # same_runs A B: A's and B's logged losses, held-out losses and fidelities agree within 1e-6.
+  same_runs() {
+    for key in loss val_loss fidelity; do
+      grep -o "\"$key\":[0-9.eE+-]*" "$tmp/$1/metrics.jsonl" | cut -d: -f2 > "$tmp/k1"
+      grep -o "\"$key\":[0-9.eE+-]*" "$tmp/$2/metrics.jsonl" | cut -d: -f2 > "$tmp/k2"
+      [ "$key" != loss ] || [ "$(wc -l < "$tmp/k1")" = 6 ] || fail "$1: expected 6 logged losses"
+      same_numbers "$tmp/k1" "$tmp/k2" 1e-6 || fail "AdamW: $key differs between $2 and $1"
+    done
+  }
+  same_runs one two
+  same_runs dp2 four
+  [ -s "$tmp/two/samples/step_0000006.png" ] || fail "the sampler wrote no grid under tp 2"
+  [ "$(grep -c '"fidelity"' "$tmp/two/metrics.jsonl")" = 2 ] || fail "expected 2 fidelity lines under tp 2"
+  # Same layout: a resumed run is bit-identical.
+  mkdir -p "$tmp/r22/checkpoints" && cp -r "$tmp/two/checkpoints/step_00000003" "$tmp/r22/checkpoints/" &&
+    echo step_00000003 > "$tmp/r22/checkpoints/latest"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r22" run.resume=auto run.parallel.tp=2
+  for f in model.params opt.state ema.params; do
+    "$tool" tensor-diff "$tmp/two/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
+      fail "resume tp 2 -> tp 2: $f is not bit-identical"
+  done
+  # LoRA on the split attentions and MLPs (its dropout on), over the base trained above (at its
+  # init the DiT's output projections are zero, so adapters would get no gradient): with SGD the
+  # exported PEFT adapters (the model's and the EMA's) of tp 2 are one process's within 1e-5 of
+  # each tensor's largest value (B is small after 6 steps: about 7e-5).
+  lora=(model.lora.rank=4 model.lora.targets=[to_q,to_k,to_v,to_out.0,net.0.proj,net.2] model.lora.dropout=0.1
+        ckpt.exports=true opt.kind=sgd model.weights="$(params "$tmp/one" 6)")
+  run_code 0 "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora1"
+  grep -o '"grad_norm":[0-9.eE+-]*' "$tmp/lora1/metrics.jsonl" | tail -1 | awk -F: '{ exit !($2 > 0) }' ||
+    fail "LoRA: the adapters got no gradient"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora2" run.parallel.tp=2
+  for m in model.params ema.params; do
+    "$tool" tensor-diff "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
+      "$tmp/lora2/checkpoints/step_00000006/$m/adapter_model.safetensors" 1e-5rel || fail "LoRA: the PEFT adapters of $m differ"
+  done
+  # Heads that do not split are refused at start, saying what to change.
+  run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no" run.parallel.tp=2 model.heads=1
+  expect_out "do not both split into 2 tensor-parallel parts"
+  ;;
+tensor_parallel_cappa)
+  # run.parallel.tp for CapPa (issue 48): graphs/cappa.yaml at a tiny size, the ViT's and the
+  # decoder's heads and MLP units split over 2 ranks (the parallel-prediction rows and masks
+  # drawn by replica), trains what one process trains: with SGD (momentum) the parameters and
+  # momenta within 1e-5, with AdamW every step's loss within 1e-6 and the caption evaluator's
+  # figures (greedy and parallel decoding through the split decoder) as one process's.
+  # (Adafactor, the graph's optimizer, is refused under tp: its factored moments are not split.)
+  needs_data data/shapes/base.json
+  c=(graphs/cappa.yaml run.steps=6 run.log_every=1 run.threads=1 data.size=32 data.batch=8 model.image_size=32
+     model.patch=8 model.width=32 model.depth=2 model.heads=2 model.mlp_dim=64 model.dec_width=32 model.dec_depth=2
+     model.dec_heads=2 model.dec_mlp_dim=64 opt.warmup=2 eval.every=6 evlog.every=6 eval.batches=1 eval.batch=8
+     eval.samples=2 ckpt.every=6)
+  run_code 0 "$flowrun" "${c[@]}" opt.kind=sgd run.out_dir="$tmp/sgd1"
+  run_code 0 "${mpi[@]}" "$flowrun" "${c[@]}" opt.kind=sgd run.out_dir="$tmp/sgd2" run.parallel.tp=2
+  expect_out "split over tp 2: the count is this rank's part"
+  for f in model.params opt.state; do
+    "$tool" tensor-diff "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+      fail "SGD: $f differs between tp 2 and one process"
+  done
+  run_code 0 "$flowrun" "${c[@]}" opt.kind=adamw run.out_dir="$tmp/one"
+  run_code 0 "${mpi[@]}" "$flowrun" "${c[@]}" opt.kind=adamw run.out_dir="$tmp/two" run.parallel.tp=2
+  losses "$tmp/one/metrics.jsonl" > "$tmp/l1"; losses "$tmp/two/metrics.jsonl" > "$tmp/l2"
+  [ "$(wc -l < "$tmp/l1")" = 6 ] || fail "expected 6 logged losses"
+  same_numbers "$tmp/l1" "$tmp/l2" 1e-6 || fail "AdamW: the losses differ between tp 2 and one process"
+  for key in val_loss val_token_acc val_par_token_acc; do
+    grep -o "\"$key\":[0-9.eE+-]*" "$tmp/one/metrics.jsonl" | cut -d: -f2 > "$tmp/k1"
+    grep -o "\"$key\":[0-9.eE+-]*" "$tmp/two/metrics.jsonl" | cut -d: -f2 > "$tmp/k2"
+    same_numbers "$tmp/k1" "$tmp/k2" 1e-6 || fail "$key differs from one process's"
+  done
+  run_code 1 "${mpi[@]}" "$flowrun" "${c[@]}" run.out_dir="$tmp/no" run.parallel.tp=2
+  expect_out "use kind adamw or sgd, or tp 1"
   ;;
 *) fail "unknown case" ;;
 esac

@@ -1,7 +1,8 @@
 // Helpers for the end-to-end shell tests (tests/mpi/mpi_test.sh):
 //   testtool tensor-diff A.safetensors B.safetensors TOL [SKIP_REGEX]
 //       max |a - b| over the tensors both files hold (names must match; tensors whose name
-//       matches SKIP_REGEX are left out of the max and listed); exit 1 if > TOL
+//       matches SKIP_REGEX are left out of the max and listed); exit 1 if > TOL. TOL written
+//       with "rel" after it ("1e-5rel"): |a - b| relative to each tensor's largest |a| instead
 //   testtool trace-overlap TRACE.json PRODUCER CONSUMER
 //       how many steps have a CONSUMER mark span ("CONSUMER: bucket ...") that starts before
 //       the PRODUCER node's span of the same step ends; prints it, exit 1 if none
@@ -24,6 +25,18 @@
 //       file's tensors, each rank taking its parts): the loss, and each rank's parameter
 //       gradients (its parts of the whole model's; whole parameters whole) within 1e-5 of each
 //       tensor's largest value, fp32 on the CPU; exit 1 naming the first that differs
+//   mpirun -np N testtool dit-tp TP [lora]
+//       the same for a tiny HunyuanDiT (models/dit.hpp Config::tp: both attentions' heads and the
+//       MLP's units) with both text streams (BERT-width states and T5 states with their pooler),
+//       size and style conditioning, learned variance and long skips: the loss (mean square of
+//       the output against a fixed target) and every parameter's gradient; with `lora`, LoRA
+//       adapters (rank 4, B off zero) on split layers of both kinds and on a whole one
+//       (lora.hpp: B by rows on column-split layers, A by columns on row-split ones), the
+//       frozen base without gradients
+//   mpirun -np N testtool cappa-tp TP
+//       the same for a tiny CapPa (models/cappa.hpp Config::tp: the ViT's and the decoder's heads
+//       and MLP units), half its rows decoded in parallel: the loss (cross-entropy of the logits)
+//       and every parameter's gradient
 //   mpirun -np N testtool mesh-hang TP PP
 //       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
 //       the collective timeout (2 s) and ends the whole job, every group's ranks included
@@ -40,6 +53,8 @@
 
 #include "comm.hpp"
 #include "common/safetensors.hpp"
+#include "models/cappa.hpp"
+#include "models/dit.hpp"
 #include "models/gpt.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/mesh.hpp"
@@ -47,7 +62,9 @@
 
 namespace {
 
-int tensor_diff(const std::string& a, const std::string& b, double tol, const std::string& skip) {
+int tensor_diff(const std::string& a, const std::string& b, const std::string& tol_arg, const std::string& skip) {
+  const bool relative = tol_arg.size() > 3 && tol_arg.compare(tol_arg.size() - 3, 3, "rel") == 0;
+  const double tol = std::stod(relative ? tol_arg.substr(0, tol_arg.size() - 3) : tol_arg);
   auto fa = flowrun::safetensors::load(a), fb = flowrun::safetensors::load(b);
   double worst = 0;
   std::string where;
@@ -58,7 +75,8 @@ int tensor_diff(const std::string& a, const std::string& b, double tol, const st
       std::printf("%s is missing from %s\n", name.c_str(), b.c_str());
       return 1;
     }
-    const double d = (ta.to(torch::kDouble) - it->second.to(torch::kDouble)).abs().max().item<double>();
+    double d = (ta.to(torch::kDouble) - it->second.to(torch::kDouble)).abs().max().item<double>();
+    if (relative && ta.numel() > 0) d /= std::max(ta.to(torch::kDouble).abs().max().item<double>(), 1e-30);
     if (std::regex_search(name, skipped)) {
       std::printf("left out: %s (max abs diff %.3g)\n", name.c_str(), d);
       continue;
@@ -69,7 +87,8 @@ int tensor_diff(const std::string& a, const std::string& b, double tol, const st
     std::printf("%s has %zu tensors, %s %zu\n", a.c_str(), fa.tensors.size(), b.c_str(), fb.tensors.size());
     return 1;
   }
-  std::printf("max abs diff %.3g (%s) over %zu tensors; tolerance %.3g\n", worst, where.c_str(), fa.tensors.size(), tol);
+  std::printf("max %s diff %.3g (%s) over %zu tensors; tolerance %.3g\n", relative ? "relative" : "abs", worst, where.c_str(),
+              fa.tensors.size(), tol);
   return worst <= tol ? 0 : 1;
 }
 
@@ -226,6 +245,26 @@ int tp_mlp(int tp) {
   return 0;
 }
 
+// After backward on both: "" when the split model's loss and each of its parameters' gradients
+// (its parts of the whole model's, by `split_of`; whole parameters whole) are within 1e-5 of each
+// tensor's largest value; else what differs first.
+std::string split_differs(torch::nn::Module& whole, torch::nn::Module& split, const torch::Tensor& l_whole,
+                          const torch::Tensor& l_split, const std::function<flowrun::parallel::TpSplit(const std::string&)>& split_of,
+                          const flowrun::parallel::Group& tp) {
+  auto differs = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return !a.sizes().equals(b.sizes()) ||
+           (a - b).abs().max().item<double>() > 1e-5 * std::max(1.0, b.abs().max().item<double>());
+  };
+  if (differs(l_split, l_whole)) return "the loss";
+  const auto grads = whole.named_parameters();
+  for (const auto& p : split.named_parameters()) {
+    if (!p.value().requires_grad() && !grads[p.key()].requires_grad()) continue;  // frozen (a LoRA's base)
+    const torch::Tensor want = flowrun::parallel::tp_part(grads[p.key()].grad(), split_of(p.key()), tp, p.key());
+    if (!p.value().grad().defined() || differs(p.value().grad(), want)) return p.key() + "'s gradient";
+  }
+  return "";
+}
+
 int gpt_tp(int tp) {
   namespace comm = flowrun::comm;
   namespace par = flowrun::parallel;
@@ -256,23 +295,110 @@ int gpt_tp(int tp) {
   const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
   l_whole.backward();
   l_split.backward();
-  auto differs = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return !a.sizes().equals(b.sizes()) ||
-           (a - b).abs().max().item<double>() > 1e-5 * std::max(1.0, b.abs().max().item<double>());
-  };
-  std::string bad = differs(l_split, l_whole) ? "the loss" : "";
-  const auto grads = whole->named_parameters();
-  for (const auto& p : split->named_parameters()) {
-    if (!bad.empty()) break;
-    const torch::Tensor want = par::tp_part(grads[p.key()].grad(), gpt::tp_split(p.key()), *c.tp, p.key());
-    if (!p.value().grad().defined() || differs(p.value().grad(), want)) bad = p.key() + "'s gradient";
-  }
+  const std::string bad = split_differs(*whole, *split, l_whole, l_split, gpt::tp_split, *c.tp);
   if (!bad.empty()) {
     std::fprintf(stderr, "rank %d: tp %d: the split GPT's %s differs from the whole one's\n", me, tp, bad.c_str());
     return 1;
   }
   if (me == 0)
     std::printf("tp %d: the split GPT equals the whole one (loss %.6f, every parameter's gradient)\n", tp,
+                l_whole.item<double>());
+  return 0;
+}
+
+int dit_tp(int tp, bool with_lora) {
+  namespace comm = flowrun::comm;
+  namespace par = flowrun::parallel;
+  namespace dit = flowrun::dit;
+  const par::Mesh mesh(comm::size(), tp, 1);
+  const int me = comm::rank();
+  dit::Config c;
+  c.patch = 2, c.in_channels = 4, c.hidden = 32, c.depth = 4, c.heads = 4, c.mlp_ratio = 4.0;
+  c.text_dim = 16, c.t5_dim = 16, c.text_len = 5, c.text_len_t5 = 6, c.pooled_projection_dim = 8;
+  c.use_style_cond_and_image_meta_size = true, c.learn_sigma = true, c.rope_base_grid = 0;
+  dit::Dit whole(c);
+  dit::init_weights(*whole, 7);
+  flowrun::lora::Config lc;
+  lc.rank = 4, lc.alpha = 8, lc.targets = {"to_q", "to_k", "to_v", "to_out.0", "net.0.proj", "net.2", "skip_linear"};
+  if (with_lora) flowrun::lora::apply_lora(*whole, lc, 5);
+  {  // every tensor off its init (the zero modulations, projections and B, the norms' ones)
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(11);
+    for (auto& p : whole->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  }
+  c.tp = par::Group::along("tp dit", mesh, par::Dim::tp, me);
+  dit::Dit split(c);
+  if (with_lora) flowrun::lora::apply_lora(*split, lc, 5);
+  std::map<std::string, torch::Tensor> file;
+  for (const auto& p : whole->named_parameters()) file[p.key()] = p.value().detach().clone();
+  dit::load_state_dict(*split, file, "the whole model's tensors");
+  torch::manual_seed(3);  // the same batch on every rank
+  const int64_t B = 2;
+  dit::DitImpl::Inputs in;
+  in.x = torch::randn({B, 4, 8, 8});
+  in.t = torch::tensor({3.0, 700.0});
+  in.text = torch::randn({B, c.text_len, c.text_dim});
+  in.text_mask = torch::tensor({1, 1, 1, 0, 0, 1, 1, 1, 1, 1}).view({B, c.text_len});
+  in.t5 = torch::randn({B, c.text_len_t5, c.t5_dim});
+  in.t5_mask = torch::tensor({1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 1, 0}).view({B, c.text_len_t5});
+  in.image_meta_size = torch::tensor({64.f, 64.f, 64.f, 64.f, 0.f, 0.f, 48.f, 64.f, 64.f, 64.f, 8.f, 0.f}).view({B, 6});
+  in.style = torch::zeros({B}, torch::kLong);
+  const torch::Tensor target = torch::randn({B, c.out_channels(), 8, 8});
+  auto loss_of = [&](dit::DitImpl& m) { return (m.forward(in) - target).pow(2).mean(); };
+  const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
+  l_whole.backward();
+  l_split.backward();
+  const std::string bad = split_differs(*whole, *split, l_whole, l_split, dit::tp_split, *c.tp);
+  if (!bad.empty()) {
+    std::fprintf(stderr, "rank %d: tp %d: the split DiT's %s differs from the whole one's\n", me, tp, bad.c_str());
+    return 1;
+  }
+  if (me == 0)
+    std::printf("tp %d: the split DiT%s equals the whole one (loss %.6f, every parameter's gradient)\n", tp,
+                with_lora ? " with LoRA adapters" : "", l_whole.item<double>());
+  return 0;
+}
+
+int cappa_tp(int tp) {
+  namespace comm = flowrun::comm;
+  namespace par = flowrun::parallel;
+  namespace cappa = flowrun::cappa;
+  const par::Mesh mesh(comm::size(), tp, 1);
+  const int me = comm::rank();
+  cappa::Config c;
+  c.image_size = 16, c.patch = 4, c.width = 32, c.depth = 2, c.heads = 4, c.mlp_dim = 64;
+  c.dec_width = 32, c.dec_depth = 2, c.dec_heads = 4, c.dec_mlp_dim = 64, c.decoder_bias = true, c.vocab = 20, c.max_len = 6;
+  cappa::Cappa whole(c);
+  cappa::init_weights(*whole, 7);
+  {  // every tensor off its init (the zero head and biases, the norms' ones)
+    torch::NoGradGuard no_grad;
+    torch::manual_seed(11);
+    for (auto& p : whole->parameters()) p.add_(torch::randn_like(p) * 0.05);
+  }
+  c.tp = par::Group::along("tp cappa", mesh, par::Dim::tp, me);
+  cappa::Cappa split(c);
+  std::map<std::string, torch::Tensor> file;
+  for (const auto& p : whole->named_parameters()) file[p.key()] = p.value().detach().clone();
+  cappa::load_state_dict(*split, file, "the whole model's tensors");
+  torch::manual_seed(3);  // the same batch on every rank
+  const flowrun::TensorMap batch = {{"image", torch::rand({4, 3, 16, 16}) * 2 - 1},
+                                    {"decoder_input", torch::randint(c.vocab, {4, c.max_len}, torch::kLong)},
+                                    {"decoder_masked", torch::rand({4, c.max_len}) < 0.3},
+                                    {"parallel", torch::tensor({true, false, true, false})}};
+  const torch::Tensor targets = torch::randint(c.vocab, {4 * c.max_len}, torch::kLong);
+  auto loss_of = [&](cappa::CappaImpl& m) {
+    return torch::nn::functional::cross_entropy(m.forward_batch(batch).reshape({-1, c.vocab}), targets);
+  };
+  const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
+  l_whole.backward();
+  l_split.backward();
+  const std::string bad = split_differs(*whole, *split, l_whole, l_split, cappa::tp_split, *c.tp);
+  if (!bad.empty()) {
+    std::fprintf(stderr, "rank %d: tp %d: the split CapPa's %s differs from the whole one's\n", me, tp, bad.c_str());
+    return 1;
+  }
+  if (me == 0)
+    std::printf("tp %d: the split CapPa equals the whole one (loss %.6f, every parameter's gradient)\n", tp,
                 l_whole.item<double>());
   return 0;
 }
@@ -302,7 +428,7 @@ int main(int argc, char** argv) {
   try {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
-      return tensor_diff(argv[2], argv[3], std::stod(argv[4]), argc == 6 ? argv[5] : "");
+      return tensor_diff(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
     // A check under mpirun: a failure on one rank ends the job on all of them.
     auto under_mpi = [&](const std::function<int()>& check) {
@@ -314,6 +440,9 @@ int main(int argc, char** argv) {
     };
     if (cmd == "tp-mlp" && argc == 3) return under_mpi([&] { return tp_mlp(std::stoi(argv[2])); });
     if (cmd == "gpt-tp" && argc == 3) return under_mpi([&] { return gpt_tp(std::stoi(argv[2])); });
+    if (cmd == "dit-tp" && (argc == 3 || (argc == 4 && std::string(argv[3]) == "lora")))
+      return under_mpi([&] { return dit_tp(std::stoi(argv[2]), argc == 4); });
+    if (cmd == "cappa-tp" && argc == 3) return under_mpi([&] { return cappa_tp(std::stoi(argv[2])); });
     if (cmd == "mesh-hang" && argc == 4) {
       flowrun::comm::init(&argc, &argv);
       return mesh_hang(std::stoi(argv[2]), std::stoi(argv[3]));
@@ -324,6 +453,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | mesh-hang TP PP\n");
+  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | dit-tp TP [lora] | cappa-tp TP | mesh-hang TP PP\n");
   return 2;
 }
