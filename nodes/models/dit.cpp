@@ -405,33 +405,35 @@ torch::Tensor DitImpl::forward_batch(const TensorMap& batch) {
   return cfg_.learn_sigma ? y.narrow(1, 0, cfg_.in_channels) : y;
 }
 
+at::Generator init_generator(uint64_t seed) { return make_cpu_generator(mix_seed({seed, kSeedTagInit})); }
+
 void init_weights(DitImpl& model, uint64_t seed) {
+  at::Generator g = init_generator(seed);
+  for (auto& item : model.named_parameters(true))
+    if (!lora::is_adapter(item.key())) init_parameter(item.key(), item.value(), g);
+}
+
+void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g) {
   torch::NoGradGuard no_grad;
-  at::Generator g = make_cpu_generator(mix_seed({seed, kSeedTagInit}));
-  for (auto& item : model.named_parameters(true)) {
-    const std::string& name = item.key();
-    torch::Tensor& p = item.value();
-    if (lora::is_adapter(name)) continue;
-    torch::Tensor v = torch::zeros(p.sizes());
-    const bool zero = name.find("norm1.linear.") != std::string::npos ||
-                      name.find("norm_out.linear.") != std::string::npos || name.rfind("proj_out.", 0) == 0;
-    if (zero || ends_with(name, ".bias")) {
-      // zero (adaLN modulation, final projection, biases)
-    } else if (name.find("norm") != std::string::npos && p.dim() == 1) {
-      v.fill_(1.0);  // LayerNorm gains (norm2, norm3, norm1.norm, norm_q, norm_k, skip_norm)
-    } else if (name.find("timestep_embedder.") != std::string::npos || name.find("extra_embedder.") != std::string::npos) {
-      v.normal_(0.0, 0.02, g);
-    } else if (name == "text_embedding_padding" || name.find("style_embedder.") != std::string::npos) {
-      v.normal_(0.0, 1.0, g);  // diffusers' constructor: torch.randn / nn.Embedding's default
-    } else if (name.find("pooler.positional_embedding") != std::string::npos) {
-      v.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))), g);
-    } else {
-      const int64_t fan_out = p.size(0), fan_in = p.numel() / p.size(0);
-      const double a = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
-      v.uniform_(-a, a, g);
-    }
-    p.copy_(v);
+  torch::Tensor v = torch::zeros(p.sizes());
+  const bool zero = name.find("norm1.linear.") != std::string::npos ||
+                    name.find("norm_out.linear.") != std::string::npos || name.rfind("proj_out.", 0) == 0;
+  if (zero || ends_with(name, ".bias")) {
+    // zero (adaLN modulation, final projection, biases)
+  } else if (name.find("norm") != std::string::npos && p.dim() == 1) {
+    v.fill_(1.0);  // LayerNorm gains (norm2, norm3, norm1.norm, norm_q, norm_k, skip_norm)
+  } else if (name.find("timestep_embedder.") != std::string::npos || name.find("extra_embedder.") != std::string::npos) {
+    v.normal_(0.0, 0.02, g);
+  } else if (name == "text_embedding_padding" || name.find("style_embedder.") != std::string::npos) {
+    v.normal_(0.0, 1.0, g);  // diffusers' constructor: torch.randn / nn.Embedding's default
+  } else if (name.find("pooler.positional_embedding") != std::string::npos) {
+    v.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))), g);
+  } else {
+    const int64_t fan_out = p.size(0), fan_in = p.numel() / p.size(0);
+    const double a = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
+    v.uniform_(-a, a, g);
   }
+  p.copy_(v);
 }
 
 void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source) {

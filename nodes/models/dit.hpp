@@ -313,6 +313,10 @@ TORCH_MODULE(Dit);
 // constructor: text_embedding_padding and style_embedder N(0, 1), the pooler's positions
 // N(0, 1/t5_dim). Adapters untouched.
 void init_weights(DitImpl& model, uint64_t seed);
+// What init_weights does to one parameter, by its name (whole tensors), drawing from `g`: a split
+// model inits tensor by tensor (ModelNode::init_split).
+void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g);
+at::Generator init_generator(uint64_t seed);  // init_weights' generator
 
 // Copy a state dict in by name (any float dtype, converted). Every parameter that is not a LoRA
 // adapter must be given with its shape; adapters (lora_A / lora_B) are optional (a base model's

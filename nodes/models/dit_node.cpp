@@ -108,13 +108,8 @@ class DitNode : public ModelNode {
     model_ = Dit(cfg_);
     if (init) {
       how = "DiT init, seed " + std::to_string(seed);
-      if (cfg_.tp) {
-        // The whole model's init, each rank keeping its parts: the same values as with tp 1.
-        Config whole_cfg = cfg_;
-        whole_cfg.tp = nullptr;
-        Dit whole(whole_cfg);
-        init_weights(*whole, seed);
-        load_state_dict(*model_, named_tensors(*whole), how);
+      if (cfg_.tp) {  // the whole model's init, tensor by tensor, each rank keeping its parts
+        init_split(*model_, {cfg_.tp, tp_split}, init_generator(seed), init_parameter);
         how += ", split over tp " + std::to_string(cfg_.tp->size()) + ": the count is this rank's part";
       } else {
         init_weights(*model_, seed);

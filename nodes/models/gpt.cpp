@@ -169,30 +169,32 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   return flowrun::linear(parallel::copy_to_tp(x, cfg_.tp), wte->weight).view({B, T, wte->weight.size(0)});
 }
 
-void init_weights(GptImpl& model, uint64_t seed) {
+at::Generator init_generator(uint64_t seed) { return make_cpu_generator(mix_seed({seed, kSeedTagInit})); }
+
+void init_parameter(const Config& c, const std::string& name, torch::Tensor& p, at::Generator& g) {
   torch::NoGradGuard no_grad;
-  at::Generator g = make_cpu_generator(mix_seed({seed, kSeedTagInit}));
   const double std = 0.02;
   // GPT-2 scales the projections that write into the residual stream by 1/sqrt(2*layers), so
   // the stream's variance does not grow with depth (2 such writes per block).
-  const double std_resid = std / std::sqrt(2.0 * static_cast<double>(model.config().layers));
-  auto ends_with = [](const std::string& s, const std::string& end) {
-    return s.size() >= end.size() && s.compare(s.size() - end.size(), end.size(), end) == 0;
+  const double std_resid = std / std::sqrt(2.0 * static_cast<double>(c.layers));
+  auto ends_with = [&](const std::string& end) {
+    return name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0;
   };
-  for (auto& item : model.named_parameters(true)) {
-    const std::string& name = item.key();
-    torch::Tensor& p = item.value();
-    if (lora::is_adapter(name)) continue;  // apply_lora's init
-    if (ends_with(name, ".bias")) {
-      p.zero_();
-    } else if (name.find("ln_") != std::string::npos) {
-      p.fill_(1.0);
-    } else if (ends_with(name, "attn.c_proj.weight") || ends_with(name, "mlp.c_proj.weight")) {
-      p.normal_(0.0, std_resid, g);
-    } else {
-      p.normal_(0.0, std, g);
-    }
+  if (ends_with(".bias")) {
+    p.zero_();
+  } else if (name.find("ln_") != std::string::npos) {
+    p.fill_(1.0);
+  } else if (ends_with("attn.c_proj.weight") || ends_with("mlp.c_proj.weight")) {
+    p.normal_(0.0, std_resid, g);
+  } else {
+    p.normal_(0.0, std, g);
   }
+}
+
+void init_weights(GptImpl& model, uint64_t seed) {
+  at::Generator g = init_generator(seed);
+  for (auto& item : model.named_parameters(true))
+    if (!lora::is_adapter(item.key())) init_parameter(model.config(), item.key(), item.value(), g);  // adapters: apply_lora's init
 }
 
 void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tensor>& tensors,

@@ -155,6 +155,10 @@ TORCH_MODULE(Gpt);
 // biases 0, LayerNorm gains 1. Drawn in parameter order from a generator seeded by `seed`
 // alone (never torch's global one).
 void init_weights(GptImpl& model, uint64_t seed);
+// What init_weights does to one parameter, by its name (whole tensors of a model of config
+// `c`), drawing from `g`: a split model inits tensor by tensor (ModelNode::init_split).
+void init_parameter(const Config& c, const std::string& name, torch::Tensor& p, at::Generator& g);
+at::Generator init_generator(uint64_t seed);  // init_weights' generator
 
 // Copy a Hugging Face GPT-2 state dict into the model (with tp: each rank's part of the whole
 // tensors, tp_split). Names may carry the "transformer."

@@ -56,13 +56,11 @@ class GptNode : public ModelNode {
     model_ = Gpt(cfg_);
     if (init) {
       how = "GPT-2 init, seed " + std::to_string(seed);
-      if (cfg_.tp) {
-        // The whole model's init, each rank keeping its parts: the same values as with tp 1.
-        Config whole_cfg = cfg_;
-        whole_cfg.tp = nullptr;
-        Gpt whole(whole_cfg);
-        init_weights(*whole, seed);
-        load_hf_state_dict(*model_, named_tensors(*whole), how);
+      if (cfg_.tp) {  // the whole model's init, tensor by tensor, each rank keeping its parts
+        init_split(*model_, {cfg_.tp, tp_split}, init_generator(seed),
+                   [cfg = cfg_](const std::string& name, torch::Tensor& whole, at::Generator& g) {
+                     init_parameter(cfg, name, whole, g);
+                   });
         how += ", split over tp " + std::to_string(cfg_.tp->size()) + ": the count is this rank's part";
       } else {
         init_weights(*model_, seed);

@@ -11,6 +11,7 @@
 #include "formats/files.hpp"
 #include "models/lora.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 
 namespace flowrun {
 
@@ -100,6 +101,20 @@ std::map<std::string, torch::Tensor> ModelNode::named_tensors(torch::nn::Module&
   std::map<std::string, torch::Tensor> out;
   for (const auto& t : whole.named_parameters()) out[t.key()] = t.value().detach();
   return out;
+}
+
+void ModelNode::init_split(torch::nn::Module& split, const parallel::TpLayout& layout, at::Generator g,
+                           const InitOne& init_one) {
+  torch::NoGradGuard no_grad;
+  for (auto& item : split.named_parameters(/*recurse=*/true)) {
+    if (lora::is_adapter(item.key())) continue;
+    const parallel::TpSplit s = layout.split(item.key());
+    std::vector<int64_t> shape = item.value().sizes().vec();
+    if (s.split()) shape[static_cast<size_t>(s.dim)] *= layout.group->size();
+    torch::Tensor whole = torch::empty(shape);
+    init_one(item.key(), whole, g);
+    item.value().copy_(parallel::tp_part(whole, s, *layout.group, item.key()));
+  }
 }
 
 void ModelNode::finish(SetupContext&, ModelState&, const std::vector<std::string>&) {}

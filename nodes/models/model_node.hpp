@@ -29,6 +29,7 @@
 //     void load_weights(ModelState&, const std::string& path) override { load_hf_safetensors(*model_, path); }
 //   };
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,7 @@ namespace flowrun {
 
 namespace parallel {
 class Group;
+struct TpLayout;
 }
 
 class ModelNode : public Node {
@@ -78,6 +80,14 @@ class ModelNode : public Node {
   // The tensors of `whole` by name: a split model's init is the whole model's, each rank loading
   // its parts as from a file (so tp changes no value).
   static std::map<std::string, torch::Tensor> named_tensors(torch::nn::Module& whole);
+  // A split model's init without the whole model: for each parameter in order (adapters
+  // excepted: apply_lora's) its whole tensor is made, `init_one` fills it from `g` as the whole
+  // model's init would, and this rank keeps its part (`layout`); one whole tensor exists at a
+  // time, so a rank never holds the whole model, and the values are tp 1's. For a family whose
+  // init goes parameter by parameter from one generator (gpt, dit); others init a whole model
+  // and load its named_tensors.
+  using InitOne = std::function<void(const std::string& name, torch::Tensor& whole, at::Generator& g)>;
+  static void init_split(torch::nn::Module& split, const parallel::TpLayout& layout, at::Generator g, const InitOne& init_one);
   // The family's last word on its state: its activations estimate, a captioner, warnings.
   // `adapted`: the layers `lora` put adapters on.
   virtual void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted);
