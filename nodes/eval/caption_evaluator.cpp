@@ -29,6 +29,7 @@
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
+#include "train/fully_sharded.hpp"
 #include "train/objective.hpp"
 
 namespace flowrun {
@@ -82,17 +83,19 @@ class CaptionEvaluatorNode : public Node {
     check_eval_split(ctx.state_as<Dataset>("data"), opts_, ctx.who());
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // a split model's collectives (TpChannel)
+    dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
   }
 
   void run(StepContext& ctx) override {
     const parallel::TpChannel tp_channel(tp_group_.get());
     const auto t0 = std::chrono::steady_clock::now();
-    ModelState& model = ctx.state_as<ModelState>("model");
+    ShardedReader reader(ctx.state_as<ModelState>("model"), dp_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
+    ModelState& model = reader.model();
     const ModelState::Captioner& net = *model.captioner;
     const Dataset& data = ctx.state_as<Dataset>("data");
     const TextTokenizer& tok = ctx.state_as<TextTokenizer>("tokenizer");
     const c10::Device device = model_device(model);
-    const int64_t n = std::min(opts_.batches, data.num_batches(opts_.split, opts_.batch, opts_.rank, opts_.world));
+    const int64_t n = reader.agreed(std::min(opts_.batches, data.num_batches(opts_.split, opts_.batch, opts_.rank, opts_.world)));
     // Sums: loss x captions, captions, greedy correct, greedy exact, parallel correct, parallel exact, tokens.
     double sums[7] = {0, 0, 0, 0, 0, 0, 0};
     std::vector<Sample> page;
@@ -183,6 +186,7 @@ class CaptionEvaluatorNode : public Node {
   int64_t samples_ = 0;
   std::shared_ptr<comm::Channel> ch_;
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
+  std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
 };
 
 }  // namespace

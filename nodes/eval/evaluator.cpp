@@ -18,6 +18,7 @@
 #include "encode/text_encode.hpp"
 #include "encode/tokenize.hpp"
 #include "registry.hpp"
+#include "train/fully_sharded.hpp"
 
 namespace flowrun {
 
@@ -106,6 +107,7 @@ class EvaluatorNode : public Node {
     opts_.precision = run_precision(ctx.run());
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // a split model's collectives (TpChannel)
+    dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
     check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());
     const Dataset& data = ctx.state_as<Dataset>("data");
     // Text conditioning: the captions of each batch, tokenized and encoded as training did.
@@ -122,9 +124,10 @@ class EvaluatorNode : public Node {
 
   void run(StepContext& ctx) override {
     const parallel::TpChannel tp_channel(tp_group_.get());
-    ModelState& model = ctx.state_as<ModelState>("model");
+    ShardedReader reader(ctx.state_as<ModelState>("model"), dp_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
     const Dataset& data = ctx.state_as<Dataset>("data");
     EvalOptions o = opts_;
+    if (reader.sharded()) o.batches = reader.agreed(std::min(o.batches, data.num_batches(o.split, o.batch, o.rank, o.world)));
     if (with_text_ || vae_) {
       const TextConditioner text = text_conditioner(ctx);
       o.cond = [&, text, vae = vae_](int64_t i, const TensorMap& batch) {
@@ -145,7 +148,7 @@ class EvaluatorNode : public Node {
         return cond;
       };
     }
-    const EvalResult r = evaluate(model, data, *objective_, o);
+    const EvalResult r = evaluate(reader.model(), data, *objective_, o);
     // Every rank's sums, added up: the mean over every target that any rank scored.
     double sums[3] = {r.loss_sum, static_cast<double>(r.targets), static_cast<double>(r.batches)};
     comm::allreduce(*ch_, sums, 3, comm::Op::sum, "evaluation sums of step " + std::to_string(ctx.step()));
@@ -170,6 +173,7 @@ class EvaluatorNode : public Node {
   EvalOptions opts_;
   std::shared_ptr<comm::Channel> ch_;
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
+  std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
 };
 
 }  // namespace

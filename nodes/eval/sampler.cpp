@@ -34,6 +34,7 @@
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
+#include "train/fully_sharded.hpp"
 #include "train/losses.hpp"
 #include "train/precision.hpp"
 
@@ -140,6 +141,7 @@ class SamplerNode : public Node {
     // A model split over tp ranks samples on every rank of the first replica (each holds a part),
     // over a channel of this node's own (parallel/tensor_parallel.hpp TpChannel).
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // collective: setup runs in file order
+    dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
     first_replica_ = parallel::replica_of(ctx.run()).index == 0;
     schedule_ = denoiser->noise_schedule();
     prediction_ = denoiser->prediction();
@@ -172,15 +174,16 @@ class SamplerNode : public Node {
       for (int64_t i = 0; i < per_prompt_; ++i) texts.push_back(pr);
     ctx.out("captions", texts);
     // The grid is the same on every rank (same seed, same weights): only rank 0 makes it (with its
-    // tp partners, under tensor parallel); the others output no samples (what shapes_fidelity
-    // expects of them).
-    if (!first_replica_) {
+    // tp partners, under tensor parallel; with every rank, each holding a slice, under ZeRO-3); the
+    // others output no samples (what shapes_fidelity expects of them).
+    if (!first_replica_ && !ctx.state_as<ModelState>("model").shards) {
       ctx.out("samples", TensorMap{});
       return;
     }
     const parallel::TpChannel tp_channel(tp_group_.get());
     const auto t0 = std::chrono::steady_clock::now();
-    auto& model = ctx.state_as<ModelState>("model");
+    ShardedReader reader(ctx.state_as<ModelState>("model"), dp_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
+    ModelState& model = reader.model();
     TensorMap cond = text_conditioner(ctx).encode(texts);
     // Size and style conditioning (models that have it read these; others ignore them): as
     // HunyuanDiT's pipeline, the image size as both original and target size, no crop, style 0.
@@ -231,6 +234,7 @@ class SamplerNode : public Node {
   int64_t per_prompt_ = 0, zoom_ = 0, steps_ = 0, height_ = 0, width_ = 0, channels_ = 0, seed_ = 0;  // setup: the schema's
   double guidance_ = 0;
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
+  std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
   bool first_replica_ = true;                  // rank 0's replica: its tp ranks sample
   diffusion::NoiseSchedule schedule_;
   diffusion::Prediction prediction_ = diffusion::Prediction::eps;

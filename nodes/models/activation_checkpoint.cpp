@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "models/dropout.hpp"
+#include "models/param_use.hpp"
 
 namespace flowrun {
 
@@ -96,6 +97,24 @@ struct RecomputeBackward : torch::autograd::Node {
 };
 
 }  // namespace
+
+torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const torch::nn::Module& block,
+                        const std::vector<torch::Tensor>& inputs, const CheckpointBody& body) {
+  const bool recompute = policy.recompute(index);
+  ParamUse* use = ParamUse::current();
+  if (!use) return recompute ? checkpointed(inputs, body) : body(inputs);
+  use->gather(block);
+  // A recomputed block is gathered again in backward (its forward let the parameters go); the
+  // ParamUse outlives the backward that runs the recompute.
+  const torch::Tensor y = recompute ? checkpointed(inputs,
+                                                   [use, &block, body](const std::vector<torch::Tensor>& in) {
+                                                     use->gather(block);
+                                                     return body(in);
+                                                   })
+                                    : body(inputs);
+  use->after_forward(block, /*kept=*/!recompute && torch::GradMode::is_enabled());
+  return y;
+}
 
 torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointBody body) {
   std::vector<bool> needs(inputs.size(), false);

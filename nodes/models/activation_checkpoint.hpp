@@ -46,12 +46,14 @@ struct CheckpointPolicy {
 };
 
 // Block `index` of a model under `policy`: body(inputs), recomputed in backward when the policy
-// says so for that index (checkpointed), else run plainly. The one place a family says it:
-//   x = run_block(cfg.checkpoint, i, {x}, [block](const auto& in) { return block->forward(in[0]); });
-inline torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const std::vector<torch::Tensor>& inputs,
-                               const CheckpointBody& body) {
-  return policy.recompute(index) ? checkpointed(inputs, body) : body(inputs);
-}
+// says so for that index (checkpointed), else run plainly. `block` is the block's module: while a
+// ParamUse is open on this thread (ZeRO stage 3, param_use.hpp) its parameters are gathered
+// before the block runs (and again for its recompute) and let go after its forward when autograd
+// kept nothing of them (recomputed, or no grad mode), else once its gradients are final. The one
+// place a family says it:
+//   x = run_block(cfg.checkpoint, i, *block, {x}, [block](const auto& in) { return block->forward(in[0]); });
+torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const torch::nn::Module& block,
+                        const std::vector<torch::Tensor>& inputs, const CheckpointBody& body);
 
 // What a block's attention keeps for backward (models/attention.hpp):
 enum class AttentionKeeps {

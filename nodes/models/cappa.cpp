@@ -184,7 +184,7 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
   int64_t i = 0;
   for (const auto& b : *blocks) {
     EncoderBlockImpl* block = b->as<EncoderBlockImpl>();
-    x = run_block(c_.checkpoint, i++, {x}, [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); });
+    x = run_block(c_.checkpoint, i++, *block, {x}, [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); });
   }
   return norm(x);
 }
@@ -212,7 +212,7 @@ torch::Tensor DecoderImpl::forward(const torch::Tensor& encoded, const torch::Te
   int64_t i = 0;
   for (const auto& b : *blocks) {
     DecoderBlockImpl* block = b->as<DecoderBlockImpl>();
-    x = run_block(c_.checkpoint, i++, {x, image, bias},
+    x = run_block(c_.checkpoint, i++, *block, {x, image, bias},
                   [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); });
   }
   return head(norm(x));

@@ -365,7 +365,7 @@ torch::Tensor DitImpl::forward(const Inputs& in) {
       skip = skips.back();  // the output of block depth-1-i
       skips.pop_back();
     }
-    h = run_block(cfg_.checkpoint, i, {h, temb, ctx, cos, sin, skip}, [blk](const std::vector<torch::Tensor>& a) {
+    h = run_block(cfg_.checkpoint, i, *blk, {h, temb, ctx, cos, sin, skip}, [blk](const std::vector<torch::Tensor>& a) {
       return blk->forward(a[0], a[1], a[2], a[3], a[4], a[5]);
     });
     if (i < d - 1 - d / 2) skips.push_back(h);

@@ -161,7 +161,7 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   int64_t i = 0;
   for (const auto& m : *h) {
     BlockImpl* block = m->as<BlockImpl>();
-    x = run_block(cfg_.checkpoint, i++, {x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
+    x = run_block(cfg_.checkpoint, i++, *block, {x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
   }
   x = ln_f(x);
   // Tied head: logits = x @ wte^T (BLAS reads the transpose in place); with tp this rank's

@@ -34,11 +34,13 @@
 #include "common/memory.hpp"
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
+#include "models/param_use.hpp"
 
 namespace flowrun {
 
 namespace parallel {
 struct TpLayout;  // parallel/tensor_parallel.hpp
+class Group;      // parallel/collectives.hpp
 }
 
 struct ModelState {
@@ -109,6 +111,28 @@ struct ModelState {
   std::shared_ptr<const parallel::TpLayout> tp;
   std::map<std::string, torch::Tensor> gathered;
 
+  // ZeRO stage 3 (the zero node's stage: params; train/fully_sharded.hpp, set up by the
+  // optimizer): the trainable parameters sharded over the data-parallel ranks. Between uses each
+  // holds no data and this rank keeps its slice; a node that runs the model opens a ParamUse
+  // (models/param_use.hpp) for as long as it does. Null: the module holds its parameters.
+  struct Shards {
+    virtual ~Shards() = default;
+    // A use over `group` (this node's channel over the data-parallel ranks; null with one).
+    virtual std::unique_ptr<ParamUse> open(parallel::Group* group, const std::string& what) = 0;
+    // Every trainable parameter whole, by name: collective over `group` (a checkpoint's).
+    virtual std::map<std::string, torch::Tensor> wholes(parallel::Group& group) = 0;
+    // Whole values in by name, this rank keeping its slice; returns the ones not its own (buffers).
+    virtual std::map<std::string, torch::Tensor> load(const std::map<std::string, torch::Tensor>& whole) = 0;
+    // A copy of the module with every parameter let go, made from one taken when it was sharded
+    // (never from the module in use), and the same layout over the copy's parameters with the
+    // slices copied: what clone() makes (the EMA's copy, a reader's).
+    virtual std::shared_ptr<torch::nn::Module> fresh_module() const = 0;
+    virtual std::shared_ptr<Shards> copy_for(ModelState& copy) const = 0;
+    // This rank's slice of each flat buffer (what an average combines, slice by slice).
+    virtual std::vector<torch::Tensor>& slices() = 0;
+  };
+  std::shared_ptr<Shards> shards;
+
 
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)
@@ -130,8 +154,9 @@ struct ModelState {
     if (!module) throw std::runtime_error("model state '" + kind + "' has no module to clone");
     torch::NoGradGuard no_grad;
     auto copy = std::make_shared<ModelState>(*this);
-    copy->module = module->clone();
+    copy->module = shards ? shards->fresh_module() : module->clone();
     copy->kept.clear();  // what other nodes keep for this model, not for the copy
+    if (shards) copy->shards = shards->copy_for(*copy);  // ZeRO-3: its own slices
     // clone() copies values; keep each parameter's trainable flag as in the source.
     auto src = module->named_parameters(true);
     auto dst = copy->module->named_parameters(true);

@@ -184,7 +184,7 @@ void EncoderImpl::reset() {
 // Module m's forward on h as block i (run_block).
 template <class M>
 torch::Tensor maybe_checkpointed(const CheckpointPolicy& policy, int64_t i, M* m, const torch::Tensor& h) {
-  return run_block(policy, i, {h}, [m](const std::vector<torch::Tensor>& in) { return m->forward(in[0]); });
+  return run_block(policy, i, *m, {h}, [m](const std::vector<torch::Tensor>& in) { return m->forward(in[0]); });
 }
 
 torch::Tensor EncoderImpl::forward(const torch::Tensor& x) {

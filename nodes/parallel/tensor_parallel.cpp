@@ -89,6 +89,11 @@ std::shared_ptr<Group> own_tp_group(const std::string& node, const RunInfo& run)
   return mesh.size(Dim::tp) == 1 ? nullptr : Group::along(node, mesh, Dim::tp, run.rank);
 }
 
+std::shared_ptr<Group> own_dp_group(const std::string& node, const RunInfo& run) {
+  const Mesh mesh = mesh_of(run);
+  return mesh.size(Dim::dp) == 1 ? nullptr : Group::along(node, mesh, Dim::dp, run.rank);
+}
+
 TpChannel::TpChannel(Group* g) : previous_(t_channel) {
   if (g) t_channel = g;
 }

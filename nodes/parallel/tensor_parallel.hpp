@@ -45,6 +45,8 @@ class TpChannel {
 // A node's own group over its tp ranks, for TpChannel (call in setup: collective over the world,
 // every rank in file order); null when run.parallel.tp is 1.
 std::shared_ptr<Group> own_tp_group(const std::string& node, const RunInfo& run);
+// The same over the node's data-parallel ranks (ZeRO-3's gathers), null when dp is 1.
+std::shared_ptr<Group> own_dp_group(const std::string& node, const RunInfo& run);
 
 torch::Tensor copy_to_tp(const torch::Tensor& x, const std::shared_ptr<Group>& tp);
 torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group>& tp);

@@ -8,6 +8,9 @@
 //   sync: { type: allreduce, in: { ready: fb.ready } }                # reduce-scatters (the items carry the slices)
 //   opt:  { type: optimizer, in: { ..., zero: zero.plan } }           # keeps and updates its slice
 //
+// Stage params (ZeRO-3) also shards the parameters: the optimizer shards the model at its setup
+// (train/fully_sharded.hpp), and the nodes that run it gather each block around its use.
+//
 // How the optimizer and the allreduce cut the buffers: train/optimizer_shard.hpp.
 #pragma once
 #include <stdexcept>
@@ -20,6 +23,7 @@ struct ZeroPlan {
     none,       // every rank keeps everything
     states,     // stage 1: the optimizer's moments and update, 1/dp each
     gradients,  // stage 2: and the averaged gradients, reduce-scattered instead of all-reduced
+    params,     // stage 3: and the parameters, gathered around their use (train/fully_sharded.hpp)
   };
   Stage stage = Stage::none;
   // cut: tensors: the slices cut at parameter starts, so a rank owns whole parameters (what
@@ -27,15 +31,17 @@ struct ZeroPlan {
   bool whole_tensors = false;
 
   bool shards_states() const { return stage != Stage::none; }
-  bool shards_gradients() const { return stage == Stage::gradients; }
+  bool shards_gradients() const { return stage == Stage::gradients || stage == Stage::params; }
+  bool shards_params() const { return stage == Stage::params; }
   static Stage parse(const std::string& s) {
     if (s == "none") return Stage::none;
     if (s == "states") return Stage::states;
     if (s == "gradients") return Stage::gradients;
-    throw std::invalid_argument("ZeRO stage '" + s + "': expected none, states or gradients");
+    if (s == "params") return Stage::params;
+    throw std::invalid_argument("ZeRO stage '" + s + "': expected none, states, gradients or params");
   }
   static const char* name(Stage s) {
-    return s == Stage::none ? "none" : s == Stage::states ? "states" : "gradients";
+    return s == Stage::none ? "none" : s == Stage::states ? "states" : s == Stage::gradients ? "gradients" : "params";
   }
 };
 

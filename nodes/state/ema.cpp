@@ -39,11 +39,18 @@ void EmaModel::update(const ModelState& source, double decay) {
     throw std::runtime_error("ema: the model has " + std::to_string(src.size()) +
                              " trainable parameters, the average was made for " + std::to_string(params_.size()));
   const double w = 1.0 - decay;
-  // While the model's parameters live in flat buffers (the optimizer keeps them so), the
-  // average does too, in the same layout: two operations per buffer instead of two per tensor.
-  const std::vector<torch::Tensor>* from = source.flat.buffers_of(src);
+  const std::vector<torch::Tensor>* from = source.shards ? nullptr : source.flat.buffers_of(src);
   if (from) flat_.ensure(params_);
-  if (from && flat_.layout() == source.flat.layout()) {
+  if (source.shards) {
+    // ZeRO-3 (ModelState::shards): the model and its average each keep this rank's slice of the
+    // flat buffer (the parameters hold nothing between uses): the average is of the slices.
+    if (!ema_->shards) throw std::logic_error("ema: the model is sharded (ZeRO-3) but its average is not");
+    const std::vector<torch::Tensor>& theirs = source.shards->slices();
+    std::vector<torch::Tensor>& mine = ema_->shards->slices();
+    for (size_t g = 0; g < mine.size(); ++g) mine[g].mul_(decay).add_(theirs[g], w);
+  } else if (from && flat_.layout() == source.flat.layout()) {
+    // While the model's parameters live in flat buffers (the optimizer keeps them so), the
+    // average does too, in the same layout: two operations per buffer instead of two per tensor.
     const std::vector<torch::Tensor>& mine = *flat_.buffers_of(params_);
     for (size_t g = 0; g < mine.size(); ++g) mine[g].mul_(decay).add_((*from)[g], w);
   } else {
@@ -75,6 +82,8 @@ class EmaNode : public Node {
     // For forward_backward's memory estimate: this copy (of the whole model: clone()).
     double bytes = 0;
     for (const auto& [name, t] : source.named_parameters()) bytes += static_cast<double>(t.nbytes());
+    if (source.shards)  // ZeRO-3: this rank's slice (the parameters hold nothing between uses)
+      for (const auto& t : source.shards->slices()) bytes += static_cast<double>(t.nbytes());
     source.kept.push_back(MemoryItem{"EMA copy", ctx.name(), bytes, /*allocated=*/true, "", 0});
     ctx.own_state("params", ema_->model());
   }

@@ -17,6 +17,7 @@
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
+#include "train/fully_sharded.hpp"
 #include "train/optimizer_shard.hpp"
 
 namespace flowrun {
@@ -190,6 +191,15 @@ class ForwardBackwardNode : public Node {
     const std::vector<std::string> model_ref = ctx.refs("model");
     model_node_ = model_ref.empty() ? "model" : model_ref.front().substr(0, model_ref.front().find('.'));
     if (ctx.connected("zero")) zero_ = &ctx.state_as<ZeroPlan>("zero");
+    // ZeRO stage params: this node's channel over the data-parallel ranks for the gathers (the
+    // optimizer shards the model at its setup, after this one).
+    if (zero_ && zero_->shards_params()) {
+      if (options_.accumulate > 1)
+        throw std::runtime_error(ctx.who() + ": accumulate " + std::to_string(options_.accumulate) +
+                                 " with the ZeRO stage params is not built yet (each micro-batch would gather the "
+                                 "model again); set accumulate: 1 and raise the batch, or use stage gradients");
+      gather_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());
+    }
     cuda_graph_ = ctx.run().graph && ctx.run().graph->settings.cuda_graph;
     if (cuda_graph_) {
       refuse_uncapturable(ctx, device);
@@ -216,6 +226,10 @@ class ForwardBackwardNode : public Node {
     // on (they make the parameters' accumulators, which keep the stream they were made on).
     std::optional<CapturedWork::OnStream> on_graph_stream;
     if (cuda_graph_) on_graph_stream.emplace(*work_);
+    // ZeRO stage params: the model's parameters gathered around their use, from here to the end
+    // of backward (train/fully_sharded.hpp); each block's let go once its gradients are made.
+    std::unique_ptr<ParamUse> use;
+    if (model.shards) use = model.shards->open(gather_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
     const std::vector<torch::Tensor> params = model.trainable_parameters();
     if (!hooks_ || !hooks_->covers(params)) {
       // First step, or the model's parameter tensors changed: new hooks, new buffers.
@@ -242,14 +256,16 @@ class ForwardBackwardNode : public Node {
         throw std::runtime_error(ctx.who() + ": grad_layout buffer keeps every gradient in a whole buffer, which the "
                                  "ZeRO plan's stage gradients is there to avoid: set grad_layout: fresh");
       if (!grad_shard_ || grad_shard_->plan.layout.slots.size() != params.size())
-        grad_shard_ = GradShard::make(model.named_parameters(/*trainable_only=*/true), ctx.run().rank,
-                                      ctx.run().world, zero_->whole_tensors);
+        grad_shard_ = use ? static_cast<const ShardedParams&>(*model.shards).grad_shard()
+                          : GradShard::make(model.named_parameters(/*trainable_only=*/true), ctx.run().rank,
+                                            ctx.run().world, zero_->whole_tensors);
       o.buffer = nullptr;
-      o.on_ready = [&ctx, &index, count, &params, shard = grad_shard_](int param, bool used) {
+      o.on_ready = [&ctx, &index, count, &params, shard = grad_shard_, use = use.get()](int param, bool used) {
         torch::Tensor p = params[static_cast<size_t>(param)];  // a handle: mutable_grad() is non-const
         torch::Tensor grad = used ? p.grad() : torch::Tensor();
         p.mutable_grad() = torch::Tensor();
         ctx.emit("ready", GradReady{param, used && grad.defined(), nullptr, std::move(grad), shard}, index++, count);
+        if (use) use->grad_done(param);  // ZeRO-3: a block whose gradients are all made is let go
       };
     } else {
       // The all-reduce needs the grads in a buffer; one process needs none with fresh grads.
@@ -409,6 +425,13 @@ class ForwardBackwardNode : public Node {
       m.weights += static_cast<double>(t.nbytes());
       if (t.requires_grad()) m.gradients += static_cast<double>(t.nbytes());
     }
+    if (const auto* s = dynamic_cast<const ShardedParams*>(model.shards.get())) {
+      // ZeRO-3: this rank's slice, and what a step gathers: every block at the turn from forward
+      // to backward (autograd keeps them), or about two blocks recomputed.
+      const double whole = s->bytes();
+      m.weights = whole / ctx.run().world + (model.checkpoint.every == 1 ? 2 * s->largest_unit_bytes() : whole);
+      m.gradients = whole;
+    }
     // Copies of the gradients (run() below): autograd's own (grad_layout fresh), and with several
     // processes or grad_layout buffer the buffers of take_buffer()'s pool (two while a step's grads
     // are still held as the next backward runs).
@@ -520,6 +543,7 @@ class ForwardBackwardNode : public Node {
   std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first
   std::shared_ptr<const GradShard> grad_shard_;     // ZeRO stage 2: the plan each item carries
   const ZeroPlan* zero_ = nullptr;  // the zero node's plan, if `zero` is connected
+  std::shared_ptr<parallel::Group> gather_group_;  // ZeRO stage params: this node's channel for the gathers
   bool cuda_graph_ = false;  // run.cuda_graph
   int eager_steps_ = 0;      // steps run eagerly before the capture
   bool shape_warned_ = false;

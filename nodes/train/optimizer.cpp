@@ -18,6 +18,7 @@
 #include "parallel/tensor_parallel.hpp"
 #include "parallel/zero_plan.hpp"
 #include "registry.hpp"
+#include "train/fully_sharded.hpp"
 #include "train/optimizer_slots.hpp"
 #include "train/precision.hpp"
 
@@ -193,7 +194,36 @@ class OptimizerNode : public Node {
                                  "parameter, which tensor parallel splits (run.parallel.tp " +
                                  std::to_string(model.tp->group->size()) + "); use kind adamw or sgd, or tp 1");
     }
+    if (plan.shards_params()) shard_model(ctx, ctx.state_as<ModelState>("model"));
     ctx.own_state("state", state);
+  }
+
+  // ZeRO stage params (train/fully_sharded.hpp): the model's trainable parameters sharded over the
+  // ranks as this node's slices are cut, each rank keeping its slice; what it does not shard yet
+  // refused, saying what to change.
+  void shard_model(SetupContext& ctx, ModelState& model) {
+    const std::string plan = ctx.refs("zero").front(), plan_node = plan.substr(0, plan.find('.'));
+    const std::string stage = "ZeRO stage params (" + plan + ")";
+    for (const auto& [name, t] : model.named_parameters())
+      if (!t.requires_grad())
+        throw std::runtime_error(ctx.who() + ": " + stage + " shards trainable parameters only, and '" + name +
+                                 "' is frozen (a LoRA's base, or a frozen part): sharding a frozen base is not built "
+                                 "yet; set " + plan_node + ".stage=gradients, or train every parameter");
+    const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [name, t] : named) tensors.push_back(t);
+    try {
+      model.shards = ShardedParams::make(
+          model, ShardPlan::make(FlatLayout::of(tensors), named, ctx.run().rank, ctx.run().world, whole_tensors_));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    if (ctx.run().rank == 0) {
+      const auto& s = static_cast<const ShardedParams&>(*model.shards);
+      spdlog::info("{}: {}: each rank keeps 1/{} of the {:.2f} MB of parameters; {} units gathered around their use "
+                   "(the largest {:.2f} MB)",
+                   ctx.who(), stage, ctx.run().world, s.bytes() / 1e6, s.units(), s.largest_unit_bytes() / 1e6);
+    }
   }
 
   // The plan's wiring. The forward_backward whose gradients this node updates from (through an
@@ -274,8 +304,8 @@ class OptimizerNode : public Node {
     OptimizerState& st = ctx.state_as<OptimizerState>("state");
     const double lr = sched_.at(ctx.step(), ctx.run().last_step);
     // The writer of the parameters keeps them in flat buffers (models/model_state.hpp); once
-    // they are, this only checks that they still are.
-    model.flat.ensure(model.trainable_parameters());
+    // they are, this only checks that they still are. (ZeRO-3: its slice is the buffer.)
+    if (!model.shards) model.flat.ensure(model.trainable_parameters());
     torch::Tensor norm = shard_    ? sharded_update(ctx, model, st, grads, lr)
                          : model.tp ? optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_,
                                                        lr, tp_global_norm(ctx, model, grads))
@@ -327,16 +357,20 @@ class OptimizerNode : public Node {
 
   // ZeRO-1 and 2: this rank's pieces updated with the norm of all the grads (the same on every
   // rank), then every rank's updated slice all-gathered into every rank's parameters.
+  // ZeRO-3: the model's parameters are sharded already (shard_model); this rank's pieces are views
+  // of its slice, and nothing is gathered after the update (the next use gathers what it runs).
   torch::Tensor sharded_update(StepContext& ctx, ModelState& model, OptimizerState& st, const Grads& grads, double lr) {
-    const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
-    const std::vector<torch::Tensor>* buffers = model.flat.buffers_of(model.trainable_parameters());
+    auto* sharded = dynamic_cast<ShardedParams*>(model.shards.get());
+    const ModelState::Named named = sharded ? sharded->shapes() : model.named_parameters(/*trainable_only=*/true);
+    const std::vector<torch::Tensor>* buffers = sharded ? &sharded->slices() : model.flat.buffers_of(model.trainable_parameters());
     if (!buffers) throw std::logic_error(ctx.who() + ": the parameters are not in flat buffers");
-    if (st.slots.empty() || !(st.shard.layout == model.flat.layout()))
+    const FlatLayout& layout = sharded ? sharded->plan().layout : model.flat.layout();
+    if (st.slots.empty() || !(st.shard.layout == layout))
       make_shard_slots(st,
-                       ShardPlan::make(model.flat.layout(), named, ctx.run().rank, ctx.run().world,
-                                       /*whole_tensors=*/whole_tensors_),
+                       sharded ? sharded->plan()
+                               : ShardPlan::make(layout, named, ctx.run().rank, ctx.run().world, /*whole_tensors=*/whole_tensors_),
                        named, cfg_);
-    const ShardPieces pieces = shard_pieces(st.shard, named, grads);
+    const ShardPieces pieces = sharded ? slice_pieces(st.shard, *buffers, grads) : shard_pieces(st.shard, named, grads);
     const std::string step = " of step " + std::to_string(ctx.step());
     // The last step's all-gather ended (long since, normally): a host check bounded by
     // run.comm_timeout_s, so a dead rank ends the run instead of hanging it (a CPU one was waited
@@ -352,6 +386,7 @@ class OptimizerNode : public Node {
       norm = global_norm(grads);
     }
     norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, norm);
+    if (sharded) return norm;
     // Every rank's updated slice into every rank's parameters; on a GPU the next forward queues
     // behind the all-gather, the host does not wait.
     gathering_ = allgather_slices(st.shard, *buffers, *group_, "all-gather of the parameters" + step);
@@ -374,11 +409,11 @@ class OptimizerNode : public Node {
     for (const auto& f : st.flat) moments += bytes(f);
     const size_t flat = st.flat.size();
     for (const auto& s : st.slots) moments += bytes(std::vector<torch::Tensor>(s.m.begin() + static_cast<long>(flat), s.m.end()));
-    const double params = bytes(model.trainable_parameters());
+    const double params = bytes(model.shards ? model.shards->slices() : model.trainable_parameters());
     spdlog::info("{}: per rank: parameters {:.2f} MB, gradients {:.2f} MB, optimizer state {:.2f} MB{}", ctx.who(),
                  params / 1e6, bytes(grads) / 1e6, moments / 1e6,
-                 shard_ ? fmt::format(" (ZeRO stage {}, this rank's 1/{} slice)", shard_grads_ ? "gradients" : "states",
-                                      ctx.run().world)
+                 shard_ ? fmt::format(" (ZeRO stage {}, this rank's 1/{} slice)",
+                                      model.shards ? "params" : shard_grads_ ? "gradients" : "states", ctx.run().world)
                         : std::string());
   }
 

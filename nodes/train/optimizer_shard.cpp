@@ -93,6 +93,29 @@ ShardPieces shard_pieces(const ShardPlan& plan, const std::vector<std::pair<std:
   return out;
 }
 
+ShardPieces slice_pieces(const ShardPlan& plan, const std::vector<torch::Tensor>& slices,
+                         const std::vector<torch::Tensor>& grads) {
+  if (grads.size() != plan.layout.slots.size() || slices.size() != plan.groups.size())
+    throw std::runtime_error("sharded update: " + std::to_string(grads.size()) + " grads and " +
+                             std::to_string(slices.size()) + " slices, the plan was made for " +
+                             std::to_string(plan.layout.slots.size()) + " parameters in " +
+                             std::to_string(plan.groups.size()) + " buffers");
+  ShardPieces out;
+  for (const auto& piece : plan.pieces) {
+    const size_t i = static_cast<size_t>(piece.param);
+    const bool whole = piece.offset == 0 && piece.numel == plan.layout.slots[i].numel;
+    const torch::Tensor p = slices[static_cast<size_t>(piece.group)].narrow(0, piece.at, piece.numel);
+    out.params.emplace_back(plan.names[i], whole ? p.view(plan.shapes[i]) : p);
+    const torch::Tensor& g = grads[i];
+    if (g.defined() && g.numel() != piece.numel)
+      throw std::runtime_error("sharded update: the grad of " + plan.names[i] + " has " + std::to_string(g.numel()) +
+                               " elements, not this rank's " + std::to_string(piece.numel) + " (stage params reduce-"
+                               "scatters every gradient: was it made by another plan?)");
+    out.grads.push_back(!g.defined() ? g : whole ? g.view(plan.shapes[i]) : g.reshape({-1}));
+  }
+  return out;
+}
+
 std::vector<parallel::Work> allgather_slices(const ShardPlan& plan, const std::vector<torch::Tensor>& buffers,
                                              parallel::Group& group, const std::string& what) {
   if (buffers.size() != plan.groups.size())

@@ -81,6 +81,12 @@ struct ShardPieces {
 ShardPieces shard_pieces(const ShardPlan& plan, const std::vector<std::pair<std::string, torch::Tensor>>& params,
                          const std::vector<torch::Tensor>& grads);
 
+// The same for a model whose parameters are sharded (ZeRO-3, fully_sharded.hpp): the pieces are
+// views of this rank's slices (`slices`, per buffer) instead of the parameters, named and shaped
+// as the plan says; `grads` this rank's pieces already (stage 2's).
+ShardPieces slice_pieces(const ShardPlan& plan, const std::vector<torch::Tensor>& slices,
+                         const std::vector<torch::Tensor>& grads);
+
 // Every rank's slice of each buffer into every rank's buffers: an all-gather per buffer, in place,
 // over `group` (MPI for CPU buffers, NCCL for CUDA ones). Collective: every rank calls it. Returns
 // the collectives, to wait for.

@@ -1,0 +1,120 @@
+// ZeRO stage 3 (the zero node's `stage: params`; Rajbhandari et al. 2020, PyTorch's FSDP): the
+// model's trainable parameters sharded over the data-parallel ranks the way stages 1 and 2 shard
+// the optimizer's moments and the gradients (optimizer_shard.hpp: the flat layout of the
+// trainable parameters in module order, rank q keeping its elements [cuts[q], cuts[q + 1])).
+//
+// Between uses every trainable parameter holds no data (its shape over one element of storage,
+// every stride 0: the module, the names, the shapes and autograd's identity of each parameter
+// unchanged, writes refused, reads seeing one number); this rank keeps its
+// slice of the flat buffer, which the optimizer updates in place (slice_pieces) and an EMA
+// averages slice by slice. Units: each block (an item of one of the model's outermost
+// ModuleLists: what run_block runs) and each run of the other parameters in module order
+// (embeddings before the blocks; final norms and a head after). A unit is gathered by one
+// all-gather of the ranks' pieces of its range of the flat buffer (uneven blocks: most ranks hold
+// none of a small unit) into a buffer of its own, its parameters pointed into it; let go, the
+// buffer is freed.
+//
+// A use (ParamUse, models/param_use.hpp; one at a time, by the node that owns the use: a reader
+// runs a copy, ModelState::clone) gathers the other parameters when it opens and each block when
+// run_block reaches it; a block is let go after its forward when it was recomputed or ran without
+// grad (gathered again for its recompute in backward), else once backward has made every one of
+// its gradients (grad_done); everything when the use closes. So forward_backward without
+// activation checkpointing holds the whole model at the turn from forward to backward (the
+// blocks are kept: autograd saved them), and with `checkpoint: blocks` the other parameters and
+// one or two blocks; an evaluator one block at a time.
+//
+// One data-parallel rank: the slice is the whole buffer, and the parameters point into it for
+// good (nothing gathered, nothing freed).
+#pragma once
+#include <torch/torch.h>
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/model_state.hpp"
+#include "models/param_use.hpp"
+#include "train/optimizer_shard.hpp"
+
+namespace flowrun {
+
+class ShardedParams : public ModelState::Shards {
+ public:
+  // Shards `model`'s trainable parameters (whole on every rank now) as `plan` cuts them (made for
+  // them, one flat buffer: one dtype and device; refused otherwise, naming them): this rank keeps
+  // its slice, the parameters let go of their data.
+  static std::shared_ptr<ShardedParams> make(ModelState& model, const ShardPlan& plan);
+
+  const ShardPlan& plan() const { return plan_; }
+  // Stage 2's plan for the same cut (forward_backward hands each gradient to the allreduce with it).
+  const std::shared_ptr<const GradShard>& grad_shard() const { return grad_shard_; }
+  // The trainable parameters by name as placeholders with their shapes, dtype and device (one
+  // element of storage seen at every index), for code that needs what a parameter is.
+  ModelState::Named shapes() const;
+  // The bytes of the whole parameters, and of the largest unit (what a gathered block adds).
+  double bytes() const;
+  double largest_unit_bytes() const;
+  int units() const { return static_cast<int>(units_.size()); }
+
+  std::unique_ptr<ParamUse> open(parallel::Group* group, const std::string& what) override;
+  std::map<std::string, torch::Tensor> wholes(parallel::Group& group) override;
+  std::map<std::string, torch::Tensor> load(const std::map<std::string, torch::Tensor>& whole) override;
+  std::shared_ptr<Shards> copy_for(ModelState& copy) const override;
+  std::shared_ptr<torch::nn::Module> fresh_module() const override;
+  std::vector<torch::Tensor>& slices() override { return slices_; }
+
+ private:
+  friend class ShardedUse;
+  struct Unit {
+    int64_t lo = 0, hi = 0;   // its range of the flat buffer
+    std::vector<int> params;  // its parameters (module order)
+    bool block = false;       // a block's (let go after its forward or backward), else kept for the use
+    torch::Tensor gathered;   // the whole range, while gathered
+    int pending = 0;          // its gradients not yet final in the current backward
+  };
+  ShardedParams() = default;
+  void bind(ModelState& model);  // params_, units_, placeholders from the model's module
+  void point_into_slice();       // one rank: every parameter a view of the slice, for good
+  void gather(int unit, parallel::Group* group, const std::string& what);
+  void release(int unit);
+
+  ShardPlan plan_;
+  std::shared_ptr<const GradShard> grad_shard_;
+  std::vector<torch::Tensor> slices_;        // this rank's slice of the flat buffer (one)
+  std::shared_ptr<torch::nn::Module> template_;  // the module with every parameter let go: copies start from it
+  std::vector<torch::Tensor> params_;        // the module's trainable parameters (module order)
+  std::vector<torch::Tensor> empties_;       // per parameter: what it holds between uses (shapes())
+  std::vector<Unit> units_;
+  std::vector<int> unit_of_param_;
+  std::map<const torch::nn::Module*, int> unit_of_block_;
+  std::atomic<bool> in_use_{false};  // a use is open (one at a time)
+};
+
+// What a node that reads a model without training it (an evaluator, a sampler) runs: a sharded
+// model's copy (ModelState::clone: its own parameters to gather, so that it never touches the
+// ones forward_backward may be gathering at the same time) with a use open on it over the node's
+// channel to the data-parallel ranks (`group`, made in its setup; null with one rank); any other
+// model as it is.
+//
+//   ShardedReader reader(model, dp_group_.get(), ctx.who() + " of step 7");
+//   const int64_t n = reader.agreed(batches);    // every rank runs as many forwards
+//   evaluate(reader.model(), ...);
+class ShardedReader {
+ public:
+  ShardedReader(ModelState& model, parallel::Group* group, const std::string& what);
+  ModelState& model() { return copy_ ? *copy_ : model_; }
+  bool sharded() const { return copy_ != nullptr; }
+  // `n` forwards on this rank: when sharded the smallest over the ranks (each forward gathers
+  // over all of them), else `n`. Collective when sharded.
+  int64_t agreed(int64_t n);
+
+ private:
+  ModelState& model_;
+  parallel::Group* group_;
+  std::shared_ptr<ModelState> copy_;  // before use_: the use holds its parameters
+  std::unique_ptr<ParamUse> use_;
+};
+
+}  // namespace flowrun
