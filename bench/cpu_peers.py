@@ -14,6 +14,9 @@ Modes:
   tp     2 processes of 1 thread, tensor parallel, each running the whole batch:
          `mpirun -np 2 flowrun ... run.parallel.tp=2` vs DTensor's ColwiseParallel /
          RowwiseParallel plans over gloo (torch_peers.tp_round)
+  fsdp   2 processes of 1 thread, fully sharded, half the batch each: `mpirun -np 2 flowrun ...
+         zero.stage=params` vs FSDP2 (fully_shard per block, then the model) over gloo
+         (torch_peers.fsdp_round)
   wall   fortunes_tiny only: the README's 600-step command, whole process wall time (start-up,
          evaluation and checkpoints included), against the PyTorch loop's 600 steps (its
          start-up excluded); flowrun's last val_loss beside it (target <= 2.1 nats/byte)
@@ -46,7 +49,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import ddp_round, eager_round, flowrun_round, gpt_overrides, loop_seconds, tp_round  # noqa: E402
+from torch_peers import ddp_round, eager_round, flowrun_round, fsdp_round, gpt_overrides, loop_seconds, tp_round  # noqa: E402
 
 CONFIGS = {
     "gpt_bench": dict(layers=4, dim=256, heads=4, vocab=256, context=128, batch=16, bf16=False),
@@ -180,6 +183,16 @@ def main():
                 mpi.append("--allow-run-as-root")
             sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
                      lambda: pt.append(tp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
+        elif mode == "fsdp":
+            # Fully sharded over 2 processes of 1 thread, half the batch each: flowrun's
+            # zero.stage=params against FSDP2's fully_shard per block (torch_peers.fsdp_round).
+            half = dict(cfg, batch=cfg["batch"] // 2)
+            ov = gpt_overrides(half, args.data, args.steps, args.window, "cpu", threads=1) + ["zero.stage=params"]
+            mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
+            if os.geteuid() == 0:
+                mpi.append("--allow-run-as-root")
+            sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
+                     lambda: pt.append(fsdp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
         elif mode == "wall":
             def flowrun_wall():
                 secs, val = readme_run(args.flowrun)

@@ -175,6 +175,33 @@ def _spawn(worker, world, args, what):
     return out.get()
 
 
+# ---- the fully sharded peer: FSDP2 (torch.distributed.fsdp.fully_shard) ----
+
+def _fsdp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    local = dict(cfg, batch=cfg["batch"] // world)  # the global batch split over the ranks, as DDP
+    model = make_model(local, "cpu")
+    for b in model.h:  # each block its own unit, then the rest (torchtitan's order)
+        fully_shard(b, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    times = timed_steps(model, model, make_optimizer(model, "cpu"), local, "cpu", steps, warmup, window, rank)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def fsdp_round(cfg, world, steps, warmup, window, threads=1):
+    """Seconds per step of FSDP2 (fully_shard per block, gloo, CPU) over `world` local processes,
+    global batch cfg["batch"]: rank 0's median over windows after warm-up."""
+    return _spawn(_fsdp_worker, world, (cfg, steps, warmup, window, threads), "FSDP2")
+
+
 # ---- the tensor-parallel peer: DTensor's column/row plans (torch.distributed.tensor.parallel) ----
 
 class TpBlock(Block):

@@ -81,9 +81,10 @@ class EmaNode : public Node {
     ema_ = std::make_unique<EmaModel>(source);
     // For forward_backward's memory estimate: this copy (of the whole model: clone()).
     double bytes = 0;
-    for (const auto& [name, t] : source.named_parameters()) bytes += static_cast<double>(t.nbytes());
     if (source.shards)  // ZeRO-3: this rank's slice (the parameters hold nothing between uses)
       for (const auto& t : source.shards->slices()) bytes += static_cast<double>(t.nbytes());
+    else
+      for (const auto& [name, t] : source.named_parameters()) bytes += static_cast<double>(t.nbytes());
     source.kept.push_back(MemoryItem{"EMA copy", ctx.name(), bytes, /*allocated=*/true, "", 0});
     ctx.own_state("params", ema_->model());
   }

@@ -3,8 +3,9 @@
 // Tests: tests/mpi/mpi_test.sh (zero_params), tests/nodes/graph_gpt_test.cpp (ZeRO.Params*).
 #include "train/fully_sharded.hpp"
 
+#include <malloc.h>
+
 #include <algorithm>
-#include <set>
 #include <stdexcept>
 
 namespace flowrun {
@@ -98,9 +99,20 @@ std::shared_ptr<ShardedParams> ShardedParams::make(ModelState& model, const Shar
     s->slices_[0].narrow(0, piece.at, piece.numel)
         .copy_(tensors[static_cast<size_t>(piece.param)].reshape({-1}).narrow(0, piece.offset, piece.numel));
   s->bind(model);
-  for (size_t i = 0; i < s->params_.size(); ++i) s->params_[i].set_data(s->empties_[i]);
-  s->template_ = model.module->clone();  // the parameters let go: a cheap copy, never touched again
-  if (plan.world == 1) s->point_into_slice();
+  // The template copies start from: the module with its parameters empty (a clone copies every
+  // parameter's data, and a placeholder's would be copied to its whole size).
+  for (auto& p : s->params_) p.set_data(torch::empty({0}, p.options()));
+  s->template_ = model.module->clone();
+  s->let_go();
+  // On the CPU a step allocates and frees each block's gathered parameters and gradients. glibc
+  // serves a freed large block's size from its heap afterwards (its mmap threshold follows the
+  // largest block freed), which keeps what the step freed resident; a fixed threshold returns
+  // every block of 1 MB or more to the system when freed (measured, GPT 151M at dp 4: peak
+  // 1.18 GB a rank against 2.05 GB).
+  if (lg.device.is_cpu() && plan.world > 1) {
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    malloc_trim(0);  // and what the whole model left in the heap, now
+  }
   return s;
 }
 
@@ -112,7 +124,7 @@ std::shared_ptr<ModelState::Shards> ShardedParams::copy_for(ModelState& copy) co
   torch::NoGradGuard no_grad;
   for (const auto& t : slices_) s->slices_.push_back(t.clone());
   s->bind(copy);
-  if (plan_.world == 1) s->point_into_slice();
+  s->let_go();
   return s;
 }
 
@@ -158,10 +170,11 @@ void ShardedParams::bind(ModelState& model) {
   }
 }
 
-void ShardedParams::point_into_slice() {
+void ShardedParams::let_go() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatLayout::Slot& slot = plan_.layout.slots[i];
-    params_[i].set_data(slices_[0].narrow(0, slot.offset, slot.numel).view(plan_.shapes[i]));
+    // One rank: a view of the slice (the whole buffer), for good.
+    params_[i].set_data(plan_.world == 1 ? slices_[0].narrow(0, slot.offset, slot.numel).view(plan_.shapes[i]) : empties_[i]);
   }
 }
 

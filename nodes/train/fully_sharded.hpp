@@ -76,7 +76,7 @@ class ShardedParams : public ModelState::Shards {
   };
   ShardedParams() = default;
   void bind(ModelState& model);  // params_, units_, placeholders from the model's module
-  void point_into_slice();       // one rank: every parameter a view of the slice, for good
+  void let_go();                 // every parameter its placeholder (one rank: a view of the slice, for good)
   void gather(int unit, parallel::Group* group, const std::string& what);
   void release(int unit);
 
