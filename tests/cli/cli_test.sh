@@ -133,7 +133,7 @@ dot_renders)
   expect_code 0 "$flowrun" explain graphs/gpt.yaml --world 4 run.parallel.tp=2
   expect_out "processes: dp 2 x pp 1 x tp 2 (4 processes)"
   expect_out "rank 3: dp 1, pp 0, tp 1; tp group {2, 3}, dp group {1, 3}"
-  expect_out "collectives over the tp group: under run.parallel.tp, the split model's (gpt)"
+  expect_out "collectives over the tp group: under run.parallel.tp, the split model's (gpt, dit, cappa)"
   expect_code 0 "$flowrun" explain graphs/gpt.yaml --world 2 run.parallel.pp=2
   expect_out "cannot run: run.parallel.pp is 2: pipeline parallel is not built in this flowrun yet"
   expect_out "collectives over the dp group: each bucket of gradients all-reduced"
