@@ -103,12 +103,13 @@ torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const tor
   const bool recompute = policy.recompute(index);
   ParamUse* use = ParamUse::current();
   if (!use) return recompute ? checkpointed(inputs, body) : body(inputs);
-  use->gather(block);
+  use->gather(block, /*recompute=*/false);
   // A recomputed block is gathered again in backward (its forward let the parameters go); the
-  // ParamUse outlives the backward that runs the recompute.
+  // ParamUse outlives the backward that runs the recompute. (The body's first run, in forward,
+  // finds the block gathered already.)
   const torch::Tensor y = recompute ? checkpointed(inputs,
                                                    [use, &block, body](const std::vector<torch::Tensor>& in) {
-                                                     use->gather(block);
+                                                     use->gather(block, /*recompute=*/true);
                                                      return body(in);
                                                    })
                                     : body(inputs);

@@ -23,8 +23,9 @@ class ParamUse {
   ParamUse(const ParamUse&) = delete;
   ParamUse& operator=(const ParamUse&) = delete;
 
-  // Before `block` runs (its forward, or its recompute in backward): its parameters whole.
-  virtual void gather(const torch::nn::Module& block) = 0;
+  // Before `block` runs: its parameters whole. `recompute`: its recompute in backward (the blocks
+  // then come in reverse order), else its forward.
+  virtual void gather(const torch::nn::Module& block, bool recompute) = 0;
   // After its forward: `kept` when autograd saved its parameters for backward (they stay until
   // its gradients are final: grad_done); else they may go now.
   virtual void after_forward(const torch::nn::Module& block, bool kept) = 0;

@@ -46,9 +46,17 @@ class ShardedUse : public ParamUse {
     }
   }
   ~ShardedUse() override { close(); }
-  void gather(const torch::nn::Module& block) override {
+  void gather(const torch::nn::Module& block, bool recompute) override {
     const auto it = s_.unit_of_block_.find(&block);
-    if (it != s_.unit_of_block_.end()) s_.gather(it->second, group_, what_);
+    if (it == s_.unit_of_block_.end()) return;
+    const int u = it->second;
+    if (s_.units_[static_cast<size_t>(u)].gathered.defined()) return;
+    s_.gather(u, group_, what_);
+    // The block that runs next starts on its way now (forward: the next one; recomputes in
+    // backward: the one before), so its all-gather overlaps this block's compute.
+    const int next = u + (recompute ? -1 : 1);
+    if (next >= 0 && next < static_cast<int>(s_.units_.size()) && s_.units_[static_cast<size_t>(next)].block)
+      s_.start(next, group_, what_);
   }
   void after_forward(const torch::nn::Module& block, bool kept) override {
     const auto it = s_.unit_of_block_.find(&block);
@@ -61,8 +69,14 @@ class ShardedUse : public ParamUse {
   }
 
  private:
-  void close() {
-    for (size_t u = 0; u < s_.units_.size(); ++u) s_.release(static_cast<int>(u));
+  void close() noexcept {
+    for (size_t u = 0; u < s_.units_.size(); ++u) {
+      try {
+        s_.release(static_cast<int>(u));  // a gather still on its way is waited for first
+      } catch (const std::exception&) {
+        // Its wait failed (a rank gone): the communication layer ends the job; nothing to free safely.
+      }
+    }
     s_.in_use_ = false;
   }
   ShardedParams& s_;
@@ -159,7 +173,7 @@ void ShardedParams::bind(ModelState& model) {
     if (units_.empty() || o != last || slot.offset != units_.back().hi) {
       if (o && unit_of_block_.count(o))
         throw std::logic_error("ZeRO-3: the parameters of a block are not one run of the flat buffer");
-      units_.push_back(Unit{slot.offset, slot.offset, {}, o != nullptr, {}, 0});
+      units_.push_back(Unit{slot.offset, slot.offset, {}, o != nullptr, {}, {}, {}, 0});
       if (o) unit_of_block_[o] = static_cast<int>(units_.size()) - 1;
     }
     Unit& u = units_.back();
@@ -183,6 +197,20 @@ void ShardedParams::let_go() {
 void ShardedParams::gather(int unit, parallel::Group* group, const std::string& what) {
   Unit& u = units_[static_cast<size_t>(unit)];
   if (plan_.world == 1 || u.gathered.defined()) return;
+  if (!u.arriving.defined()) start(unit, group, what);
+  u.pending_gather.wait();
+  u.pending_gather = parallel::Work();
+  for (int p : u.params) {
+    const FlatLayout::Slot& slot = plan_.layout.slots[static_cast<size_t>(p)];
+    params_[static_cast<size_t>(p)].set_data(u.arriving.narrow(0, slot.offset - u.lo, slot.numel).view(plan_.shapes[static_cast<size_t>(p)]));
+  }
+  u.gathered = u.arriving;
+  u.arriving = torch::Tensor();
+}
+
+void ShardedParams::start(int unit, parallel::Group* group, const std::string& what) {
+  Unit& u = units_[static_cast<size_t>(unit)];
+  if (plan_.world == 1 || u.gathered.defined() || u.arriving.defined()) return;
   if (!group) throw std::logic_error("ZeRO-3: gathering over " + std::to_string(plan_.world) + " ranks without a group");
   const ShardPlan::Group& g = plan_.groups[0];
   // Rank q's piece of the unit's range: its slice and the range overlapping, in rank order one
@@ -196,16 +224,18 @@ void ShardedParams::gather(int unit, parallel::Group* group, const std::string& 
   torch::Tensor buf = torch::empty({u.hi - u.lo}, slices_[0].options());
   const int64_t lo = std::max(g.begin, u.lo), hi = std::min(g.end, u.hi);
   if (lo < hi) buf.narrow(0, lo - u.lo, hi - lo).copy_(slices_[0].narrow(0, lo - g.begin, hi - lo));
-  group->all_gather(buf, counts, "ZeRO-3: the parameters of " + what).wait();
-  for (int p : u.params) {
-    const FlatLayout::Slot& slot = plan_.layout.slots[static_cast<size_t>(p)];
-    params_[static_cast<size_t>(p)].set_data(buf.narrow(0, slot.offset - u.lo, slot.numel).view(plan_.shapes[static_cast<size_t>(p)]));
-  }
-  u.gathered = buf;
+  u.pending_gather = group->all_gather(buf, counts, "ZeRO-3: the parameters of " + what);
+  u.arriving = buf;
 }
 
 void ShardedParams::release(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
+  if (u.arriving.defined()) {  // started, never used: its all-gather still writes into the buffer
+    parallel::Work w = std::move(u.pending_gather);
+    u.pending_gather = parallel::Work();
+    u.arriving = torch::Tensor();
+    w.wait();
+  }
   if (plan_.world == 1 || !u.gathered.defined()) return;
   for (int p : u.params) params_[static_cast<size_t>(p)].set_data(empties_[static_cast<size_t>(p)]);
   u.gathered = torch::Tensor();

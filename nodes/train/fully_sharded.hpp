@@ -16,12 +16,14 @@
 //
 // A use (ParamUse, models/param_use.hpp; one at a time, by the node that owns the use: a reader
 // runs a copy, ModelState::clone) gathers the other parameters when it opens and each block when
-// run_block reaches it; a block is let go after its forward when it was recomputed or ran without
-// grad (gathered again for its recompute in backward), else once backward has made every one of
-// its gradients (grad_done); everything when the use closes. So forward_backward without
-// activation checkpointing holds the whole model at the turn from forward to backward (the
-// blocks are kept: autograd saved them), and with `checkpoint: blocks` the other parameters and
-// one or two blocks; an evaluator one block at a time.
+// run_block reaches it, issuing the next block's all-gather then (the one before, for the
+// recomputes in backward), so that it runs during this block's compute; a block is let go after
+// its forward when it was recomputed or ran without grad (gathered again for its recompute in
+// backward), else once backward has made every one of its gradients (grad_done); everything when
+// the use closes. So forward_backward without activation checkpointing holds the whole model at
+// the turn from forward to backward (the blocks are kept: autograd saved them), and with
+// `checkpoint: blocks` the other parameters and two or three blocks (the one running, the one
+// arriving, one whose gradients are being made); an evaluator two blocks at a time.
 //
 // One data-parallel rank: the slice is the whole buffer, and the parameters point into it for
 // good (nothing gathered, nothing freed).
@@ -71,13 +73,16 @@ class ShardedParams : public ModelState::Shards {
     int64_t lo = 0, hi = 0;   // its range of the flat buffer
     std::vector<int> params;  // its parameters (module order)
     bool block = false;       // a block's (let go after its forward or backward), else kept for the use
-    torch::Tensor gathered;   // the whole range, while gathered
+    torch::Tensor gathered;   // the whole range, while gathered (its parameters point into it)
+    torch::Tensor arriving;   // the whole range, while its all-gather (started ahead) runs
+    parallel::Work pending_gather;
     int pending = 0;          // its gradients not yet final in the current backward
   };
   ShardedParams() = default;
   void bind(ModelState& model);  // params_, units_, placeholders from the model's module
   void let_go();                 // every parameter its placeholder (one rank: a view of the slice, for good)
-  void gather(int unit, parallel::Group* group, const std::string& what);
+  void start(int unit, parallel::Group* group, const std::string& what);   // its all-gather issued
+  void gather(int unit, parallel::Group* group, const std::string& what);  // started if not, waited for, pointed into
   void release(int unit);
 
   ShardPlan plan_;
