@@ -56,19 +56,19 @@ class CappaNode : public ModelNode {
     if (init) {
       how = "big_vision init, seed " + std::to_string(seed);
       if (c_.tp) {
-        // The whole model's init, each rank keeping its parts: the same values as with tp 1.
+        // The whole model's init (big_vision's goes module by module, not parameter by
+        // parameter: init_split cannot draw it), each rank keeping its parts: tp 1's values.
         Config whole_cfg = c_;
         whole_cfg.tp = nullptr;
         Cappa whole(whole_cfg);
         init_weights(*whole, seed);
         load_state_dict(*model_, named_tensors(*whole), how);
-        how += ", split over tp " + std::to_string(c_.tp->size()) + ": the count is this rank's part";
       } else {
         init_weights(*model_, seed);
       }
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    if (c_.tp) state->tp = std::make_shared<const parallel::TpLayout>(parallel::TpLayout{c_.tp, tp_split});
+    if (c_.tp) hold_split(*state, {c_.tp, tp_split}, how);
     return state;
   }
 

@@ -108,15 +108,13 @@ class DitNode : public ModelNode {
     model_ = Dit(cfg_);
     if (init) {
       how = "DiT init, seed " + std::to_string(seed);
-      if (cfg_.tp) {  // the whole model's init, tensor by tensor, each rank keeping its parts
+      if (cfg_.tp)  // the whole model's init, tensor by tensor, each rank keeping its parts
         init_split(*model_, {cfg_.tp, tp_split}, init_generator(seed), init_parameter);
-        how += ", split over tp " + std::to_string(cfg_.tp->size()) + ": the count is this rank's part";
-      } else {
+      else
         init_weights(*model_, seed);
-      }
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    if (cfg_.tp) state->tp = std::make_shared<const parallel::TpLayout>(parallel::TpLayout{cfg_.tp, tp_split});
+    if (cfg_.tp) hold_split(*state, {cfg_.tp, tp_split}, how);
     return state;
   }
 

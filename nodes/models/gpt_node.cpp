@@ -56,18 +56,16 @@ class GptNode : public ModelNode {
     model_ = Gpt(cfg_);
     if (init) {
       how = "GPT-2 init, seed " + std::to_string(seed);
-      if (cfg_.tp) {  // the whole model's init, tensor by tensor, each rank keeping its parts
+      if (cfg_.tp)  // the whole model's init, tensor by tensor, each rank keeping its parts
         init_split(*model_, {cfg_.tp, tp_split}, init_generator(seed),
                    [cfg = cfg_](const std::string& name, torch::Tensor& whole, at::Generator& g) {
                      init_parameter(cfg, name, whole, g);
                    });
-        how += ", split over tp " + std::to_string(cfg_.tp->size()) + ": the count is this rank's part";
-      } else {
+      else
         init_weights(*model_, seed);
-      }
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    if (cfg_.tp) state->tp = std::make_shared<const parallel::TpLayout>(parallel::TpLayout{cfg_.tp, tp_split});
+    if (cfg_.tp) hold_split(*state, {cfg_.tp, tp_split}, how);
     return state;
   }
 

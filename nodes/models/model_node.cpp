@@ -117,6 +117,11 @@ void ModelNode::init_split(torch::nn::Module& split, const parallel::TpLayout& l
   }
 }
 
+void ModelNode::hold_split(ModelState& state, const parallel::TpLayout& layout, std::string& how) {
+  state.tp = std::make_shared<const parallel::TpLayout>(layout);
+  if (!how.empty()) how += ", split over tp " + std::to_string(layout.group->size()) + ": the count is this rank's part";
+}
+
 void ModelNode::finish(SetupContext&, ModelState&, const std::vector<std::string>&) {}
 
 void ModelNode::setup(SetupContext& ctx) {
