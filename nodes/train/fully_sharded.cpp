@@ -118,15 +118,12 @@ std::shared_ptr<ShardedParams> ShardedParams::make(ModelState& model, const Shar
   for (auto& p : s->params_) p.set_data(torch::empty({0}, p.options()));
   s->template_ = model.module->clone();
   s->let_go();
-  // On the CPU a step allocates and frees each block's gathered parameters and gradients. glibc
-  // serves a freed large block's size from its heap afterwards (its mmap threshold follows the
-  // largest block freed), which keeps what the step freed resident; a fixed threshold returns
-  // every block of 1 MB or more to the system when freed (measured, GPT 151M at dp 4 with
-  // checkpoint: blocks: peak 1.23 GB a rank against 2.05 GB).
-  if (lg.device.is_cpu() && plan.world > 1) {
-    mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    malloc_trim(0);  // and what the whole model left in the heap, now
-  }
+  // On the CPU the whole model just let go stays in glibc's heap (flowrun's main keeps freed
+  // blocks in the process for speed: cli/main.cpp); handed back now, once (measured, GPT 151M at
+  // dp 4 with checkpoint: blocks: peak 1.53 GB a rank against 2.05 GB). A lower mmap threshold
+  // would hand back each block a step frees too (1.34 GB), but cost a third of the step's speed
+  // in page faults.
+  if (lg.device.is_cpu() && plan.world > 1) malloc_trim(0);
   return s;
 }
 
