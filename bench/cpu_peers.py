@@ -128,6 +128,11 @@ def same_libtorch(flowrun):
     print("same libtorch on both sides: torch %s (%s)" % (torch.__version__, os.path.dirname(ours)), flush=True)
 
 
+def mpirun(n):
+    """The launcher of an n-process flowrun on these cores (as root, Open MPI wants telling)."""
+    return ["mpirun", "--oversubscribe", "-np", str(n), "--bind-to", "none"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+
+
 def ratio_cell(fl, pt):
     """Median of the rounds' speed ratios flowrun / PyTorch (PyTorch's seconds over flowrun's),
     with their min–max."""
@@ -169,18 +174,14 @@ def main():
         elif mode == "ddp":
             half = dict(cfg, batch=cfg["batch"] // 2)  # per rank
             ov = gpt_overrides(half, args.data, args.steps, args.window, "cpu", threads=1)
-            mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
-            if os.geteuid() == 0:
-                mpi.append("--allow-run-as-root")
+            mpi = mpirun(2)
             sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
                      lambda: pt.append(ddp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
         elif mode == "tp":
             # Tensor parallel over 2 processes of 1 thread, each running the whole batch: flowrun's
             # run.parallel.tp=2 against DTensor's column/row plans (torch_peers.tp_round).
             ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=1) + ["run.parallel.tp=2"]
-            mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
-            if os.geteuid() == 0:
-                mpi.append("--allow-run-as-root")
+            mpi = mpirun(2)
             sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
                      lambda: pt.append(tp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
         elif mode == "fsdp":
@@ -188,9 +189,7 @@ def main():
             # zero.stage=params against FSDP2's fully_shard per block (torch_peers.fsdp_round).
             half = dict(cfg, batch=cfg["batch"] // 2)
             ov = gpt_overrides(half, args.data, args.steps, args.window, "cpu", threads=1) + ["zero.stage=params"]
-            mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"]
-            if os.geteuid() == 0:
-                mpi.append("--allow-run-as-root")
+            mpi = mpirun(2)
             sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
                      lambda: pt.append(fsdp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
         elif mode == "wall":
