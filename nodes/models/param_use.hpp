@@ -29,7 +29,9 @@ class ParamUse {
   // After its forward: `kept` when autograd saved its parameters for backward (they stay until
   // its gradients are final: grad_done); else they may go now.
   virtual void after_forward(const torch::nn::Module& block, bool kept) = 0;
-  // Backward: trainable parameter `param` (module order) has its final gradient.
+  // A forward and its backward begin (a micro-batch): every block's gradients to be made again.
+  virtual void new_pass() = 0;
+  // Backward: trainable parameter `param` (module order) has its gradient of this pass.
   virtual void grad_done(int param) = 0;
 
   // The one open on this thread (the newest), or null.

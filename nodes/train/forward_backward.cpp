@@ -87,6 +87,7 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
       std::lock_guard<std::mutex> l(mu);
       const size_t k = static_cast<size_t>(i);
       used[k] = 1;
+      if (options.on_grad) options.on_grad(i);
       if (!last) return;
       if (copy && !settled[k]) {
         settled[k] = 1;
@@ -120,6 +121,7 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
   for (size_t i = 0; i < parts.size(); ++i) {
     const TensorMap& part = parts[i];
     const double w = static_cast<double>(batch_rows(part)) / static_cast<double>(total);
+    if (options.on_pass) options.on_pass(static_cast<int>(i));
     torch::Tensor loss;
     {
       std::optional<TrainingScope> training;
@@ -193,13 +195,7 @@ class ForwardBackwardNode : public Node {
     if (ctx.connected("zero")) zero_ = &ctx.state_as<ZeroPlan>("zero");
     // ZeRO stage params: this node's channel over the data-parallel ranks for the gathers (the
     // optimizer shards the model at its setup, after this one).
-    if (zero_ && zero_->shards_params()) {
-      if (options_.accumulate > 1)
-        throw std::runtime_error(ctx.who() + ": accumulate " + std::to_string(options_.accumulate) +
-                                 " with the ZeRO stage params is not built yet (each micro-batch would gather the "
-                                 "model again); set accumulate: 1 and raise the batch, or use stage gradients");
-      gather_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());
-    }
+    if (zero_ && zero_->shards_params()) gather_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());
     cuda_graph_ = ctx.run().graph && ctx.run().graph->settings.cuda_graph;
     if (cuda_graph_) {
       refuse_uncapturable(ctx, device);
@@ -265,8 +261,11 @@ class ForwardBackwardNode : public Node {
         torch::Tensor grad = used ? p.grad() : torch::Tensor();
         p.mutable_grad() = torch::Tensor();
         ctx.emit("ready", GradReady{param, used && grad.defined(), nullptr, std::move(grad), shard}, index++, count);
-        if (use) use->grad_done(param);  // ZeRO-3: a block whose gradients are all made is let go
       };
+      if (use) {  // ZeRO-3: each micro-batch's blocks let go as their gradients are made (they are gathered again for the next)
+        o.on_pass = [use = use.get()](int) { use->new_pass(); };
+        o.on_grad = [use = use.get()](int param) { use->grad_done(param); };
+      }
     } else {
       // The all-reduce needs the grads in a buffer; one process needs none with fresh grads.
       o.buffer = params.empty() || (fresh_ && !overlap) ? nullptr : take_buffer(params);

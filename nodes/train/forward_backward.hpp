@@ -55,6 +55,12 @@ struct FwdBwdOptions {
   // So each parameter is reported exactly once, in the order its gradient became final. Calls
   // are serialized.
   std::function<void(int param, bool used)> on_ready;
+  // Set (ZeRO-3's ParamUse): on_pass(k) before micro-batch k's forward, and on_grad(i) from inside
+  // every micro-batch's backward as parameter i's gradient of that micro-batch is added (what
+  // lets a sharded block go as soon as its backward is done, micro-batch after micro-batch).
+  // Serialized with on_ready.
+  std::function<void(int micro_batch)> on_pass;
+  std::function<void(int param)> on_grad;
   // Hooks on the parameters' grad accumulators, made once and kept across steps by the caller
   // (the node). Unset while a buffer or on_ready needs them: made for this call only.
   std::shared_ptr<GradHooks> hooks;

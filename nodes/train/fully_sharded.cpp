@@ -36,10 +36,9 @@ class ShardedUse : public ParamUse {
                              "); a reader runs a copy of the model (ModelState::clone)");
     s_.in_use_ = true;
     try {
-      for (size_t u = 0; u < s_.units_.size(); ++u) {
-        s_.units_[u].pending = static_cast<int>(s_.units_[u].params.size());
+      new_pass();
+      for (size_t u = 0; u < s_.units_.size(); ++u)
         if (!s_.units_[u].block) s_.gather(static_cast<int>(u), group_, what_);  // embeddings, norms, head: for the whole use
-      }
     } catch (...) {
       close();
       throw;
@@ -61,6 +60,9 @@ class ShardedUse : public ParamUse {
   void after_forward(const torch::nn::Module& block, bool kept) override {
     const auto it = s_.unit_of_block_.find(&block);
     if (it != s_.unit_of_block_.end() && !kept) s_.release(it->second);
+  }
+  void new_pass() override {
+    for (auto& u : s_.units_) u.pending = static_cast<int>(u.params.size());
   }
   void grad_done(int param) override {
     if (param < 0 || param >= static_cast<int>(s_.unit_of_param_.size())) return;
