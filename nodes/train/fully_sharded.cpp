@@ -145,7 +145,7 @@ std::shared_ptr<torch::nn::Module> ShardedParams::fresh_module() const { return 
 
 void ShardedParams::bind(ModelState& model) {
   params_.clear();
-  empties_.clear();
+  placeholders_.clear();
   units_.clear();
   unit_of_param_.clear();
   unit_of_block_.clear();
@@ -157,7 +157,15 @@ void ShardedParams::bind(ModelState& model) {
     if (it == by_name.end()) throw std::logic_error("ZeRO-3: the model has no parameter '" + name + "'");
     params_.push_back(it->second);
   }
-  for (const auto& [name, placeholder] : shapes()) empties_.push_back(placeholder);
+  // What each holds between uses: its shape over one element of storage (autograd's gradient
+  // accumulators check the gradients against the shape they saw, whenever they were made), which
+  // every index reads and no write may touch.
+  const FlatLayout::Group& lg = plan_.layout.groups[0];
+  for (size_t i = 0; i < plan_.names.size(); ++i) {
+    const std::vector<int64_t>& shape = plan_.shapes[i];
+    const torch::Tensor one = torch::zeros({1}, torch::TensorOptions().dtype(lg.dtype).device(lg.device));
+    placeholders_.emplace_back(plan_.names[i], one.as_strided(shape, std::vector<int64_t>(shape.size(), 0)));
+  }
   // Which block each parameter belongs to; the units: runs of parameters of one owner.
   std::vector<const torch::nn::Module*> blocks;
   find_blocks(*model.module, blocks);
@@ -187,7 +195,7 @@ void ShardedParams::let_go() {
   for (size_t i = 0; i < params_.size(); ++i) {
     const FlatLayout::Slot& slot = plan_.layout.slots[i];
     // One rank: a view of the slice (the whole buffer), for good.
-    params_[i].set_data(plan_.world == 1 ? slices_[0].narrow(0, slot.offset, slot.numel).view(plan_.shapes[i]) : empties_[i]);
+    params_[i].set_data(plan_.world == 1 ? slices_[0].narrow(0, slot.offset, slot.numel).view(plan_.shapes[i]) : placeholders_[i].second);
   }
 }
 
@@ -236,7 +244,7 @@ void ShardedParams::release(int unit) {
     w.wait();
   }
   if (plan_.world == 1 || !u.gathered.defined()) return;
-  for (int p : u.params) params_[static_cast<size_t>(p)].set_data(empties_[static_cast<size_t>(p)]);
+  for (int p : u.params) params_[static_cast<size_t>(p)].set_data(placeholders_[static_cast<size_t>(p)].second);
   u.gathered = torch::Tensor();
 }
 
@@ -245,20 +253,6 @@ std::unique_ptr<ParamUse> ShardedParams::open(parallel::Group* group, const std:
 }
 
 // ---- what checkpoints, memory estimates and the optimizer ask
-
-// The parameters' shapes without their data: a let-go parameter keeps its shape (autograd's
-// gradient accumulators check the gradients against the shape they saw, whenever they were
-// made) over one element of storage, which every index reads and no write may touch.
-ModelState::Named ShardedParams::shapes() const {
-  ModelState::Named out;
-  const FlatLayout::Group& lg = plan_.layout.groups[0];
-  for (size_t i = 0; i < plan_.names.size(); ++i) {
-    const std::vector<int64_t>& shape = plan_.shapes[i];
-    torch::Tensor one = torch::zeros({1}, torch::TensorOptions().dtype(lg.dtype).device(lg.device));
-    out.emplace_back(plan_.names[i], one.as_strided(shape, std::vector<int64_t>(shape.size(), 0)));
-  }
-  return out;
-}
 
 double ShardedParams::bytes() const {
   const FlatLayout::Group& lg = plan_.layout.groups[0];

@@ -53,8 +53,9 @@ class ShardedParams : public ModelState::Shards {
   // Stage 2's plan for the same cut (forward_backward hands each gradient to the allreduce with it).
   const std::shared_ptr<const GradShard>& grad_shard() const { return grad_shard_; }
   // The trainable parameters by name as placeholders with their shapes, dtype and device (one
-  // element of storage seen at every index), for code that needs what a parameter is.
-  ModelState::Named shapes() const;
+  // element of storage seen at every index: what each holds between uses), for code that needs
+  // what a parameter is. Made once (bind).
+  const ModelState::Named& shapes() const { return placeholders_; }
   // The bytes of the whole parameters, and of the largest unit (what a gathered block adds).
   double bytes() const;
   double largest_unit_bytes() const;
@@ -90,7 +91,7 @@ class ShardedParams : public ModelState::Shards {
   std::vector<torch::Tensor> slices_;        // this rank's slice of the flat buffer (one)
   std::shared_ptr<torch::nn::Module> template_;  // the module with every parameter let go: copies start from it
   std::vector<torch::Tensor> params_;        // the module's trainable parameters (module order)
-  std::vector<torch::Tensor> empties_;       // per parameter: what it holds between uses (shapes())
+  ModelState::Named placeholders_;           // per parameter: what it holds between uses (shapes())
   std::vector<Unit> units_;
   std::vector<int> unit_of_param_;
   std::map<const torch::nn::Module*, int> unit_of_block_;

@@ -245,6 +245,21 @@ int tp_mlp(int tp) {
   return 0;
 }
 
+// Every parameter of a model off its init (zero biases and projections, the norms' ones), so that a
+// part added on every rank, or a zero gradient, shows.
+void perturb(torch::nn::Module& m) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(11);
+  for (auto& p : m.parameters()) p.add_(torch::randn_like(p) * 0.05);
+}
+
+// A model's tensors by name, as a file holds them (copies).
+std::map<std::string, torch::Tensor> file_of(torch::nn::Module& m) {
+  std::map<std::string, torch::Tensor> file;
+  for (const auto& p : m.named_parameters()) file[p.key()] = p.value().detach().clone();
+  return file;
+}
+
 // After backward on both: "" when the split model's loss and each of its parameters' gradients
 // (its parts of the whole model's, by `split_of`; whole parameters whole) are within 1e-5 of each
 // tensor's largest value; else what differs first.
@@ -265,6 +280,24 @@ std::string split_differs(torch::nn::Module& whole, torch::nn::Module& split, co
   return "";
 }
 
+// split_differs, told: 0 with "tp T: the split WHAT equals the whole one" on rank 0, else 1 with
+// what differs on each rank.
+int check_split(const std::string& what, torch::nn::Module& whole, torch::nn::Module& split, const torch::Tensor& l_whole,
+                const torch::Tensor& l_split, const std::function<flowrun::parallel::TpSplit(const std::string&)>& split_of,
+                const flowrun::parallel::Group& tp) {
+  const std::string bad = split_differs(whole, split, l_whole, l_split, split_of, tp);
+  const int me = flowrun::comm::rank();
+  if (!bad.empty()) {
+    std::fprintf(stderr, "rank %d: tp %d: the split %s: %s differs from the whole one's\n", me, tp.size(), what.c_str(),
+                 bad.c_str());
+    return 1;
+  }
+  if (me == 0)
+    std::printf("tp %d: the split %s equals the whole one (loss %.6f, every parameter's gradient)\n", tp.size(),
+                what.c_str(), l_whole.item<double>());
+  return 0;
+}
+
 int gpt_tp(int tp) {
   namespace comm = flowrun::comm;
   namespace par = flowrun::parallel;
@@ -275,16 +308,10 @@ int gpt_tp(int tp) {
   c.layers = 2, c.dim = 32, c.heads = 4, c.vocab = 64, c.context = 16;
   gpt::Gpt whole(c);
   gpt::init_weights(*whole, 7);
-  {  // biases and LayerNorms off their init (zeros, ones), so a bias added on every rank shows
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(11);
-    for (auto& p : whole->parameters()) p.add_(torch::randn_like(p) * 0.05);
-  }
+  perturb(*whole);  // every tensor off its init
   c.tp = par::Group::along("tp gpt", mesh, par::Dim::tp, me);
   gpt::Gpt split(c);
-  std::map<std::string, torch::Tensor> file;
-  for (const auto& p : whole->named_parameters()) file[p.key()] = p.value().detach().clone();
-  gpt::load_hf_state_dict(*split, file, "the whole model's tensors");
+  gpt::load_hf_state_dict(*split, file_of(*whole), "the whole model's tensors");
   torch::manual_seed(3);  // the same batch on every rank (the tp ranks of a replica read the same)
   const torch::Tensor tokens = torch::randint(c.vocab, {4, c.context + 1}, torch::kLong);
   auto loss_of = [&](gpt::GptImpl& m) {  // the split model's logits: its vocabulary columns
@@ -295,15 +322,7 @@ int gpt_tp(int tp) {
   const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
   l_whole.backward();
   l_split.backward();
-  const std::string bad = split_differs(*whole, *split, l_whole, l_split, gpt::tp_split, *c.tp);
-  if (!bad.empty()) {
-    std::fprintf(stderr, "rank %d: tp %d: the split GPT's %s differs from the whole one's\n", me, tp, bad.c_str());
-    return 1;
-  }
-  if (me == 0)
-    std::printf("tp %d: the split GPT equals the whole one (loss %.6f, every parameter's gradient)\n", tp,
-                l_whole.item<double>());
-  return 0;
+  return check_split("GPT", *whole, *split, l_whole, l_split, gpt::tp_split, *c.tp);
 }
 
 int dit_tp(int tp, bool with_lora) {
@@ -321,17 +340,11 @@ int dit_tp(int tp, bool with_lora) {
   flowrun::lora::Config lc;
   lc.rank = 4, lc.alpha = 8, lc.targets = {"to_q", "to_k", "to_v", "to_out.0", "net.0.proj", "net.2", "skip_linear"};
   if (with_lora) flowrun::lora::apply_lora(*whole, lc, 5);
-  {  // every tensor off its init (the zero modulations, projections and B, the norms' ones)
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(11);
-    for (auto& p : whole->parameters()) p.add_(torch::randn_like(p) * 0.05);
-  }
+  perturb(*whole);  // every tensor off its init
   c.tp = par::Group::along("tp dit", mesh, par::Dim::tp, me);
   dit::Dit split(c);
   if (with_lora) flowrun::lora::apply_lora(*split, lc, 5);
-  std::map<std::string, torch::Tensor> file;
-  for (const auto& p : whole->named_parameters()) file[p.key()] = p.value().detach().clone();
-  dit::load_state_dict(*split, file, "the whole model's tensors");
+  dit::load_state_dict(*split, file_of(*whole), "the whole model's tensors");
   torch::manual_seed(3);  // the same batch on every rank
   const int64_t B = 2;
   dit::DitImpl::Inputs in;
@@ -348,15 +361,7 @@ int dit_tp(int tp, bool with_lora) {
   const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
   l_whole.backward();
   l_split.backward();
-  const std::string bad = split_differs(*whole, *split, l_whole, l_split, dit::tp_split, *c.tp);
-  if (!bad.empty()) {
-    std::fprintf(stderr, "rank %d: tp %d: the split DiT's %s differs from the whole one's\n", me, tp, bad.c_str());
-    return 1;
-  }
-  if (me == 0)
-    std::printf("tp %d: the split DiT%s equals the whole one (loss %.6f, every parameter's gradient)\n", tp,
-                with_lora ? " with LoRA adapters" : "", l_whole.item<double>());
-  return 0;
+  return check_split(with_lora ? "DiT with LoRA adapters" : "DiT", *whole, *split, l_whole, l_split, dit::tp_split, *c.tp);
 }
 
 int cappa_tp(int tp) {
@@ -370,16 +375,10 @@ int cappa_tp(int tp) {
   c.dec_width = 32, c.dec_depth = 2, c.dec_heads = 4, c.dec_mlp_dim = 64, c.decoder_bias = true, c.vocab = 20, c.max_len = 6;
   cappa::Cappa whole(c);
   cappa::init_weights(*whole, 7);
-  {  // every tensor off its init (the zero head and biases, the norms' ones)
-    torch::NoGradGuard no_grad;
-    torch::manual_seed(11);
-    for (auto& p : whole->parameters()) p.add_(torch::randn_like(p) * 0.05);
-  }
+  perturb(*whole);  // every tensor off its init
   c.tp = par::Group::along("tp cappa", mesh, par::Dim::tp, me);
   cappa::Cappa split(c);
-  std::map<std::string, torch::Tensor> file;
-  for (const auto& p : whole->named_parameters()) file[p.key()] = p.value().detach().clone();
-  cappa::load_state_dict(*split, file, "the whole model's tensors");
+  cappa::load_state_dict(*split, file_of(*whole), "the whole model's tensors");
   torch::manual_seed(3);  // the same batch on every rank
   const flowrun::TensorMap batch = {{"image", torch::rand({4, 3, 16, 16}) * 2 - 1},
                                     {"decoder_input", torch::randint(c.vocab, {4, c.max_len}, torch::kLong)},
@@ -392,15 +391,7 @@ int cappa_tp(int tp) {
   const torch::Tensor l_whole = loss_of(*whole), l_split = loss_of(*split);
   l_whole.backward();
   l_split.backward();
-  const std::string bad = split_differs(*whole, *split, l_whole, l_split, cappa::tp_split, *c.tp);
-  if (!bad.empty()) {
-    std::fprintf(stderr, "rank %d: tp %d: the split CapPa's %s differs from the whole one's\n", me, tp, bad.c_str());
-    return 1;
-  }
-  if (me == 0)
-    std::printf("tp %d: the split CapPa equals the whole one (loss %.6f, every parameter's gradient)\n", tp,
-                l_whole.item<double>());
-  return 0;
+  return check_split("CapPa", *whole, *split, l_whole, l_split, cappa::tp_split, *c.tp);
 }
 
 int mesh_hang(int tp, int pp) {
