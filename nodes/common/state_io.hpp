@@ -27,9 +27,17 @@ class Group;
 struct StateIO {
   std::function<NamedTensors(const Value&)> tensors;            // aliases of the live tensors
   std::function<void(Value&, const NamedTensors&)> load;         // copy values in
-  // Optional, for a state the ranks hold pieces of (a sharded optimizer state): gather it so that
-  // tensors() lists it whole. Collective: the checkpoint node calls it on every rank first.
-  std::function<void(Value&, parallel::Group&)> collect;
+  // Optional, for a state the ranks hold pieces of (a sharded optimizer state, a model split over
+  // tp): gather it so that tensors() lists it whole on the writer (rank 0 of `world`).
+  // Collective: the checkpoint node calls it on every rank first, with its own channels.
+  struct Groups {
+    parallel::Group& world;  // every rank of the run
+    parallel::Group& dp;     // this rank's data-parallel ranks (what ZeRO shards over; all of them when tp is 1)
+  };
+  std::function<void(Value&, const Groups&)> collect;
+  // Optional, with collect: let go of what it gathered, once the checkpoint copied it (whole
+  // tensors the writer would otherwise hold until the next checkpoint).
+  std::function<void(Value&)> release;
   // Optional: true when the ranks hold different parts of this state (a model split over tensor
   // parallel): the start-up sync compares its shapes but does not broadcast rank 0's values.
   std::function<bool(const Value&)> partitioned;

@@ -18,16 +18,13 @@ const bool kModelStateIO = [] {
   flowrun::StateIO io;
   io.tensors = [](const Value& v) {
     const auto& m = v.as<std::shared_ptr<ModelState>>();
-    if (m->gathered.empty()) return NamedTensors(m->tensors());  // whole (ZeRO-3 with one rank: views of its slice)
-    if (!m->shards) return m->gathered;                           // tp's parts gathered whole
-    NamedTensors all = m->gathered;  // ZeRO-3: the gathered parameters, and the buffers the module holds
-    for (const auto& [name, b] : m->named_buffers()) all[name] = b;
-    return all;
+    // Whole (ZeRO-3 with one rank: views of its slice), or what the collect gathered whole.
+    return m->gathered.empty() ? NamedTensors(m->tensors()) : m->gathered;
   };
   io.load = [](Value& v, const NamedTensors& t) {
     auto& m = state_of(v);
-    if (m->shards) {
-      const NamedTensors rest = m->shards->load(t);  // the parameters: this rank's slice
+    if (m->shards) {  // the parameters: this rank's slice (of its tp parts, under tp)
+      const NamedTensors rest = m->shards->load(m->tp ? m->tp->parts(t) : t);
       for (const auto& [name, b] : m->named_buffers())
         if (!rest.count(name)) throw std::runtime_error("model '" + m->kind + "': tensor '" + name + "' is missing");
       m->load(rest, /*strict=*/false);
@@ -35,21 +32,24 @@ const bool kModelStateIO = [] {
     }
     m->load(m->tp ? m->tp->parts(t) : t);
   };
-  // Every rank gathers (the tp group's all-gathers pair up); the writer (rank 0 of the
-  // checkpoint's group) keeps the whole tensors for tensors(), the others drop them.
-  io.collect = [](Value& v, flowrun::parallel::Group& writers) {
+  // Every rank gathers: ZeRO-3's slices over the data-parallel ranks (each tp rank's parts
+  // whole), then tp's parts over the tp group (its all-gathers pair up); the writer (rank 0 of
+  // the world) keeps the whole tensors for tensors(), the others drop them.
+  io.collect = [](Value& v, const flowrun::StateIO::Groups& groups) {
     auto& m = state_of(v);
-    if (m->shards) {  // ZeRO-3: every rank's slices all-gathered over the checkpoint's group
-      m->gathered.clear();
-      NamedTensors whole = m->shards->wholes(writers);
-      if (writers.rank() == 0) m->gathered = std::move(whole);
-      return;
-    }
-    if (!m->tp) return;
+    if (!m->shards && !m->tp) return;
     m->gathered.clear();
-    NamedTensors whole = m->tp->wholes(m->tensors());
-    if (writers.rank() == 0) m->gathered = std::move(whole);
+    NamedTensors whole;
+    if (m->shards) {  // the parameters gathered, and the buffers the module holds
+      whole = m->shards->wholes(groups.dp);
+      for (const auto& [name, b] : m->named_buffers()) whole[name] = b;
+    } else {
+      whole = m->tensors();
+    }
+    if (m->tp) whole = m->tp->wholes(whole);
+    if (groups.world.rank() == 0) m->gathered = std::move(whole);
   };
+  io.release = [](Value& v) { state_of(v)->gathered.clear(); };
   io.partitioned = [](const Value& v) {
     const auto& m = v.as<std::shared_ptr<ModelState>>();
     return m->tp != nullptr || m->shards != nullptr;

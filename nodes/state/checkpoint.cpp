@@ -70,7 +70,8 @@ class Checkpoint : public Node {
   std::future<void> pending_;
   // run.resume=never: the earlier run's step folders and `latest`, moved aside by the first write.
   std::vector<std::string> earlier_;
-  std::shared_ptr<parallel::Group> group_;  // several processes: to gather sharded states (StateIO::collect)
+  // Several processes: its channels to gather sharded and split states (StateIO::collect).
+  std::shared_ptr<parallel::Group> group_, dp_group_;
 
  public:
   void setup(SetupContext& c) override {
@@ -79,7 +80,10 @@ class Checkpoint : public Node {
     delay_ms_ = c.params().get<int>("write_delay_ms");
     exports_ = c.params().get<bool>("exports");
     writer_rank_ = c.run().rank == 0;
-    if (c.run().world > 1) group_ = parallel::Group::world(c.name());  // collective: setup runs in file order
+    if (c.run().world > 1) {  // collective: setup runs in file order
+      group_ = parallel::Group::world(c.name());
+      dp_group_ = parallel::Group::along(c.name(), parallel::mesh_of(c.run()), parallel::Dim::dp, c.run().rank);
+    }
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
       name_ = g->name;
@@ -135,11 +139,16 @@ class Checkpoint : public Node {
   }
 
   void run(StepContext& c) override {
-    // A state the ranks hold pieces of (a sharded optimizer state) is gathered first, by every rank.
+    // A state the ranks hold pieces of (sharded by ZeRO, split over tp) is gathered first, by every rank.
     if (group_)
       for (Value* v : c.states_all("state"))
-        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, *group_);
-    if (!writer_rank_) return;  // rank 0 writes the replicated state; a copy here would be wasted
+        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, {*group_, *dp_group_});
+    // What the collect gathered, let go once copied (here at once: rank 0 writes).
+    auto release = [&c] {
+      for (Value* v : c.states_all("state"))
+        if (const StateIO* io = find_state_io(*v); io && io->release) io->release(*v);
+    };
+    if (!writer_rank_) return release();  // rank 0 writes the replicated state; a copy here would be wasted
     Snapshot snap;
     snap.step = c.step();
     bool on_device = false;
@@ -170,6 +179,7 @@ class Checkpoint : public Node {
           if (ModelState::ExportWriter w = model->exporter(*model)) snap.exports.emplace_back(refs[i], std::move(w));
       }
     }
+    release();
     if (on_device) {
       snap.copied = c.record();
       if (!snap.copied) synchronize_device(run_device(c.run()));  // no device streams: wait now

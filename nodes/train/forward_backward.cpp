@@ -180,8 +180,8 @@ class ForwardBackwardNode : public Node {
                    ctx.who());
     seed_ = ctx.run().seed;
     // Draws (dropout masks, per-row noise) by data-parallel replica: the tp ranks of a replica
-    // run the same rows and draw alike.
-    rank_ = parallel::replica_of(ctx.run()).index;
+    // run the same rows and draw alike. ZeRO shards over the replicas too.
+    dp_ = parallel::replica_of(ctx.run());
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // this node's channel for the split model's collectives
     if (tp_group_ && !ctx.state_as<ModelState>("model").tp)
       throw std::runtime_error(ctx.who() + ": run.parallel.tp is " + std::to_string(tp_group_->size()) + ", but its model (" +
@@ -212,10 +212,10 @@ class ForwardBackwardNode : public Node {
     ModelState& model = ctx.state_as<ModelState>("model");
     // Dropout masks of step s depend only on (run seed, s, rank): reproducible and resumable.
     FwdBwdOptions o = options_;
-    o.dropout_seed = mix_seed({seed_, kSeedTagDropout, static_cast<uint64_t>(ctx.step()), static_cast<uint64_t>(rank_)});
+    o.dropout_seed = mix_seed({seed_, kSeedTagDropout, static_cast<uint64_t>(ctx.step()), static_cast<uint64_t>(dp_.index)});
     // Per-row draws of step s depend on (run seed, s, global row): the same for any number of ranks.
     o.rows_seed = mix_seed({seed_, kSeedTagRows, static_cast<uint64_t>(ctx.step())});
-    o.first_row = static_cast<int64_t>(rank_) * batch_rows(batch);
+    o.first_row = static_cast<int64_t>(dp_.index) * batch_rows(batch);
 
     if (!memory_checked_) check_memory(ctx, model, batch);
     // run.cuda_graph: all of autograd's work on the graph's own stream, from the gradient hooks
@@ -253,8 +253,8 @@ class ForwardBackwardNode : public Node {
                                  "ZeRO plan's stage gradients is there to avoid: set grad_layout: fresh");
       if (!grad_shard_ || grad_shard_->plan.layout.slots.size() != params.size())
         grad_shard_ = use ? static_cast<const ShardedParams&>(*model.shards).grad_shard()
-                          : GradShard::make(model.named_parameters(/*trainable_only=*/true), ctx.run().rank,
-                                            ctx.run().world, zero_->whole_tensors);
+                          : GradShard::make(model.named_parameters(/*trainable_only=*/true), dp_.index, dp_.count,
+                                            zero_->whole_tensors);
       o.buffer = nullptr;
       o.on_ready = [&ctx, &index, count, &params, shard = grad_shard_, use = use.get()](int param, bool used) {
         torch::Tensor p = params[static_cast<size_t>(param)];  // a handle: mutable_grad() is non-const
@@ -428,7 +428,7 @@ class ForwardBackwardNode : public Node {
       // ZeRO-3: this rank's slice, and what a step gathers: every block at the turn from forward
       // to backward (autograd keeps them), or about two blocks recomputed.
       const double whole = s->bytes();
-      m.weights = whole / ctx.run().world + (model.checkpoint.every == 1 ? 2 * s->largest_unit_bytes() : whole);
+      m.weights = whole / dp_.count + (model.checkpoint.every == 1 ? 2 * s->largest_unit_bytes() : whole);
       m.gradients = whole;
     }
     // Copies of the gradients (run() below): autograd's own (grad_layout fresh), and with several
@@ -436,7 +436,7 @@ class ForwardBackwardNode : public Node {
     // are still held as the next backward runs).
     // ZeRO stage 2 (the zero plan's stage gradients): autograd's, each freed once its bucket is
     // sent, and this rank's 1/world of the averaged ones.
-    const int world = ctx.run().world;
+    const int world = dp_.count;  // what ZeRO shards over
     const double grads = m.gradients;
     const bool buffers = world > 1 || !fresh_;
     const int copies = (fresh_ ? 1 : 0) + (buffers ? static_cast<int>(kPool) : 0);
@@ -536,7 +536,7 @@ class ForwardBackwardNode : public Node {
   std::string model_node_;  // the model node's name (for the settings a refusal names)
   FwdBwdOptions options_;
   uint64_t seed_ = 0;
-  int rank_ = 0;
+  parallel::Replica dp_;  // this rank's data-parallel replica and their count
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives (TpChannel)
   std::shared_ptr<GradHooks> hooks_;
   std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first

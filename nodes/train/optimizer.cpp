@@ -44,12 +44,14 @@ torch::Tensor global_norm(const Grads& grads) {
 }
 
 namespace {
-// The squares of `grads`' global norm summed over `group` ([1]; each rank holds part of the
-// gradients), summed where the gradients are (on `device`: on a GPU no step waits for the host;
-// on the CPU in double).
+// The square of `grads`' global norm ([1]), where the gradients are (on `device`: on a GPU no step
+// waits for the host; on the CPU in double).
+torch::Tensor squares(const Grads& grads, const c10::Device& device) {
+  return global_norm(grads).to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
+}
+// The same summed over `group` (each rank holds part of the gradients).
 torch::Tensor squares_over(const Grads& grads, const c10::Device& device, parallel::Group& group, const std::string& what) {
-  torch::Tensor sq =
-      global_norm(grads).to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
+  torch::Tensor sq = squares(grads, device);
   group.all_reduce(sq, comm::Op::sum, what).wait();
   return sq;
 }
@@ -157,15 +159,18 @@ class OptimizerNode : public Node {
     if (shard_) {
       const std::string stage = ZeroPlan::name(plan.stage);
       const std::string plan_ref = ctx.refs("zero").front();
-      group_ = parallel::Group::world(ctx.name());
+      // Over the data-parallel ranks (the world while tp is 1): each tp rank shards its parts of
+      // the split tensors over the replicas (the same parts), as Megatron's distributed optimizer.
+      dp_ = parallel::replica_of(ctx.run());
+      group_ = parallel::Group::along(ctx.name(), parallel::mesh_of(ctx.run()), parallel::Dim::dp, ctx.run().rank);
       const c10::Device device = run_device(ctx.run());
       if (!device.is_cuda() && !device.is_cpu())
         throw std::runtime_error(ctx.who() + ": ZeRO stage " + stage + " (" + plan_ref + ") on " + device.str() +
                                  ": the ranks exchange CPU parameters over MPI and CUDA ones over NCCL only; set its "
                                  "stage: none");
-      if (ctx.run().world == 1)
-        spdlog::info("{}: ZeRO stage {} with one process: it owns every element, so no memory is saved (the sharded "
-                     "path runs as with several)", ctx.who(), stage);
+      if (dp_.count == 1 && ctx.run().rank == 0)
+        spdlog::info("{}: ZeRO stage {} with one data-parallel rank: it owns every element, so no memory is saved (the "
+                     "sharded path runs as with several)", ctx.who(), stage);
     }
     check_plan_wiring(ctx, plan);
     // On a GPU no step reads the grad norm on the host: non-finite steps are skipped on the
@@ -183,12 +188,6 @@ class OptimizerNode : public Node {
       tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // the norm's sum over the tp ranks
       for (const auto& [name, t] : model.named_parameters(/*trainable_only=*/true))  // the norm's two sums, per gradient
         tp_split_.push_back(model.tp->split(name).split());
-      if (shard_)
-        throw std::runtime_error(ctx.who() + ": ZeRO stage " + ZeroPlan::name(plan.stage) + " (" +
-                                 ctx.refs("zero").front() + ") with run.parallel.tp " +
-                                 std::to_string(model.tp->group->size()) +
-                                 ": sharding a tensor-parallel model's states over its data-parallel ranks is not "
-                                 "built yet; set the zero node's stage: none");
       if (!cfg_.rule->elementwise())
         throw std::runtime_error(ctx.who() + ": kind " + kind + " keeps statistics over whole rows and columns of a "
                                  "parameter, which tensor parallel splits (run.parallel.tp " +
@@ -214,7 +213,7 @@ class OptimizerNode : public Node {
     for (const auto& [name, t] : named) tensors.push_back(t);
     try {
       model.shards = ShardedParams::make(
-          model, ShardPlan::make(FlatLayout::of(tensors), named, ctx.run().rank, ctx.run().world, whole_tensors_));
+          model, ShardPlan::make(FlatLayout::of(tensors), named, dp_.index, dp_.count, whole_tensors_));
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
@@ -222,7 +221,7 @@ class OptimizerNode : public Node {
       const auto& s = static_cast<const ShardedParams&>(*model.shards);
       spdlog::info("{}: {}: each rank keeps 1/{} of the {:.2f} MB of parameters; {} units gathered around their use "
                    "(the largest {:.2f} MB)",
-                   ctx.who(), stage, ctx.run().world, s.bytes() / 1e6, s.units(), s.largest_unit_bytes() / 1e6);
+                   ctx.who(), stage, dp_.count, s.bytes() / 1e6, s.units(), s.largest_unit_bytes() / 1e6);
     }
   }
 
@@ -282,7 +281,7 @@ class OptimizerNode : public Node {
       for (const auto& [name, shape] : cfg_.rule->own_moments(t.sizes()))    // Adafactor's statistics
         bytes += static_cast<double>(c10::multiply_integers(shape)) * static_cast<double>(t.element_size());
     }
-    const int world = ctx.run().world;
+    const int world = parallel::replica_of(ctx.run()).count;  // ZeRO shards over the data-parallel ranks
     MemoryItem item{"optimizer state (" + ctx.params().get<std::string>("kind") + ")", ctx.name(), bytes, false, "", 0};
     if (shard_) {
       item.what += ", sharded";
@@ -308,7 +307,7 @@ class OptimizerNode : public Node {
     if (!model.shards) model.flat.ensure(model.trainable_parameters());
     torch::Tensor norm = shard_    ? sharded_update(ctx, model, st, grads, lr)
                          : model.tp ? optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_,
-                                                       lr, tp_global_norm(ctx, model, grads))
+                                                       lr, tp_norm(ctx, model, grads, tp_split_, nullptr))
                                     : optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
     if (!logged_memory_) log_memory(ctx, model, st, grads);
     const int64_t step = ctx.step();
@@ -344,15 +343,25 @@ class OptimizerNode : public Node {
                  fresh, when, count);
   }
 
-  // Under tp: the norm of the whole model's gradients. A split parameter's gradient is this
-  // rank's part (the squares summed over the tp group); a replicated one's (norms, the row-split
-  // layers' biases) is the same on every tp rank and counted once.
-  torch::Tensor tp_global_norm(StepContext& ctx, const ModelState& model, const Grads& grads) const {
-    Grads split, replicated;
-    for (size_t i = 0; i < tp_split_.size() && i < grads.size(); ++i) (tp_split_[i] ? split : replicated).push_back(grads[i]);
-    const torch::Tensor sq = squares_over(split, model_device(model), *tp_group_,
-                                          "tensor-parallel gradient norm of step " + std::to_string(ctx.step()));
-    return (sq + global_norm(replicated).to(sq.options()).square()).sqrt().reshape({}).to(torch::kFloat);
+  // Under tp: the norm of the whole model's gradients from this rank's `grads` (`split[i]`: the
+  // part of a split parameter, the squares summed over the tp group; else a replicated one's
+  // (norms, the row-split layers' biases), the same on every tp rank and counted once). `dp`:
+  // the gradients are ZeRO's pieces over the data-parallel ranks, both sums first summed over it.
+  torch::Tensor tp_norm(StepContext& ctx, const ModelState& model, const Grads& grads, const std::vector<bool>& split,
+                        parallel::Group* dp) const {
+    Grads parts, replicated;
+    for (size_t i = 0; i < split.size() && i < grads.size(); ++i) (split[i] ? parts : replicated).push_back(grads[i]);
+    const c10::Device device = model_device(model);
+    const std::string step = " of step " + std::to_string(ctx.step());
+    torch::Tensor sq = squares(parts, device), rest = squares(replicated, device);
+    if (dp) {
+      torch::Tensor both = torch::cat({sq, rest});
+      dp->all_reduce(both, comm::Op::sum, "gradient norm" + step).wait();
+      sq = both.narrow(0, 0, 1).contiguous();
+      rest = both.narrow(0, 1, 1);
+    }
+    tp_group_->all_reduce(sq, comm::Op::sum, "tensor-parallel gradient norm" + step).wait();
+    return (sq + rest).sqrt().reshape({}).to(torch::kFloat);
   }
 
   // ZeRO-1 and 2: this rank's pieces updated with the norm of all the grads (the same on every
@@ -368,7 +377,7 @@ class OptimizerNode : public Node {
     if (st.slots.empty() || !(st.shard.layout == layout))
       make_shard_slots(st,
                        sharded ? sharded->plan()
-                               : ShardPlan::make(layout, named, ctx.run().rank, ctx.run().world, /*whole_tensors=*/whole_tensors_),
+                               : ShardPlan::make(layout, named, dp_.index, dp_.count, /*whole_tensors=*/whole_tensors_),
                        named, cfg_);
     const ShardPieces pieces = sharded ? slice_pieces(st.shard, *buffers, grads) : shard_pieces(st.shard, named, grads);
     const std::string step = " of step " + std::to_string(ctx.step());
@@ -378,12 +387,16 @@ class OptimizerNode : public Node {
     for (parallel::Work& w : gathering_) w.check();
     gathering_.clear();
     torch::Tensor norm;
-    if (shard_grads_) {
+    if (shard_grads_ && model.tp) {  // this rank's pieces of its tp parts
+      std::vector<bool> split;
+      for (const ShardPlan::Piece& piece : st.shard.pieces) split.push_back(tp_split_[static_cast<size_t>(piece.param)]);
+      norm = tp_norm(ctx, model, pieces.grads, split, group_.get());
+    } else if (shard_grads_) {
       // Each rank holds its pieces only: the global norm from the sum of the ranks' squares,
       // summed where the gradients are (on a GPU no step waits for the host; on the CPU in double).
       norm = squares_over(pieces.grads, buffers->front().device(), *group_, "gradient norm" + step).sqrt().reshape({}).to(torch::kFloat);
     } else {
-      norm = global_norm(grads);
+      norm = model.tp ? tp_norm(ctx, model, grads, tp_split_, nullptr) : global_norm(grads);
     }
     norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, norm);
     if (sharded) return norm;
@@ -413,7 +426,7 @@ class OptimizerNode : public Node {
     spdlog::info("{}: per rank: parameters {:.2f} MB, gradients {:.2f} MB, optimizer state {:.2f} MB{}", ctx.who(),
                  params / 1e6, bytes(grads) / 1e6, moments / 1e6,
                  shard_ ? fmt::format(" (ZeRO stage {}, this rank's 1/{} slice)",
-                                      model.shards ? "params" : shard_grads_ ? "gradients" : "states", ctx.run().world)
+                                      model.shards ? "params" : shard_grads_ ? "gradients" : "states", dp_.count)
                         : std::string());
   }
 
@@ -422,7 +435,8 @@ class OptimizerNode : public Node {
   bool shard_ = false;        // ZeRO stage states or gradients
   bool shard_grads_ = false;  // ZeRO stage gradients
   bool whole_tensors_ = false;  // slices cut at parameter starts (the plan's cut: tensors, or the rule needs it)
-  std::shared_ptr<parallel::Group> group_;  // sharded: the ranks the slices are exchanged with
+  parallel::Replica dp_;                    // sharded: this rank's data-parallel coordinate and their count
+  std::shared_ptr<parallel::Group> group_;  // sharded: the data-parallel ranks the slices are exchanged with
   std::vector<parallel::Work> gathering_;   // the last step's all-gather (checked the next step)
   std::shared_ptr<parallel::Group> tp_group_;  // a tp model: this node's group over its tp ranks
   std::vector<bool> tp_split_;                 // a tp model: per trainable parameter, split over tp (else replicated)
@@ -449,14 +463,17 @@ static const bool kOptimizerStateIO = [] {
             auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
             st->load(st->tp ? st->tp->parts(t, flowrun::moment_parameter) : t);
           },
-          [](flowrun::Value& v, flowrun::parallel::Group& group) {
+          [](flowrun::Value& v, const flowrun::StateIO::Groups& groups) {
             auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
-            if (!st->tp) return flowrun::collect_sharded_state(*st, group);
-            // A tp model's moments, whole: every rank gathers, the writer (rank 0) keeps them.
-            st->gathered.clear();
+            // ZeRO's slices over the data-parallel ranks (under tp: each rank's moments of its parts),
+            flowrun::collect_sharded_state(*st, groups.dp);
+            if (!st->tp) return;
+            // then a tp model's moments whole: every rank gathers, the writer (rank 0) keeps them.
             flowrun::NamedTensors whole = st->tp->wholes(st->tensors(), flowrun::moment_parameter);
-            if (group.rank() == 0) st->gathered = std::move(whole);
+            st->gathered.clear();
+            if (groups.world.rank() == 0) st->gathered = std::move(whole);
           },
+          [](flowrun::Value& v) { v.as_mut<std::shared_ptr<OptimizerState>>()->gathered.clear(); },
           [](const flowrun::Value& v) { return v.as<std::shared_ptr<OptimizerState>>()->tp != nullptr; }});
   return true;
 }();
