@@ -68,7 +68,7 @@ class CappaNode : public ModelNode {
       }
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    if (c_.tp) hold_split(*state, {c_.tp, tp_split}, how);
+    hold_split(*state, {c_.tp, tp_split}, how);
     return state;
   }
 

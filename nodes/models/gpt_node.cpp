@@ -65,7 +65,7 @@ class GptNode : public ModelNode {
         init_weights(*model_, seed);
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    if (cfg_.tp) hold_split(*state, {cfg_.tp, tp_split}, how);
+    hold_split(*state, {cfg_.tp, tp_split}, how);
     return state;
   }
 

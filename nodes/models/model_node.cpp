@@ -118,6 +118,8 @@ void ModelNode::init_split(torch::nn::Module& split, const parallel::TpLayout& l
 }
 
 void ModelNode::hold_split(ModelState& state, const parallel::TpLayout& layout, std::string& how) {
+  state.splits_over_tp = [split = layout.split](const std::string& name) { return split(name).split(); };
+  if (!layout.group) return;  // tp 1
   state.tp = std::make_shared<const parallel::TpLayout>(layout);
   if (!how.empty()) how += ", split over tp " + std::to_string(layout.group->size()) + ": the count is this rank's part";
 }

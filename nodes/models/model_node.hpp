@@ -88,7 +88,8 @@ class ModelNode : public Node {
   // and load its named_tensors.
   using InitOne = std::function<void(const std::string& name, torch::Tensor& whole, at::Generator& g)>;
   static void init_split(torch::nn::Module& split, const parallel::TpLayout& layout, at::Generator g, const InitOne& init_one);
-  // A split model's state: its layout (ModelState::tp, which checkpoints, the optimizer and the
+  // A family that splits, at any tp: which tensors tp splits (ModelState::splits_over_tp); split
+  // (a group in `layout`), its layout (ModelState::tp, which checkpoints, the optimizer and the
   // EMA read), and `how`, when it says where the values came from, that the count is a part.
   static void hold_split(ModelState& state, const parallel::TpLayout& layout, std::string& how);
   // The family's last word on its state: its activations estimate, a captioner, warnings.

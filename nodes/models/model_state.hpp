@@ -110,6 +110,10 @@ struct ModelState {
   // this rank's parts; the start-up broadcast leaves the parts alone. Null: the module is whole.
   std::shared_ptr<const parallel::TpLayout> tp;
   std::map<std::string, torch::Tensor> gathered;
+  // Whether tensor parallel splits a parameter (by name), set by a family that splits at any tp:
+  // what forward_backward's memory advice counts as the share a larger tp would divide. Null: the
+  // model does not split.
+  std::function<bool(const std::string& param)> splits_over_tp;
 
   // ZeRO stage 3 (the zero node's stage: params; train/fully_sharded.hpp, set up by the
   // optimizer): the trainable parameters sharded over the data-parallel ranks. Between uses each

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "common/cuda_graph.hpp"
 #include "common/device.hpp"
@@ -494,6 +495,7 @@ class ForwardBackwardNode : public Node {
         option(k.fix, k.bytes - k.fixed + (k.fix_shards_gradients ? m.gradients - grads * (1.0 + 1.0 / world) : 0.0));
     if (m.activations > 0 && micro_rows > 1)
       option(ctx.name() + ".accumulate=" + std::to_string(options_.accumulate * 2), m.activations / 2);
+    layout_options(ctx, model, m, available, fixes);
     std::string listed;
     for (size_t i = 0; i < fixes.size(); ++i) listed += (i ? "; " : "") + fixes[i];
     if (listed.empty()) listed = "none found here; make the model or the batch smaller";
@@ -506,6 +508,74 @@ class ForwardBackwardNode : public Node {
         ctx.who(), bytes_text(m.to_allocate() - available), bytes_text(available), on, m.text(), listed);
     if (refuse_) throw std::runtime_error(msg + " (" + ctx.name() + ".memory_check=warn runs anyway)");
     if (ctx.run().rank == 0) spdlog::warn("{}", msg);
+  }
+
+  // Layouts that divide the model over more processes (docs/parallel.md), each with the total a
+  // rank would hold then, against what this rank could use (what is free and what it holds).
+  //  - more tp (a family that splits): the split share of the weights, gradients and what other
+  //    nodes keep per parameter divided further, and about 24 of a block's 34 activation units
+  //    a token (Korthikanti et al.; the norms and the residual stay whole);
+  //  - ZeRO stage params (every parameter trainable): as check_memory counts a sharded step,
+  //    at this dp, or with 2, 4 or 8 times the processes when there is one replica.
+  // The smallest that fits is named, else the largest tried. On the CPU the processes share
+  // this machine's memory: a layout fits when all of them do.
+  void layout_options(StepContext& ctx, const ModelState& model, const TrainingMemory& m, double available,
+                      std::vector<std::string>& fixes) const {
+    const double usable = available + m.total() - m.to_allocate();
+    const bool shared = model_device(model).is_cpu();
+    const double acts = std::max(m.activations, 0.0);
+    // What other nodes keep (the optimizer's moments, an EMA): as held now, and unsharded.
+    double kept = 0, kept_whole = 0;
+    for (const auto& k : m.kept) {
+      kept += k.bytes;
+      kept_whole += k.what.find("sharded") != std::string::npos ? k.bytes * dp_.count : k.bytes;
+    }
+    double all = 0, split = 0, trainable = 0;  // the parameters' bytes (a ZeRO-3 model's whole)
+    bool frozen = false;
+    for (const auto& [name, t] : model.named_parameters()) {
+      const double b = static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
+      all += b;
+      if (model.splits_over_tp && model.splits_over_tp(name)) split += b;
+      if (t.requires_grad()) trainable += b;
+      else frozen = true;
+    }
+    const int world = ctx.run().world;
+    // (setting, processes, total a rank)
+    auto offer = [&](const std::vector<std::tuple<std::string, int, double>>& tries) {
+      for (size_t i = 0; i < tries.size(); ++i) {
+        const auto& [setting, processes, total] = tries[i];
+        const bool fits = available > 0 && (shared ? total * processes <= usable * world : total <= usable);
+        if (!fits && i + 1 < tries.size() && available > 0) continue;
+        fixes.push_back(setting + " (" + bytes_text(total) + " a rank" +
+                        (available <= 0 ? ")" : fits ? ": fits)" : ": not enough alone)"));
+        return;
+      }
+    };
+    const int tp = model.tp ? model.tp->group->size() : 1;
+    if (model.splits_over_tp && all > 0) {
+      const double share = split / all;
+      std::vector<std::tuple<std::string, int, double>> tries;
+      for (int t = 2 * tp; t <= 8 * tp; t *= 2) {
+        const double cut = 1.0 - static_cast<double>(tp) / t;
+        const int processes = world * t / tp;
+        tries.emplace_back("run.parallel.tp=" + std::to_string(t) + " with " + std::to_string(processes) + " processes",
+                           processes, m.total() - (share * (m.weights + m.gradients + kept) + acts * 24.0 / 34.0) * cut);
+      }
+      offer(tries);
+    }
+    if (!frozen && !(zero_ && zero_->shards_params())) {
+      const std::vector<std::string> plan = ctx.connected("zero") ? ctx.refs("zero") : std::vector<std::string>{};
+      const std::string stage = plan.empty() ? std::string("a zero node with stage: params (schemas/zero.yaml)")
+                                             : plan.front().substr(0, plan.front().find('.')) + ".stage=params";
+      const double gathered = model.checkpoint.every == 1 ? 2 * largest_block_bytes(*model.module) : trainable;
+      auto total = [&](int n) { return trainable / n + gathered + trainable * (1.0 + 1.0 / n) + kept_whole / n + acts; };
+      std::vector<std::tuple<std::string, int, double>> tries;
+      if (dp_.count > 1) tries.emplace_back(stage, world, total(dp_.count));
+      else
+        for (int n = 2; n <= 8; n *= 2)
+          tries.emplace_back(stage + " with " + std::to_string(world * n) + " processes", world * n, total(n));
+      offer(tries);
+    }
   }
 
   // A buffer nobody holds any more, else a new one. Step s's grads stay held (by the step's

@@ -26,6 +26,18 @@ void find_blocks(const torch::nn::Module& m, std::vector<const torch::nn::Module
 
 }  // namespace
 
+double largest_block_bytes(const torch::nn::Module& module) {
+  std::vector<const torch::nn::Module*> blocks;
+  find_blocks(module, blocks);
+  double largest = 0;
+  for (const torch::nn::Module* b : blocks) {
+    double bytes = 0;
+    for (const auto& p : b->parameters(/*recurse=*/true)) bytes += static_cast<double>(p.nbytes());
+    largest = std::max(largest, bytes);
+  }
+  return largest;
+}
+
 // ---- the use: what a node opens for as long as it runs the model
 
 class ShardedUse : public ParamUse {

@@ -98,6 +98,10 @@ class ShardedParams : public ModelState::Shards {
   std::atomic<bool> in_use_{false};  // a use is open (one at a time)
 };
 
+// The bytes of the largest of `module`'s blocks (the items of its outermost ModuleLists, ZeRO-3's
+// units that come and go), 0 without any: what a sharded step holds gathered beside its slice.
+double largest_block_bytes(const torch::nn::Module& module);
+
 // What a node that reads a model without training it (an evaluator, a sampler) runs: a sharded
 // model's copy (ModelState::clone: its own parameters to gather, so that it never touches the
 // ones forward_backward may be gathering at the same time) with a use open on it over the node's

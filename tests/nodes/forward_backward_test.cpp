@@ -700,7 +700,8 @@ TEST(ForwardBackwardMemory, TheEstimateBeforeTheFirstStepHasEveryPart) {
 // would make it fit: one sequence of 32768 tokens keeps 4 heads x 32768^2 attention
 // probabilities per block (fp32), ~17 GB, two blocks and the gradient of one ~52 GB, beyond this
 // machine. The refusal names checkpointing (one block's worth and its gradient then: less, not
-// enough alone); a larger accumulate cannot help one row.
+// enough alone), more tensor parallel and ZeRO stage params; a larger accumulate cannot help one
+// row.
 TEST(ForwardBackwardMemory, AStepThatCannotFitIsRefusedWithTheSettingsThatWouldHelp) {
   FLOWRUN_NEEDS_DATA(std::string(FLOWRUN_SOURCE_DIR) + "/data/text/fortunes_byte.train.bin");
   if (available_host_memory() > 200e9) GTEST_SKIP() << "this machine has more than 200 GB available";
@@ -714,6 +715,12 @@ TEST(ForwardBackwardMemory, AStepThatCannotFitIsRefusedWithTheSettingsThatWouldH
   EXPECT_NE(log.find("model.checkpoint=blocks ("), std::string::npos) << log;
   EXPECT_NE(log.find(": not enough alone)"), std::string::npos) << log;
   EXPECT_EQ(log.find("fb.accumulate="), std::string::npos) << log;
+  // Layouts over more processes, with what a rank would hold: tp splits most of a block's
+  // activations (the smallest tp that fits, else tp 8); ZeRO-3 divides the weights and state but
+  // no activation, so none of its process counts is enough and the largest tried is named.
+  EXPECT_NE(log.find("run.parallel.tp="), std::string::npos) << log;
+  EXPECT_NE(log.find(" a rank"), std::string::npos) << log;
+  EXPECT_NE(log.find("zero.stage=params with 8 processes ("), std::string::npos) << log;
   EXPECT_NE(log.find("fb.memory_check=warn runs anyway"), std::string::npos) << log;
 }
 
