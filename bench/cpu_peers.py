@@ -17,6 +17,9 @@ Modes:
   fsdp   2 processes of 1 thread, fully sharded, half the batch each: `mpirun -np 2 flowrun ...
          zero.stage=params` vs FSDP2 (fully_shard per block, then the model) over gloo
          (torch_peers.fsdp_round)
+  tp_fsdp  4 processes of 1 thread, dp 2 x tp 2, half the batch a replica: `mpirun -np 4 flowrun
+         ... run.parallel.tp=2 zero.stage=params` vs DTensor's plans on the tp dimension inside
+         FSDP2 on the dp dimension of a 2-D DeviceMesh (torch_peers.tp_fsdp_round)
   wall   fortunes_tiny only: the README's 600-step command, whole process wall time (start-up,
          evaluation and checkpoints included), against the PyTorch loop's 600 steps (its
          start-up excluded); flowrun's last val_loss beside it (target <= 2.1 nats/byte)
@@ -49,7 +52,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_peers import ddp_round, eager_round, flowrun_round, fsdp_round, gpt_overrides, loop_seconds, tp_round  # noqa: E402
+from torch_peers import (ddp_round, eager_round, flowrun_round, fsdp_round, gpt_overrides, loop_seconds,  # noqa: E402
+                         tp_fsdp_round, tp_round)
 
 CONFIGS = {
     "gpt_bench": dict(layers=4, dim=256, heads=4, vocab=256, context=128, batch=16, bf16=False),
@@ -192,6 +196,16 @@ def main():
             mpi = mpirun(2)
             sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
                      lambda: pt.append(fsdp_round(cfg, 2, args.steps, args.warmup, args.window, threads=1))]
+        elif mode == "tp_fsdp":
+            # Both composed over 4 processes of 1 thread, dp 2 x tp 2, half the batch a replica:
+            # flowrun's run.parallel.tp=2 zero.stage=params against DTensor's plans inside FSDP2
+            # over a 2-D mesh (torch_peers.tp_fsdp_round, torchtitan's layout).
+            half = dict(cfg, batch=cfg["batch"] // 2)
+            ov = gpt_overrides(half, args.data, args.steps, args.window, "cpu", threads=1) + ["run.parallel.tp=2",
+                                                                                           "zero.stage=params"]
+            mpi = mpirun(4)
+            sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
+                     lambda: pt.append(tp_fsdp_round(cfg, 4, 2, args.steps, args.warmup, args.window, threads=1))]
         elif mode == "wall":
             def flowrun_wall():
                 secs, val = readme_run(args.flowrun)

@@ -306,6 +306,82 @@ def tp_round(cfg, world, steps, warmup, window, threads=1):
     return _spawn(_tp_worker, world, (cfg, steps, warmup, window, threads), "tensor-parallel")
 
 
+# ---- both composed: DTensor tensor parallel inside FSDP2 over a 2-D mesh (torchtitan's layout) ----
+
+class MeshAdamW(TpAdamW):
+    """AdamW (GPT-2's decay groups) with one optimizer per mesh the parameters live on: a foreach
+    kernel takes DTensors of one mesh (the blocks' split layers on dp x tp, the rest on dp)."""
+
+    def __init__(self, model):
+        by_mesh = {}
+        for p in model.parameters():
+            by_mesh.setdefault(p.device_mesh.ndim, []).append(p)
+        kw = {"lr": 6e-4, "betas": (0.9, 0.95), "eps": 1e-8}
+        self.opts = [torch.optim.AdamW([{"params": [p for p in ps if p.dim() >= 2], "weight_decay": 0.1},
+                                        {"params": [p for p in ps if p.dim() < 2], "weight_decay": 0.0}], **kw)
+                     for ps in by_mesh.values()]
+
+
+def mesh_clip_grad_norm_(params, max_norm):
+    """clip_grad_norm_ over FSDP2 x TP DTensors of two meshes (torch's refuses a mix): every
+    gradient is sharded over dp; the local squares of those split over tp too summed over the
+    world, of the others over dp only (each tp rank holds the same), one all-reduce each."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import Shard
+
+    grads = [p.grad for p in params if p.grad is not None]
+    both, dp_only = torch.zeros(()), torch.zeros(())
+    dp_group = None
+    for g in grads:
+        sq = g.to_local().float().pow(2).sum()
+        if g.device_mesh.ndim == 2 and isinstance(g.placements[1], Shard):
+            both += sq
+        else:
+            dp_only += sq
+            dp_group = g.device_mesh.get_group(0)  # dimension 0 is dp on both meshes
+    dist.all_reduce(both)
+    dist.all_reduce(dp_only, group=dp_group)
+    norm = (both + dp_only).sqrt()
+    coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+    return norm
+
+
+def _tp_fsdp_worker(rank, world, port, tp, cfg, steps, warmup, window, threads, out):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))  # tp ranks neighbours
+    local = dict(cfg, batch=cfg["batch"] // (world // tp))  # the global batch split over the replicas
+    torch.manual_seed(0)
+    model = TpGPT(local["layers"], local["dim"], local["heads"], local["vocab"], local["context"])
+    for b in model.h:
+        parallelize_module(b, mesh["tp"], {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
+                                           "c_proj": RowwiseParallel(), "c_fc": ColwiseParallel(),
+                                           "mlp_proj": RowwiseParallel()})
+        b.tp = tp
+    for b in model.h:  # each block its own unit, then the rest (torchtitan's order)
+        fully_shard(b, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    torch.nn.utils.clip_grad_norm_ = mesh_clip_grad_norm_  # timed_steps clips through it (this process only)
+    # The tp ranks of a replica read the same rows: seeded by replica.
+    times = timed_steps(model, model, MeshAdamW(model), local, "cpu", steps, warmup, window, rank=rank // tp)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def tp_fsdp_round(cfg, world, tp, steps, warmup, window, threads=1):
+    """Seconds per step of FSDP2 x DTensor tensor parallel (gloo, CPU) over `world` local processes
+    as dp (world / tp) x tp, global batch cfg["batch"]: rank 0's median over windows after warm-up."""
+    return _spawn(_tp_fsdp_worker, world, (tp, cfg, steps, warmup, window, threads), "FSDP2 x tensor-parallel")
+
+
 # ---- flowrun ----
 
 def gpt_overrides(cfg, data, steps, window, device, threads=0):
