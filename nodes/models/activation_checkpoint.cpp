@@ -65,6 +65,7 @@ struct RecomputeBackward : torch::autograd::Node {
   std::vector<bool> needs_grad;       // per input
   std::optional<TrainingScope::Snapshot> scope;
   AutocastState autocast;
+  std::function<void()> after_backward;  // checkpointed's
 
   std::string name() const override { return "flowrun::RecomputeBackward"; }
 
@@ -87,12 +88,14 @@ struct RecomputeBackward : torch::autograd::Node {
     torch::autograd::backward({y}, {grads[0]}, /*retain_graph=*/false, /*create_graph=*/false);
     for (size_t i = 0; i < in.size(); ++i)
       if (in[i].defined() && needs_grad[i]) out[i] = in[i].grad();
+    if (after_backward) after_backward();
     return out;
   }
 
   void release_variables() override {
     inputs.clear();
     body = nullptr;
+    after_backward = nullptr;
   }
 };
 
@@ -107,17 +110,20 @@ torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const tor
   // A recomputed block is gathered again in backward (its forward let the parameters go); the
   // ParamUse outlives the backward that runs the recompute. (The body's first run, in forward,
   // finds the block gathered already.)
-  const torch::Tensor y = recompute ? checkpointed(inputs,
-                                                   [use, &block, body](const std::vector<torch::Tensor>& in) {
-                                                     use->gather(block, /*recompute=*/true);
-                                                     return body(in);
-                                                   })
+  const torch::Tensor y = recompute ? checkpointed(
+                                          inputs,
+                                          [use, &block, body](const std::vector<torch::Tensor>& in) {
+                                            use->gather(block, /*recompute=*/true);
+                                            return body(in);
+                                          },
+                                          [use, &block] { use->backward_done(block); })
                                     : body(inputs);
   use->after_forward(block, /*kept=*/!recompute && torch::GradMode::is_enabled());
   return y;
 }
 
-torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointBody body) {
+torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointBody body,
+                           std::function<void()> after_backward) {
   std::vector<bool> needs(inputs.size(), false);
   for (size_t i = 0; i < inputs.size(); ++i) needs[i] = inputs[i].defined() && inputs[i].requires_grad();
   // Parameters need gradients even when the inputs do not (the first block's input is data):
@@ -141,6 +147,7 @@ torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointB
     node->inputs.reserve(inputs.size());
     for (const auto& t : inputs) node->inputs.push_back(t.defined() ? t.detach() : t);
     node->body = std::move(body);
+    node->after_backward = std::move(after_backward);
     node->set_next_edges(torch::autograd::collect_next_edges(inputs));
     torch::autograd::set_history(y, node);
   }

@@ -32,7 +32,9 @@ namespace flowrun {
 
 using CheckpointBody = std::function<torch::Tensor(const std::vector<torch::Tensor>&)>;
 
-torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointBody body);
+// `after_backward`, when given, runs once the recompute's backward has returned.
+torch::Tensor checkpointed(const std::vector<torch::Tensor>& inputs, CheckpointBody body,
+                           std::function<void()> after_backward = nullptr);
 
 // Which blocks a model recomputes: its `checkpoint` parameter (none | blocks | every_N), as
 // "recompute block i" for blocks 0, 1, ...: blocks: every one; every_N: blocks 0, N, 2N, ...;

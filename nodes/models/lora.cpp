@@ -235,14 +235,15 @@ Config adapter_config(const ModelState& model) {
 PeftFiles peft_files(const ModelState& model, const std::string& base_model) {
   const Config c = adapter_config(model);
   PeftFiles f;
-  // A model split over tp exports whole adapters: those the checkpoint's collect gathered.
+  // A model split over tp, or sharded by ZeRO-3 over several ranks, exports whole adapters: those
+  // the checkpoint's collect gathered (one rank's ZeRO-3 parameters are views of its whole slice).
   auto whole = [&](const std::string& name, const torch::Tensor& mine) {
-    if (!model.tp) return mine.detach().to(torch::kCPU, false, true);
     auto it = model.gathered.find(name);
-    if (it == model.gathered.end())
-      throw std::logic_error("lora: a tensor-parallel model's adapters export from its gathered whole tensors; '" + name +
-                             "' was not gathered (the checkpoint's collect runs first)");
-    return it->second.detach().to(torch::kCPU, false, true);
+    if (it != model.gathered.end()) return it->second.detach().to(torch::kCPU, false, true);
+    if (model.tp || (model.shards && mine.numel() > 1 && mine.stride(0) == 0))
+      throw std::logic_error("lora: a tensor-parallel or sharded model's adapters export from its gathered whole "
+                             "tensors; '" + name + "' was not gathered (the checkpoint's collect runs first)");
+    return mine.detach().to(torch::kCPU, false, true);
   };
   for (const auto& [name, lin] : adapted_layers(*model.module)) {
     f.tensors[kPeftPrefix + name + ".lora_A.weight"] = whole(name + ".lora_A.weight", lin->lora_A->weight);

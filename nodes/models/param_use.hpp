@@ -29,6 +29,9 @@ class ParamUse {
   // After its forward: `kept` when autograd saved its parameters for backward (they stay until
   // its gradients are final: grad_done); else they may go now.
   virtual void after_forward(const torch::nn::Module& block, bool kept) = 0;
+  // Backward through `block` is done (a recomputed block's: its recompute's backward returned),
+  // its parameters no longer needed this pass.
+  virtual void backward_done(const torch::nn::Module& block) = 0;
   // A forward and its backward begin (a micro-batch): every block's gradients to be made again.
   virtual void new_pass() = 0;
   // Backward: trainable parameter `param` (module order) has its gradient of this pass.

@@ -426,11 +426,11 @@ class ForwardBackwardNode : public Node {
       if (t.requires_grad()) m.gradients += static_cast<double>(t.nbytes());
     }
     if (const auto* s = dynamic_cast<const ShardedParams*>(model.shards.get())) {
-      // ZeRO-3: this rank's slice, and what a step gathers: every block at the turn from forward
-      // to backward (autograd keeps them), or about two blocks recomputed.
+      // ZeRO-3: this rank's slices (a LoRA's base too), and what a step gathers: every block at
+      // the turn from forward to backward (autograd keeps them), or about two blocks recomputed.
+      // The gradients (the trainable parameters', counted above) as the stage counts them below.
       const double whole = s->bytes();
       m.weights = whole / dp_.count + (model.checkpoint.every == 1 ? 2 * s->largest_unit_bytes() : whole);
-      m.gradients = whole;
     }
     // Copies of the gradients (run() below): autograd's own (grad_layout fresh), and with several
     // processes or grad_layout buffer the buffers of take_buffer()'s pool (two while a step's grads
@@ -515,7 +515,7 @@ class ForwardBackwardNode : public Node {
   //  - more tp (a family that splits): the split share of the weights, gradients and what other
   //    nodes keep per parameter divided further, and about 24 of a block's 34 activation units
   //    a token (Korthikanti et al.; the norms and the residual stay whole);
-  //  - ZeRO stage params (every parameter trainable): as check_memory counts a sharded step,
+  //  - ZeRO stage params: as check_memory counts a sharded step,
   //    at this dp, or with 2, 4 or 8 times the processes when there is one replica.
   // The smallest that fits is named, else the largest tried. On the CPU the processes share
   // this machine's memory: a layout fits when all of them do.
@@ -531,13 +531,11 @@ class ForwardBackwardNode : public Node {
       kept_whole += k.what.find("sharded") != std::string::npos ? k.bytes * dp_.count : k.bytes;
     }
     double all = 0, split = 0, trainable = 0;  // the parameters' bytes (a ZeRO-3 model's whole)
-    bool frozen = false;
     for (const auto& [name, t] : model.named_parameters()) {
       const double b = static_cast<double>(t.numel()) * static_cast<double>(t.element_size());
       all += b;
       if (model.splits_over_tp && model.splits_over_tp(name)) split += b;
       if (t.requires_grad()) trainable += b;
-      else frozen = true;
     }
     const int world = ctx.run().world;
     // (setting, processes, total a rank)
@@ -563,12 +561,12 @@ class ForwardBackwardNode : public Node {
       }
       offer(tries);
     }
-    if (!frozen && !(zero_ && zero_->shards_params())) {
+    if (!(zero_ && zero_->shards_params())) {
       const std::vector<std::string> plan = ctx.connected("zero") ? ctx.refs("zero") : std::vector<std::string>{};
       const std::string stage = plan.empty() ? std::string("a zero node with stage: params (schemas/zero.yaml)")
                                              : plan.front().substr(0, plan.front().find('.')) + ".stage=params";
-      const double gathered = model.checkpoint.every == 1 ? 2 * largest_block_bytes(*model.module) : trainable;
-      auto total = [&](int n) { return trainable / n + gathered + trainable * (1.0 + 1.0 / n) + kept_whole / n + acts; };
+      const double gathered = model.checkpoint.every == 1 ? 2 * largest_block_bytes(*model.module) : all;
+      auto total = [&](int n) { return all / n + gathered + trainable * (1.0 + 1.0 / n) + kept_whole / n + acts; };
       std::vector<std::tuple<std::string, int, double>> tries;
       if (dp_.count > 1) tries.emplace_back(stage, world, total(dp_.count));
       else

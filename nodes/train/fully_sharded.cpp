@@ -61,7 +61,7 @@ class ShardedUse : public ParamUse {
     const auto it = s_.unit_of_block_.find(&block);
     if (it == s_.unit_of_block_.end()) return;
     const int u = it->second;
-    if (s_.units_[static_cast<size_t>(u)].gathered.defined()) return;
+    if (s_.units_[static_cast<size_t>(u)].gathered()) return;
     s_.gather(u, group_, what_);
     // The block that runs next starts on its way now (forward: the next one; recomputes in
     // backward: the one before), so its all-gather overlaps this block's compute.
@@ -73,13 +73,22 @@ class ShardedUse : public ParamUse {
     const auto it = s_.unit_of_block_.find(&block);
     if (it != s_.unit_of_block_.end() && !kept) s_.release(it->second);
   }
-  void new_pass() override {
-    for (auto& u : s_.units_) u.pending = static_cast<int>(u.params.size());
+  void backward_done(const torch::nn::Module& block) override {
+    const auto it = s_.unit_of_block_.find(&block);
+    if (it != s_.unit_of_block_.end()) s_.release(it->second);
   }
+  void new_pass() override {
+    for (auto& u : s_.units_) u.pending = static_cast<int>(u.spans[0].params.size());
+  }
+  // A block's last gradient made: its backward is done with its trainable weights, which made
+  // their gradients and the input's in one node each. A frozen weight (a LoRA's base) makes
+  // only the input's, in a node autograd may run after the adapters' (their branch was recorded
+  // later): such a block waits for its backward to be done (a recompute's end), or the use's.
   void grad_done(int param) override {
     if (param < 0 || param >= static_cast<int>(s_.unit_of_param_.size())) return;
-    ShardedParams::Unit& u = s_.units_[static_cast<size_t>(s_.unit_of_param_[static_cast<size_t>(param)])];
-    if (--u.pending == 0 && u.block) s_.release(s_.unit_of_param_[static_cast<size_t>(param)]);
+    const int unit = s_.unit_of_param_[static_cast<size_t>(param)];
+    ShardedParams::Unit& u = s_.units_[static_cast<size_t>(unit)];
+    if (--u.pending == 0 && u.block && !u.frozen()) s_.release(unit);
   }
 
  private:
@@ -100,36 +109,55 @@ class ShardedUse : public ParamUse {
 
 // ---- making, copying, binding
 
+namespace {
+// One dtype on one device per part, or an error naming them.
+void check_one_kind(const ShardPlan& plan, const std::string& which, const std::string& model) {
+  if (plan.groups.size() <= 1) return;
+  std::string kinds;
+  for (const auto& g : plan.layout.groups)
+    kinds += (kinds.empty() ? "" : ", ") + std::string(c10::toString(g.dtype)) + " on " + g.device.str();
+  throw std::runtime_error("ZeRO stage params: the " + which + " parameters of '" + model + "' are of " +
+                           std::to_string(plan.groups.size()) + " kinds (" + kinds +
+                           "); sharding them needs one dtype on one device");
+}
+}  // namespace
+
 std::shared_ptr<ShardedParams> ShardedParams::make(ModelState& model, const ShardPlan& plan) {
-  if (plan.groups.size() != 1) {
-    std::string kinds;
-    for (const auto& g : plan.layout.groups)
-      kinds += (kinds.empty() ? "" : ", ") + std::string(c10::toString(g.dtype)) + " on " + g.device.str();
-    throw std::runtime_error("ZeRO stage params: the trainable parameters of '" + model.kind + "' are of " +
-                             std::to_string(plan.groups.size()) + " kinds (" + kinds +
-                             "); sharding them needs one dtype on one device");
-  }
+  check_one_kind(plan, "trainable", model.kind);
   auto s = std::shared_ptr<ShardedParams>(new ShardedParams());
-  s->plan_ = plan;
   const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
-  std::vector<torch::Tensor> tensors;
-  for (const auto& [name, t] : named) tensors.push_back(t);
+  ModelState::Named frozen;
+  for (const auto& [name, t] : model.named_parameters())
+    if (!t.requires_grad()) frozen.emplace_back(name, t);
+  std::vector<torch::Tensor> tensors[2];
+  for (const auto& [name, t] : named) tensors[0].push_back(t);
+  for (const auto& [name, t] : frozen) tensors[1].push_back(t);
+  s->parts_[0].plan = plan;
+  if (!frozen.empty()) {  // cut as the trainable ones are: element-wise, over the same ranks
+    s->parts_[1].plan = ShardPlan::make(FlatLayout::of(tensors[1]), frozen, plan.rank, plan.world);
+    check_one_kind(s->parts_[1].plan, "frozen", model.kind);
+  }
   auto gs = std::make_shared<GradShard>();
   gs->plan = plan;
-  gs->buckets = FlatLayout::of(tensors, /*reverse=*/true);
+  gs->buckets = FlatLayout::of(tensors[0], /*reverse=*/true);
   s->grad_shard_ = gs;
-  // This rank's slice of the values, then every parameter lets go of its data.
-  const ShardPlan::Group& g = plan.groups[0];
-  const FlatLayout::Group& lg = plan.layout.groups[0];
+  // This rank's slices of the values, then every parameter lets go of its data.
   torch::NoGradGuard no_grad;
-  s->slices_ = {torch::empty({g.end - g.begin}, torch::TensorOptions().dtype(lg.dtype).device(lg.device))};
-  for (const ShardPlan::Piece& piece : plan.pieces)
-    s->slices_[0].narrow(0, piece.at, piece.numel)
-        .copy_(tensors[static_cast<size_t>(piece.param)].reshape({-1}).narrow(0, piece.offset, piece.numel));
+  for (int k = 0; k < 2; ++k) {
+    Part& part = s->parts_[k];
+    if (part.plan.groups.empty()) continue;
+    const ShardPlan::Group& g = part.plan.groups[0];
+    const FlatLayout::Group& lg = part.plan.layout.groups[0];
+    part.slices = {torch::empty({g.end - g.begin}, torch::TensorOptions().dtype(lg.dtype).device(lg.device))};
+    for (const ShardPlan::Piece& piece : part.plan.pieces)
+      part.slices[0].narrow(0, piece.at, piece.numel)
+          .copy_(tensors[k][static_cast<size_t>(piece.param)].reshape({-1}).narrow(0, piece.offset, piece.numel));
+  }
   s->bind(model);
   // The template copies start from: the module with its parameters empty (a clone copies every
   // parameter's data, and a placeholder's would be copied to its whole size).
-  for (auto& p : s->params_) p.set_data(torch::empty({0}, p.options()));
+  for (Part& part : s->parts_)
+    for (auto& p : part.params) p.set_data(torch::empty({0}, p.options()));
   s->template_ = model.module->clone();
   s->let_go();
   // On the CPU the whole model just let go stays in glibc's heap (flowrun's main keeps freed
@@ -137,17 +165,21 @@ std::shared_ptr<ShardedParams> ShardedParams::make(ModelState& model, const Shar
   // dp 4 with checkpoint: blocks: peak 1.53 GB a rank against 2.05 GB). A lower mmap threshold
   // would hand back each block a step frees too (1.34 GB), but cost a third of the step's speed
   // in page faults.
-  if (lg.device.is_cpu() && plan.world > 1) malloc_trim(0);
+  if (plan.layout.groups[0].device.is_cpu() && plan.world > 1) malloc_trim(0);
   return s;
 }
 
 std::shared_ptr<ModelState::Shards> ShardedParams::copy_for(ModelState& copy) const {
   auto s = std::shared_ptr<ShardedParams>(new ShardedParams());
-  s->plan_ = plan_;
   s->grad_shard_ = grad_shard_;
   s->template_ = template_;
   torch::NoGradGuard no_grad;
-  for (const auto& t : slices_) s->slices_.push_back(t.clone());
+  for (int k = 0; k < 2; ++k) {
+    s->parts_[k].plan = parts_[k].plan;
+    // The trainable slice its own; the frozen one shared (nothing writes it but a load, which
+    // writes the same values into every copy).
+    for (const auto& t : parts_[k].slices) s->parts_[k].slices.push_back(k == 0 ? t.clone() : t);
+  }
   s->bind(copy);
   s->let_go();
   return s;
@@ -156,108 +188,139 @@ std::shared_ptr<ModelState::Shards> ShardedParams::copy_for(ModelState& copy) co
 std::shared_ptr<torch::nn::Module> ShardedParams::fresh_module() const { return template_->clone(); }
 
 void ShardedParams::bind(ModelState& model) {
-  params_.clear();
   placeholders_.clear();
   units_.clear();
   unit_of_param_.clear();
   unit_of_block_.clear();
-  // The model's trainable parameters as the plan was made for them (a copy's: the same names).
+  // Each part's parameters as its plan was made for them (a copy's: the same names).
   std::map<std::string, torch::Tensor> by_name;
-  for (const auto& item : model.module->named_parameters(/*recurse=*/true)) by_name[item.key()] = item.value();
-  for (const std::string& name : plan_.names) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) throw std::logic_error("ZeRO-3: the model has no parameter '" + name + "'");
-    params_.push_back(it->second);
+  const auto all = model.module->named_parameters(/*recurse=*/true);
+  for (const auto& item : all) by_name[item.key()] = item.value();
+  std::map<const c10::TensorImpl*, std::pair<int, int>> where;  // a parameter's part and index in it
+  for (int k = 0; k < 2; ++k) {
+    Part& part = parts_[k];
+    part.params.clear();
+    part.placeholders.clear();
+    for (size_t i = 0; i < part.plan.names.size(); ++i) {
+      auto it = by_name.find(part.plan.names[i]);
+      if (it == by_name.end()) throw std::logic_error("ZeRO-3: the model has no parameter '" + part.plan.names[i] + "'");
+      where[it->second.unsafeGetTensorImpl()] = {k, static_cast<int>(i)};
+      part.params.push_back(it->second);
+      // What each holds between uses: its shape over one element of storage (autograd's gradient
+      // accumulators check the gradients against the shape they saw, whenever they were made),
+      // which every index reads and no write may touch.
+      const FlatLayout::Group& lg = part.plan.layout.groups[0];
+      const std::vector<int64_t>& shape = part.plan.shapes[i];
+      const torch::Tensor one = torch::zeros({1}, torch::TensorOptions().dtype(lg.dtype).device(lg.device));
+      part.placeholders.push_back(one.as_strided(shape, std::vector<int64_t>(shape.size(), 0)));
+      if (k == 0) placeholders_.emplace_back(part.plan.names[i], part.placeholders.back());
+    }
   }
-  // What each holds between uses: its shape over one element of storage (autograd's gradient
-  // accumulators check the gradients against the shape they saw, whenever they were made), which
-  // every index reads and no write may touch.
-  const FlatLayout::Group& lg = plan_.layout.groups[0];
-  for (size_t i = 0; i < plan_.names.size(); ++i) {
-    const std::vector<int64_t>& shape = plan_.shapes[i];
-    const torch::Tensor one = torch::zeros({1}, torch::TensorOptions().dtype(lg.dtype).device(lg.device));
-    placeholders_.emplace_back(plan_.names[i], one.as_strided(shape, std::vector<int64_t>(shape.size(), 0)));
-  }
-  // Which block each parameter belongs to; the units: runs of parameters of one owner.
+  // Which block each parameter belongs to; the units: runs of parameters of one owner, in module
+  // order, each a run of either part's flat buffer.
   std::vector<const torch::nn::Module*> blocks;
   find_blocks(*model.module, blocks);
   std::map<const c10::TensorImpl*, const torch::nn::Module*> owner;
   for (const torch::nn::Module* b : blocks)
     for (const auto& p : b->parameters(/*recurse=*/true)) owner[p.unsafeGetTensorImpl()] = b;
+  unit_of_param_.assign(parts_[0].params.size(), -1);
   const torch::nn::Module* last = nullptr;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const auto it = owner.find(params_[i].unsafeGetTensorImpl());
+  for (const auto& item : all) {
+    const auto at = where.find(item.value().unsafeGetTensorImpl());
+    if (at == where.end()) continue;
+    const auto [k, i] = at->second;
+    const auto it = owner.find(item.value().unsafeGetTensorImpl());
     const torch::nn::Module* o = it == owner.end() ? nullptr : it->second;
-    const FlatLayout::Slot& slot = plan_.layout.slots[i];
-    if (units_.empty() || o != last || slot.offset != units_.back().hi) {
+    if (units_.empty() || o != last) {
       if (o && unit_of_block_.count(o))
-        throw std::logic_error("ZeRO-3: the parameters of a block are not one run of the flat buffer");
-      units_.push_back(Unit{slot.offset, slot.offset, {}, o != nullptr, {}, {}, {}, 0});
+        throw std::logic_error("ZeRO-3: the parameters of a block are not one run in module order");
+      units_.push_back(Unit{});
+      units_.back().block = o != nullptr;
       if (o) unit_of_block_[o] = static_cast<int>(units_.size()) - 1;
     }
-    Unit& u = units_.back();
-    u.params.push_back(static_cast<int>(i));
-    u.hi = slot.offset + slot.numel;
-    unit_of_param_.push_back(static_cast<int>(units_.size()) - 1);
+    Span& span = units_.back().spans[k];
+    const FlatLayout::Slot& slot = parts_[k].plan.layout.slots[static_cast<size_t>(i)];
+    if (span.params.empty()) span.lo = span.hi = slot.offset;
+    if (slot.offset != span.hi) throw std::logic_error("ZeRO-3: the parameters of a unit are not one run of their flat buffer");
+    span.params.push_back(i);
+    span.hi = slot.offset + slot.numel;
+    if (k == 0) unit_of_param_[static_cast<size_t>(i)] = static_cast<int>(units_.size()) - 1;
     last = o;
   }
 }
 
 void ShardedParams::let_go() {
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const FlatLayout::Slot& slot = plan_.layout.slots[i];
-    // One rank: a view of the slice (the whole buffer), for good.
-    params_[i].set_data(plan_.world == 1 ? slices_[0].narrow(0, slot.offset, slot.numel).view(plan_.shapes[i]) : placeholders_[i].second);
-  }
+  for (Part& part : parts_)
+    for (size_t i = 0; i < part.params.size(); ++i) {
+      const FlatLayout::Slot& slot = part.plan.layout.slots[i];
+      // One rank: a view of the slice (the whole buffer), for good.
+      part.params[i].set_data(world() == 1 ? part.slices[0].narrow(0, slot.offset, slot.numel).view(part.plan.shapes[i])
+                                           : part.placeholders[i]);
+    }
 }
 
 // ---- gathering and letting go
 
 void ShardedParams::gather(int unit, parallel::Group* group, const std::string& what) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (plan_.world == 1 || u.gathered.defined()) return;
-  if (!u.arriving.defined()) start(unit, group, what);
-  u.pending_gather.wait();
-  u.pending_gather = parallel::Work();
-  for (int p : u.params) {
-    const FlatLayout::Slot& slot = plan_.layout.slots[static_cast<size_t>(p)];
-    params_[static_cast<size_t>(p)].set_data(u.arriving.narrow(0, slot.offset - u.lo, slot.numel).view(plan_.shapes[static_cast<size_t>(p)]));
+  if (world() == 1 || u.gathered()) return;
+  start(unit, group, what);
+  for (int k = 0; k < 2; ++k) {
+    Span& span = u.spans[k];
+    if (span.params.empty()) continue;
+    span.pending_gather.wait();
+    span.pending_gather = parallel::Work();
+    const Part& part = parts_[k];
+    for (int p : span.params) {
+      const FlatLayout::Slot& slot = part.plan.layout.slots[static_cast<size_t>(p)];
+      part.params[static_cast<size_t>(p)].set_data(
+          span.arriving.narrow(0, slot.offset - span.lo, slot.numel).view(part.plan.shapes[static_cast<size_t>(p)]));
+    }
+    span.gathered = span.arriving;
+    span.arriving = torch::Tensor();
   }
-  u.gathered = u.arriving;
-  u.arriving = torch::Tensor();
 }
 
 void ShardedParams::start(int unit, parallel::Group* group, const std::string& what) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (plan_.world == 1 || u.gathered.defined() || u.arriving.defined()) return;
-  if (!group) throw std::logic_error("ZeRO-3: gathering over " + std::to_string(plan_.world) + " ranks without a group");
-  const ShardPlan::Group& g = plan_.groups[0];
-  // Rank q's piece of the unit's range: its slice and the range overlapping, in rank order one
-  // after the other (the all-gather's blocks).
-  std::vector<size_t> counts;
-  for (int q = 0; q < plan_.world; ++q) {
-    const int64_t lo = std::max(g.cuts[static_cast<size_t>(q)], u.lo), hi = std::min(g.cuts[static_cast<size_t>(q) + 1], u.hi);
-    counts.push_back(static_cast<size_t>(std::max<int64_t>(0, hi - lo)));
-  }
+  if (world() == 1 || u.gathered()) return;
+  if (!group) throw std::logic_error("ZeRO-3: gathering over " + std::to_string(world()) + " ranks without a group");
   torch::NoGradGuard no_grad;
-  torch::Tensor buf = torch::empty({u.hi - u.lo}, slices_[0].options());
-  const int64_t lo = std::max(g.begin, u.lo), hi = std::min(g.end, u.hi);
-  if (lo < hi) buf.narrow(0, lo - u.lo, hi - lo).copy_(slices_[0].narrow(0, lo - g.begin, hi - lo));
-  u.pending_gather = group->all_gather(buf, counts, "ZeRO-3: the parameters of " + what);
-  u.arriving = buf;
+  for (int k = 0; k < 2; ++k) {
+    Span& span = u.spans[k];
+    if (span.params.empty() || span.arriving.defined()) continue;
+    const Part& part = parts_[k];
+    const ShardPlan::Group& g = part.plan.groups[0];
+    // Rank q's piece of the span: its slice and the range overlapping, in rank order one after
+    // the other (the all-gather's blocks).
+    std::vector<size_t> counts;
+    for (int q = 0; q < world(); ++q) {
+      const int64_t lo = std::max(g.cuts[static_cast<size_t>(q)], span.lo), hi = std::min(g.cuts[static_cast<size_t>(q) + 1], span.hi);
+      counts.push_back(static_cast<size_t>(std::max<int64_t>(0, hi - lo)));
+    }
+    torch::Tensor buf = torch::empty({span.hi - span.lo}, part.slices[0].options());
+    const int64_t lo = std::max(g.begin, span.lo), hi = std::min(g.end, span.hi);
+    if (lo < hi) buf.narrow(0, lo - span.lo, hi - lo).copy_(part.slices[0].narrow(0, lo - g.begin, hi - lo));
+    span.pending_gather = group->all_gather(buf, counts, std::string("ZeRO-3: the ") + (k == 0 ? "" : "frozen ") +
+                                                             "parameters of " + what);
+    span.arriving = buf;
+  }
 }
 
 void ShardedParams::release(int unit) {
   Unit& u = units_[static_cast<size_t>(unit)];
-  if (u.arriving.defined()) {  // started, never used: its all-gather still writes into the buffer
-    parallel::Work w = std::move(u.pending_gather);
-    u.pending_gather = parallel::Work();
-    u.arriving = torch::Tensor();
-    w.wait();
+  for (int k = 0; k < 2; ++k) {
+    Span& span = u.spans[k];
+    if (span.arriving.defined()) {  // started, never used: its all-gather still writes into the buffer
+      parallel::Work w = std::move(span.pending_gather);
+      span.pending_gather = parallel::Work();
+      span.arriving = torch::Tensor();
+      w.wait();
+    }
+    if (world() == 1 || !span.gathered.defined()) continue;
+    for (int p : span.params) parts_[k].params[static_cast<size_t>(p)].set_data(parts_[k].placeholders[static_cast<size_t>(p)]);
+    span.gathered = torch::Tensor();
   }
-  if (plan_.world == 1 || !u.gathered.defined()) return;
-  for (int p : u.params) params_[static_cast<size_t>(p)].set_data(placeholders_[static_cast<size_t>(p)].second);
-  u.gathered = torch::Tensor();
 }
 
 std::unique_ptr<ParamUse> ShardedParams::open(parallel::Group* group, const std::string& what) {
@@ -267,43 +330,59 @@ std::unique_ptr<ParamUse> ShardedParams::open(parallel::Group* group, const std:
 // ---- what checkpoints, memory estimates and the optimizer ask
 
 double ShardedParams::bytes() const {
-  const FlatLayout::Group& lg = plan_.layout.groups[0];
-  return static_cast<double>(lg.numel) * static_cast<double>(c10::elementSize(lg.dtype));
+  double b = 0;
+  for (const Part& part : parts_)
+    for (const FlatLayout::Group& lg : part.plan.layout.groups)
+      b += static_cast<double>(lg.numel) * static_cast<double>(c10::elementSize(lg.dtype));
+  return b;
 }
 
 double ShardedParams::largest_unit_bytes() const {
-  int64_t most = 0;
-  for (const Unit& u : units_) most = std::max(most, u.hi - u.lo);
-  return static_cast<double>(most) * static_cast<double>(c10::elementSize(plan_.layout.groups[0].dtype));
+  double most = 0;
+  for (const Unit& u : units_) {
+    double b = 0;
+    for (int k = 0; k < 2; ++k)
+      if (!u.spans[k].params.empty())
+        b += static_cast<double>(u.spans[k].hi - u.spans[k].lo) *
+             static_cast<double>(c10::elementSize(parts_[k].plan.layout.groups[0].dtype));
+    most = std::max(most, b);
+  }
+  return most;
 }
 
 std::map<std::string, torch::Tensor> ShardedParams::wholes(parallel::Group& group) {
-  const ShardPlan::Group& g = plan_.groups[0];
   torch::NoGradGuard no_grad;
-  // On the host, as the optimizer's moments are gathered for a checkpoint.
-  torch::Tensor whole = torch::zeros({g.numel}, slices_[0].options().device(torch::kCPU));
-  whole.narrow(0, g.begin, g.end - g.begin).copy_(slices_[0]);
-  if (plan_.world > 1) group.all_gather(whole, g.counts(), "ZeRO-3: the parameters whole for a checkpoint").wait();
   std::map<std::string, torch::Tensor> out;
-  for (size_t i = 0; i < plan_.names.size(); ++i) out[plan_.names[i]] = plan_.layout.view({whole}, i, plan_.shapes[i]);
+  for (const Part& part : parts_) {
+    if (part.plan.groups.empty()) continue;
+    const ShardPlan::Group& g = part.plan.groups[0];
+    // On the host, as the optimizer's moments are gathered for a checkpoint.
+    torch::Tensor whole = torch::zeros({g.numel}, part.slices[0].options().device(torch::kCPU));
+    whole.narrow(0, g.begin, g.end - g.begin).copy_(part.slices[0]);
+    if (part.plan.world > 1) group.all_gather(whole, g.counts(), "ZeRO-3: the parameters whole for a checkpoint").wait();
+    for (size_t i = 0; i < part.plan.names.size(); ++i) out[part.plan.names[i]] = part.plan.layout.view({whole}, i, part.plan.shapes[i]);
+  }
   return out;
 }
 
 std::map<std::string, torch::Tensor> ShardedParams::load(const std::map<std::string, torch::Tensor>& whole) {
   std::map<std::string, torch::Tensor> rest = whole;
-  for (size_t i = 0; i < plan_.names.size(); ++i) {
-    auto it = rest.find(plan_.names[i]);
-    if (it == rest.end()) throw std::runtime_error("model: tensor '" + plan_.names[i] + "' is missing");
-    if (!it->second.sizes().equals(plan_.shapes[i]))
-      throw std::runtime_error("model: tensor '" + plan_.names[i] + "' has shape " + shape_str(it->second) +
-                               " in the file, the model's is " + c10::str(at::IntArrayRef(plan_.shapes[i])));
-  }
+  for (const Part& part : parts_)
+    for (size_t i = 0; i < part.plan.names.size(); ++i) {
+      auto it = rest.find(part.plan.names[i]);
+      if (it == rest.end()) throw std::runtime_error("model: tensor '" + part.plan.names[i] + "' is missing");
+      if (!it->second.sizes().equals(part.plan.shapes[i]))
+        throw std::runtime_error("model: tensor '" + part.plan.names[i] + "' has shape " + shape_str(it->second) +
+                                 " in the file, the model's is " + c10::str(at::IntArrayRef(part.plan.shapes[i])));
+    }
   torch::NoGradGuard no_grad;
-  for (const ShardPlan::Piece& piece : plan_.pieces) {
-    const torch::Tensor& t = rest.at(plan_.names[static_cast<size_t>(piece.param)]);
-    slices_[0].narrow(0, piece.at, piece.numel).copy_(t.reshape({-1}).narrow(0, piece.offset, piece.numel));
+  for (Part& part : parts_) {
+    for (const ShardPlan::Piece& piece : part.plan.pieces) {
+      const torch::Tensor& t = rest.at(part.plan.names[static_cast<size_t>(piece.param)]);
+      part.slices[0].narrow(0, piece.at, piece.numel).copy_(t.reshape({-1}).narrow(0, piece.offset, piece.numel));
+    }
+    for (const std::string& name : part.plan.names) rest.erase(name);
   }
-  for (const std::string& name : plan_.names) rest.erase(name);
   return rest;
 }
 

@@ -1,5 +1,5 @@
 // ZeRO stage 3 (the zero node's `stage: params`; Rajbhandari et al. 2020, PyTorch's FSDP): the
-// model's trainable parameters sharded over the data-parallel ranks the way stages 1 and 2 shard
+// model's parameters sharded over the data-parallel ranks the way stages 1 and 2 shard
 // the optimizer's moments and the gradients (optimizer_shard.hpp: the flat layout of the
 // trainable parameters in module order, rank q keeping its elements [cuts[q], cuts[q + 1])).
 //
@@ -25,6 +25,13 @@
 // `checkpoint: blocks` the other parameters and two or three blocks (the one running, the one
 // arriving, one whose gradients are being made); an evaluator two blocks at a time.
 //
+// Frozen parameters (a LoRA's base) are sharded the same way into a flat buffer of their own
+// (part 1; the trainable ones, part 0, are what the optimizer and the EMA see); a unit's
+// all-gathers fetch both parts of its range. A block with frozen weights is let go once its
+// backward is done, not at its last gradient (a frozen weight makes only the input's gradient,
+// in a node autograd may run after the adapters'): a recomputed block when its recompute's
+// backward returns (backward_done), a kept one when the use closes.
+//
 // One data-parallel rank: the slice is the whole buffer, and the parameters point into it for
 // good (nothing gathered, nothing freed).
 #pragma once
@@ -45,11 +52,12 @@ namespace flowrun {
 class ShardedParams : public ModelState::Shards {
  public:
   // Shards `model`'s trainable parameters (whole on every rank now) as `plan` cuts them (made for
-  // them, one flat buffer: one dtype and device; refused otherwise, naming them): this rank keeps
-  // its slice, the parameters let go of their data.
+  // them, one flat buffer: one dtype and device; refused otherwise, naming them), and its frozen
+  // ones (a LoRA's base) alike over the same ranks: this rank keeps its slices, the parameters
+  // let go of their data.
   static std::shared_ptr<ShardedParams> make(ModelState& model, const ShardPlan& plan);
 
-  const ShardPlan& plan() const { return plan_; }
+  const ShardPlan& plan() const { return parts_[0].plan; }
   // Stage 2's plan for the same cut (forward_backward hands each gradient to the allreduce with it).
   const std::shared_ptr<const GradShard>& grad_shard() const { return grad_shard_; }
   // The trainable parameters by name as placeholders with their shapes, dtype and device (one
@@ -66,34 +74,47 @@ class ShardedParams : public ModelState::Shards {
   std::map<std::string, torch::Tensor> load(const std::map<std::string, torch::Tensor>& whole) override;
   std::shared_ptr<Shards> copy_for(ModelState& copy) const override;
   std::shared_ptr<torch::nn::Module> fresh_module() const override;
-  std::vector<torch::Tensor>& slices() override { return slices_; }
+  std::vector<torch::Tensor>& slices() override { return parts_[0].slices; }
 
  private:
   friend class ShardedUse;
-  struct Unit {
-    int64_t lo = 0, hi = 0;   // its range of the flat buffer
-    std::vector<int> params;  // its parameters (module order)
-    bool block = false;       // a block's (let go after its forward or backward), else kept for the use
+  // The trainable parameters (part 0: the optimizer's plan and slice) and the frozen ones (part
+  // 1: a LoRA's base; none in a model trained whole), each cut over the ranks the same way.
+  struct Part {
+    ShardPlan plan;
+    std::vector<torch::Tensor> slices;        // this rank's slice of its flat buffer (one; none without parameters)
+    std::vector<torch::Tensor> params;        // the module's parameters of this part (module order)
+    std::vector<torch::Tensor> placeholders;  // per parameter: what it holds between uses
+  };
+  // A unit's range of one part's flat buffer, and its state.
+  struct Span {
+    int64_t lo = 0, hi = 0;   // its range of the part's flat buffer
+    std::vector<int> params;  // its parameters of that part
     torch::Tensor gathered;   // the whole range, while gathered (its parameters point into it)
     torch::Tensor arriving;   // the whole range, while its all-gather (started ahead) runs
     parallel::Work pending_gather;
-    int pending = 0;          // its gradients not yet final in the current backward
+  };
+  struct Unit {
+    Span spans[2];            // per part
+    bool block = false;       // a block's (let go after its forward or backward), else kept for the use
+    int pending = 0;          // its trainable parameters' gradients not yet final in the current backward
+    bool gathered() const { return spans[0].gathered.defined() || spans[1].gathered.defined(); }
+    bool frozen() const { return !spans[1].params.empty(); }
   };
   ShardedParams() = default;
-  void bind(ModelState& model);  // params_, units_, placeholders from the model's module
+  void bind(ModelState& model);  // parts' params, units, placeholders from the model's module
   void let_go();                 // every parameter its placeholder (one rank: a view of the slice, for good)
-  void start(int unit, parallel::Group* group, const std::string& what);   // its all-gather issued
+  void start(int unit, parallel::Group* group, const std::string& what);   // its all-gathers issued
   void gather(int unit, parallel::Group* group, const std::string& what);  // started if not, waited for, pointed into
   void release(int unit);
+  int world() const { return parts_[0].plan.world; }
 
-  ShardPlan plan_;
+  Part parts_[2];
   std::shared_ptr<const GradShard> grad_shard_;
-  std::vector<torch::Tensor> slices_;        // this rank's slice of the flat buffer (one)
   std::shared_ptr<torch::nn::Module> template_;  // the module with every parameter let go: copies start from it
-  std::vector<torch::Tensor> params_;        // the module's trainable parameters (module order)
-  ModelState::Named placeholders_;           // per parameter: what it holds between uses (shapes())
+  ModelState::Named placeholders_;           // the trainable parameters by name, their placeholders (shapes())
   std::vector<Unit> units_;
-  std::vector<int> unit_of_param_;
+  std::vector<int> unit_of_param_;           // per trainable parameter
   std::map<const torch::nn::Module*, int> unit_of_block_;
   std::atomic<bool> in_use_{false};  // a use is open (one at a time)
 };

@@ -197,17 +197,12 @@ class OptimizerNode : public Node {
     ctx.own_state("state", state);
   }
 
-  // ZeRO stage params (train/fully_sharded.hpp): the model's trainable parameters sharded over the
-  // ranks as this node's slices are cut, each rank keeping its slice; what it does not shard yet
-  // refused, saying what to change.
+  // ZeRO stage params (train/fully_sharded.hpp): the model's parameters sharded over the
+  // data-parallel ranks, the trainable ones as this node's slices are cut, the frozen ones (a
+  // LoRA's base) alike; each rank keeping its slices.
   void shard_model(SetupContext& ctx, ModelState& model) {
-    const std::string plan = ctx.refs("zero").front(), plan_node = plan.substr(0, plan.find('.'));
+    const std::string plan = ctx.refs("zero").front();
     const std::string stage = "ZeRO stage params (" + plan + ")";
-    for (const auto& [name, t] : model.named_parameters())
-      if (!t.requires_grad())
-        throw std::runtime_error(ctx.who() + ": " + stage + " shards trainable parameters only, and '" + name +
-                                 "' is frozen (a LoRA's base, or a frozen part): sharding a frozen base is not built "
-                                 "yet; set " + plan_node + ".stage=gradients, or train every parameter");
     const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
     std::vector<torch::Tensor> tensors;
     for (const auto& [name, t] : named) tensors.push_back(t);

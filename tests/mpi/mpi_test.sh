@@ -656,9 +656,32 @@ zero_params)
   from "$tmp/one_none" "$tmp/r12"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r12" zero.stage=params run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/one_none" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "resume 1 process -> params 2 differs"
-  # What it does not shard yet is refused at start, saying what to change.
-  run_code 1 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/no1" zero.stage=params model.lora.rank=4 model.lora.targets=[c_attn]
-  expect_out "sharding a frozen base is not built yet; set zero.stage=gradients"
+  # LoRA: the frozen base sharded too (gathered with its block's adapters, a block let go once
+  # its backward is done: a recompute's end, else the step's). The GPT with and without
+  # checkpoint: blocks, and the DiT's attentions and MLP over the base trained above: stage
+  # params ends where stage none ends, bit for bit, the exported PEFT adapters included.
+  lora=(model.lora.rank=4 model.lora.targets=[c_attn,c_proj,c_fc] ckpt.exports=true)
+  for c in none blocks; do
+    for s in none params; do
+      run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora_${s}_$c" zero.stage=$s model.checkpoint=$c
+    done
+    expect_out "each rank keeps 1/2 of the"
+    for f in model.params opt.state ema.params model.params/adapter_model ema.params/adapter_model; do
+      "$tool" tensor-diff "$tmp/lora_none_$c/checkpoints/step_00000006/$f.safetensors" \
+        "$tmp/lora_params_$c/checkpoints/step_00000006/$f.safetensors" 0 || fail "LoRA (checkpoint $c): $f differs"
+    done
+  done
+  dlora=(model.lora.rank=4 model.lora.targets=[to_q,to_k,to_v,to_out.0,net.0.proj,net.2] ckpt.exports=true
+         model.weights="$tmp/dit_none/checkpoints/step_00000006/model.params.safetensors")
+  for s in none params; do
+    run_code 0 "${mpi[@]}" "$flowrun" "${d[@]}" "${dlora[@]}" run.out_dir="$tmp/dlora_$s" zero.stage=$s model.checkpoint=blocks
+    for k in loss val_loss fidelity; do grep -o "\"$k\":[0-9.eE+-]*" "$tmp/dlora_$s/metrics.jsonl"; done > "$tmp/dlora_$s.figures"
+  done
+  for f in model.params opt.state ema.params model.params/adapter_model; do
+    "$tool" tensor-diff "$tmp/dlora_none/checkpoints/step_00000006/$f.safetensors" \
+      "$tmp/dlora_params/checkpoints/step_00000006/$f.safetensors" 0 || fail "DiT LoRA: $f differs"
+  done
+  cmp -s "$tmp/dlora_none.figures" "$tmp/dlora_params.figures" || fail "DiT LoRA: the losses, evaluation or fidelity differ"
   ;;
 tensor_parallel_zero)
   # ZeRO composed with tp (issue 48): each tp rank shards its parts of the split tensors over the
@@ -709,6 +732,15 @@ tensor_parallel_zero)
       "$tool" tensor-diff "$tmp/one/checkpoints/step_00000006/$f.safetensors" "$tmp/$r/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
         fail "resume ($r): $f differs from one process"
     done
+  done
+  # LoRA with its frozen base, split over tp and sharded over dp: the PEFT adapters one process exports.
+  lora=(model.lora.rank=4 model.lora.targets=[c_attn,c_proj,c_fc] ckpt.exports=true)
+  run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" "${lora[@]}" data.batch=8 run.out_dir="$tmp/lora1"
+  run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" "${lora[@]}" run.out_dir="$tmp/lora4" run.parallel.tp=2 \
+    zero.stage=params model.checkpoint=blocks
+  for m in model.params ema.params; do
+    "$tool" tensor-diff "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
+      "$tmp/lora4/checkpoints/step_00000006/$m/adapter_model.safetensors" 1e-5rel || fail "LoRA: the PEFT adapters of $m differ"
   done
   # The DiT (graphs/dit_base.yaml: both attentions' heads split, the per-head norms and the
   # modulations whole; blocks gathered with the long skips' inputs kept, the sampler and the
