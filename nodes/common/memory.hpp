@@ -48,6 +48,7 @@ struct MemoryItem {
   std::string fix;
   double fixed = 0;
   bool fix_shards_gradients = false;  // the fix shards the gradients too (ZeRO-2): forward_backward adds that saving
+  int shards = 1;  // `bytes` is this rank's 1/shards (sharded by ZeRO over that many data-parallel ranks)
 };
 
 // A training step's memory per rank, as forward_backward estimates it before its first step:

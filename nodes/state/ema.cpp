@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "parallel/mesh.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -85,7 +86,9 @@ class EmaNode : public Node {
       for (const auto& t : source.shards->slices()) bytes += static_cast<double>(t.nbytes());
     else
       for (const auto& [name, t] : source.named_parameters()) bytes += static_cast<double>(t.nbytes());
-    source.kept.push_back(MemoryItem{"EMA copy", ctx.name(), bytes, /*allocated=*/true, "", 0});
+    MemoryItem item{"EMA copy", ctx.name(), bytes, /*allocated=*/true, "", 0};
+    if (source.shards) item.shards = parallel::replica_of(ctx.run()).count;  // over the data-parallel ranks
+    source.kept.push_back(item);
     ctx.own_state("params", ema_->model());
   }
 

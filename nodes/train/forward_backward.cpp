@@ -528,7 +528,7 @@ class ForwardBackwardNode : public Node {
     double kept = 0, kept_whole = 0;
     for (const auto& k : m.kept) {
       kept += k.bytes;
-      kept_whole += k.what.find("sharded") != std::string::npos ? k.bytes * dp_.count : k.bytes;
+      kept_whole += k.bytes * k.shards;
     }
     double all = 0, split = 0, trainable = 0;  // the parameters' bytes (a ZeRO-3 model's whole)
     for (const auto& [name, t] : model.named_parameters()) {

@@ -281,6 +281,7 @@ class OptimizerNode : public Node {
     if (shard_) {
       item.what += ", sharded";
       item.bytes = bytes / world;
+      item.shards = world;
     } else if (world > 1) {
       // With a zero node wired in, its stage by an override; else the node to add.
       const std::vector<std::string> plan = ctx.connected("zero") ? ctx.refs("zero") : std::vector<std::string>{};

@@ -656,6 +656,14 @@ zero_params)
   from "$tmp/one_none" "$tmp/r12"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r12" zero.stage=params run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/one_none" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "resume 1 process -> params 2 differs"
+  # bf16 (autocast over the gathered fp32 parameters) alike.
+  for s in none params; do
+    run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/bf16_$s" zero.stage=$s model.checkpoint=blocks run.precision=bf16
+  done
+  for f in model.params opt.state ema.params; do
+    "$tool" tensor-diff "$tmp/bf16_none/checkpoints/step_00000006/$f.safetensors" "$tmp/bf16_params/checkpoints/step_00000006/$f.safetensors" 0 ||
+      fail "bf16: $f differs between stage params and stage none"
+  done
   # LoRA: the frozen base sharded too (gathered with its block's adapters, a block let go once
   # its backward is done: a recompute's end, else the step's). The GPT with and without
   # checkpoint: blocks, and the DiT's attentions and MLP over the base trained above: stage
