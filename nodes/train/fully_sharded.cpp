@@ -112,7 +112,9 @@ class ShardedUse : public ParamUse {
 namespace {
 // One dtype on one device per part, or an error naming them.
 void check_one_kind(const ShardPlan& plan, const std::string& which, const std::string& model) {
-  if (plan.groups.size() <= 1) return;
+  if (plan.groups.size() == 1) return;
+  if (plan.groups.empty())
+    throw std::runtime_error("ZeRO stage params: '" + model + "' has no " + which + " parameters to shard");
   std::string kinds;
   for (const auto& g : plan.layout.groups)
     kinds += (kinds.empty() ? "" : ", ") + std::string(c10::toString(g.dtype)) + " on " + g.device.str();
