@@ -20,7 +20,8 @@
 // plugin implements does (Objective, UpdateRule): a plugin built before is then refused by name
 // instead of calling into a vtable it does not have.
 //   2: Objective::denoising() and captioning(); optimizer rules as UpdateRule (add_update_rule).
-#define FLOWRUN_ABI_VERSION 2
+//   3: UpdateRule::own_moment_dim() and Step::part (a tensor-parallel part of a parameter).
+#define FLOWRUN_ABI_VERSION 3
 
 // Tests build a plugin with another number to prove the check works.
 #ifndef FLOWRUN_PLUGIN_ABI

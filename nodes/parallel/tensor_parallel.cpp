@@ -167,27 +167,35 @@ torch::Tensor tp_whole(const torch::Tensor& part, const TpSplit& s, Group& tp, c
 }
 
 namespace {
-TpSplit split_of(const TpLayout& l, const std::string& name, const TpLayout::Names& param_of, const torch::Tensor& t) {
-  const TpSplit s = l.split(param_of ? param_of(name) : name);
-  return t.dim() > s.dim ? s : TpSplit{};
-}
+// A tensor is split only when it has the split's dimension (a moment's 0-d step counter is not).
+TpSplit usable(const TpSplit& s, const torch::Tensor& t) { return t.dim() > s.dim ? s : TpSplit{}; }
 }  // namespace
 
 std::map<std::string, torch::Tensor> TpLayout::wholes(const std::map<std::string, torch::Tensor>& parts,
                                                       const Names& param_of) const {
-  torch::NoGradGuard no_grad;
-  std::map<std::string, torch::Tensor> out;
-  for (const auto& [name, t] : parts)  // a std::map: every rank gathers in the same (name) order
-    out[name] = t.defined() ? tp_whole(t.detach(), split_of(*this, name, param_of, t), *group, "tensor parallel: gathering " + name)
-                            : t;
-  return out;
+  return wholes_by(parts, [&](const std::string& name) { return split(param_of ? param_of(name) : name); });
 }
 
 std::map<std::string, torch::Tensor> TpLayout::parts(const std::map<std::string, torch::Tensor>& wholes,
                                                      const Names& param_of, const std::string& source) const {
+  return parts_by(wholes, [&](const std::string& name) { return split(param_of ? param_of(name) : name); }, source);
+}
+
+std::map<std::string, torch::Tensor> TpLayout::wholes_by(const std::map<std::string, torch::Tensor>& parts,
+                                                         const SplitOf& split_of) const {
+  torch::NoGradGuard no_grad;
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& [name, t] : parts)  // a std::map: every rank gathers in the same (name) order
+    out[name] = t.defined() ? tp_whole(t.detach(), usable(split_of(name), t), *group, "tensor parallel: gathering " + name)
+                            : t;
+  return out;
+}
+
+std::map<std::string, torch::Tensor> TpLayout::parts_by(const std::map<std::string, torch::Tensor>& wholes,
+                                                        const SplitOf& split_of, const std::string& source) const {
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, t] : wholes)
-    out[name] = t.defined() ? tp_part(t, split_of(*this, name, param_of, t), *group, source.empty() ? name : source + ": " + name)
+    out[name] = t.defined() ? tp_part(t, usable(split_of(name), t), *group, source.empty() ? name : source + ": " + name)
                             : t;
   return out;
 }

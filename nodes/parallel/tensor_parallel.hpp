@@ -101,6 +101,13 @@ struct TpLayout {
   // `source` (a file) prefixes the tensor's name in errors.
   std::map<std::string, torch::Tensor> parts(const std::map<std::string, torch::Tensor>& wholes,
                                              const Names& param_of = nullptr, const std::string& source = "") const;
+  // The same for a state whose tensors are split otherwise than their parameters (an optimizer's
+  // factored statistics): `split_of` gives each tensor's own split by its name.
+  using SplitOf = std::function<TpSplit(const std::string& name)>;
+  std::map<std::string, torch::Tensor> wholes_by(const std::map<std::string, torch::Tensor>& parts,
+                                                 const SplitOf& split_of) const;
+  std::map<std::string, torch::Tensor> parts_by(const std::map<std::string, torch::Tensor>& wholes,
+                                                const SplitOf& split_of, const std::string& source = "") const;
 };
 
 }  // namespace flowrun::parallel

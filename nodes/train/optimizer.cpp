@@ -122,7 +122,10 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
     const torch::Tensor g = coef.defined() ? g0 * coef.to(g0.dtype()) : g0;
     s.step += 1;
     if (cfg.weight_decay > 0 && s.decays(p)) p.mul_(1.0 - lr * cfg.weight_decay);
-    rule.update(p, g, s.m, {lr, s.step});
+    // A tp part, for a rule that is not element-wise (its sums over the group: every tp rank
+    // updates its parts in this same order).
+    const auto part = st.parts.find(s.name);
+    rule.update(p, g, s.m, {lr, s.step, part == st.parts.end() ? nullptr : &part->second});
   }
   st.updates += 1;
   return norm;
@@ -180,18 +183,17 @@ class OptimizerNode : public Node {
     note_memory(ctx);
     auto state = std::make_shared<OptimizerState>();
     const ModelState& model = ctx.state_as<ModelState>("model");
-    state->expect(model.named_parameters(/*trainable_only=*/true), *cfg_.rule);
-    // A model split over tp: its moments are split alike (checkpoints gather them whole), and the
-    // gradient norm adds the split parameters' squares over the tp group.
+    // A model split over tp: its moments are split alike (checkpoints gather them whole; a rule's
+    // own statistics as the rule says, summed over the tp group: Adafactor's rows and columns),
+    // and the gradient norm adds the split parameters' squares over the tp group.
     state->tp = model.tp;
+    state->rule = cfg_.rule;
+    state->expect(model.named_parameters(/*trainable_only=*/true), *cfg_.rule);
     if (model.tp) {
       tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // the norm's sum over the tp ranks
+      for (auto& [name, part] : state->parts) part.group = tp_group_.get();
       for (const auto& [name, t] : model.named_parameters(/*trainable_only=*/true))  // the norm's two sums, per gradient
         tp_split_.push_back(model.tp->split(name).split());
-      if (!cfg_.rule->elementwise())
-        throw std::runtime_error(ctx.who() + ": kind " + kind + " keeps statistics over whole rows and columns of a "
-                                 "parameter, which tensor parallel splits (run.parallel.tp " +
-                                 std::to_string(model.tp->group->size()) + "); use kind adamw or sgd, or tp 1");
     }
     if (plan.shards_params()) shard_model(ctx, ctx.state_as<ModelState>("model"));
     ctx.own_state("state", state);
@@ -457,7 +459,7 @@ static const bool kOptimizerStateIO = [] {
           },
           [](flowrun::Value& v, const flowrun::NamedTensors& t) {
             auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
-            st->load(st->tp ? st->tp->parts(t, flowrun::moment_parameter) : t);
+            st->load(st->tp ? st->tp->parts_by(t, [&](const std::string& n) { return st->split_of(n); }) : t);
           },
           [](flowrun::Value& v, const flowrun::StateIO::Groups& groups) {
             auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
@@ -465,7 +467,7 @@ static const bool kOptimizerStateIO = [] {
             flowrun::collect_sharded_state(*st, groups.dp);
             if (!st->tp) return;
             // then a tp model's moments whole: every rank gathers, the writer (rank 0) keeps them.
-            flowrun::NamedTensors whole = st->tp->wholes(st->tensors(), flowrun::moment_parameter);
+            flowrun::NamedTensors whole = st->tp->wholes_by(st->tensors(), [&](const std::string& n) { return st->split_of(n); });
             st->gathered.clear();
             if (groups.world.rank() == 0) st->gathered = std::move(whole);
           },

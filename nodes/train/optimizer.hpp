@@ -11,6 +11,7 @@
 #include "common/flat_buffers.hpp"
 #include "common/grads.hpp"
 #include "models/model_state.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "train/optimizer_shard.hpp"
 #include "train/update_rule.hpp"
 
@@ -89,19 +90,30 @@ struct OptimizerState {
   // The model's tensor-parallel layout (ModelState::tp): the moments are split as their
   // parameters; checkpoints gather them whole into `gathered` and load whole ones into the parts.
   std::shared_ptr<const parallel::TpLayout> tp;
+  // Under tp, each split trainable parameter as a part of its whole (set by expect()): what a
+  // rule that is not element-wise shapes its own moments by and sums over (UpdateRule::Part).
+  std::map<std::string, UpdateRule::Part> parts;
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
   // Every tensor by name, for checkpoints: "NAME.MOMENT" for each of the rule's moments (AdamW:
   // exp_avg, exp_avg_sq; SGD: momentum_buffer; Adafactor: v_row and v_col, or v, and exp_avg for
   // its momentum), "NAME.step" (0-d int64), and "updates" (0-d int64). Aliases.
   std::map<std::string, torch::Tensor> tensors() const;
+  // A tensor of tensors() split over tp, by its name: a moment as its parameter, a rule's own
+  // moment as the rule says (UpdateRule::own_moment_dim); none without tp.
+  parallel::TpSplit split_of(const std::string& name) const;
+  // The rule's own moments of parameter `param` (this rank's `shape`): under tp shaped by the
+  // whole parameter and cut as the rule says.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> own_moments(const UpdateRule& rule, const std::string& param,
+                                                                        c10::IntArrayRef shape) const;
   // Restore from tensors(); before the first update it is kept and applied then. Checked first
   // against expect()'s list when there is one: a tensor missing, one it does not list, one of
   // another shape (a transposed moment) or holding NaN/inf is refused, naming the tensor, and
   // nothing is loaded.
   void load(const std::map<std::string, torch::Tensor>& t);
   // What tensors() of a state for these parameters (named, trainable) under `rule` lists: set
-  // by the optimizer node at setup, so that a damaged checkpoint is refused where it is read.
+  // by the optimizer node at setup, so that a damaged checkpoint is refused where it is read
+  // (under tp, after `tp`: it sets `parts`).
   void expect(const std::vector<std::pair<std::string, torch::Tensor>>& params, const UpdateRule& rule);
   std::map<std::string, std::vector<int64_t>> expected;  // tensor name -> shape; empty: unchecked
 };

@@ -40,7 +40,7 @@ void collect_sharded_state(OptimizerState& st, parallel::Group& group) {
   // exact).
   std::vector<std::pair<std::string, std::vector<int64_t>>> all;
   for (size_t i = 0; i < n; ++i)
-    for (auto& [name, shape] : st.rule->own_moments(plan.shapes[i])) all.emplace_back(plan.names[i] + "." + name, shape);
+    for (auto& [name, shape] : st.own_moments(*st.rule, plan.names[i], plan.shapes[i])) all.emplace_back(plan.names[i] + "." + name, shape);
   if (!all.empty()) {
     std::map<std::string, torch::Tensor> mine;
     for (const auto& s : st.slots)

@@ -51,10 +51,10 @@ void settle_fused_step(OptimizerState& st) {
 // A slot's moments of the rule for a parameter of `shape`: the flat ones named (made by the
 // caller), its own ones made here, zeroed (they are shaped otherwise than p, so they live outside
 // the flat buffers).
-static void name_moments(OptimizerState::Slot& s, const UpdateRule& rule, const torch::Tensor& p) {
+static void name_moments(const OptimizerState& st, OptimizerState::Slot& s, const UpdateRule& rule, const torch::Tensor& p) {
   s.names = rule.moments();
   s.m.assign(s.names.size(), torch::Tensor());
-  for (const auto& [name, shape] : rule.own_moments(p.sizes())) {
+  for (const auto& [name, shape] : st.own_moments(rule, s.name, p.sizes())) {
     s.names.push_back(name);
     s.m.push_back(torch::zeros(shape, p.options()));
   }
@@ -68,7 +68,7 @@ void make_slots(OptimizerState& st, const ModelState::Named& params, const Optim
   std::vector<torch::Tensor> ps;
   for (size_t i = 0; i < params.size(); ++i) {
     st.slots[i].name = params[i].first;
-    name_moments(st.slots[i], *st.rule, params[i].second);
+    name_moments(st, st.slots[i], *st.rule, params[i].second);
     ps.push_back(params[i].second);
   }
   st.layout = FlatLayout::of(ps);
@@ -102,11 +102,45 @@ void load_slot(OptimizerState::Slot& s, const std::map<std::string, torch::Tenso
   if (it != t.end()) s.step = it->second.item<int64_t>();
 }
 
+std::vector<std::pair<std::string, std::vector<int64_t>>> OptimizerState::own_moments(const UpdateRule& rule,
+                                                                                     const std::string& param,
+                                                                                     c10::IntArrayRef shape) const {
+  const auto it = parts.find(param);
+  if (it == parts.end()) return rule.own_moments(shape);
+  const UpdateRule::Part& part = it->second;
+  auto out = rule.own_moments(part.whole);
+  for (auto& [name, moment] : out)
+    if (const int64_t d = rule.own_moment_dim(part.whole, part.dim, name); d >= 0)
+      moment[static_cast<size_t>(d)] /= tp->group->size();
+  return out;
+}
+
+parallel::TpSplit OptimizerState::split_of(const std::string& name) const {
+  if (!tp) return {};
+  const std::string param = moment_parameter(name);
+  const parallel::TpSplit s = tp->split(param);
+  const auto it = parts.find(param);
+  if (!s.split() || it == parts.end() || !rule) return s;  // a moment shaped as its parameter (or "step")
+  const std::string moment = name.substr(param.size() + 1);
+  for (const auto& m : rule->moments())
+    if (m == moment) return s;
+  const int64_t d = rule->own_moment_dim(it->second.whole, s.dim, moment);
+  return d < 0 ? parallel::TpSplit{} : parallel::TpSplit{d, s.runs};
+}
+
 void OptimizerState::expect(const std::vector<std::pair<std::string, torch::Tensor>>& params, const UpdateRule& r) {
   expected.clear();
+  parts.clear();
   for (const auto& [name, p] : params) {
+    if (tp && !r.elementwise())
+      if (const parallel::TpSplit s = tp->split(name); s.split() && p.dim() > s.dim) {
+        UpdateRule::Part& part = parts[name];
+        part.whole = p.sizes().vec();
+        part.whole[static_cast<size_t>(s.dim)] *= tp->group->size();
+        part.dim = s.dim;
+      }
     for (const auto& m : r.moments()) expected[name + "." + m] = p.sizes().vec();
-    for (const auto& [m, shape] : r.own_moments(p.sizes())) expected[name + "." + m] = shape;
+    for (const auto& [m, shape] : own_moments(r, name, p.sizes())) expected[name + "." + m] = shape;
     expected[name + ".step"] = {};
   }
   expected["updates"] = {};
@@ -181,7 +215,7 @@ void make_shard_slots(OptimizerState& st, const ShardPlan& plan, const ModelStat
     const torch::Tensor& p = params[static_cast<size_t>(piece.param)].second;
     st.slots[k].name = params[static_cast<size_t>(piece.param)].first;
     st.slots[k].decay = decays(p) ? 1 : 0;
-    name_moments(st.slots[k], *st.rule, p);  // own moments: of whole parameters (not element-wise)
+    name_moments(st, st.slots[k], *st.rule, p);  // own moments: of whole parameters (not element-wise)
   }
   // The flat moments for this rank's slice of each buffer only; a piece's are a view of them
   // (shaped as its parameter when the piece is a whole one, as shard_pieces gives it).

@@ -41,6 +41,9 @@
 namespace flowrun {
 
 struct OptimizerState;
+namespace parallel {
+class Group;
+}
 
 class UpdateRule {
  public:
@@ -62,11 +65,29 @@ class UpdateRule {
   // a parameter anywhere; otherwise (Adafactor: rows and columns) each rank gets whole ones.
   virtual bool elementwise() const { return true; }
 
+  // Under tensor parallel a parameter may be this rank's part of a whole one, cut along `dim`
+  // into the group's size of equal blocks (Step::part). A rule that is not element-wise shapes
+  // its own moments by the whole parameter and cuts them with it: the dimension of own moment
+  // `name` that follows the parameter's `dim` (its blocks of that dimension), or -1 when that
+  // moment is whole on every part (its statistics summed over the group). By default: `dim`.
+  virtual int64_t own_moment_dim(c10::IntArrayRef whole, int64_t dim, const std::string& name) const {
+    (void)whole, (void)name;
+    return dim;
+  }
+  struct Part {
+    std::vector<int64_t> whole;  // the whole parameter's shape
+    int64_t dim = -1;            // the split dimension
+    parallel::Group* group = nullptr;  // the tp ranks (the optimizer's channel): sums over the whole
+  };
+
   // One parameter's update, in place (under NoGradGuard): p already decayed, g already clipped,
   // m its moments as listed above. t counts this parameter's updates, 1-based (bias correction).
+  // `part`: p is a tp part (above); every tp rank updates its part in the same order, so a rule
+  // may sum over part->group; null: p is whole. Element-wise rules ignore it.
   struct Step {
     double lr;
     int64_t t;
+    const Part* part = nullptr;
   };
   virtual void update(torch::Tensor& p, const torch::Tensor& g, std::vector<torch::Tensor>& m, const Step& s) const = 0;
 

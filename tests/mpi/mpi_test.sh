@@ -548,7 +548,6 @@ tensor_parallel_cappa)
   # drawn by replica), trains what one process trains: with SGD (momentum) the parameters and
   # momenta within 1e-5, with AdamW every step's loss within 1e-6 and the caption evaluator's
   # figures (greedy and parallel decoding through the split decoder) as one process's.
-  # (Adafactor, the graph's optimizer, is refused under tp: its factored moments are not split.)
   needs_data data/shapes/base.json
   c=(graphs/cappa.yaml run.steps=6 run.log_every=1 run.threads=1 data.size=32 data.batch=8 model.image_size=32
      model.patch=8 model.width=32 model.depth=2 model.heads=2 model.mlp_dim=64 model.dec_width=32 model.dec_depth=2
@@ -571,8 +570,37 @@ tensor_parallel_cappa)
     grep -o "\"$key\":[0-9.eE+-]*" "$tmp/two/metrics.jsonl" | cut -d: -f2 > "$tmp/k2"
     same_numbers "$tmp/k1" "$tmp/k2" 1e-6 || fail "$key differs from one process's"
   done
-  run_code 1 "${mpi[@]}" "$flowrun" "${c[@]}" run.out_dir="$tmp/no" run.parallel.tp=2
-  expect_out "use kind adamw or sgd, or tp 1"
+  # Adafactor, the graph's own optimizer: its factored statistics of a split matrix are the
+  # whole's (the factored dims chosen by the whole shape, a mean over the split dimension and the
+  # update's RMS summed over the tp ranks, a statistic without it whole on each), so every loss
+  # and the evaluation are one process's within 1e-6. (Its parameters are compared through the
+  # loss, as AdamW's: the key bias's gradient is rounding noise, which Adafactor scales to a
+  # whole step.) Checkpoints hold the whole statistics: tp 2 -> 1 and 1 -> tp 2 resume alike.
+  # Every matrix factored (min_dim_size_to_factor 8), the MLPs narrower than the width so that
+  # tp splits the second-largest dimension of some (the row statistic then split, the column one
+  # whole) and the largest of others.
+  c+=(opt.adafactor.min_dim_size_to_factor=8 model.mlp_dim=16 model.dec_mlp_dim=16 ckpt.every=3)
+  run_code 0 "$flowrun" "${c[@]}" run.out_dir="$tmp/af1"
+  run_code 0 "${mpi[@]}" "$flowrun" "${c[@]}" run.out_dir="$tmp/af2" run.parallel.tp=2
+  from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/checkpoints/" &&
+           echo step_00000003 > "$2/checkpoints/latest"; }
+  from "$tmp/af2" "$tmp/af21"
+  run_code 0 "$flowrun" "${c[@]}" run.out_dir="$tmp/af21" run.resume=auto
+  from "$tmp/af1" "$tmp/af12"
+  run_code 0 "${mpi[@]}" "$flowrun" "${c[@]}" run.out_dir="$tmp/af12" run.parallel.tp=2 run.resume=auto
+  # With ZeRO over dp 2 (whole parameters a rank: cut tensors), dp 2 x tp 2 of 4 rows a replica
+  # (its losses; its evaluation scores other rows).
+  run_code 0 "${mpi4[@]}" "$flowrun" "${c[@]}" run.out_dir="$tmp/af4" run.parallel.tp=2 data.batch=4 zero.stage=gradients \
+    zero.cut=tensors
+  for run in af2 af21 af12 af4; do
+    keys=(loss val_loss val_token_acc val_par_token_acc)
+    [ $run = af4 ] && keys=(loss)
+    for key in "${keys[@]}"; do
+      grep -o "\"$key\":[0-9.eE+-]*" "$tmp/af1/metrics.jsonl" | cut -d: -f2 | tail -3 > "$tmp/k1"
+      grep -o "\"$key\":[0-9.eE+-]*" "$tmp/$run/metrics.jsonl" | cut -d: -f2 | tail -3 > "$tmp/k2"
+      same_numbers "$tmp/k1" "$tmp/k2" 1e-6 || fail "Adafactor ($run): $key differs from one process's"
+    done
+  done
   ;;
 zero_params)
   # ZeRO stage 3 (zero.stage=params, train/fully_sharded.hpp): the parameters themselves sharded,

@@ -15,11 +15,16 @@
 //   p = p (1 - lr wd) - lr u            (the optimizer node applies the decay, where decays(p))
 // No relative step size: lr comes from the schedule, like every other rule. Settings:
 // schemas/optimizer.yaml, `adafactor:`. Not element-wise: ZeRO gives each rank whole parameters.
+// Under tensor parallel (Step::part: p is this rank's block of a whole parameter along one
+// dimension) the factored dims are the whole's, a mean over the split dimension and the update's
+// RMS are sums over the tp group, and a statistic without the split dimension is whole on every
+// rank (the same sums): the parts update as the whole would, within rounding.
 #include "train/rules/adafactor.hpp"
 
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/collectives.hpp"
 #include "train/optimizer.hpp"
 
 namespace flowrun {
@@ -65,27 +70,52 @@ class Adafactor : public UpdateRule {
 
   bool elementwise() const override { return false; }
 
+  // v_row lacks dim a, v_col dim b: whole on every tp part when that is the split one, else cut
+  // along the split dimension's place in it.
+  int64_t own_moment_dim(c10::IntArrayRef whole, int64_t dim, const std::string& name) const override {
+    const auto [a, b] = adafactor_factored_dims(whole, min_dim_);
+    const int64_t gone = name == "v_row" ? a : name == "v_col" ? b : -1;
+    if (gone < 0) return dim;  // v: shaped as the parameter
+    return dim == gone ? -1 : dim > gone ? dim - 1 : dim;
+  }
+
   void update(torch::Tensor& p, const torch::Tensor& g0, std::vector<torch::Tensor>& m, const Step& s) const override {
     const size_t own = momentum_ > 0 ? 1 : 0;  // m: [exp_avg], then v_row, v_col or v
     const torch::Tensor g = g0.to(torch::kFloat);
     const double beta2 = std::min(beta2_cap_, 1.0 - std::pow(static_cast<double>(s.t), -decay_rate_));
     const torch::Tensor r = g.square().add_(eps_);
+    const Part* part = s.part;
+    // The mean of x over dimension `d` of the whole parameter (`d_in_x`: its place in x), summed
+    // over the tp parts where d is the split one.
+    auto mean_over = [&](const torch::Tensor& x, int64_t d, int64_t d_in_x, bool keepdim = false) {
+      if (!part || d != part->dim) return x.mean(d_in_x, keepdim);
+      torch::Tensor sum = x.sum(d_in_x, keepdim).contiguous();
+      part->group->all_reduce(sum, comm::Op::sum, "adafactor: a statistic over the split dimension").wait();
+      return sum.div_(static_cast<double>(part->whole[static_cast<size_t>(d)]));
+    };
     torch::Tensor u;
     if (m.size() - own == 2) {
       torch::Tensor &v_row = m[own], &v_col = m[own + 1];
-      const auto [a, b] = adafactor_factored_dims(g.sizes(), 0);  // the slot was made factored: same dims
-      v_row.mul_(beta2).add_(r.mean(a), 1.0 - beta2);
-      v_col.mul_(beta2).add_(r.mean(b), 1.0 - beta2);
+      // The slot was made factored: the dims of the whole (a part's may order otherwise).
+      const auto [a, b] = adafactor_factored_dims(part ? c10::IntArrayRef(part->whole) : g.sizes(), 0);
+      v_row.mul_(beta2).add_(mean_over(r, a, a), 1.0 - beta2);
+      v_col.mul_(beta2).add_(mean_over(r, b, b), 1.0 - beta2);
       const int64_t b_in_row = b > a ? b - 1 : b;  // dim b of p within v_row (dim a removed)
-      const torch::Tensor row = (v_row / v_row.mean(b_in_row, /*keepdim=*/true)).rsqrt();
+      const torch::Tensor row = (v_row / mean_over(v_row, b, b_in_row, /*keepdim=*/true)).rsqrt();
       u = g * row.unsqueeze(a) * v_col.rsqrt().unsqueeze(b);
     } else {
       torch::Tensor& v = m[own];
       v.mul_(beta2).add_(r, 1.0 - beta2);
       u = g * v.rsqrt();
     }
-    if (clipping_threshold_ > 0) {  // clip_by_block_rms
-      const torch::Tensor rms = u.square().mean().sqrt();
+    if (clipping_threshold_ > 0) {  // clip_by_block_rms, over the whole parameter
+      torch::Tensor rms = u.square().mean();
+      if (part) {
+        torch::Tensor sum = u.square().sum().reshape({1}).contiguous();
+        part->group->all_reduce(sum, comm::Op::sum, "adafactor: the update's RMS").wait();
+        rms = sum.div_(static_cast<double>(c10::multiply_integers(part->whole))).reshape({});
+      }
+      rms = rms.sqrt();
       u = u / torch::clamp_min(rms / clipping_threshold_, 1.0);
     }
     if (momentum_ > 0) {
