@@ -88,7 +88,8 @@ struct OptimizerState {
   ShardPlan shard;
   std::map<std::string, torch::Tensor> gathered;
   // The model's tensor-parallel layout (ModelState::tp): the moments are split as their
-  // parameters; checkpoints gather them whole into `gathered` and load whole ones into the parts.
+  // parameters, a rule's own ones as it says (split_of); checkpoints gather them whole into
+  // `gathered` and load whole ones into the parts.
   std::shared_ptr<const parallel::TpLayout> tp;
   // Under tp, each split trainable parameter as a part of its whole (set by expect()): what a
   // rule that is not element-wise shapes its own moments by and sums over (UpdateRule::Part).
