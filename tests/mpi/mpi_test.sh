@@ -44,6 +44,18 @@ same_numbers() {
     if (d > tol*m) {bad++; print "line " n ": " $1 " vs " $2}} END{if (n==0) {print "no numbers"; exit 1} exit bad>0}'
 }
 params() { echo "$1/checkpoints/step_$(printf %08d "$2")/model.params.safetensors"; }
+# from RUN DIR: DIR set up to continue RUN's checkpoint of step 3 (run.resume=auto takes it).
+from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/checkpoints/" &&
+         echo step_00000003 > "$2/checkpoints/latest"; }
+# The tiny sizes of the real graph files that the tensor-parallel and ZeRO cases train (6 steps,
+# checkpoints at 3 and 6); each case adds its batch and what it varies (a later KEY=VALUE wins).
+tiny_gpt=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=2 model.dim=32 model.heads=4
+          model.vocab=256 model.context=32 run.steps=6 run.log_every=1 run.threads=1 opt.warmup=2 ema.decay=0.9
+          eval.every=3 eval.batches=2 eval.batch=4 evlog.every=3 ckpt.every=3)
+tiny_dit=(graphs/dit_base.yaml run.steps=6 run.log_every=1 run.progress=off run.threads=1 tok.max_length=12 text.dim=16
+          text.heads=2 text.ffn=32 model.hidden=32 model.depth=3 model.heads=4 model.mlp_ratio=2.0 model.text_dim=16
+          opt.warmup=2 ema.decay=0.9 ema.warmup=false vae.weights=null sample.steps=2 sample.per_prompt=1 sample.every=3
+          fid.every=3 eval.every=3 evlog.every=3 eval.batches=1 ckpt.every=3)
 
 case $case_name in
 equivalence)
@@ -404,9 +416,7 @@ tensor_parallel)
   # AdamW every step's loss within 1e-6 and the evaluation's. Checkpoints hold whole tensors
   # under the one-process names: tp 2 -> 1 and 1 -> tp 2 resume, tp 2 -> tp 2 bit for bit.
   needs_data data/text/fortunes_byte.train.bin
-  g=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=32 data.batch=8 model.layers=2 model.dim=32
-     model.heads=4 model.vocab=256 model.context=32 run.steps=6 run.log_every=1 run.threads=1 opt.warmup=2
-     ema.decay=0.9 eval.every=3 eval.batches=2 eval.batch=4 evlog.every=3 ckpt.every=3)
+  g=("${tiny_gpt[@]}" data.batch=8)
   sgd=(opt.kind=sgd opt.adamw=null)
   run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/sgd1"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/sgd2" run.parallel.tp=2
@@ -448,8 +458,6 @@ tensor_parallel)
   same_numbers "$tmp/d1" "$tmp/d2" 1e-6 || fail "with dropout the losses differ between tp 2 and tp 1"
   cmp -s "$tmp/d1" "$tmp/l1" && fail "dropout 0.1 changed no loss: the masks were not applied"
   # Resume across layouts: the checkpoint of step 3 continued by the other layout.
-  from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/checkpoints/" &&
-           echo step_00000003 > "$2/checkpoints/latest"; }
   from "$tmp/two" "$tmp/r21"
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/r21" run.resume=auto
   "$tool" tensor-diff "$(params "$tmp/one" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "resume tp 2 -> 1 differs"
@@ -487,10 +495,7 @@ tensor_parallel_dit)
   # its noise and timesteps per replica, not per global row, so any dp 2 differs from one
   # process of twice the rows; tp must change nothing at a given dp).
   needs_data data/shapes/base.json
-  g=(graphs/dit_base.yaml run.steps=6 run.log_every=1 run.progress=off run.threads=1 data.batch=8 tok.max_length=12
-     text.dim=16 text.heads=2 text.ffn=32 model.hidden=32 model.depth=3 model.heads=4 model.mlp_ratio=2.0
-     model.text_dim=16 opt.warmup=2 ema.decay=0.9 ema.warmup=false vae.weights=null sample.steps=2 sample.per_prompt=1
-     sample.every=3 fid.every=3 eval.every=3 evlog.every=3 eval.batch=8 eval.batches=1 ckpt.every=3)
+  g=("${tiny_dit[@]}" data.batch=8 eval.batch=8)
   run_code 0 "$flowrun" "${g[@]}" opt.kind=sgd run.out_dir="$tmp/sgd1"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" opt.kind=sgd run.out_dir="$tmp/sgd2" run.parallel.tp=2
   expect_out "split over tp 2: the count is this rank's part"
@@ -517,8 +522,7 @@ tensor_parallel_dit)
   [ -s "$tmp/two/samples/step_0000006.png" ] || fail "the sampler wrote no grid under tp 2"
   [ "$(grep -c '"fidelity"' "$tmp/two/metrics.jsonl")" = 2 ] || fail "expected 2 fidelity lines under tp 2"
   # Same layout: a resumed run is bit-identical.
-  mkdir -p "$tmp/r22/checkpoints" && cp -r "$tmp/two/checkpoints/step_00000003" "$tmp/r22/checkpoints/" &&
-    echo step_00000003 > "$tmp/r22/checkpoints/latest"
+  from "$tmp/two" "$tmp/r22"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r22" run.resume=auto run.parallel.tp=2
   for f in model.params opt.state ema.params; do
     "$tool" tensor-diff "$tmp/two/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
@@ -582,8 +586,6 @@ tensor_parallel_cappa)
   c+=(opt.adafactor.min_dim_size_to_factor=8 model.mlp_dim=16 model.dec_mlp_dim=16 ckpt.every=3)
   run_code 0 "$flowrun" "${c[@]}" run.out_dir="$tmp/af1"
   run_code 0 "${mpi[@]}" "$flowrun" "${c[@]}" run.out_dir="$tmp/af2" run.parallel.tp=2
-  from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/checkpoints/" &&
-           echo step_00000003 > "$2/checkpoints/latest"; }
   from "$tmp/af2" "$tmp/af21"
   run_code 0 "$flowrun" "${c[@]}" run.out_dir="$tmp/af21" run.resume=auto
   from "$tmp/af1" "$tmp/af12"
@@ -623,9 +625,7 @@ zero_params)
       fail "MLP: $f differs between stage params and stage none"
   done
   needs_data data/text/fortunes_byte.train.bin
-  g=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=32 data.batch=4 model.layers=3 model.dim=32
-     model.heads=4 model.vocab=256 model.context=32 run.steps=6 run.log_every=1 run.threads=1 opt.warmup=2 opt.clip=0
-     ema.decay=0.9 eval.every=3 eval.batches=2 eval.batch=4 evlog.every=3 ckpt.every=3)
+  g=("${tiny_gpt[@]}" data.batch=4 model.layers=3 opt.clip=0)
   for c in none blocks; do
     run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/none_$c" model.checkpoint=$c
     run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/params_$c" model.checkpoint=$c zero.stage=params
@@ -642,10 +642,7 @@ zero_params)
   # sampler run by every rank (each holds a slice), the evaluation and the fidelity of the grid
   # as stage none's.
   needs_data data/shapes/base.json
-  d=(graphs/dit_base.yaml run.steps=6 run.log_every=1 run.progress=off run.threads=1 data.batch=4 tok.max_length=12
-     text.dim=16 text.heads=2 text.ffn=32 model.hidden=32 model.depth=3 model.heads=4 model.mlp_ratio=2.0
-     model.text_dim=16 opt.warmup=2 opt.clip=0 ema.decay=0.9 ema.warmup=false vae.weights=null sample.steps=2
-     sample.per_prompt=1 sample.every=3 fid.every=3 eval.every=3 evlog.every=3 eval.batch=4 eval.batches=1 ckpt.every=6)
+  d=("${tiny_dit[@]}" data.batch=4 eval.batch=4 opt.clip=0 ckpt.every=6)
   for s in none params; do
     run_code 0 "${mpi[@]}" "$flowrun" "${d[@]}" run.out_dir="$tmp/dit_$s" zero.stage=$s model.checkpoint=blocks
     grep -o '"val_loss":[0-9.eE+-]*\|"fidelity":[0-9.eE+-]*' "$tmp/dit_$s/metrics.jsonl" > "$tmp/dit_$s.figures"
@@ -670,8 +667,6 @@ zero_params)
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/one_params" data.batch=8 zero.stage=params
   "$tool" tensor-diff "$(params "$tmp/one_none" 6)" "$(params "$tmp/one_params" 6)" 0 || fail "one process: params differs from none"
   # Resume across layouts: the checkpoint of step 3 continued by the other.
-  from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/checkpoints/" &&
-           echo step_00000003 > "$2/checkpoints/latest"; }
   from "$tmp/params_none" "$tmp/r22"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r22" zero.stage=params run.resume=auto
   for f in model.params opt.state ema.params; do
@@ -726,9 +721,7 @@ tensor_parallel_zero)
   # processes, 4 rows each) at every stage against one process of 8 rows: with SGD (momentum,
   # clipping on) the parameters, momenta and EMA within 1e-5; with AdamW every loss within 1e-6.
   needs_data data/text/fortunes_byte.train.bin
-  g=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=32 data.batch=4 model.layers=2 model.dim=32
-     model.heads=4 model.vocab=256 model.context=32 run.steps=6 run.log_every=1 run.threads=1 opt.warmup=2
-     ema.decay=0.9 eval.every=3 eval.batches=2 eval.batch=4 evlog.every=3 ckpt.every=3)
+  g=("${tiny_gpt[@]}" data.batch=4)
   sgd=(opt.kind=sgd opt.adamw=null)
   run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/one"
   for s in states gradients params; do
@@ -756,8 +749,6 @@ tensor_parallel_zero)
   done
   # Resume across layouts: ZeRO-3 at dp 2 -> dp 2 x tp 2, dp 2 x tp 2 -> one process, and the
   # same layout bit for bit.
-  from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/checkpoints/" &&
-           echo step_00000003 > "$2/checkpoints/latest"; }
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/dp2" zero.stage=params
   from "$tmp/dp2" "$tmp/r24"
   run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/r24" run.parallel.tp=2 zero.stage=params run.resume=auto
@@ -784,10 +775,7 @@ tensor_parallel_zero)
   # (the diffusion objective draws per replica, so against a dp of 2): every loss, the held-out
   # loss and the grid's fidelity within 1e-6.
   needs_data data/shapes/base.json
-  d=(graphs/dit_base.yaml run.steps=6 run.log_every=1 run.progress=off run.threads=1 data.batch=4 tok.max_length=12
-     text.dim=16 text.heads=2 text.ffn=32 model.hidden=32 model.depth=3 model.heads=4 model.mlp_ratio=2.0
-     model.text_dim=16 opt.warmup=2 ema.decay=0.9 ema.warmup=false vae.weights=null sample.steps=2 sample.per_prompt=1
-     sample.every=3 fid.every=3 eval.every=3 evlog.every=3 eval.batch=4 eval.batches=1 ckpt.every=6)
+  d=("${tiny_dit[@]}" data.batch=4 eval.batch=4 ckpt.every=6)
   run_code 0 "${mpi[@]}" "$flowrun" "${d[@]}" run.out_dir="$tmp/dit2"
   run_code 0 "${mpi4[@]}" "$flowrun" "${d[@]}" run.out_dir="$tmp/dit4" run.parallel.tp=2 zero.stage=params model.checkpoint=blocks
   for k in loss val_loss fidelity; do
