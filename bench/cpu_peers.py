@@ -20,6 +20,10 @@ Modes:
   tp_fsdp  4 processes of 1 thread, dp 2 x tp 2, half the batch a replica: `mpirun -np 4 flowrun
          ... run.parallel.tp=2 zero.stage=params` vs DTensor's plans on the tp dimension inside
          FSDP2 on the dp dimension of a 2-D DeviceMesh (torch_peers.tp_fsdp_round)
+  pp_SCHEDULE  2 processes of 1 thread, pipeline parallel, the whole batch in 4 micro-batches
+         (SCHEDULE: gpipe, 1f1b, interleaved with 2 chunks a rank, zero_bubble; `pp` = all four):
+         `mpirun -np 2 flowrun ... run.parallel.pp=2 run.parallel.schedule=SCHEDULE` vs
+         torch.distributed.pipelining's schedule of that name on the same cut (torch_pipeline.py)
   wall   fortunes_tiny only: the README's 600-step command, whole process wall time (start-up,
          evaluation and checkpoints included), against the PyTorch loop's 600 steps (its
          start-up excluded); flowrun's last val_loss beside it (target <= 2.1 nats/byte)
@@ -52,6 +56,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_pipeline import pp_round  # noqa: E402
 from torch_peers import (ddp_round, eager_round, flowrun_round, fsdp_round, gpt_overrides, loop_seconds,  # noqa: E402
                          tp_fsdp_round, tp_round)
 
@@ -169,7 +174,10 @@ def main():
     print("| config | mode | PyTorch steps/s | flowrun steps/s | flowrun / PyTorch, median (min–max) of %d rounds |"
           % args.rounds)
     print("|---|---|---|---|---|")
+    modes = []
     for mode in args.modes.split(","):
+        modes += ["pp_gpipe", "pp_1f1b", "pp_interleaved", "pp_zero_bubble"] if mode == "pp" else [mode]
+    for mode in modes:
         fl, pt, vals = [], [], []
         if mode == "eager":
             ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=args.threads)
@@ -206,6 +214,16 @@ def main():
             mpi = mpirun(4)
             sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
                      lambda: pt.append(tp_fsdp_round(cfg, 4, 2, args.steps, args.warmup, args.window, threads=1))]
+        elif mode.startswith("pp_"):
+            # Pipeline parallel over 2 processes of 1 thread, the whole batch in 4 micro-batches
+            # (torch_pipeline.pp_round: torch.distributed.pipelining's schedule of the same name).
+            schedule = mode[3:]
+            ov = gpt_overrides(cfg, args.data, args.steps, args.window, "cpu", threads=1) + [
+                "run.parallel.pp=2", "run.parallel.microbatches=4", "run.parallel.schedule=" + schedule,
+                "run.parallel.virtual_stages=%d" % (2 if schedule == "interleaved" else 1)]
+            mpi = mpirun(2)
+            sides = [lambda: fl.append(flowrun_round(args.flowrun, ov, args.warmup, launcher=mpi)[0]),
+                     lambda: pt.append(pp_round(cfg, 2, schedule, 4, args.steps, args.warmup, args.window, threads=1))]
         elif mode == "wall":
             def flowrun_wall():
                 secs, val = readme_run(args.flowrun)

@@ -349,6 +349,10 @@ RunSettings run_settings(const YAML::Node& run) {
     if (!par || !par["tp"] || !par["pp"]) throw std::logic_error("run_settings: run.parallel.tp/pp missing (a checked section has every key)");
     s.parallel.tp = par["tp"].as<int>();
     s.parallel.pp = par["pp"].as<int>();
+    s.parallel.microbatches = par["microbatches"].as<int>();
+    s.parallel.schedule = par["schedule"].as<std::string>();
+    s.parallel.virtual_stages = par["virtual_stages"].as<int>();
+    s.parallel.stage_layers = par["stage_layers"].as<std::vector<int>>();
     read.insert("parallel");
   }
   for (const auto& kv : run)

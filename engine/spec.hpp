@@ -82,6 +82,11 @@ struct RunSettings {
   // data-parallel size is what the world leaves.
   struct Parallel {
     int tp = 1, pp = 1;
+    // Pipeline parallel (pp > 1; nodes/parallel/pipeline_schedule.hpp).
+    int microbatches = 1;
+    std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zero_bubble
+    int virtual_stages = 1;
+    std::vector<int> stage_layers;  // empty: balanced by cost
   } parallel;
 };
 

@@ -28,6 +28,7 @@
 #include "executor.hpp"
 #include "hash.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "log.hpp"
 #include "profile.hpp"
 #include "progress.hpp"
@@ -262,14 +263,32 @@ struct RunSession::Impl {
   bool ran = false;    // run() ran: close() has a profile and a trace to write
 };
 
+namespace pipeline = parallel::pipeline;
+
 namespace {
 
-// A strategy run.parallel asks for that is not built yet is refused (a setting that is accepted
-// must do what it says).
-void refuse_unbuilt(const RunSettings::Parallel& p) {
-  if (p.pp > 1)
-    throw std::runtime_error("run.parallel.pp is " + std::to_string(p.pp) +
-                             ": pipeline parallel is not built in this flowrun yet; set run.parallel.pp=1");
+// run.parallel's pipeline settings: a schedule that can be made (pipeline_schedule.hpp), and none
+// of them without pipeline stages (a setting that is accepted must do what it says).
+pipeline::Config pipeline_config(const RunSettings::Parallel& p) {
+  if (p.pp == 1) {
+    auto refuse = [](const std::string& what) {
+      throw std::runtime_error("run.parallel." + what + " is set, but run.parallel.pp is 1 (no pipeline stages); set pp, "
+                               "or drop it" + (what.rfind("microbatches", 0) == 0
+                                                   ? std::string(" (forward_backward's accumulate cuts a batch into micro-batches on one stage)")
+                                                   : std::string()));
+    };
+    if (p.microbatches != 1) refuse("microbatches (" + std::to_string(p.microbatches) + ")");
+    if (p.schedule != "1f1b") refuse("schedule (" + p.schedule + ")");
+    if (p.virtual_stages != 1) refuse("virtual_stages (" + std::to_string(p.virtual_stages) + ")");
+    if (!p.stage_layers.empty()) refuse("stage_layers");
+  }
+  pipeline::Config c;
+  c.stages = p.pp;
+  c.microbatches = p.microbatches;
+  c.kind = pipeline::parse_kind(p.schedule);
+  c.virtual_stages = p.virtual_stages;
+  c.check();
+  return c;
 }
 
 }  // namespace
@@ -281,7 +300,17 @@ std::string describe_layout(const GraphSpec& g, int world) {
     const parallel::Mesh mesh(world, p.tp, p.pp);
     out += mesh.describe() + " (run.parallel, tp fastest)\n";
     for (const auto& line : mesh.table()) out += "  " + line + "\n";
-    refuse_unbuilt(p);
+    const pipeline::Config c = pipeline_config(p);
+    if (p.pp > 1) {
+      // The schedule each stage runs (the same rule forward_backward executes), with unit costs.
+      const pipeline::Schedule s = pipeline::make(c);
+      out += "pipeline: " + std::to_string(p.pp) + " stages, schedule " + p.schedule + ", " +
+             std::to_string(p.microbatches) + " micro-batches" +
+             (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) + " chunks a stage" : std::string()) +
+             "; each stage's program and its predicted idle share (costs F 1, B 1, W 1" +
+             (c.kind == pipeline::Kind::zero_bubble ? "" : ", B without its W split off: 2") + "; .. = waiting):\n";
+      for (const auto& line : s.render()) out += "  " + line + "\n";
+    }
   } catch (const std::exception& e) {
     out += std::string("cannot run: ") + e.what() + "\n";
   }
@@ -310,7 +339,7 @@ std::optional<int> RunSession::start() {
   // with a strategy not built yet, stops every rank before any node is made.
   try {
     const parallel::Mesh mesh(info_.world, run.parallel.tp, run.parallel.pp);
-    refuse_unbuilt(run.parallel);
+    pipeline_config(run.parallel);
     if (info_.world > 1 && info_.rank == 0) spdlog::info("processes: {}", mesh.describe());
   } catch (const std::exception& e) {
     spdlog::error("{}: {}", g.file, e.what());

@@ -21,6 +21,7 @@
 #include "comm/state_descriptor.hpp"
 #include "common/state_io.hpp"
 #include "executor.hpp"
+#include "parallel/mesh.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
 
@@ -33,6 +34,7 @@ struct Summary {
   uint64_t hash = 0;
   int64_t tensors = 0;
   int64_t bytes = 0;
+  int64_t stage = 0;  // compared only with the ranks of the same stage (a state cut over pipeline stages)
 };
 
 int64_t total_bytes(const NamedTensors& t) {
@@ -46,14 +48,24 @@ std::string summary_text(const Summary& s) {
   return std::to_string(s.tensors) + " tensor" + (s.tensors == 1 ? "" : "s") + ", " + std::to_string(s.bytes) + " bytes";
 }
 
-// Step 1: throws on every rank if any rank's descriptor differs from rank 0's.
+// Step 1: throws on every rank if any rank's descriptor differs from rank 0's (a state cut over
+// pipeline stages: from the first rank's of its stage, `stage`).
 void check_same_everywhere(comm::Channel& ch, const std::string& ref, const std::string& descriptor,
-                           const NamedTensors& tensors) {
-  const Summary mine{descriptor_hash(descriptor), static_cast<int64_t>(tensors.size()), total_bytes(tensors)};
+                           const NamedTensors& tensors, int64_t stage = 0) {
+  const Summary mine{descriptor_hash(descriptor), static_cast<int64_t>(tensors.size()), total_bytes(tensors), stage};
   std::vector<Summary> all(static_cast<size_t>(comm::size()));
   ch.allgather(&mine, all.data(), sizeof mine, "comparing state '" + ref + "' across ranks").wait();
   std::string differ, detail;
   for (size_t r = 1; r < all.size(); ++r) {
+    size_t first = 0;  // the first rank of r's stage
+    while (all[first].stage != all[r].stage) ++first;
+    if (all[r].stage != all[0].stage) {
+      if (all[r].hash == all[first].hash) continue;
+      throw std::runtime_error("start-up check: state '" + ref + "' of rank " + std::to_string(r) + " (" +
+                               summary_text(all[r]) + ") differs from rank " + std::to_string(first) + "'s of the same "
+                               "pipeline stage (" + summary_text(all[first]) + "); every rank of a stage must build the "
+                               "same state: same graph, same weights files, same plugins");
+    }
     if (all[r].hash == all[0].hash) continue;
     differ += (differ.empty() ? "" : ", ") + std::to_string(r);
     detail += "; rank " + std::to_string(r) + ": " + summary_text(all[r]);
@@ -124,6 +136,8 @@ void broadcast_from_rank0(comm::Channel& ch, const std::string& ref, const State
 
 void sync_start_state(Executor& ex, const GraphSpec& g, comm::Channel& ch) {
   const auto t0 = std::chrono::steady_clock::now();
+  const parallel::Mesh mesh(comm::size(), g.settings.parallel.tp, g.settings.parallel.pp);
+  const int64_t pp_stage = mesh.coord(comm::rank()).pp;
   int64_t states = 0, bytes = 0;
   for (const NodeSpec& n : g.nodes) {
     const NodeType* type = Registry::global().find(n.type);
@@ -137,7 +151,10 @@ void sync_start_state(Executor& ex, const GraphSpec& g, comm::Channel& ch) {
       // build) is caught instead of issuing broadcasts the others never match.
       const StateIO* io = find_state_io(v);
       const NamedTensors tensors = io ? io->tensors(v) : NamedTensors{};
-      check_same_everywhere(ch, ref, io ? describe_tensors(tensors) : "no StateIO: " + v.type_name() + "\n", tensors);
+      // Cut over pipeline stages (partitioned, pp > 1): each stage holds its own tensors.
+      const int64_t stage = io && io->partitioned && io->partitioned(v) ? pp_stage : 0;
+      check_same_everywhere(ch, ref, io ? describe_tensors(tensors) : "no StateIO: " + v.type_name() + "\n", tensors,
+                            stage);
       if (!io || !comm::distributed()) continue;
       if (io->partitioned && io->partitioned(v)) continue;  // tp parts: built alike from the whole (seeded or loaded), never the same
       broadcast_from_rank0(ch, ref, *io, v, tensors);

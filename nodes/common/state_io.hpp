@@ -33,13 +33,15 @@ struct StateIO {
   struct Groups {
     parallel::Group& world;  // every rank of the run
     parallel::Group& dp;     // this rank's data-parallel ranks (what ZeRO shards over; all of them when tp is 1)
+    parallel::Group* pp = nullptr;  // this rank's pipeline stages (run.parallel.pp > 1), else null
   };
   std::function<void(Value&, const Groups&)> collect;
   // Optional, with collect: let go of what it gathered, once the checkpoint copied it (whole
   // tensors the writer would otherwise hold until the next checkpoint).
   std::function<void(Value&)> release;
   // Optional: true when the ranks hold different parts of this state (a model split over tensor
-  // parallel): the start-up sync compares its shapes but does not broadcast rank 0's values.
+  // parallel, cut into pipeline stages): the start-up sync compares its shapes (under pipeline
+  // parallel among the ranks of one stage) but does not broadcast rank 0's values.
   std::function<bool(const Value&)> partitioned;
 };
 

@@ -19,6 +19,7 @@
 #include "encode/tokenize.hpp"
 #include "registry.hpp"
 #include "train/fully_sharded.hpp"
+#include "train/pipeline.hpp"
 
 namespace flowrun {
 
@@ -44,7 +45,7 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& obj
     torch::Tensor loss;
     {
       AutocastScope autocast(o.precision, device);
-      loss = objective.loss(model, batch);
+      loss = o.loss ? o.loss(model, batch) : objective.loss(model, batch);
     }
     sum += loss.detach().to(torch::kDouble) * static_cast<double>(t);
     targets += t;
@@ -120,6 +121,16 @@ class EvaluatorNode : public Node {
                                  "connect a vae_encode node's params");
     }
     check_eval_split(data, opts_, ctx.who());
+    if (ctx.state_as<ModelState>("model").stages) {  // pipeline parallel: each batch through the stages
+      if (with_text_ || vae_)
+        throw std::runtime_error(ctx.who() + ": conditioning batches (encoder, vae) with pipeline stages is not built "
+                                 "yet; set run.parallel.pp=1");
+      pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
+                                         ctx.run().rank);
+      opts_.loss = [this](ModelState& model, const TensorMap& batch) {
+        return pipeline_loss(model, batch, *objective_, *pp_group_);
+      };
+    }
   }
 
   void run(StepContext& ctx) override {
@@ -174,6 +185,7 @@ class EvaluatorNode : public Node {
   std::shared_ptr<comm::Channel> ch_;
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
   std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
+  std::shared_ptr<parallel::Group> pp_group_;  // pipeline stages: the batches' activations between them
 };
 
 }  // namespace

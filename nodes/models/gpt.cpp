@@ -2,6 +2,7 @@
 // Names and math: gpt.hpp. The node type gpt: gpt_node.cpp. Test: tests/nodes/gpt_test.cpp.
 #include "models/gpt.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <regex>
@@ -34,10 +35,25 @@ void Config::check() const {
   if (tp && heads % tp->size() != 0)
     throw std::runtime_error("gpt: heads " + std::to_string(heads) + " do not split into " +
                              std::to_string(tp->size()) + " tensor-parallel parts; choose run.parallel.tp dividing it");
+  if (staged()) {
+    if (chunks.front().first != 0 || chunks.back().second != layers)
+      throw std::runtime_error("gpt: the pipeline chunks do not cover the " + std::to_string(layers) + " blocks");
+    for (int k : mine)
+      if (k < 0 || k >= static_cast<int>(chunks.size())) throw std::runtime_error("gpt: no pipeline chunk " + std::to_string(k));
+  }
   if (tp && vocab % tp->size() != 0)
     throw std::runtime_error("gpt: vocab " + std::to_string(vocab) + " does not split into " +
                              std::to_string(tp->size()) + " tensor-parallel parts; pad it (GPT-2's 50257 as 50304) or "
                              "choose run.parallel.tp dividing it");
+}
+
+bool Config::holds_chunk(int k) const { return !staged() || std::find(mine.begin(), mine.end(), k) != mine.end(); }
+
+bool Config::holds_block(int64_t i) const {
+  if (!staged()) return true;
+  for (int k : mine)
+    if (i >= chunks[static_cast<size_t>(k)].first && i < chunks[static_cast<size_t>(k)].second) return true;
+  return false;
 }
 
 parallel::TpSplit tp_split(const std::string& name) {
@@ -134,14 +150,20 @@ GptImpl::GptImpl(Config cfg) : cfg_(cfg), masks_(std::make_shared<CausalMaskCach
 }
 
 void GptImpl::reset() {
-  wte = register_module("wte", Embedding(layers::tp_share(cfg_.vocab, cfg_.tp, "gpt: the vocabulary"), cfg_.dim));
-  wpe = register_module("wpe", Embedding(cfg_.context, cfg_.dim));
+  // Staged (pipeline parallel): this rank's blocks only, an empty placeholder in the others'
+  // places so that every parameter keeps its whole model's name.
+  if (cfg_.holds_embedding() || cfg_.holds_head())
+    wte = register_module("wte", Embedding(layers::tp_share(cfg_.vocab, cfg_.tp, "gpt: the vocabulary"), cfg_.dim));
+  if (cfg_.holds_embedding()) wpe = register_module("wpe", Embedding(cfg_.context, cfg_.dim));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < cfg_.layers; ++i) h->push_back(Block(cfg_.dim, cfg_.heads, cfg_.dropout, masks_, cfg_.tp));
-  ln_f = register_module("ln_f", LayerNorm(cfg_.dim));
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    if (cfg_.holds_block(i)) h->push_back(Block(cfg_.dim, cfg_.heads, cfg_.dropout, masks_, cfg_.tp));
+    else h->push_back(torch::nn::Identity());
+  }
+  if (cfg_.holds_head()) ln_f = register_module("ln_f", LayerNorm(cfg_.dim));
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+torch::Tensor GptImpl::embed(const torch::Tensor& idx) {
   if (idx.dim() != 2) throw std::runtime_error("gpt: token ids must be [batch, T], got " + shape_str(idx));
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg_.dim;
   if (T > cfg_.context)
@@ -156,17 +178,41 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
   }
   // The residual stream is kept as [B*T, C] so every projection is one addmm.
   torch::Tensor x = parallel::vocab_parallel_embedding(idx, wte->weight, cfg_.tp) + wpe->weight.narrow(0, 0, T);
-  x = flowrun::dropout(x, cfg_.dropout).view({B * T, C});
-  // Iterate the ModuleList itself, never a cached vector of blocks: clone() replaces its items.
-  int64_t i = 0;
-  for (const auto& m : *h) {
-    BlockImpl* block = m->as<BlockImpl>();
-    x = run_block(cfg_.checkpoint, i++, *block, {x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
+  return flowrun::dropout(x, cfg_.dropout).view({B * T, C});
+}
+
+torch::Tensor GptImpl::blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T) {
+  // The ModuleList itself, never a cached vector of blocks: clone() replaces its items.
+  for (int64_t i = first; i < last; ++i) {
+    BlockImpl* block = (*h)[static_cast<size_t>(i)]->as<BlockImpl>();
+    if (!block) throw std::logic_error("gpt: block " + std::to_string(i) + " is another pipeline stage's");
+    x = run_block(cfg_.checkpoint, i, *block, {x}, [block, B, T](const std::vector<torch::Tensor>& in) { return block->forward(in[0], B, T); });
   }
-  x = ln_f(x);
+  return x;
+}
+
+torch::Tensor GptImpl::head(const torch::Tensor& input, int64_t B, int64_t T) {
+  const torch::Tensor x = ln_f(input);
   // Tied head: logits = x @ wte^T (BLAS reads the transpose in place); with tp this rank's
   // vocabulary columns (parallel::vocab_parallel_cross_entropy scores them).
   return flowrun::linear(parallel::copy_to_tp(x, cfg_.tp), wte->weight).view({B, T, wte->weight.size(0)});
+}
+
+torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
+  if (cfg_.staged())
+    throw std::runtime_error("gpt: this rank holds pipeline chunks of the model only (run.parallel.pp); it runs chunk by "
+                             "chunk in forward_backward's schedule, not as a whole");
+  return head(blocks(embed(idx), 0, cfg_.layers, idx.size(0), idx.size(1)), idx.size(0), idx.size(1));
+}
+
+TensorMap GptImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in) {
+  if (!cfg_.holds_chunk(k)) throw std::logic_error("gpt: pipeline chunk " + std::to_string(k) + " is another rank's");
+  const int64_t B = idx.size(0), T = idx.size(1);
+  const auto [first, last] = cfg_.chunks.at(static_cast<size_t>(k));
+  torch::Tensor x = k == 0 ? embed(idx) : in.at("x");
+  x = blocks(x, first, last, B, T);
+  if (k + 1 == static_cast<int>(cfg_.chunks.size())) return {{"output", head(x, B, T)}};
+  return {{"x", x}};
 }
 
 at::Generator init_generator(uint64_t seed) { return make_cpu_generator(mix_seed({seed, kSeedTagInit})); }
@@ -234,6 +280,19 @@ void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tenso
     return "the file looks like layers=" + std::to_string(layers) + " dim=" + std::to_string(wte.size(1)) +
            " vocab=" + std::to_string(wte.size(0)) + " context=" + std::to_string(wpe.size(0));
   };
+  if (model.config().staged()) {  // pipeline parallel: the file's tensors this rank's chunks hold
+    // Another chunk's tensor (a whole model's name this rank does not hold) is skipped; an unknown
+    // one is still unexpected.
+    const auto held = model.named_parameters(true);
+    const int64_t layers = model.config().layers;
+    o.ignore = [held, layers, ignore = o.ignore](const std::string& n) {
+      if (ignore(n) || held.contains(n)) return ignore(n);
+      static const std::regex kBlock(R"(h\.(\d+)\..*)");
+      std::smatch m;
+      if (std::regex_match(n, m, kBlock)) return std::stoll(m[1].str()) < layers;
+      return n == "wte.weight" || n == "wpe.weight" || n.rfind("ln_f.", 0) == 0;
+    };
+  }
   const std::shared_ptr<parallel::Group>& tp = model.config().tp;
   if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
   load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
@@ -255,9 +314,24 @@ std::shared_ptr<ModelState> make_state(Gpt model) {
     auto* gpt = m.as<GptImpl>();
     if (!gpt) throw std::runtime_error("gpt: the model's module is not a GPT");
     // Inputs are every token but the last; the targets (tokens[:, 1:]) are the objective's.
-    return gpt->forward(tokens.narrow(1, 0, tokens.size(1) - 1));
+    const torch::Tensor inputs = tokens.narrow(1, 0, tokens.size(1) - 1);
+    if (const StageCall* call = StageCall::current()) return gpt->chunk(call->chunk, inputs, call->in).at("output");
+    return gpt->forward(inputs);
   };
-  return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");
+  auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");
+  const Config& c = model->config();
+  if (!c.staged()) return state;
+  auto stages = std::make_shared<Stages>();
+  stages->blocks = c.chunks;
+  stages->mine = c.mine;
+  stages->stages = c.stages;
+  if (c.holds_embedding() != c.holds_head()) stages->tied = {"wte.weight"};  // the table on the first and the last stage
+  stages->forward = [](ModelState& self, int k, const TensorMap& batch, const TensorMap& in) {
+    const torch::Tensor& tokens = batch.at("tokens");
+    return self.module->as<GptImpl>()->chunk(k, tokens.narrow(1, 0, tokens.size(1) - 1), in);
+  };
+  state->stages = stages;
+  return state;
 }
 
 }  // namespace flowrun::gpt

@@ -45,6 +45,18 @@ struct Config {
   // biases added after a sum are whole on every rank. A block costs one all-reduce forward and
   // one backward per sub-layer. Null or a group of one: the whole model (run.parallel.tp: gpt_node.cpp).
   std::shared_ptr<parallel::Group> tp;
+  // Pipeline parallel (run.parallel.pp > 1, models/stages.hpp): each chunk's blocks [first, last)
+  // and the chunks this rank holds; the module then has only those blocks (under their whole
+  // model's names), wpe with chunk 0, ln_f with the last, and wte with either (the last chunk's
+  // is a copy of the tied table: Stages::tied). Empty: the whole model.
+  std::vector<std::pair<int, int>> chunks;
+  std::vector<int> mine;
+  int stages = 1;  // run.parallel.pp (chunk k on pp rank k % stages)
+  bool staged() const { return !chunks.empty(); }
+  bool holds_chunk(int k) const;
+  bool holds_block(int64_t i) const;
+  bool holds_embedding() const { return !staged() || holds_chunk(0); }
+  bool holds_head() const { return !staged() || holds_chunk(static_cast<int>(chunks.size()) - 1); }
   void check() const;    // throws on dim % heads != 0, heads % tp != 0, non-positive sizes, dropout outside [0, 1)
 };
 // How whole tensor `name` (HF's name, "h.3.attn.c_attn.weight") is laid out over the tp group.
@@ -136,8 +148,11 @@ class GptImpl : public torch::nn::Cloneable<GptImpl> {
  public:
   explicit GptImpl(Config cfg);
   void reset() override;
-  // idx: integer token ids [B, T] with T <= context -> logits [B, T, vocab].
+  // idx: integer token ids [B, T] with T <= context -> logits [B, T, vocab]. The whole model only.
   torch::Tensor forward(const torch::Tensor& idx);
+  // Pipeline chunk k (Config::chunks) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk
+  // 0: the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
+  TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in);
   const Config& config() const { return cfg_; }
 
   Embedding wte{nullptr}, wpe{nullptr};
@@ -145,6 +160,9 @@ class GptImpl : public torch::nn::Cloneable<GptImpl> {
   LayerNorm ln_f{nullptr};
 
  private:
+  torch::Tensor embed(const torch::Tensor& idx);                              // -> x [B*T, dim]
+  torch::Tensor blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T);
+  torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T);           // -> logits
   Config cfg_;
   std::shared_ptr<CausalMaskCache> masks_;
 };
@@ -173,7 +191,8 @@ void load_hf_safetensors(GptImpl& model, const std::string& path);
 
 // The ModelState of the gpt node: forward(batch) reads batch["tokens"], integer [B, T+1],
 // and returns the logits [B, T, vocab] for the inputs tokens[:, :-1] (the targets are
-// tokens[:, 1:]: see the lm objective in train/forward_backward.cpp).
+// tokens[:, 1:]: see the lm objective in train/forward_backward.cpp). A staged model (pipeline
+// parallel) gets its ModelState::stages, and its forward runs the StageCall's chunk.
 std::shared_ptr<ModelState> make_state(Gpt model);
 
 }  // namespace flowrun::gpt

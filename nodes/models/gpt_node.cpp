@@ -33,6 +33,7 @@ class GptNode : public ModelNode {
     cfg_.dropout = p.get<double>("dropout");
     cfg_.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     split_over_tp(ctx);
+    cut_into_stages_(ctx);
     // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
     const double d = static_cast<double>(cfg_.dim);
     Plan plan{describe(cfg_), static_cast<double>(cfg_.vocab + cfg_.context) * d + cfg_.layers * (12 * d * d + 13 * d) + 2 * d,
@@ -52,11 +53,43 @@ class GptNode : public ModelNode {
     }
   }
 
+  // run.parallel.pp > 1: this rank's chunks of the blocks (gpt.hpp, Config::chunks), balanced by
+  // the products per token: a block's 12 dim^2, the tied head's vocab x dim.
+  void cut_into_stages_(SetupContext& ctx) {
+    const double d = static_cast<double>(cfg_.dim);
+    const auto cut = cut_into_stages(ctx, std::vector<double>(static_cast<size_t>(cfg_.layers), 12 * d * d), 0.0,
+                                     static_cast<double>(cfg_.vocab) * d);
+    if (!cut) return;
+    cfg_.chunks = cut->chunks;
+    cfg_.mine = cut->mine;
+    cfg_.stages = cut->stages;
+  }
+
+  // A staged model's init order: the whole model's parameters (a block's as in any block).
+  Order whole_order() const {
+    Config one = cfg_;
+    one.chunks.clear();
+    Block block(one.dim, one.heads, one.dropout, std::make_shared<CausalMaskCache>(), one.tp);
+    const std::vector<int64_t> table{cfg_.vocab / (cfg_.tp ? cfg_.tp->size() : 1), cfg_.dim};
+    Order order{{"wte.weight", table}, {"wpe.weight", {cfg_.context, cfg_.dim}}};
+    for (int64_t i = 0; i < cfg_.layers; ++i)
+      for (const auto& p : block->named_parameters(true))
+        order.emplace_back("h." + std::to_string(i) + "." + p.key(), p.value().sizes().vec());
+    order.emplace_back("ln_f.weight", std::vector<int64_t>{cfg_.dim});
+    order.emplace_back("ln_f.bias", std::vector<int64_t>{cfg_.dim});
+    return order;
+  }
+
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
     model_ = Gpt(cfg_);
     if (init) {
       how = "GPT-2 init, seed " + std::to_string(seed);
-      if (cfg_.tp)  // the whole model's init, tensor by tensor, each rank keeping its parts
+      if (cfg_.staged())  // the whole model's init, tensor by tensor, each stage keeping its own
+        init_in_order(*model_, whole_order(), {cfg_.tp, tp_split}, init_generator(seed),
+                      [cfg = cfg_](const std::string& name, torch::Tensor& whole, at::Generator& g) {
+                        init_parameter(cfg, name, whole, g);
+                      });
+      else if (cfg_.tp)  // the whole model's init, tensor by tensor, each rank keeping its parts
         init_split(*model_, {cfg_.tp, tp_split}, init_generator(seed),
                    [cfg = cfg_](const std::string& name, torch::Tensor& whole, at::Generator& g) {
                      init_parameter(cfg, name, whole, g);
@@ -69,6 +102,8 @@ class GptNode : public ModelNode {
     return state;
   }
 
+  torch::Tensor any_weight() const { return model_->parameters().front(); }  // where the model is (a stage may lack wte)
+
   void load_weights(ModelState&, const std::string& path) override { load_hf_safetensors(*model_, path); }
 
   void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>&) override {
@@ -77,7 +112,7 @@ class GptNode : public ModelNode {
       // What backward keeps per sequence of `context` tokens, in fp32 (half that in bf16).
       const ActivationEstimate a = estimate_activations(cfg.layers, cfg.context, cfg.dim, cfg.heads, cfg.context, 4,
                                                         cfg.checkpoint.every ? cfg.checkpoint : CheckpointPolicy::parse("blocks"),
-                                                        attention_keeps(cfg, model_->wte->weight, 4));
+                                                        attention_keeps(cfg, any_weight(), 4));
       spdlog::info("{}: activations kept for backward, per sequence of {} tokens in fp32: about {:.1f} MB without "
                    "checkpointing, {:.1f} MB with checkpoint: {}{}",
                    ctx.who(), cfg.context, a.plain / 1e6, a.checkpointed / 1e6,
@@ -93,7 +128,7 @@ class GptNode : public ModelNode {
       const int64_t n = tokens.size(0) * seq;
       const int64_t tp = cfg.tp ? cfg.tp->size() : 1;
       ActivationEstimate e = estimate_activations(cfg.layers, n, cfg.dim, cfg.heads, seq, bytes, policy,
-                                                  attention_keeps(cfg, model->wte->weight, bytes), tp);
+                                                  attention_keeps(cfg, model->parameters().front(), bytes), tp);
       const double logits = 2.0 * static_cast<double>(n) * static_cast<double>(cfg.vocab / tp) * static_cast<double>(bytes);
       e.plain += logits;
       e.checkpointed += logits;

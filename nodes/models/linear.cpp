@@ -19,6 +19,8 @@ void product(bool ta, bool tb, const torch::Tensor& a, const torch::Tensor& b, f
                   c.data_ptr<float>(), n);
 }
 
+thread_local DeferredWeightGrads* g_deferred = nullptr;  // open for this thread's products
+
 struct CpuLinear : torch::autograd::Function<CpuLinear> {
   // x [..., in] -> [..., out]; weight [out, in], or [in, out] with w_in_out.
   // bias: [out], or [0] for none (a custom function's inputs must be defined tensors).
@@ -32,6 +34,13 @@ struct CpuLinear : torch::autograd::Function<CpuLinear> {
     if (x2.size(0) > 0) product(false, !w_in_out, x2, w, has_bias ? 1.0f : 0.0f, y);
     ctx->save_for_backward({x2, w});
     ctx->saved_data["w_in_out"] = w_in_out;
+    // A zero-bubble schedule's weight gradients, for later (the weight and bias themselves: the
+    // leaves flush() adds into).
+    if (g_deferred && weight.is_leaf() && (!has_bias || bias.is_leaf())) {
+      ctx->saved_data["deferred"] = reinterpret_cast<int64_t>(g_deferred);
+      ctx->saved_data["weight"] = weight;
+      ctx->saved_data["bias"] = bias;
+    }
     ctx->saved_data["x_sizes"] = x.sizes().vec();
     auto sizes = x.sizes().vec();
     sizes.back() = out;
@@ -50,6 +59,17 @@ struct CpuLinear : torch::autograd::Function<CpuLinear> {
       if (rows) product(false, w_in_out, g, w, 0.0f, dx);  // g · Wᵀ ([in, out]) or g · W ([out, in])
       dx = dx.view(ctx->saved_data["x_sizes"].toIntVector());
     }
+    if (ctx->saved_data.count("deferred") && (ctx->needs_input_grad(1) || ctx->needs_input_grad(2))) {
+      DeferredWeightGrads::Item item;
+      item.x = x2;
+      item.g = g;
+      item.w_in_out = w_in_out;
+      item.weight_grad = ctx->needs_input_grad(1);
+      if (ctx->needs_input_grad(2)) item.bias = ctx->saved_data["bias"].toTensor();
+      item.weight = ctx->saved_data["weight"].toTensor();
+      reinterpret_cast<DeferredWeightGrads*>(ctx->saved_data["deferred"].toInt())->add(std::move(item));
+      return {dx, dw, db, torch::Tensor()};
+    }
     if (ctx->needs_input_grad(1)) {
       dw = rows ? torch::empty_like(w) : torch::zeros_like(w);
       if (rows) {
@@ -65,6 +85,31 @@ struct CpuLinear : torch::autograd::Function<CpuLinear> {
 };
 
 }  // namespace
+
+DeferredWeightGrads::Scope::Scope(DeferredWeightGrads& d) : previous_(g_deferred) { g_deferred = &d; }
+DeferredWeightGrads::Scope::~Scope() { g_deferred = previous_; }
+
+void DeferredWeightGrads::flush() {
+  torch::NoGradGuard no_grad;
+  auto add = [](torch::Tensor p, torch::Tensor grad) {  // p: a handle, mutable_grad() is non-const
+    torch::Tensor& into = p.mutable_grad();
+    if (into.defined()) into.add_(grad);
+    else into = std::move(grad);
+  };
+  for (Item& it : items_) {
+    if (it.weight_grad) {
+      const torch::Tensor& w = it.weight;
+      torch::Tensor dw = it.g.size(0) > 0 ? torch::empty(w.sizes(), w.options()) : torch::zeros(w.sizes(), w.options());
+      if (it.g.size(0) > 0) {
+        if (it.w_in_out) product(true, false, it.x, it.g, 0.0f, dw);  // xᵀ · g: [in, out]
+        else product(true, false, it.g, it.x, 0.0f, dw);              // gᵀ · x: [out, in]
+      }
+      add(it.weight, std::move(dw));
+    }
+    if (it.bias.defined()) add(it.bias, it.g.sum(0));
+  }
+  items_.clear();
+}
 
 bool cpu_linear_applies(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias) {
   auto f32_cpu = [](const torch::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == torch::kFloat; };

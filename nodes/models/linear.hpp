@@ -13,7 +13,42 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <vector>
+
 namespace flowrun {
+
+// Zero-bubble pipeline schedules (train/pipeline.cpp) split a backward into the input's gradient,
+// which the previous stage waits for, and the weights' gradients, run later to fill the bubbles.
+// While a DeferredWeightGrads is open on the thread that runs forward, the CPU kernel's products
+// (cpu_linear_applies, a leaf weight) note it: their backward computes dx only and keeps (x, g)
+// here, and flush() adds dW = gᵀ · x (or xᵀ · g) and db = Σ rows g to the weight's and bias's
+// .grad(). Other products' weight gradients are computed in backward as always.
+class DeferredWeightGrads {
+ public:
+  DeferredWeightGrads() = default;
+  DeferredWeightGrads(const DeferredWeightGrads&) = delete;
+  DeferredWeightGrads& operator=(const DeferredWeightGrads&) = delete;
+  // Opens this one on the calling thread for the products made in the scope's lifetime.
+  class Scope {
+   public:
+    explicit Scope(DeferredWeightGrads& d);
+    ~Scope();
+
+   private:
+    DeferredWeightGrads* previous_;
+  };
+  struct Item {
+    torch::Tensor x, g, weight, bias;  // bias undefined: none, or it needs no gradient
+    bool w_in_out = false, weight_grad = false;
+  };
+  void add(Item item) { items_.push_back(std::move(item)); }
+  // The deferred gradients into .grad(), in the order backward made them; then empty.
+  void flush();
+  bool empty() const { return items_.empty(); }
+
+ private:
+  std::vector<Item> items_;
+};
 
 // bias may be undefined (no bias).
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias = {},

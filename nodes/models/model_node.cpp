@@ -11,6 +11,8 @@
 #include "formats/files.hpp"
 #include "models/lora.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/pipeline_schedule.hpp"
+#include "spec.hpp"
 #include "parallel/tensor_parallel.hpp"
 
 namespace flowrun {
@@ -114,6 +116,51 @@ void ModelNode::init_split(torch::nn::Module& split, const parallel::TpLayout& l
     torch::Tensor whole = torch::empty(shape);
     init_one(item.key(), whole, g);
     item.value().copy_(parallel::tp_part(whole, s, *layout.group, item.key()));
+  }
+}
+
+std::optional<ModelNode::Cut> ModelNode::cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs,
+                                                          double first, double last) {
+  if (!ctx.run().graph) return std::nullopt;
+  const RunSettings::Parallel& par = ctx.run().graph->settings.parallel;
+  if (par.pp == 1) return std::nullopt;
+  Cut cut;
+  cut.stages = par.pp;
+  const int chunks = par.pp * par.virtual_stages;
+  try {
+    cut.chunks = par.stage_layers.empty()
+                     ? parallel::pipeline::balance(block_costs, chunks, first, last)
+                     : parallel::pipeline::given(par.stage_layers, static_cast<int>(block_costs.size()), chunks);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(ctx.who() + ": " + e.what());
+  }
+  const int stage = parallel::mesh_of(ctx.run()).coord(ctx.run().rank).pp;
+  for (int k = 0; k < chunks; ++k)
+    if (k % par.pp == stage) cut.mine.push_back(k);
+  if (ctx.run().rank == 0) {
+    std::string runs;
+    for (size_t k = 0; k < cut.chunks.size(); ++k)
+      runs += (k ? ", " : "") + std::to_string(cut.chunks[k].first) + "-" + std::to_string(cut.chunks[k].second - 1);
+    spdlog::info("{}: blocks per pipeline chunk (chunk k on stage k mod {}): {}{}", ctx.who(), par.pp, runs,
+                 par.stage_layers.empty() ? " (balanced by cost, with the embedding and the head)" : " (stage_layers)");
+  }
+  return cut;
+}
+
+void ModelNode::init_in_order(torch::nn::Module& module, const Order& order, const parallel::TpLayout& layout,
+                              at::Generator g, const InitOne& init_one) {
+  torch::NoGradGuard no_grad;
+  auto held = module.named_parameters(/*recurse=*/true);
+  for (const auto& [name, shape] : order) {
+    if (lora::is_adapter(name)) continue;
+    const parallel::TpSplit s = layout.split ? layout.split(name) : parallel::TpSplit{};
+    std::vector<int64_t> whole_shape = shape;
+    if (s.split() && layout.group) whole_shape[static_cast<size_t>(s.dim)] *= layout.group->size();
+    torch::Tensor whole = torch::empty(whole_shape);
+    init_one(name, whole, g);  // drawn whether kept or not: the generator moves on as in the whole model
+    torch::Tensor* mine = held.find(name);
+    if (!mine) continue;
+    mine->copy_(layout.group ? parallel::tp_part(whole, s, *layout.group, name) : whole);
   }
 }
 

@@ -31,6 +31,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -88,6 +89,24 @@ class ModelNode : public Node {
   // and load its named_tensors.
   using InitOne = std::function<void(const std::string& name, torch::Tensor& whole, at::Generator& g)>;
   static void init_split(torch::nn::Module& split, const parallel::TpLayout& layout, at::Generator g, const InitOne& init_one);
+  // Pipeline parallel (run.parallel.pp > 1): the model's blocks cut into pp x virtual_stages chunks
+  // (run.parallel.stage_layers, or balanced by `block_costs` with the embedding's cost `first` and
+  // the head's `last`: parallel/pipeline_schedule.hpp), and the chunks this rank holds (k % pp = its
+  // pp coordinate). Null at pp 1.
+  struct Cut {
+    std::vector<std::pair<int, int>> chunks;
+    std::vector<int> mine;
+    int stages = 1;
+  };
+  static std::optional<Cut> cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs, double first,
+                                            double last);
+  // A staged model's init (a split one's too): the whole model's parameters in its init order
+  // (`order`: each name with its shape on this rank), each made and drawn from `g` as the whole
+  // model's init would, kept where this rank holds it (its tp part with a group in `layout`) and
+  // dropped where another stage does; one whole tensor exists at a time. Values as at pp 1.
+  using Order = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  static void init_in_order(torch::nn::Module& module, const Order& order, const parallel::TpLayout& layout,
+                            at::Generator g, const InitOne& init_one);
   // A family that splits, at any tp: which tensors tp splits (ModelState::splits_over_tp); split
   // (a group in `layout`), its layout (ModelState::tp, which checkpoints, the optimizer and the
   // EMA read), and `how`, when it says where the values came from, that the count is a part.

@@ -4,6 +4,7 @@
 #include "models/model_state.hpp"
 
 #include "common/state_io.hpp"
+#include "parallel/tensor_messages.hpp"
 #include "parallel/tensor_parallel.hpp"
 
 namespace {
@@ -30,14 +31,24 @@ const bool kModelStateIO = [] {
       m->load(rest, /*strict=*/false);
       return;
     }
+    if (m->stages) {  // pipeline parallel: the tensors this rank's chunks hold, each of them required
+      const NamedTensors held = m->tensors();
+      NamedTensors mine;
+      for (const auto& [name, tensor] : t)
+        if (held.count(name)) mine.emplace(name, tensor);
+      m->load(m->tp ? m->tp->parts(mine) : mine);
+      return;
+    }
     m->load(m->tp ? m->tp->parts(t) : t);
   };
   // Every rank gathers: ZeRO-3's slices over the data-parallel ranks (each tp rank's parts
   // whole), then tp's parts over the tp group (its all-gathers pair up); the writer (rank 0 of
   // the world) keeps the whole tensors for tensors(), the others drop them.
+  // Under pipeline parallel, then the stages' tensors over the pp group of the writer's replica
+  // and tp rank (the others' stages hold the same).
   io.collect = [](Value& v, const flowrun::StateIO::Groups& groups) {
     auto& m = state_of(v);
-    if (!m->shards && !m->tp) return;
+    if (!m->shards && !m->tp && !m->stages) return;
     m->gathered.clear();
     NamedTensors whole;
     if (m->shards) {  // the parameters gathered, and the buffers the module holds
@@ -47,12 +58,16 @@ const bool kModelStateIO = [] {
       whole = m->tensors();
     }
     if (m->tp) whole = m->tp->wholes(whole);
+    if (m->stages && groups.pp) {
+      if (groups.dp.rank() != 0 || (m->tp && m->tp->group->rank() != 0)) return;
+      whole = flowrun::parallel::gather_on_first(*groups.pp, whole, "model '" + m->kind + "' for a checkpoint");
+    }
     if (groups.world.rank() == 0) m->gathered = std::move(whole);
   };
   io.release = [](Value& v) { state_of(v)->gathered.clear(); };
   io.partitioned = [](const Value& v) {
     const auto& m = v.as<std::shared_ptr<ModelState>>();
-    return m->tp != nullptr || m->shards != nullptr;
+    return m->tp != nullptr || m->shards != nullptr || m->stages != nullptr;
   };
   flowrun::register_state_io(std::type_index(typeid(std::shared_ptr<ModelState>)), std::move(io));
   return true;

@@ -35,6 +35,7 @@
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
 #include "models/param_use.hpp"
+#include "models/stages.hpp"
 
 namespace flowrun {
 
@@ -114,6 +115,11 @@ struct ModelState {
   // what forward_backward's memory advice counts as the share a larger tp would divide. Null: the
   // model does not split.
   std::function<bool(const std::string& param)> splits_over_tp;
+
+  // Pipeline parallel (run.parallel.pp > 1; models/stages.hpp): the module holds this rank's
+  // chunks of the model only, named as in the whole model; checkpoints gather the stages' tensors
+  // on the writer, and a load takes the names this rank holds. Null: the module is every stage.
+  std::shared_ptr<const Stages> stages;
 
   // ZeRO stage 3 (the zero node's stage: params; train/fully_sharded.hpp, set up by the
   // optimizer): the trainable parameters sharded over the data-parallel ranks. Between uses each

@@ -71,7 +71,7 @@ class Checkpoint : public Node {
   // run.resume=never: the earlier run's step folders and `latest`, moved aside by the first write.
   std::vector<std::string> earlier_;
   // Several processes: its channels to gather sharded and split states (StateIO::collect).
-  std::shared_ptr<parallel::Group> group_, dp_group_;
+  std::shared_ptr<parallel::Group> group_, dp_group_, pp_group_;  // pp: with pipeline stages
 
  public:
   void setup(SetupContext& c) override {
@@ -82,7 +82,9 @@ class Checkpoint : public Node {
     writer_rank_ = c.run().rank == 0;
     if (c.run().world > 1) {  // collective: setup runs in file order
       group_ = parallel::Group::world(c.name());
-      dp_group_ = parallel::Group::along(c.name(), parallel::mesh_of(c.run()), parallel::Dim::dp, c.run().rank);
+      const parallel::Mesh mesh = parallel::mesh_of(c.run());
+      dp_group_ = parallel::Group::along(c.name(), mesh, parallel::Dim::dp, c.run().rank);
+      if (mesh.size(parallel::Dim::pp) > 1) pp_group_ = parallel::Group::along(c.name(), mesh, parallel::Dim::pp, c.run().rank);
     }
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
@@ -142,7 +144,7 @@ class Checkpoint : public Node {
     // A state the ranks hold pieces of (sharded by ZeRO, split over tp) is gathered first, by every rank.
     if (group_)
       for (Value* v : c.states_all("state"))
-        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, {*group_, *dp_group_});
+        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, {*group_, *dp_group_, pp_group_.get()});
     // What the collect gathered, let go once copied (here at once: rank 0 writes).
     auto release = [&c] {
       for (Value* v : c.states_all("state"))

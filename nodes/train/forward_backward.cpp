@@ -20,6 +20,7 @@
 #include "registry.hpp"
 #include "train/fully_sharded.hpp"
 #include "train/optimizer_shard.hpp"
+#include "train/pipeline.hpp"
 
 namespace flowrun {
 
@@ -198,6 +199,7 @@ class ForwardBackwardNode : public Node {
     // optimizer shards the model at its setup, after this one).
     if (zero_ && zero_->shards_params()) gather_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());
     cuda_graph_ = ctx.run().graph && ctx.run().graph->settings.cuda_graph;
+    setup_pipeline(ctx);
     if (cuda_graph_) {
       refuse_uncapturable(ctx, device);
       work_ = std::make_unique<CapturedWork>(device.index());
@@ -279,13 +281,17 @@ class ForwardBackwardNode : public Node {
     }
     FwdBwdResult r;
     try {
-      r = cuda_graph_ ? graphed(ctx, model, batch, o) : forward_backward(model, batch, *objective_, o);
+      r = pipeline_   ? pipeline_forward_backward(model, batch, *objective_, o, *pipeline_)
+          : cuda_graph_ ? graphed(ctx, model, batch, o)
+                        : forward_backward(model, batch, *objective_, o);
     } catch (const c10::OutOfMemoryError& e) {  // the allocator's message, without its C++ backtrace
       std::string what = e.what_without_backtrace();
       what = what.substr(0, std::min(what.find('\n'), what.find(" See documentation")));  // torch's link, on the next line
       throw std::runtime_error(ctx.who() + ": out of memory in step " + std::to_string(ctx.step()) + " (" + what +
                                "); " + memory_advice_);
     }
+    if (pipeline_)  // the stage's operations in the trace (run.trace): the measured timeline
+      for (const PipelineRun::Timed& t : pipeline_->last_step) ctx.trace_mark(parallel::pipeline::str(t.op), t.start, t.end);
     if (on_graph_stream) {  // back on the node's stream, which now waits for the graph's
       on_graph_stream.reset();
       CapturedWork::used_here(r.loss);
@@ -305,6 +311,42 @@ class ForwardBackwardNode : public Node {
   }
 
  private:
+  // run.parallel.pp > 1 (train/pipeline.hpp): the schedule this rank runs and its channel over
+  // the pp ranks; refused for what the pipeline path does not do yet, naming the setting.
+  void setup_pipeline(SetupContext& ctx) {
+    const RunInfo& info = ctx.run();
+    if (!info.graph || info.graph->settings.parallel.pp == 1) return;
+    const RunSettings::Parallel& par = info.graph->settings.parallel;
+    const ModelState& model = ctx.state_as<ModelState>("model");
+    const std::string pp = "run.parallel.pp is " + std::to_string(par.pp);
+    if (!model.stages)
+      throw std::runtime_error(ctx.who() + ": " + pp + ", but its model (" + model.kind + ") does not cut into pipeline "
+                               "stages (built for gpt); set run.parallel.pp=1");
+    if (options_.accumulate != 1)
+      throw std::runtime_error(ctx.who() + ": " + pp + " and accumulate is " + std::to_string(options_.accumulate) +
+                               ": under pipeline parallel the batch's micro-batches are run.parallel.microbatches; set "
+                               "accumulate: 1 and run.parallel.microbatches instead");
+    if (zero_ && zero_->stage != ZeroPlan::Stage::none)
+      throw std::runtime_error(ctx.who() + ": " + pp + " with ZeRO stage " + ZeroPlan::name(zero_->stage) +
+                               " is not built yet (issue 49); set the zero node's stage: none");
+    if (cuda_graph_)
+      throw std::runtime_error(ctx.who() + ": " + pp + " with run.cuda_graph is not built yet; set run.cuda_graph=false");
+    if (!fresh_)
+      throw std::runtime_error(ctx.who() + ": " + pp + " needs grad_layout fresh");
+    pipeline_ = std::make_unique<PipelineRun>();
+    parallel::pipeline::Config c;
+    c.stages = par.pp;
+    c.microbatches = par.microbatches;
+    c.kind = parallel::pipeline::parse_kind(par.schedule);
+    c.virtual_stages = par.virtual_stages;
+    pipeline_->schedule = parallel::pipeline::make(c);
+    const parallel::Mesh mesh = parallel::mesh_of(info);
+    pipeline_->stage = mesh.coord(info.rank).pp;
+    pipeline_->group = parallel::Group::along(ctx.name() + " pipeline", mesh, parallel::Dim::pp, info.rank);
+  }
+
+  std::unique_ptr<PipelineRun> pipeline_;  // run.parallel.pp > 1
+
   // ---- run.cuda_graph: forward and backward captured once, replayed every step ----
   // The first kEagerSteps steps run eagerly (cuBLAS handles and workspaces, autocast and the
   // caching allocator settle outside the capture, as torch's docs advise), the next is captured

@@ -15,6 +15,7 @@
 #include "common/device.hpp"
 #include "common/state_io.hpp"
 #include "parallel/collectives.hpp"
+#include "parallel/tensor_messages.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "parallel/zero_plan.hpp"
 #include "registry.hpp"
@@ -195,6 +196,21 @@ class OptimizerNode : public Node {
       for (const auto& [name, t] : model.named_parameters(/*trainable_only=*/true))  // the norm's two sums, per gradient
         tp_split_.push_back(model.tp->split(name).split());
     }
+    if (model.stages) {
+      // Pipeline parallel: this stage's parameters only; the norm sums the stages' squares over
+      // the pp group, a tied parameter's copy (GPT's table on the last stage) left out.
+      if (shard_)
+        throw std::runtime_error(ctx.who() + ": ZeRO with pipeline parallel (run.parallel.pp) is not built yet; set the "
+                                 "zero node's stage: none");
+      state->staged = true;
+      pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
+                                         ctx.run().rank);
+      const ModelState::Named named = model.named_parameters(/*trainable_only=*/true);
+      if (!model.stages->first())
+        for (size_t i = 0; i < named.size(); ++i)
+          for (const auto& tied : model.stages->tied)
+            if (named[i].first == tied) tied_copies_.push_back(i);
+    }
     if (plan.shards_params()) shard_model(ctx, ctx.state_as<ModelState>("model"));
     ctx.own_state("state", state);
   }
@@ -303,10 +319,12 @@ class OptimizerNode : public Node {
     // The writer of the parameters keeps them in flat buffers (models/model_state.hpp); once
     // they are, this only checks that they still are. (ZeRO-3: its slice is the buffer.)
     if (!model.shards) model.flat.ensure(model.trainable_parameters());
-    torch::Tensor norm = shard_    ? sharded_update(ctx, model, st, grads, lr)
-                         : model.tp ? optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_,
-                                                       lr, tp_norm(ctx, model, grads, tp_split_, nullptr))
-                                    : optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
+    torch::Tensor norm = shard_      ? sharded_update(ctx, model, st, grads, lr)
+                         : pp_group_ ? optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_,
+                                                        lr, pp_norm(ctx, model, grads))
+                         : model.tp  ? optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_,
+                                                        lr, tp_norm(ctx, model, grads, tp_split_, nullptr))
+                                     : optimizer_update(st, model.named_parameters(/*trainable_only=*/true), grads, cfg_, lr);
     if (!logged_memory_) log_memory(ctx, model, st, grads);
     const int64_t step = ctx.step();
     if (!cfg_.defer_nonfinite) {
@@ -360,6 +378,19 @@ class OptimizerNode : public Node {
     }
     tp_group_->all_reduce(sq, comm::Op::sum, "tensor-parallel gradient norm" + step).wait();
     return (sq + rest).sqrt().reshape({}).to(torch::kFloat);
+  }
+
+  // Pipeline parallel: the whole model's gradient norm from this stage's gradients: its squares
+  // (under tp, the stage's whole norm first) summed over the pp group, a tied copy counted on the
+  // first stage only.
+  torch::Tensor pp_norm(StepContext& ctx, const ModelState& model, const Grads& grads) const {
+    Grads counted = grads;
+    for (size_t i : tied_copies_) counted[i] = torch::Tensor();
+    const torch::Tensor stage = model.tp ? tp_norm(ctx, model, counted, tp_split_, nullptr) : global_norm(counted);
+    const c10::Device device = model_device(model);
+    torch::Tensor sq = stage.to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
+    pp_group_->all_reduce(sq, comm::Op::sum, "pipeline gradient norm of step " + std::to_string(ctx.step())).wait();
+    return sq.sqrt().reshape({}).to(torch::kFloat);
   }
 
   // ZeRO-1 and 2: this rank's pieces updated with the norm of all the grads (the same on every
@@ -438,6 +469,8 @@ class OptimizerNode : public Node {
   std::vector<parallel::Work> gathering_;   // the last step's all-gather (checked the next step)
   std::shared_ptr<parallel::Group> tp_group_;  // a tp model: this node's group over its tp ranks
   std::vector<bool> tp_split_;                 // a tp model: per trainable parameter, split over tp (else replicated)
+  std::shared_ptr<parallel::Group> pp_group_;  // pipeline parallel: this node's group over its pp ranks (the norm)
+  std::vector<size_t> tied_copies_;            // pipeline parallel: the trainable parameters held as another stage's copy
   bool logged_memory_ = false;
   int64_t reported_ = 0;  // defer_nonfinite: skipped updates told so far
   int64_t checked_ = -1;  // the step of the last check (-1: none yet)
@@ -455,23 +488,39 @@ static const bool kOptimizerStateIO = [] {
       flowrun::StateIO{
           [](const flowrun::Value& v) {
             const auto& st = v.as<std::shared_ptr<OptimizerState>>();
-            return st->tp && !st->gathered.empty() ? st->gathered : flowrun::NamedTensors(st->tensors());
+            return (st->tp || st->staged) && !st->gathered.empty() ? st->gathered : flowrun::NamedTensors(st->tensors());
           },
-          [](flowrun::Value& v, const flowrun::NamedTensors& t) {
+          [](flowrun::Value& v, const flowrun::NamedTensors& given) {
             auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
+            flowrun::NamedTensors t = given;
+            if (st->staged) {  // this stage's moments (and the state's own counters) out of every stage's
+              t.clear();
+              for (const auto& [name, tensor] : given)
+                if (st->expected.count(name) || name.find('.') == std::string::npos) t.emplace(name, tensor);
+            }
             st->load(st->tp ? st->tp->parts_by(t, [&](const std::string& n) { return st->split_of(n); }) : t);
           },
           [](flowrun::Value& v, const flowrun::StateIO::Groups& groups) {
             auto& st = v.as_mut<std::shared_ptr<OptimizerState>>();
             // ZeRO's slices over the data-parallel ranks (under tp: each rank's moments of its parts),
             flowrun::collect_sharded_state(*st, groups.dp);
-            if (!st->tp) return;
-            // then a tp model's moments whole: every rank gathers, the writer (rank 0) keeps them.
-            flowrun::NamedTensors whole = st->tp->wholes_by(st->tensors(), [&](const std::string& n) { return st->split_of(n); });
+            if (!st->tp && !st->staged) return;
+            // then a tp model's moments whole: every rank gathers, the writer (rank 0) keeps them;
+            // under pipeline parallel the stages' gathered on the writer's (its replica's, tp rank 0's).
+            flowrun::NamedTensors whole =
+                st->tp ? st->tp->wholes_by(st->tensors(), [&](const std::string& n) { return st->split_of(n); })
+                       : flowrun::NamedTensors(st->tensors());
             st->gathered.clear();
+            if (st->staged && groups.pp) {
+              if (groups.dp.rank() != 0 || (st->tp && st->tp->group->rank() != 0)) return;
+              whole = flowrun::parallel::gather_on_first(*groups.pp, whole, "optimizer state for a checkpoint");
+            }
             if (groups.world.rank() == 0) st->gathered = std::move(whole);
           },
           [](flowrun::Value& v) { v.as_mut<std::shared_ptr<OptimizerState>>()->gathered.clear(); },
-          [](const flowrun::Value& v) { return v.as<std::shared_ptr<OptimizerState>>()->tp != nullptr; }});
+          [](const flowrun::Value& v) {
+            const auto& st = v.as<std::shared_ptr<OptimizerState>>();
+            return st->tp != nullptr || st->staged;
+          }});
   return true;
 }();

@@ -94,6 +94,9 @@ struct OptimizerState {
   // Under tp, each split trainable parameter as a part of its whole (set by expect()): what a
   // rule that is not element-wise shapes its own moments by and sums over (UpdateRule::Part).
   std::map<std::string, UpdateRule::Part> parts;
+  // Pipeline parallel: the moments of this stage's parameters only; checkpoints gather the stages'
+  // on the writer, and a load takes this stage's names (expected) out of the whole state.
+  bool staged = false;
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
   // Every tensor by name, for checkpoints: "NAME.MOMENT" for each of the rule's moments (AdamW:

@@ -134,8 +134,9 @@ dot_renders)
   expect_out "processes: dp 2 x pp 1 x tp 2 (4 processes)"
   expect_out "rank 3: dp 1, pp 0, tp 1; tp group {2, 3}, dp group {1, 3}"
   expect_out "collectives over the tp group: under run.parallel.tp, the split model's (gpt, dit, cappa)"
-  expect_code 0 "$flowrun" explain graphs/gpt.yaml --world 2 run.parallel.pp=2
-  expect_out "cannot run: run.parallel.pp is 2: pipeline parallel is not built in this flowrun yet"
+  expect_code 0 "$flowrun" explain graphs/gpt.yaml --world 2 run.parallel.pp=2 run.parallel.microbatches=4
+  expect_out "pipeline: 2 stages, schedule 1f1b, 4 micro-batches"
+  expect_out "stage 0: F0 F1 .. B0 F2 B1 F3 B2 .. B3   (bubble 20 %, holds at most 2 micro-batches)"
   expect_out "collectives over the dp group: each bucket of gradients all-reduced"
   expect_code 2 "$flowrun" explain graphs/gpt.yaml --world 0
   expect_out "--world 0: expected a number of processes"

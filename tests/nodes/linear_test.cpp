@@ -6,6 +6,8 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "common/cpu_blas.hpp"
 #include "models/linear.hpp"
 
@@ -126,6 +128,37 @@ TEST(Linear, TheLayerProductTakesTheKernelOnlyWhereOpenBlasIsSelected) {
   at::autocast::set_autocast_enabled(at::kCPU, true);
   EXPECT_FALSE(cpu_linear_applies(x, w, {}));
   at::autocast::set_autocast_enabled(at::kCPU, false);
+}
+
+// Zero-bubble schedules (train/pipeline.cpp): a product made while a DeferredWeightGrads is open
+// leaves its weight's and bias's gradients out of backward (the input's is there at once), and
+// flush() adds them later: the same gradients as backward computes, in both layouts.
+TEST(Linear, DeferredWeightGradientsArriveAtFlushAsBackwardWouldComputeThem) {
+  SKIP_WITHOUT_OPENBLAS();
+  SelectedGemm lib(cpu_blas::Library::openblas);
+  for (bool w_in_out : {false, true}) {
+    const torch::Tensor x0 = torch::randn({6, 8}), g = torch::randn({6, 4});
+    const torch::Tensor w0 = w_in_out ? torch::randn({8, 4}) : torch::randn({4, 8}), b0 = torch::randn({4});
+    auto run = [&](bool defer) {
+      torch::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      DeferredWeightGrads deferred;
+      torch::Tensor y;
+      {
+        std::optional<DeferredWeightGrads::Scope> scope;
+        if (defer) scope.emplace(deferred);
+        y = flowrun::linear(x, w, b, w_in_out);
+      }
+      (y * g).sum().backward();
+      EXPECT_TRUE(x.grad().defined());
+      EXPECT_EQ(w.grad().defined(), !defer) << "the weight's gradient waits for flush()";
+      EXPECT_EQ(deferred.empty(), !defer);
+      deferred.flush();
+      EXPECT_TRUE(deferred.empty());
+      return std::vector<torch::Tensor>{x.grad(), w.grad(), b.grad()};
+    };
+    const auto now = run(false), later = run(true);
+    for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(torch::allclose(now[i], later[i], 1e-6, 1e-6)) << i;
+  }
 }
 
 TEST(Linear, RunCpuGemmNamesItsThreeValues) {

@@ -6,6 +6,13 @@
 //   testtool trace-overlap TRACE.json PRODUCER CONSUMER
 //       how many steps have a CONSUMER mark span ("CONSUMER: bucket ...") that starts before
 //       the PRODUCER node's span of the same step ends; prints it, exit 1 if none
+//   testtool pipeline-bubble NODE SCHEDULE M V TOL TRACE_STAGE0.json TRACE_STAGE1.json ...
+//       a pipeline's measured bubble against its schedule's prediction (parallel/pipeline_schedule.hpp):
+//       from each stage's trace the NODE's operation marks ("NODE: F3.1"), per step each stage's
+//       idle share between its first operation's start and its last one's end (the median over
+//       the steps after the first); the prediction simulates SCHEDULE with M micro-batches and V
+//       virtual stages at each chunk's measured mean F, B and W times. Prints both per stage; exit
+//       1 if any differs by more than TOL
 //   mpirun -np N testtool mesh-groups TP PP
 //       the mesh of N processes (nodes/parallel/mesh.hpp) as MPI channels, one per dimension
 //       (comm::Channel::create_split): each channel's rank and size are the rank's coordinate and
@@ -40,7 +47,9 @@
 //   mpirun -np N testtool mesh-hang TP PP
 //       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
 //       the collective timeout (2 s) and ends the whole job, every group's ranks included
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -58,6 +67,7 @@
 #include "models/gpt.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/mesh.hpp"
+#include "parallel/pipeline_schedule.hpp"
 #include "parallel/tensor_parallel.hpp"
 
 namespace {
@@ -116,6 +126,71 @@ int trace_overlap(const std::string& file, const std::string& producer, const st
   std::printf("%d of %zu steps: a '%s' bucket started before '%s' ended\n", overlapped, first_mark.size(),
               consumer.c_str(), producer.c_str());
   return overlapped > 0 ? 0 : 1;
+}
+
+int pipeline_bubble(const std::string& node, const std::string& kind, int mbs, int virtual_stages, double tol,
+                    const std::vector<std::string>& traces) {
+  namespace pl = flowrun::parallel::pipeline;
+  pl::Config c;
+  c.stages = static_cast<int>(traces.size());
+  c.microbatches = mbs;
+  c.kind = pl::parse_kind(kind);
+  c.virtual_stages = virtual_stages;
+  const int chunks = c.chunks();
+  std::vector<double> sum[3], count[3];
+  for (auto* v : {sum, count})
+    for (int t = 0; t < 3; ++t) v[t].assign(static_cast<size_t>(chunks), 0.0);
+  std::vector<double> measured;
+  const std::regex op(node + R"(: ([FBW])(\d+)\.(\d+))");
+  for (const std::string& file : traces) {
+    std::ifstream in(file);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    std::map<int64_t, std::vector<std::pair<double, double>>> steps;  // step -> (start, end) of each op
+    for (const auto& e : j["traceEvents"]) {
+      if (e.value("ph", "") != "X") continue;
+      std::smatch m;
+      const std::string name = e.value("name", "");
+      if (!std::regex_match(name, m, op)) continue;
+      const double ts = e.value("ts", 0.0), dur = e.value("dur", 0.0);
+      const int64_t step = e["args"].value("step", int64_t{-1});
+      steps[step].emplace_back(ts, ts + dur);
+      if (step == 1) continue;  // the first step's times include the warm-up
+      const int t = m[1].str() == "F" ? 0 : m[1].str() == "B" ? 1 : 2;
+      const auto k = static_cast<size_t>(std::stoi(m[3].str()));
+      sum[t][k] += dur;
+      count[t][k] += 1;
+    }
+    std::vector<double> idle;
+    for (auto& [step, ops] : steps) {
+      if (step == 1 || ops.empty()) continue;
+      std::sort(ops.begin(), ops.end());
+      double busy = 0;
+      for (const auto& [a, b] : ops) busy += b - a;
+      idle.push_back(1.0 - busy / (ops.back().second - ops.front().first));
+    }
+    if (idle.empty()) {
+      std::fprintf(stderr, "%s: no '%s: F...' marks after step 1\n", file.c_str(), node.c_str());
+      return 1;
+    }
+    std::sort(idle.begin(), idle.end());
+    measured.push_back(idle[idle.size() / 2]);
+  }
+  for (int t = 0; t < 3; ++t) {
+    std::vector<double>& cost = t == 0 ? c.f : t == 1 ? c.b : c.w;
+    for (int k = 0; k < chunks; ++k) {
+      const auto i = static_cast<size_t>(k);
+      cost.push_back(count[t][i] > 0 ? sum[t][i] / count[t][i] : 0.0);
+    }
+  }
+  const pl::Schedule s = pl::make(c);
+  int bad = 0;
+  for (int r = 0; r < c.stages; ++r) {
+    const double predicted = s.bubble(r), got = measured[static_cast<size_t>(r)];
+    std::printf("%s M=%d stage %d: bubble measured %.1f %%, predicted %.1f %%\n", kind.c_str(), mbs, r, 100 * got,
+                100 * predicted);
+    if (std::abs(got - predicted) > tol) ++bad;
+  }
+  return bad ? 1 : 0;
 }
 
 // Rank r's value in element i of its block for q: distinct for every (r, q, i).
@@ -421,6 +496,9 @@ int main(int argc, char** argv) {
     if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
       return tensor_diff(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
+    if (cmd == "pipeline-bubble" && argc >= 8)
+      return pipeline_bubble(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]), std::stod(argv[6]),
+                             std::vector<std::string>(argv + 7, argv + argc));
     // A check under mpirun: a failure on one rank ends the job on all of them.
     auto under_mpi = [&](const std::function<int()>& check) {
       flowrun::comm::init(&argc, &argv);

@@ -1,0 +1,230 @@
+// forward_backward's pipeline path (pipeline.hpp): this rank's program of F / B / W operations.
+#include "train/pipeline.hpp"
+
+#include <chrono>
+#include <map>
+#include <optional>
+
+#include "common/device.hpp"
+#include "common/seed.hpp"
+#include "models/dropout.hpp"
+#include "models/linear.hpp"
+#include "parallel/tensor_messages.hpp"
+
+namespace flowrun {
+
+namespace pl = parallel::pipeline;
+
+namespace {
+
+// What one (chunk, micro-batch) keeps from its forward to its backward (and its W).
+struct InFlight {
+  TensorMap inputs;   // chunk k - 1's outputs as leaves (their .grad() is what B sends back)
+  TensorMap outputs;  // what was sent on (autograd's graph hangs off them); the last chunk: none
+  torch::Tensor loss;  // the last chunk: the micro-batch's loss x its share of the rows
+  std::unique_ptr<DeferredWeightGrads> deferred;  // zero_bubble: the weight gradients for W
+};
+
+// Messages from one peer arrive in the order it sent them; one needed now may be behind others
+// (interleaved: chunks' messages cross), which wait here by their label.
+class Inbox {
+ public:
+  Inbox(parallel::Group& g, c10::Device d) : group_(g), device_(d) {}
+  TensorMap take(int peer, const std::string& label) {
+    auto& early = early_[peer];
+    for (;;) {
+      if (auto it = early.find(label); it != early.end()) {
+        TensorMap t = std::move(it->second);
+        early.erase(it);
+        return t;
+      }
+      parallel::Message m = parallel::recv_tensors(group_, peer, device_);
+      early.emplace(std::move(m.label), TensorMap(m.tensors.begin(), m.tensors.end()));
+    }
+  }
+
+ private:
+  parallel::Group& group_;
+  c10::Device device_;
+  std::map<int, std::map<std::string, TensorMap>> early_;
+};
+
+std::string label(char what, int chunk, int mb) { return std::string(1, what) + std::to_string(chunk) + "." + std::to_string(mb); }
+
+}  // namespace
+
+FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given, const Objective& objective,
+                                       const FwdBwdOptions& options, PipelineRun& run) {
+  if (!model.stages) throw std::logic_error("pipeline_forward_backward: the model is not cut into stages");
+  const Stages& stages = *model.stages;
+  const pl::Schedule& schedule = run.schedule;
+  const int p = schedule.config.stages, C = schedule.config.chunks(), M = schedule.config.microbatches;
+  const c10::Device device = model_device(model);
+  check_needs(objective, given);
+  const TensorMap batch = to_device(given, device);
+  std::vector<torch::Tensor> params = model.trainable_parameters();
+  if (params.empty()) throw std::runtime_error("the model's stage has no trainable parameters");
+  const size_t n = params.size();
+  const bool copy = options.buffer && options.fill == GradFill::copy;
+  if (options.buffer && !copy) {
+    options.buffer->zero();
+    options.buffer->attach(params);
+  } else {
+    for (auto& t : params) t.mutable_grad() = torch::Tensor();
+    if (copy) options.buffer->remember(params);
+  }
+
+  torch::AutoGradMode grad_on(true);
+  const int64_t total = batch_rows(batch);
+  if (M > total)
+    throw std::runtime_error("run.parallel.microbatches " + std::to_string(M) + " is more than the batch's " +
+                             std::to_string(total) + " rows (per data-parallel replica)");
+  const std::vector<TensorMap> parts = M == 1 ? std::vector<TensorMap>{batch} : split_batch(batch, M);
+  std::vector<int64_t> first_row(static_cast<size_t>(M), options.first_row);
+  for (int m = 1; m < M; ++m)
+    first_row[static_cast<size_t>(m)] = first_row[static_cast<size_t>(m - 1)] + batch_rows(parts[static_cast<size_t>(m - 1)]);
+
+  parallel::Group& group = *run.group;
+  parallel::Outbox outbox;
+  Inbox inbox(group, device);
+  std::map<std::pair<int, int>, InFlight> held;  // (chunk, mb)
+  torch::Tensor loss_sum;
+  const bool split = schedule.config.kind == pl::Kind::zero_bubble;
+  run.last_step.clear();
+
+  for (const pl::Slot& slot : schedule.ranks.at(static_cast<size_t>(run.stage))) {
+    const pl::Op op = slot.op;
+    const int k = op.chunk, m = op.mb;
+    const TensorMap& part = parts[static_cast<size_t>(m)];
+    const auto started = std::chrono::steady_clock::now();
+    if (op.type == pl::Op::F) {
+      InFlight f;
+      if (k > 0)  // the previous chunk's outputs, as leaves of this chunk's graph
+        for (auto& [name, t] : inbox.take((k - 1) % p, label('a', k - 1, m)))
+          f.inputs[name] = t.is_floating_point() ? t.requires_grad_(true) : t;
+      std::optional<TrainingScope> training;
+      if (options.dropout_seed) {
+        training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(m), static_cast<uint64_t>(k)}));
+        training->set_rows(options.rows_seed, first_row[static_cast<size_t>(m)]);
+      }
+      if (split) f.deferred = std::make_unique<DeferredWeightGrads>();
+      std::optional<DeferredWeightGrads::Scope> deferring;
+      if (f.deferred) deferring.emplace(*f.deferred);
+      AutocastScope autocast(options.precision, device);
+      if (k == C - 1) {
+        StageCall call(k, f.inputs);
+        torch::Tensor loss = objective.loss(model, part);
+        if (loss.dim() != 0) throw std::runtime_error("objective " + objective.type + " returned a non-scalar loss");
+        const double w = static_cast<double>(batch_rows(part)) / static_cast<double>(total);
+        f.loss = loss * w;
+        torch::Tensor l = loss.detach() * w;
+        loss_sum = loss_sum.defined() ? loss_sum + l : l;
+      } else {
+        f.outputs = stages.forward(model, k, part, f.inputs);
+        parallel::send_tensors(group, (k + 1) % p, label('a', k, m), {f.outputs.begin(), f.outputs.end()}, outbox);
+      }
+      held.emplace(std::make_pair(k, m), std::move(f));
+    } else if (op.type == pl::Op::B) {
+      InFlight& f = held.at({k, m});
+      if (k == C - 1) {
+        if (!f.loss.requires_grad()) throw std::runtime_error("the loss does not depend on any trainable parameter");
+        f.loss.backward();
+      } else {
+        TensorMap grads = inbox.take((k + 1) % p, label('g', k + 1, m));
+        std::vector<torch::Tensor> outs, gs;
+        for (auto& [name, t] : f.outputs)
+          if (t.requires_grad()) {
+            outs.push_back(t);
+            gs.push_back(grads.at(name));
+          }
+        if (!outs.empty()) torch::autograd::backward(outs, gs);
+      }
+      if (k > 0) {
+        TensorMap back;
+        for (auto& [name, t] : f.inputs)
+          if (t.is_floating_point()) back[name] = t.grad().defined() ? t.grad() : torch::zeros_like(t);
+        parallel::send_tensors(group, (k - 1) % p, label('g', k, m), {back.begin(), back.end()}, outbox);
+      }
+      f.loss = torch::Tensor();
+      f.outputs.clear();
+      if (!f.deferred) held.erase({k, m});
+    } else {
+      InFlight& f = held.at({k, m});
+      f.deferred->flush();
+      held.erase({k, m});
+    }
+    run.last_step.push_back({op, started, std::chrono::steady_clock::now()});
+    outbox.prune();
+  }
+  outbox.wait();
+
+  // The tied parameters (GPT's token table on the first and the last stage): both gradients
+  // summed, first + last on both ranks (the same bits), so both copies update alike.
+  const bool first = stages.first(), last = stages.last();
+  if (!stages.tied.empty() && first != last) {
+    std::map<std::string, torch::Tensor> mine;
+    auto named = model.named_parameters(/*trainable_only=*/true);
+    for (auto& [name, t] : named)
+      for (const auto& tied : stages.tied)
+        if (name == tied) mine[name] = t.grad().defined() ? t.grad() : torch::zeros_like(t);
+    const int peer = first ? p - 1 : 0;
+    parallel::Outbox out;
+    parallel::send_tensors(group, peer, "tied", mine, out);
+    parallel::Message theirs = parallel::recv_tensors(group, peer, device);
+    out.wait();
+    torch::NoGradGuard no_grad;
+    for (auto& [name, t] : named) {
+      auto it = theirs.tensors.find(name);
+      if (it == theirs.tensors.end() || !mine.count(name)) continue;
+      const torch::Tensor& a = first ? mine[name] : it->second;  // the first stage's
+      const torch::Tensor& b = first ? it->second : mine[name];
+      torch::Tensor sum = a + b;
+      if (t.grad().defined()) t.mutable_grad().copy_(sum);
+      else t.mutable_grad() = sum;
+    }
+  }
+
+  // The loss, the last stage's, on every stage (its logger may be on any).
+  torch::Tensor loss = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  if (last) loss.copy_(loss_sum.reshape({1}).to(torch::kFloat));
+  group.broadcast(loss, p - 1, "the loss of the last pipeline stage").wait();
+
+  // Which parameters got a gradient (with a buffer attached before the step: all, its views),
+  // then the gradients into the buffer (GradFill::copy), reported in reverse module order.
+  std::vector<char> used(n);
+  for (size_t k = 0; k < n; ++k) used[k] = params[k].grad().defined();
+  if (copy)
+    for (size_t k = n; k-- > 0;) options.buffer->settle(k, params[k]);
+  FwdBwdResult r;
+  r.loss = loss.reshape({});
+  r.grads.reserve(n);
+  for (size_t k = 0; k < n; ++k) r.grads.push_back(used[k] ? params[k].grad() : torch::Tensor());
+  if (options.on_ready)
+    for (size_t k = n; k-- > 0;) options.on_ready(static_cast<int>(k), used[k] != 0);
+  return r;
+}
+
+torch::Tensor pipeline_loss(ModelState& model, const TensorMap& batch, const Objective& objective, parallel::Group& group) {
+  if (!model.stages) throw std::logic_error("pipeline_loss: the model is not cut into stages");
+  const Stages& stages = *model.stages;
+  const int p = stages.stages, C = stages.chunks();
+  const c10::Device device = model_device(model);
+  parallel::Outbox outbox;
+  Inbox inbox(group, device);
+  torch::Tensor loss = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  for (int k : stages.mine) {
+    const TensorMap in = k == 0 ? TensorMap{} : inbox.take((k - 1) % p, label('a', k - 1, 0));
+    if (k == C - 1) {
+      StageCall call(k, in);
+      loss.copy_(objective.loss(model, batch).detach().reshape({1}).to(torch::kFloat));
+    } else {
+      const TensorMap out = stages.forward(model, k, batch, in);
+      parallel::send_tensors(group, (k + 1) % p, label('a', k, 0), {out.begin(), out.end()}, outbox);
+    }
+  }
+  outbox.wait();
+  group.broadcast(loss, p - 1, "the evaluation loss of the last pipeline stage").wait();
+  return loss.reshape({});
+}
+
+}  // namespace flowrun
