@@ -103,7 +103,10 @@ Schedule make(const Config& c) {
       for (Op::Type ty : {Op::F, Op::B, Op::W})
         if (ty != Op::W || split) todo[static_cast<size_t>(k % p)].push_back({ty, k, m});
   std::vector<double> free_at(static_cast<size_t>(p), 0.0);
-  std::vector<int> held(static_cast<size_t>(p), 0);  // micro-batch activations a rank holds
+  std::vector<int> held(static_cast<size_t>(p), 0);  // micro-batches a rank holds activations of (F run, B not yet)
+  // zero_bubble: B's whose W has not run; at pp of them (what a W keeps: its layers' inputs and
+  // output gradients, bounded as 1F1B's first stage's activations, ZB-H1's memory) the W goes first.
+  std::vector<int> waiting_w(static_cast<size_t>(p), 0);
   // Releases at a time: (time, rank) once an op that frees activations ends.
   std::multimap<double, int> releases;
   double now = 0;
@@ -127,7 +130,12 @@ Schedule make(const Config& c) {
           ready = times.done(Op::F, o.chunk, o.mb, now) && (o.chunk == C - 1 || times.done(Op::B, o.chunk + 1, o.mb, now));
         else
           ready = times.done(Op::B, o.chunk, o.mb, now);
-        if (ready && (best < 0 || key(o) < key(ops[static_cast<size_t>(best)]))) best = i;
+        if (!ready) continue;
+        auto rank_key = [&](const Op& x) {
+          const bool due = x.type == Op::W && waiting_w[static_cast<size_t>(r)] >= p;
+          return std::make_pair(due ? 0 : 1, key(x));
+        };
+        if (best < 0 || rank_key(o) < rank_key(ops[static_cast<size_t>(best)])) best = i;
       }
       if (best < 0) continue;
       const Op o = ops[static_cast<size_t>(best)];
@@ -138,7 +146,9 @@ Schedule make(const Config& c) {
       free_at[static_cast<size_t>(r)] = end;
       s.ranks[static_cast<size_t>(r)].push_back({o, now, end});
       if (o.type == Op::F) ++held[static_cast<size_t>(r)];
-      if ((o.type == Op::B && !split) || o.type == Op::W) releases.emplace(end, r);
+      if (o.type == Op::B) releases.emplace(end, r);
+      if (o.type == Op::B && split) ++waiting_w[static_cast<size_t>(r)];
+      if (o.type == Op::W) --waiting_w[static_cast<size_t>(r)];
     }
     // The next moment something changes: an operation ends (a rank is free, its outputs are there,
     // and what it released is released then too).
@@ -166,10 +176,9 @@ double Schedule::bubble(int rank) const {
 
 int Schedule::peak_in_flight(int rank) const {
   int held = 0, peak = 0;
-  const bool split = config.kind == Kind::zero_bubble;
   for (const Slot& s : ranks.at(static_cast<size_t>(rank))) {
     if (s.op.type == Op::F) peak = std::max(peak, ++held);
-    else if (s.op.type == Op::W || !split) --held;
+    else if (s.op.type == Op::B) --held;
   }
   return peak;
 }

@@ -11,17 +11,18 @@
 //
 // The rule is a list scheduler over that dependency graph: ranks run one operation at a time,
 // and a rank that is free runs, among the operations whose inputs are there, the first by the
-// schedule's priority, while the micro-batches it holds activations for (F done, W or B not yet)
-// stay within the schedule's limit:
+// schedule's priority, while the micro-batches it holds activations for (F done, B not yet) stay
+// within the schedule's limit:
 //
 //   schedule      B and W   priority                                 micro-batches in flight on rank s
 //   gpipe         one op    F before B (every forward, then backwards)  M (all)
 //   1f1b          one op    B before F                               pp - s           (Narayanan et al. 2019)
 //   interleaved   one op    B before F; F by (m / pp, chunk, m % pp),  Megatron's warm-up + 1:
 //                           B by (m / pp, last chunk first, m % pp)    2 (pp - s - 1) + (V - 1) pp + 1
-//   zero_bubble   split     B before F before W (a W only when        pp - s, counted until W
-//                           nothing else can run: it fills the       (ZB-H1, Qi et al. 2023: 1F1B's
-//                           bubbles)                                   memory, smaller bubbles)
+//   zero_bubble   split     B before F before W (a W when nothing      pp - s, and at most pp B's
+//                           else can run: it fills the bubbles;       waiting for their W (ZB-H1,
+//                           first once pp W's wait)                   Qi et al. 2023: about 1F1B's
+//                                                                     memory, a third of its bubble)
 //
 // Simulated with each operation's cost (unit costs by default: F 1, B 1, W 1; without the split B
 // costs B + W), the schedule gives each rank's program (the order it runs its operations in: what

@@ -1,8 +1,11 @@
-// Named tensors between two ranks (tensor_messages.hpp). A message is three or more sends: the
-// header's length (8 bytes), the header (text: the label, then per tensor a line "name", a line
-// "dtype ndim d0 d1 ..."), then each tensor's bytes in the header's order (any dtype).
+// Named tensors between two ranks (tensor_messages.hpp). A message is a header of kHeader bytes
+// (the text's length, 8 bytes, then the text: the label, then per tensor a line "name", a line
+// "dtype ndim d0 d1 ..."; a longer text's rest follows in a second send), then each tensor's bytes
+// in the header's order (any dtype). A fixed-size header lets a receiver post its receive before
+// the message is sent.
 #include "parallel/tensor_messages.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -22,6 +25,9 @@ void Outbox::prune() {
 }
 
 namespace {
+
+constexpr int64_t kHeader = 4096;
+constexpr size_t kText = kHeader - 8;  // of the text in the fixed header
 
 torch::Tensor bytes_of(const std::string& s) {
   torch::Tensor t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
@@ -45,25 +51,38 @@ void send_tensors(Group& group, int peer, const std::string& label, const NamedT
   }
   const std::string header = h.str();
   const uint64_t n = header.size();
-  torch::Tensor len = torch::empty({8}, torch::kUInt8);
-  std::memcpy(len.data_ptr(), &n, 8);
-  torch::Tensor text = bytes_of(header);
+  torch::Tensor fixed = torch::zeros({kHeader}, torch::kUInt8);
+  auto* bytes = static_cast<char*>(fixed.data_ptr());
+  std::memcpy(bytes, &n, 8);
+  std::memcpy(bytes + 8, header.data(), std::min<size_t>(n, kText));
   const std::string what = "sending '" + label + "' to rank " + std::to_string(peer) + " of '" + group.name() + "'";
-  out.add(group.send(len, peer, what), len);
-  out.add(group.send(text, peer, what), text);
+  out.add(group.send(fixed, peer, what), fixed);
+  if (n > kText) {
+    torch::Tensor rest = bytes_of(header.substr(kText));
+    out.add(group.send(rest, peer, what), rest);
+  }
   for (auto& t : data)
     if (t.numel() > 0) out.add(group.send(t, peer, what), t);
 }
 
-Message recv_tensors(Group& group, int peer, const torch::Device& device) {
-  const std::string what = "receiving from rank " + std::to_string(peer) + " of '" + group.name() + "'";
-  torch::Tensor len = torch::empty({8}, torch::kUInt8);
-  group.recv(len, peer, what).wait();
+Incoming::Incoming(Group& group, int peer) : group_(&group), peer_(peer), header_(torch::empty({kHeader}, torch::kUInt8)) {
+  work_ = group.recv(header_, peer, "receiving from rank " + std::to_string(peer) + " of '" + group.name() + "'");
+}
+
+Message Incoming::take(const torch::Device& device) {
+  Group& group = *group_;
+  const std::string what = "receiving from rank " + std::to_string(peer_) + " of '" + group.name() + "'";
+  work_.wait();
   uint64_t n = 0;
-  std::memcpy(&n, len.data_ptr(), 8);
-  torch::Tensor text = torch::empty({static_cast<int64_t>(n)}, torch::kUInt8);
-  if (n > 0) group.recv(text, peer, what).wait();
-  std::istringstream h(std::string(static_cast<const char*>(text.data_ptr()), n));
+  const auto* bytes = static_cast<const char*>(header_.data_ptr());
+  std::memcpy(&n, bytes, 8);
+  std::string text(bytes + 8, std::min<size_t>(n, kText));
+  if (n > kText) {
+    torch::Tensor rest = torch::empty({static_cast<int64_t>(n - kText)}, torch::kUInt8);
+    group.recv(rest, peer_, what).wait();
+    text.append(static_cast<const char*>(rest.data_ptr()), n - kText);
+  }
+  std::istringstream h(text);
   Message m;
   size_t count = 0;
   std::getline(h, m.label);
@@ -80,12 +99,14 @@ Message recv_tensors(Group& group, int peer, const torch::Device& device) {
     h.ignore(1);
     if (!h) throw std::runtime_error(what + ": a malformed message header");
     torch::Tensor t = torch::empty(shape, torch::TensorOptions().dtype(static_cast<torch::ScalarType>(dtype)).device(device));
-    if (t.numel() > 0) works.push_back(group.recv(t.view({-1}).view(torch::kUInt8), peer, what + " ('" + m.label + "': " + name + ")"));
+    if (t.numel() > 0) works.push_back(group.recv(t.view({-1}).view(torch::kUInt8), peer_, what + " ('" + m.label + "': " + name + ")"));
     m.tensors.emplace(std::move(name), std::move(t));
   }
   for (auto& w : works) w.wait();
   return m;
 }
+
+Message recv_tensors(Group& group, int peer, const torch::Device& device) { return Incoming(group, peer).take(device); }
 
 NamedTensors gather_on_first(Group& group, const NamedTensors& mine, const std::string& what) {
   if (group.rank() != 0) {

@@ -47,6 +47,20 @@ struct Message {
 void send_tensors(Group& group, int peer, const std::string& label, const NamedTensors& tensors, Outbox& out);
 // The next message from group rank `peer`, its tensors on `device`; waits for all of it.
 Message recv_tensors(Group& group, int peer, const torch::Device& device);
+// The same in two halves, so that the wait for a message's header overlaps other work: post()
+// asks for the next message's header from `peer` now (messages from a peer pair up in the order
+// their receives are posted), take() waits for it and receives the tensors.
+class Incoming {
+ public:
+  Incoming(Group& group, int peer);
+  Message take(const torch::Device& device);
+
+ private:
+  Group* group_;
+  int peer_;
+  torch::Tensor header_;
+  Work work_;
+};
 
 // A state cut over pipeline stages, gathered on the group's rank 0 (collective over `group`: every
 // member, in the same order): each other rank sends its tensors, rank 0 receives them rank by rank

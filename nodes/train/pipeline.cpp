@@ -26,10 +26,17 @@ struct InFlight {
 };
 
 // Messages from one peer arrive in the order it sent them; one needed now may be behind others
-// (interleaved: chunks' messages cross), which wait here by their label.
+// (interleaved: chunks' messages cross), which wait here by their label. With the count of
+// messages each peer sends this step (`expected`), the next one's header is asked for as soon as
+// the last one is in (never earlier: receives pair up in the order they are posted), so it travels
+// while this rank computes.
 class Inbox {
  public:
-  Inbox(parallel::Group& g, c10::Device d) : group_(g), device_(d) {}
+  Inbox(parallel::Group& g, c10::Device d, std::map<int, int> expected = {})
+      : group_(g), device_(d), expected_(std::move(expected)) {
+    for (const auto& [peer, n] : expected_)
+      if (n > 0) next_.emplace(peer, parallel::Incoming(group_, peer));
+  }
   TensorMap take(int peer, const std::string& label) {
     auto& early = early_[peer];
     for (;;) {
@@ -38,7 +45,10 @@ class Inbox {
         early.erase(it);
         return t;
       }
-      parallel::Message m = parallel::recv_tensors(group_, peer, device_);
+      auto next = next_.find(peer);
+      parallel::Message m = next != next_.end() ? next->second.take(device_) : parallel::recv_tensors(group_, peer, device_);
+      if (next != next_.end()) next_.erase(next);
+      if (--expected_[peer] > 0) next_.emplace(peer, parallel::Incoming(group_, peer));
       early.emplace(std::move(m.label), TensorMap(m.tensors.begin(), m.tensors.end()));
     }
   }
@@ -46,6 +56,8 @@ class Inbox {
  private:
   parallel::Group& group_;
   c10::Device device_;
+  std::map<int, int> expected_;
+  std::map<int, parallel::Incoming> next_;  // a posted header receive, per peer
   std::map<int, std::map<std::string, TensorMap>> early_;
 };
 
@@ -86,7 +98,12 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
 
   parallel::Group& group = *run.group;
   parallel::Outbox outbox;
-  Inbox inbox(group, device);
+  std::map<int, int> expected;  // messages each peer sends this rank in the step
+  for (const pl::Slot& slot : schedule.ranks.at(static_cast<size_t>(run.stage))) {
+    if (slot.op.type == pl::Op::F && slot.op.chunk > 0) ++expected[(slot.op.chunk - 1) % p];
+    if (slot.op.type == pl::Op::B && slot.op.chunk < C - 1) ++expected[(slot.op.chunk + 1) % p];
+  }
+  Inbox inbox(group, device, expected);
   std::map<std::pair<int, int>, InFlight> held;  // (chunk, mb)
   torch::Tensor loss_sum;
   const bool split = schedule.config.kind == pl::Kind::zero_bubble;
@@ -96,12 +113,15 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
     const pl::Op op = slot.op;
     const int k = op.chunk, m = op.mb;
     const TensorMap& part = parts[static_cast<size_t>(m)];
-    const auto started = std::chrono::steady_clock::now();
+    // An operation's time starts once its inputs are here: waiting for another stage is the bubble.
+    auto started = std::chrono::steady_clock::now();
     if (op.type == pl::Op::F) {
       InFlight f;
-      if (k > 0)  // the previous chunk's outputs, as leaves of this chunk's graph
+      if (k > 0) {  // the previous chunk's outputs, as leaves of this chunk's graph
         for (auto& [name, t] : inbox.take((k - 1) % p, label('a', k - 1, m)))
           f.inputs[name] = t.is_floating_point() ? t.requires_grad_(true) : t;
+        started = std::chrono::steady_clock::now();
+      }
       std::optional<TrainingScope> training;
       if (options.dropout_seed) {
         training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(m), static_cast<uint64_t>(k)}));
@@ -131,6 +151,7 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
         f.loss.backward();
       } else {
         TensorMap grads = inbox.take((k + 1) % p, label('g', k + 1, m));
+        started = std::chrono::steady_clock::now();
         std::vector<torch::Tensor> outs, gs;
         for (auto& [name, t] : f.outputs)
           if (t.requires_grad()) {

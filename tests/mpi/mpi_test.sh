@@ -797,13 +797,14 @@ pipeline)
   # schedule, trains what one process trains on the same batch: with SGD (momentum) the parameters,
   # momenta and EMA within 1e-5 of each tensor's largest value and every loss within 1e-6; with
   # AdamW every step's loss, gradient norm and evaluation within 1e-6, at pp 2, dp 2 x pp 2 and
-  # pp 2 x tp 2. Checkpoints hold the one-process tensors: pp 2 -> 1 and 1 -> pp 2 resume.
+  # pp 2 x tp 2. Checkpoints hold the one-process tensors: pp 2 -> 1 and 1 -> pp 2 resume. The
+  # bubble measured against the schedule's prediction.
   needs_data data/text/fortunes_byte.train.bin
   g=("${tiny_gpt[@]}" model.layers=4 data.batch=8)
   sgd=(opt.kind=sgd opt.adamw=null)
   pp=(run.parallel.pp=2 run.parallel.microbatches=4)
   run_code 0 "$flowrun" explain --world 2 "${g[@]}" "${pp[@]}" run.parallel.schedule=zero_bubble
-  expect_out "stage 0: F0 F1 .. B0 W0 F2 B1 W1 F3 B2 W2 .. B3 W3"
+  expect_out "stage 0: F0 F1 .. B0 F2 B1 W0 F3 B2 W1 W2 B3 W3   (bubble 8 %"
   run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/sgd1"
   losses "$tmp/sgd1/metrics.jsonl" > "$tmp/l1"
   for s in gpipe 1f1b interleaved zero_bubble; do
@@ -829,6 +830,24 @@ pipeline)
       grep -o "\"$k\":[0-9.eE+-]*" "$tmp/$run/metrics.jsonl" | cut -d: -f2 > "$tmp/k2"
       same_numbers "$tmp/k1" "$tmp/k2" 1e-6 || fail "AdamW: $k differs between $run and one process"
     done
+  done
+  # The bubble, measured from each stage's trace (its operations' marks) against the schedule's
+  # prediction at the measured costs: 1F1B within 10 points at M = 4 and 8; zero_bubble's lower.
+  b=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=64 model.layers=4 model.dim=256 model.heads=4
+     model.vocab=256 model.context=64 run.steps=8 run.threads=1 data.batch=16 eval.every=1000 evlog.every=1000
+     ckpt.every=1000 ckpt.at=[] ema.every=1000 run.parallel.pp=2)
+  for m in 4 8; do
+    for s in 1f1b zero_bubble; do
+      run_code 0 "${mpi[@]}" "$flowrun" "${b[@]}" run.parallel.microbatches=$m run.parallel.schedule=$s \
+        run.out_dir="$tmp/b$s$m" run.trace="$tmp/b$s$m/trace.json"
+      tol=0.10; [ $s = zero_bubble ] && tol=1
+      "$tool" pipeline-bubble fb $s $m 1 $tol "$tmp/b$s$m/trace.json" "$tmp/b$s$m/trace.rank1.json" > "$tmp/bubble" ||
+        { cat "$tmp/bubble" >&2; fail "$s at M=$m: the measured bubble is not the predicted one"; }
+      cat "$tmp/bubble"
+      grep -o 'stage 0: bubble measured [0-9.]*' "$tmp/bubble" | awk '{print $5}' > "$tmp/$s$m"
+    done
+    awk -v zb="$(cat "$tmp/zero_bubble$m")" '{ exit !(zb < $1) }' "$tmp/1f1b$m" ||
+      fail "zero_bubble's first stage idles no less than 1f1b's at M=$m"
   done
   # Resume across layouts: the checkpoint of step 3 continued by the other layout.
   from "$tmp/1f1b" "$tmp/r21"
