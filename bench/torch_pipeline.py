@@ -79,14 +79,15 @@ def _pp_worker(rank, world, port, cfg, schedule, microbatches, virtual, steps, w
         if step == warmup:
             t0 = time.perf_counter()
         batch = data[step % 8]
+        x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # the stages check strides
         losses = []
         first, last = 0 in mine, chunks - 1 in mine
         if first and last:
-            sched.step(batch[:, :-1], target=batch[:, 1:], losses=losses)
+            sched.step(x, target=y, losses=losses)
         elif first:
-            sched.step(batch[:, :-1])
+            sched.step(x)
         elif last:
-            sched.step(target=batch[:, 1:], losses=losses)
+            sched.step(target=y, losses=losses)
         else:
             sched.step()
         # The whole model's norm: each stage's squares summed over the ranks, then clip.

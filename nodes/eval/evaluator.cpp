@@ -19,7 +19,6 @@
 #include "encode/tokenize.hpp"
 #include "registry.hpp"
 #include "train/fully_sharded.hpp"
-#include "train/pipeline.hpp"
 
 namespace flowrun {
 
@@ -45,7 +44,7 @@ EvalResult evaluate(ModelState& model, const Dataset& data, const Objective& obj
     torch::Tensor loss;
     {
       AutocastScope autocast(o.precision, device);
-      loss = o.loss ? o.loss(model, batch) : objective.loss(model, batch);
+      loss = objective.loss(model, batch);
     }
     sum += loss.detach().to(torch::kDouble) * static_cast<double>(t);
     targets += t;
@@ -121,20 +120,14 @@ class EvaluatorNode : public Node {
                                  "connect a vae_encode node's params");
     }
     check_eval_split(data, opts_, ctx.who());
-    if (ctx.state_as<ModelState>("model").stages) {  // pipeline parallel: each batch through the stages
-      if (with_text_ || vae_)
-        throw std::runtime_error(ctx.who() + ": conditioning batches (encoder, vae) with pipeline stages is not built "
-                                 "yet; set run.parallel.pp=1");
+    if (ctx.state_as<ModelState>("model").stages)  // pipeline parallel: each batch through the stages (StageChannel)
       pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
                                          ctx.run().rank);
-      opts_.loss = [this](ModelState& model, const TensorMap& batch) {
-        return pipeline_loss(model, batch, *objective_, *pp_group_);
-      };
-    }
   }
 
   void run(StepContext& ctx) override {
     const parallel::TpChannel tp_channel(tp_group_.get());
+    const StageChannel stage_channel(pp_group_.get());
     ShardedReader reader(ctx.state_as<ModelState>("model"), dp_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
     const Dataset& data = ctx.state_as<Dataset>("data");
     EvalOptions o = opts_;

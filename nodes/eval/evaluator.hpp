@@ -23,9 +23,6 @@ struct EvalOptions {
   // text encoder's embeddings of the batch's captions (the evaluator node's tokenizer and
   // encoder inputs). Gets the batch index and the batch.
   std::function<TensorMap(int64_t index, const TensorMap& batch)> cond;
-  // Set: what scores a batch instead of objective.loss(model, batch) (a model cut into pipeline
-  // stages: train/pipeline.hpp's pipeline_loss, the batch through every stage).
-  std::function<torch::Tensor(ModelState& model, const TensorMap& batch)> loss;
 };
 
 // What this rank scored. The sums are what ranks add up for the global mean:

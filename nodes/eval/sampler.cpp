@@ -141,6 +141,9 @@ class SamplerNode : public Node {
     // A model split over tp ranks samples on every rank of the first replica (each holds a part),
     // over a channel of this node's own (parallel/tensor_parallel.hpp TpChannel).
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // collective: setup runs in file order
+    if (ctx.state_as<ModelState>("model").stages)  // pipeline parallel: each denoising step through the stages
+      pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
+                                         ctx.run().rank);
     dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
     first_replica_ = parallel::replica_of(ctx.run()).index == 0;
     schedule_ = denoiser->noise_schedule();
@@ -181,6 +184,7 @@ class SamplerNode : public Node {
       return;
     }
     const parallel::TpChannel tp_channel(tp_group_.get());
+    const StageChannel stage_channel(pp_group_.get());
     const auto t0 = std::chrono::steady_clock::now();
     ShardedReader reader(ctx.state_as<ModelState>("model"), dp_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
     ModelState& model = reader.model();
@@ -234,6 +238,7 @@ class SamplerNode : public Node {
   int64_t per_prompt_ = 0, zoom_ = 0, steps_ = 0, height_ = 0, width_ = 0, channels_ = 0, seed_ = 0;  // setup: the schema's
   double guidance_ = 0;
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
+  std::shared_ptr<parallel::Group> pp_group_;  // run.parallel.pp > 1: the stages' activations (StageChannel)
   std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
   bool first_replica_ = true;                  // rank 0's replica: its tp ranks sample
   diffusion::NoiseSchedule schedule_;

@@ -3,8 +3,11 @@
 // Test: tests/nodes/dit_test.cpp.
 #include "models/dit.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "common/batch_keys.hpp"
@@ -256,19 +259,65 @@ double Config::parameter_count() const {
 
 DitImpl::DitImpl(Config cfg) : cfg_(cfg), rope_cache_(std::make_shared<RopeCache>()) {
   cfg_.check();
+  if (cfg_.staged()) {
+    auto s = std::make_shared<Stages>();
+    s->blocks = cfg_.chunks;
+    s->mine = cfg_.mine;
+    s->stages = cfg_.stages;
+    stages_ = s;
+  }
   reset();
 }
 
+bool Config::holds_chunk(int k) const { return !staged() || std::find(mine.begin(), mine.end(), k) != mine.end(); }
+
+bool Config::holds_block(int64_t i) const {
+  if (!staged()) return true;
+  for (int k : mine)
+    if (i >= chunks[static_cast<size_t>(k)].first && i < chunks[static_cast<size_t>(k)].second) return true;
+  return false;
+}
+
+// Staged (pipeline parallel): the embeddings with chunk 0, the blocks this rank holds (an empty
+// placeholder in the others' places, so that every name is the whole model's), the output layers
+// with the last chunk. whole_order() lists the same in the same order: keep them alike.
 void DitImpl::reset() {
+  const bool first = cfg_.holds_chunk(0), last = cfg_.holds_chunk(static_cast<int>(cfg_.chunks.size()) - 1);
   const int64_t tokens = cfg_.text_len + (cfg_.t5_dim > 0 ? cfg_.text_len_t5 : 0);
-  text_embedding_padding = register_parameter("text_embedding_padding", torch::zeros({tokens, cfg_.text_dim}));
-  if (cfg_.t5_dim > 0) text_embedder = register_module("text_embedder", TwoLayer(cfg_.t5_dim, 4 * cfg_.t5_dim, two_layer(cfg_.text_dim)));
-  pos_embed = register_module("pos_embed", PatchEmbed(cfg_.in_channels, cfg_.hidden, cfg_.patch));
-  time_extra_emb = register_module("time_extra_emb", TimeEmbed(cfg_));
+  if (first) {
+    text_embedding_padding = register_parameter("text_embedding_padding", torch::zeros({tokens, cfg_.text_dim}));
+    if (cfg_.t5_dim > 0) text_embedder = register_module("text_embedder", TwoLayer(cfg_.t5_dim, 4 * cfg_.t5_dim, two_layer(cfg_.text_dim)));
+    pos_embed = register_module("pos_embed", PatchEmbed(cfg_.in_channels, cfg_.hidden, cfg_.patch));
+    time_extra_emb = register_module("time_extra_emb", TimeEmbed(cfg_));
+  }
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < cfg_.depth; ++i) blocks->push_back(Block(cfg_, i > cfg_.depth / 2));
-  norm_out = register_module("norm_out", AdaNormContinuous(cfg_.hidden));
-  proj_out = register_module("proj_out", lora::Linear(cfg_.hidden, cfg_.patch * cfg_.patch * cfg_.out_channels()));
+  for (int64_t i = 0; i < cfg_.depth; ++i) {
+    if (cfg_.holds_block(i)) blocks->push_back(Block(cfg_, i > cfg_.depth / 2));
+    else blocks->push_back(torch::nn::Identity());
+  }
+  if (last) {
+    norm_out = register_module("norm_out", AdaNormContinuous(cfg_.hidden));
+    proj_out = register_module("proj_out", lora::Linear(cfg_.hidden, cfg_.patch * cfg_.patch * cfg_.out_channels()));
+  }
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> whole_order(const Config& c) {
+  Config one = c;
+  one.chunks.clear();
+  one.mine.clear();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> order;
+  auto add = [&](const std::string& prefix, torch::nn::Module& m) {
+    for (const auto& p : m.named_parameters(true)) order.emplace_back(prefix + p.key(), p.value().sizes().vec());
+  };
+  const int64_t tokens = c.text_len + (c.t5_dim > 0 ? c.text_len_t5 : 0);
+  order.emplace_back("text_embedding_padding", std::vector<int64_t>{tokens, c.text_dim});
+  if (c.t5_dim > 0) add("text_embedder.", *TwoLayer(c.t5_dim, 4 * c.t5_dim, two_layer(c.text_dim)));
+  add("pos_embed.", *PatchEmbed(c.in_channels, c.hidden, c.patch));
+  add("time_extra_emb.", *TimeEmbed(one));
+  for (int64_t i = 0; i < c.depth; ++i) add("blocks." + std::to_string(i) + ".", *Block(one, i > c.depth / 2));
+  add("norm_out.", *AdaNormContinuous(c.hidden));
+  add("proj_out.", *lora::Linear(c.hidden, c.patch * c.patch * c.out_channels()));
+  return order;
 }
 
 std::pair<torch::Tensor, torch::Tensor> DitImpl::rope(int64_t gh, int64_t gw, const torch::Device& device) {
@@ -283,7 +332,7 @@ std::pair<torch::Tensor, torch::Tensor> DitImpl::rope(int64_t gh, int64_t gw, co
   return v;
 }
 
-torch::Tensor DitImpl::forward(const Inputs& in) {
+DitImpl::Stream DitImpl::embed(const Inputs& in) {
   const torch::Tensor& x = in.x;
   const int64_t p = cfg_.patch, C = cfg_.in_channels;
   if (!x.defined() || x.dim() != 4 || x.size(1) != C || x.size(2) % p != 0 || x.size(3) % p != 0 || x.size(2) == 0 ||
@@ -349,33 +398,83 @@ torch::Tensor DitImpl::forward(const Inputs& in) {
   // once for all blocks.
   ctx = parallel::copy_to_tp(ctx, cfg_.tp);
 
-  torch::Tensor h = pos_embed(x);  // [B, N, hidden], row-major patches
+  Stream s;
+  s.h = pos_embed(x);  // [B, N, hidden], row-major patches
   torch::Tensor tt = t.dim() == 0 ? t.reshape({1}).expand({B}) : (t.size(0) == 1 ? t.expand({B}) : t);
-  torch::Tensor temb = time_extra_emb->forward(tt, in.t5, in.image_meta_size, in.style, h.scalar_type());
-  auto [cos, sin] = rope(gh, gw, x.device());
+  s.temb = time_extra_emb->forward(tt, in.t5, in.image_meta_size, in.style, s.h.scalar_type());
+  s.ctx = ctx;
+  (void)gh;
+  (void)gw;
+  return s;
+}
 
+void DitImpl::run_blocks(Stream& s, int64_t first, int64_t last, const Inputs& in) {
+  const int64_t p = cfg_.patch, gh = in.x.size(2) / p, gw = in.x.size(3) / p;
+  auto [cos, sin] = rope(gh, gw, in.x.device());
   const int64_t d = cfg_.depth;
-  std::vector<torch::Tensor> skips;
-  int64_t i = 0;
-  // Iterate the ModuleList itself (clone() replaces its items).
-  for (const auto& m : *blocks) {
-    auto* blk = m->as<BlockImpl>();
+  // The ModuleList itself (clone() replaces its items). Block i > depth / 2 adds the output of
+  // block depth - 1 - i (a long skip): the skips are a stack.
+  for (int64_t i = first; i < last; ++i) {
+    auto* blk = (*blocks)[static_cast<size_t>(i)]->as<BlockImpl>();
+    if (!blk) throw std::logic_error("dit: block " + std::to_string(i) + " is another pipeline stage's");
     torch::Tensor skip;
     if (blk->has_skip()) {
-      skip = skips.back();  // the output of block depth-1-i
-      skips.pop_back();
+      skip = s.skips.back();  // the output of block depth-1-i
+      s.skips.pop_back();
     }
-    h = run_block(cfg_.checkpoint, i, *blk, {h, temb, ctx, cos, sin, skip}, [blk](const std::vector<torch::Tensor>& a) {
+    s.h = run_block(cfg_.checkpoint, i, *blk, {s.h, s.temb, s.ctx, cos, sin, skip}, [blk](const std::vector<torch::Tensor>& a) {
       return blk->forward(a[0], a[1], a[2], a[3], a[4], a[5]);
     });
-    if (i < d - 1 - d / 2) skips.push_back(h);
-    ++i;
+    if (i < d - 1 - d / 2) s.skips.push_back(s.h);
   }
-  h = proj_out(norm_out(h, temb));  // [B, N, p*p*C']
+}
+
+torch::Tensor DitImpl::head(const Stream& s, const Inputs& in) {
+  const int64_t p = cfg_.patch, B = in.x.size(0), gh = in.x.size(2) / p, gw = in.x.size(3) / p;
+  const torch::Tensor h = proj_out(norm_out(s.h, s.temb));  // [B, N, p*p*C']
   // Unpatchify: [B, gh, gw, p, p, C'] -> [B, C', gh, p, gw, p] -> [B, C', H, W].
   const int64_t Co = cfg_.out_channels();
   return h.reshape({B, gh, gw, p, p, Co}).permute({0, 5, 1, 3, 2, 4}).reshape({B, Co, gh * p, gw * p});
 }
+
+torch::Tensor DitImpl::forward(const Inputs& in) {
+  if (cfg_.staged())
+    throw std::runtime_error("dit: this rank holds pipeline chunks of the model only (run.parallel.pp); it runs chunk by "
+                             "chunk (models/stages.hpp), not as a whole");
+  Stream s = embed(in);
+  run_blocks(s, 0, cfg_.depth, in);
+  return head(s, in);
+}
+
+TensorMap DitImpl::chunk(int k, const Inputs& in, const TensorMap& prev) {
+  if (!cfg_.holds_chunk(k)) throw std::logic_error("dit: pipeline chunk " + std::to_string(k) + " is another rank's");
+  Stream s;
+  if (k == 0) {
+    s = embed(in);
+  } else {
+    s.h = prev.at("h");
+    s.temb = prev.at("temb");
+    s.ctx = prev.at("ctx");
+    for (size_t i = 0;; ++i) {  // "skip.000", "skip.001", ... bottom of the stack first
+      char key[32];
+      std::snprintf(key, sizeof key, "skip.%03zu", i);
+      auto it = prev.find(key);
+      if (it == prev.end()) break;
+      s.skips.push_back(it->second);
+    }
+  }
+  const auto [first, last] = cfg_.chunks.at(static_cast<size_t>(k));
+  run_blocks(s, first, last, in);
+  if (k + 1 == static_cast<int>(cfg_.chunks.size())) return {{"output", head(s, in)}};
+  TensorMap out{{"h", s.h}, {"temb", s.temb}, {"ctx", s.ctx}};
+  for (size_t i = 0; i < s.skips.size(); ++i) {
+    char key[32];
+    std::snprintf(key, sizeof key, "skip.%03zu", i);
+    out[key] = s.skips[i];
+  }
+  return out;
+}
+
 
 torch::Tensor DitImpl::forward_all(const TensorMap& batch) {
   auto get = [&](const char* k, bool required) {
@@ -397,6 +496,8 @@ torch::Tensor DitImpl::forward_all(const TensorMap& batch) {
   in.t5_mask = get(batch_key::t5_mask, false);
   in.image_meta_size = get(batch_key::image_meta_size, false);
   in.style = get(batch_key::style, false);
+  if (stages_)  // pipeline parallel: this rank's chunks (models/stages.hpp)
+    return staged_forward(*stages_, in.x.device(), [&](int k, const TensorMap& prev) { return chunk(k, in, prev); });
   return forward(in);
 }
 
@@ -440,6 +541,12 @@ void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>&
   LoadByNameOptions o;
   o.model = "dit (" + describe(model.config()) + ")";
   o.optional = lora::is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
+  if (model.config().staged()) {  // pipeline parallel: another chunk's tensors (whole-model names) are skipped
+    std::set<std::string> whole;
+    for (const auto& [name, shape] : whole_order(model.config())) whole.insert(name);
+    const auto held = model.named_parameters(true);
+    o.ignore = [whole = std::move(whole), held](const std::string& n) { return !held.contains(n) && whole.count(n); };
+  }
   const std::shared_ptr<parallel::Group>& tp = model.config().tp;
   if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);
   load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
@@ -457,6 +564,7 @@ std::shared_ptr<ModelState> make_state(Dit model) {
     return dit->forward_batch(batch);
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "dit");
+  state->stages = model->stages();
   state->exporter = lora::peft_export;  // its adapters, once it has some (checkpoint `exports`)
   return state;
 }

@@ -144,8 +144,17 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
 
 // ---- the model
 
+
 GptImpl::GptImpl(Config cfg) : cfg_(cfg), masks_(std::make_shared<CausalMaskCache>()) {
   cfg_.check();
+  if (cfg_.staged()) {
+    auto s = std::make_shared<Stages>();
+    s->blocks = cfg_.chunks;
+    s->mine = cfg_.mine;
+    s->stages = cfg_.stages;
+    if (cfg_.holds_embedding() != cfg_.holds_head()) s->tied = {"wte.weight"};  // the table on the first and the last stage
+    stages_ = s;
+  }
   reset();
 }
 
@@ -315,22 +324,12 @@ std::shared_ptr<ModelState> make_state(Gpt model) {
     if (!gpt) throw std::runtime_error("gpt: the model's module is not a GPT");
     // Inputs are every token but the last; the targets (tokens[:, 1:]) are the objective's.
     const torch::Tensor inputs = tokens.narrow(1, 0, tokens.size(1) - 1);
-    if (const StageCall* call = StageCall::current()) return gpt->chunk(call->chunk, inputs, call->in).at("output");
+    if (const auto& stages = gpt->stages())  // pipeline parallel: this rank's chunks (models/stages.hpp)
+      return staged_forward(*stages, tokens.device(), [&](int k, const TensorMap& in) { return gpt->chunk(k, inputs, in); });
     return gpt->forward(inputs);
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");
-  const Config& c = model->config();
-  if (!c.staged()) return state;
-  auto stages = std::make_shared<Stages>();
-  stages->blocks = c.chunks;
-  stages->mine = c.mine;
-  stages->stages = c.stages;
-  if (c.holds_embedding() != c.holds_head()) stages->tied = {"wte.weight"};  // the table on the first and the last stage
-  stages->forward = [](ModelState& self, int k, const TensorMap& batch, const TensorMap& in) {
-    const torch::Tensor& tokens = batch.at("tokens");
-    return self.module->as<GptImpl>()->chunk(k, tokens.narrow(1, 0, tokens.size(1) - 1), in);
-  };
-  state->stages = stages;
+  state->stages = model->stages();
   return state;
 }
 

@@ -154,6 +154,8 @@ class GptImpl : public torch::nn::Cloneable<GptImpl> {
   // 0: the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
   TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in);
   const Config& config() const { return cfg_; }
+  // Pipeline parallel: the chunks this rank holds (models/stages.hpp); null for the whole model.
+  const std::shared_ptr<const Stages>& stages() const { return stages_; }
 
   Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
@@ -165,6 +167,7 @@ class GptImpl : public torch::nn::Cloneable<GptImpl> {
   torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T);           // -> logits
   Config cfg_;
   std::shared_ptr<CausalMaskCache> masks_;
+  std::shared_ptr<const Stages> stages_;
 };
 TORCH_MODULE(Gpt);
 
@@ -192,7 +195,7 @@ void load_hf_safetensors(GptImpl& model, const std::string& path);
 // The ModelState of the gpt node: forward(batch) reads batch["tokens"], integer [B, T+1],
 // and returns the logits [B, T, vocab] for the inputs tokens[:, :-1] (the targets are
 // tokens[:, 1:]: see the lm objective in train/forward_backward.cpp). A staged model (pipeline
-// parallel) gets its ModelState::stages, and its forward runs the StageCall's chunk.
+// parallel) gets its ModelState::stages, and its forward is staged_forward (models/stages.hpp).
 std::shared_ptr<ModelState> make_state(Gpt model);
 
 }  // namespace flowrun::gpt

@@ -2,17 +2,70 @@
 #include "models/stages.hpp"
 
 #include <algorithm>
+#include <stdexcept>
+
+#include "parallel/tensor_messages.hpp"
 
 namespace flowrun {
 
 bool Stages::holds(int chunk) const { return std::find(mine.begin(), mine.end(), chunk) != mine.end(); }
 
-namespace {
-thread_local const StageCall* g_call = nullptr;
+bool Stages::holds_block(int block) const {
+  for (int k : mine)
+    if (block >= blocks[static_cast<size_t>(k)].first && block < blocks[static_cast<size_t>(k)].second) return true;
+  return false;
 }
+
+namespace {
+thread_local StageCall* g_call = nullptr;
+thread_local parallel::Group* g_channel = nullptr;
+}  // namespace
 
 StageCall::StageCall(int c, const TensorMap& i) : chunk(c), in(i), previous_(g_call) { g_call = this; }
 StageCall::~StageCall() { g_call = previous_; }
-const StageCall* StageCall::current() { return g_call; }
+StageCall* StageCall::current() { return g_call; }
+
+StageChannel::StageChannel(parallel::Group* group) : previous_(g_channel) { g_channel = group; }
+StageChannel::~StageChannel() { g_channel = previous_; }
+parallel::Group* StageChannel::current() { return g_channel; }
+
+torch::Tensor staged_forward(const Stages& stages, const c10::Device& device,
+                             const std::function<TensorMap(int k, const TensorMap& in)>& chunk) {
+  const int last = stages.chunks() - 1, p = stages.stages;
+  if (StageCall* call = StageCall::current()) {
+    TensorMap out = chunk(call->chunk, call->in);
+    if (call->chunk == last) return out.at("output");
+    call->out = std::move(out);
+    throw StageCall::Done{};
+  }
+  parallel::Group* group = StageChannel::current();
+  if (!group)
+    throw std::logic_error("this rank holds pipeline stages of the model only (run.parallel.pp): a node that runs it "
+                           "must open a StageChannel over its pp ranks (forward_backward, evaluator and sampler do)");
+  // This rank's chunks in order; chunk k's inputs from the stage of chunk k - 1, which sends them
+  // in its own chunk order, the same order they are needed in here.
+  parallel::Outbox out;
+  torch::Tensor output;
+  for (int k : stages.mine) {
+    TensorMap in;
+    if (k > 0) {
+      parallel::Message m = parallel::recv_tensors(*group, (k - 1) % p, device);
+      in = TensorMap(m.tensors.begin(), m.tensors.end());
+    }
+    TensorMap next = chunk(k, in);
+    if (k == last) output = next.at("output");
+    else parallel::send_tensors(*group, (k + 1) % p, "chunk " + std::to_string(k), {next.begin(), next.end()}, out);
+  }
+  // The output, from the last chunk's stage to every other.
+  const int from = last % p;
+  if (group->rank() == from) {
+    for (int q = 0; q < p; ++q)
+      if (q != from) parallel::send_tensors(*group, q, "output", {{"output", output}}, out);
+  } else {
+    output = parallel::recv_tensors(*group, from, device).tensors.at("output");
+  }
+  out.wait();
+  return output;
+}
 
 }  // namespace flowrun

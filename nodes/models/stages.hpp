@@ -1,13 +1,19 @@
 // Pipeline parallel's view of a model (run.parallel.pp > 1; docs/parallel.md "Pipeline parallel"):
 // the model's blocks cut into chunks (parallel/pipeline_schedule.hpp), each rank building and
 // holding only its chunks' blocks, the embedding with chunk 0 and the head with the last. Set by a
-// family that cuts (gpt) on ModelState::stages; forward_backward's pipeline path
-// (train/pipeline.hpp) runs the chunks as the schedule says.
+// family that cuts (gpt, dit) on ModelState::stages.
 //
-// A chunk's forward takes the micro-batch and the previous chunk's outputs and gives the next
-// chunk's inputs; the last chunk's runs inside the objective (its loss reads model.forward(batch)),
-// so the pipeline path opens a StageCall around it and the model's forward, seeing one, runs that
-// chunk from the call's inputs instead of the whole model.
+// A staged model's forward (the family calls staged_forward) runs one of two ways:
+//  - inside a schedule (train/pipeline.cpp): forward_backward opens a StageCall around the
+//    objective's loss for one chunk and micro-batch, on every stage, so that whatever the objective
+//    makes of the batch before the model (diffusion's noised latents and timesteps, drawn alike on
+//    every stage) is the model's input on the first. The forward runs that chunk from the previous
+//    chunk's outputs; the last chunk's output goes back to the objective, which scores it; a chunk
+//    before the last keeps its outputs in the call and ends the objective there (StageCall::Done).
+//  - outside one (an evaluator's batch, a sampler's denoising step): the node opens a
+//    StageChannel over its pp ranks around its work, and each forward runs this rank's chunks in
+//    order, from the previous stage's outputs to the next's, the last stage's output reaching
+//    every stage (so each computes what comes next alike).
 #pragma once
 #include <functional>
 #include <memory>
@@ -15,44 +21,66 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "common/tensor_map.hpp"
 
 namespace flowrun {
 
-struct ModelState;
+namespace parallel {
+class Group;
+}
 
 struct Stages {
   int stages = 1;                           // run.parallel.pp
   std::vector<std::pair<int, int>> blocks;  // per chunk: its blocks [first, last); chunk k on pp rank k % stages
   std::vector<int> mine;                    // the chunks this rank holds, in order
   // Parameters this rank holds as a copy of another chunk's (GPT's tied token table on the last
-  // chunk, beside the first chunk's): their gradients are summed with the owner's every step (so
-  // both update alike), and the gradient norm counts the owner's only.
+  // chunk, beside the first chunk's), on both ranks: their gradients are summed every step (so
+  // both update alike), and the gradient norm counts the first stage's only.
   std::vector<std::string> tied;
-  // Chunk k's forward: from the micro-batch and chunk k - 1's outputs (empty for chunk 0) to chunk
-  // k + 1's inputs.
-  std::function<TensorMap(ModelState& self, int k, const TensorMap& batch, const TensorMap& in)> forward;
 
   int chunks() const { return static_cast<int>(blocks.size()); }
   bool holds(int chunk) const;
+  bool holds_block(int block) const;
   bool first() const { return holds(0); }
   bool last() const { return holds(chunks() - 1); }
 };
 
-// Around the last chunk's forward inside an objective: the model's forward runs chunk `chunk`
-// from `in`. Thread-local (forward runs on the calling thread); nests.
+// One chunk's forward inside a schedule. Thread-local (forward runs on the calling thread).
 class StageCall {
  public:
   StageCall(int chunk, const TensorMap& in);
   ~StageCall();
   StageCall(const StageCall&) = delete;
   StageCall& operator=(const StageCall&) = delete;
-  static const StageCall* current();
-  int chunk;
+  static StageCall* current();
+  struct Done {};  // thrown by a chunk before the last, its outputs in `out`
+  const int chunk;
   const TensorMap& in;
+  TensorMap out;
 
  private:
-  const StageCall* previous_;
+  StageCall* previous_;
 };
+
+// A node's channel over its pp ranks for forwards outside a schedule. Thread-local; nests.
+class StageChannel {
+ public:
+  explicit StageChannel(parallel::Group* group);
+  ~StageChannel();
+  StageChannel(const StageChannel&) = delete;
+  StageChannel& operator=(const StageChannel&) = delete;
+  static parallel::Group* current();
+
+ private:
+  parallel::Group* previous_;
+};
+
+// A staged model's forward (above): `chunk(k, in)` runs chunk k from chunk k - 1's outputs (empty
+// for chunk 0) and returns chunk k + 1's inputs, or for the last chunk {"output": the model's
+// output}. Tensors from other stages arrive on `device`.
+torch::Tensor staged_forward(const Stages& stages, const c10::Device& device,
+                             const std::function<TensorMap(int k, const TensorMap& in)>& chunk);
 
 }  // namespace flowrun

@@ -241,10 +241,11 @@ class ForwardBackwardNode : public Node {
     }
     o.hooks = hooks_;
     // Each parameter once, as its gradient becomes final: allreduce reduces buckets meanwhile.
-    // With one process there is nothing to reduce during backward: all of them after it, in
-    // the buffer's order, rather than waking a worker for each parameter while backward runs.
+    // With one replica (one process, or tp and pp ranks only) there is nothing to reduce during
+    // backward: all of them after it, in the buffer's order, rather than waking a worker for each
+    // parameter while backward runs (and no gradient buffers).
     const int count = static_cast<int>(params.size());
-    const bool overlap = ctx.run().world > 1;
+    const bool overlap = dp_.count > 1;
     const bool sharded = zero_ && zero_->shards_gradients();  // at any world size (one process: owns all)
     int index = 0;
     if (sharded) {
@@ -321,7 +322,7 @@ class ForwardBackwardNode : public Node {
     const std::string pp = "run.parallel.pp is " + std::to_string(par.pp);
     if (!model.stages)
       throw std::runtime_error(ctx.who() + ": " + pp + ", but its model (" + model.kind + ") does not cut into pipeline "
-                               "stages (built for gpt); set run.parallel.pp=1");
+                               "stages (built for gpt and dit); set run.parallel.pp=1");
     if (options_.accumulate != 1)
       throw std::runtime_error(ctx.who() + ": " + pp + " and accumulate is " + std::to_string(options_.accumulate) +
                                ": under pipeline parallel the batch's micro-batches are run.parallel.microbatches; set "

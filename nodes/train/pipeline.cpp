@@ -122,25 +122,38 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
           f.inputs[name] = t.is_floating_point() ? t.requires_grad_(true) : t;
         started = std::chrono::steady_clock::now();
       }
+      // Micro-batch m's draws as forward_backward's (accumulate M) draw them, on every stage: the
+      // objective's (diffusion's timesteps and noise) alike everywhere; a model's dropout masks
+      // of a later chunk from the start of the scope's generator again.
       std::optional<TrainingScope> training;
       if (options.dropout_seed) {
-        training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(m), static_cast<uint64_t>(k)}));
+        training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(m)}));
         training->set_rows(options.rows_seed, first_row[static_cast<size_t>(m)]);
       }
       if (split) f.deferred = std::make_unique<DeferredWeightGrads>();
       std::optional<DeferredWeightGrads::Scope> deferring;
       if (f.deferred) deferring.emplace(*f.deferred);
       AutocastScope autocast(options.precision, device);
+      // The objective on every stage (models/stages.hpp): what it makes of the micro-batch is the
+      // first chunk's input; a chunk before the last ends it with its outputs.
+      StageCall call(k, f.inputs);
+      torch::Tensor loss;
+      try {
+        loss = objective.loss(model, part);
+      } catch (const StageCall::Done&) {
+        f.outputs = std::move(call.out);
+      }
       if (k == C - 1) {
-        StageCall call(k, f.inputs);
-        torch::Tensor loss = objective.loss(model, part);
-        if (loss.dim() != 0) throw std::runtime_error("objective " + objective.type + " returned a non-scalar loss");
+        if (!loss.defined() || loss.dim() != 0)
+          throw std::runtime_error("objective " + objective.type + " returned a non-scalar loss");
         const double w = static_cast<double>(batch_rows(part)) / static_cast<double>(total);
         f.loss = loss * w;
         torch::Tensor l = loss.detach() * w;
         loss_sum = loss_sum.defined() ? loss_sum + l : l;
       } else {
-        f.outputs = stages.forward(model, k, part, f.inputs);
+        if (loss.defined())
+          throw std::logic_error("pipeline: chunk " + std::to_string(k) + "'s forward did not stop the objective (the "
+                                 "model's forward is not staged_forward)");
         parallel::send_tensors(group, (k + 1) % p, label('a', k, m), {f.outputs.begin(), f.outputs.end()}, outbox);
       }
       held.emplace(std::make_pair(k, m), std::move(f));
@@ -223,29 +236,6 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
   if (options.on_ready)
     for (size_t k = n; k-- > 0;) options.on_ready(static_cast<int>(k), used[k] != 0);
   return r;
-}
-
-torch::Tensor pipeline_loss(ModelState& model, const TensorMap& batch, const Objective& objective, parallel::Group& group) {
-  if (!model.stages) throw std::logic_error("pipeline_loss: the model is not cut into stages");
-  const Stages& stages = *model.stages;
-  const int p = stages.stages, C = stages.chunks();
-  const c10::Device device = model_device(model);
-  parallel::Outbox outbox;
-  Inbox inbox(group, device);
-  torch::Tensor loss = torch::zeros({1}, torch::TensorOptions().dtype(torch::kFloat).device(device));
-  for (int k : stages.mine) {
-    const TensorMap in = k == 0 ? TensorMap{} : inbox.take((k - 1) % p, label('a', k - 1, 0));
-    if (k == C - 1) {
-      StageCall call(k, in);
-      loss.copy_(objective.loss(model, batch).detach().reshape({1}).to(torch::kFloat));
-    } else {
-      const TensorMap out = stages.forward(model, k, batch, in);
-      parallel::send_tensors(group, (k + 1) % p, label('a', k, 0), {out.begin(), out.end()}, outbox);
-    }
-  }
-  outbox.wait();
-  group.broadcast(loss, p - 1, "the evaluation loss of the last pipeline stage").wait();
-  return loss.reshape({});
 }
 
 }  // namespace flowrun

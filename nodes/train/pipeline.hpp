@@ -3,9 +3,10 @@
 // rank running its chunks' operations in the order its schedule says (parallel/pipeline_schedule.hpp:
 // one rule for every schedule, the one `flowrun explain` prints).
 //
-//   F(k, m)  chunk k's forward of micro-batch m: chunk k - 1's outputs received from the previous
-//            stage as leaves that need a gradient (chunk 0: the embedding of the batch), the
-//            outputs sent on to the next stage; the last chunk's forward is the objective's loss.
+//   F(k, m)  chunk k's forward of micro-batch m, inside the objective's loss on every stage (a
+//            StageCall, models/stages.hpp): chunk k - 1's outputs received from the previous stage
+//            as leaves that need a gradient (chunk 0: the model's inputs as the objective makes
+//            them), the outputs sent on to the next stage; the last chunk's ends in the loss.
 //   B(k, m)  backward from the gradient of k's outputs (received from the next stage; the last
 //            chunk: its loss x the micro-batch's share of the rows), the inputs' gradients sent back.
 //   W(k, m)  zero_bubble: the weight gradients B(k, m) left (models/linear.hpp's DeferredWeightGrads).
@@ -44,10 +45,5 @@ struct PipelineRun {
 // after the last operation); on_pass, on_grad and hooks unused.
 FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& batch, const Objective& objective,
                                        const FwdBwdOptions& options, PipelineRun& run);
-
-// Forward only (an evaluator's batch): this rank's chunks in order, each from the previous
-// chunk's outputs, the last chunk's loss given to every stage. Collective over `group` (the
-// caller's own channel over its pp ranks, rank = pp coordinate).
-torch::Tensor pipeline_loss(ModelState& model, const TensorMap& batch, const Objective& objective, parallel::Group& group);
 
 }  // namespace flowrun

@@ -72,6 +72,31 @@ TEST(Dit, ParameterNamesFollowDiffusersHunyuanDiT) {
   EXPECT_FALSE(bn.count("blocks.20.skip_linear.weight"));
 }
 
+// Pipeline parallel: a staged model holds its chunks' blocks (and the embeddings or the output
+// layers) under the whole model's names; whole_order() lists the whole model's parameters in its
+// init order, what a stage's init draws (so the stages together hold one process's values).
+TEST(Dit, StagesHoldTheirBlocksUnderTheWholeModelsNamesAndTheInitOrderIsTheWholeModels) {
+  for (int64_t t5 : {0, 16}) {
+    dit::Config c = tiny(4, t5);
+    dit::Dit whole(c);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> listed;
+    for (const auto& p : whole->named_parameters(true)) listed.emplace_back(p.key(), p.value().sizes().vec());
+    EXPECT_EQ(dit::whole_order(c), listed) << "t5 " << t5;
+    c.chunks = {{0, 1}, {1, 3}, {3, 4}};
+    c.stages = 2;
+    c.mine = {1};  // the middle chunk only: blocks 1 and 2
+    dit::Dit middle(c);
+    std::set<std::string> held = names(*middle);
+    for (const auto& n : held) EXPECT_TRUE(n.rfind("blocks.1.", 0) == 0 || n.rfind("blocks.2.", 0) == 0) << n;
+    EXPECT_FALSE(held.empty());
+    c.mine = {0, 2};  // the first and the last chunk
+    dit::Dit ends(c);
+    held = names(*ends);
+    EXPECT_TRUE(held.count("pos_embed.proj.weight") && held.count("proj_out.weight") && held.count("blocks.0.norm1.linear.weight"));
+    EXPECT_FALSE(held.count("blocks.1.norm1.linear.weight"));
+  }
+}
+
 TEST(Dit, ForwardShapesForSquareAndNonSquareInputs) {
   dit::Dit m(tiny());
   dit::init_weights(*m, 1);
