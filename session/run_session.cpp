@@ -282,11 +282,7 @@ pipeline::Config pipeline_config(const RunSettings::Parallel& p) {
     if (p.virtual_stages != 1) refuse("virtual_stages (" + std::to_string(p.virtual_stages) + ")");
     if (!p.stage_layers.empty()) refuse("stage_layers");
   }
-  pipeline::Config c;
-  c.stages = p.pp;
-  c.microbatches = p.microbatches;
-  c.kind = pipeline::parse_kind(p.schedule);
-  c.virtual_stages = p.virtual_stages;
+  const pipeline::Config c = pipeline::Config::of(p.pp, p.microbatches, p.schedule, p.virtual_stages);
   c.check();
   return c;
 }

@@ -2,8 +2,11 @@
 #include "models/stages.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
+#include "common/seed.hpp"
+#include "models/dropout.hpp"
 #include "parallel/tensor_messages.hpp"
 
 namespace flowrun {
@@ -33,6 +36,15 @@ torch::Tensor staged_forward(const Stages& stages, const c10::Device& device,
                              const std::function<TensorMap(int k, const TensorMap& in)>& chunk) {
   const int last = stages.chunks() - 1, p = stages.stages;
   if (StageCall* call = StageCall::current()) {
+    // A later chunk's own draws (its dropout masks): the micro-batch's scope seeded for the chunk,
+    // so no two chunks draw the same masks (the objective's draws before the model, and chunk 0's,
+    // are the scope's own, as one process draws them).
+    std::optional<TrainingScope> own;
+    TrainingScope::Snapshot scope;
+    if (call->chunk > 0 && TrainingScope::snapshot(scope)) {
+      own.emplace(mix_seed({scope.seed, static_cast<uint64_t>(call->chunk)}));
+      own->set_rows(scope.rows_seed, scope.first_row);
+    }
     TensorMap out = chunk(call->chunk, call->in);
     if (call->chunk == last) return out.at("output");
     call->out = std::move(out);

@@ -34,6 +34,15 @@ std::string str(const Op& op) {
          std::to_string(op.chunk);
 }
 
+Config Config::of(int pp, int microbatches, const std::string& schedule, int virtual_stages) {
+  Config c;
+  c.stages = pp;
+  c.microbatches = microbatches;
+  c.kind = parse_kind(schedule);
+  c.virtual_stages = virtual_stages;
+  return c;
+}
+
 void Config::check() const {
   if (stages < 1 || microbatches < 1 || virtual_stages < 1)
     throw std::invalid_argument("run.parallel: pp, microbatches and virtual_stages must be at least 1");

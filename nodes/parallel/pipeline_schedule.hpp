@@ -58,6 +58,8 @@ struct Config {
   // What each operation costs in the simulation, per chunk (empty: 1 each). With `kind` other than
   // zero_bubble, B's cost is B + W.
   std::vector<double> f, b, w;
+  // run.parallel's settings (a schedule's name as parse_kind reads it), unit costs.
+  static Config of(int pp, int microbatches, const std::string& schedule, int virtual_stages);
   int chunks() const { return stages * virtual_stages; }
   // Throws naming the setting when the config cannot make a schedule (sizes < 1; V > 1 without
   // interleaved; interleaved with M not a multiple of pp, as Megatron-LM).

@@ -327,20 +327,15 @@ class ForwardBackwardNode : public Node {
       throw std::runtime_error(ctx.who() + ": " + pp + " and accumulate is " + std::to_string(options_.accumulate) +
                                ": under pipeline parallel the batch's micro-batches are run.parallel.microbatches; set "
                                "accumulate: 1 and run.parallel.microbatches instead");
-    if (zero_ && zero_->stage != ZeroPlan::Stage::none)
-      throw std::runtime_error(ctx.who() + ": " + pp + " with ZeRO stage " + ZeroPlan::name(zero_->stage) +
-                               " is not built yet (issue 49); set the zero node's stage: none");
+    if (zero_ && zero_->shards_params())
+      throw std::runtime_error(ctx.who() + ": " + pp + " with ZeRO stage params is not built yet; set the zero node's "
+                               "stage: states or gradients (each stage's state sharded over its data-parallel ranks), "
+                               "or none");
     if (cuda_graph_)
       throw std::runtime_error(ctx.who() + ": " + pp + " with run.cuda_graph is not built yet; set run.cuda_graph=false");
-    if (!fresh_)
-      throw std::runtime_error(ctx.who() + ": " + pp + " needs grad_layout fresh");
     pipeline_ = std::make_unique<PipelineRun>();
-    parallel::pipeline::Config c;
-    c.stages = par.pp;
-    c.microbatches = par.microbatches;
-    c.kind = parallel::pipeline::parse_kind(par.schedule);
-    c.virtual_stages = par.virtual_stages;
-    pipeline_->schedule = parallel::pipeline::make(c);
+    pipeline_->schedule = parallel::pipeline::make(
+        parallel::pipeline::Config::of(par.pp, par.microbatches, par.schedule, par.virtual_stages));
     const parallel::Mesh mesh = parallel::mesh_of(info);
     pipeline_->stage = mesh.coord(info.rank).pp;
     pipeline_->group = parallel::Group::along(ctx.name() + " pipeline", mesh, parallel::Dim::pp, info.rank);
@@ -506,6 +501,24 @@ class ForwardBackwardNode : public Node {
         with_blocks = model.activations(micro, bytes, CheckpointPolicy::parse("blocks")).checkpointed;
         m.activations_note = std::to_string(micro_rows) + " rows, " + (bytes == 2 ? "bf16" : "fp32") +
                              ", checkpoint: " + model.checkpoint.str();
+        if (pipeline_) {
+          // A stage keeps its blocks' share of the whole model's activations, for the micro-batches
+          // its schedule holds at once (of the M the batch is cut into).
+          const parallel::pipeline::Schedule& s = pipeline_->schedule;
+          const double held = static_cast<double>(s.peak_in_flight(pipeline_->stage)) / s.config.microbatches;
+          int blocks = 0, all = 0;
+          for (size_t k = 0; k < model.stages->blocks.size(); ++k) {
+            const int n = model.stages->blocks[k].second - model.stages->blocks[k].first;
+            all += n;
+            if (model.stages->holds(static_cast<int>(k))) blocks += n;
+          }
+          const double share = all > 0 ? held * blocks / all : 1.0;
+          m.activations *= share;
+          with_blocks *= share;
+          m.activations_note += ", this stage's " + std::to_string(blocks) + " of " + std::to_string(all) + " blocks, " +
+                                std::to_string(s.peak_in_flight(pipeline_->stage)) + " of " +
+                                std::to_string(s.config.microbatches) + " micro-batches held";
+        }
       } catch (const std::exception& e) {
         spdlog::debug("{}: no activation estimate: {}", ctx.who(), e.what());
       }

@@ -199,9 +199,10 @@ class OptimizerNode : public Node {
     if (model.stages) {
       // Pipeline parallel: this stage's parameters only; the norm sums the stages' squares over
       // the pp group, a tied parameter's copy (GPT's table on the last stage) left out.
-      if (shard_)
-        throw std::runtime_error(ctx.who() + ": ZeRO with pipeline parallel (run.parallel.pp) is not built yet; set the "
-                                 "zero node's stage: none");
+      if (plan.shards_params())
+        throw std::runtime_error(ctx.who() + ": ZeRO stage params with pipeline parallel (run.parallel.pp) is not built "
+                                 "yet; set the zero node's stage: states or gradients (each stage's state sharded over "
+                                 "its data-parallel ranks), or none");
       state->staged = true;
       pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
                                          ctx.run().rank);
@@ -386,9 +387,12 @@ class OptimizerNode : public Node {
   torch::Tensor pp_norm(StepContext& ctx, const ModelState& model, const Grads& grads) const {
     Grads counted = grads;
     for (size_t i : tied_copies_) counted[i] = torch::Tensor();
-    const torch::Tensor stage = model.tp ? tp_norm(ctx, model, counted, tp_split_, nullptr) : global_norm(counted);
+    return over_stages(ctx, model, model.tp ? tp_norm(ctx, model, counted, tp_split_, nullptr) : global_norm(counted));
+  }
+  // The whole model's norm from each stage's `norm`: the squares summed over the pp group.
+  torch::Tensor over_stages(StepContext& ctx, const ModelState& model, const torch::Tensor& norm) const {
     const c10::Device device = model_device(model);
-    torch::Tensor sq = stage.to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
+    torch::Tensor sq = norm.to(device, device.is_cpu() ? torch::kDouble : torch::kFloat).square().reshape({1}).contiguous();
     pp_group_->all_reduce(sq, comm::Op::sum, "pipeline gradient norm of step " + std::to_string(ctx.step())).wait();
     return sq.sqrt().reshape({}).to(torch::kFloat);
   }
@@ -416,17 +420,25 @@ class OptimizerNode : public Node {
     for (parallel::Work& w : gathering_) w.check();
     gathering_.clear();
     torch::Tensor norm;
+    // Pipeline parallel: a tied copy's pieces left out of the norm (the first stage counts it).
+    Grads counted = pieces.grads;
+    for (size_t i = 0; i < st.shard.pieces.size() && i < counted.size(); ++i)
+      for (size_t t : tied_copies_)
+        if (static_cast<size_t>(st.shard.pieces[i].param) == t) counted[i] = torch::Tensor();
     if (shard_grads_ && model.tp) {  // this rank's pieces of its tp parts
       std::vector<bool> split;
       for (const ShardPlan::Piece& piece : st.shard.pieces) split.push_back(tp_split_[static_cast<size_t>(piece.param)]);
-      norm = tp_norm(ctx, model, pieces.grads, split, group_.get());
+      norm = tp_norm(ctx, model, counted, split, group_.get());
     } else if (shard_grads_) {
       // Each rank holds its pieces only: the global norm from the sum of the ranks' squares,
       // summed where the gradients are (on a GPU no step waits for the host; on the CPU in double).
-      norm = squares_over(pieces.grads, buffers->front().device(), *group_, "gradient norm" + step).sqrt().reshape({}).to(torch::kFloat);
+      norm = squares_over(counted, buffers->front().device(), *group_, "gradient norm" + step).sqrt().reshape({}).to(torch::kFloat);
     } else {
-      norm = model.tp ? tp_norm(ctx, model, grads, tp_split_, nullptr) : global_norm(grads);
+      Grads whole = grads;
+      for (size_t t : tied_copies_) whole[t] = torch::Tensor();
+      norm = model.tp ? tp_norm(ctx, model, whole, tp_split_, nullptr) : global_norm(whole);
     }
+    if (pp_group_) norm = over_stages(ctx, model, norm);
     norm = optimizer_update(st, pieces.params, pieces.grads, cfg_, lr, norm);
     if (sharded) return norm;
     // Every rank's updated slice into every rank's parameters; on a GPU the next forward queues

@@ -123,8 +123,8 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
         started = std::chrono::steady_clock::now();
       }
       // Micro-batch m's draws as forward_backward's (accumulate M) draw them, on every stage: the
-      // objective's (diffusion's timesteps and noise) alike everywhere; a model's dropout masks
-      // of a later chunk from the start of the scope's generator again.
+      // objective's (diffusion's timesteps and noise) alike everywhere; a later chunk's dropout
+      // masks from a seed of its own (staged_forward).
       std::optional<TrainingScope> training;
       if (options.dropout_seed) {
         training.emplace(mix_seed({*options.dropout_seed, static_cast<uint64_t>(m)}));

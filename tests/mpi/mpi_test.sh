@@ -796,9 +796,9 @@ pipeline)
   # embedding with the first, the tied head and the loss with the last), 4 micro-batches, under each
   # schedule, trains what one process trains on the same batch: with SGD (momentum) the parameters,
   # momenta and EMA within 1e-5 of each tensor's largest value and every loss within 1e-6; with
-  # AdamW every step's loss, gradient norm and evaluation within 1e-6, at pp 2, dp 2 x pp 2 and
-  # pp 2 x tp 2. Checkpoints hold the one-process tensors: pp 2 -> 1 and 1 -> pp 2 resume. The
-  # bubble measured against the schedule's prediction.
+  # AdamW every step's loss, gradient norm and evaluation within 1e-6, at pp 2, dp 2 x pp 2 (with
+  # ZeRO states and gradients too) and pp 2 x tp 2. Checkpoints hold the one-process tensors:
+  # pp 2 -> 1 and 1 -> pp 2 resume. The bubble measured against the schedule's prediction.
   needs_data data/text/fortunes_byte.train.bin
   g=("${tiny_gpt[@]}" model.layers=4 data.batch=8)
   sgd=(opt.kind=sgd opt.adamw=null)
@@ -824,7 +824,13 @@ pipeline)
   run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${pp[@]}" run.out_dir="$tmp/dp2" data.batch=4 run.parallel.microbatches=2 eval.batches=1
   expect_out "processes: dp 2 x pp 2 x tp 1 (4 processes)"
   run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${pp[@]}" run.out_dir="$tmp/tp2" run.parallel.tp=2
-  for run in adam2 dp2 tp2; do
+  # ZeRO within the stages: each stage's moments (states), and its averaged gradients (gradients),
+  # sharded over its data-parallel ranks.
+  for z in states gradients; do
+    run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${pp[@]}" run.out_dir="$tmp/z$z" data.batch=4 run.parallel.microbatches=2 \
+      eval.batches=1 zero.stage=$z
+  done
+  for run in adam2 dp2 tp2 zstates zgradients; do
     for k in loss grad_norm val_loss; do
       grep -o "\"$k\":[0-9.eE+-]*" "$tmp/adam1/metrics.jsonl" | cut -d: -f2 > "$tmp/k1"
       grep -o "\"$k\":[0-9.eE+-]*" "$tmp/$run/metrics.jsonl" | cut -d: -f2 > "$tmp/k2"
