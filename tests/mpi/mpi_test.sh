@@ -398,12 +398,15 @@ mesh_groups)
   expect_out "no answer from the other ranks in 2 s (run.comm_timeout_s)"
   expect_out "rank 0 of 4: 'hang (tp)': an all-reduce rank 1 never joins"
   [ $(( $(date +%s) - start )) -lt 60 ] || fail "the job did not end within a bounded time"
-  # A layout the world does not divide, and one asking for a strategy not built yet, end every
+  # A layout the world does not divide, and a pipeline setting without pipeline stages, end every
   # rank before any node is made, saying why.
   run_code 2 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/odd" run.parallel.tp=3
   expect_out "tp 3 x pp 1 = 3 does not divide the 4 processes"
-  run_code 2 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/pp" run.parallel.pp=2
-  expect_out "pipeline parallel is not built in this flowrun yet"
+  run_code 2 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/mb" run.parallel.microbatches=4
+  expect_out "run.parallel.microbatches (4) is set, but run.parallel.pp is 1"
+  # pp with a model that does not cut into stages (this graph's MLP): refused at setup.
+  run_code 1 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/pp" run.parallel.pp=2
+  expect_out "does not cut into pipeline stages (built for gpt and dit)"
   # tp with a model that does not split (this graph's MLP): refused, not trained whole on every rank.
   run_code 1 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/tp" run.parallel.tp=2
   expect_out "does not split over tensor parallel (built for gpt, dit and cappa)"
