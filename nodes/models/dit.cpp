@@ -42,6 +42,7 @@ void Config::check() const {
   if (patch < 1 || in_channels < 1 || hidden < 1 || depth < 1 || heads < 1 || text_dim < 1 || t5_dim < 0 ||
       text_len < 1 || (t5_dim > 0 && (text_len_t5 < 1 || pooled_projection_dim < 1)))
     throw std::runtime_error("dit: sizes must be >= 1 (t5_dim >= 0): " + describe(*this));
+  if (stages) stages->check(depth, "dit");
   if (t5_dim % kPoolHeads != 0)
     throw std::runtime_error("dit: t5_dim " + std::to_string(t5_dim) + " must be a multiple of " +
                              std::to_string(kPoolHeads) + " (the T5 pooler's heads)");
@@ -259,30 +260,14 @@ double Config::parameter_count() const {
 
 DitImpl::DitImpl(Config cfg) : cfg_(cfg), rope_cache_(std::make_shared<RopeCache>()) {
   cfg_.check();
-  if (cfg_.staged()) {
-    auto s = std::make_shared<Stages>();
-    s->blocks = cfg_.chunks;
-    s->mine = cfg_.mine;
-    s->stages = cfg_.stages;
-    stages_ = s;
-  }
   reset();
-}
-
-bool Config::holds_chunk(int k) const { return !staged() || std::find(mine.begin(), mine.end(), k) != mine.end(); }
-
-bool Config::holds_block(int64_t i) const {
-  if (!staged()) return true;
-  for (int k : mine)
-    if (i >= chunks[static_cast<size_t>(k)].first && i < chunks[static_cast<size_t>(k)].second) return true;
-  return false;
 }
 
 // Staged (pipeline parallel): the embeddings with chunk 0, the blocks this rank holds (an empty
 // placeholder in the others' places, so that every name is the whole model's), the output layers
 // with the last chunk. whole_order() lists the same in the same order: keep them alike.
 void DitImpl::reset() {
-  const bool first = cfg_.holds_chunk(0), last = cfg_.holds_chunk(static_cast<int>(cfg_.chunks.size()) - 1);
+  const bool first = !cfg_.stages || cfg_.stages->first(), last = !cfg_.stages || cfg_.stages->last();
   const int64_t tokens = cfg_.text_len + (cfg_.t5_dim > 0 ? cfg_.text_len_t5 : 0);
   if (first) {
     text_embedding_padding = register_parameter("text_embedding_padding", torch::zeros({tokens, cfg_.text_dim}));
@@ -303,8 +288,7 @@ void DitImpl::reset() {
 
 std::vector<std::pair<std::string, std::vector<int64_t>>> whole_order(const Config& c) {
   Config one = c;
-  one.chunks.clear();
-  one.mine.clear();
+  one.stages = nullptr;
   std::vector<std::pair<std::string, std::vector<int64_t>>> order;
   auto add = [&](const std::string& prefix, torch::nn::Module& m) {
     for (const auto& p : m.named_parameters(true)) order.emplace_back(prefix + p.key(), p.value().sizes().vec());
@@ -447,7 +431,7 @@ torch::Tensor DitImpl::forward(const Inputs& in) {
 }
 
 TensorMap DitImpl::chunk(int k, const Inputs& in, const TensorMap& prev) {
-  if (!cfg_.holds_chunk(k)) throw std::logic_error("dit: pipeline chunk " + std::to_string(k) + " is another rank's");
+  if (!cfg_.stages || !cfg_.stages->holds(k)) throw std::logic_error("dit: pipeline chunk " + std::to_string(k) + " is another rank's");
   Stream s;
   if (k == 0) {
     s = embed(in);
@@ -463,9 +447,9 @@ TensorMap DitImpl::chunk(int k, const Inputs& in, const TensorMap& prev) {
       s.skips.push_back(it->second);
     }
   }
-  const auto [first, last] = cfg_.chunks.at(static_cast<size_t>(k));
+  const auto [first, last] = cfg_.stages->blocks.at(static_cast<size_t>(k));
   run_blocks(s, first, last, in);
-  if (k + 1 == static_cast<int>(cfg_.chunks.size())) return {{"output", head(s, in)}};
+  if (k + 1 == cfg_.stages->chunks()) return {{"output", head(s, in)}};
   TensorMap out{{"h", s.h}, {"temb", s.temb}, {"ctx", s.ctx}};
   for (size_t i = 0; i < s.skips.size(); ++i) {
     char key[32];
@@ -496,8 +480,8 @@ torch::Tensor DitImpl::forward_all(const TensorMap& batch) {
   in.t5_mask = get(batch_key::t5_mask, false);
   in.image_meta_size = get(batch_key::image_meta_size, false);
   in.style = get(batch_key::style, false);
-  if (stages_)  // pipeline parallel: this rank's chunks (models/stages.hpp)
-    return staged_forward(*stages_, in.x.device(), [&](int k, const TensorMap& prev) { return chunk(k, in, prev); });
+  if (cfg_.stages)  // pipeline parallel: this rank's chunks (models/stages.hpp)
+    return staged_forward(*cfg_.stages, in.x.device(), [&](int k, const TensorMap& prev) { return chunk(k, in, prev); });
   return forward(in);
 }
 
@@ -564,7 +548,7 @@ std::shared_ptr<ModelState> make_state(Dit model) {
     return dit->forward_batch(batch);
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "dit");
-  state->stages = model->stages();
+  state->stages = model->config().stages;
   state->exporter = lora::peft_export;  // its adapters, once it has some (checkpoint `exports`)
   return state;
 }

@@ -106,17 +106,14 @@ struct Config {
   CheckpointPolicy checkpoint;                      // blocks recomputed in backward (activation_checkpoint.hpp)
   int64_t rope_base_grid = 32;                      // RoPE positions fit to a B x B grid (the pipeline's); 0: integer
   std::shared_ptr<parallel::Group> tp;              // tensor parallel (see the top); null: whole
-  // Pipeline parallel (run.parallel.pp > 1, models/stages.hpp): each chunk's blocks [first, last)
-  // and the chunks this rank holds; the module then has only those blocks (under their whole
-  // model's names), the text, patch and time embeddings with chunk 0 and norm_out and proj_out with
-  // the last. Between chunks travel the stream h, the time embedding, the text states and the long
-  // skips still to be taken. Empty: the whole model.
-  std::vector<std::pair<int, int>> chunks;
-  std::vector<int> mine;
-  int stages = 1;  // run.parallel.pp
-  bool staged() const { return !chunks.empty(); }
-  bool holds_chunk(int k) const;
-  bool holds_block(int64_t i) const;
+  // Pipeline parallel (run.parallel.pp > 1, models/stages.hpp): the chunks this rank holds; the
+  // module then has only their blocks (under their whole model's names), the text, patch and time
+  // embeddings with chunk 0 and norm_out and proj_out with the last. Between chunks travel the
+  // stream h, the time embedding, the text states and the long skips still to be taken. Null:
+  // the whole model.
+  std::shared_ptr<const Stages> stages;
+  bool staged() const { return stages != nullptr; }
+  bool holds_block(int64_t i) const { return !stages || stages->holds_block(static_cast<int>(i)); }
   int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
   // Width of extra_embedder's input; 0: the model has none.
   int64_t extra_in() const {
@@ -296,11 +293,10 @@ class DitImpl : public torch::nn::Cloneable<DitImpl> {
   // the first C channels. (Classifier-free guidance dropout is the objective's: diffusion_loss.)
   torch::Tensor forward_batch(const TensorMap& batch);
   const Config& config() const { return cfg_; }
-  // Pipeline chunk k (Config::chunks) of the model on `in`: from chunk k - 1's outputs `prev`
+  // Pipeline chunk k (Config::stages) of the model on `in`: from chunk k - 1's outputs `prev`
   // (chunk 0: the embeddings of `in`) to chunk k + 1's inputs, or the last chunk's {"output"}.
   TensorMap chunk(int k, const Inputs& in, const TensorMap& prev);
-  // Pipeline parallel: the chunks this rank holds (models/stages.hpp); null for the whole model.
-  const std::shared_ptr<const Stages>& stages() const { return stages_; }
+
 
   torch::Tensor text_embedding_padding;  // [text_len (+ text_len_t5), text_dim]
   TwoLayer text_embedder{nullptr};  // only with t5_dim > 0
@@ -322,7 +318,6 @@ class DitImpl : public torch::nn::Cloneable<DitImpl> {
   void run_blocks(Stream& s, int64_t first, int64_t last, const Inputs& in);
   torch::Tensor head(const Stream& s, const Inputs& in);  // norm_out, proj_out, unpatchified
   Config cfg_;
-  std::shared_ptr<const Stages> stages_;
   // RoPE tables per (grid, device); shared by clones, thread-safe (several readers at once).
   struct RopeCache {
     std::mutex mu;

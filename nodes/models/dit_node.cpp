@@ -97,12 +97,8 @@ class DitNode : public ModelNode {
     // run.parallel.pp > 1: this rank's chunks of the blocks, balanced by their products per token
     // (attention and MLP: about 4 + 2 mlp_ratio hidden^2, the cross-attention's on the text aside).
     const double h = static_cast<double>(cfg.hidden);
-    if (const auto cut = cut_into_stages(ctx, std::vector<double>(static_cast<size_t>(cfg.depth), (4 + 2 * cfg.mlp_ratio) * h * h),
-                                         0.0, 0.0)) {
-      cfg.chunks = cut->chunks;
-      cfg.mine = cut->mine;
-      cfg.stages = cut->stages;
-    }
+    cfg.stages = cut_into_stages(ctx, std::vector<double>(static_cast<size_t>(cfg.depth), (4 + 2 * cfg.mlp_ratio) * h * h),
+                                 0.0, 0.0);
     try {
       cfg.check();
     } catch (const std::exception& e) {

@@ -35,25 +35,11 @@ void Config::check() const {
   if (tp && heads % tp->size() != 0)
     throw std::runtime_error("gpt: heads " + std::to_string(heads) + " do not split into " +
                              std::to_string(tp->size()) + " tensor-parallel parts; choose run.parallel.tp dividing it");
-  if (staged()) {
-    if (chunks.front().first != 0 || chunks.back().second != layers)
-      throw std::runtime_error("gpt: the pipeline chunks do not cover the " + std::to_string(layers) + " blocks");
-    for (int k : mine)
-      if (k < 0 || k >= static_cast<int>(chunks.size())) throw std::runtime_error("gpt: no pipeline chunk " + std::to_string(k));
-  }
+  if (stages) stages->check(layers, "gpt");
   if (tp && vocab % tp->size() != 0)
     throw std::runtime_error("gpt: vocab " + std::to_string(vocab) + " does not split into " +
                              std::to_string(tp->size()) + " tensor-parallel parts; pad it (GPT-2's 50257 as 50304) or "
                              "choose run.parallel.tp dividing it");
-}
-
-bool Config::holds_chunk(int k) const { return !staged() || std::find(mine.begin(), mine.end(), k) != mine.end(); }
-
-bool Config::holds_block(int64_t i) const {
-  if (!staged()) return true;
-  for (int k : mine)
-    if (i >= chunks[static_cast<size_t>(k)].first && i < chunks[static_cast<size_t>(k)].second) return true;
-  return false;
 }
 
 parallel::TpSplit tp_split(const std::string& name) {
@@ -147,14 +133,6 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
 
 GptImpl::GptImpl(Config cfg) : cfg_(cfg), masks_(std::make_shared<CausalMaskCache>()) {
   cfg_.check();
-  if (cfg_.staged()) {
-    auto s = std::make_shared<Stages>();
-    s->blocks = cfg_.chunks;
-    s->mine = cfg_.mine;
-    s->stages = cfg_.stages;
-    if (cfg_.holds_embedding() != cfg_.holds_head()) s->tied = {"wte.weight"};  // the table on the first and the last stage
-    stages_ = s;
-  }
   reset();
 }
 
@@ -215,12 +193,12 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
 }
 
 TensorMap GptImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in) {
-  if (!cfg_.holds_chunk(k)) throw std::logic_error("gpt: pipeline chunk " + std::to_string(k) + " is another rank's");
+  if (!cfg_.stages || !cfg_.stages->holds(k)) throw std::logic_error("gpt: pipeline chunk " + std::to_string(k) + " is another rank's");
   const int64_t B = idx.size(0), T = idx.size(1);
-  const auto [first, last] = cfg_.chunks.at(static_cast<size_t>(k));
+  const auto [first, last] = cfg_.stages->blocks.at(static_cast<size_t>(k));
   torch::Tensor x = k == 0 ? embed(idx) : in.at("x");
   x = blocks(x, first, last, B, T);
-  if (k + 1 == static_cast<int>(cfg_.chunks.size())) return {{"output", head(x, B, T)}};
+  if (k + 1 == cfg_.stages->chunks()) return {{"output", head(x, B, T)}};
   return {{"x", x}};
 }
 
@@ -324,12 +302,12 @@ std::shared_ptr<ModelState> make_state(Gpt model) {
     if (!gpt) throw std::runtime_error("gpt: the model's module is not a GPT");
     // Inputs are every token but the last; the targets (tokens[:, 1:]) are the objective's.
     const torch::Tensor inputs = tokens.narrow(1, 0, tokens.size(1) - 1);
-    if (const auto& stages = gpt->stages())  // pipeline parallel: this rank's chunks (models/stages.hpp)
+    if (const auto& stages = gpt->config().stages)  // pipeline parallel: this rank's chunks (models/stages.hpp)
       return staged_forward(*stages, tokens.device(), [&](int k, const TensorMap& in) { return gpt->chunk(k, inputs, in); });
     return gpt->forward(inputs);
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");
-  state->stages = model->stages();
+  state->stages = model->config().stages;
   return state;
 }
 

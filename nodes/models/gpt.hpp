@@ -45,18 +45,15 @@ struct Config {
   // biases added after a sum are whole on every rank. A block costs one all-reduce forward and
   // one backward per sub-layer. Null or a group of one: the whole model (run.parallel.tp: gpt_node.cpp).
   std::shared_ptr<parallel::Group> tp;
-  // Pipeline parallel (run.parallel.pp > 1, models/stages.hpp): each chunk's blocks [first, last)
-  // and the chunks this rank holds; the module then has only those blocks (under their whole
-  // model's names), wpe with chunk 0, ln_f with the last, and wte with either (the last chunk's
-  // is a copy of the tied table: Stages::tied). Empty: the whole model.
-  std::vector<std::pair<int, int>> chunks;
-  std::vector<int> mine;
-  int stages = 1;  // run.parallel.pp (chunk k on pp rank k % stages)
-  bool staged() const { return !chunks.empty(); }
-  bool holds_chunk(int k) const;
-  bool holds_block(int64_t i) const;
-  bool holds_embedding() const { return !staged() || holds_chunk(0); }
-  bool holds_head() const { return !staged() || holds_chunk(static_cast<int>(chunks.size()) - 1); }
+  // Pipeline parallel (run.parallel.pp > 1, models/stages.hpp): the chunks this rank holds; the
+  // module then has only their blocks (under their whole model's names), wpe with chunk 0, ln_f
+  // with the last, and wte with either (the last chunk's is a copy of the tied table:
+  // Stages::tied). Null: the whole model.
+  std::shared_ptr<const Stages> stages;
+  bool staged() const { return stages != nullptr; }
+  bool holds_block(int64_t i) const { return !stages || stages->holds_block(static_cast<int>(i)); }
+  bool holds_embedding() const { return !stages || stages->first(); }
+  bool holds_head() const { return !stages || stages->last(); }
   void check() const;    // throws on dim % heads != 0, heads % tp != 0, non-positive sizes, dropout outside [0, 1)
 };
 // How whole tensor `name` (HF's name, "h.3.attn.c_attn.weight") is laid out over the tp group.
@@ -150,12 +147,10 @@ class GptImpl : public torch::nn::Cloneable<GptImpl> {
   void reset() override;
   // idx: integer token ids [B, T] with T <= context -> logits [B, T, vocab]. The whole model only.
   torch::Tensor forward(const torch::Tensor& idx);
-  // Pipeline chunk k (Config::chunks) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk
+  // Pipeline chunk k (Config::stages) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk
   // 0: the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
   TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in);
   const Config& config() const { return cfg_; }
-  // Pipeline parallel: the chunks this rank holds (models/stages.hpp); null for the whole model.
-  const std::shared_ptr<const Stages>& stages() const { return stages_; }
 
   Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::ModuleList h{nullptr};
@@ -167,7 +162,6 @@ class GptImpl : public torch::nn::Cloneable<GptImpl> {
   torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T);           // -> logits
   Config cfg_;
   std::shared_ptr<CausalMaskCache> masks_;
-  std::shared_ptr<const Stages> stages_;
 };
 TORCH_MODULE(Gpt);
 

@@ -53,22 +53,21 @@ class GptNode : public ModelNode {
     }
   }
 
-  // run.parallel.pp > 1: this rank's chunks of the blocks (gpt.hpp, Config::chunks), balanced by
+  // run.parallel.pp > 1: this rank's chunks of the blocks (gpt.hpp, Config::stages), balanced by
   // the products per token: a block's 12 dim^2, the tied head's vocab x dim.
   void cut_into_stages_(SetupContext& ctx) {
     const double d = static_cast<double>(cfg_.dim);
     const auto cut = cut_into_stages(ctx, std::vector<double>(static_cast<size_t>(cfg_.layers), 12 * d * d), 0.0,
                                      static_cast<double>(cfg_.vocab) * d);
     if (!cut) return;
-    cfg_.chunks = cut->chunks;
-    cfg_.mine = cut->mine;
-    cfg_.stages = cut->stages;
+    if (cut->first() != cut->last()) cut->tied = {"wte.weight"};  // the table on the first and the last stage
+    cfg_.stages = cut;
   }
 
   // A staged model's init order: the whole model's parameters (a block's as in any block).
   Order whole_order() const {
     Config one = cfg_;
-    one.chunks.clear();
+    one.stages = nullptr;
     Block block(one.dim, one.heads, one.dropout, std::make_shared<CausalMaskCache>(), one.tp);
     const std::vector<int64_t> table{cfg_.vocab / (cfg_.tp ? cfg_.tp->size() : 1), cfg_.dim};
     Order order{{"wte.weight", table}, {"wpe.weight", {cfg_.context, cfg_.dim}}};

@@ -25,6 +25,10 @@ std::string apply_lora_param(SetupContext& ctx, torch::nn::Module& module, uint6
                              std::vector<std::string>& adapted) {
   const Params& p = ctx.params();
   if (!p.has("lora")) return "";
+  if (ctx.run().graph && ctx.run().graph->settings.parallel.pp > 1)
+    throw std::runtime_error(ctx.who() + ": lora with pipeline parallel (run.parallel.pp) is not built yet (each stage "
+                             "would draw its adapters' init from the start of the seed's draws, and the PEFT export "
+                             "reads every stage's adapters); set run.parallel.pp=1");
   const Params l = p.sub("lora");
   lora::Config lc;
   lc.rank = l.get<int64_t>("rank");
@@ -54,6 +58,9 @@ std::string weights_path(SetupContext& ctx, const std::string& weights_are) {
 std::string load_adapters_param(SetupContext& ctx, ModelState& state, uint64_t seed) {
   const Params& p = ctx.params();
   if (!p.has("adapters")) return "";
+  if (ctx.run().graph && ctx.run().graph->settings.parallel.pp > 1)
+    throw std::runtime_error(ctx.who() + ": adapters with pipeline parallel (run.parallel.pp) are not built yet; set "
+                             "run.parallel.pp=1");
   const std::string dir = resolve_latest(p.get<std::string>("adapters"));
   try {
     lora::load_peft(state, dir, seed);
@@ -119,16 +126,16 @@ void ModelNode::init_split(torch::nn::Module& split, const parallel::TpLayout& l
   }
 }
 
-std::optional<ModelNode::Cut> ModelNode::cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs,
-                                                          double first, double last) {
-  if (!ctx.run().graph) return std::nullopt;
+std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs,
+                                                   double first, double last) {
+  if (!ctx.run().graph) return nullptr;
   const RunSettings::Parallel& par = ctx.run().graph->settings.parallel;
-  if (par.pp == 1) return std::nullopt;
-  Cut cut;
-  cut.stages = par.pp;
+  if (par.pp == 1) return nullptr;
+  auto cut = std::make_shared<Stages>();
+  cut->stages = par.pp;
   const int chunks = par.pp * par.virtual_stages;
   try {
-    cut.chunks = par.stage_layers.empty()
+    cut->blocks = par.stage_layers.empty()
                      ? parallel::pipeline::balance(block_costs, chunks, first, last)
                      : parallel::pipeline::given(par.stage_layers, static_cast<int>(block_costs.size()), chunks);
   } catch (const std::exception& e) {
@@ -136,11 +143,11 @@ std::optional<ModelNode::Cut> ModelNode::cut_into_stages(SetupContext& ctx, cons
   }
   const int stage = parallel::mesh_of(ctx.run()).coord(ctx.run().rank).pp;
   for (int k = 0; k < chunks; ++k)
-    if (k % par.pp == stage) cut.mine.push_back(k);
+    if (k % par.pp == stage) cut->mine.push_back(k);
   if (ctx.run().rank == 0) {
     std::string runs;
-    for (size_t k = 0; k < cut.chunks.size(); ++k)
-      runs += (k ? ", " : "") + std::to_string(cut.chunks[k].first) + "-" + std::to_string(cut.chunks[k].second - 1);
+    for (size_t k = 0; k < cut->blocks.size(); ++k)
+      runs += (k ? ", " : "") + std::to_string(cut->blocks[k].first) + "-" + std::to_string(cut->blocks[k].second - 1);
     spdlog::info("{}: blocks per pipeline chunk (chunk k on stage k mod {}): {}{}", ctx.who(), par.pp, runs,
                  par.stage_layers.empty() ? " (balanced by cost, with the embedding and the head)" : " (stage_layers)");
   }

@@ -31,7 +31,6 @@
 #pragma once
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -93,13 +92,8 @@ class ModelNode : public Node {
   // (run.parallel.stage_layers, or balanced by `block_costs` with the embedding's cost `first` and
   // the head's `last`: parallel/pipeline_schedule.hpp), and the chunks this rank holds (k % pp = its
   // pp coordinate). Null at pp 1.
-  struct Cut {
-    std::vector<std::pair<int, int>> chunks;
-    std::vector<int> mine;
-    int stages = 1;
-  };
-  static std::optional<Cut> cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs, double first,
-                                            double last);
+  static std::shared_ptr<Stages> cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs, double first,
+                                                 double last);
   // A staged model's init (a split one's too): the whole model's parameters in its init order
   // (`order`: each name with its shape on this rank), each made and drawn from `g` as the whole
   // model's init would, kept where this rank holds it (its tp part with a group in `layout`) and

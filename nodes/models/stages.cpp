@@ -13,6 +13,19 @@ namespace flowrun {
 
 bool Stages::holds(int chunk) const { return std::find(mine.begin(), mine.end(), chunk) != mine.end(); }
 
+void Stages::check(int64_t count, const std::string& model) const {
+  int at = 0;
+  for (const auto& [first, last] : blocks) {
+    if (first != at || last <= first)
+      throw std::runtime_error(model + ": the pipeline chunks are not consecutive runs of blocks");
+    at = last;
+  }
+  if (at != count || blocks.empty())
+    throw std::runtime_error(model + ": the pipeline chunks do not cover the " + std::to_string(count) + " blocks");
+  for (int k : mine)
+    if (k < 0 || k >= chunks()) throw std::runtime_error(model + ": no pipeline chunk " + std::to_string(k));
+}
+
 bool Stages::holds_block(int block) const {
   for (int k : mine)
     if (block >= blocks[static_cast<size_t>(k)].first && block < blocks[static_cast<size_t>(k)].second) return true;

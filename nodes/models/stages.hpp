@@ -41,6 +41,9 @@ struct Stages {
   std::vector<std::string> tied;
 
   int chunks() const { return static_cast<int>(blocks.size()); }
+  // Throws (naming `model`) unless the chunks cover blocks 0 .. `count` - 1 in order and this
+  // rank's are among them.
+  void check(int64_t count, const std::string& model) const;
   bool holds(int chunk) const;
   bool holds_block(int block) const;
   bool first() const { return holds(0); }

@@ -59,6 +59,21 @@ std::vector<TensorMap> split_batch(const TensorMap& batch, int64_t n) {
   return parts;
 }
 
+void start_grads(const FwdBwdOptions& options, std::vector<torch::Tensor>& params) {
+  if (options.buffer && options.fill == GradFill::accumulate) {
+    // Zeroed grads that autograd adds into in place (AccumulateGrad: grad += new, grad mode
+    // being off in backward); 0 + g is g exactly, so the result equals the fresh-tensor path.
+    options.buffer->zero();
+    options.buffer->attach(params);
+  } else {
+    // Fresh grads each step (like zero_grad(set_to_none=True)): autograd takes the first
+    // gradient it computes as the .grad() itself, and the previous step's grads, still held by
+    // their consumers, are never overwritten.
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
+    if (options.buffer) options.buffer->remember(params);
+  }
+}
+
 FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const Objective& objective,
                               const FwdBwdOptions& options) {
   const int64_t accumulate = options.accumulate;
@@ -101,18 +116,7 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
       }
     });
 
-  if (options.buffer && !copy) {
-    // Zeroed grads that autograd adds into in place (AccumulateGrad: grad += new, grad mode
-    // being off in backward); 0 + g is g exactly, so the result equals the fresh-tensor path.
-    options.buffer->zero();
-    options.buffer->attach(params);
-  } else {
-    // Fresh grads each step (like zero_grad(set_to_none=True)): autograd takes the first
-    // gradient it computes as the .grad() itself, and the previous step's grads, still held by
-    // their consumers, are never overwritten.
-    for (auto& p : params) p.mutable_grad() = torch::Tensor();
-    if (copy) options.buffer->remember(params);
-  }
+  start_grads(options, params);
 
   torch::AutoGradMode grad_on(true);
   const int64_t total = batch_rows(batch);
@@ -333,6 +337,11 @@ class ForwardBackwardNode : public Node {
                                "or none");
     if (cuda_graph_)
       throw std::runtime_error(ctx.who() + ": " + pp + " with run.cuda_graph is not built yet; set run.cuda_graph=false");
+    if (!model_device(model).is_cpu())
+      throw std::runtime_error(ctx.who() + ": " + pp + " with the model on " + model_device(model).str() +
+                               ": pipeline stages on GPUs are not built yet (NCCL's point-to-point sends wait for their "
+                               "receives, and the schedule's stages send to each other at once, which needs the sends "
+                               "and receives grouped); run on the CPU (run.device=cpu) or set run.parallel.pp=1");
     pipeline_ = std::make_unique<PipelineRun>();
     pipeline_->schedule = parallel::pipeline::make(
         parallel::pipeline::Config::of(par.pp, par.microbatches, par.schedule, par.virtual_stages));

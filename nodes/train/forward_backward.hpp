@@ -66,6 +66,11 @@ struct FwdBwdOptions {
   std::shared_ptr<GradHooks> hooks;
 };
 
+// Before a step's first backward: the trainable parameters' grads undefined (fresh), or with
+// options.buffer and GradFill::accumulate the buffer zeroed and attached (GradFill::copy: the
+// buffer remembers the parameters it will settle into).
+void start_grads(const FwdBwdOptions& options, std::vector<torch::Tensor>& params);
+
 // Clear the trainable parameters' grads (undefined; with options.buffer and GradFill::accumulate:
 // zero the buffer and attach it), check the batch has what the objective needs, then for each of `accumulate`
 // micro-batches run forward + backward of

@@ -78,13 +78,7 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
   if (params.empty()) throw std::runtime_error("the model's stage has no trainable parameters");
   const size_t n = params.size();
   const bool copy = options.buffer && options.fill == GradFill::copy;
-  if (options.buffer && !copy) {
-    options.buffer->zero();
-    options.buffer->attach(params);
-  } else {
-    for (auto& t : params) t.mutable_grad() = torch::Tensor();
-    if (copy) options.buffer->remember(params);
-  }
+  start_grads(options, params);
 
   torch::AutoGradMode grad_on(true);
   const int64_t total = batch_rows(batch);

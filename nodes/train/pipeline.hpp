@@ -14,8 +14,9 @@
 // Messages go on this node's own channel over its pp ranks (parallel/tensor_messages.hpp), sends
 // without waiting (the communication thread), so compute runs while they travel. After the last
 // operation: the tied parameters' gradients summed between the first and the last stage, and the
-// loss (the last stage's) given to every stage. The gradients equal one process's on the same
-// batch up to the order of the sums (micro-batches add in another order).
+// loss (the last stage's) given to every stage. The gradients equal one process's with
+// `accumulate: M` (the same micro-batches, the same draws) up to the order of the sums, and with
+// `accumulate: 1` too when the objective draws nothing (the lm loss).
 #pragma once
 #include <chrono>
 #include <memory>

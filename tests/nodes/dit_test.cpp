@@ -82,14 +82,18 @@ TEST(Dit, StagesHoldTheirBlocksUnderTheWholeModelsNamesAndTheInitOrderIsTheWhole
     std::vector<std::pair<std::string, std::vector<int64_t>>> listed;
     for (const auto& p : whole->named_parameters(true)) listed.emplace_back(p.key(), p.value().sizes().vec());
     EXPECT_EQ(dit::whole_order(c), listed) << "t5 " << t5;
-    c.chunks = {{0, 1}, {1, 3}, {3, 4}};
-    c.stages = 2;
-    c.mine = {1};  // the middle chunk only: blocks 1 and 2
+    auto middle_chunk = std::make_shared<Stages>();
+    middle_chunk->blocks = {{0, 1}, {1, 3}, {3, 4}};
+    middle_chunk->stages = 2;
+    middle_chunk->mine = {1};  // the middle chunk only: blocks 1 and 2
+    c.stages = middle_chunk;
     dit::Dit middle(c);
     std::set<std::string> held = names(*middle);
     for (const auto& n : held) EXPECT_TRUE(n.rfind("blocks.1.", 0) == 0 || n.rfind("blocks.2.", 0) == 0) << n;
     EXPECT_FALSE(held.empty());
-    c.mine = {0, 2};  // the first and the last chunk
+    auto end_chunks = std::make_shared<Stages>(*middle_chunk);
+    end_chunks->mine = {0, 2};  // the first and the last chunk
+    c.stages = end_chunks;
     dit::Dit ends(c);
     held = names(*ends);
     EXPECT_TRUE(held.count("pos_embed.proj.weight") && held.count("proj_out.weight") && held.count("blocks.0.norm1.linear.weight"));
