@@ -12,8 +12,8 @@
 #include "models/lora.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/pipeline_schedule.hpp"
-#include "spec.hpp"
 #include "parallel/tensor_parallel.hpp"
+#include "spec.hpp"
 
 namespace flowrun {
 
