@@ -114,16 +114,9 @@ std::map<std::string, torch::Tensor> ModelNode::named_tensors(torch::nn::Module&
 
 void ModelNode::init_split(torch::nn::Module& split, const parallel::TpLayout& layout, at::Generator g,
                            const InitOne& init_one) {
-  torch::NoGradGuard no_grad;
-  for (auto& item : split.named_parameters(/*recurse=*/true)) {
-    if (lora::is_adapter(item.key())) continue;
-    const parallel::TpSplit s = layout.split(item.key());
-    std::vector<int64_t> shape = item.value().sizes().vec();
-    if (s.split()) shape[static_cast<size_t>(s.dim)] *= layout.group->size();
-    torch::Tensor whole = torch::empty(shape);
-    init_one(item.key(), whole, g);
-    item.value().copy_(parallel::tp_part(whole, s, *layout.group, item.key()));
-  }
+  Order own;  // the module's own parameters are the whole model's, each a part
+  for (const auto& item : split.named_parameters(/*recurse=*/true)) own.emplace_back(item.key(), item.value().sizes().vec());
+  init_in_order(split, own, layout, std::move(g), init_one);
 }
 
 std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs,

@@ -342,12 +342,10 @@ class ForwardBackwardNode : public Node {
                                ": pipeline stages on GPUs are not built yet (NCCL's point-to-point sends wait for their "
                                "receives, and the schedule's stages send to each other at once, which needs the sends "
                                "and receives grouped); run on the CPU (run.device=cpu) or set run.parallel.pp=1");
-    pipeline_ = std::make_unique<PipelineRun>();
-    pipeline_->schedule = parallel::pipeline::make(
-        parallel::pipeline::Config::of(par.pp, par.microbatches, par.schedule, par.virtual_stages));
     const parallel::Mesh mesh = parallel::mesh_of(info);
-    pipeline_->stage = mesh.coord(info.rank).pp;
-    pipeline_->group = parallel::Group::along(ctx.name() + " pipeline", mesh, parallel::Dim::pp, info.rank);
+    pipeline_ = std::make_unique<PipelineRun>(
+        parallel::pipeline::make(parallel::pipeline::Config::of(par.pp, par.microbatches, par.schedule, par.virtual_stages)),
+        parallel::Group::along(ctx.name() + " pipeline", mesh, parallel::Dim::pp, info.rank), mesh.coord(info.rank).pp);
   }
 
   std::unique_ptr<PipelineRun> pipeline_;  // run.parallel.pp > 1

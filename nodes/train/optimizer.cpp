@@ -385,9 +385,15 @@ class OptimizerNode : public Node {
   // (under tp, the stage's whole norm first) summed over the pp group, a tied copy counted on the
   // first stage only.
   torch::Tensor pp_norm(StepContext& ctx, const ModelState& model, const Grads& grads) const {
-    Grads counted = grads;
-    for (size_t i : tied_copies_) counted[i] = torch::Tensor();
+    const Grads counted = counted_once(grads);
     return over_stages(ctx, model, model.tp ? tp_norm(ctx, model, counted, tp_split_, nullptr) : global_norm(counted));
+  }
+  // The gradients (one per trainable parameter) without the tied copies: each counted once.
+  Grads counted_once(const Grads& grads) const {
+    Grads out = grads;
+    for (size_t i : tied_copies_)
+      if (i < out.size()) out[i] = torch::Tensor();
+    return out;
   }
   // The whole model's norm from each stage's `norm`: the squares summed over the pp group.
   torch::Tensor over_stages(StepContext& ctx, const ModelState& model, const torch::Tensor& norm) const {
@@ -434,8 +440,7 @@ class OptimizerNode : public Node {
       // summed where the gradients are (on a GPU no step waits for the host; on the CPU in double).
       norm = squares_over(counted, buffers->front().device(), *group_, "gradient norm" + step).sqrt().reshape({}).to(torch::kFloat);
     } else {
-      Grads whole = grads;
-      for (size_t t : tied_copies_) whole[t] = torch::Tensor();
+      const Grads whole = counted_once(grads);
       norm = model.tp ? tp_norm(ctx, model, whole, tp_split_, nullptr) : global_norm(whole);
     }
     if (pp_group_) norm = over_stages(ctx, model, norm);

@@ -65,6 +65,15 @@ std::string label(char what, int chunk, int mb) { return std::string(1, what) + 
 
 }  // namespace
 
+PipelineRun::PipelineRun(pl::Schedule s, std::shared_ptr<parallel::Group> g, int st)
+    : schedule(std::move(s)), group(std::move(g)), stage(st) {
+  const int p = schedule.config.stages, C = schedule.config.chunks();
+  for (const pl::Slot& slot : schedule.ranks.at(static_cast<size_t>(stage))) {
+    if (slot.op.type == pl::Op::F && slot.op.chunk > 0) ++from_peers[(slot.op.chunk - 1) % p];
+    if (slot.op.type == pl::Op::B && slot.op.chunk < C - 1) ++from_peers[(slot.op.chunk + 1) % p];
+  }
+}
+
 FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given, const Objective& objective,
                                        const FwdBwdOptions& options, PipelineRun& run) {
   if (!model.stages) throw std::logic_error("pipeline_forward_backward: the model is not cut into stages");
@@ -92,12 +101,7 @@ FwdBwdResult pipeline_forward_backward(ModelState& model, const TensorMap& given
 
   parallel::Group& group = *run.group;
   parallel::Outbox outbox;
-  std::map<int, int> expected;  // messages each peer sends this rank in the step
-  for (const pl::Slot& slot : schedule.ranks.at(static_cast<size_t>(run.stage))) {
-    if (slot.op.type == pl::Op::F && slot.op.chunk > 0) ++expected[(slot.op.chunk - 1) % p];
-    if (slot.op.type == pl::Op::B && slot.op.chunk < C - 1) ++expected[(slot.op.chunk + 1) % p];
-  }
-  Inbox inbox(group, device, expected);
+  Inbox inbox(group, device, run.from_peers);
   std::map<std::pair<int, int>, InFlight> held;  // (chunk, mb)
   torch::Tensor loss_sum;
   const bool split = schedule.config.kind == pl::Kind::zero_bubble;

@@ -19,6 +19,7 @@
 // `accumulate: 1` too when the objective draws nothing (the lm loss).
 #pragma once
 #include <chrono>
+#include <map>
 #include <memory>
 
 #include "parallel/collectives.hpp"
@@ -31,6 +32,10 @@ struct PipelineRun {
   parallel::pipeline::Schedule schedule;
   std::shared_ptr<parallel::Group> group;  // the node's channel over its pp ranks (rank = pp coordinate)
   int stage = 0;                           // this rank's pp coordinate
+  // How many messages each peer (pp coordinate) sends this rank in a step, from the schedule.
+  std::map<int, int> from_peers;
+  // The schedule, this rank's coordinate and its channel; from_peers counted.
+  PipelineRun(parallel::pipeline::Schedule s, std::shared_ptr<parallel::Group> g, int stage);
   // Per operation of this rank's program, when it started and ended in the last step: the
   // measured timeline (forward_backward marks it in the trace, run.trace).
   struct Timed {

@@ -131,11 +131,7 @@ int trace_overlap(const std::string& file, const std::string& producer, const st
 int pipeline_bubble(const std::string& node, const std::string& kind, int mbs, int virtual_stages, double tol,
                     const std::vector<std::string>& traces) {
   namespace pl = flowrun::parallel::pipeline;
-  pl::Config c;
-  c.stages = static_cast<int>(traces.size());
-  c.microbatches = mbs;
-  c.kind = pl::parse_kind(kind);
-  c.virtual_stages = virtual_stages;
+  pl::Config c = pl::Config::of(static_cast<int>(traces.size()), mbs, kind, virtual_stages);
   const int chunks = c.chunks();
   std::vector<double> sum[3], count[3];
   for (auto* v : {sum, count})
