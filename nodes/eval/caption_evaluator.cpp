@@ -16,9 +16,11 @@
 // PNG, with their reference, greedy and parallel captions.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <iterator>
 
 #include "comm.hpp"
 #include "formats/files.hpp"
@@ -26,6 +28,7 @@
 #include "data/image_tensor.hpp"
 #include "encode/tokenize.hpp"
 #include "eval/evaluator.hpp"
+#include "models/stages.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
@@ -84,10 +87,14 @@ class CaptionEvaluatorNode : public Node {
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // a split model's collectives (TpChannel)
     dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
+    if (ctx.state_as<ModelState>("model").stages)  // pipeline parallel: each pass through the stages (StageChannel)
+      pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
+                                         ctx.run().rank);
   }
 
   void run(StepContext& ctx) override {
     const parallel::TpChannel tp_channel(tp_group_.get());
+    const StageChannel stage_channel(pp_group_.get());
     const auto t0 = std::chrono::steady_clock::now();
     ShardedReader reader(ctx.state_as<ModelState>("model"), dp_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
     ModelState& model = reader.model();
@@ -130,6 +137,8 @@ class CaptionEvaluatorNode : public Node {
           page.push_back({png_data_uri(tensor_to_image(images[r])), caps[static_cast<size_t>(r)],
                           tok.decode(until_eos(greedy[r], tok.eos_id())), tok.decode(until_eos(parallel[r], tok.eos_id()))});
     }
+    // The tp and pp ranks of a replica computed the same sums: its first counts them.
+    if (!parallel::replica_of(ctx.run()).first) std::fill(std::begin(sums), std::end(sums), 0.0);
     comm::allreduce(*ch_, sums, 7, comm::Op::sum, "caption evaluation sums of step " + std::to_string(ctx.step()));
     const double rows = std::max(sums[1], 1.0), tokens = std::max(sums[6], 1.0);
     const double loss = sums[0] / rows, acc = sums[2] / tokens, exact = sums[3] / rows;
@@ -187,6 +196,7 @@ class CaptionEvaluatorNode : public Node {
   std::shared_ptr<comm::Channel> ch_;
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
   std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
+  std::shared_ptr<parallel::Group> pp_group_;  // run.parallel.pp > 1: the stages' activations (StageChannel)
 };
 
 }  // namespace

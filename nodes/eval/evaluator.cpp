@@ -8,8 +8,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <iterator>
 #include <limits>
 
 #include "parallel/mesh.hpp"
@@ -155,6 +157,8 @@ class EvaluatorNode : public Node {
     const EvalResult r = evaluate(reader.model(), data, *objective_, o);
     // Every rank's sums, added up: the mean over every target that any rank scored.
     double sums[3] = {r.loss_sum, static_cast<double>(r.targets), static_cast<double>(r.batches)};
+    // The tp and pp ranks of a replica computed the same sums: its first counts them.
+    if (!parallel::replica_of(ctx.run()).first) std::fill(std::begin(sums), std::end(sums), 0.0);
     comm::allreduce(*ch_, sums, 3, comm::Op::sum, "evaluation sums of step " + std::to_string(ctx.step()));
     const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();
     const auto batches = static_cast<int64_t>(sums[2]);

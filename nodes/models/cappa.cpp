@@ -3,6 +3,8 @@
 
 #include <cmath>
 #include <limits>
+#include <regex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -39,6 +41,7 @@ void Config::check() const {
                                   " do not all split into " + std::to_string(n) +
                                   " tensor-parallel parts; choose run.parallel.tp dividing each");
   }
+  if (stages) stages->check(depth + dec_depth, "cappa");
 }
 
 parallel::TpSplit tp_split(const std::string& name) {
@@ -160,19 +163,28 @@ torch::Tensor sincos2d(int64_t gh, int64_t gw, int64_t width) {
 
 }  // namespace
 
+// Staged (pipeline parallel): what this rank's chunks use (cappa.hpp); load_state_dict names the
+// rest as another chunk's: keep them alike.
 void EncoderImpl::reset() {
-  patch_embed = register_module("patch_embed", PatchEmbed(c_.channels, c_.width, c_.patch));
-  const int64_t g = c_.image_size / c_.patch;
-  if (c_.posemb == "learn")
-    pos_embed = register_parameter("pos_embed", torch::zeros({1, g * g, c_.width}));
-  else
-    pos_embed = register_buffer("pos_embed", sincos2d(g, g, c_.width));
+  if (c_.holds_block(0)) {
+    patch_embed = register_module("patch_embed", PatchEmbed(c_.channels, c_.width, c_.patch));
+    const int64_t g = c_.image_size / c_.patch;
+    if (c_.posemb == "learn")
+      pos_embed = register_parameter("pos_embed", torch::zeros({1, g * g, c_.width}));
+    else
+      pos_embed = register_buffer("pos_embed", sincos2d(g, g, c_.width));
+  }
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c_.depth; ++i) blocks->push_back(EncoderBlock(c_.width, c_.heads, c_.mlp_dim, c_.tp));
-  norm = register_module("norm", flax_norm(c_.width, true));
+  for (int64_t i = 0; i < c_.depth; ++i) {
+    if (c_.holds_block(i)) blocks->push_back(EncoderBlock(c_.width, c_.heads, c_.mlp_dim, c_.tp));
+    else blocks->push_back(torch::nn::Identity());
+  }
+  if (c_.holds_block(c_.depth - 1)) norm = register_module("norm", flax_norm(c_.width, true));
 }
 
-torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
+torch::Tensor EncoderImpl::forward(const torch::Tensor& images) { return norm(run_blocks(embed(images), 0, c_.depth)); }
+
+torch::Tensor EncoderImpl::embed(const torch::Tensor& images) {
   if (images.dim() != 4 || images.size(1) != c_.channels || images.size(2) != c_.image_size ||
       images.size(3) != c_.image_size)
     throw std::runtime_error("cappa: images must be [batch, " + std::to_string(c_.channels) + ", " +
@@ -180,42 +192,60 @@ torch::Tensor EncoderImpl::forward(const torch::Tensor& images) {
                              std::to_string(c_.image_size) + "), got " + shape_str(images) +
                              "; make the data node's size equal the model's image_size");
   torch::Tensor x = patch_embed(images.to(pos_embed.scalar_type()));  // [B, N, W]
-  x = x + pos_embed;
-  int64_t i = 0;
-  for (const auto& b : *blocks) {
-    EncoderBlockImpl* block = b->as<EncoderBlockImpl>();
-    x = run_block(c_.checkpoint, i++, *block, {x}, [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); });
+  return x + pos_embed;
+}
+
+torch::Tensor EncoderImpl::run_blocks(torch::Tensor x, int64_t first, int64_t last) {
+  // The ModuleList itself, never a cached vector of blocks: clone() replaces its items.
+  for (int64_t i = first; i < last; ++i) {
+    EncoderBlockImpl* block = (*blocks)[static_cast<size_t>(i)]->as<EncoderBlockImpl>();
+    if (!block) throw std::logic_error("cappa: encoder block " + std::to_string(i) + " is another pipeline stage's");
+    x = run_block(c_.checkpoint, i, *block, {x}, [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0]); });
   }
-  return norm(x);
+  return x;
 }
 
 void DecoderImpl::reset() {
-  embed = register_module("embed", torch::nn::Embedding(c_.vocab + 1, c_.dec_width));
-  pos_embed = register_parameter("pos_embed", torch::zeros({1, c_.max_len, c_.dec_width}));
+  if (c_.holds_block(c_.depth)) {
+    embed = register_module("embed", torch::nn::Embedding(c_.vocab + 1, c_.dec_width));
+    pos_embed = register_parameter("pos_embed", torch::zeros({1, c_.max_len, c_.dec_width}));
+  }
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c_.dec_depth; ++i) blocks->push_back(DecoderBlock(c_));
-  norm = register_module("norm", flax_norm(c_.dec_width, true));
-  head = register_module("head", lora::Linear(c_.dec_width, c_.vocab));
+  for (int64_t i = 0; i < c_.dec_depth; ++i) {
+    if (c_.holds_block(c_.depth + i)) blocks->push_back(DecoderBlock(c_));
+    else blocks->push_back(torch::nn::Identity());
+  }
+  if (c_.holds_block(c_.depth + c_.dec_depth - 1)) {
+    norm = register_module("norm", flax_norm(c_.dec_width, true));
+    head = register_module("head", lora::Linear(c_.dec_width, c_.vocab));
+  }
 }
 
 torch::Tensor DecoderImpl::forward(const torch::Tensor& encoded, const torch::Tensor& ids, const torch::Tensor& parallel) {
+  torch::Tensor x = embed_inputs(ids);
+  return output(run_blocks(x, encoded, self_attention_bias(parallel, ids.size(0), ids.size(1), x.options()), 0, c_.dec_depth));
+}
+
+torch::Tensor DecoderImpl::embed_inputs(const torch::Tensor& ids) {
   if (ids.dim() != 2 || ids.size(1) < 1 || ids.size(1) > c_.max_len)
     throw std::runtime_error("cappa: decoder inputs must be [batch, L] with 1 <= L <= max_len " +
                              std::to_string(c_.max_len) + ", got " + shape_str(ids) +
                              "; raise the model's max_len or lower the tokenizer's max_length");
-  const int64_t B = ids.size(0), L = ids.size(1);
-  torch::Tensor x = embed(ids.to(torch::kLong)) + pos_embed.narrow(1, 0, L);
-  const torch::Tensor bias = self_attention_bias(parallel, B, L, x.options());
+  return embed(ids.to(torch::kLong)) + pos_embed.narrow(1, 0, ids.size(1));
+}
+
+torch::Tensor DecoderImpl::run_blocks(torch::Tensor x, const torch::Tensor& encoded, const torch::Tensor& bias,
+                                      int64_t first, int64_t last) {
   // Under tp every cross-attention reads its heads' keys and values of the image: one copy, so
   // the image's gradient is summed over the ranks once for all blocks.
   const torch::Tensor image = parallel::copy_to_tp(encoded, c_.tp);
-  int64_t i = 0;
-  for (const auto& b : *blocks) {
-    DecoderBlockImpl* block = b->as<DecoderBlockImpl>();
-    x = run_block(c_.checkpoint, i++, *block, {x, image, bias},
+  for (int64_t i = first; i < last; ++i) {
+    DecoderBlockImpl* block = (*blocks)[static_cast<size_t>(i)]->as<DecoderBlockImpl>();
+    if (!block) throw std::logic_error("cappa: decoder block " + std::to_string(i) + " is another pipeline stage's");
+    x = run_block(c_.checkpoint, i, *block, {x, image, bias},
                   [block](const std::vector<torch::Tensor>& in) { return block->forward(in[0], in[1], in[2]); });
   }
-  return head(norm(x));
+  return x;
 }
 
 CappaImpl::CappaImpl(Config c) : c_(std::move(c)) {
@@ -226,6 +256,55 @@ CappaImpl::CappaImpl(Config c) : c_(std::move(c)) {
 void CappaImpl::reset() {
   encoder = register_module("encoder", Encoder(c_));
   decoder = register_module("decoder", Decoder(c_));
+}
+
+torch::Tensor CappaImpl::encode(const torch::Tensor& images) {
+  if (c_.staged()) return staged(Pass::encode, {images}, images.device());
+  return encoder->forward(images);
+}
+
+torch::Tensor CappaImpl::decode(const torch::Tensor& encoded, const torch::Tensor& ids, const torch::Tensor& parallel) {
+  if (c_.staged()) return staged(Pass::decode, {{}, encoded, ids, parallel}, ids.device());
+  return decoder->forward(encoded, ids, parallel);
+}
+
+torch::Tensor CappaImpl::staged(Pass pass, const Inputs& in, const c10::Device& device) {
+  return staged_forward(*c_.stages, device, [&](int k, const TensorMap& prev) { return chunk(k, pass, in, prev); });
+}
+
+// Blocks [first, last) of the run: encoder blocks below E = depth, decoder blocks from E.
+TensorMap CappaImpl::chunk(int k, Pass pass, const Inputs& in, const TensorMap& prev) {
+  if (!c_.stages || !c_.stages->holds(k)) throw std::logic_error("cappa: pipeline chunk " + std::to_string(k) + " is another rank's");
+  const int64_t E = c_.depth;
+  const auto [first, last] = c_.stages->blocks.at(static_cast<size_t>(k));
+  const bool final_chunk = k + 1 == c_.stages->chunks();
+  // The encoder's part: its stream, and once its last block ran, the encoded image.
+  torch::Tensor x, encoded = pass == Pass::decode ? in.encoded : torch::Tensor();
+  if (pass != Pass::decode) {
+    if (first < E) {
+      x = first == 0 ? encoder->embed(in.images) : prev.at("x");
+      x = encoder->run_blocks(x, first, std::min<int64_t>(last, E));
+      if (last >= E) encoded = encoder->norm(x);
+    } else {
+      encoded = prev.at("encoded");
+    }
+    if (pass == Pass::encode) {
+      if (final_chunk) return {{"output", encoded}};
+      if (last < E) return {{"x", x}};
+      return {{"encoded", encoded}};  // passed on to the last stage
+    }
+  }
+  if (last <= E) {  // no decoder block here
+    if (pass == Pass::decode) return {};  // the decoder starts on a later chunk
+    return last < E ? TensorMap{{"x", x}} : TensorMap{{"encoded", encoded}};
+  }
+  // The decoder's part: its stream from its embeddings or the previous chunk.
+  torch::Tensor h = first <= E ? decoder->embed_inputs(in.ids) : prev.at("h");
+  const torch::Tensor bias = self_attention_bias(in.parallel, in.ids.size(0), in.ids.size(1), h.options());
+  h = decoder->run_blocks(h, encoded, bias, std::max<int64_t>(first, E) - E, last - E);
+  if (final_chunk) return {{"output", decoder->output(h)}};
+  if (pass == Pass::decode) return {{"h", h}};
+  return {{"encoded", encoded}, {"h", h}};
 }
 
 torch::Tensor CappaImpl::forward_batch(const TensorMap& batch) {
@@ -240,6 +319,7 @@ torch::Tensor CappaImpl::forward_batch(const TensorMap& batch) {
     return it->second;
   };
   const torch::Tensor ids = decoder_inputs(get("decoder_input", true), get("decoder_masked", false), c_.vocab);
+  if (c_.staged()) return staged(Pass::whole, {get("image", true), {}, ids, get("parallel", false)}, ids.device());
   return decode(encode(get("image", true)), ids, get("parallel", false));
 }
 
@@ -325,6 +405,21 @@ void load_state_dict(CappaImpl& model, const std::map<std::string, torch::Tensor
   o.optional = [&](const std::string& n) {
     return (model.config().posemb == "sincos2d" && n == "encoder.pos_embed") || lora::is_adapter(n);
   };
+  if (model.config().staged()) {  // pipeline parallel: another chunk's tensors (whole-model names) are skipped
+    const auto held = model.named_parameters(true);
+    const Config& c = model.config();
+    o.ignore = [held, c](const std::string& n) {
+      if (held.contains(n)) return false;
+      static const std::regex kBlock(R"((encoder|decoder)\.blocks\.(\d+)\..*)");
+      std::smatch m;
+      if (std::regex_match(n, m, kBlock)) return std::stoll(m[2].str()) < (m[1].str() == "encoder" ? c.depth : c.dec_depth);
+      static const std::set<std::string> kOutside{"encoder.patch_embed.proj.weight", "encoder.patch_embed.proj.bias",
+                                                  "encoder.pos_embed", "encoder.norm.weight", "encoder.norm.bias",
+                                                  "decoder.embed.weight", "decoder.pos_embed", "decoder.norm.weight",
+                                                  "decoder.norm.bias", "decoder.head.weight", "decoder.head.bias"};
+      return kOutside.count(n) > 0;
+    };
+  }
   const std::shared_ptr<parallel::Group>& tp = model.config().tp;
   if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);
   load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
@@ -340,7 +435,9 @@ std::shared_ptr<ModelState> make_state(Cappa model) {
     if (!c) throw std::runtime_error("cappa: the model's module is not a CapPa");
     return c->forward_batch(batch);
   };
-  return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "cappa");
+  auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "cappa");
+  state->stages = model->config().stages;
+  return state;
 }
 
 CappaImpl& module_of(ModelState& state) {

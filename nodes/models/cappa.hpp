@@ -43,6 +43,18 @@
 // cross-attention through one copy (its gradient summed once). Whole on every rank: the patch
 // embedding, positions, norms, the token embedding and the head (tp_split says which is which).
 //
+// Pipeline parallel (Config::stages, models/stages.hpp): the encoder's blocks then the decoder's
+// are one run of depth + dec_depth blocks cut into chunks; each rank builds only its chunks' blocks
+// (an Identity in the others' places, so that every name is the whole model's), the patch
+// embedding and positions with the encoder's first block, encoder.norm with its last, the token
+// embedding and positions with the decoder's first block, its norm and head with the last. Between
+// chunks travel the encoder's stream "x", then the encoded image "encoded" (every decoder block
+// cross-attends to it, so it goes on through every decoder stage, its gradient summed on the way
+// back) and the decoder's stream "h". The evaluator's encode and decode run the same chunks in two
+// passes (encode: the chunks up to the encoder's end, the encoded image passed on to the last
+// stage; decode, once per token in greedy decoding: from the decoder's first chunk, the encoded
+// image already on every stage).
+//
 // Init (big_vision's): the patch conv lecun-normal (truncated normal, std 1/sqrt(fan_in) /
 // 0.8796), its bias 0; positions N(0, 1/W) (learned); encoder attention xavier-uniform per q, k,
 // v and proj, biases 0; MLP xavier-uniform, biases N(0, 1e-6^2); decoder attention
@@ -61,6 +73,7 @@
 #include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
+#include "models/stages.hpp"
 
 namespace flowrun::cappa {
 
@@ -76,6 +89,12 @@ struct Config {
   int64_t max_len = 64;   // T: decoder inputs per caption at most
   CheckpointPolicy checkpoint;  // encoder and decoder blocks recomputed in backward (activation_checkpoint.hpp)
   std::shared_ptr<parallel::Group> tp;  // tensor parallel (see the top); null: whole
+  // Pipeline parallel (see the top): the chunks of the depth + dec_depth blocks this rank holds;
+  // null: the whole model.
+  std::shared_ptr<const Stages> stages;
+  bool staged() const { return stages != nullptr; }
+  // Block i of the run (encoder blocks 0 .. depth - 1, then the decoder's) is this rank's.
+  bool holds_block(int64_t i) const { return !stages || stages->holds_block(static_cast<int>(i)); }
   int64_t tokens() const { return (image_size / patch) * (image_size / patch); }
   void check() const;  // sizes positive, widths divisible by heads, image_size divisible by patch, heads and MLPs by tp
   double parameter_count() const;
@@ -167,6 +186,9 @@ class EncoderImpl : public torch::nn::Cloneable<EncoderImpl> {
   explicit EncoderImpl(const Config& c) : c_(c) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& images);  // [B, 3, H, W] in [-1, 1] -> [B, N, W]
+  // forward's parts: the patches with their positions; blocks [first, last); the final norm.
+  torch::Tensor embed(const torch::Tensor& images);
+  torch::Tensor run_blocks(torch::Tensor x, int64_t first, int64_t last);
   PatchEmbed patch_embed{nullptr};
   torch::Tensor pos_embed;                      // parameter (learn) or buffer (sincos2d)
   torch::nn::ModuleList blocks{nullptr};
@@ -184,6 +206,13 @@ class DecoderImpl : public torch::nn::Cloneable<DecoderImpl> {
   // ids [B, L] (L <= max_len; the mask token is id vocab) -> logits [B, L, vocab]; rows with
   // parallel[b] attend to every position, the others causally (parallel undefined: all causal).
   torch::Tensor forward(const torch::Tensor& encoded, const torch::Tensor& ids, const torch::Tensor& parallel);
+  // forward's parts: the inputs' embeddings with their positions; blocks [first, last) on the
+  // image `encoded` (copied to the tp ranks once per call) with the self-attention's bias; norm
+  // and head.
+  torch::Tensor embed_inputs(const torch::Tensor& ids);
+  torch::Tensor run_blocks(torch::Tensor x, const torch::Tensor& encoded, const torch::Tensor& bias, int64_t first,
+                           int64_t last);
+  torch::Tensor output(const torch::Tensor& x) { return head(norm(x)); }
   torch::nn::Embedding embed{nullptr};
   torch::Tensor pos_embed;
   torch::nn::ModuleList blocks{nullptr};
@@ -200,10 +229,10 @@ class CappaImpl : public torch::nn::Cloneable<CappaImpl> {
   explicit CappaImpl(Config c);
   void reset() override;
   const Config& config() const { return c_; }
-  torch::Tensor encode(const torch::Tensor& images) { return encoder->forward(images); }
-  torch::Tensor decode(const torch::Tensor& encoded, const torch::Tensor& ids, const torch::Tensor& parallel = {}) {
-    return decoder->forward(encoded, ids, parallel);
-  }
+  // Staged, each runs this rank's chunks (see the top) and returns what the last stage computed,
+  // on every stage.
+  torch::Tensor encode(const torch::Tensor& images);
+  torch::Tensor decode(const torch::Tensor& encoded, const torch::Tensor& ids, const torch::Tensor& parallel = {});
   // The model's forward on a batch: "image" [B, 3, H, W]; "decoder_input" int [B, L];
   // optionally "decoder_masked" bool [B, L] (inputs replaced by the mask token) and "parallel"
   // bool [B] (rows decoded without the causal mask). -> logits [B, L, vocab].
@@ -212,6 +241,16 @@ class CappaImpl : public torch::nn::Cloneable<CappaImpl> {
   Decoder decoder{nullptr};
 
  private:
+  // Pipeline chunk k (Config::stages) of one of three passes: the whole model (images and decoder
+  // inputs to logits), encode (images to the encoded image) or decode (the encoded image, on
+  // every stage, and decoder inputs to logits); from chunk k - 1's outputs `prev` to chunk k + 1's
+  // inputs, the last chunk's {"output": ...}.
+  enum class Pass { whole, encode, decode };
+  struct Inputs {
+    torch::Tensor images, encoded, ids, parallel;
+  };
+  TensorMap chunk(int k, Pass pass, const Inputs& in, const TensorMap& prev);
+  torch::Tensor staged(Pass pass, const Inputs& in, const c10::Device& device);
   Config c_;
 };
 TORCH_MODULE(Cappa);

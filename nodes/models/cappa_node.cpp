@@ -41,6 +41,19 @@ class CappaNode : public ModelNode {
     from_tokenizer("vocab", tok ? tok->vocab_size() : 0, &c.vocab);
     from_tokenizer("max_len", tok ? tok->max_length() - 1 : 0, &c.max_len);  // inputs: every token but the last
     c.tp = tp_group(ctx);  // run.parallel.tp > 1: this rank's heads and MLP units (cappa.hpp)
+    // run.parallel.pp > 1: this rank's chunks of the encoder's then the decoder's blocks, balanced
+    // by their products per image: an encoder block's 4 W^2 + 2 W mlp_dim per patch; a decoder
+    // block's 6 D^2 + 2 D dec_mlp_dim per caption position and the cross-attention's keys and
+    // values, 2 D W per patch; the patch embedding with the first chunk, the head with the last.
+    {
+      const double W = static_cast<double>(c.width), D = static_cast<double>(c.dec_width);
+      const double N = static_cast<double>(c.tokens()), L = static_cast<double>(c.max_len);
+      std::vector<double> costs(static_cast<size_t>(c.depth), N * (4 * W * W + 2 * W * static_cast<double>(c.mlp_dim)));
+      costs.resize(static_cast<size_t>(c.depth + c.dec_depth),
+                   L * (6 * D * D + 2 * D * static_cast<double>(c.dec_mlp_dim)) + N * 2 * D * W);
+      c.stages = cut_into_stages(ctx, costs, N * W * static_cast<double>(c.channels * c.patch * c.patch),
+                                 L * D * static_cast<double>(c.vocab));
+    }
     try {
       c.check();
     } catch (const std::exception& e) {
@@ -55,11 +68,13 @@ class CappaNode : public ModelNode {
     model_ = Cappa(c_);
     if (init) {
       how = "big_vision init, seed " + std::to_string(seed);
-      if (c_.tp) {
+      if (c_.tp || c_.staged()) {
         // The whole model's init (big_vision's goes module by module, not parameter by
-        // parameter: init_split cannot draw it), each rank keeping its parts: tp 1's values.
+        // parameter: init_split cannot draw it), each rank keeping its parts and its stage's
+        // tensors: one process's values.
         Config whole_cfg = c_;
         whole_cfg.tp = nullptr;
+        whole_cfg.stages = nullptr;
         Cappa whole(whole_cfg);
         init_weights(*whole, seed);
         load_state_dict(*model_, named_tensors(*whole), how);

@@ -94,7 +94,8 @@ Mesh mesh_of(const RunInfo& run) {
 
 Replica replica_of(const RunInfo& run) {
   const Mesh mesh = mesh_of(run);
-  return {mesh.coord(run.rank).dp, mesh.size(Dim::dp)};
+  const Mesh::Coord c = mesh.coord(run.rank);
+  return {c.dp, mesh.size(Dim::dp), c.tp == 0 && c.pp == 0};
 }
 
 }  // namespace flowrun::parallel

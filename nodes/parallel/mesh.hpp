@@ -65,6 +65,9 @@ Mesh mesh_of(const RunInfo& run);
 // Without tp or pp: the rank and the world.
 struct Replica {
   int index = 0, count = 1;
+  // This rank is its replica's first (tp 0, pp 0): the one of them that counts what they all
+  // compute alike (an evaluator's sums).
+  bool first = true;
 };
 Replica replica_of(const RunInfo& run);
 

@@ -326,15 +326,11 @@ class ForwardBackwardNode : public Node {
     const std::string pp = "run.parallel.pp is " + std::to_string(par.pp);
     if (!model.stages)
       throw std::runtime_error(ctx.who() + ": " + pp + ", but its model (" + model.kind + ") does not cut into pipeline "
-                               "stages (built for gpt and dit); set run.parallel.pp=1");
+                               "stages (built for gpt, dit and cappa); set run.parallel.pp=1");
     if (options_.accumulate != 1)
       throw std::runtime_error(ctx.who() + ": " + pp + " and accumulate is " + std::to_string(options_.accumulate) +
                                ": under pipeline parallel the batch's micro-batches are run.parallel.microbatches; set "
                                "accumulate: 1 and run.parallel.microbatches instead");
-    if (zero_ && zero_->shards_params())
-      throw std::runtime_error(ctx.who() + ": " + pp + " with ZeRO stage params is not built yet; set the zero node's "
-                               "stage: states or gradients (each stage's state sharded over its data-parallel ranks), "
-                               "or none");
     if (cuda_graph_)
       throw std::runtime_error(ctx.who() + ": " + pp + " with run.cuda_graph is not built yet; set run.cuda_graph=false");
     if (!model_device(model).is_cpu())
@@ -509,22 +505,27 @@ class ForwardBackwardNode : public Node {
         m.activations_note = std::to_string(micro_rows) + " rows, " + (bytes == 2 ? "bf16" : "fp32") +
                              ", checkpoint: " + model.checkpoint.str();
         if (pipeline_) {
-          // A stage keeps its blocks' share of the whole model's activations, for the micro-batches
-          // its schedule holds at once (of the M the batch is cut into).
+          // A stage keeps, of the whole batch's activations (M micro-batches through every block),
+          // those of the (block, micro-batch) pairs its program holds at once at most: each F
+          // holds its chunk's blocks for one micro-batch until its B.
           const parallel::pipeline::Schedule& s = pipeline_->schedule;
-          const double held = static_cast<double>(s.peak_in_flight(pipeline_->stage)) / s.config.microbatches;
-          int blocks = 0, all = 0;
-          for (size_t k = 0; k < model.stages->blocks.size(); ++k) {
-            const int n = model.stages->blocks[k].second - model.stages->blocks[k].first;
-            all += n;
-            if (model.stages->holds(static_cast<int>(k))) blocks += n;
+          const Stages& cut = *model.stages;
+          auto size = [&](int chunk) { return cut.blocks[static_cast<size_t>(chunk)].second - cut.blocks[static_cast<size_t>(chunk)].first; };
+          int held = 0, peak = 0, blocks = 0, all = 0;
+          for (const parallel::pipeline::Slot& slot : s.ranks.at(static_cast<size_t>(pipeline_->stage))) {
+            if (slot.op.type == parallel::pipeline::Op::F) peak = std::max(peak, held += size(slot.op.chunk));
+            else if (slot.op.type == parallel::pipeline::Op::B) held -= size(slot.op.chunk);
           }
-          const double share = all > 0 ? held * blocks / all : 1.0;
+          for (int k = 0; k < cut.chunks(); ++k) {
+            all += size(k);
+            if (cut.holds(k)) blocks += size(k);
+          }
+          const double share = all > 0 ? static_cast<double>(peak) / (static_cast<double>(all) * s.config.microbatches) : 1.0;
           m.activations *= share;
           with_blocks *= share;
-          m.activations_note += ", this stage's " + std::to_string(blocks) + " of " + std::to_string(all) + " blocks, " +
-                                std::to_string(s.peak_in_flight(pipeline_->stage)) + " of " +
-                                std::to_string(s.config.microbatches) + " micro-batches held";
+          m.activations_note += ", this stage's " + std::to_string(blocks) + " of " + std::to_string(all) +
+                                " blocks, at most " + std::to_string(peak) + " block x micro-batch activations held of " +
+                                std::to_string(all * s.config.microbatches);
         }
       } catch (const std::exception& e) {
         spdlog::debug("{}: no activation estimate: {}", ctx.who(), e.what());

@@ -199,10 +199,6 @@ class OptimizerNode : public Node {
     if (model.stages) {
       // Pipeline parallel: this stage's parameters only; the norm sums the stages' squares over
       // the pp group, a tied parameter's copy (GPT's table on the last stage) left out.
-      if (plan.shards_params())
-        throw std::runtime_error(ctx.who() + ": ZeRO stage params with pipeline parallel (run.parallel.pp) is not built "
-                                 "yet; set the zero node's stage: states or gradients (each stage's state sharded over "
-                                 "its data-parallel ranks), or none");
       state->staged = true;
       pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
                                          ctx.run().rank);

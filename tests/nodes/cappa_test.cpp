@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <set>
 #include <sstream>
 
 #include "formats/files.hpp"
@@ -13,6 +15,7 @@
 #include "common/seed.hpp"
 #include "models/cappa.hpp"
 #include "models/lora.hpp"
+#include "models/stages.hpp"
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
@@ -67,6 +70,70 @@ TEST(Cappa, NamesShapesAndInit) {
                      {"attention_mask", torch::tensor({{1, 1, 1, 1, 0}, {1, 1, 1, 0, 0}}, torch::kLong)}};
   auto state = cappa::make_state(m);
   EXPECT_NEAR(CaptionLoss(CaptionLoss::Options{}).loss(*state, batch).item<double>(), std::log(11.0), 1e-5);
+}
+
+// Pipeline parallel (Config::stages): a staged model holds its chunks' blocks under the whole
+// model's names (the patch embedding with the encoder's first block, encoder.norm with its last,
+// the token embedding with the decoder's first, the head with its last), and its chunks run one
+// after the other (each inside a StageCall, as forward_backward's schedule runs them) compute the
+// whole model's logits, encoded image and decoding: for cuts inside the encoder, at its end, and
+// through a chunk that holds both the encoder's end and the decoder's start.
+TEST(Cappa, StagesRunInTurnComputeTheWholeModel) {
+  cappa::Cappa whole(tiny_config());
+  randomize(*whole, 4);
+  const torch::Tensor images = torch::randn({2, 3, 16, 16});
+  const torch::Tensor ids = torch::tensor({{2, 5, 6, 3}, {2, 7, 3, 11}}, torch::kLong);  // 11: the mask token
+  const torch::Tensor parallel = torch::tensor({false, true});
+  const TensorMap batch = {{"image", images}, {"decoder_input", ids}, {"parallel", parallel}};
+  torch::NoGradGuard no_grad;
+  const torch::Tensor logits = whole->forward_batch(batch);
+  const torch::Tensor encoded = whole->encode(images);
+  const torch::Tensor decoded = whole->decode(encoded, ids, parallel);
+  for (const auto& cut : std::vector<std::vector<std::pair<int, int>>>{
+           {{0, 1}, {1, 4}}, {{0, 2}, {2, 4}}, {{0, 3}, {3, 4}}, {{0, 1}, {1, 2}, {2, 3}, {3, 4}}}) {
+    auto stages = std::make_shared<Stages>();
+    stages->stages = 2;
+    stages->blocks = cut;
+    for (int k = 0; k < stages->chunks(); ++k) stages->mine.push_back(k);  // this process runs every chunk in turn
+    cappa::Config c = tiny_config();
+    c.stages = stages;
+    cappa::Cappa staged(c);
+    std::map<std::string, torch::Tensor> tensors;
+    for (const auto& t : whole->named_parameters(true)) tensors[t.key()] = t.value();
+    cappa::load_state_dict(*staged, tensors, "the whole model");
+    // Each chunk inside its StageCall: a chunk before the last hands its outputs on (Done).
+    auto in_turn = [&](const std::function<torch::Tensor()>& run) {
+      TensorMap carried;
+      for (int k = 0;; ++k) {
+        StageCall call(k, carried);
+        try {
+          return run();
+        } catch (const StageCall::Done&) {
+          carried = call.out;
+        }
+      }
+    };
+    const std::string what = "chunks of " + std::to_string(cut[0].second) + " blocks first";
+    EXPECT_TRUE(torch::allclose(in_turn([&] { return staged->forward_batch(batch); }), logits, 1e-5, 1e-6)) << what;
+    EXPECT_TRUE(torch::allclose(in_turn([&] { return staged->encode(images); }), encoded, 1e-5, 1e-6)) << what;
+    EXPECT_TRUE(torch::allclose(in_turn([&] { return staged->decode(encoded, ids, parallel); }), decoded, 1e-5, 1e-6)) << what;
+  }
+  // Stage 1 of 2 chunks cut after the first encoder block: the encoder's second block and norm,
+  // all of the decoder; none of the patch embedding.
+  auto stages = std::make_shared<Stages>();
+  stages->stages = 2;
+  stages->blocks = {{0, 1}, {1, 4}};
+  stages->mine = {1};
+  cappa::Config c = tiny_config();
+  c.stages = stages;
+  cappa::Cappa second(c);
+  std::set<std::string> held;
+  for (const auto& p : second->named_parameters(true)) held.insert(p.key());
+  for (const char* n : {"encoder.blocks.1.attn.qkv.weight", "encoder.norm.weight", "decoder.embed.weight",
+                        "decoder.blocks.0.cross_attn.k.weight", "decoder.head.weight"})
+    EXPECT_TRUE(held.count(n)) << n;
+  for (const char* n : {"encoder.patch_embed.proj.weight", "encoder.pos_embed", "encoder.blocks.0.attn.qkv.weight"})
+    EXPECT_FALSE(held.count(n)) << n;
 }
 
 // LoRA on a CapPa (models/model_node.hpp gives every family the same `lora:`): adapters on the
