@@ -11,5 +11,6 @@ int cmd_validate(const std::vector<std::string>& args);
 int cmd_dot(const std::vector<std::string>& args);
 int cmd_explain(const std::vector<std::string>& args);
 int cmd_nodes(const std::vector<std::string>& args);
+int cmd_plan(const std::vector<std::string>& args);  // plan.cpp
 
 }  // namespace flowrun::cli

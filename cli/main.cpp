@@ -19,6 +19,7 @@ static const char* kUsage =
     "       flowrun validate FILE...                            check graph files, report every error, run nothing\n"
     "       flowrun dot [--trace TRACE] FILE [KEY=VALUE...]     the graph as Graphviz dot (with a run's measured times)\n"
     "       flowrun explain FILE [KEY=VALUE...]                 one step as the program it runs: order, streams, waits\n"
+    "       flowrun plan FILE [KEY=VALUE...] --devices N        the fastest layout of N devices that fits, from a profile\n"
     "       flowrun nodes [TYPE] [--plugin LIB.so]              list node types, or one type's ports and parameters\n"
     "       flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text files\n"
     "       flowrun COMMAND --help                              help for one command\n"
@@ -87,6 +88,7 @@ static int dispatch(const std::vector<std::string>& args) {
   if (cmd == "dot") return flowrun::cli::cmd_dot(rest);
   if (cmd == "explain") return flowrun::cli::cmd_explain(rest);
   if (cmd == "nodes") return flowrun::cli::cmd_nodes(rest);
+  if (cmd == "plan") return flowrun::cli::cmd_plan(rest);
   if (cmd == "prep") return flowrun::prep_command(rest);
   if (cmd.size() > 5 && (cmd.rfind(".yaml") == cmd.size() - 5 || cmd.rfind(".yml") == cmd.size() - 4))
     return flowrun::cli::cmd_run(args);

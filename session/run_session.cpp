@@ -464,6 +464,7 @@ int RunSession::run() {
     Executor ex(g, Registry::global(), info_);
     if (m.resume) restore(ex, g, *m.resume);
     sync_start_state(ex, g, *m.startup);
+    if (on_setup) on_setup(ex);
     Progress progress(info_.first_step, info_.last_step, info_.log_every,
                       info_.rank == 0 ? g.settings.progress : "off", m.tracer.get());
     RunOptions opt = run_options(g);

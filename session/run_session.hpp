@@ -16,6 +16,7 @@
 // Its layer: above the nodes (it resumes through state/, syncs ranks through comm/, places tensors
 // through common/), below the CLI. Torch-free interface.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,7 @@
 namespace flowrun {
 
 struct GraphSpec;
+class Executor;
 
 class RunSession {
  public:
@@ -46,6 +48,9 @@ class RunSession {
   int close(int code);
 
   const RunInfo& info() const { return info_; }  // after start(): the resolved device, first step
+  // Called in run() once every node is set up (and restored), before the first step: what the
+  // nodes made, for a caller that reads it (flowrun plan: the model it profiles).
+  std::function<void(Executor&)> on_setup;
 
  private:
   struct Impl;

@@ -24,7 +24,9 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -56,6 +58,44 @@ struct CheckpointPolicy {
 //   x = run_block(cfg.checkpoint, i, *block, {x}, [block](const auto& in) { return block->forward(in[0]); });
 torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const torch::nn::Module& block,
                         const std::vector<torch::Tensor>& inputs, const CheckpointBody& body);
+
+// Each block's forward and backward times (forward_backward's `time_blocks`, what `flowrun plan`
+// profiles): while one is open on a thread, run_block times each block's forward on the host, and
+// its backward through gradient hooks on its output (its backward starts) and its first input (it
+// ends): wall-clock times, so on a GPU only meaningful with the device synchronised (the profile
+// runs on the CPU).
+//
+//   BlockClock clock;                        // this thread's, until it closes
+//   forward_backward(model, batch, ...);     // every run_block timed
+//   for (const BlockClock::Span& s : clock.spans()) ...   // in the order they ended
+class BlockClock {
+ public:
+  using Time = std::chrono::steady_clock::time_point;
+  struct Span {
+    const torch::nn::Module* block = nullptr;  // the block run_block ran (blocks_of's order names it)
+    bool backward = false;
+    Time start, end;
+  };
+  BlockClock();
+  ~BlockClock();
+  BlockClock(const BlockClock&) = delete;
+  BlockClock& operator=(const BlockClock&) = delete;
+  static BlockClock* current();
+  std::vector<Span> spans() const;
+  // run_block's: `block` ran forward in [start, end]; hooks that note when its output's gradient
+  // arrives (its backward starts) and its input's (it ends).
+  void forward(const torch::nn::Module* block, Time start, Time end);
+  void hook_backward(const torch::nn::Module* block, const torch::Tensor& input, const torch::Tensor& output);
+
+ private:
+  struct Record;  // shared with the gradient hooks, which may outlive the clock
+  std::shared_ptr<Record> record_;
+  BlockClock* previous_;
+};
+
+// A model's blocks, what run_block runs (and ZeRO-3 gathers one at a time): the items of its
+// outermost ModuleLists, in module order (CapPa: the encoder's, then the decoder's).
+std::vector<const torch::nn::Module*> blocks_of(const torch::nn::Module& model);
 
 // What a block's attention keeps for backward (models/attention.hpp):
 enum class AttentionKeeps {

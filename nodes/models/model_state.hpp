@@ -72,6 +72,15 @@ struct ModelState {
       activations;
   CheckpointPolicy checkpoint;
   std::vector<MemoryItem> kept;
+  // What forward_backward estimated of one micro-batch at its first step with `time_blocks` (the
+  // profile `flowrun plan` reads after its run; a record, not the model's state): its rows, what
+  // backward keeps of it without recomputing, and recomputing every block (the blocks' inputs,
+  // and the one block live again in backward). rows 0: not recorded.
+  struct Profiled {
+    int64_t rows = 0;
+    double plain = 0, checkpointed = 0, recompute_live = 0;
+  };
+  mutable Profiled profiled;
 
   // A frozen encoder of batches (vae_encode's params) says how it conditions one, so a reader of
   // its state (the evaluator) encodes batches as the node does without knowing its type: the

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 
@@ -129,9 +130,27 @@ Schedule make(const Config& c) {
     for (int r = 0; r < p; ++r) {
       if (free_at[static_cast<size_t>(r)] > now) continue;
       auto& ops = todo[static_cast<size_t>(r)];
+      // Interleaved: Megatron-LM's fixed program. Each type's operations in their priority order,
+      // none skipping ahead, and the types in turn: the warm-up's forwards, then one forward and
+      // one backward alternately, then the remaining backwards. (Letting the first ready
+      // operation go instead drains backwards in a row, or fills the limit with a later
+      // micro-batch's forwards whose backwards cannot start: pp 4 x 2 chunks of 16 micro-batches
+      // had no operation left to run.)
+      std::optional<decltype(key(Op{}))> first_f, first_b;
+      std::optional<Op::Type> turn;
+      if (c.kind == Kind::interleaved) {
+        for (const Op& o : ops) {
+          auto& first = o.type == Op::F ? first_f : first_b;
+          if (!first || key(o) < *first) first = key(o);
+        }
+        const int done = static_cast<int>(s.ranks[static_cast<size_t>(r)].size()), total = M * V;
+        const int warm = std::min(limit(r) - 1, total);
+        turn = done < warm ? Op::F : done < warm + 2 * (total - warm) ? ((done - warm) % 2 == 0 ? Op::F : Op::B) : Op::B;
+      }
       int best = -1;
       for (int i = 0; i < static_cast<int>(ops.size()); ++i) {
         const Op& o = ops[static_cast<size_t>(i)];
+        if (turn && (o.type != *turn || key(o) != *(o.type == Op::F ? first_f : first_b))) continue;
         bool ready = false;
         if (o.type == Op::F)
           ready = (o.chunk == 0 || times.done(Op::F, o.chunk - 1, o.mb, now)) && held[static_cast<size_t>(r)] < limit(r);

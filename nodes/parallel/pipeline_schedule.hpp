@@ -17,8 +17,11 @@
 //   schedule      B and W   priority                                 micro-batches in flight on rank s
 //   gpipe         one op    F before B (every forward, then backwards)  M (all)
 //   1f1b          one op    B before F                               pp - s           (Narayanan et al. 2019)
-//   interleaved   one op    B before F; F by (m / pp, chunk, m % pp),  Megatron's warm-up + 1:
-//                           B by (m / pp, last chunk first, m % pp)    2 (pp - s - 1) + (V - 1) pp + 1
+//   interleaved   one op    Megatron-LM's program: its warm-up's       Megatron's warm-up + 1:
+//                           F's, then one F and one B in turn, then    2 (pp - s - 1) + (V - 1) pp + 1
+//                           the last B's; F's by (m / pp, chunk,
+//                           m % pp), B's by (m / pp, last chunk first,
+//                           m % pp), neither skipping ahead
 //   zero_bubble   split     B before F before W (a W when nothing      pp - s, and at most pp B's
 //                           else can run: it fills the bubbles;       waiting for their W (ZB-H1,
 //                           first once pp W's wait)                   Qi et al. 2023: about 1F1B's
@@ -28,7 +31,8 @@
 // costs B + W), the schedule gives each rank's program (the order it runs its operations in: what
 // the executor runs, whatever the real costs are) and the predicted timeline, from which the bubble:
 // a rank's idle share of the time between its first operation's start and its last one's end.
-// For 1F1B and GPipe on rank 0 that is the textbook (pp - 1) / (M + pp - 1).
+// For 1F1B and GPipe on rank 0 that is the textbook (pp - 1) / (M + pp - 1); interleaved's is
+// (pp - 1) / (V M + pp - 1) (Narayanan et al. 2021).
 //
 // Pure arithmetic: no torch, no MPI.
 #pragma once

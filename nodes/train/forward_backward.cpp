@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "common/cuda_graph.hpp"
 #include "common/device.hpp"
 #include "common/memory.hpp"
 #include "common/seed.hpp"
+#include "models/activation_checkpoint.hpp"
 #include "models/dropout.hpp"
 #include "parallel/zero_plan.hpp"
 #include "parallel/mesh.hpp"
@@ -196,6 +198,7 @@ class ForwardBackwardNode : public Node {
                                "train the whole model; set run.parallel.tp=1");
     fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
+    time_blocks_ = ctx.params().get<bool>("time_blocks");
     const std::vector<std::string> model_ref = ctx.refs("model");
     model_node_ = model_ref.empty() ? "model" : model_ref.front().substr(0, model_ref.front().find('.'));
     if (ctx.connected("zero")) zero_ = &ctx.state_as<ZeroPlan>("zero");
@@ -285,6 +288,9 @@ class ForwardBackwardNode : public Node {
         };
     }
     FwdBwdResult r;
+    // time_blocks: each block's forward and backward in the trace (BlockClock; `flowrun plan`).
+    std::optional<BlockClock> clock;
+    if (time_blocks_) clock.emplace();
     try {
       r = pipeline_   ? pipeline_forward_backward(model, batch, *objective_, o, *pipeline_)
           : cuda_graph_ ? graphed(ctx, model, batch, o)
@@ -294,6 +300,13 @@ class ForwardBackwardNode : public Node {
       what = what.substr(0, std::min(what.find('\n'), what.find(" See documentation")));  // torch's link, on the next line
       throw std::runtime_error(ctx.who() + ": out of memory in step " + std::to_string(ctx.step()) + " (" + what +
                                "); " + memory_advice_);
+    }
+    if (clock) {  // each block by its place in the model (blocks_of: CapPa's encoder blocks, then its decoder's)
+      std::map<const torch::nn::Module*, size_t> place;
+      for (const torch::nn::Module* block : blocks_of(*model.module)) place.emplace(block, place.size());
+      for (const BlockClock::Span& b : clock->spans())
+        if (auto it = place.find(b.block); it != place.end())
+          ctx.trace_mark("block " + std::to_string(it->second) + (b.backward ? " backward" : " forward"), b.start, b.end);
     }
     if (pipeline_)  // the stage's operations in the trace (run.trace): the measured timeline
       for (const PipelineRun::Timed& t : pipeline_->last_step) ctx.trace_mark(parallel::pipeline::str(t.op), t.start, t.end);
@@ -501,7 +514,11 @@ class ForwardBackwardNode : public Node {
       try {
         const TensorMap micro = options_.accumulate > 1 ? split_batch(batch, options_.accumulate).front() : batch;
         m.activations = model.activations(micro, bytes, model.checkpoint).checkpointed;
-        with_blocks = model.activations(micro, bytes, CheckpointPolicy::parse("blocks")).checkpointed;
+        const ActivationEstimate blocks_recomputed = model.activations(micro, bytes, CheckpointPolicy::parse("blocks"));
+        with_blocks = blocks_recomputed.checkpointed;
+        if (time_blocks_)  // flowrun plan's profile
+          model.profiled = {batch_rows(micro), model.activations(micro, bytes, CheckpointPolicy{}).plain,
+                            blocks_recomputed.checkpointed, blocks_recomputed.recompute_live};
         m.activations_note = std::to_string(micro_rows) + " rows, " + (bytes == 2 ? "bf16" : "fp32") +
                              ", checkpoint: " + model.checkpoint.str();
         if (pipeline_) {
@@ -663,6 +680,7 @@ class ForwardBackwardNode : public Node {
   bool has_cond_ = false;
   bool fresh_ = true;  // grad_layout fresh
   bool refuse_ = true;  // memory_check refuse
+  bool time_blocks_ = false;
   bool memory_checked_ = false;
   std::string memory_advice_;  // check_memory's estimate and the settings that reduce it
   std::string model_node_;  // the model node's name (for the settings a refusal names)

@@ -8,29 +8,13 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "models/activation_checkpoint.hpp"
+
 namespace flowrun {
 
-namespace {
-
-// The modules whose parameters make a unit: the items of the outermost ModuleLists (the blocks
-// run_block runs), found from `m` down, not below a list.
-void find_blocks(const torch::nn::Module& m, std::vector<const torch::nn::Module*>& out) {
-  for (const auto& child : m.children()) {
-    if (dynamic_cast<const torch::nn::ModuleListImpl*>(child.get())) {
-      for (const auto& item : child->children()) out.push_back(item.get());
-    } else {
-      find_blocks(*child, out);
-    }
-  }
-}
-
-}  // namespace
-
 double largest_block_bytes(const torch::nn::Module& module) {
-  std::vector<const torch::nn::Module*> blocks;
-  find_blocks(module, blocks);
   double largest = 0;
-  for (const torch::nn::Module* b : blocks) {
+  for (const torch::nn::Module* b : blocks_of(module)) {
     double bytes = 0;
     for (const auto& p : b->parameters(/*recurse=*/true)) bytes += static_cast<double>(p.nbytes());
     largest = std::max(largest, bytes);
@@ -220,8 +204,7 @@ void ShardedParams::bind(ModelState& model) {
   }
   // Which block each parameter belongs to; the units: runs of parameters of one owner, in module
   // order, each a run of either part's flat buffer.
-  std::vector<const torch::nn::Module*> blocks;
-  find_blocks(*model.module, blocks);
+  const std::vector<const torch::nn::Module*> blocks = blocks_of(*model.module);  // the units' blocks
   std::map<const c10::TensorImpl*, const torch::nn::Module*> owner;
   for (const torch::nn::Module* b : blocks)
     for (const auto& p : b->parameters(/*recurse=*/true)) owner[p.unsafeGetTensorImpl()] = b;

@@ -39,7 +39,7 @@ loss_at() { grep -o '"loss":[0-9.eE+-]*' "$1" | sed -n "$2" | cut -d: -f2; }
 case $case_name in
 help)
   expect_code 0 "$flowrun" --help; expect_out "flowrun validate FILE..."
-  for c in run validate dot nodes prep; do expect_code 0 "$flowrun" $c --help; expect_out "usage: flowrun"; done
+  for c in run validate dot nodes prep plan; do expect_code 0 "$flowrun" $c --help; expect_out "usage: flowrun"; done
   expect_code 2 "$flowrun"; expect_out "usage:"
   expect_code 2 "$flowrun" frobnicate; expect_out "unknown command 'frobnicate'"
   ;;

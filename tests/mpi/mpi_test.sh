@@ -972,6 +972,32 @@ pipeline_cappa)
   run_code 0 "$flowrun" "${c[@]}" fb.accumulate=2 run.out_dir="$tmp/r21" run.resume=auto
   same_params one r21
   ;;
+plan)
+  # flowrun plan (issue 50): graphs/gpt.yaml at a tiny size profiled here (one process, a few
+  # steps), the layouts of 2 and 4 devices predicted and ranked, the fastest that fits written as
+  # overrides that run under mpirun as they are; with devices of 4 MB, which one replica's weights,
+  # gradients, moments and EMA overflow, the plan shards (ZeRO) or splits (tp, pp), never plain
+  # data parallel, and stays within the 4 MB; a saved profile plans again without running.
+  needs_data data/text/fortunes_byte.train.bin
+  g=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=4 model.dim=64 model.heads=4
+     model.vocab=256 model.context=32 data.batch=8 run.threads=1)
+  run_code 0 "$flowrun" plan "${g[@]}" --devices 2 --save-profile "$tmp/profile.json" --out "$tmp/plan2"
+  expect_out "model 'model' (gpt): 4 blocks, 0.22M parameters"
+  expect_out "fastest that fits: dp "
+  grep -qx "run.parallel.tp=[12]" "$tmp/plan2" && grep -qx "data.batch=[0-9]*" "$tmp/plan2" || fail "no layout in $tmp/plan2"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=2 run.out_dir="$tmp/run2" $(cat "$tmp/plan2")
+  run_code 0 "$flowrun" plan "${g[@]}" --devices 4 --profile "$tmp/profile.json" --device-memory 4MB --out "$tmp/plan4"
+  awk -F= '{v[$1] = $2} END {exit !(v["run.parallel.tp"] > 1 || v["run.parallel.pp"] > 1 || v["zero.stage"] != "none")}' \
+    "$tmp/plan4" || fail "a model 4 MB devices cannot hold whole was planned as plain data parallel"
+  awk '/fastest that fits/ {exit} $1 == 1 && $0 ~ /MB =/ {for (i = 1; i <= NF; ++i) if ($(i + 1) == "=") {exit !($(i - 1) <= 4)}}' \
+    "$tmp/out" || fail "the fastest layout needs more than the 4 MB a device has"
+  run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" run.steps=2 run.out_dir="$tmp/run4" $(cat "$tmp/plan4")
+  # No layout fits: said, exit 1. Usage: the device count is required.
+  run_code 1 "$flowrun" plan "${g[@]}" --devices 2 --profile "$tmp/profile.json" --device-memory 100KB
+  expect_out "no layout of 2 devices fits"
+  run_code 2 "$flowrun" plan "${g[@]}"
+  expect_out "--devices N is required"
+  ;;
 *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"

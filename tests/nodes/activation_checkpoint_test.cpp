@@ -27,6 +27,44 @@
 namespace flowrun {
 namespace {
 
+// forward_backward's time_blocks (what flowrun plan profiles): under a BlockClock every block
+// run_block runs gets its forward span and its backward span (from its output's gradient to its
+// input's), the backward in reverse block order, each inside the backward pass; blocks_of lists a
+// model's blocks as run_block meets them (a GPT's h.0, h.1, ...).
+TEST(BlockClock, EveryBlockGetsItsForwardAndItsBackward) {
+  gpt::Config c;
+  c.layers = 3, c.dim = 16, c.heads = 2, c.vocab = 32, c.context = 8;
+  gpt::Gpt model(c);
+  gpt::init_weights(*model, 1);
+  const std::vector<const torch::nn::Module*> blocks = blocks_of(*model);
+  ASSERT_EQ(blocks.size(), 3u);
+  EXPECT_EQ(blocks[0], (*model->h)[0].get());
+  const torch::Tensor idx = torch::randint(0, 32, {2, 8}, torch::kLong);
+  std::vector<BlockClock::Span> spans;
+  std::chrono::steady_clock::time_point backward_start;
+  {
+    BlockClock clock;
+    const torch::Tensor loss = model->forward(idx).square().mean();
+    backward_start = std::chrono::steady_clock::now();
+    loss.backward();
+    spans = clock.spans();
+  }
+  ASSERT_EQ(spans.size(), 6u);
+  for (size_t i = 0; i < 3; ++i) {  // the forwards, in order, before backward
+    EXPECT_FALSE(spans[i].backward);
+    EXPECT_EQ(spans[i].block, blocks[i]);
+    EXPECT_LE(spans[i].end, backward_start);
+  }
+  for (size_t i = 0; i < 3; ++i) {  // the backwards: the last block's first
+    EXPECT_TRUE(spans[3 + i].backward);
+    EXPECT_EQ(spans[3 + i].block, blocks[2 - i]);
+    EXPECT_GE(spans[3 + i].start, backward_start);
+    EXPECT_LT(spans[3 + i].start, spans[3 + i].end);
+  }
+  // No clock: nothing timed, the same result.
+  EXPECT_EQ(BlockClock::current(), nullptr);
+}
+
 std::shared_ptr<ModelState> gpt_model(const std::string& checkpoint, int64_t layers, int64_t dim, int64_t heads,
                                       int64_t context, double dropout = 0.0) {
   gpt::Config c;

@@ -116,6 +116,17 @@ TEST(PipelineSchedule, InterleavedShrinksTheBubbleWithVirtualStages) {
   EXPECT_EQ(chunks, (std::set<int>{1, 3}));
   expect_valid(schedule(Kind::interleaved, 4, 8, 2));
   expect_valid(schedule(Kind::interleaved, 2, 6, 3));
+  // Megatron-LM's program (its warm-up forwards, then one forward and one backward in turn, each in
+  // its order) has Narayanan et al.'s bubble at unit costs, (p - 1) / (V M + p - 1), at any number
+  // of micro-batch groups (pp 4 at 16 and 32 micro-batches once filled a stage's limit with
+  // forwards whose backwards could not start).
+  for (int p : {2, 4})
+    for (int M : {p, 2 * p, 4 * p, 16, 32})
+      for (int V : {2, 3}) {
+        const pl::Schedule s = schedule(Kind::interleaved, p, M, V);
+        expect_valid(s);
+        EXPECT_NEAR(s.bubble(0), (p - 1.0) / (V * M + p - 1.0), 1e-9) << "p " << p << " M " << M << " V " << V;
+      }
 }
 
 TEST(PipelineSchedule, SettingsThatMakeNoScheduleAreRefusedNamingThem) {

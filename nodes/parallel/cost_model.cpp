@@ -1,0 +1,285 @@
+// The cost model of a layout (cost_model.hpp): the collectives' formulas, then predict() in the
+// order a step runs (the cut into chunks, each chunk's operations, the schedule, the gradients'
+// collectives, the update), then the memory of each stage, then the layouts worth predicting.
+#include "parallel/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace flowrun::parallel::cost {
+
+// ---- collectives ------------------------------------------------------------------------------
+
+double all_reduce_bytes(double S, int g) { return g <= 1 ? 0.0 : 2.0 * (g - 1) / g * S; }
+double all_gather_bytes(double S, int g) { return g <= 1 ? 0.0 : static_cast<double>(g - 1) / g * S; }
+double all_reduce_time(double S, int g, const Link& l) {
+  return g <= 1 ? 0.0 : 2.0 * (g - 1) * (l.latency_s + S / (g * l.bytes_per_s));
+}
+double all_gather_time(double S, int g, const Link& l) {
+  return g <= 1 ? 0.0 : (g - 1) * (l.latency_s + S / (g * l.bytes_per_s));
+}
+
+const char* name(Zero z) {
+  switch (z) {
+    case Zero::none: return "none";
+    case Zero::states: return "states";
+    case Zero::gradients: return "gradients";
+    case Zero::params: return "params";
+  }
+  return "?";
+}
+
+double data_parallel_bytes(double grad_bytes, int g, Zero z) {
+  // Reduce-scatter + all-gather move what one all-reduce moves; ZeRO params gathers once more.
+  return all_reduce_bytes(grad_bytes, g) + (z == Zero::params ? all_gather_bytes(grad_bytes, g) : 0.0);
+}
+
+double tensor_parallel_bytes(double output_bytes, int t) { return 4 * all_reduce_bytes(output_bytes, t); }
+
+double Model::params() const {
+  double n = first.params + last.params;
+  for (const Block& b : blocks) n += b.params;
+  return n;
+}
+
+std::string Layout::str() const {
+  std::ostringstream s;
+  s << "dp " << dp << " x tp " << tp << " x pp " << pp << ", zero " << name(zero) << ", checkpoint "
+    << (checkpoint_every == 0 ? "none" : checkpoint_every == 1 ? "blocks" : "every_" + std::to_string(checkpoint_every))
+    << ", " << microbatches << " micro-batch" << (microbatches == 1 ? "" : "es");
+  if (pp > 1) s << " " << pipeline::name(schedule) << (virtual_stages > 1 ? " x" + std::to_string(virtual_stages) : "");
+  return s.str();
+}
+
+// ---- the step ---------------------------------------------------------------------------------
+
+namespace {
+
+// The share of a split layer's tensors one tp rank holds, and of a block's activations
+// (Korthikanti et al.: of 34 units a token, the 24 inside the split layers).
+double held(double split, int t) { return 1.0 - split + split / t; }
+double activations_held(int t) { return (10.0 + 24.0 / t) / 34.0; }
+
+// One stage's chunks and what they cost (per micro-batch) and hold.
+struct Stage {
+  std::vector<int> chunks;
+  double params = 0;  // parameters a device of the stage holds (its tp share)
+  double largest_block = 0;
+};
+
+}  // namespace
+
+Prediction predict(const Model& m, const Layout& l, const Cluster& c, double global_rows) {
+  Prediction out;
+  const int d = l.dp, t = l.tp, p = l.pp, M = l.microbatches, V = l.pp > 1 ? l.virtual_stages : 1;
+  if (d * t * p != c.devices) {
+    out.fits = false;
+    out.why = "dp x tp x pp is not the " + std::to_string(c.devices) + " devices";
+    return out;
+  }
+  const double rows = global_rows / (static_cast<double>(d) * M);
+  if (rows < 1 || std::abs(rows - std::round(rows)) > 1e-9) {
+    out.fits = false;
+    out.why = "the " + std::to_string(static_cast<int64_t>(global_rows)) + " rows do not split into " +
+              std::to_string(d) + " replicas x " + std::to_string(M) + " micro-batches";
+    return out;
+  }
+  const double scale = rows / m.rows;  // times and activation bytes grow with the rows
+  const int C = p * V;
+  const int nb = static_cast<int>(m.blocks.size());
+  if (nb < C) {
+    out.fits = false;
+    out.why = std::to_string(nb) + " blocks do not cut into " + std::to_string(C) + " chunks";
+    return out;
+  }
+
+  // The cut: balanced by each block's time, the first and last layers with the end chunks (the
+  // model nodes cut by their analytic costs; measured times make the same cut where they agree).
+  std::vector<double> block_cost;
+  for (const Block& b : m.blocks) block_cost.push_back(b.fwd_s + b.bwd_s);
+  const auto cut = pipeline::balance(block_cost, C, m.first.fwd_s + m.first.bwd_s, m.last.fwd_s + m.last.bwd_s);
+
+  // Each chunk's operations for one micro-batch: its blocks' share of the products under tp, the
+  // recomputes, tp's all-reduces on the critical path, and (between stages) the activation's send.
+  const Link& tp_link = c.link(t);
+  const Link& pp_link = c.link(t * p);
+  auto recomputed = [&](int i) { return l.checkpoint_every > 0 && i % l.checkpoint_every == 0; };
+  std::vector<double> F(C, 0.0), B(C, 0.0), W(C, 0.0);
+  for (int k = 0; k < C; ++k) {
+    for (int i = cut[k].first; i < cut[k].second; ++i) {
+      const Block& b = m.blocks[i];
+      const double f = b.fwd_s * scale * held(b.split, t);
+      const double tp_ar = all_reduce_time(b.output_bytes * scale, t, tp_link);
+      F[k] += f + 2 * tp_ar;
+      // Backward is the input's gradient and the weights' (about half each: two products for one
+      // forward product); a recomputed block runs its forward (and its all-reduces) first.
+      const double bw = b.bwd_s * scale * held(b.split, t);
+      B[k] += bw / 2 + 2 * tp_ar + (recomputed(i) ? f + 2 * tp_ar : 0.0);
+      W[k] += bw / 2;
+    }
+    if (k == 0) F[k] += m.first.fwd_s * scale, B[k] += m.first.bwd_s * scale;
+    if (k == C - 1) F[k] += m.last.fwd_s * scale, B[k] += m.last.bwd_s * scale;
+    if (p > 1) {
+      const double send = pp_link.time(m.blocks[cut[k].second - 1].output_bytes * scale);
+      if (k < C - 1) F[k] += send;  // its output on to the next stage
+      if (k > 0) B[k] += send;      // the gradient of its input back
+    }
+  }
+  if (p == 1) {
+    for (int k = 0; k < C; ++k) out.compute_s += M * (F[k] + B[k] + W[k]);
+  } else {
+    pipeline::Config pc;
+    pc.stages = p, pc.microbatches = M, pc.kind = l.schedule, pc.virtual_stages = V;
+    pc.f = F;
+    if (l.schedule == pipeline::Kind::zero_bubble) {
+      pc.b = B, pc.w = W;
+    } else {
+      for (int k = 0; k < C; ++k) pc.b.push_back(B[k] + W[k]);
+      pc.w.assign(C, 0.0);
+    }
+    try {
+      pc.check();
+    } catch (const std::exception& e) {
+      out.fits = false;
+      out.why = e.what();
+      return out;
+    }
+    const pipeline::Schedule s = pipeline::make(pc);
+    out.compute_s = s.makespan;
+    out.bubble = s.bubble(0);
+  }
+
+  // The stages: their parameters (a device's share) and largest block.
+  std::vector<Stage> stages(p);
+  for (int k = 0; k < C; ++k) {
+    Stage& st = stages[k % p];
+    st.chunks.push_back(k);
+    for (int i = cut[k].first; i < cut[k].second; ++i) {
+      const double n = m.blocks[i].params * held(m.blocks[i].split, t);
+      st.params += n;
+      st.largest_block = std::max(st.largest_block, n);
+    }
+    if (k == 0) stages[0].params += m.first.params;
+    if (k == C - 1) stages[(C - 1) % p].params += m.last.params + (m.tied && p > 1 ? m.first.params : 0.0);
+  }
+
+  // The gradients' collectives over the dp group (its ranks t x p apart): the all-reduce, or
+  // ZeRO's reduce-scatter, overlap the last micro-batch's backward without pipeline stages (a
+  // stage's go after its last operation); ZeRO states and gradients all-gather the updated
+  // parameters after the update; ZeRO params gathers each block for its forward and backward
+  // (prefetched: hidden behind the compute they precede, as far as it lasts), once a step for a
+  // pipeline stage (held for its micro-batches), once a micro-batch otherwise.
+  double busiest = 0;
+  for (const Stage& st : stages) busiest = std::max(busiest, st.params);
+  const Link& dp_link = c.link((d - 1) * t * p + 1);
+  const double grads = busiest * m.grad_bytes, weights = busiest * m.weight_bytes;
+  const double reduce = all_reduce_time(grads, d, dp_link);
+  double backward_last = 0;
+  for (int k = 0; k < C; ++k) backward_last += B[k] + W[k];
+  double comm = std::max(0.0, reduce - (p == 1 ? backward_last : 0.0));
+  if (l.zero == Zero::states || l.zero == Zero::gradients) comm += all_gather_time(weights, d, dp_link);
+  if (l.zero == Zero::params) {
+    const double gathers = 2 * all_gather_time(weights, d, dp_link) * (p == 1 ? M : 1);
+    comm += std::max(0.0, gathers - out.compute_s);
+  }
+  out.comm_s = comm;
+  out.update_s = busiest * m.update_s_per_param / (l.zero == Zero::none ? 1 : d);
+  out.step_s = out.compute_s + out.comm_s + out.update_s + m.other_s;
+
+  // ---- memory: each stage's device, the fullest kept
+  for (int s = 0; s < p; ++s) {
+    const Stage& st = stages[s];
+    Memory mem;
+    const double zero_d = static_cast<double>(d);
+    // Weights: ZeRO params keeps 1/d, and gathers a stage's whole for its step (pipeline), the
+    // whole model at the turn from forward to backward without checkpointing, else about two
+    // blocks (the one running and the one arriving).
+    mem.weights = st.params * m.weight_bytes;
+    if (l.zero == Zero::params && d > 1) {
+      const double gathered = p > 1 || l.checkpoint_every == 0 ? st.params : 2 * st.largest_block;
+      mem.weights = st.params * m.weight_bytes / zero_d + gathered * m.weight_bytes;
+    }
+    // Gradients: autograd's and, with several replicas and without ZeRO gradients, flowrun's two
+    // buffers that the all-reduce reads (forward_backward's grad_layout); ZeRO gradients and params:
+    // autograd's, each freed once reduce-scattered, and this rank's 1/d.
+    const double g = st.params * m.grad_bytes;
+    mem.gradients = (l.zero == Zero::gradients || l.zero == Zero::params) ? g * (1 + 1 / zero_d) : g * (d > 1 ? 3 : 1);
+    mem.optimizer = st.params * m.optimizer_bytes / (l.zero == Zero::none ? 1 : zero_d);
+    mem.ema = st.params * m.ema_bytes / (l.zero == Zero::params ? zero_d : 1);
+    // Activations: one micro-batch's of each block (a recomputed one: its output, and one block's
+    // whole while it is recomputed), for the (block, micro-batch) pairs the schedule holds at once.
+    double per_mb = 0, live = 0;
+    int blocks = 0;
+    for (int k : st.chunks)
+      for (int i = cut[k].first; i < cut[k].second; ++i) {
+        const Block& b = m.blocks[i];
+        const double whole = b.activation_bytes * scale * activations_held(t);
+        per_mb += recomputed(i) ? b.output_bytes * scale : whole;
+        live = std::max(live, recomputed(i) ? whole : 0.0);
+        ++blocks;
+      }
+    if (s == (C - 1) % p) per_mb += m.last.activation_bytes * scale;
+    double in_flight = 1;  // without stages: one micro-batch at a time (accumulate)
+    if (p > 1) {
+      pipeline::Config pc;
+      pc.stages = p, pc.microbatches = M, pc.kind = l.schedule, pc.virtual_stages = V;
+      const pipeline::Schedule sched = pipeline::make(pc);
+      // The (block, micro-batch) pairs held at once, over the stage's blocks: micro-batches' worth.
+      int now = 0, peak = 0;
+      for (const pipeline::Slot& slot : sched.ranks[s]) {
+        const int n = cut[slot.op.chunk].second - cut[slot.op.chunk].first;
+        if (slot.op.type == pipeline::Op::F) peak = std::max(peak, now += n);
+        else if (slot.op.type == pipeline::Op::B) now -= n;
+      }
+      in_flight = blocks > 0 ? static_cast<double>(peak) / blocks : 1.0;
+    }
+    mem.activations = per_mb * in_flight + live;
+    if (mem.total() > out.memory.total()) out.memory = mem;
+  }
+  if (c.memory_bytes > 0 && out.memory.total() > c.memory_bytes) {
+    out.fits = false;
+    out.why = "needs more memory than a device has";
+  }
+  return out;
+}
+
+// ---- the layouts ------------------------------------------------------------------------------
+
+std::vector<Layout> layouts(const Model& m, const Cluster& c, double global_rows, int max_tp) {
+  std::vector<Layout> out;
+  const int n = c.devices, blocks = static_cast<int>(m.blocks.size());
+  auto divides = [](double rows, int by) { return by > 0 && std::fmod(rows, by) == 0; };
+  for (int t = 1; t <= std::min(max_tp, n); t *= 2) {
+    if (n % t) continue;
+    for (int p = 1; p <= n / t && p <= blocks; ++p) {
+      if ((n / t) % p) continue;
+      const int d = n / (t * p);
+      if (!divides(global_rows, d)) continue;
+      const double replica_rows = global_rows / d;
+      std::vector<Zero> zeros{Zero::none};
+      if (d > 1) zeros = {Zero::none, Zero::states, Zero::gradients, Zero::params};
+      std::vector<std::pair<pipeline::Kind, int>> schedules{{pipeline::Kind::one_f_one_b, 1}};
+      if (p > 1) {
+        schedules = {{pipeline::Kind::gpipe, 1}, {pipeline::Kind::one_f_one_b, 1}, {pipeline::Kind::zero_bubble, 1}};
+        if (blocks >= 2 * p) schedules.push_back({pipeline::Kind::interleaved, 2});
+      }
+      for (Zero z : zeros)
+        for (int ckpt : {0, 1})
+          for (int M = p > 1 ? p : 1; M <= std::min(replica_rows, 64.0); M *= 2) {
+            if (!divides(replica_rows, M)) continue;
+            for (const auto& [kind, V] : schedules) {
+              if (kind == pipeline::Kind::interleaved && M % p) continue;
+              Layout l;
+              l.dp = d, l.tp = t, l.pp = p, l.zero = z, l.checkpoint_every = ckpt, l.microbatches = M;
+              l.schedule = kind, l.virtual_stages = V;
+              out.push_back(l);
+            }
+          }
+    }
+  }
+  return out;
+}
+
+}  // namespace flowrun::parallel::cost

@@ -1,0 +1,132 @@
+// What a layout of the mesh costs a training step (issue 50, `flowrun plan`; docs/parallel.md "The
+// cost model"): the step time and the memory of the fullest device for dp x tp x pp, a ZeRO stage,
+// activation checkpointing, the micro-batch count and the pipeline schedule, from what one device
+// measured of the model (each block's forward and backward seconds, its parameters and activation
+// bytes) and the links between devices. Each part is a published formula:
+//
+//   a link             Hockney's alpha-beta model: n bytes cost alpha + n / beta
+//   ring collectives   over g ranks and a buffer of S bytes (Patarasuk & Yuan 2009; NCCL's and Open
+//                      MPI's for large buffers): all-reduce 2 (g - 1) steps of S / g bytes, reduce-
+//                      scatter and all-gather g - 1 steps of S / g
+//   data parallel      the gradients all-reduced once a step, 2 (g - 1) / g Psi bytes a rank
+//                      (Psi: the gradients' bytes), overlapped with the last micro-batch's backward
+//                      (PyTorch DDP, Li et al. 2020)
+//   ZeRO states and    gradients reduce-scattered and the updated parameters all-gathered: the
+//   gradients          same 2 (g - 1) / g Psi; the moments (and at `gradients` the gradients) / g
+//                      (Rajbhandari et al. 2020)
+//   ZeRO params        + the parameters all-gathered for each forward and again for each backward:
+//                      3 (g - 1) / g Psi a step, 1.5 x data parallel's; the parameters / g, a
+//                      pipeline stage's whole while its step runs (they are held for every
+//                      micro-batch), else the blocks in use
+//   tensor parallel    Megatron-LM's split (Shoeybi et al. 2019): per block and micro-batch two
+//                      all-reduces of the block's output forward and two backward, on the critical
+//                      path; the split share of a block's compute, parameters and (Korthikanti et
+//                      al. 2022: 24 of 34 units a token) activations / t
+//   pipeline           the schedule itself (pipeline_schedule.hpp) simulated with each chunk's costs
+//                      and each activation's send: 1F1B's bubble (p - 1) / (M + p - 1) at equal costs
+//   checkpointing      a recomputed block keeps its input only and runs its forward again in
+//                      backward (Korthikanti et al. 2022)
+//
+// Every rank of a layout runs the same code on its share, so the prediction is the slowest stage's
+// step and the fullest stage's memory. Pure arithmetic: no torch, no MPI.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "parallel/pipeline_schedule.hpp"
+
+namespace flowrun::parallel::cost {
+
+// Hockney's alpha-beta model of a link.
+struct Link {
+  double latency_s = 0;       // alpha
+  double bytes_per_s = 1e10;  // beta
+  double time(double bytes) const { return latency_s + bytes / bytes_per_s; }
+};
+
+// Ring collectives over g ranks of a buffer of S bytes: what each rank sends, and the time.
+double all_reduce_bytes(double S, int g);                  // 2 (g - 1) / g S
+double all_gather_bytes(double S, int g);                  // (g - 1) / g S; a reduce-scatter's alike
+double all_reduce_time(double S, int g, const Link& l);    // 2 (g - 1) (alpha + S / (g beta))
+double all_gather_time(double S, int g, const Link& l);    // (g - 1) (alpha + S / (g beta)); reduce-scatter alike
+
+enum class Zero { none, states, gradients, params };
+const char* name(Zero z);  // the zero node's stage: "none", "states", "gradients", "params"
+
+// The bytes each rank sends a step for its data-parallel group of g replicas, `grad_bytes` the
+// gradients of what it holds: 2 (g - 1) / g of them without ZeRO and at states and gradients,
+// 3 (g - 1) / g at params (one more all-gather of the parameters, as many bytes at equal dtypes).
+double data_parallel_bytes(double grad_bytes, int g, Zero z);
+// The bytes each rank sends for one block and one micro-batch under tensor parallel over t ranks:
+// four all-reduces (two forward, two backward) of the block's output, `output_bytes`.
+double tensor_parallel_bytes(double output_bytes, int t);
+
+// What one device measured of the model, at `rows` rows a micro-batch.
+struct Block {
+  double fwd_s = 0, bwd_s = 0;  // forward; backward (the input's and the weights' gradients)
+  double params = 0;
+  double split = 1;             // the share of its parameters and products tensor parallel splits
+  double activation_bytes = 0;  // what backward keeps of it without checkpointing
+  double output_bytes = 0;      // its output: what a recomputed block keeps (its next one's input), a
+                                // pipeline stage sends on, and tensor parallel all-reduces
+};
+struct Model {
+  std::vector<Block> blocks;
+  double rows = 1;
+  // The layers before the blocks (embeddings: the first stage's) and after them (final norm,
+  // head, loss: the last stage's), whole on every tp rank.
+  Block first, last;
+  bool tied = false;  // the head reuses the first layers' table (GPT): the last stage holds a copy
+  // Bytes a parameter: weights, gradients, the optimizer's state (AdamW: 8), an EMA's copy (0: none).
+  double weight_bytes = 4, grad_bytes = 4, optimizer_bytes = 8, ema_bytes = 0;
+  double update_s_per_param = 0;  // the optimizer's (and an EMA's) seconds a parameter a step
+  double other_s = 0;             // the step's other nodes on its critical path (not overlapped)
+  double params() const;
+};
+
+struct Cluster {
+  int devices = 1;
+  int per_node = 1;
+  Link intra, inter;        // within a node, between nodes
+  double memory_bytes = 0;  // per device; 0: unbounded
+  // The link of a group whose ranks span `span` consecutive ranks (the mesh numbers tp fastest,
+  // then pp, then dp: parallel/mesh.hpp).
+  const Link& link(int span) const { return span <= per_node ? intra : inter; }
+};
+
+struct Layout {
+  int dp = 1, tp = 1, pp = 1;
+  Zero zero = Zero::none;
+  int checkpoint_every = 0;  // 0: none; 1: every block (checkpoint: blocks); k: every k-th
+  int microbatches = 1;      // pp > 1: run.parallel.microbatches; else forward_backward's accumulate
+  pipeline::Kind schedule = pipeline::Kind::one_f_one_b;
+  int virtual_stages = 1;
+  std::string str() const;  // "dp 2 x tp 1 x pp 2, zero states, checkpoint blocks, 4 micro-batches 1f1b"
+};
+
+struct Memory {
+  double weights = 0, gradients = 0, optimizer = 0, ema = 0, activations = 0;
+  double total() const { return weights + gradients + optimizer + ema + activations; }
+};
+
+struct Prediction {
+  double step_s = 0;     // compute + comm + update + the other nodes
+  double compute_s = 0;  // the forward and backward of the step's micro-batches (the pipeline's makespan)
+  double comm_s = 0;     // communication not hidden behind compute (tensor parallel's within compute_s)
+  double update_s = 0;   // the optimizer (and EMA) on this rank's share
+  double bubble = 0;     // the pipeline's idle share on its first stage
+  Memory memory;         // the fullest device's
+  bool fits = true;      // within the cluster's memory
+  std::string why;       // a layout that cannot run: why (empty otherwise)
+};
+
+// The step of `global_rows` rows (all replicas together) under `l`.
+Prediction predict(const Model& m, const Layout& l, const Cluster& c, double global_rows);
+
+// The layouts of the cluster's devices worth predicting: dp x tp x pp = devices with tp up to
+// `max_tp` (a power of two), pp up to the blocks; each ZeRO stage (none with one replica);
+// checkpointing none or every block; micro-batch counts whose rows divide evenly; under pp each
+// schedule (interleaved with 2 chunks a stage where the blocks allow).
+std::vector<Layout> layouts(const Model& m, const Cluster& c, double global_rows, int max_tp);
+
+}  // namespace flowrun::parallel::cost

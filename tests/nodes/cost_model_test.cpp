@@ -1,0 +1,169 @@
+// The cost model of a layout (parallel/cost_model.hpp), part by part against the formulas the
+// papers give: ring collectives' volumes, ZeRO's and Megatron-LM's per-step communication, 1F1B's
+// bubble and makespan, data parallel's overlap, ZeRO's memory a parameter; and what a plan must
+// never offer (data parallel alone for a model one device cannot hold).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "parallel/cost_model.hpp"
+
+namespace flowrun::parallel::cost {
+namespace {
+
+// Links that cost nothing: compute alone.
+Cluster free_links(int devices) {
+  Cluster c;
+  c.devices = devices, c.per_node = devices;
+  c.intra = c.inter = Link{0.0, 1e30};
+  return c;
+}
+
+// `n` blocks of `params` parameters, each 1 s forward and 2 s backward at 8 rows, its activations
+// and output sized like a transformer block's (activations 34 units of its output's 1... scaled).
+Model uniform(int n, double params = 1000) {
+  Model m;
+  m.rows = 8;
+  for (int i = 0; i < n; ++i) {
+    Block b;
+    b.fwd_s = 1, b.bwd_s = 2, b.params = params;
+    b.activation_bytes = 34e3, b.output_bytes = 1e3;
+    m.blocks.push_back(b);
+  }
+  return m;
+}
+
+TEST(CostModel, RingCollectivesSendThePapersBytes) {
+  // All-reduce: 2 (g - 1) / g of the buffer; all-gather and reduce-scatter half of that.
+  EXPECT_DOUBLE_EQ(all_reduce_bytes(1000, 4), 1500);
+  EXPECT_DOUBLE_EQ(all_gather_bytes(1000, 4), 750);
+  EXPECT_DOUBLE_EQ(all_reduce_bytes(1000, 1), 0);
+  // Time: 2 (g - 1) steps, each a latency and S / g bytes over the link.
+  const Link l{1e-5, 1e9};
+  EXPECT_DOUBLE_EQ(all_reduce_time(8e9, 8, l), 14 * (1e-5 + 1.0));
+  EXPECT_DOUBLE_EQ(all_gather_time(8e9, 8, l), 7 * (1e-5 + 1.0));
+}
+
+TEST(CostModel, ZeroSendsWhatDataParallelSendsAndParamsHalfAsMuchAgain) {
+  // Rajbhandari et al.: data parallel and ZeRO 1-2 move 2 Psi a step, ZeRO 3 moves 3 Psi (as g grows).
+  const double psi = 4e8;
+  for (int g : {2, 8, 64}) {
+    const double dp = data_parallel_bytes(psi, g, Zero::none);
+    EXPECT_DOUBLE_EQ(dp, 2.0 * (g - 1) / g * psi);
+    EXPECT_DOUBLE_EQ(data_parallel_bytes(psi, g, Zero::states), dp);
+    EXPECT_DOUBLE_EQ(data_parallel_bytes(psi, g, Zero::gradients), dp);
+    EXPECT_DOUBLE_EQ(data_parallel_bytes(psi, g, Zero::params), 1.5 * dp);
+  }
+}
+
+TEST(CostModel, TensorParallelAllReducesABlocksOutputTwiceForwardAndTwiceBackward) {
+  // Shoeybi et al.: per block, f and g operators: 2 all-reduces forward, 2 backward, of b s h.
+  const double bsh = 8 * 1024 * 768 * 2.0;
+  EXPECT_DOUBLE_EQ(tensor_parallel_bytes(bsh, 2), 4 * bsh);      // 2 (t - 1) / t = 1 at t = 2
+  EXPECT_DOUBLE_EQ(tensor_parallel_bytes(bsh, 8), 4 * 1.75 * bsh);
+  EXPECT_DOUBLE_EQ(tensor_parallel_bytes(bsh, 1), 0);
+}
+
+TEST(CostModel, OneFOneBAtEqualCostsTakesMPlusPMinusOneSlotsWithThePapersBubble) {
+  // 4 blocks on 2 stages: each chunk F = 2 s, B = 4 s; 1F1B's makespan (M + p - 1)(F + B), its
+  // first stage idle (p - 1) / (M + p - 1).
+  const Model m = uniform(4);
+  for (int M : {2, 4, 8}) {
+    Layout l;
+    l.pp = 2, l.microbatches = M;
+    const Prediction pr = predict(m, l, free_links(2), 8.0 * M);  // 8 rows a micro-batch: the measured times
+    ASSERT_TRUE(pr.fits) << pr.why;
+    EXPECT_NEAR(pr.compute_s, (M + 1) * 6.0, 1e-9) << "M " << M;
+    EXPECT_NEAR(pr.bubble, 1.0 / (M + 1), 1e-9) << "M " << M;
+  }
+  // One stage runs the M micro-batches one after the other; the rows scale the times.
+  Layout one;
+  one.microbatches = 2;
+  EXPECT_NEAR(predict(m, one, free_links(1), 32).compute_s, 2 * 12.0 * 2, 1e-9);  // 16 rows a micro-batch: twice 8
+}
+
+TEST(CostModel, DataParallelHidesItsAllReduceBehindTheLastBackwardOnly) {
+  Model m = uniform(2, 1e9 / 4);  // 2 blocks of 250 M parameters: 2 GB of fp32 gradients
+  Cluster c = free_links(2);
+  Layout l;
+  l.dp = 2;
+  c.intra = Link{0, 2e9};  // 2 GB all-reduced over 2 ranks: 2 x 1 x (1 GB / 2 GB/s) = 1 s, within 6 s of backward
+  Prediction pr = predict(m, l, c, 16);
+  EXPECT_NEAR(pr.compute_s, 6.0, 1e-9);
+  EXPECT_NEAR(pr.comm_s, 0.0, 1e-9);
+  c.intra = Link{0, 0.1e9};  // 20 s of all-reduce: 14 s of it after backward ends
+  pr = predict(m, l, c, 16);
+  EXPECT_NEAR(pr.comm_s, 20.0 - 4.0, 1e-9);  // backward: 2 blocks x 2 s
+  EXPECT_NEAR(pr.step_s, pr.compute_s + pr.comm_s, 1e-9);
+}
+
+TEST(CostModel, MemoryAParameterIsZeROs) {
+  // One replica: 4 (weights) + 4 (gradients) + 8 (AdamW) bytes a parameter. Over 4 replicas, the
+  // moments / 4 at states, the gradients too at gradients (autograd's until reduced, + 1/4), the
+  // weights at params (+ the stage's whole while it runs: one block here, held at the turn).
+  const double psi = 1e6;
+  Model m = uniform(1, psi);
+  m.blocks[0].activation_bytes = m.blocks[0].output_bytes = 0;
+  Layout l;
+  Memory mem = predict(m, l, free_links(1), 8).memory;
+  EXPECT_DOUBLE_EQ(mem.weights + mem.gradients + mem.optimizer, 16 * psi);
+  l.dp = 4;
+  l.zero = Zero::states;
+  mem = predict(m, l, free_links(4), 32).memory;
+  EXPECT_DOUBLE_EQ(mem.optimizer, 2 * psi);
+  l.zero = Zero::gradients;
+  mem = predict(m, l, free_links(4), 32).memory;
+  EXPECT_DOUBLE_EQ(mem.gradients, 4 * psi * 1.25);
+  EXPECT_DOUBLE_EQ(mem.optimizer, 2 * psi);
+  l.zero = Zero::params;
+  mem = predict(m, l, free_links(4), 32).memory;
+  EXPECT_DOUBLE_EQ(mem.weights, psi + 4 * psi);
+  // Tensor parallel splits the split share: a block all split holds 1/t of its parameters.
+  Layout tp;
+  tp.tp = 2;
+  EXPECT_DOUBLE_EQ(predict(m, tp, free_links(2), 8).memory.weights, 2 * psi);
+}
+
+TEST(CostModel, CheckpointingKeepsEachBlocksOutputAndRecomputesItsForward) {
+  const Model m = uniform(4);
+  Layout l;
+  const Prediction plain = predict(m, l, free_links(1), 8);
+  l.checkpoint_every = 1;
+  const Prediction ckpt = predict(m, l, free_links(1), 8);
+  EXPECT_NEAR(ckpt.compute_s, plain.compute_s + 4 * 1.0, 1e-9);  // one more forward of each block
+  EXPECT_DOUBLE_EQ(plain.memory.activations, 4 * 34e3);
+  EXPECT_DOUBLE_EQ(ckpt.memory.activations, 4 * 1e3 + 34e3);  // the outputs, and one block recomputing
+}
+
+TEST(CostModel, AModelOneDeviceCannotHoldIsNeverPlannedAsDataParallelAlone) {
+  // 8 blocks of 100 M parameters: 12.8 GB of weights, gradients and moments; devices of 8 GB.
+  const Model m = uniform(8, 1e8);
+  Cluster c = free_links(4);
+  c.memory_bytes = 8e9;
+  int feasible = 0;
+  for (const Layout& l : layouts(m, c, 32, 4)) {
+    const Prediction pr = predict(m, l, c, 32);
+    EXPECT_EQ(l.dp * l.tp * l.pp, 4) << l.str();
+    if (!pr.fits) continue;
+    ++feasible;
+    EXPECT_FALSE(l.tp == 1 && l.pp == 1 && l.zero == Zero::none) << l.str() << " fits: " << pr.memory.total();
+  }
+  EXPECT_GT(feasible, 0);
+  Layout dp;
+  dp.dp = 4;
+  EXPECT_FALSE(predict(m, dp, c, 32).fits);
+}
+
+TEST(CostModel, ALayoutThatCannotRunSaysWhy) {
+  const Model m = uniform(2);
+  Layout l;
+  l.dp = 2;
+  EXPECT_NE(predict(m, l, free_links(4), 8).why.find("not the 4 devices"), std::string::npos);
+  EXPECT_NE(predict(m, l, free_links(2), 7).why.find("do not split"), std::string::npos);
+  Layout deep;
+  deep.pp = 4;
+  EXPECT_NE(predict(m, deep, free_links(4), 8).why.find("2 blocks do not cut into 4 chunks"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace flowrun::parallel::cost
