@@ -87,9 +87,9 @@ class CaptionEvaluatorNode : public Node {
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // a split model's collectives (TpChannel)
     dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
+    counts_ = parallel::replica_of(ctx.run()).first;
     if (ctx.state_as<ModelState>("model").stages)  // pipeline parallel: each pass through the stages (StageChannel)
-      pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
-                                         ctx.run().rank);
+      pp_group_ = parallel::own_pp_group(ctx.name() + " pipeline", ctx.run());
   }
 
   void run(StepContext& ctx) override {
@@ -138,7 +138,7 @@ class CaptionEvaluatorNode : public Node {
                           tok.decode(until_eos(greedy[r], tok.eos_id())), tok.decode(until_eos(parallel[r], tok.eos_id()))});
     }
     // The tp and pp ranks of a replica computed the same sums: its first counts them.
-    if (!parallel::replica_of(ctx.run()).first) std::fill(std::begin(sums), std::end(sums), 0.0);
+    if (!counts_) std::fill(std::begin(sums), std::end(sums), 0.0);
     comm::allreduce(*ch_, sums, 7, comm::Op::sum, "caption evaluation sums of step " + std::to_string(ctx.step()));
     const double rows = std::max(sums[1], 1.0), tokens = std::max(sums[6], 1.0);
     const double loss = sums[0] / rows, acc = sums[2] / tokens, exact = sums[3] / rows;
@@ -197,6 +197,7 @@ class CaptionEvaluatorNode : public Node {
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
   std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
   std::shared_ptr<parallel::Group> pp_group_;  // run.parallel.pp > 1: the stages' activations (StageChannel)
+  bool counts_ = true;  // the first rank of its replica: its sums count (parallel::Replica::first)
 };
 
 }  // namespace

@@ -122,9 +122,9 @@ class EvaluatorNode : public Node {
                                  "connect a vae_encode node's params");
     }
     check_eval_split(data, opts_, ctx.who());
+    counts_ = parallel::replica_of(ctx.run()).first;
     if (ctx.state_as<ModelState>("model").stages)  // pipeline parallel: each batch through the stages (StageChannel)
-      pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
-                                         ctx.run().rank);
+      pp_group_ = parallel::own_pp_group(ctx.name() + " pipeline", ctx.run());
   }
 
   void run(StepContext& ctx) override {
@@ -158,7 +158,7 @@ class EvaluatorNode : public Node {
     // Every rank's sums, added up: the mean over every target that any rank scored.
     double sums[3] = {r.loss_sum, static_cast<double>(r.targets), static_cast<double>(r.batches)};
     // The tp and pp ranks of a replica computed the same sums: its first counts them.
-    if (!parallel::replica_of(ctx.run()).first) std::fill(std::begin(sums), std::end(sums), 0.0);
+    if (!counts_) std::fill(std::begin(sums), std::end(sums), 0.0);
     comm::allreduce(*ch_, sums, 3, comm::Op::sum, "evaluation sums of step " + std::to_string(ctx.step()));
     const double loss = sums[1] > 0 ? sums[0] / sums[1] : std::numeric_limits<double>::quiet_NaN();
     const auto batches = static_cast<int64_t>(sums[2]);
@@ -183,6 +183,7 @@ class EvaluatorNode : public Node {
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
   std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
   std::shared_ptr<parallel::Group> pp_group_;  // pipeline stages: the batches' activations between them
+  bool counts_ = true;  // the first rank of its replica: its sums count (parallel::Replica::first)
 };
 
 }  // namespace

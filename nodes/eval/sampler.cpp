@@ -142,8 +142,7 @@ class SamplerNode : public Node {
     // over a channel of this node's own (parallel/tensor_parallel.hpp TpChannel).
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // collective: setup runs in file order
     if (ctx.state_as<ModelState>("model").stages)  // pipeline parallel: each denoising step through the stages
-      pp_group_ = parallel::Group::along(ctx.name() + " pipeline", parallel::mesh_of(ctx.run()), parallel::Dim::pp,
-                                         ctx.run().rank);
+      pp_group_ = parallel::own_pp_group(ctx.name() + " pipeline", ctx.run());
     dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
     first_replica_ = parallel::replica_of(ctx.run()).index == 0;
     schedule_ = denoiser->noise_schedule();

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -127,6 +128,7 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
       if (k > 0) B[k] += send;      // the gradient of its input back
     }
   }
+  std::optional<pipeline::Schedule> sched;  // under pp: its programs also say what each stage holds
   if (p == 1) {
     for (int k = 0; k < C; ++k) out.compute_s += M * (F[k] + B[k] + W[k]);
   } else {
@@ -146,9 +148,9 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
       out.why = e.what();
       return out;
     }
-    const pipeline::Schedule s = pipeline::make(pc);
-    out.compute_s = s.makespan;
-    out.bubble = s.bubble(0);
+    sched = pipeline::make(pc);
+    out.compute_s = sched->makespan;
+    out.bubble = sched->bubble(0);
   }
 
   // The stages: their parameters (a device's share) and largest block.
@@ -221,20 +223,9 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
         ++blocks;
       }
     if (s == (C - 1) % p) per_mb += m.last.activation_bytes * scale;
-    double in_flight = 1;  // without stages: one micro-batch at a time (accumulate)
-    if (p > 1) {
-      pipeline::Config pc;
-      pc.stages = p, pc.microbatches = M, pc.kind = l.schedule, pc.virtual_stages = V;
-      const pipeline::Schedule sched = pipeline::make(pc);
-      // The (block, micro-batch) pairs held at once, over the stage's blocks: micro-batches' worth.
-      int now = 0, peak = 0;
-      for (const pipeline::Slot& slot : sched.ranks[s]) {
-        const int n = cut[slot.op.chunk].second - cut[slot.op.chunk].first;
-        if (slot.op.type == pipeline::Op::F) peak = std::max(peak, now += n);
-        else if (slot.op.type == pipeline::Op::B) now -= n;
-      }
-      in_flight = blocks > 0 ? static_cast<double>(peak) / blocks : 1.0;
-    }
+    // Without stages one micro-batch at a time (accumulate); with them the (block, micro-batch)
+    // pairs the stage's program holds at once, in micro-batches' worth of its blocks.
+    const double in_flight = sched && blocks > 0 ? static_cast<double>(sched->peak_blocks_held(s, cut)) / blocks : 1.0;
     mem.activations = per_mb * in_flight + live;
     if (mem.total() > out.memory.total()) out.memory = mem;
   }

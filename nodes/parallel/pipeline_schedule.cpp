@@ -211,6 +211,16 @@ int Schedule::peak_in_flight(int rank) const {
   return peak;
 }
 
+int Schedule::peak_blocks_held(int rank, const std::vector<std::pair<int, int>>& cut) const {
+  int held = 0, peak = 0;
+  for (const Slot& s : ranks.at(static_cast<size_t>(rank))) {
+    const auto& [first, last] = cut.at(static_cast<size_t>(s.op.chunk));
+    if (s.op.type == Op::F) peak = std::max(peak, held += last - first);
+    else if (s.op.type == Op::B) held -= last - first;
+  }
+  return peak;
+}
+
 std::vector<std::string> Schedule::render() const {
   std::vector<std::string> lines;
   for (size_t r = 0; r < ranks.size(); ++r) {

@@ -85,6 +85,9 @@ struct Schedule {
   double bubble(int rank) const;
   // The largest micro-batch count whose activations rank r holds at once.
   int peak_in_flight(int rank) const;
+  // The same in (block, micro-batch) pairs, `cut` the blocks of each chunk ([first, last), as
+  // balance() returns them): each F holds its chunk's blocks for one micro-batch until its B.
+  int peak_blocks_held(int rank, const std::vector<std::pair<int, int>>& cut) const;
   // The timeline as text, one line per rank (explain): "rank 0 |F0 F1 F2 B0 ...|  bubble 27 %".
   std::vector<std::string> render() const;
 };

@@ -94,6 +94,11 @@ std::shared_ptr<Group> own_dp_group(const std::string& node, const RunInfo& run)
   return mesh.size(Dim::dp) == 1 ? nullptr : Group::along(node, mesh, Dim::dp, run.rank);
 }
 
+std::shared_ptr<Group> own_pp_group(const std::string& node, const RunInfo& run) {
+  const Mesh mesh = mesh_of(run);
+  return mesh.size(Dim::pp) == 1 ? nullptr : Group::along(node, mesh, Dim::pp, run.rank);
+}
+
 TpChannel::TpChannel(Group* g) : previous_(t_channel) {
   if (g) t_channel = g;
 }

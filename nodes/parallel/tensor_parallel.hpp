@@ -47,6 +47,8 @@ class TpChannel {
 std::shared_ptr<Group> own_tp_group(const std::string& node, const RunInfo& run);
 // The same over the node's data-parallel ranks (ZeRO-3's gathers), null when dp is 1.
 std::shared_ptr<Group> own_dp_group(const std::string& node, const RunInfo& run);
+// The same over the node's pipeline stages (a StageChannel's), null when pp is 1.
+std::shared_ptr<Group> own_pp_group(const std::string& node, const RunInfo& run);
 
 torch::Tensor copy_to_tp(const torch::Tensor& x, const std::shared_ptr<Group>& tp);
 torch::Tensor reduce_from_tp(const torch::Tensor& y, const std::shared_ptr<Group>& tp);

@@ -528,11 +528,8 @@ class ForwardBackwardNode : public Node {
           const parallel::pipeline::Schedule& s = pipeline_->schedule;
           const Stages& cut = *model.stages;
           auto size = [&](int chunk) { return cut.blocks[static_cast<size_t>(chunk)].second - cut.blocks[static_cast<size_t>(chunk)].first; };
-          int held = 0, peak = 0, blocks = 0, all = 0;
-          for (const parallel::pipeline::Slot& slot : s.ranks.at(static_cast<size_t>(pipeline_->stage))) {
-            if (slot.op.type == parallel::pipeline::Op::F) peak = std::max(peak, held += size(slot.op.chunk));
-            else if (slot.op.type == parallel::pipeline::Op::B) held -= size(slot.op.chunk);
-          }
+          const int peak = s.peak_blocks_held(pipeline_->stage, cut.blocks);
+          int blocks = 0, all = 0;
           for (int k = 0; k < cut.chunks(); ++k) {
             all += size(k);
             if (cut.holds(k)) blocks += size(k);
