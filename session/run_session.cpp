@@ -226,17 +226,23 @@ bool write_profile(const GraphSpec& g, const Tracer& tracer, const RunInfo& info
   }
 }
 
-// The process's peak resident memory (VmHWM in /proc/self/status), as "1.23 GB"; "unknown"
-// where there is no such file.
-std::string peak_resident_text() {
+// A field of /proc/self/status in bytes (VmHWM: the peak resident memory, VmRSS: now); -1 where
+// there is no such file.
+double process_status_bytes(const std::string& field) {
   std::ifstream f("/proc/self/status");
   std::string line;
   while (std::getline(f, line))
-    if (line.rfind("VmHWM:", 0) == 0) {
-      const double kb = std::strtod(line.c_str() + 6, nullptr);
-      return fmt::format("{:.3g} GB", kb * 1024 / 1e9);
-    }
-  return "unknown";
+    if (line.rfind(field + ":", 0) == 0) return std::strtod(line.c_str() + field.size() + 1, nullptr) * 1024;
+  return -1;
+}
+
+// The process's peak resident memory, as "1.23 GB (0.45 GB above the start)": the second, what
+// the run added to the process torch and MPI started (on a CPU, the closest figure to a device's
+// peak of allocated memory: flowrun plan's validation reads it); "unknown" without /proc.
+std::string peak_resident_text(double at_start) {
+  const double peak = process_status_bytes("VmHWM");
+  if (peak < 0) return "unknown";
+  return fmt::format("{:.3g} GB{}", peak / 1e9, at_start < 0 ? std::string() : fmt::format(" ({:.3g} GB above the start)", (peak - at_start) / 1e9));
 }
 
 // run.threads 0: $OMP_NUM_THREADS where it is set (as torch reads it, and as torchrun sets it
@@ -261,6 +267,7 @@ struct RunSession::Impl {
   std::optional<ResumePoint> resume;
   bool ready = false;  // start() returned nullopt
   bool ran = false;    // run() ran: close() has a profile and a trace to write
+  double resident_at_start = -1;  // the process's resident bytes before the nodes were made
 };
 
 namespace pipeline = parallel::pipeline;
@@ -357,6 +364,7 @@ std::optional<int> RunSession::start() {
   }
   const int threads = intra_op_threads(run.threads);
   configure_torch(threads, info_.seed);
+  m.resident_at_start = process_status_bytes("VmRSS");
   try {
     cpu_blas::select(cpu_blas::parse(run.cpu_gemm));
   } catch (const std::exception& e) {
@@ -484,7 +492,7 @@ int RunSession::run() {
     const int64_t n = st.last_step_done - st.first_step + 1;
     const double device_peak = peak_device_memory(c10::Device(info_.device));
     spdlog::info("{} {} steps in {:.2f} s ({:.2f} steps/s); peak resident memory {}{}", st.stopped ? "stopped after" : "done:",
-                 n, st.seconds, st.seconds > 0 ? n / st.seconds : 0.0, peak_resident_text(),
+                 n, st.seconds, st.seconds > 0 ? n / st.seconds : 0.0, peak_resident_text(m.resident_at_start),
                  device_peak < 0 ? std::string() : fmt::format(", peak {} memory {}", info_.device, bytes_text(device_peak)));
     if (st.stopped) code = 128 + (m.agree ? m.agree->signal() : g_stop.load());
   } catch (const std::exception& e) {  // NodeError names the node and step

@@ -11,6 +11,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "common/device.hpp"
 #include "models/dropout.hpp"
 #include "models/param_use.hpp"
 
@@ -132,12 +133,16 @@ void BlockClock::forward(const torch::nn::Module* block, Time start, Time end) {
 void BlockClock::hook_backward(const torch::nn::Module* block, const torch::Tensor& input, const torch::Tensor& output) {
   if (!output.defined() || !output.requires_grad()) return;
   std::shared_ptr<Record> r = record_;
-  torch::Tensor(output).register_hook([r, block](const torch::Tensor&) {
+  // On a GPU the host clock sees launches: each mark waits for the device first (a profile's cost).
+  const c10::Device device = output.device();
+  torch::Tensor(output).register_hook([r, block, device](const torch::Tensor&) {
+    synchronize_device(device);
     std::lock_guard<std::mutex> lock(r->mu);
     r->backward_started[block] = std::chrono::steady_clock::now();
   });
   if (!input.defined() || !input.requires_grad()) return;
-  torch::Tensor(input).register_hook([r, block](const torch::Tensor&) {
+  torch::Tensor(input).register_hook([r, block, device](const torch::Tensor&) {
+    synchronize_device(device);
     const Time now = std::chrono::steady_clock::now();
     std::lock_guard<std::mutex> lock(r->mu);
     auto it = r->backward_started.find(block);
@@ -171,8 +176,11 @@ torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const tor
       ~Aside() { g_clock = clock; }
     } aside{clock};
     g_clock = nullptr;
+    const c10::Device device = inputs.empty() || !inputs[0].defined() ? c10::Device(c10::kCPU) : inputs[0].device();
+    synchronize_device(device);  // a GPU's clock: the block's kernels alone (a no-op on the CPU)
     const auto start = std::chrono::steady_clock::now();
     const torch::Tensor y = run_block(policy, index, block, inputs, body);
+    synchronize_device(device);
     clock->forward(&block, start, std::chrono::steady_clock::now());
     if (torch::GradMode::is_enabled()) clock->hook_backward(&block, inputs.empty() ? torch::Tensor() : inputs[0], y);
     return y;
@@ -280,7 +288,19 @@ ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t 
     e.plain += grads;
     e.checkpointed += grads;
   }
+  e.block_tokens.assign(static_cast<size_t>(blocks), static_cast<double>(tokens));
+  e.attention_flops = 12.0 * static_cast<double>(blocks) * static_cast<double>(tokens) * static_cast<double>(seq) *
+                      static_cast<double>(dim) / static_cast<double>(tp);
   return e;
+}
+
+ActivationEstimate& ActivationEstimate::then(const ActivationEstimate& next) {
+  plain += next.plain;
+  checkpointed += next.checkpointed;
+  recompute_live = std::max(recompute_live, next.recompute_live);
+  block_tokens.insert(block_tokens.end(), next.block_tokens.begin(), next.block_tokens.end());
+  attention_flops += next.attention_flops;
+  return *this;
 }
 
 }  // namespace flowrun

@@ -62,8 +62,8 @@ torch::Tensor run_block(const CheckpointPolicy& policy, int64_t index, const tor
 // Each block's forward and backward times (forward_backward's `time_blocks`, what `flowrun plan`
 // profiles): while one is open on a thread, run_block times each block's forward on the host, and
 // its backward through gradient hooks on its output (its backward starts) and its first input (it
-// ends): wall-clock times, so on a GPU only meaningful with the device synchronised (the profile
-// runs on the CPU).
+// ends): wall-clock times, the device synchronised at each mark on a GPU (so that a block's time
+// is its kernels', at the cost of the overlap a profile does not need).
 //
 //   BlockClock clock;                        // this thread's, until it closes
 //   forward_backward(model, batch, ...);     // every run_block timed
@@ -114,9 +114,17 @@ enum class AttentionKeeps {
 // worth is live while it is recomputed. Under tensor parallel over `tp` ranks (no sequence
 // parallel) a rank keeps 10 + 24/tp of the 34 (the norms' and the residual's are whole on every
 // rank, the attention's and the MLP's are split) and 1/tp of the scores.
+// With them, what a step of those tokens computes (flowrun plan's MFU): the tokens each block
+// sees, for its matrix products (6 x parameters x tokens a training step, forward and backward),
+// and the attention's own products, 12 x seq x dim a token and block (QK^T and PV forward, twice
+// that backward; the causal mask's skipped half counted, as nanoGPT's and PaLM's model FLOPs do).
 struct ActivationEstimate {
   double plain = 0, checkpointed = 0;
   double recompute_live = 0;  // of checkpointed: the recomputed block live again during backward
+  std::vector<double> block_tokens;  // each block's tokens, in the model's order
+  double attention_flops = 0;        // a training step's, forward and backward, this rank's heads
+  // Two stacks one after the other (CapPa's encoder, then its decoder).
+  ActivationEstimate& then(const ActivationEstimate& next);
 };
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
                                         int64_t bytes, const CheckpointPolicy& policy,

@@ -113,11 +113,8 @@ class CappaNode : public ModelNode {
       const AttentionKeeps keeps =
           fused_attention_available(model->parameters().front()) ? AttentionKeeps::logsumexp : AttentionKeeps::scores;
       const int64_t tp = c.tp ? c.tp->size() : 1;
-      const ActivationEstimate enc = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy, keeps, tp);
-      const ActivationEstimate dec =
-          estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy, keeps, tp);
-      return ActivationEstimate{enc.plain + dec.plain, enc.checkpointed + dec.checkpointed,
-                                std::max(enc.recompute_live, dec.recompute_live)};
+      ActivationEstimate e = estimate_activations(c.depth, rows * P, c.width, c.heads, P, bytes, policy, keeps, tp);
+      return e.then(estimate_activations(c.dec_depth, rows * L, c.dec_width, c.dec_heads, L + P, bytes, policy, keeps, tp));
     };
   }
 };

@@ -13,6 +13,26 @@ namespace flowrun::parallel::cost {
 
 // ---- collectives ------------------------------------------------------------------------------
 
+std::pair<Link, double> fit_link(const std::vector<std::pair<double, double>>& points) {
+  if (points.empty()) throw std::invalid_argument("fit_link: no points");
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : points) {
+    const double w = 1.0 / (y * y);
+    sw += w, sx += w * x, sy += w * y, sxx += w * x * x, sxy += w * x * y;
+  }
+  const double det = sw * sxx - sx * sx;
+  double slope = det != 0 ? (sw * sxy - sx * sy) / det : 0.0;
+  double alpha = det != 0 ? (sy - slope * sx) / sw : points.front().second;
+  if (alpha < 0) {  // the best line with latency 0: through the origin
+    alpha = 0;
+    slope = sxy / sxx;
+  }
+  const Link l{alpha, slope > 0 ? 1.0 / slope : 1e30};  // no measurable bandwidth term: unbounded
+  double worst = 0;
+  for (const auto& [x, y] : points) worst = std::max(worst, std::abs(l.time(x) - y) / y);
+  return {l, worst};
+}
+
 double all_reduce_bytes(double S, int g) { return g <= 1 ? 0.0 : 2.0 * (g - 1) / g * S; }
 double all_gather_bytes(double S, int g) { return g <= 1 ? 0.0 : static_cast<double>(g - 1) / g * S; }
 double all_reduce_time(double S, int g, const Link& l) {
@@ -39,9 +59,42 @@ double data_parallel_bytes(double grad_bytes, int g, Zero z) {
 
 double tensor_parallel_bytes(double output_bytes, int t) { return 4 * all_reduce_bytes(output_bytes, t); }
 
+double Cluster::Curve::time(double S) const {
+  if (points.size() < 2 || S <= points.front().first || S >= points.back().first) return fit.time(S);
+  const auto hi = std::lower_bound(points.begin(), points.end(), S, [](const auto& p, double s) { return p.first < s; });
+  const auto lo = hi - 1;
+  return lo->second + (hi->second - lo->second) * (S - lo->first) / (hi->first - lo->first);
+}
+
+namespace {
+double measured_or(const std::map<int, Cluster::Curve>& m, int g, double S, double ring) {
+  const auto it = m.find(g);
+  return it == m.end() ? ring : it->second.time(S);
+}
+}  // namespace
+
+double Cluster::all_reduce(double S, int g, int span) const {
+  if (g <= 1) return 0.0;
+  const double ring = all_reduce_time(S, g, link(span));
+  return span <= per_node ? measured_or(measured.all_reduce, g, S, ring) : ring;
+}
+double Cluster::all_gather(double S, int g, int span) const {
+  if (g <= 1) return 0.0;
+  const double ring = all_gather_time(S, g, link(span));
+  return span <= per_node ? measured_or(measured.all_gather, g, S, ring) : ring;
+}
+double Cluster::send(double S, int span) const {
+  return span <= per_node ? measured_or(measured.send, 2, S, link(span).time(S)) : link(span).time(S);
+}
+
 double Model::params() const {
   double n = first.params + last.params;
   for (const Block& b : blocks) n += b.params;
+  return n;
+}
+double Model::trained() const {
+  double n = first.params - first.frozen + last.params - last.frozen;
+  for (const Block& b : blocks) n += b.params - b.frozen;
   return n;
 }
 
@@ -63,10 +116,22 @@ namespace {
 double held(double split, int t) { return 1.0 - split + split / t; }
 double activations_held(int t) { return (10.0 + 24.0 / t) / 34.0; }
 
+// A time measured at m.rows rows (t; t0 at none) or along m.sizes (curve), at `rows` (Block's rule).
+double time_at(const Model& m, double rows, double t, double t0, const std::vector<double>& curve) {
+  const std::vector<double>& x = m.sizes;
+  if (curve.size() < 2 || curve.size() != x.size()) return t0 + (t - t0) * rows / m.rows;
+  if (rows >= x.back()) return curve.back() * rows / x.back();
+  size_t hi = 1;
+  while (hi + 1 < x.size() && x[hi] < rows) ++hi;  // the two measured sizes nearest: x[hi - 1], x[hi]
+  const double v = curve[hi - 1] + (curve[hi] - curve[hi - 1]) * (rows - x[hi - 1]) / (x[hi] - x[hi - 1]);
+  return std::max(v, 0.0);
+}
+
 // One stage's chunks and what they cost (per micro-batch) and hold.
 struct Stage {
   std::vector<int> chunks;
-  double params = 0;  // parameters a device of the stage holds (its tp share)
+  double params = 0;   // parameters a device of the stage holds (its tp share)
+  double trained = 0;  // of them, not frozen
   double largest_block = 0;
 };
 
@@ -87,7 +152,16 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
               std::to_string(d) + " replicas x " + std::to_string(M) + " micro-batches";
     return out;
   }
-  const double scale = rows / m.rows;  // times and activation bytes grow with the rows
+  const double scale = rows / m.rows;  // activation bytes grow with the rows
+  // A block's forward and backward at this micro-batch's rows, on a device; under tensor parallel
+  // a rank's share of it (`share` of its products): what the whole block costs at that share of
+  // the rows (the same FLOPs, as many calls: a narrow product is no cheaper a call than a short one).
+  auto fwd = [&](const Block& b, double share = 1) {
+    return time_at(m, rows * share, b.fwd_s, b.fwd0_s, b.fwd_at);
+  };
+  auto bwd = [&](const Block& b, double share = 1) {
+    return time_at(m, rows * share, b.bwd_s, b.bwd0_s, b.bwd_at);
+  };
   const int C = p * V;
   const int nb = static_cast<int>(m.blocks.size());
   if (nb < C) {
@@ -99,31 +173,30 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
   // The cut: balanced by each block's time, the first and last layers with the end chunks (the
   // model nodes cut by their analytic costs; measured times make the same cut where they agree).
   std::vector<double> block_cost;
-  for (const Block& b : m.blocks) block_cost.push_back(b.fwd_s + b.bwd_s);
-  const auto cut = pipeline::balance(block_cost, C, m.first.fwd_s + m.first.bwd_s, m.last.fwd_s + m.last.bwd_s);
+  for (const Block& b : m.blocks) block_cost.push_back(fwd(b) + bwd(b));
+  const auto cut = pipeline::balance(block_cost, C, fwd(m.first) + bwd(m.first),
+                                     fwd(m.last) + bwd(m.last));
 
   // Each chunk's operations for one micro-batch: its blocks' share of the products under tp, the
   // recomputes, tp's all-reduces on the critical path, and (between stages) the activation's send.
-  const Link& tp_link = c.link(t);
-  const Link& pp_link = c.link(t * p);
   auto recomputed = [&](int i) { return l.checkpoint_every > 0 && i % l.checkpoint_every == 0; };
   std::vector<double> F(C, 0.0), B(C, 0.0), W(C, 0.0);
   for (int k = 0; k < C; ++k) {
     for (int i = cut[k].first; i < cut[k].second; ++i) {
       const Block& b = m.blocks[i];
-      const double f = b.fwd_s * scale * held(b.split, t);
-      const double tp_ar = all_reduce_time(b.output_bytes * scale, t, tp_link);
+      const double f = fwd(b, held(b.split, t));
+      const double tp_ar = c.all_reduce(b.output_bytes * scale, t, t);
       F[k] += f + 2 * tp_ar;
       // Backward is the input's gradient and the weights' (about half each: two products for one
       // forward product); a recomputed block runs its forward (and its all-reduces) first.
-      const double bw = b.bwd_s * scale * held(b.split, t);
+      const double bw = bwd(b, held(b.split, t));
       B[k] += bw / 2 + 2 * tp_ar + (recomputed(i) ? f + 2 * tp_ar : 0.0);
       W[k] += bw / 2;
     }
-    if (k == 0) F[k] += m.first.fwd_s * scale, B[k] += m.first.bwd_s * scale;
-    if (k == C - 1) F[k] += m.last.fwd_s * scale, B[k] += m.last.bwd_s * scale;
+    if (k == 0) F[k] += fwd(m.first), B[k] += bwd(m.first);
+    if (k == C - 1) F[k] += fwd(m.last), B[k] += bwd(m.last);
     if (p > 1) {
-      const double send = pp_link.time(m.blocks[cut[k].second - 1].output_bytes * scale);
+      const double send = c.send(m.blocks[cut[k].second - 1].output_bytes * scale, t * p);
       if (k < C - 1) F[k] += send;  // its output on to the next stage
       if (k > 0) B[k] += send;      // the gradient of its input back
     }
@@ -159,12 +232,17 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
     Stage& st = stages[k % p];
     st.chunks.push_back(k);
     for (int i = cut[k].first; i < cut[k].second; ++i) {
-      const double n = m.blocks[i].params * held(m.blocks[i].split, t);
+      const double share = held(m.blocks[i].split, t), n = m.blocks[i].params * share;
       st.params += n;
+      st.trained += (m.blocks[i].params - m.blocks[i].frozen) * share;
       st.largest_block = std::max(st.largest_block, n);
     }
-    if (k == 0) stages[0].params += m.first.params;
-    if (k == C - 1) stages[(C - 1) % p].params += m.last.params + (m.tied && p > 1 ? m.first.params : 0.0);
+    auto whole = [](Stage& st, const Block& b) { st.params += b.params, st.trained += b.params - b.frozen; };
+    if (k == 0) whole(stages[0], m.first);
+    if (k == C - 1) {
+      whole(stages[(C - 1) % p], m.last);
+      if (m.tied && p > 1) whole(stages[(C - 1) % p], m.first);
+    }
   }
 
   // The gradients' collectives over the dp group (its ranks t x p apart): the all-reduce, or
@@ -173,22 +251,40 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
   // parameters after the update; ZeRO params gathers each block for its forward and backward
   // (prefetched: hidden behind the compute they precede, as far as it lasts), once a step for a
   // pipeline stage (held for its micro-batches), once a micro-batch otherwise.
-  double busiest = 0;
-  for (const Stage& st : stages) busiest = std::max(busiest, st.params);
-  const Link& dp_link = c.link((d - 1) * t * p + 1);
+  double busiest = 0;  // the most trained parameters a stage's device holds
+  for (const Stage& st : stages) busiest = std::max(busiest, st.trained);
+  const int dp_span = (d - 1) * t * p + 1;
   const double grads = busiest * m.grad_bytes, weights = busiest * m.weight_bytes;
-  const double reduce = all_reduce_time(grads, d, dp_link);
+  const double reduce = c.all_reduce(grads, d, dp_span);
   double backward_last = 0;
   for (int k = 0; k < C; ++k) backward_last += B[k] + W[k];
   double comm = std::max(0.0, reduce - (p == 1 ? backward_last : 0.0));
-  if (l.zero == Zero::states || l.zero == Zero::gradients) comm += all_gather_time(weights, d, dp_link);
+  if (l.zero == Zero::states || l.zero == Zero::gradients) comm += c.all_gather(weights, d, dp_span);
   if (l.zero == Zero::params) {
-    const double gathers = 2 * all_gather_time(weights, d, dp_link) * (p == 1 ? M : 1);
+    const double gathers = 2 * c.all_gather(weights, d, dp_span) * (p == 1 ? M : 1);
     comm += std::max(0.0, gathers - out.compute_s);
   }
   out.comm_s = comm;
   out.update_s = busiest * m.update_s_per_param / (l.zero == Zero::none ? 1 : d);
-  out.step_s = out.compute_s + out.comm_s + out.update_s + m.other_s;
+  // The other nodes work on the replica's rows (data, frozen encoders: each replica its share).
+  out.other_s = time_at(m, global_rows / d, m.other_s, m.other0_s, m.other_at);
+  out.step_s = out.compute_s + out.comm_s + out.update_s + out.other_s;
+
+  // Devices that share a node's cores (processes on a CPU, more of them than the cores hold): a
+  // device that waits (a bubble, a collective) lends its core to another, so the step is at least
+  // the node's devices' work over its cores, each device's work its own operations at the speed
+  // the profile measured with the cores busy (its micro-batches' F, B and W, the update, the other
+  // nodes), whatever the schedule leaves idle.
+  if (c.cores > 0 && c.per_node * c.threads > c.cores) {
+    double node_work = 0;
+    const int devices = std::min(c.per_node, c.devices);
+    for (int s = 0; s < p; ++s) {
+      double busy = out.update_s + out.other_s;
+      for (int k : stages[s].chunks) busy += M * (F[k] + B[k] + W[k]);
+      node_work += busy * devices / p;  // the node's devices hold each stage alike
+    }
+    out.step_s = std::max(out.step_s, node_work * c.threads / c.cores);
+  }
 
   // ---- memory: each stage's device, the fullest kept
   for (int s = 0; s < p; ++s) {
@@ -198,18 +294,20 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
     // Weights: ZeRO params keeps 1/d, and gathers a stage's whole for its step (pipeline), the
     // whole model at the turn from forward to backward without checkpointing, else about two
     // blocks (the one running and the one arriving).
+    // Frozen weights are whole on every replica (ZeRO shards what the optimizer updates).
     mem.weights = st.params * m.weight_bytes;
     if (l.zero == Zero::params && d > 1) {
-      const double gathered = p > 1 || l.checkpoint_every == 0 ? st.params : 2 * st.largest_block;
-      mem.weights = st.params * m.weight_bytes / zero_d + gathered * m.weight_bytes;
+      const double gathered = p > 1 || l.checkpoint_every == 0 ? st.trained : 2 * st.largest_block * (st.params > 0 ? st.trained / st.params : 0.0);
+      mem.weights = (st.params - st.trained) * m.weight_bytes + st.trained * m.weight_bytes / zero_d;
+      mem.gathered = gathered * m.weight_bytes;
     }
     // Gradients: autograd's and, with several replicas and without ZeRO gradients, flowrun's two
     // buffers that the all-reduce reads (forward_backward's grad_layout); ZeRO gradients and params:
     // autograd's, each freed once reduce-scattered, and this rank's 1/d.
-    const double g = st.params * m.grad_bytes;
+    const double g = st.trained * m.grad_bytes;
     mem.gradients = (l.zero == Zero::gradients || l.zero == Zero::params) ? g * (1 + 1 / zero_d) : g * (d > 1 ? 3 : 1);
-    mem.optimizer = st.params * m.optimizer_bytes / (l.zero == Zero::none ? 1 : zero_d);
-    mem.ema = st.params * m.ema_bytes / (l.zero == Zero::params ? zero_d : 1);
+    mem.optimizer = st.trained * m.optimizer_bytes / (l.zero == Zero::none ? 1 : zero_d);
+    mem.ema = st.trained * m.ema_bytes / (l.zero == Zero::params ? zero_d : 1);
     // Activations: one micro-batch's of each block (a recomputed one: its output, and one block's
     // whole while it is recomputed), for the (block, micro-batch) pairs the schedule holds at once.
     double per_mb = 0, live = 0;
@@ -257,7 +355,8 @@ std::vector<Layout> layouts(const Model& m, const Cluster& c, double global_rows
         if (blocks >= 2 * p) schedules.push_back({pipeline::Kind::interleaved, 2});
       }
       for (Zero z : zeros)
-        for (int ckpt : {0, 1})
+        for (int ckpt : {0, 1, 2})  // none, every block, every other block (checkpoint: every_2)
+          if (ckpt < 2 || blocks / p >= 2)
           for (int M = p > 1 ? p : 1; M <= std::min(replica_rows, 64.0); M *= 2) {
             if (!divides(replica_rows, M)) continue;
             for (const auto& [kind, V] : schedules) {

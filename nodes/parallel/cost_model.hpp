@@ -20,8 +20,9 @@
 //                      micro-batch), else the blocks in use
 //   tensor parallel    Megatron-LM's split (Shoeybi et al. 2019): per block and micro-batch two
 //                      all-reduces of the block's output forward and two backward, on the critical
-//                      path; the split share of a block's compute, parameters and (Korthikanti et
-//                      al. 2022: 24 of 34 units a token) activations / t
+//                      path; the split share of a block's parameters and (Korthikanti et al. 2022:
+//                      24 of 34 units a token) activations / t; its compute, what the whole block
+//                      costs at that share of the rows (as many calls, each narrower)
 //   pipeline           the schedule itself (pipeline_schedule.hpp) simulated with each chunk's costs
 //                      and each activation's send: 1F1B's bubble (p - 1) / (M + p - 1) at equal costs
 //   checkpointing      a recomputed block keeps its input only and runs its forward again in
@@ -30,7 +31,9 @@
 // Every rank of a layout runs the same code on its share, so the prediction is the slowest stage's
 // step and the fullest stage's memory. Pure arithmetic: no torch, no MPI.
 #pragma once
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/pipeline_schedule.hpp"
@@ -43,6 +46,11 @@ struct Link {
   double bytes_per_s = 1e10;  // beta
   double time(double bytes) const { return latency_s + bytes / bytes_per_s; }
 };
+
+// The link through measured (bytes, seconds) points: least squares in the relative error (each
+// point weighted 1 / t^2, so the small buffers' latency counts as much as the large ones' bandwidth),
+// latency at least 0; and the fit's worst relative error.
+std::pair<Link, double> fit_link(const std::vector<std::pair<double, double>>& points);
 
 // Ring collectives over g ranks of a buffer of S bytes: what each rank sends, and the time.
 double all_reduce_bytes(double S, int g);                  // 2 (g - 1) / g S
@@ -61,10 +69,18 @@ double data_parallel_bytes(double grad_bytes, int g, Zero z);
 // four all-reduces (two forward, two backward) of the block's output, `output_bytes`.
 double tensor_parallel_bytes(double output_bytes, int t);
 
-// What one device measured of the model, at `rows` rows a micro-batch.
+// What one device measured of the model, at `rows` rows a micro-batch. A time at other rows r:
+// where the model was also timed at smaller sizes (Model::sizes), the line through the two
+// measured sizes nearest r (a small micro-batch computes less efficiently: per-call overhead,
+// fewer threads busy), and above the largest in proportion to it; else t0 + (t - t0) r / rows
+// (t0: what does not shrink with the rows, kernel launches; 0: proportional).
 struct Block {
   double fwd_s = 0, bwd_s = 0;  // forward; backward (the input's and the weights' gradients)
+  double fwd0_s = 0, bwd0_s = 0;
+  std::vector<double> fwd_at, bwd_at;  // at Model::sizes (empty: the line above)
   double params = 0;
+  double frozen = 0;            // of params: frozen (LoRA's base weights): held, never updated (no
+                                // gradients, optimizer state, EMA or all-reduce)
   double split = 1;             // the share of its parameters and products tensor parallel splits
   double activation_bytes = 0;  // what backward keeps of it without checkpointing
   double output_bytes = 0;      // its output: what a recomputed block keeps (its next one's input), a
@@ -73,15 +89,22 @@ struct Block {
 struct Model {
   std::vector<Block> blocks;
   double rows = 1;
+  std::vector<double> sizes;  // the rows a micro-batch the times were measured at, ascending (the last: rows)
   // The layers before the blocks (embeddings: the first stage's) and after them (final norm,
   // head, loss: the last stage's), whole on every tp rank.
   Block first, last;
   bool tied = false;  // the head reuses the first layers' table (GPT): the last stage holds a copy
-  // Bytes a parameter: weights, gradients, the optimizer's state (AdamW: 8), an EMA's copy (0: none).
+  // Bytes a parameter: weights; of a trained one, gradients, the optimizer's state (AdamW: 8), an
+  // EMA's copy (0: none).
   double weight_bytes = 4, grad_bytes = 4, optimizer_bytes = 8, ema_bytes = 0;
-  double update_s_per_param = 0;  // the optimizer's (and an EMA's) seconds a parameter a step
-  double other_s = 0;             // the step's other nodes on its critical path (not overlapped)
+  double update_s_per_param = 0;  // the optimizer's (and an EMA's) seconds a trained parameter a step
+  // The step's other nodes on its critical path (data, frozen encoders, metrics) at `rows` rows a
+  // replica, and the part that does not shrink with them.
+  double other_s = 0, other0_s = 0;
+  std::vector<double> other_at;  // at `sizes` rows a replica
+  double flops_per_row = 0;  // a training step's model FLOPs a row (MFU; 0: not known)
   double params() const;
+  double trained() const;  // the parameters not frozen
 };
 
 struct Cluster {
@@ -89,9 +112,32 @@ struct Cluster {
   int per_node = 1;
   Link intra, inter;        // within a node, between nodes
   double memory_bytes = 0;  // per device; 0: unbounded
+  // Devices that are processes sharing a node's `cores` (a CPU), each with `threads` of them;
+  // cores 0: each device its own (accelerators). More devices than the cores hold: predict()
+  // bounds the step by the node's work over its cores.
+  int cores = 0, threads = 1;
+  // The collectives as measured on the machine (flowrun plan --measure-links), per group size: a
+  // time for each buffer size S (what every rank holds after it) measured, between them the line
+  // through the two nearest, beyond them the fitted link (caches and the MPI library's change of
+  // algorithm bend the curve: one line alone misses a buffer by up to half). A group size not
+  // measured, or a group spanning nodes, takes the ring formulas over intra or inter.
+  struct Curve {
+    Link fit;
+    std::vector<std::pair<double, double>> points;  // (bytes, seconds), bytes ascending
+    double time(double S) const;
+  };
+  struct Measured {
+    std::map<int, Curve> all_reduce, all_gather;  // a reduce-scatter costs an all-gather's
+    std::map<int, Curve> send;                    // key 2: one message between two ranks
+  } measured;
+
   // The link of a group whose ranks span `span` consecutive ranks (the mesh numbers tp fastest,
   // then pp, then dp: parallel/mesh.hpp).
   const Link& link(int span) const { return span <= per_node ? intra : inter; }
+  // A collective of g ranks spanning `span` consecutive ranks over a buffer of S bytes.
+  double all_reduce(double S, int g, int span) const;
+  double all_gather(double S, int g, int span) const;
+  double send(double S, int span) const;
 };
 
 struct Layout {
@@ -106,7 +152,8 @@ struct Layout {
 
 struct Memory {
   double weights = 0, gradients = 0, optimizer = 0, ema = 0, activations = 0;
-  double total() const { return weights + gradients + optimizer + ema + activations; }
+  double gathered = 0;  // ZeRO params: the whole blocks gathered from the shards (weights: the shards)
+  double total() const { return weights + gradients + optimizer + ema + activations + gathered; }
 };
 
 struct Prediction {
@@ -115,6 +162,7 @@ struct Prediction {
   double comm_s = 0;     // communication not hidden behind compute (tensor parallel's within compute_s)
   double update_s = 0;   // the optimizer (and EMA) on this rank's share
   double bubble = 0;     // the pipeline's idle share on its first stage
+  double other_s = 0;    // the other nodes (data, frozen encoders) on a replica's rows
   Memory memory;         // the fullest device's
   bool fits = true;      // within the cluster's memory
   std::string why;       // a layout that cannot run: why (empty otherwise)
@@ -125,7 +173,7 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
 
 // The layouts of the cluster's devices worth predicting: dp x tp x pp = devices with tp up to
 // `max_tp` (a power of two), pp up to the blocks; each ZeRO stage (none with one replica);
-// checkpointing none or every block; micro-batch counts whose rows divide evenly; under pp each
+// checkpointing none, every block or every other one; micro-batch counts whose rows divide evenly; under pp each
 // schedule (interleaved with 2 chunks a stage where the blocks allow).
 std::vector<Layout> layouts(const Model& m, const Cluster& c, double global_rows, int max_tp);
 

@@ -997,6 +997,28 @@ plan)
   expect_out "no layout of 2 devices fits"
   run_code 2 "$flowrun" plan "${g[@]}"
   expect_out "--devices N is required"
+  # The links measured under mpirun (each collective over groups of 2 ranks, 4 KiB to 16 MiB,
+  # fitted), planned with; the table of every layout as JSON, its overrides the ones --out writes
+  # for the fastest; MFU against a given peak.
+  run_code 0 "${mpi[@]}" "$flowrun" plan --measure-links --out "$tmp/links.json"
+  expect_out "all_reduce       2"
+  expect_out "written to $tmp/links.json"
+  run_code 0 "$flowrun" plan "${g[@]}" --devices 2 --profile "$tmp/profile.json" --links "$tmp/links.json" \
+    --peak-tflops 0.05 --table "$tmp/table.json" --out "$tmp/plan2m"
+  expect_out "links within a node measured ($tmp/links.json)"
+  grep -q '"overrides"' "$tmp/table.json" || fail "no overrides in the --table file"
+  python3 - "$tmp/table.json" "$tmp/plan2m" <<'PY' || fail "the table's first fitting layout is not the one --out wrote, or has no MFU"
+import json, sys
+t = json.load(open(sys.argv[1]))["layouts"]
+best = next(x for x in t if x["fits"])
+assert best["overrides"] == open(sys.argv[2]).read().split(), (best["overrides"], open(sys.argv[2]).read())
+assert 0 < best["mfu"] < 10, best["mfu"]
+assert all(a["step_s"] <= b["step_s"] * 1.0101 for a, b in zip(t, t[1:]) if a["fits"] and b["fits"])
+PY
+  run_code 2 "$flowrun" plan --measure-links --out "$tmp/links1.json"
+  expect_out "runs under mpirun with 2 or more ranks"
+  run_code 2 "$flowrun" plan "${g[@]}" --devices 2 --links "$tmp/links.json" --bandwidth intra=5
+  expect_out "not both"
   ;;
 *) fail "unknown case" ;;
 esac

@@ -117,7 +117,8 @@ TEST(CostModel, MemoryAParameterIsZeROs) {
   EXPECT_DOUBLE_EQ(mem.optimizer, 2 * psi);
   l.zero = Zero::params;
   mem = predict(m, l, free_links(4), 32).memory;
-  EXPECT_DOUBLE_EQ(mem.weights, psi + 4 * psi);
+  EXPECT_DOUBLE_EQ(mem.weights, psi);       // this rank's quarter
+  EXPECT_DOUBLE_EQ(mem.gathered, 4 * psi);  // the whole block, gathered for the step
   // Tensor parallel splits the split share: a block all split holds 1/t of its parameters.
   Layout tp;
   tp.tp = 2;
@@ -163,6 +164,86 @@ TEST(CostModel, ALayoutThatCannotRunSaysWhy) {
   Layout deep;
   deep.pp = 4;
   EXPECT_NE(predict(m, deep, free_links(4), 8).why.find("2 blocks do not cut into 4 chunks"), std::string::npos);
+}
+
+TEST(CostModel, ALinkFittedToMeasuredPointsIsTheLineThroughThem) {
+  // Exact alpha-beta points come back as that link; noise of a few per cent stays a few per cent.
+  const Link truth{20e-6, 4e9};
+  std::vector<std::pair<double, double>> exact, noisy;
+  for (double bytes = 4096; bytes <= 16777216; bytes *= 4) {
+    exact.emplace_back(bytes, truth.time(bytes));
+    noisy.emplace_back(bytes, truth.time(bytes) * (exact.size() % 2 ? 1.03 : 0.97));
+  }
+  const auto [fit, worst] = fit_link(exact);
+  EXPECT_NEAR(fit.latency_s, truth.latency_s, 1e-9);
+  EXPECT_NEAR(fit.bytes_per_s, truth.bytes_per_s, 1e3);
+  EXPECT_LT(worst, 1e-9);
+  EXPECT_LT(fit_link(noisy).second, 0.07);
+  // Points on a line with a negative latency (t = -1 s + bytes / 1 MB/s): held at 0, through the origin.
+  const auto [origin, off] = fit_link({{2e6, 1.0}, {4e6, 3.0}, {8e6, 7.0}});
+  EXPECT_EQ(origin.latency_s, 0.0);
+  EXPECT_GT(origin.bytes_per_s, 1e6);
+  EXPECT_GT(off, 0.1);
+}
+
+TEST(CostModel, AMeasuredCollectiveReplacesTheRingFormulaWithinANode) {
+  Cluster c;
+  c.devices = 16, c.per_node = 8;
+  c.intra = c.inter = Link{1e-5, 1e9};
+  c.measured.all_reduce[4].fit = Link{1e-3, 1e10};
+  EXPECT_DOUBLE_EQ(c.all_reduce(1e9, 4, 4), 1e-3 + 0.1);                       // measured: its line
+  EXPECT_DOUBLE_EQ(c.all_reduce(1e9, 2, 2), all_reduce_time(1e9, 2, c.intra));  // a size not measured
+  EXPECT_DOUBLE_EQ(c.all_reduce(1e9, 4, 13), all_reduce_time(1e9, 4, c.inter));  // across nodes
+  // Between measured sizes the line through the two nearest, beyond them the fit.
+  c.measured.all_reduce[4].points = {{1e6, 1e-3}, {4e6, 7e-3}};
+  EXPECT_DOUBLE_EQ(c.all_reduce(2e6, 4, 4), 3e-3);
+  EXPECT_DOUBLE_EQ(c.all_reduce(1e9, 4, 4), 1e-3 + 0.1);
+}
+
+TEST(CostModel, ATimeIsTheLineThroughTwoMeasuredSizes) {
+  // 1 s forward at 8 rows of which 0.2 s does not shrink: 4 rows a micro-batch take 0.6 s.
+  Model m = uniform(1);
+  m.blocks[0].fwd0_s = 0.2, m.blocks[0].bwd_s = 0;
+  Layout l;
+  l.microbatches = 2;
+  EXPECT_DOUBLE_EQ(predict(m, l, free_links(1), 8).compute_s, 2 * 0.6);
+  // Measured at 2, 4 and 8 rows: 3 rows on the line through 2 and 4, 16 in proportion to 8.
+  m.sizes = {2, 4, 8};
+  m.blocks[0].fwd_at = {0.4, 0.5, 1.0}, m.blocks[0].bwd_at = {0, 0, 0};
+  l.microbatches = 1;
+  EXPECT_DOUBLE_EQ(predict(m, l, free_links(1), 3).compute_s, 0.45);
+  EXPECT_DOUBLE_EQ(predict(m, l, free_links(1), 16).compute_s, 2.0);
+}
+
+TEST(CostModel, FrozenParametersAreHeldButNeitherReducedNorUpdated) {
+  // LoRA: the base weights on every device, their gradients, moments and all-reduce nowhere.
+  Model m = uniform(2, 1e6), lora = m;
+  for (Block& b : lora.blocks) b.frozen = 0.99e6;
+  Cluster c = free_links(2);
+  c.intra = c.inter = Link{0, 1e6};
+  Layout l;
+  l.dp = 2;
+  const Prediction full = predict(m, l, c, 8), adapters = predict(lora, l, c, 8);
+  EXPECT_DOUBLE_EQ(adapters.memory.weights, full.memory.weights);
+  EXPECT_NEAR(adapters.memory.optimizer, full.memory.optimizer / 100, 1e-6);
+  EXPECT_NEAR(adapters.memory.gradients, full.memory.gradients / 100, 1e-6);
+  EXPECT_LT(adapters.comm_s, full.comm_s / 10);
+}
+
+TEST(CostModel, DevicesSharingCoresTakeTurnsSoABubbleCostsNothing) {
+  // 4 processes on 2 cores: each device's work at the profile's speed, 12 s in all, over 2 cores.
+  const Model m = uniform(4);  // 1 s forward, 2 s backward a block at 8 rows; here 2 rows a micro-batch
+  Cluster own = free_links(4), shared = own;
+  shared.cores = 2, shared.threads = 1;
+  Layout dp, pp;
+  dp.dp = 4;
+  pp.pp = 4, pp.microbatches = 4;
+  // Each its own device: data parallel 4 x 0.75 s a replica; the pipeline (4 + 3) x 0.75 s.
+  EXPECT_DOUBLE_EQ(predict(m, dp, own, 8).step_s, 3.0);
+  EXPECT_DOUBLE_EQ(predict(m, pp, own, 8).step_s, 5.25);
+  // Sharing 2 cores: both the node's 12 s of work over 2 cores; the bubble's idle time went to others.
+  EXPECT_DOUBLE_EQ(predict(m, dp, shared, 8).step_s, 6.0);
+  EXPECT_DOUBLE_EQ(predict(m, pp, shared, 8).step_s, 6.0);
 }
 
 }  // namespace
