@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -315,50 +316,51 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Profiles of one size from several rounds: the first's, each time the median of the rounds'.
-Profile median_of(const std::vector<Profile>& rounds) {
-  Profile p = rounds.front();
-  auto mid = [&](auto time) {
-    std::vector<double> v;
-    for (const Profile& q : rounds) v.push_back(time(q.model));
-    return median(v);
+// Each time a profile's model holds: the blocks' forward and backward, the first and last
+// layers', the rest of the step (with where its values along the sizes go), the update's.
+struct TimeField {
+  std::function<double&(cost::Model&)> at;
+  std::function<std::vector<double>&(cost::Model&)> along;  // null: not measured along the sizes
+};
+std::vector<TimeField> time_fields(size_t blocks) {
+  std::vector<TimeField> f;
+  auto block = [&](std::function<cost::Block&(cost::Model&)> b) {
+    f.push_back({[b](cost::Model& m) -> double& { return b(m).fwd_s; }, [b](cost::Model& m) -> auto& { return b(m).fwd_at; }});
+    f.push_back({[b](cost::Model& m) -> double& { return b(m).bwd_s; }, [b](cost::Model& m) -> auto& { return b(m).bwd_at; }});
   };
-  cost::Model& m = p.model;
-  for (size_t i = 0; i < m.blocks.size(); ++i) {
-    m.blocks[i].fwd_s = mid([&](const cost::Model& x) { return x.blocks.at(i).fwd_s; });
-    m.blocks[i].bwd_s = mid([&](const cost::Model& x) { return x.blocks.at(i).bwd_s; });
+  for (size_t i = 0; i < blocks; ++i) block([i](cost::Model& m) -> cost::Block& { return m.blocks.at(i); });
+  block([](cost::Model& m) -> cost::Block& { return m.first; });
+  block([](cost::Model& m) -> cost::Block& { return m.last; });
+  f.push_back({[](cost::Model& m) -> double& { return m.other_s; }, [](cost::Model& m) -> auto& { return m.other_at; }});
+  f.push_back({[](cost::Model& m) -> double& { return m.update_s_per_param; }, nullptr});
+  return f;
+}
+
+// Profiles of one size from several rounds: the first's, each time the median of the rounds'.
+Profile median_of(std::vector<Profile> rounds) {
+  Profile p = rounds.front();
+  for (const TimeField& f : time_fields(p.model.blocks.size())) {
+    std::vector<double> v;
+    for (Profile& q : rounds) v.push_back(f.at(q.model));
+    f.at(p.model) = median(v);
   }
-  m.first.fwd_s = mid([](const cost::Model& x) { return x.first.fwd_s; });
-  m.first.bwd_s = mid([](const cost::Model& x) { return x.first.bwd_s; });
-  m.last.fwd_s = mid([](const cost::Model& x) { return x.last.fwd_s; });
-  m.last.bwd_s = mid([](const cost::Model& x) { return x.last.bwd_s; });
-  m.other_s = mid([](const cost::Model& x) { return x.other_s; });
-  m.update_s_per_param = mid([](const cost::Model& x) { return x.update_s_per_param; });
   return p;
 }
 
 // The profile at the replica's rows `p` and at smaller micro-batches (ascending): each time
 // along the sizes (cost::Block's rule: the line through the two measured sizes nearest).
-void add_sizes(Profile& p, const std::vector<Profile>& smaller) {
+void add_sizes(Profile& p, std::vector<Profile> smaller) {
   cost::Model& m = p.model;
   m.sizes.clear();
   for (const Profile& q : smaller) m.sizes.push_back(q.model.rows);
   m.sizes.push_back(m.rows);
-  auto along = [&](auto time) {
-    std::vector<double> v;
-    for (const Profile& q : smaller) v.push_back(time(q.model));
-    v.push_back(time(m));
-    return v;
-  };
-  for (size_t i = 0; i < m.blocks.size(); ++i) {
-    m.blocks[i].fwd_at = along([&](const cost::Model& x) { return x.blocks.at(i).fwd_s; });
-    m.blocks[i].bwd_at = along([&](const cost::Model& x) { return x.blocks.at(i).bwd_s; });
+  for (const TimeField& f : time_fields(m.blocks.size())) {
+    if (!f.along) continue;
+    std::vector<double>& v = f.along(m);
+    v.clear();
+    for (Profile& q : smaller) v.push_back(f.at(q.model));
+    v.push_back(f.at(m));
   }
-  m.first.fwd_at = along([](const cost::Model& x) { return x.first.fwd_s; });
-  m.first.bwd_at = along([](const cost::Model& x) { return x.first.bwd_s; });
-  m.last.fwd_at = along([](const cost::Model& x) { return x.last.fwd_s; });
-  m.last.bwd_at = along([](const cost::Model& x) { return x.last.bwd_s; });
-  m.other_at = along([](const cost::Model& x) { return x.other_s; });
 }
 
 // Medians of the profile run's trace over its steps after the first `warm` (the warm-up:
@@ -667,6 +669,10 @@ int cmd_plan(const std::vector<std::string>& args) {
   if (comm::size() > 1) return usage_error("plan", "runs as one process (it profiles one replica here); not under mpirun", kPlanUsage);
   if (opt.count("--links") && (opt.count("--bandwidth") || opt.count("--latency")))
     return usage_error("plan", "--links (measured) or --bandwidth/--latency (given), not both", kPlanUsage);
+  for (const char* profiling : {"--save-profile", "--profile-rounds"})
+    if (opt.count("--profile") && opt.count(profiling))
+      return usage_error("plan", std::string(profiling) + " belongs to a profile run here; --profile FILE reads one instead",
+                         kPlanUsage);
   cost::Cluster c;
   int top = 20;
   double global_rows = 0, peak_flops = 0;

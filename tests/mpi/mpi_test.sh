@@ -1019,6 +1019,8 @@ PY
   expect_out "runs under mpirun with 2 or more ranks"
   run_code 2 "$flowrun" plan "${g[@]}" --devices 2 --links "$tmp/links.json" --bandwidth intra=5
   expect_out "not both"
+  run_code 2 "$flowrun" plan "${g[@]}" --devices 2 --profile "$tmp/profile.json" --profile-rounds 2
+  expect_out "--profile-rounds belongs to a profile run here"
   ;;
 *) fail "unknown case" ;;
 esac
