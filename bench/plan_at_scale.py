@@ -60,7 +60,7 @@ def gpt(layers, dim, heads, vocab, context):
     flops = 6 * (layers * bp + vocab * dim) * T + 12 * layers * T * T * dim
     return {"rows": 1, "blocks": blocks, "first": first, "last": last, "tied": True, "weight_bytes": 4,
             "grad_bytes": 4, "optimizer_bytes": 8, "ema_bytes": 4, "update_s_per_param": UPDATE_S_PER_PARAM,
-            "other_s": 0.0, "other0_s": 0.0, "flops_per_row": flops, "tokens_per_row": T, "splits": True,
+            "other_s": 0.0, "flops_per_row": flops, "tokens_per_row": T, "splits": True,
             "frozen": False}
 
 
@@ -86,7 +86,7 @@ def hunyuan_dit(lora_rank=0):
     encoders = 3.1e12 / (PEAK * ATTN)  # a 1024 px image's VAE encoding and its two captions' encoding
     return {"rows": 1, "blocks": blocks, "first": first, "last": last, "tied": False, "weight_bytes": 4,
             "grad_bytes": 4, "optimizer_bytes": 8, "ema_bytes": 4 if not lora_rank else 0,
-            "update_s_per_param": UPDATE_S_PER_PARAM, "other_s": encoders, "other0_s": 0.0, "flops_per_row": flops,
+            "update_s_per_param": UPDATE_S_PER_PARAM, "other_s": encoders, "flops_per_row": flops,
             "tokens_per_row": T, "splits": True, "frozen": bool(lora_rank), "_trained": n}
 
 

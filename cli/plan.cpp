@@ -287,7 +287,7 @@ json profile_json(const Profile& p) {
   return {{"rows", m.rows}, {"blocks", blocks}, {"first", block_json(m.first)}, {"last", block_json(m.last)},
           {"tied", m.tied}, {"weight_bytes", m.weight_bytes}, {"grad_bytes", m.grad_bytes},
           {"optimizer_bytes", m.optimizer_bytes}, {"ema_bytes", m.ema_bytes},
-          {"update_s_per_param", m.update_s_per_param}, {"other_s", m.other_s}, {"other0_s", m.other0_s},
+          {"update_s_per_param", m.update_s_per_param}, {"other_s", m.other_s},
           {"sizes", m.sizes}, {"other_at", m.other_at},
           {"flops_per_row", m.flops_per_row}, {"tokens_per_row", p.tokens_per_row}, {"threads", p.threads},
           {"nodes", p.nodes}, {"splits", p.splits}, {"frozen", p.frozen}};
@@ -300,7 +300,7 @@ Profile profile_of(const json& j) {
   m.first = block_of(j.at("first")), m.last = block_of(j.at("last"));
   m.tied = j.at("tied"), m.weight_bytes = j.at("weight_bytes"), m.grad_bytes = j.at("grad_bytes");
   m.optimizer_bytes = j.at("optimizer_bytes"), m.ema_bytes = j.at("ema_bytes");
-  m.update_s_per_param = j.at("update_s_per_param"), m.other_s = j.at("other_s"), m.other0_s = j.value("other0_s", 0.0);
+  m.update_s_per_param = j.at("update_s_per_param"), m.other_s = j.at("other_s");
   m.sizes = j.value("sizes", std::vector<double>{}), m.other_at = j.value("other_at", std::vector<double>{});
   m.flops_per_row = j.value("flops_per_row", 0.0);
   p.tokens_per_row = j.value("tokens_per_row", 0.0), p.threads = j.value("threads", 0);
@@ -545,10 +545,11 @@ Profile run_profile(const GraphSpec& user, const std::vector<std::string>& user_
     m.blocks[i].fwd_s = t.fwd_s[i], m.blocks[i].bwd_s = t.bwd_s[i];
     // The estimate's parts (models/activation_checkpoint.hpp): plain = the blocks' + the head's;
     // every block recomputed = the blocks' inputs + one block live + the head's.
-    m.blocks[i].activation_bytes = a.recompute_live;
+    m.blocks[i].activation_bytes = a.blocks.recompute_live;
   }
-  m.last.activation_bytes = std::max(0.0, a.plain - nb * a.recompute_live);
-  for (auto& b : m.blocks) b.output_bytes = std::max(0.0, (a.checkpointed - a.recompute_live - m.last.activation_bytes) / nb);
+  m.last.activation_bytes = std::max(0.0, a.plain.plain - nb * a.blocks.recompute_live);
+  for (auto& b : m.blocks)
+    b.output_bytes = std::max(0.0, (a.blocks.checkpointed - a.blocks.recompute_live - m.last.activation_bytes) / nb);
   m.first.fwd_s = t.first_fwd_s, m.first.bwd_s = t.first_bwd_s;
   m.last.fwd_s = t.last_s / 3, m.last.bwd_s = 2 * t.last_s / 3;  // backward: two products for the forward's one
   m.tied = state->kind == "gpt";  // GPT's head is its token table (gpt_node.cpp: Stages::tied)
@@ -570,12 +571,13 @@ Profile run_profile(const GraphSpec& user, const std::vector<std::string>& user_
   m.other_s = std::max(0.0, t.period_s - fb_s - update);
   // Model FLOPs a row: 6 x parameters x tokens for each block's products and the head's (GPT's
   // head is its token table), and the attention's (models/activation_checkpoint.hpp).
-  if (a.block_tokens.size() == m.blocks.size() && a.rows > 0) {
-    double flops = a.attention_flops;
-    for (size_t i = 0; i < m.blocks.size(); ++i) flops += 6 * m.blocks[i].params * a.block_tokens[i];
-    flops += 6 * (m.tied ? m.first.params : m.last.params) * a.block_tokens.back();
+  const std::vector<double>& tokens = a.plain.block_tokens;
+  if (tokens.size() == m.blocks.size() && a.rows > 0) {
+    double flops = a.plain.attention_flops;
+    for (size_t i = 0; i < m.blocks.size(); ++i) flops += 6 * m.blocks[i].params * tokens[i];
+    flops += 6 * (m.tied ? m.first.params : m.last.params) * tokens.back();
     m.flops_per_row = flops / static_cast<double>(a.rows);
-    p.tokens_per_row = a.block_tokens.front() / static_cast<double>(a.rows);
+    p.tokens_per_row = tokens.front() / static_cast<double>(a.rows);
   }
   p.threads = threads;
   p.splits = static_cast<bool>(state->splits_over_tp);

@@ -73,14 +73,11 @@ struct ModelState {
   CheckpointPolicy checkpoint;
   std::vector<MemoryItem> kept;
   // What forward_backward estimated of one micro-batch at its first step with `time_blocks` (the
-  // profile `flowrun plan` reads after its run; a record, not the model's state): its rows, what
-  // backward keeps of it without recomputing, and recomputing every block (the blocks' inputs,
-  // and the one block live again in backward), and what its step computes. rows 0: not recorded.
+  // profile `flowrun plan` reads after its run; a record, not the model's state): its rows, and
+  // `activations` without recomputing (plain) and recomputing every block. rows 0: not recorded.
   struct Profiled {
     int64_t rows = 0;
-    double plain = 0, checkpointed = 0, recompute_live = 0;
-    std::vector<double> block_tokens;  // each block's tokens (for FLOPs), and the attention's FLOPs
-    double attention_flops = 0;
+    ActivationEstimate plain, blocks;
   };
   mutable Profiled profiled;
 

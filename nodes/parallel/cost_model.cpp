@@ -267,7 +267,7 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
   out.comm_s = comm;
   out.update_s = busiest * m.update_s_per_param / (l.zero == Zero::none ? 1 : d);
   // The other nodes work on the replica's rows (data, frozen encoders: each replica its share).
-  out.other_s = time_at(m, global_rows / d, m.other_s, m.other0_s, m.other_at);
+  out.other_s = time_at(m, global_rows / d, m.other_s, 0.0, m.other_at);
   out.step_s = out.compute_s + out.comm_s + out.update_s + out.other_s;
 
   // Devices that share a node's cores (processes on a CPU, more of them than the cores hold): a

@@ -99,8 +99,8 @@ struct Model {
   double weight_bytes = 4, grad_bytes = 4, optimizer_bytes = 8, ema_bytes = 0;
   double update_s_per_param = 0;  // the optimizer's (and an EMA's) seconds a trained parameter a step
   // The step's other nodes on its critical path (data, frozen encoders, metrics) at `rows` rows a
-  // replica, and the part that does not shrink with them.
-  double other_s = 0, other0_s = 0;
+  // replica (in proportion to them without `other_at`).
+  double other_s = 0;
   std::vector<double> other_at;  // at `sizes` rows a replica
   double flops_per_row = 0;  // a training step's model FLOPs a row (MFU; 0: not known)
   double params() const;

@@ -516,11 +516,8 @@ class ForwardBackwardNode : public Node {
         m.activations = model.activations(micro, bytes, model.checkpoint).checkpointed;
         const ActivationEstimate blocks_recomputed = model.activations(micro, bytes, CheckpointPolicy::parse("blocks"));
         with_blocks = blocks_recomputed.checkpointed;
-        if (time_blocks_) {  // flowrun plan's profile
-          const ActivationEstimate plain = model.activations(micro, bytes, CheckpointPolicy{});
-          model.profiled = {batch_rows(micro), plain.plain, blocks_recomputed.checkpointed, blocks_recomputed.recompute_live,
-                            plain.block_tokens, plain.attention_flops};
-        }
+        if (time_blocks_)  // flowrun plan's profile
+          model.profiled = {batch_rows(micro), model.activations(micro, bytes, CheckpointPolicy{}), blocks_recomputed};
         m.activations_note = std::to_string(micro_rows) + " rows, " + (bytes == 2 ? "bf16" : "fp32") +
                              ", checkpoint: " + model.checkpoint.str();
         if (pipeline_) {
