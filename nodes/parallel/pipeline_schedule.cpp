@@ -74,10 +74,8 @@ struct Times {
   }
 };
 
-}  // namespace
-
-Schedule make(const Config& c) {
-  c.check();
+// The rule (pipeline_schedule.hpp) simulated at c's costs.
+Schedule list_schedule(const Config& c) {
   const int p = c.stages, C = c.chunks(), M = c.microbatches, V = c.virtual_stages;
   const bool split = c.kind == Kind::zero_bubble;
   auto cost = [&](Op::Type ty, int k) {
@@ -191,6 +189,69 @@ Schedule make(const Config& c) {
   for (const auto& r : s.ranks)
     if (!r.empty()) s.makespan = std::max(s.makespan, r.back().end);
   return s;
+}
+
+// `program` (each rank's operations in order) timed at c's costs: each rank runs its next
+// operation as soon as it is free and the operation's inputs are there.
+Schedule timed(const Schedule& program, const Config& c) {
+  const int C = c.chunks(), M = c.microbatches;
+  const bool split = c.kind == Kind::zero_bubble;
+  auto of = [](const std::vector<double>& v, int k) { return v.empty() ? 1.0 : v[static_cast<size_t>(k)]; };
+  Schedule s;
+  s.config = c;
+  s.ranks.resize(program.ranks.size());
+  Times times(C, M);
+  auto ended = [&](Op::Type ty, int k, int m) { return times.at(ty, k, m); };  // NaN: not yet
+  std::vector<size_t> next(program.ranks.size(), 0);
+  std::vector<double> free_at(program.ranks.size(), 0.0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t r = 0; r < program.ranks.size(); ++r)
+      while (next[r] < program.ranks[r].size()) {
+        const Op o = program.ranks[r][next[r]].op;
+        std::vector<double> inputs;
+        if (o.type == Op::F && o.chunk > 0) inputs.push_back(ended(Op::F, o.chunk - 1, o.mb));
+        if (o.type == Op::B) {
+          inputs.push_back(ended(Op::F, o.chunk, o.mb));
+          if (o.chunk < C - 1) inputs.push_back(ended(Op::B, o.chunk + 1, o.mb));
+        }
+        if (o.type == Op::W) inputs.push_back(ended(Op::B, o.chunk, o.mb));
+        double start = free_at[r];
+        bool ready = true;
+        for (double t : inputs) {
+          if (std::isnan(t)) ready = false;
+          else start = std::max(start, t);
+        }
+        if (!ready) break;
+        const double cost = o.type == Op::F ? of(c.f, o.chunk)
+                            : o.type == Op::W ? of(c.w, o.chunk)
+                            : split ? of(c.b, o.chunk) : of(c.b, o.chunk) + of(c.w, o.chunk);
+        times.at(o.type, o.chunk, o.mb) = free_at[r] = start + cost;
+        s.ranks[r].push_back({o, start, start + cost});
+        ++next[r];
+        progress = true;
+      }
+  }
+  for (size_t r = 0; r < program.ranks.size(); ++r)
+    if (next[r] < program.ranks[r].size())
+      throw std::logic_error(std::string("pipeline schedule ") + name(c.kind) + ": rank " + std::to_string(r) +
+                             " waits on an operation that never runs (" + str(program.ranks[r][next[r]].op) + ")");
+  for (const auto& r : s.ranks)
+    if (!r.empty()) s.makespan = std::max(s.makespan, r.back().end);
+  return s;
+}
+
+}  // namespace
+
+Schedule make(const Config& c) {
+  c.check();
+  // The program is the rule's at unit costs, what forward_backward runs whatever the real costs
+  // are; the costs given only time it.
+  Config unit = c;
+  unit.f.clear(), unit.b.clear(), unit.w.clear();
+  const Schedule program = list_schedule(unit);
+  if (c.f.empty() && c.b.empty() && c.w.empty()) return program;
+  return timed(program, c);
 }
 
 double Schedule::bubble(int rank) const {

@@ -27,10 +27,12 @@
 //                           first once pp W's wait)                   Qi et al. 2023: about 1F1B's
 //                                                                     memory, a third of its bubble)
 //
-// Simulated with each operation's cost (unit costs by default: F 1, B 1, W 1; without the split B
-// costs B + W), the schedule gives each rank's program (the order it runs its operations in: what
-// the executor runs, whatever the real costs are) and the predicted timeline, from which the bubble:
-// a rank's idle share of the time between its first operation's start and its last one's end.
+// Simulated at unit costs (F 1, B 1, W 1; without the split B costs B + W), the rule gives each
+// rank's program: the order it runs its operations in, what the executor runs whatever the real
+// costs are. Given costs, that program is timed at them (each rank runs its next operation once it
+// is free and the operation's inputs are there; the rule is not run again at those costs, since it
+// could order them otherwise). The timeline gives the bubble: a rank's idle share of the time
+// between its first operation's start and its last one's end.
 // For 1F1B and GPipe on rank 0 that is the textbook (pp - 1) / (M + pp - 1); interleaved's is
 // (pp - 1) / (V M + pp - 1) (Narayanan et al. 2021).
 //
@@ -59,8 +61,8 @@ struct Config {
   int microbatches = 1;    // M
   Kind kind = Kind::one_f_one_b;
   int virtual_stages = 1;  // V (interleaved; 1 otherwise)
-  // What each operation costs in the simulation, per chunk (empty: 1 each). With `kind` other than
-  // zero_bubble, B's cost is B + W.
+  // What each operation costs, per chunk (empty: 1 each): the program is made at unit costs and
+  // timed at these. With `kind` other than zero_bubble, B's cost is B + W.
   std::vector<double> f, b, w;
   // run.parallel's settings (a schedule's name as parse_kind reads it), unit costs.
   static Config of(int pp, int microbatches, const std::string& schedule, int virtual_stages);

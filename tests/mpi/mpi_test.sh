@@ -854,8 +854,12 @@ pipeline)
       same_numbers "$tmp/k1" "$tmp/k2" 1e-6 || fail "AdamW: $k differs between $run and one process"
     done
   done
-  # The bubble, measured from each stage's trace (its operations' marks) against the schedule's
-  # prediction at the measured costs: 1F1B within 10 points at M = 4 and 8; zero_bubble's lower.
+  # Each stage's trace (its operations' marks): every step the schedule's program, in its order;
+  # the bubble within 15 points of the prediction (the program timed at the measured costs; it
+  # leaves out the transfers between the stages, up to 9 points more idle here at M = 8), at M = 4
+  # and 8; and zero_bubble's first stage idling less than 1F1B's program would at the same costs.
+  # (Not less than a 1F1B run measured: on two shared cores the stages' relative speed differs from
+  # run to run, and both bubbles with it, by more than the schedules differ.)
   b=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=64 model.layers=4 model.dim=256 model.heads=4
      model.vocab=256 model.context=64 run.steps=8 run.threads=1 data.batch=16 eval.every=1000 evlog.every=1000
      ckpt.every=1000 ckpt.at=[] ema.every=1000 run.parallel.pp=2)
@@ -863,14 +867,11 @@ pipeline)
     for s in 1f1b zero_bubble; do
       run_code 0 "${mpi[@]}" "$flowrun" "${b[@]}" run.parallel.microbatches=$m run.parallel.schedule=$s \
         run.out_dir="$tmp/b$s$m" run.trace="$tmp/b$s$m/trace.json"
-      tol=0.10; [ $s = zero_bubble ] && tol=1
-      "$tool" pipeline-bubble fb $s $m 1 $tol "$tmp/b$s$m/trace.json" "$tmp/b$s$m/trace.rank1.json" > "$tmp/bubble" ||
-        { cat "$tmp/bubble" >&2; fail "$s at M=$m: the measured bubble is not the predicted one"; }
+      versus=(); [ $s = zero_bubble ] && versus=(--versus 1f1b)
+      "$tool" pipeline-bubble fb $s $m 1 0.15 "${versus[@]}" "$tmp/b$s$m/trace.json" "$tmp/b$s$m/trace.rank1.json" \
+        > "$tmp/bubble" || { cat "$tmp/bubble" >&2; fail "$s at M=$m: not the program, the predicted bubble, or below 1f1b's"; }
       cat "$tmp/bubble"
-      grep -o 'stage 0: bubble measured [0-9.]*' "$tmp/bubble" | awk '{print $5}' > "$tmp/$s$m"
     done
-    awk -v zb="$(cat "$tmp/zero_bubble$m")" '{ exit !(zb < $1) }' "$tmp/1f1b$m" ||
-      fail "zero_bubble's first stage idles no less than 1f1b's at M=$m"
   done
   # Resume across layouts: the checkpoint of step 3 continued by the other layout.
   from "$tmp/1f1b" "$tmp/r21"

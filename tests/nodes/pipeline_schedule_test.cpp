@@ -105,6 +105,37 @@ TEST(PipelineSchedule, ZeroBubbleFillsTheBubblesWithWeightGradientsAtOneFOneBsMe
     }
 }
 
+// Costs time the program the rule makes at unit costs (what forward_backward runs) and do not
+// reorder it: each rank runs the same operations in the same order, each once its inputs are there;
+// twice every cost is twice every time.
+TEST(PipelineSchedule, CostsTimeTheUnitCostProgramWithoutReorderingIt) {
+  for (Kind k : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble}) {
+    const int v = k == Kind::interleaved ? 2 : 1;
+    const pl::Schedule unit = schedule(k, 2, 4, v);
+    pl::Config uneven = unit.config, twice = unit.config;
+    const int C = unit.config.chunks();
+    for (int c = 0; c < C; ++c) {
+      // The last chunk's forward is slow and its W's are long: the rule at these costs would
+      // order some operations otherwise.
+      uneven.f.push_back(c == C - 1 ? 3.0 : 0.5);
+      uneven.b.push_back(1.0 + c);
+      uneven.w.push_back(c == 0 ? 4.0 : 0.2);
+      twice.f.push_back(2), twice.b.push_back(2), twice.w.push_back(2);
+    }
+    const pl::Schedule a = pl::make(uneven), b = pl::make(twice);
+    expect_valid(a);
+    for (size_t r = 0; r < unit.ranks.size(); ++r) {
+      ASSERT_EQ(a.ranks[r].size(), unit.ranks[r].size());
+      for (size_t i = 0; i < unit.ranks[r].size(); ++i) {
+        EXPECT_EQ(a.ranks[r][i].op, unit.ranks[r][i].op) << pl::name(k) << " rank " << r << " op " << i;
+        EXPECT_DOUBLE_EQ(b.ranks[r][i].start, 2 * unit.ranks[r][i].start);
+        EXPECT_DOUBLE_EQ(b.ranks[r][i].end, 2 * unit.ranks[r][i].end);
+      }
+    }
+    EXPECT_DOUBLE_EQ(b.makespan, 2 * unit.makespan);
+  }
+}
+
 // Interleaved 1F1B (Narayanan et al. 2021): V chunks a rank, chunk k on rank k % p; the bubble
 // shrinks about V times, for more micro-batches held.
 TEST(PipelineSchedule, InterleavedShrinksTheBubbleWithVirtualStages) {

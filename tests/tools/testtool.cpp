@@ -6,13 +6,16 @@
 //   testtool trace-overlap TRACE.json PRODUCER CONSUMER
 //       how many steps have a CONSUMER mark span ("CONSUMER: bucket ...") that starts before
 //       the PRODUCER node's span of the same step ends; prints it, exit 1 if none
-//   testtool pipeline-bubble NODE SCHEDULE M V TOL TRACE_STAGE0.json TRACE_STAGE1.json ...
+//   testtool pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE_STAGE0.json TRACE_STAGE1.json ...
 //       a pipeline's measured bubble against its schedule's prediction (parallel/pipeline_schedule.hpp):
-//       from each stage's trace the NODE's operation marks ("NODE: F3.1"), per step each stage's
+//       from each stage's trace the NODE's operation marks ("NODE: F3.1"): every step, the stage's
+//       program (its operations in order; exit 1 otherwise), and each stage's
 //       idle share between its first operation's start and its last one's end (the median over
-//       the steps after the first); the prediction simulates SCHEDULE with M micro-batches and V
-//       virtual stages at each chunk's measured mean F, B and W times. Prints both per stage; exit
-//       1 if any differs by more than TOL
+//       the steps after the first); the prediction times SCHEDULE's program with M micro-batches and
+//       V virtual stages at each chunk's measured mean F, B and W times. Prints both per stage; exit
+//       1 if any differs by more than TOL. With --versus, also OTHER's program at the same costs:
+//       exit 1 unless SCHEDULE's first stage idles less (a comparison within one run: the stages'
+//       speeds differ from run to run on a shared machine, and with them both schedules' bubbles)
 //   mpirun -np N testtool mesh-groups TP PP
 //       the mesh of N processes (nodes/parallel/mesh.hpp) as MPI channels, one per dimension
 //       (comm::Channel::create_split): each channel's rank and size are the rank's coordinate and
@@ -59,6 +62,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "comm.hpp"
 #include "common/safetensors.hpp"
@@ -129,7 +133,7 @@ int trace_overlap(const std::string& file, const std::string& producer, const st
 }
 
 int pipeline_bubble(const std::string& node, const std::string& kind, int mbs, int virtual_stages, double tol,
-                    const std::vector<std::string>& traces) {
+                    const std::string& versus, const std::vector<std::string>& traces) {
   namespace pl = flowrun::parallel::pipeline;
   pl::Config c = pl::Config::of(static_cast<int>(traces.size()), mbs, kind, virtual_stages);
   const int chunks = c.chunks();
@@ -138,10 +142,13 @@ int pipeline_bubble(const std::string& node, const std::string& kind, int mbs, i
     for (int t = 0; t < 3; ++t) v[t].assign(static_cast<size_t>(chunks), 0.0);
   std::vector<double> measured;
   const std::regex op(node + R"(: ([FBW])(\d+)\.(\d+))");
-  for (const std::string& file : traces) {
+  const pl::Schedule program = pl::make(c);  // what each stage runs, in order
+  for (size_t r = 0; r < traces.size(); ++r) {
+    const std::string& file = traces[r];
     std::ifstream in(file);
     const nlohmann::json j = nlohmann::json::parse(in);
-    std::map<int64_t, std::vector<std::pair<double, double>>> steps;  // step -> (start, end) of each op
+    // step -> (start, end, name) of each op
+    std::map<int64_t, std::vector<std::tuple<double, double, std::string>>> steps;
     for (const auto& e : j["traceEvents"]) {
       if (e.value("ph", "") != "X") continue;
       std::smatch m;
@@ -149,7 +156,7 @@ int pipeline_bubble(const std::string& node, const std::string& kind, int mbs, i
       if (!std::regex_match(name, m, op)) continue;
       const double ts = e.value("ts", 0.0), dur = e.value("dur", 0.0);
       const int64_t step = e["args"].value("step", int64_t{-1});
-      steps[step].emplace_back(ts, ts + dur);
+      steps[step].emplace_back(ts, ts + dur, name.substr(node.size() + 2));
       if (step == 1) continue;  // the first step's times include the warm-up
       const int t = m[1].str() == "F" ? 0 : m[1].str() == "B" ? 1 : 2;
       const auto k = static_cast<size_t>(std::stoi(m[3].str()));
@@ -158,11 +165,20 @@ int pipeline_bubble(const std::string& node, const std::string& kind, int mbs, i
     }
     std::vector<double> idle;
     for (auto& [step, ops] : steps) {
-      if (step == 1 || ops.empty()) continue;
       std::sort(ops.begin(), ops.end());
+      // The stage ran its program: these operations in this order, every step.
+      std::string ran, planned;
+      for (const auto& o : ops) ran += " " + std::get<2>(o);
+      for (const pl::Slot& slot : program.ranks.at(r)) planned += " " + pl::str(slot.op);
+      if (ran != planned) {
+        std::fprintf(stderr, "%s: step %lld ran%s\n  and the program is%s\n", file.c_str(), static_cast<long long>(step),
+                     ran.c_str(), planned.c_str());
+        return 1;
+      }
+      if (step == 1) continue;
       double busy = 0;
-      for (const auto& [a, b] : ops) busy += b - a;
-      idle.push_back(1.0 - busy / (ops.back().second - ops.front().first));
+      for (const auto& o : ops) busy += std::get<1>(o) - std::get<0>(o);
+      idle.push_back(1.0 - busy / (std::get<1>(ops.back()) - std::get<0>(ops.front())));
     }
     if (idle.empty()) {
       std::fprintf(stderr, "%s: no '%s: F...' marks after step 1\n", file.c_str(), node.c_str());
@@ -185,6 +201,15 @@ int pipeline_bubble(const std::string& node, const std::string& kind, int mbs, i
     std::printf("%s M=%d stage %d: bubble measured %.1f %%, predicted %.1f %%\n", kind.c_str(), mbs, r, 100 * got,
                 100 * predicted);
     if (std::abs(got - predicted) > tol) ++bad;
+  }
+  if (!versus.empty()) {
+    // The other schedule's program at the same costs (its B the measured B + W).
+    pl::Config o = c;
+    o.kind = pl::parse_kind(versus);
+    const double mine = s.bubble(0), theirs = pl::make(o).bubble(0);
+    std::printf("at these costs %s's stage 0 would idle %.1f %%, %s's %.1f %%\n", versus.c_str(), 100 * theirs,
+                kind.c_str(), 100 * mine);
+    if (!(mine < theirs)) ++bad;
   }
   return bad ? 1 : 0;
 }
@@ -492,9 +517,11 @@ int main(int argc, char** argv) {
     if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
       return tensor_diff(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
-    if (cmd == "pipeline-bubble" && argc >= 8)
+    const bool versus = argc >= 8 && std::string(argv[7]) == "--versus";
+    if (cmd == "pipeline-bubble" && argc >= (versus ? 10 : 8)) {
       return pipeline_bubble(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]), std::stod(argv[6]),
-                             std::vector<std::string>(argv + 7, argv + argc));
+                             versus ? argv[8] : "", std::vector<std::string>(argv + (versus ? 9 : 7), argv + argc));
+    }
     // A check under mpirun: a failure on one rank ends the job on all of them.
     auto under_mpi = [&](const std::function<int()>& check) {
       flowrun::comm::init(&argc, &argv);
@@ -518,6 +545,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | dit-tp TP [lora] | cappa-tp TP | mesh-hang TP PP\n");
+  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE... | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | dit-tp TP [lora] | cappa-tp TP | mesh-hang TP PP\n");
   return 2;
 }
