@@ -143,7 +143,11 @@ def main():
     ap.add_argument("--np", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--global-batch", type=int, nargs="+", default=[8, 8, 4],
                     help="rows a step, one per --np (fewer rows at np 4: fewer layouts to run)")
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every layout this many times; from 2 on, the rounds are also ranked against each other "
+                         "(how well the measurement reproduces its own order: the most a prediction can reach)")
+    ap.add_argument("--sample", type=int, default=0,
+                    help="run only this many of the layouts that fit, spread evenly over the plan's order (0: all)")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--json", help="write every figure here")
     ap.add_argument("--work", default=None, help="folder for logs, traces and tables (default: a temporary one)")
@@ -165,7 +169,10 @@ def main():
         print(run(plan, f"{work}/plan{n}.log"), flush=True)
         table = json.load(open(f"{work}/table{n}.json"))["layouts"]
         fitting = [x for x in table if x["fits"]]
+        if 0 < a.sample < len(fitting):
+            fitting = [fitting[i * len(fitting) // a.sample] for i in range(a.sample)]
         periods = [[] for _ in fitting]
+        per_round = [[0.0] * len(fitting) for _ in range(a.rounds)]  # each round's median a layout
         for round_ in range(a.rounds):
             for i, l in enumerate(fitting):
                 out = f"{work}/run{n}_{i}"
@@ -177,6 +184,7 @@ def main():
                 log = run(cmd, f"{out}.log")
                 mine = step_periods(f"{out}/trace.json", a.fb)
                 periods[i] += mine
+                per_round[round_][i] = statistics.median(mine)
                 print(f"  round {round_ + 1}  {l['layout']:<64} predicted {l['step_s']*1e3:8.1f} ms  measured "
                       f"{statistics.median(mine)*1e3:8.1f} ms  ({time.time()-t0:.0f} s)", flush=True)
         rows = [{**l, "measured_step_s": statistics.median(p)} for l, p in zip(fitting, periods)]
@@ -184,16 +192,23 @@ def main():
         rho = spearman([r["step_s"] for r in rows], [r["measured_step_s"] for r in rows])
         s = {"np": n, "layouts": len(rows), "median_step_error": statistics.median(err), "worst_step_error": max(err),
              "spearman": rho}
+        if a.rounds >= 2:  # the measurement against itself: round 1's order and median difference against round 2's
+            r1, r2 = per_round[0], per_round[1]
+            s["rounds_spearman"] = spearman(r1, r2)
+            s["rounds_median_difference"] = statistics.median(abs(x - y) / ((x + y) / 2) for x, y in zip(r1, r2))
         summary.append(s)
         everything[n] = rows
         print(f"\n### np {n}\n\n| layout | predicted ms | measured ms | error |\n|---|---:|---:|---:|")
         for r, e in sorted(zip(rows, err), key=lambda x: x[0]["measured_step_s"]):
             print(f"| {r['layout']} | {r['step_s']*1e3:.1f} | {r['measured_step_s']*1e3:.1f} | {100*e:.0f} % |")
         print(flush=True)
-    print("\n| np | layouts | step error median | worst | Spearman |\n|---:|---:|---:|---:|---:|")
+    print("\n| np | layouts | step error median | worst | Spearman | round 1 vs 2: Spearman | median difference |\n"
+          "|---:|---:|---:|---:|---:|---:|---:|")
     for s in summary:
+        rounds = (f"{s['rounds_spearman']:.2f} | {100*s['rounds_median_difference']:.1f} %" if "rounds_spearman" in s
+                  else "- | -")
         print(f"| {s['np']} | {s['layouts']} | {100*s['median_step_error']:.1f} % | {100*s['worst_step_error']:.0f} % | "
-              f"{s['spearman']:.2f} |")
+              f"{s['spearman']:.2f} | {rounds} |")
     pooled = [r for n in everything for r in everything[n]]
     if len(a.np) > 1 and pooled:
         err = [abs(r["step_s"] - r["measured_step_s"]) / r["measured_step_s"] for r in pooled]

@@ -3,6 +3,7 @@
 # Usage: mpi_test.sh CASE FLOWRUN SRC BUILD TESTTOOL
 set -u
 case_name=$1 flowrun=$2 src=$3 build=$4 tool=$5
+tensordiff=$(dirname "$tool")/tensordiff  # tests/tools/tensordiff.cpp: two checkpoints' largest difference
 tmp=$(mktemp -d /tmp/flowrun-mpi.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export FLOWRUN_BUILD=$build
@@ -51,7 +52,7 @@ from() { mkdir -p "$2/checkpoints" && cp -r "$1/checkpoints/step_00000003" "$2/c
 # step-6 checkpoints within TOL of each tensor's largest value.
 same_states() {
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/$1/checkpoints/step_00000006/$f.safetensors" "$tmp/$2/checkpoints/step_00000006/$f.safetensors" "$3" ||
+    "$tensordiff" "$tmp/$1/checkpoints/step_00000006/$f.safetensors" "$tmp/$2/checkpoints/step_00000006/$f.safetensors" "$3" ||
       fail "$4: $f differs between $2 and $1"
   done
 }
@@ -71,7 +72,7 @@ equivalence)
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/one" data.batch=16
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/two" data.batch=8
   expect_out "[rank 1]"
-  "$tool" tensor-diff "$(params "$tmp/one" 10)" "$(params "$tmp/two" 10)" 1e-5 || fail "parameters differ"
+  "$tensordiff" "$(params "$tmp/one" 10)" "$(params "$tmp/two" 10)" 1e-5 || fail "parameters differ"
   # The logged loss is the mean over ranks: the loss of the whole batch.
   losses "$tmp/one/metrics.jsonl" > "$tmp/l1"; losses "$tmp/two/metrics.jsonl" > "$tmp/l2"
   [ "$(wc -l < "$tmp/l1")" = 10 ] && [ "$(wc -l < "$tmp/l2")" = 10 ] || fail "expected 10 logged losses each"
@@ -79,7 +80,7 @@ equivalence)
   # Grads accumulated into the all-reduce buffer (grad_layout buffer) train bit for bit like
   # fresh grads copied into it (the default).
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/buffer" data.batch=8 fb.grad_layout=buffer
-  "$tool" tensor-diff "$(params "$tmp/two" 10)" "$(params "$tmp/buffer" 10)" 0 || fail "grad_layout buffer differs from fresh"
+  "$tensordiff" "$(params "$tmp/two" 10)" "$(params "$tmp/buffer" 10)" 0 || fail "grad_layout buffer differs from fresh"
   ;;
 independent_collectives)
   # Collective nodes the graph leaves unordered (two metrics nodes, the gradient all-reduce),
@@ -108,35 +109,35 @@ zero_states)
   awk -v a="$(cat "$tmp/mem_none")" -v b="$(cat "$tmp/mem_sharded")" 'BEGIN { exit !(b <= 0.51 * a && b >= 0.49 * a) }' ||
     fail "optimizer state per rank: $(cat "$tmp/mem_none") MB unsharded, $(cat "$tmp/mem_sharded") MB sharded: not halved"
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
       fail "$f differs between stage states and stage none"
   done
   # 2 -> 2: five steps, a checkpoint, five more, as the straight run.
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 zero.stage=states run.steps=5 ckpt.every=5
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r22" data.batch=8 zero.stage=states run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r22" 10)" 0 || fail "resume 2 -> 2 differs"
+  "$tensordiff" "$(params "$tmp/sharded" 10)" "$(params "$tmp/r22" 10)" 0 || fail "resume 2 -> 2 differs"
   # 2 -> 1: the sharded checkpoint of step 5 continued by one process (batch 16).
   mkdir -p "$tmp/r21/checkpoints" && cp -r "$tmp/r22/checkpoints/step_00000005" "$tmp/r21/checkpoints/" &&
     echo step_00000005 > "$tmp/r21/checkpoints/latest"
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/r21" data.batch=16 run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r21" 10)" 1e-5 || fail "resume 2 -> 1 differs"
+  "$tensordiff" "$(params "$tmp/sharded" 10)" "$(params "$tmp/r21" 10)" 1e-5 || fail "resume 2 -> 1 differs"
   # 1 -> 2: one process's checkpoint of step 5 continued by two sharded ranks.
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=16 run.steps=5 ckpt.every=5
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 zero.stage=states run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/sharded" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
+  "$tensordiff" "$(params "$tmp/sharded" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
   # Adafactor, sharded by whole parameters: the same run as unsharded, less state per rank, and
   # its checkpoint (the statistics gathered from their ranks) continued by one process.
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_none" data.batch=8 opt.kind=adafactor
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sharded" data.batch=8 opt.kind=adafactor zero.stage=states
   for f in model.params opt.state; do
-    "$tool" tensor-diff "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sharded/checkpoints/step_00000010/$f.safetensors" 0 ||
       fail "Adafactor: $f differs between stage states and stage none"
   done
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af21" data.batch=8 opt.kind=adafactor zero.stage=states \
     run.steps=5 ckpt.every=5
   rm -rf "$tmp/af21/checkpoints/step_00000010"
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/af21" data.batch=16 opt.kind=adafactor run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/af_sharded" 10)" "$(params "$tmp/af21" 10)" 1e-5 || fail "Adafactor resume 2 -> 1 differs"
+  "$tensordiff" "$(params "$tmp/af_sharded" 10)" "$(params "$tmp/af21" 10)" 1e-5 || fail "Adafactor resume 2 -> 1 differs"
   # A rank killed, or hanging, mid-run while the other waits in the parameters' all-gather: the
   # job ends (a hang by run.comm_timeout_s), well within 60 s.
   start=$(date +%s)
@@ -167,27 +168,27 @@ zero_gradients)
     'BEGIN { exit !(b <= 0.51 * a && b >= 0.49 * a && d <= 0.51 * c && d >= 0.49 * c) }' ||
     fail "per rank: gradients $g_none -> $g_sh MB, optimizer state $s_none -> $s_sh MB: not halved"
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/gradients/checkpoints/step_00000010/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/none/checkpoints/step_00000010/$f.safetensors" "$tmp/gradients/checkpoints/step_00000010/$f.safetensors" 0 ||
       fail "$f differs between stage gradients and stage none"
   done
   # Launched after backward (overlap false) and sent as bf16 (compress): the same sums again.
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/late" data.batch=8 zero.stage=gradients opt.clip=0 sync.overlap=false
-  "$tool" tensor-diff "$(params "$tmp/none" 10)" "$(params "$tmp/late" 10)" 0 || fail "overlap false differs"
+  "$tensordiff" "$(params "$tmp/none" 10)" "$(params "$tmp/late" 10)" 0 || fail "overlap false differs"
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bf_none" data.batch=8 opt.clip=0 sync.compress=bf16
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bf_sh" data.batch=8 opt.clip=0 sync.compress=bf16 zero.stage=gradients
-  "$tool" tensor-diff "$(params "$tmp/bf_none" 10)" "$(params "$tmp/bf_sh" 10)" 0 || fail "compress bf16 differs"
+  "$tensordiff" "$(params "$tmp/bf_none" 10)" "$(params "$tmp/bf_sh" 10)" 0 || fail "compress bf16 differs"
   # With the graph's clip (1.0), and Adafactor (sharded by whole parameters).
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_none" data.batch=8
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_full" data.batch=8 zero.stage=gradients
-  "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_full" 10)" 1e-5 || fail "with clip: differs"
+  "$tensordiff" "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_full" 10)" 1e-5 || fail "with clip: differs"
   # 2 -> 2: five steps, a checkpoint, five more, as the straight run, bit for bit.
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 zero.stage=gradients run.steps=5 ckpt.every=5
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=8 zero.stage=gradients run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/clip_full" 10)" "$(params "$tmp/clip_sh" 10)" 0 || fail "resume 2 -> 2 differs"
+  "$tensordiff" "$(params "$tmp/clip_full" 10)" "$(params "$tmp/clip_sh" 10)" 0 || fail "resume 2 -> 2 differs"
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_none" data.batch=8 opt.kind=adafactor opt.clip=0
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/af_sh" data.batch=8 opt.kind=adafactor opt.clip=0 zero.stage=gradients zero.cut=tensors
   for f in model.params opt.state; do
-    "$tool" tensor-diff "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sh/checkpoints/step_00000010/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/af_none/checkpoints/step_00000010/$f.safetensors" "$tmp/af_sh/checkpoints/step_00000010/$f.safetensors" 0 ||
       fail "Adafactor: $f differs between stage gradients and stage none"
   done
   # A plugin's update rule (examples/plugins/lion, element-wise) sharded like the built-in ones:
@@ -200,17 +201,17 @@ zero_gradients)
   expect_out "(ZeRO stage gradients, this rank's 1/2 slice)"
   for s in states gradients; do
     for f in model.params opt.state; do
-      "$tool" tensor-diff "$tmp/lion_none/checkpoints/step_00000010/$f.safetensors" \
+      "$tensordiff" "$tmp/lion_none/checkpoints/step_00000010/$f.safetensors" \
         "$tmp/lion_$s/checkpoints/step_00000010/$f.safetensors" 0 || fail "Lion: $f differs between stage $s and stage none"
     done
   done
   # 2 -> 1: the sharded run's checkpoint of step 5 continued by one process (batch 16); 1 -> 2.
   rm -rf "$tmp/clip_sh/checkpoints/step_00000010" && echo step_00000005 > "$tmp/clip_sh/checkpoints/latest"
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/clip_sh" data.batch=16 run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_sh" 10)" 1e-5 || fail "resume 2 -> 1 differs"
+  "$tensordiff" "$(params "$tmp/clip_none" 10)" "$(params "$tmp/clip_sh" 10)" 1e-5 || fail "resume 2 -> 1 differs"
   run_code 0 "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=16 run.steps=5 ckpt.every=5
   run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r12" data.batch=8 zero.stage=gradients run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/clip_none" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
+  "$tensordiff" "$(params "$tmp/clip_none" 10)" "$(params "$tmp/r12" 10)" 1e-5 || fail "resume 1 -> 2 differs"
   # grads not from an allreduce: refused, naming the fix.
   run_code nonzero "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bad" data.batch=8 zero.stage=gradients opt.in.grads=fb.grads
   expect_out "ZeRO stage gradients reduce-scatters the gradients in an allreduce node, but 'grads' comes from 'fb.grads'"
@@ -272,7 +273,7 @@ resume_identical)
   losses "$tmp/straight/metrics.jsonl" > "$tmp/a"; losses "$tmp/split/metrics.jsonl" > "$tmp/b"
   [ "$(wc -l < "$tmp/b")" = 20 ] || fail "expected 20 logged losses after the resume"
   cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b" >&2; fail "losses after the resume differ"; }
-  "$tool" tensor-diff "$(params "$tmp/straight" 20)" "$(params "$tmp/split" 20)" 0 || fail "parameters differ"
+  "$tensordiff" "$(params "$tmp/straight" 20)" "$(params "$tmp/split" 20)" 0 || fail "parameters differ"
   ;;
 graph_mismatch)
   # The ranks disagree on the graph: both say so and the job ends without training.
@@ -328,7 +329,7 @@ cappa_equivalence)
   run_code 0 "$flowrun" "${c[@]}" run.out_dir="$tmp/one" data.batch=16
   run_code 0 "${mpi[@]}" "$flowrun" "${c[@]}" run.out_dir="$tmp/two" data.batch=8
   expect_out "[rank 1]"
-  "$tool" tensor-diff "$(params "$tmp/one" 10)" "$(params "$tmp/two" 10)" 1e-5 'attn\.qkv\.bias$' || fail "parameters differ"
+  "$tensordiff" "$(params "$tmp/one" 10)" "$(params "$tmp/two" 10)" 1e-5 'attn\.qkv\.bias$' || fail "parameters differ"
   losses "$tmp/one/metrics.jsonl" > "$tmp/l1"; losses "$tmp/two/metrics.jsonl" > "$tmp/l2"
   [ "$(wc -l < "$tmp/l1")" = 10 ] && [ "$(wc -l < "$tmp/l2")" = 10 ] || fail "expected 10 logged losses each"
   same_numbers "$tmp/l1" "$tmp/l2" 1e-5 || fail "logged losses differ"
@@ -434,7 +435,7 @@ tensor_parallel)
   expect_out "processes: dp 1 x pp 1 x tp 2 (2 processes)"
   expect_out "split over tp 2: the count is this rank's part"
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+    "$tensordiff" "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
       fail "SGD: $f differs between tp 2 and one process"
   done
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/one"
@@ -471,14 +472,14 @@ tensor_parallel)
   # Resume across layouts: the checkpoint of step 3 continued by the other layout.
   from "$tmp/two" "$tmp/r21"
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/r21" run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/one" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "resume tp 2 -> 1 differs"
+  "$tensordiff" "$(params "$tmp/one" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "resume tp 2 -> 1 differs"
   from "$tmp/one" "$tmp/r12"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r12" run.resume=auto run.parallel.tp=2
-  "$tool" tensor-diff "$(params "$tmp/one" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "resume 1 -> tp 2 differs"
+  "$tensordiff" "$(params "$tmp/one" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "resume 1 -> tp 2 differs"
   from "$tmp/two" "$tmp/r22"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r22" run.resume=auto run.parallel.tp=2
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/two/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/two/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "resume tp 2 -> tp 2: $f is not bit-identical"
   done
   # LoRA under tp (adapters split with their base layers, lora.hpp), its dropout on: the losses
@@ -489,7 +490,7 @@ tensor_parallel)
   losses "$tmp/lora1/metrics.jsonl" > "$tmp/a1"; losses "$tmp/lora2/metrics.jsonl" > "$tmp/a2"
   same_numbers "$tmp/a1" "$tmp/a2" 1e-6 || fail "LoRA: the losses differ between tp 2 and one process"
   for m in model.params ema.params; do
-    "$tool" tensor-diff "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
+    "$tensordiff" "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
       "$tmp/lora2/checkpoints/step_00000006/$m/adapter_model.safetensors" 1e-4 || fail "LoRA: the PEFT adapters of $m differ"
   done
   # What does not split is refused at start (a node's setup: exit 1), saying what to change.
@@ -511,7 +512,7 @@ tensor_parallel_dit)
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" opt.kind=sgd run.out_dir="$tmp/sgd2" run.parallel.tp=2
   expect_out "split over tp 2: the count is this rank's part"
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+    "$tensordiff" "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
       fail "SGD: $f differs between tp 2 and one process"
   done
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/one"
@@ -536,7 +537,7 @@ tensor_parallel_dit)
   from "$tmp/two" "$tmp/r22"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r22" run.resume=auto run.parallel.tp=2
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/two/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/two/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "resume tp 2 -> tp 2: $f is not bit-identical"
   done
   # LoRA on the split attentions and MLPs (its dropout on), over the base trained above (at its
@@ -550,7 +551,7 @@ tensor_parallel_dit)
     fail "LoRA: the adapters got no gradient"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora2" run.parallel.tp=2
   for m in model.params ema.params; do
-    "$tool" tensor-diff "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
+    "$tensordiff" "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
       "$tmp/lora2/checkpoints/step_00000006/$m/adapter_model.safetensors" 1e-5rel || fail "LoRA: the PEFT adapters of $m differ"
   done
   # Heads that do not split are refused at start, saying what to change.
@@ -572,7 +573,7 @@ tensor_parallel_cappa)
   run_code 0 "${mpi[@]}" "$flowrun" "${c[@]}" opt.kind=sgd run.out_dir="$tmp/sgd2" run.parallel.tp=2
   expect_out "split over tp 2: the count is this rank's part"
   for f in model.params opt.state; do
-    "$tool" tensor-diff "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+    "$tensordiff" "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
       fail "SGD: $f differs between tp 2 and one process"
   done
   run_code 0 "$flowrun" "${c[@]}" opt.kind=adamw run.out_dir="$tmp/one"
@@ -632,7 +633,7 @@ zero_params)
   awk -v a="$(cat "$tmp/p_none")" -v b="$(cat "$tmp/p_params")" 'BEGIN { exit !(b <= 0.51 * a && b >= 0.49 * a) }' ||
     fail "per rank parameters $(cat "$tmp/p_none") -> $(cat "$tmp/p_params") MB: not halved"
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/mlp_none/checkpoints/step_00000010/$f.safetensors" "$tmp/mlp_params/checkpoints/step_00000010/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/mlp_none/checkpoints/step_00000010/$f.safetensors" "$tmp/mlp_params/checkpoints/step_00000010/$f.safetensors" 0 ||
       fail "MLP: $f differs between stage params and stage none"
   done
   needs_data data/text/fortunes_byte.train.bin
@@ -642,7 +643,7 @@ zero_params)
     run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/params_$c" model.checkpoint=$c zero.stage=params
     expect_out "ZeRO stage params (zero.plan): each rank keeps 1/2 of the"
     for f in model.params opt.state ema.params; do
-      "$tool" tensor-diff "$tmp/none_$c/checkpoints/step_00000006/$f.safetensors" "$tmp/params_$c/checkpoints/step_00000006/$f.safetensors" 0 ||
+      "$tensordiff" "$tmp/none_$c/checkpoints/step_00000006/$f.safetensors" "$tmp/params_$c/checkpoints/step_00000006/$f.safetensors" 0 ||
         fail "GPT (checkpoint $c): $f differs between stage params and stage none"
     done
     grep -o '"val_loss":[0-9.eE+-]*' "$tmp/none_$c/metrics.jsonl" > "$tmp/v1"
@@ -659,7 +660,7 @@ zero_params)
     grep -o '"val_loss":[0-9.eE+-]*\|"fidelity":[0-9.eE+-]*' "$tmp/dit_$s/metrics.jsonl" > "$tmp/dit_$s.figures"
   done
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/dit_none/checkpoints/step_00000006/$f.safetensors" "$tmp/dit_params/checkpoints/step_00000006/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/dit_none/checkpoints/step_00000006/$f.safetensors" "$tmp/dit_params/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "DiT: $f differs between stage params and stage none"
   done
   [ "$(wc -l < "$tmp/dit_none.figures")" = 4 ] && cmp -s "$tmp/dit_none.figures" "$tmp/dit_params.figures" ||
@@ -670,32 +671,32 @@ zero_params)
     run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/acc_$s" zero.stage=$s fb.accumulate=2 model.checkpoint=blocks
   done
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/acc_none/checkpoints/step_00000006/$f.safetensors" "$tmp/acc_params/checkpoints/step_00000006/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/acc_none/checkpoints/step_00000006/$f.safetensors" "$tmp/acc_params/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "accumulate 2: $f differs between stage params and stage none"
   done
   # One process: it owns every element (the same path, nothing gathered).
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/one_none" data.batch=8
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/one_params" data.batch=8 zero.stage=params
-  "$tool" tensor-diff "$(params "$tmp/one_none" 6)" "$(params "$tmp/one_params" 6)" 0 || fail "one process: params differs from none"
+  "$tensordiff" "$(params "$tmp/one_none" 6)" "$(params "$tmp/one_params" 6)" 0 || fail "one process: params differs from none"
   # Resume across layouts: the checkpoint of step 3 continued by the other.
   from "$tmp/params_none" "$tmp/r22"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r22" zero.stage=params run.resume=auto
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/params_none/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/params_none/checkpoints/step_00000006/$f.safetensors" "$tmp/r22/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "resume params 2 -> 2: $f is not bit-identical"
   done
   from "$tmp/params_none" "$tmp/r21"
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/r21" data.batch=8 run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/params_none" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "resume params 2 -> 1 process differs"
+  "$tensordiff" "$(params "$tmp/params_none" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "resume params 2 -> 1 process differs"
   from "$tmp/one_none" "$tmp/r12"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r12" zero.stage=params run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/one_none" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "resume 1 process -> params 2 differs"
+  "$tensordiff" "$(params "$tmp/one_none" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "resume 1 process -> params 2 differs"
   # bf16 (autocast over the gathered fp32 parameters) alike.
   for s in none params; do
     run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/bf16_$s" zero.stage=$s model.checkpoint=blocks run.precision=bf16
   done
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/bf16_none/checkpoints/step_00000006/$f.safetensors" "$tmp/bf16_params/checkpoints/step_00000006/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/bf16_none/checkpoints/step_00000006/$f.safetensors" "$tmp/bf16_params/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "bf16: $f differs between stage params and stage none"
   done
   # LoRA: the frozen base sharded too (gathered with its block's adapters, a block let go once
@@ -709,7 +710,7 @@ zero_params)
     done
     expect_out "each rank keeps 1/2 of the"
     for f in model.params opt.state ema.params model.params/adapter_model ema.params/adapter_model; do
-      "$tool" tensor-diff "$tmp/lora_none_$c/checkpoints/step_00000006/$f.safetensors" \
+      "$tensordiff" "$tmp/lora_none_$c/checkpoints/step_00000006/$f.safetensors" \
         "$tmp/lora_params_$c/checkpoints/step_00000006/$f.safetensors" 0 || fail "LoRA (checkpoint $c): $f differs"
     done
   done
@@ -720,7 +721,7 @@ zero_params)
     for k in loss val_loss fidelity; do grep -o "\"$k\":[0-9.eE+-]*" "$tmp/dlora_$s/metrics.jsonl"; done > "$tmp/dlora_$s.figures"
   done
   for f in model.params opt.state ema.params model.params/adapter_model; do
-    "$tool" tensor-diff "$tmp/dlora_none/checkpoints/step_00000006/$f.safetensors" \
+    "$tensordiff" "$tmp/dlora_none/checkpoints/step_00000006/$f.safetensors" \
       "$tmp/dlora_params/checkpoints/step_00000006/$f.safetensors" 0 || fail "DiT LoRA: $f differs"
   done
   cmp -s "$tmp/dlora_none.figures" "$tmp/dlora_params.figures" || fail "DiT LoRA: the losses, evaluation or fidelity differ"
@@ -741,14 +742,14 @@ tensor_parallel_zero)
     expect_out "processes: dp 2 x pp 1 x tp 2 (4 processes)"
     expect_out "(ZeRO stage $s, this rank's 1/2 slice)"
     for f in model.params opt.state ema.params; do
-      "$tool" tensor-diff "$tmp/one/checkpoints/step_00000006/$f.safetensors" "$tmp/$s/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+      "$tensordiff" "$tmp/one/checkpoints/step_00000006/$f.safetensors" "$tmp/$s/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
         fail "SGD: $f differs between dp 2 x tp 2 with stage $s and one process"
     done
   done
   # tp 2 with stage params and one data-parallel rank: it owns every element of its parts.
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/tp2" run.parallel.tp=2 zero.stage=params
   expect_out "with one data-parallel rank: it owns every element"
-  "$tool" tensor-diff "$(params "$tmp/one" 6)" "$(params "$tmp/tp2" 6)" 1e-5 || fail "SGD: tp 2 with stage params differs"
+  "$tensordiff" "$(params "$tmp/one" 6)" "$(params "$tmp/tp2" 6)" 1e-5 || fail "SGD: tp 2 with stage params differs"
   # AdamW: the losses, the clipped norm (the whole model's) and the evaluation of one process.
   run_code 0 "$flowrun" "${g[@]}" data.batch=8 run.out_dir="$tmp/adam1"
   # (the evaluation: each of the 2 replicas scores 1 batch of the 2 one process scores)
@@ -767,7 +768,7 @@ tensor_parallel_zero)
   run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/r41" run.resume=auto
   for r in r24 r41; do
     for f in model.params opt.state ema.params; do
-      "$tool" tensor-diff "$tmp/one/checkpoints/step_00000006/$f.safetensors" "$tmp/$r/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+      "$tensordiff" "$tmp/one/checkpoints/step_00000006/$f.safetensors" "$tmp/$r/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
         fail "resume ($r): $f differs from one process"
     done
   done
@@ -777,7 +778,7 @@ tensor_parallel_zero)
   run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" "${lora[@]}" run.out_dir="$tmp/lora4" run.parallel.tp=2 \
     zero.stage=params model.checkpoint=blocks
   for m in model.params ema.params; do
-    "$tool" tensor-diff "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
+    "$tensordiff" "$tmp/lora1/checkpoints/step_00000006/$m/adapter_model.safetensors" \
       "$tmp/lora4/checkpoints/step_00000006/$m/adapter_model.safetensors" 1e-5rel || fail "LoRA: the PEFT adapters of $m differ"
   done
   # The DiT (graphs/dit_base.yaml: both attentions' heads split, the per-head norms and the
@@ -798,7 +799,7 @@ tensor_parallel_zero)
   run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/r44" run.parallel.tp=2 zero.stage=params \
     model.checkpoint=blocks run.resume=auto
   for f in model.params opt.state ema.params; do
-    "$tool" tensor-diff "$tmp/params/checkpoints/step_00000006/$f.safetensors" "$tmp/r44/checkpoints/step_00000006/$f.safetensors" 0 ||
+    "$tensordiff" "$tmp/params/checkpoints/step_00000006/$f.safetensors" "$tmp/r44/checkpoints/step_00000006/$f.safetensors" 0 ||
       fail "resume dp 2 x tp 2 -> the same: $f is not bit-identical"
   done
   ;;
@@ -913,7 +914,7 @@ pipeline_dit)
   same_metrics dp2 dp2pp2
   from "$tmp/1f1b" "$tmp/r21"
   run_code 0 "$flowrun" "${d[@]}" fb.accumulate=2 run.out_dir="$tmp/r21" run.resume=auto
-  "$tool" tensor-diff "$(params "$tmp/one" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "DiT: resume pp 2 -> 1 differs"
+  "$tensordiff" "$(params "$tmp/one" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "DiT: resume pp 2 -> 1 differs"
   ;;
 pipeline_cappa)
   # run.parallel.pp for graphs/cappa.yaml (issue 49): the ViT's 2 blocks then the decoder's 2 cut
@@ -944,7 +945,7 @@ pipeline_cappa)
   }
   same_params() {  # RUN_A RUN_B
     for f in model.params opt.state; do
-      "$tool" tensor-diff "$tmp/$1/checkpoints/step_00000006/$f.safetensors" "$tmp/$2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+      "$tensordiff" "$tmp/$1/checkpoints/step_00000006/$f.safetensors" "$tmp/$2/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
         fail "CapPa: $f differs between $2 and $1"
     done
   }

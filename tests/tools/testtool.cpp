@@ -1,8 +1,5 @@
 // Helpers for the end-to-end shell tests (tests/mpi/mpi_test.sh):
-//   testtool tensor-diff A.safetensors B.safetensors TOL [SKIP_REGEX]
-//       max |a - b| over the tensors both files hold (names must match; tensors whose name
-//       matches SKIP_REGEX are left out of the max and listed); exit 1 if > TOL. TOL written
-//       with "rel" after it ("1e-5rel"): |a - b| relative to each tensor's largest |a| instead
+//   (checkpoints are compared by tests/tools/tensordiff.cpp, which links no torch)
 //   testtool trace-overlap TRACE.json PRODUCER CONSUMER
 //       how many steps have a CONSUMER mark span ("CONSUMER: bucket ...") that starts before
 //       the PRODUCER node's span of the same step ends; prints it, exit 1 if none
@@ -75,36 +72,6 @@
 #include "parallel/tensor_parallel.hpp"
 
 namespace {
-
-int tensor_diff(const std::string& a, const std::string& b, const std::string& tol_arg, const std::string& skip) {
-  const bool relative = tol_arg.size() > 3 && tol_arg.compare(tol_arg.size() - 3, 3, "rel") == 0;
-  const double tol = std::stod(relative ? tol_arg.substr(0, tol_arg.size() - 3) : tol_arg);
-  auto fa = flowrun::safetensors::load(a), fb = flowrun::safetensors::load(b);
-  double worst = 0;
-  std::string where;
-  const std::regex skipped(skip.empty() ? "$^" : skip);
-  for (const auto& [name, ta] : fa.tensors) {
-    auto it = fb.tensors.find(name);
-    if (it == fb.tensors.end()) {
-      std::printf("%s is missing from %s\n", name.c_str(), b.c_str());
-      return 1;
-    }
-    double d = (ta.to(torch::kDouble) - it->second.to(torch::kDouble)).abs().max().item<double>();
-    if (relative && ta.numel() > 0) d /= std::max(ta.to(torch::kDouble).abs().max().item<double>(), 1e-30);
-    if (std::regex_search(name, skipped)) {
-      std::printf("left out: %s (max abs diff %.3g)\n", name.c_str(), d);
-      continue;
-    }
-    if (d > worst) worst = d, where = name;
-  }
-  if (fa.tensors.size() != fb.tensors.size()) {
-    std::printf("%s has %zu tensors, %s %zu\n", a.c_str(), fa.tensors.size(), b.c_str(), fb.tensors.size());
-    return 1;
-  }
-  std::printf("max %s diff %.3g (%s) over %zu tensors; tolerance %.3g\n", relative ? "relative" : "abs", worst, where.c_str(),
-              fa.tensors.size(), tol);
-  return worst <= tol ? 0 : 1;
-}
 
 int trace_overlap(const std::string& file, const std::string& producer, const std::string& consumer) {
   std::ifstream in(file);
@@ -514,8 +481,6 @@ int mesh_hang(int tp, int pp) {
 int main(int argc, char** argv) {
   try {
     const std::string cmd = argc > 1 ? argv[1] : "";
-    if (cmd == "tensor-diff" && (argc == 5 || argc == 6))
-      return tensor_diff(argv[2], argv[3], argv[4], argc == 6 ? argv[5] : "");
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
     const bool versus = argc >= 8 && std::string(argv[7]) == "--versus";
     if (cmd == "pipeline-bubble" && argc >= (versus ? 10 : 8)) {
@@ -545,6 +510,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool tensor-diff A B TOL | trace-overlap TRACE PRODUCER CONSUMER | pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE... | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | dit-tp TP [lora] | cappa-tp TP | mesh-hang TP PP\n");
+  std::fprintf(stderr, "usage: testtool trace-overlap TRACE PRODUCER CONSUMER | pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE... | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | dit-tp TP [lora] | cappa-tp TP | mesh-hang TP PP\n");
   return 2;
 }
