@@ -9,7 +9,9 @@
 //      1, no checkpointing, no ZeRO, accumulate 1; its periodic nodes off), forward_backward
 //      timing each block (time_blocks) into a trace: at the replica's rows and at half, a quarter,
 //      ... of them (the micro-batches the search makes: a small one computes less efficiently),
-//      in rounds (medians). From the trace: each block's forward and backward seconds, the layers
+//      in rounds (medians), and again checkpointed (a model with a `checkpoint` parameter: what
+//      a recompute adds to each block's backward). From the trace: each block's forward and
+//      backward seconds, the layers
 //      before the first block and after the last, the optimizer's and EMA's seconds a parameter,
 //      the rest of the step (data, frozen encoders); from the model (read after setup): each
 //      block's parameters (frozen or not) and the share tensor parallel splits, forward_backward's
@@ -269,13 +271,14 @@ struct Profile {
 
 json block_json(const cost::Block& b) {
   return {{"fwd_s", b.fwd_s}, {"bwd_s", b.bwd_s}, {"fwd0_s", b.fwd0_s}, {"bwd0_s", b.bwd0_s}, {"fwd_at", b.fwd_at},
-          {"bwd_at", b.bwd_at}, {"params", b.params}, {"frozen", b.frozen}, {"split", b.split}, {"activation_bytes", b.activation_bytes}, {"output_bytes", b.output_bytes}};
+          {"bwd_at", b.bwd_at}, {"rec_s", b.rec_s}, {"rec0_s", b.rec0_s}, {"rec_at", b.rec_at}, {"params", b.params}, {"frozen", b.frozen}, {"split", b.split}, {"activation_bytes", b.activation_bytes}, {"output_bytes", b.output_bytes}};
 }
 cost::Block block_of(const json& j) {
   cost::Block b;
   b.fwd_s = j.at("fwd_s"), b.bwd_s = j.at("bwd_s"), b.params = j.at("params"), b.split = j.at("split");
   b.fwd0_s = j.value("fwd0_s", 0.0), b.bwd0_s = j.value("bwd0_s", 0.0), b.frozen = j.value("frozen", 0.0);
   b.fwd_at = j.value("fwd_at", std::vector<double>{}), b.bwd_at = j.value("bwd_at", std::vector<double>{});
+  b.rec_s = j.value("rec_s", -1.0), b.rec0_s = j.value("rec0_s", 0.0), b.rec_at = j.value("rec_at", std::vector<double>{});
   b.activation_bytes = j.at("activation_bytes"), b.output_bytes = j.at("output_bytes");
   return b;
 }
@@ -316,7 +319,7 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Each time a profile's model holds: the blocks' forward and backward, the first and last
+// Each time a profile's model holds: the blocks' forward, backward and recompute, the first and last
 // layers', the rest of the step (with where its values along the sizes go), the update's.
 struct TimeField {
   std::function<double&(cost::Model&)> at;
@@ -328,7 +331,11 @@ std::vector<TimeField> time_fields(size_t blocks) {
     f.push_back({[b](cost::Model& m) -> double& { return b(m).fwd_s; }, [b](cost::Model& m) -> auto& { return b(m).fwd_at; }});
     f.push_back({[b](cost::Model& m) -> double& { return b(m).bwd_s; }, [b](cost::Model& m) -> auto& { return b(m).bwd_at; }});
   };
-  for (size_t i = 0; i < blocks; ++i) block([i](cost::Model& m) -> cost::Block& { return m.blocks.at(i); });
+  for (size_t i = 0; i < blocks; ++i) {
+    block([i](cost::Model& m) -> cost::Block& { return m.blocks.at(i); });
+    f.push_back({[i](cost::Model& m) -> double& { return m.blocks.at(i).rec_s; },
+                 [i](cost::Model& m) -> auto& { return m.blocks.at(i).rec_at; }});
+  }
   block([](cost::Model& m) -> cost::Block& { return m.first; });
   block([](cost::Model& m) -> cost::Block& { return m.last; });
   f.push_back({[](cost::Model& m) -> double& { return m.other_s; }, [](cost::Model& m) -> auto& { return m.other_at; }});
@@ -490,7 +497,7 @@ class Neighbours {
 
 // One profile run at `rows` rows with `threads` intra-op threads (0: the run's default).
 Profile run_profile(const GraphSpec& user, const std::vector<std::string>& user_overrides, const Roles& r, int steps,
-                    int warm, int64_t rows, int threads) {
+                    int warm, int64_t rows, int threads, bool checkpointed = false) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / ("flowrun-plan-" + std::to_string(::getpid()))).string();
   std::filesystem::remove_all(dir);
@@ -514,7 +521,7 @@ Profile run_profile(const GraphSpec& user, const std::vector<std::string>& user_
     o.push_back(x);
   if (threads > 0) o.push_back("run.threads=" + std::to_string(threads));
   const NodeSpec* model = node_named(user, r.model);
-  if (model && model->params["checkpoint"]) o.push_back(r.model + ".checkpoint=none");
+  if (model && model->params["checkpoint"]) o.push_back(r.model + ".checkpoint=" + (checkpointed ? "blocks" : "none"));
   if (!r.zero.empty()) o.push_back(r.zero + ".stage=none");
   for (const NodeSpec& n : user.nodes)  // evaluators, samplers, checkpoints: not part of a step's cost
     if (n.schedule.periodic() && n.schedule.every != 1) o.push_back(n.name + ".every=1000000000"), o.push_back(n.name + ".at=[]");
@@ -739,8 +746,11 @@ int cmd_plan(const std::vector<std::string>& args) {
       while (sizes.size() < kSizes && sizes.back() >= 2) sizes.push_back(sizes.back() / 2);
       std::string at;
       for (int64_t x : sizes) at += (at.empty() ? "" : ", ") + std::to_string(x);
-      std::printf("profiling %s on this device: %d steps at each of %s rows, %d round%s, one process%s...\n", g.file.c_str(),
-                  kSteps, at.c_str(), rounds, rounds == 1 ? "" : "s",
+      // The model's checkpointing (a `checkpoint` parameter): profiled with it too.
+      const NodeSpec* model = node_named(g, r.model);
+      const bool checkpoints = model && model->params["checkpoint"];
+      std::printf("profiling %s on this device: %d steps at each of %s rows%s, %d round%s, one process%s...\n", g.file.c_str(),
+                  kSteps, at.c_str(), checkpoints ? " (checkpointed and not)" : "", rounds, rounds == 1 ? "" : "s",
                   cpu ? (", " + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + " (a rank's share of " +
                          std::to_string(cores) + " cores" +
                          (neighbours > 0 ? ") beside " + std::to_string(neighbours) + " more computing as the node's other devices"
@@ -751,7 +761,15 @@ int cmd_plan(const std::vector<std::string>& args) {
       if (neighbours > 0) node.emplace(neighbours, threads);
       std::vector<std::vector<Profile>> runs(sizes.size());
       for (int round = 0; round < rounds; ++round)
-        for (size_t i = 0; i < sizes.size(); ++i) runs[i].push_back(run_profile(g, f.overrides, r, kSteps, kWarm, sizes[i], threads));
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          Profile plain = run_profile(g, f.overrides, r, kSteps, kWarm, sizes[i], threads);
+          if (checkpoints) {  // and checkpointed: what a recompute adds to each block's backward
+            const Profile ck = run_profile(g, f.overrides, r, kSteps, kWarm, sizes[i], threads, true);
+            for (size_t b = 0; b < plain.model.blocks.size(); ++b)
+              plain.model.blocks[b].rec_s = std::max(0.0, ck.model.blocks.at(b).bwd_s - plain.model.blocks[b].bwd_s);
+          }
+          runs[i].push_back(std::move(plain));
+        }
       p = median_of(runs.front());
       std::vector<Profile> smaller;
       for (size_t i = sizes.size(); i-- > 1;) smaller.push_back(median_of(runs[i]));
@@ -766,13 +784,15 @@ int cmd_plan(const std::vector<std::string>& args) {
     // A profile taken on a CPU (its threads recorded): the node's devices share this machine's cores.
     if (p.threads > 0) c.cores = cores, c.threads = p.threads;
     const cost::Model& m = p.model;
-    double block_s = 0;
-    for (const auto& b : m.blocks) block_s += b.fwd_s + b.bwd_s;
+    double block_s = 0, fwd_s = 0, rec_s = 0;
+    for (const auto& b : m.blocks) block_s += b.fwd_s + b.bwd_s, fwd_s += b.fwd_s, rec_s += b.rec_s;
     std::printf("model '%s' (%s): %zu blocks, %.2fM parameters; at %.0f rows a step: blocks %.1f ms, embeddings %.1f ms, "
                 "head and loss %.1f ms, update %.1f ms, the rest %.1f ms\n",
                 r.model.c_str(), r.model_type.c_str(), m.blocks.size(), m.params() / 1e6, m.rows, block_s * 1e3,
                 (m.first.fwd_s + m.first.bwd_s) * 1e3, (m.last.fwd_s + m.last.bwd_s) * 1e3,
                 m.update_s_per_param * m.trained() * 1e3, m.other_s * 1e3);
+    if (!m.blocks.empty() && m.blocks.front().rec_s >= 0)
+      std::printf("  checkpointing every block adds %.1f ms to the backward (the forwards: %.1f ms)\n", rec_s * 1e3, fwd_s * 1e3);
     if (!p.nodes.empty()) {  // what "the rest" is made of: each node's own time (some of it overlapped)
       std::vector<std::pair<double, std::string>> by_time;
       for (const auto& [name, sec] : p.nodes) by_time.emplace_back(sec, name);

@@ -162,6 +162,9 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
   auto bwd = [&](const Block& b, double share = 1) {
     return time_at(m, rows * share, b.bwd_s, b.bwd0_s, b.bwd_at);
   };
+  auto recompute = [&](const Block& b, double share = 1) {
+    return b.rec_s < 0 ? fwd(b, share) : time_at(m, rows * share, b.rec_s, b.rec0_s, b.rec_at);
+  };
   const int C = p * V;
   const int nb = static_cast<int>(m.blocks.size());
   if (nb < C) {
@@ -190,7 +193,7 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
       // Backward is the input's gradient and the weights' (about half each: two products for one
       // forward product); a recomputed block runs its forward (and its all-reduces) first.
       const double bw = bwd(b, held(b.split, t));
-      B[k] += bw / 2 + 2 * tp_ar + (recomputed(i) ? f + 2 * tp_ar : 0.0);
+      B[k] += bw / 2 + 2 * tp_ar + (recomputed(i) ? recompute(b, held(b.split, t)) + 2 * tp_ar : 0.0);
       W[k] += bw / 2;
     }
     if (k == 0) F[k] += fwd(m.first), B[k] += bwd(m.first);

@@ -78,6 +78,11 @@ struct Block {
   double fwd_s = 0, bwd_s = 0;  // forward; backward (the input's and the weights' gradients)
   double fwd0_s = 0, bwd0_s = 0;
   std::vector<double> fwd_at, bwd_at;  // at Model::sizes (empty: the line above)
+  // What checkpointing adds to its backward (the recompute, and what a recompute costs besides:
+  // measured as the checkpointed backward less the plain one), the same way along the sizes;
+  // rec_s < 0: not measured, the forward's time instead.
+  double rec_s = -1, rec0_s = 0;
+  std::vector<double> rec_at;
   double params = 0;
   double frozen = 0;            // of params: frozen (LoRA's base weights): held, never updated (no
                                 // gradients, optimizer state, EMA or all-reduce)
