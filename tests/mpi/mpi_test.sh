@@ -371,35 +371,24 @@ mesh_groups)
   # run.parallel's mesh (nodes/parallel/mesh.hpp) as MPI channels, one per dimension, on 4
   # processes: every layout's groups hold exactly their members (testtool mesh-groups checks an
   # all-reduce, a reduce-scatter and an all-gather of uneven blocks in each).
-  for layout in "2 1" "1 2" "2 2" "1 1"; do
-    # shellcheck disable=SC2086  # two numbers on purpose
-    run_code 0 "${mpi4[@]}" "$tool" mesh-groups $layout
-  done
-  expect_out "dp: 1 groups of 4"
   # Tensor parallel's conjugate operators (parallel/tensor_parallel.hpp): Megatron's column-then-
   # row MLP split over tp groups of 2 and of 4 equals the whole MLP, output and gradients.
-  run_code 0 "${mpi4[@]}" "$tool" tp-mlp 2
-  expect_out "tp 2: the split MLP equals the whole one (output and gradients)"
-  run_code 0 "${mpi4[@]}" "$tool" tp-mlp 4
   # The GPT split the same way (models/gpt.hpp Config::tp: each rank's heads, MLP units and
   # vocabulary rows, scored by the vocabulary-parallel cross-entropy; whole weights loaded as a
   # file's, each rank taking its parts) equals the whole model: the loss and every gradient.
-  run_code 0 "${mpi4[@]}" "$tool" gpt-tp 2
-  expect_out "tp 2: the split GPT equals the whole one"
-  run_code 0 "${mpi4[@]}" "$tool" gpt-tp 4
   # The DiT too (models/dit.hpp Config::tp: both attentions' heads, the MLP's units), with both
-  # text streams, the T5 pooler, size and style conditioning and the long skips.
-  run_code 0 "${mpi4[@]}" "$tool" dit-tp 2
-  expect_out "tp 2: the split DiT equals the whole one"
-  run_code 0 "${mpi4[@]}" "$tool" dit-tp 4
-  # With LoRA adapters on split layers of both kinds and on a whole one (lora.hpp).
-  run_code 0 "${mpi4[@]}" "$tool" dit-tp 2 lora
-  expect_out "tp 2: the split DiT with LoRA adapters equals the whole one"
-  run_code 0 "${mpi4[@]}" "$tool" dit-tp 4 lora
+  # text streams, the T5 pooler, size and style conditioning and the long skips; and with LoRA
+  # adapters on split layers of both kinds and on a whole one (lora.hpp).
   # And CapPa (models/cappa.hpp Config::tp: the ViT's and the decoder's heads and MLP units).
-  run_code 0 "${mpi4[@]}" "$tool" cappa-tp 2
+  # One job runs them all in turn (one start-up: testtool's "+").
+  run_code 0 "${mpi4[@]}" "$tool" mesh-groups 2 1 + mesh-groups 1 2 + mesh-groups 2 2 + mesh-groups 1 1 \
+    + tp-mlp 2 + tp-mlp 4 + gpt-tp 2 + gpt-tp 4 + dit-tp 2 + dit-tp 4 + dit-tp 2 lora + dit-tp 4 lora + cappa-tp 2 + cappa-tp 4
+  expect_out "dp: 1 groups of 4"
+  expect_out "tp 2: the split MLP equals the whole one (output and gradients)"
+  expect_out "tp 2: the split GPT equals the whole one"
+  expect_out "tp 2: the split DiT equals the whole one"
+  expect_out "tp 2: the split DiT with LoRA adapters equals the whole one"
   expect_out "tp 2: the split CapPa equals the whole one"
-  run_code 0 "${mpi4[@]}" "$tool" cappa-tp 4
   # A rank that never joins its group's collective (alive, silent) ends every rank of every group
   # within the collective timeout.
   start=$(date +%s)

@@ -44,6 +44,9 @@
 //       the same for a tiny CapPa (models/cappa.hpp Config::tp: the ViT's and the decoder's heads
 //       and MLP units), half its rows decoded in parallel: the loss (cross-entropy of the logits)
 //       and every parameter's gradient
+//   mpirun -np N testtool CHECK + CHECK + ...
+//       the checks above (mesh-groups, tp-mlp, gpt-tp, dit-tp, cappa-tp) one after the other in one
+//       job, which starts MPI and libtorch once
 //   mpirun -np N testtool mesh-hang TP PP
 //       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
 //       the collective timeout (2 s) and ends the whole job, every group's ranks included
@@ -54,6 +57,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -487,29 +491,46 @@ int main(int argc, char** argv) {
       return pipeline_bubble(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]), std::stod(argv[6]),
                              versus ? argv[8] : "", std::vector<std::string>(argv + (versus ? 9 : 7), argv + argc));
     }
-    // A check under mpirun: a failure on one rank ends the job on all of them.
-    auto under_mpi = [&](const std::function<int()>& check) {
-      flowrun::comm::init(&argc, &argv);
-      const int rc = check();
-      if (rc != 0) flowrun::comm::abort_job("testtool " + cmd + " failed", rc);
-      flowrun::comm::finalize();
-      return rc;
-    };
-    if (cmd == "tp-mlp" && argc == 3) return under_mpi([&] { return tp_mlp(std::stoi(argv[2])); });
-    if (cmd == "gpt-tp" && argc == 3) return under_mpi([&] { return gpt_tp(std::stoi(argv[2])); });
-    if (cmd == "dit-tp" && (argc == 3 || (argc == 4 && std::string(argv[3]) == "lora")))
-      return under_mpi([&] { return dit_tp(std::stoi(argv[2]), argc == 4); });
-    if (cmd == "cappa-tp" && argc == 3) return under_mpi([&] { return cappa_tp(std::stoi(argv[2])); });
     if (cmd == "mesh-hang" && argc == 4) {
       flowrun::comm::init(&argc, &argv);
       return mesh_hang(std::stoi(argv[2]), std::stoi(argv[3]));
     }
-    if (cmd == "mesh-groups" && argc == 4)
-      return under_mpi([&] { return mesh_groups(std::stoi(argv[2]), std::stoi(argv[3])); });
+    // The checks under mpirun, several in one job when joined by "+" (one start-up of MPI and
+    // libtorch for all of them: "tp-mlp 2 + tp-mlp 4"), in turn; a failure on one rank ends the
+    // job on all of them.
+    std::vector<std::vector<std::string>> checks(1);
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "+") checks.emplace_back();
+      else checks.back().push_back(argv[i]);
+    }
+    auto check = [](const std::vector<std::string>& a) -> std::optional<std::function<int()>> {
+      const std::string& c = a.front();
+      auto n = [&](size_t i) { return std::stoi(a.at(i)); };
+      if (c == "tp-mlp" && a.size() == 2) return [=] { return tp_mlp(n(1)); };
+      if (c == "gpt-tp" && a.size() == 2) return [=] { return gpt_tp(n(1)); };
+      if (c == "dit-tp" && (a.size() == 2 || (a.size() == 3 && a[2] == "lora"))) return [=] { return dit_tp(n(1), a.size() == 3); };
+      if (c == "cappa-tp" && a.size() == 2) return [=] { return cappa_tp(n(1)); };
+      if (c == "mesh-groups" && a.size() == 3) return [=] { return mesh_groups(n(1), n(2)); };
+      return std::nullopt;
+    };
+    std::vector<std::function<int()>> run;
+    for (const auto& a : checks)
+      if (auto f = a.empty() ? std::nullopt : check(a)) run.push_back(*f);
+    if (!run.empty() && run.size() == checks.size()) {
+      flowrun::comm::init(&argc, &argv);
+      for (size_t i = 0; i < run.size(); ++i)
+        if (const int rc = run[i]()) {
+          std::string what;
+          for (const auto& w : checks[i]) what += " " + w;
+          flowrun::comm::abort_job("testtool" + what + " failed", rc);
+        }
+      flowrun::comm::finalize();
+      return 0;
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool trace-overlap TRACE PRODUCER CONSUMER | pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE... | mesh-groups TP PP | tp-mlp TP | gpt-tp TP | dit-tp TP [lora] | cappa-tp TP | mesh-hang TP PP\n");
+  std::fprintf(stderr, "usage: testtool trace-overlap TRACE PRODUCER CONSUMER | pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE... | mesh-hang TP PP | CHECK [+ CHECK ...], a CHECK one of mesh-groups TP PP, tp-mlp TP, gpt-tp TP, dit-tp TP [lora], cappa-tp TP\n");
   return 2;
 }
