@@ -66,7 +66,6 @@
 #include <tuple>
 
 #include "comm.hpp"
-#include "common/safetensors.hpp"
 #include "models/cappa.hpp"
 #include "models/dit.hpp"
 #include "models/gpt.hpp"
