@@ -74,16 +74,19 @@ struct Times {
   }
 };
 
+// What an operation of chunk k costs under c (Config::f, b, w; without the split, B is B + W).
+double op_cost(const Config& c, Op::Type ty, int k) {
+  auto of = [&](const std::vector<double>& v) { return v.empty() ? 1.0 : v[static_cast<size_t>(k)]; };
+  if (ty == Op::F) return of(c.f);
+  if (ty == Op::W) return of(c.w);
+  return c.kind == Kind::zero_bubble ? of(c.b) : of(c.b) + of(c.w);
+}
+
 // The rule (pipeline_schedule.hpp) simulated at c's costs.
 Schedule list_schedule(const Config& c) {
   const int p = c.stages, C = c.chunks(), M = c.microbatches, V = c.virtual_stages;
   const bool split = c.kind == Kind::zero_bubble;
-  auto cost = [&](Op::Type ty, int k) {
-    auto of = [&](const std::vector<double>& v) { return v.empty() ? 1.0 : v[static_cast<size_t>(k)]; };
-    if (ty == Op::F) return of(c.f);
-    if (ty == Op::W) return of(c.w);
-    return split ? of(c.b) : of(c.b) + of(c.w);
-  };
+  auto cost = [&](Op::Type ty, int k) { return op_cost(c, ty, k); };
   auto limit = [&](int s) {
     switch (c.kind) {
       case Kind::gpipe: return M * V;
@@ -195,8 +198,6 @@ Schedule list_schedule(const Config& c) {
 // operation as soon as it is free and the operation's inputs are there.
 Schedule timed(const Schedule& program, const Config& c) {
   const int C = c.chunks(), M = c.microbatches;
-  const bool split = c.kind == Kind::zero_bubble;
-  auto of = [](const std::vector<double>& v, int k) { return v.empty() ? 1.0 : v[static_cast<size_t>(k)]; };
   Schedule s;
   s.config = c;
   s.ranks.resize(program.ranks.size());
@@ -223,9 +224,7 @@ Schedule timed(const Schedule& program, const Config& c) {
           else start = std::max(start, t);
         }
         if (!ready) break;
-        const double cost = o.type == Op::F ? of(c.f, o.chunk)
-                            : o.type == Op::W ? of(c.w, o.chunk)
-                            : split ? of(c.b, o.chunk) : of(c.b, o.chunk) + of(c.w, o.chunk);
+        const double cost = op_cost(c, o.type, o.chunk);
         times.at(o.type, o.chunk, o.mb) = free_at[r] = start + cost;
         s.ranks[r].push_back({o, start, start + cost});
         ++next[r];
