@@ -99,8 +99,8 @@ fi
 echo "== PyTorch $("$PY" -c 'import torch; print(torch.__version__)') from $PY"
 # A Python of the user's own: say what requirements.txt's other packages it lacks (the tests'
 # reference tokenizer, the benchmarks' data loaders); nothing is installed into it.
-lacks=$("$PY" -c 'import importlib.util as u; print(" ".join(m for m in ("numpy", "PIL", "tiktoken") if u.find_spec(m) is None))')
-[ -z "$lacks" ] || echo "== note: $PY lacks $lacks (pip install numpy pillow tiktoken): the GPT-2 tokenizer test and the benchmarks need them"
+lacks=$("$PY" -c 'import importlib.util as u; print(" ".join(m for m in ("numpy", "PIL", "tiktoken", "pyarrow") if u.find_spec(m) is None))')
+[ -z "$lacks" ] || echo "== note: $PY lacks $lacks (pip install numpy pillow tiktoken pyarrow): the GPT-2 tokenizer test and the benchmarks need the first three, HunyuanDiT's Arrow data (cmake/arrow.cmake) pyarrow"
 
 # ---- 3. build -------------------------------------------------------------------------------
 # The CUDA build where there is a GPU to run it: nvidia-smi sees one, nvcc is found and the

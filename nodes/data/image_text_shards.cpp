@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -18,9 +19,11 @@
 #include "common/device.hpp"
 #include "common/memory.hpp"
 #include "common/seed.hpp"
+#include "data/arrow_image_text.hpp"
 #include "data/cursor.hpp"
 #include "data/image_tensor.hpp"
 #include "data/shuffle.hpp"
+#include "formats/files.hpp"
 #include "hash.hpp"
 #include "registry.hpp"
 
@@ -35,10 +38,6 @@ std::string lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
 }
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
 bool is_image_ext(const std::string& e) { return e == "png" || e == "jpg" || e == "jpeg"; }
 }  // namespace
 
@@ -46,10 +45,11 @@ bool is_image_ext(const std::string& e) { return e == "png" || e == "jpg" || e =
 
 BucketSpec::Kind BucketSpec::parse_kind(const std::string& s) {
   if (s == "none") return Kind::none;
+  if (s == "index") return Kind::index;
   if (s == "ratios") return Kind::ratios;
   if (s == "step") return Kind::step;
   if (s == "list") return Kind::list;
-  throw std::invalid_argument("buckets '" + s + "': expected none, ratios, step or list");
+  throw std::invalid_argument("buckets '" + s + "': expected none, ratios, step, list or index");
 }
 
 ImageBucket BucketSpec::parse_size(const std::string& s) {
@@ -112,6 +112,8 @@ std::vector<ImageBucket> image_buckets(const BucketSpec& spec) {
       for (const ImageBucket& b : all) add(b);
       return out;
     }
+    case BucketSpec::Kind::index:
+      throw std::invalid_argument("buckets index: the sizes are a multi-resolution index's (path: an `idk multireso` JSON)");
     case BucketSpec::Kind::list:
       if (spec.sizes.empty()) throw std::invalid_argument("buckets list: bucket_sizes is empty; give sizes such as 1024x1024");
       for (const ImageBucket& b : spec.sizes) add(b);
@@ -152,24 +154,67 @@ std::vector<std::string> ImageTextShards::shard_paths(const std::string& prefix,
   return out;
 }
 
-void ImageTextShards::add_bad(BadSample b, bool at_setup) const {
+// ---- bad samples, whatever the source -------------------------------------------------------
+
+void ImageTextSource::add_bad(BadSample b, bool at_setup) const {
   if (on_bad_ == OnBad::Error)
-    throw std::runtime_error("image_text_shards: " + b.message() + " (on_bad: error; on_bad: skip leaves such samples out)");
+    throw std::runtime_error(who_ + ": " + b.message() + " (on_bad: error; on_bad: skip leaves such samples out)");
   const int64_t n = ++bad_count_;
   if (log_)
-    spdlog::warn("image_text_shards: {}: {}: {}; skipped ({} bad sample{} so far{})", b.shard, b.member, b.reason, n, n == 1 ? "" : "s",
+    spdlog::warn("{}: {}: {}: {}; skipped ({} bad sample{} so far{})", who_, b.shard, b.member, b.reason, n, n == 1 ? "" : "s",
                  at_setup ? "" : ", replaced by the next good one");
   std::lock_guard<std::mutex> lock(mu_);
   bad_.push_back(std::move(b));
 }
 
-std::vector<BadSample> ImageTextShards::bad() const {
+std::vector<BadSample> ImageTextSource::bad() const {
   std::lock_guard<std::mutex> lock(mu_);
   return bad_;
 }
 
+Image ImageTextSource::decode(int64_t i) const {
+  const auto [file, member] = place(i);
+  std::string bytes;
+  try {
+    bytes = image_bytes(i);
+  } catch (const std::runtime_error& e) {
+    throw ImageError(e.what());
+  }
+  return decode_image(bytes, file + ": " + member, alpha_);
+}
+
+int64_t ImageTextSource::load(int64_t i, const std::vector<int64_t>& pool, Image* img) const {
+  const auto it = std::lower_bound(pool.begin(), pool.end(), i);
+  if (it == pool.end() || *it != i) throw std::logic_error(who_ + ": sample not in its pool");
+  const size_t start = static_cast<size_t>(it - pool.begin()), n = pool.size();
+  for (size_t k = 0; k < n; ++k) {
+    const int64_t j = pool[(start + k) % n];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (bad_at_decode_.count(j)) continue;
+    }
+    try {
+      *img = decode(j);
+      return j;
+    } catch (const ImageError& e) {
+      const auto [file, member] = place(j);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!bad_at_decode_.insert(j).second) continue;  // another thread found it first
+      }
+      std::string reason = e.what();
+      const std::string head = file + ": " + member + ": ";
+      if (reason.rfind(head, 0) == 0) reason = reason.substr(head.size());
+      add_bad({file, member, reason}, false);  // throws with on_bad: error
+    }
+  }
+  throw std::runtime_error(who_ + ": every image of a bucket of split '" + split_ + "' failed to decode");
+}
+
+// ---- shards ----------------------------------------------------------------------------------
+
 ImageTextShards::ImageTextShards(const std::string& prefix, const std::string& split, OnBad on_bad, bool log)
-    : split_(split), on_bad_(on_bad), log_(log) {
+    : ImageTextSource("image_text_shards", split, on_bad, log) {
   paths_ = shard_paths(prefix, split);
   if (paths_.empty())
     throw std::runtime_error("no image-text shards at " + prefix + "." + split + "-*.tar (path is relative to the current folder; make them "
@@ -234,7 +279,7 @@ ImageTextShards::ImageTextShards(const std::string& prefix, const std::string& s
 
 std::string ImageTextShards::caption(int64_t i) const {
   const ImageTextSample& s = sample(i);
-  return trim(files_[static_cast<size_t>(s.shard)]->read(s.caption));
+  return trim_space(files_[static_cast<size_t>(s.shard)]->read(s.caption));
 }
 
 std::string ImageTextShards::image_bytes(int64_t i) const {
@@ -242,46 +287,7 @@ std::string ImageTextShards::image_bytes(int64_t i) const {
   return files_[static_cast<size_t>(s.shard)]->read(s.image);
 }
 
-Image ImageTextShards::decode(int64_t i) const {
-  const ImageTextSample& s = sample(i);
-  std::string bytes;
-  try {
-    bytes = image_bytes(i);
-  } catch (const std::runtime_error& e) {
-    throw ImageError(e.what());
-  }
-  return decode_image(bytes, paths_[static_cast<size_t>(s.shard)] + ": " + s.image.name);
-}
-
-int64_t ImageTextShards::load(int64_t i, const std::vector<int64_t>& pool, Image* img) const {
-  const auto it = std::lower_bound(pool.begin(), pool.end(), i);
-  if (it == pool.end() || *it != i) throw std::logic_error("image_text_shards: sample not in its pool");
-  const size_t start = static_cast<size_t>(it - pool.begin()), n = pool.size();
-  for (size_t k = 0; k < n; ++k) {
-    const int64_t j = pool[(start + k) % n];
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (bad_at_decode_.count(j)) continue;
-    }
-    try {
-      *img = decode(j);
-      return j;
-    } catch (const ImageError& e) {
-      const ImageTextSample& s = sample(j);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (!bad_at_decode_.insert(j).second) continue;  // another thread found it first
-      }
-      std::string reason = e.what();
-      const std::string head = paths_[static_cast<size_t>(s.shard)] + ": " + s.image.name + ": ";
-      if (reason.rfind(head, 0) == 0) reason = reason.substr(head.size());
-      add_bad({paths_[static_cast<size_t>(s.shard)], s.image.name, reason}, false);  // throws with on_bad: error
-    }
-  }
-  throw std::runtime_error("image_text_shards: every image of a bucket of split '" + split_ + "' failed to decode");
-}
-
-TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_t>& ids, const std::vector<int64_t>& pool, int w, int h,
+TensorMap load_image_batch(const ImageTextSource& data, const std::vector<int64_t>& ids, const std::vector<int64_t>& pool, int w, int h,
                            const std::vector<char>& flips, std::vector<std::string>* captions) {
   const auto n = static_cast<int64_t>(ids.size());
   torch::Tensor out = torch::empty({n, 3, h, w}, torch::kFloat32);
@@ -370,7 +376,7 @@ bool ImageTextSampler::flip(int64_t step, int64_t row) const {
 
 // ---- dataset state ---------------------------------------------------------------------------
 
-ImageTextDataset::ImageTextDataset(std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits, int size)
+ImageTextDataset::ImageTextDataset(std::vector<std::pair<std::string, std::shared_ptr<const ImageTextSource>>> splits, int size)
     : splits_(std::move(splits)), size_(size) {
   for (const auto& [name, s] : splits_) {
     std::vector<int64_t> all(static_cast<size_t>(s->size()));
@@ -394,14 +400,14 @@ size_t ImageTextDataset::find(const std::string& split) const {
                               "; a split is there when PREFIX." + split + "-*.tar exist)");
 }
 
-const ImageTextShards& ImageTextDataset::shards(const std::string& split) const { return *splits_[find(split)].second; }
+const ImageTextSource& ImageTextDataset::source(const std::string& split) const { return *splits_[find(split)].second; }
 
 int64_t ImageTextDataset::num_batches(const std::string& split, int64_t batch, int rank, int world) const {
-  return fixed_pass_batches(shards(split).size(), batch, rank, world, "image_text_shards dataset");
+  return fixed_pass_batches(source(split).size(), batch, rank, world, "image_text_shards dataset");
 }
 
 std::vector<int64_t> ImageTextDataset::ids(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
-  return fixed_pass_rows(shards(split).size(), split, index, batch, rank, world, "image_text_shards dataset");
+  return fixed_pass_rows(source(split).size(), split, index, batch, rank, world, "image_text_shards dataset");
 }
 
 TensorMap ImageTextDataset::batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
@@ -412,7 +418,7 @@ TensorMap ImageTextDataset::batch(const std::string& split, int64_t index, int64
 std::vector<std::string> ImageTextDataset::captions(const std::string& split, int64_t index, int64_t batch, int rank, int world) const {
   const size_t s = find(split);
   std::vector<std::string> caps;
-  const ImageTextShards& d = *splits_[s].second;
+  const ImageTextSource& d = *splits_[s].second;
   // The same replacements as batch() (a bad image's row shows the next good sample).
   for (int64_t id : ids(split, index, batch, rank, world)) {
     Image img;
@@ -427,7 +433,10 @@ namespace {
 
 // What the cursor reads: the samples, over a hash of each one's shard (its name), key, member
 // sizes and image size (a shard added, removed or replaced changes it).
-DataFingerprint fingerprint(const ImageTextShards& d) {
+DataFingerprint fingerprint(const ImageTextSource& source) {
+  if (const auto* arrow = dynamic_cast<const ArrowImageText*>(&source))
+    return {arrow->size(), static_cast<int64_t>(arrow->files().size()), static_cast<int64_t>(arrow->content_hash())};
+  const auto& d = dynamic_cast<const ImageTextShards&>(source);
   uint64_t h = fnv1a(std::to_string(d.size()));
   for (int64_t i = 0; i < d.size(); ++i) {
     const ImageTextSample& s = d.sample(i);
@@ -445,6 +454,8 @@ class ImageTextShardsNode : public Node {
     const Params& p = ctx.params();
     const std::string path = p.get<std::string>("path"), split = p.get<std::string>("split");
     const int size = static_cast<int>(p.get<int64_t>("size"));
+    const int64_t batch = p.get<int64_t>("batch");
+    const bool arrow = ArrowImageText::is_arrow_path(path);
     BucketSpec spec;
     spec.size = size;
     try {
@@ -452,42 +463,76 @@ class ImageTextShardsNode : public Node {
       spec.step = static_cast<int>(p.get<int64_t>("bucket_step"));
       spec.align = static_cast<int>(p.get<int64_t>("bucket_align"));
       for (const auto& v : p.get<std::vector<std::string>>("bucket_sizes")) spec.sizes.push_back(BucketSpec::parse_size(v));
-      buckets_ = image_buckets(spec);
+      if (spec.kind != BucketSpec::Kind::index) buckets_ = image_buckets(spec);
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
-    const bool multi = spec.kind != BucketSpec::Kind::none;
+    // Settings that only Arrow data has, refused elsewhere rather than ignored.
+    const std::optional<std::string> caption_column =
+        p.has("caption_column") ? std::optional<std::string>(p.get<std::string>("caption_column")) : std::nullopt;
+    if (!arrow && caption_column)
+      throw std::runtime_error(ctx.who() + ": caption_column is for Arrow data (path: an Index V2 .json or .arrow files); tar shards "
+                               "hold captions as KEY.txt: drop it");
+    if (!arrow && spec.kind == BucketSpec::Kind::index)
+      throw std::runtime_error(ctx.who() + ": buckets: index takes the buckets of a multi-resolution Index V2 (path: the JSON `idk "
+                               "multireso` made); " + path + " names tar shards: use ratios, step or list");
+    if (arrow && split != "train")
+      throw std::runtime_error(ctx.who() + ": split '" + split + "': an Index V2 or Arrow files are one split (train); name the "
+                               "held-out data's index in another node");
     flip_ = p.get<bool>("flip");
-    const int64_t batch = p.get<int64_t>("batch");
-    {  // the largest batch it makes (its largest bucket), before opening any shard
+    const uint64_t seed = node_seed(ctx);
+    const OnBad mode = p.get<std::string>("on_bad") == "error" ? OnBad::Error : OnBad::Skip;  // the schema's enum
+    const parallel::Replica replica = parallel::replica_of(ctx.run());  // the tp ranks of a replica read the same batches
+    rank_ = replica.index, world_ = replica.count;
+
+    std::shared_ptr<const ArrowImageText> arrow_data;
+    if (arrow) {
+      ArrowImageText::Options o;
+      o.caption_column = caption_column.value_or("text_zh");
+      o.on_bad = mode;
+      // IndexKits' MultiResolutionBucketIndexV2 repeats each bucket's entries to whole global batches.
+      o.align = spec.kind == BucketSpec::Kind::index ? batch * world_ : 1;
+      try {
+        arrow_data = std::make_shared<const ArrowImageText>(path, o);
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(ctx.who() + ": " + e.what());
+      }
+      if (arrow_data->multireso() && spec.kind != BucketSpec::Kind::index)
+        throw std::runtime_error(ctx.who() + ": " + path + " is a multi-resolution index (`idk multireso`: its rows are in " +
+                                 std::to_string(arrow_data->buckets().size()) + " size buckets): set buckets: index to train in them, "
+                                 "or point path at the base index it was made from");
+      if (!arrow_data->multireso() && spec.kind == BucketSpec::Kind::index)
+        throw std::runtime_error(ctx.who() + ": buckets: index, but " + path + " is not a multi-resolution index (make one with `idk "
+                                 "multireso --src " + path + " ...`), or use ratios, step or list");
+      if (spec.kind == BucketSpec::Kind::index) buckets_ = arrow_data->buckets();
+      data_ = arrow_data;
+    }
+    const bool multi = spec.kind != BucketSpec::Kind::none;
+    {  // the largest batch it makes (its largest bucket), before reading any image
       double pixels = 0;
       for (const ImageBucket& b : buckets_) pixels = std::max(pixels, static_cast<double>(b.w) * b.h);
       check_batch_fits(ctx.who(), std::to_string(batch) + " images of up to " + std::to_string(static_cast<int64_t>(pixels)) +
                                       " pixels, 3 channels, float32",
                        static_cast<double>(batch) * 3 * pixels * 4);
     }
-    const uint64_t seed = node_seed(ctx);
-    const OnBad mode = p.get<std::string>("on_bad") == "error" ? OnBad::Error : OnBad::Skip;  // the schema's enum
-    const parallel::Replica replica = parallel::replica_of(ctx.run());  // the tp ranks of a replica read the same batches
-    rank_ = replica.index, world_ = replica.count;
-
-    data_ = std::make_shared<const ImageTextShards>(path, split, mode);
+    if (!arrow) data_ = std::make_shared<const ImageTextShards>(path, split, mode);
     std::vector<int> bucket_of(static_cast<size_t>(data_->size()));
     std::vector<int64_t> per(buckets_.size(), 0);
     for (int64_t i = 0; i < data_->size(); ++i) {
-      const ImageTextSample& s = data_->sample(i);
-      bucket_of[static_cast<size_t>(i)] = multi ? nearest_bucket(buckets_, s.w, s.h, spec.kind) : 0;
-      ++per[static_cast<size_t>(bucket_of[static_cast<size_t>(i)])];
+      const ImageBucket s = data_->image_size(i);
+      int& b = bucket_of[static_cast<size_t>(i)];
+      b = spec.kind == BucketSpec::Kind::index ? arrow_data->bucket_of(i) : multi ? nearest_bucket(buckets_, s.w, s.h, spec.kind) : 0;
+      ++per[static_cast<size_t>(b)];
     }
     sampler_ = std::make_unique<ImageTextSampler>(std::move(bucket_of), static_cast<int>(buckets_.size()), batch, seed);
     const int64_t spe = sampler_->steps_per_epoch(world_);  // fail now, not at step 1, if too few samples
-    log_histogram(ctx, path + "." + split, per, batch * world_, spe);
+    log_histogram(ctx, arrow ? path : path + "." + split, per, batch * world_, spe);
 
-    std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits;
+    std::vector<std::pair<std::string, std::shared_ptr<const ImageTextSource>>> splits;
     for (const char* name : {"train", "val"}) {
       if (name == split)
         splits.emplace_back(name, data_);
-      else if (ImageTextShards::exists(path, name))
+      else if (!arrow && ImageTextShards::exists(path, name))
         splits.emplace_back(name, std::make_shared<const ImageTextShards>(path, name, mode));
     }
     ctx.own_state("dataset", std::shared_ptr<Dataset>(std::make_shared<ImageTextDataset>(std::move(splits), size)));
@@ -518,7 +563,7 @@ class ImageTextShardsNode : public Node {
   }
 
  private:
-  std::shared_ptr<const ImageTextShards> data_;
+  std::shared_ptr<const ImageTextSource> data_;
   // The data set's bucket histogram, at setup: samples per size (the sizes no sample reaches
   // left out, counted), and the buckets with fewer samples than a global batch, which an epoch
   // never trains on (their samples dropped with each bucket's remainder).
@@ -536,8 +581,8 @@ class ImageTextShardsNode : public Node {
       sizes += (sizes.empty() ? "" : ", ") + name + ": " + std::to_string(per[b]);
       if (per[b] < global) unused += (unused.empty() ? "" : ", ") + name + " (" + std::to_string(per[b]) + ")";
     }
-    spdlog::info("{}: {}: {} samples in {} shards, {} steps per epoch; samples per size: {}{}", ctx.who(), what,
-                 data_->size(), data_->shards().size(), steps_per_epoch, sizes,
+    spdlog::info("{}: {}: {} samples in {} files, {} steps per epoch; samples per size: {}{}", ctx.who(), what,
+                 data_->size(), data_->files().size(), steps_per_epoch, sizes,
                  empty ? fmt::format(" ({} of the {} sizes without samples)", empty, buckets_.size()) : std::string());
     if (!unused.empty())
       spdlog::warn("{}: sizes with fewer samples than a global batch of {}, so never trained on: {}", ctx.who(), global,

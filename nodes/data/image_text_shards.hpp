@@ -63,12 +63,12 @@ struct ImageBucket {
 };
 // image_text_shards' `buckets` parameters (the schema's defaults there).
 struct BucketSpec {
-  enum class Kind { none, ratios, step, list };
+  enum class Kind { none, ratios, step, list, index };  // index: a multi-resolution index's (arrow_image_text.hpp)
   Kind kind = Kind::none;
   int size = 256;                  // none, ratios, step: the base size
   int step = 64, align = 16;       // step
   std::vector<ImageBucket> sizes;  // list
-  // "none" | "ratios" | "step" | "list"; "1280x768" (width x height). Both throw
+  // "none" | "ratios" | "step" | "list" | "index"; "1280x768" (width x height). Both throw
   // std::invalid_argument naming the value.
   static Kind parse_kind(const std::string& s);
   static ImageBucket parse_size(const std::string& s);
@@ -80,9 +80,56 @@ std::vector<ImageBucket> image_buckets(const BucketSpec& spec);
 // Hunyuan's loader does (step, list).
 int nearest_bucket(const std::vector<ImageBucket>& buckets, int w, int h, BucketSpec::Kind kind = BucketSpec::Kind::ratios);
 
-// ---- one split's shards ----
+// ---- where a split's samples come from ----
 
 enum class OnBad { Skip, Error };
+
+struct BadSample {
+  std::string shard, member, reason;  // the file, the sample in it (a tar member, "row N"), why
+  std::string message() const { return shard + ": " + member + ": " + reason; }
+};
+
+// The samples of one split, whatever holds them: tar shards (ImageTextShards, below) or Arrow
+// files under an IndexKits Index V2 (ArrowImageText, data/arrow_image_text.hpp). The bad-sample
+// rules above are kept here, once: a sample that fails to decode is recorded (or, on_bad error,
+// thrown naming its file and place) and replaced by the next good one of its pool.
+class ImageTextSource {
+ public:
+  virtual ~ImageTextSource() = default;
+  virtual int64_t size() const = 0;
+  virtual ImageBucket image_size(int64_t i) const = 0;  // width x height as stored (buckets)
+  virtual std::string caption(int64_t i) const = 0;     // trimmed
+  virtual std::string image_bytes(int64_t i) const = 0;
+  // The file holding sample i and its place there (a tar member, "row 17").
+  virtual std::pair<std::string, std::string> place(int64_t i) const = 0;
+  virtual const std::vector<std::string>& files() const = 0;
+
+  const std::string& split() const { return split_; }
+  Image decode(int64_t i) const;  // throws ImageError naming the file and place
+  // Decodes sample i; when it is bad (skip) the next good one of `pool` after it (wrapping),
+  // where `pool` lists sample indices in ascending order and contains i. Returns the index used.
+  int64_t load(int64_t i, const std::vector<int64_t>& pool, Image* img) const;
+  std::vector<BadSample> bad() const;  // found at setup and while decoding so far
+  int64_t bad_count() const { return bad_count_.load(); }
+
+ protected:
+  ImageTextSource(std::string who, std::string split, OnBad on_bad, bool log)
+      : who_(std::move(who)), split_(std::move(split)), on_bad_(on_bad), log_(log) {}
+  void add_bad(BadSample b, bool at_setup) const;  // throws with OnBad::Error
+  std::string who_;  // the node type, in messages
+  std::string split_;
+  Alpha alpha_ = Alpha::over_white;  // a PNG's alpha channel (formats/image_io.hpp)
+  OnBad on_bad_;
+  bool log_;
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<BadSample> bad_;
+  mutable std::set<int64_t> bad_at_decode_;
+  mutable std::atomic<int64_t> bad_count_{0};
+};
+
+// ---- one split's shards ----
 
 struct ImageTextSample {
   int shard = 0;
@@ -91,12 +138,7 @@ struct ImageTextSample {
   int w = 0, h = 0;  // from the image header
 };
 
-struct BadSample {
-  std::string shard, member, reason;
-  std::string message() const { return shard + ": " + member + ": " + reason; }
-};
-
-class ImageTextShards {
+class ImageTextShards : public ImageTextSource {
  public:
   // Indexes PREFIX.SPLIT-*.tar. Throws std::runtime_error when there are none, when on_bad is
   // Error and a bad sample is found (naming the shard and member), or when no sample is good.
@@ -105,32 +147,21 @@ class ImageTextShards {
   static std::vector<std::string> shard_paths(const std::string& prefix, const std::string& split);
   static bool exists(const std::string& prefix, const std::string& split) { return !shard_paths(prefix, split).empty(); }
 
-  const std::string& split() const { return split_; }
-  int64_t size() const { return static_cast<int64_t>(samples_.size()); }
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   const ImageTextSample& sample(int64_t i) const { return samples_.at(static_cast<size_t>(i)); }
   const std::vector<std::string>& shards() const { return paths_; }
-  std::vector<BadSample> bad() const;                // found at setup and while decoding so far
-  int64_t bad_count() const { return bad_count_.load(); }
-
-  std::string caption(int64_t i) const;              // trimmed
-  std::string image_bytes(int64_t i) const;
-  Image decode(int64_t i) const;                     // throws ImageError naming shard and member
-  // Decodes sample i; when it is bad (skip) the next good one of `pool` after it (wrapping),
-  // where `pool` lists sample indices in file order and contains i. Returns the index used.
-  int64_t load(int64_t i, const std::vector<int64_t>& pool, Image* img) const;
+  const std::vector<std::string>& files() const override { return paths_; }
+  ImageBucket image_size(int64_t i) const override { return {sample(i).w, sample(i).h}; }
+  std::pair<std::string, std::string> place(int64_t i) const override {
+    return {paths_[static_cast<size_t>(sample(i).shard)], sample(i).image.name};
+  }
+  std::string caption(int64_t i) const override;
+  std::string image_bytes(int64_t i) const override;
 
  private:
-  void add_bad(BadSample b, bool at_setup) const;
-  std::string split_;
-  OnBad on_bad_;
-  bool log_;
   std::vector<std::string> paths_;
   std::vector<std::unique_ptr<TarFile>> files_;
   std::vector<ImageTextSample> samples_;
-  mutable std::mutex mu_;
-  mutable std::vector<BadSample> bad_;
-  mutable std::set<int64_t> bad_at_decode_;
-  mutable std::atomic<int64_t> bad_count_{0};
 };
 
 // Decodes, resizes and crops samples `ids` into {"image": float [n, 3, h, w] in [-1, 1],
@@ -138,7 +169,7 @@ class ImageTextShards {
 // HunyuanDiT's size conditioning counts them (the crop in the scaled image's pixels), "style":
 // int64 [n] zeros}; flips[j] mirrors row j. Decodes in parallel. `captions` (if not null) gets the captions of
 // the samples actually used (after replacements).
-TensorMap load_image_batch(const ImageTextShards& data, const std::vector<int64_t>& ids, const std::vector<int64_t>& pool,
+TensorMap load_image_batch(const ImageTextSource& data, const std::vector<int64_t>& ids, const std::vector<int64_t>& pool,
                            int w, int h, const std::vector<char>& flips, std::vector<std::string>* captions);
 
 // ---- the training order ----
@@ -173,19 +204,19 @@ class ImageTextSampler {
 // i*world*batch + r*batch + [0, batch). batch() gives {"image"}; captions() the same rows' captions.
 class ImageTextDataset : public Dataset {
  public:
-  ImageTextDataset(std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits, int size);
+  ImageTextDataset(std::vector<std::pair<std::string, std::shared_ptr<const ImageTextSource>>> splits, int size);
   std::vector<std::string> splits() const override;
   int64_t num_batches(const std::string& split, int64_t batch, int rank, int world) const override;
   TensorMap batch(const std::string& split, int64_t index, int64_t batch, int rank, int world) const override;
   std::vector<std::string> captions(const std::string& split, int64_t index, int64_t batch, int rank,
                                     int world) const override;
-  const ImageTextShards& shards(const std::string& split) const;
+  const ImageTextSource& source(const std::string& split) const;
   int size() const { return size_; }
 
  private:
   std::vector<int64_t> ids(const std::string& split, int64_t index, int64_t batch, int rank, int world) const;
   size_t find(const std::string& split) const;
-  std::vector<std::pair<std::string, std::shared_ptr<const ImageTextShards>>> splits_;
+  std::vector<std::pair<std::string, std::shared_ptr<const ImageTextSource>>> splits_;
   std::vector<std::vector<int64_t>> all_;  // per split: 0 .. n-1, the replacement pool
   int size_;
 };

@@ -15,6 +15,11 @@
 
 namespace flowrun {
 
+std::string trim_space(std::string_view s) {
+  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
+  return a == std::string_view::npos ? std::string() : std::string(s.substr(a, b - a + 1));
+}
+
 namespace fs = std::filesystem;
 
 std::string read_file(const std::string& path) {

@@ -2,12 +2,16 @@
 // flowrun_formats library): atomic writes and paths through a checkpoint's `latest` file.
 #pragma once
 #include <string>
+#include <string_view>
 
 namespace flowrun {
 
 // The whole file. Throws std::invalid_argument naming the path and why it cannot be read (a
 // bad input, not a failed write: the prep commands exit 2 for it).
 std::string read_file(const std::string& path);
+
+// `s` without leading and trailing spaces, tabs, CRs and LFs (captions, one-line files).
+std::string trim_space(std::string_view s);
 
 // Write `text` to PATH.tmp, fsync, rename over PATH: a reader sees the old file or the new
 // one, never half of one.

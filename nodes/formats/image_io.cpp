@@ -50,7 +50,7 @@ void check_size(uint64_t w, uint64_t h, const std::string& name) {
 
 // ---- PNG ----
 
-Image decode_png(const std::string& bytes, const std::string& name) {
+Image decode_png(const std::string& bytes, const std::string& name, Alpha alpha) {
   png_image im;
   std::memset(&im, 0, sizeof im);
   im.version = PNG_IMAGE_VERSION;
@@ -62,8 +62,9 @@ Image decode_png(const std::string& bytes, const std::string& name) {
     png_image_free(&im);
     throw;
   }
-  im.format = PNG_FORMAT_RGB;
-  Image out(static_cast<int>(im.width), static_cast<int>(im.height), 3);
+  const bool drop = alpha == Alpha::drop && (im.format & PNG_FORMAT_FLAG_ALPHA);
+  im.format = drop ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;  // 8-bit RGBA comes straight, not premultiplied
+  Image out(static_cast<int>(im.width), static_cast<int>(im.height), drop ? 4 : 3);
   png_color white{255, 255, 255};
   if (!png_image_finish_read(&im, &white, out.px.data(), 0, nullptr)) {
     const std::string msg = im.message;
@@ -71,6 +72,13 @@ Image decode_png(const std::string& bytes, const std::string& name) {
     throw ImageError(name + ": corrupt PNG: " + msg);
   }
   png_image_free(&im);
+  if (drop) {  // RGBA -> RGB in place
+    const size_t n = static_cast<size_t>(out.w) * out.h;
+    for (size_t i = 0; i < n; ++i)
+      for (size_t k = 0; k < 3; ++k) out.px[i * 3 + k] = out.px[i * 4 + k];
+    out.px.resize(n * 3);
+    out.c = 3;
+  }
   return out;
 }
 
@@ -241,8 +249,8 @@ bool probe_image_size(const std::string& b, int* w, int* h) {
   return false;
 }
 
-Image decode_image(const std::string& bytes, const std::string& name) {
-  if (is_png(bytes)) return decode_png(bytes, name);
+Image decode_image(const std::string& bytes, const std::string& name, Alpha alpha) {
+  if (is_png(bytes)) return decode_png(bytes, name, alpha);
   if (is_jpeg(bytes)) return decode_jpeg(bytes, name);
   throw ImageError(name + ": not a PNG or JPEG image (" + std::to_string(bytes.size()) + " bytes, unknown signature)");
 }

@@ -36,10 +36,14 @@ std::string sniff_image_format(const std::string& bytes);
 // the start of the file. False when they are not there (not an image, or too short a prefix).
 bool probe_image_size(const std::string& bytes, int* w, int* h);
 
+// What becomes of a PNG's alpha channel: composited onto white (flowrun's own data), or
+// dropped, the colours kept as stored (PIL's convert("RGB"), which HunyuanDiT's loader uses).
+enum class Alpha { over_white, drop };
+
 // Decodes PNG or JPEG (found by magic number) into RGB. Throws ImageError naming `name` on
 // anything else, on corrupt or truncated data, on CMYK JPEGs and on images over 8192x8192
 // pixels (decompression bombs), the last from the header, before decoding.
-Image decode_image(const std::string& bytes, const std::string& name);
+Image decode_image(const std::string& bytes, const std::string& name, Alpha alpha = Alpha::over_white);
 
 // PNG bytes of an image with 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels.
 std::string encode_png(const Image& img);

@@ -2,6 +2,7 @@
 // cli/main.cpp includes it.
 //   flowrun prep text ...   token shards (Megatron .bin/.idx) from text files: prep_text.hpp
 //   flowrun prep images ... WebDataset tar shards from image + caption pairs: prep_images.hpp
+//   flowrun prep arrow ...  HunyuanDiT's Arrow files + an IndexKits Index V2 from them: prep_arrow.hpp
 //   flowrun prep shapes ... the DiT demo's colored-shapes image-text set (data/shapes.hpp):
 //                           prep_shapes.cpp
 #pragma once

@@ -41,21 +41,10 @@ const char* kImagesUsage =
     "without a caption (or with an empty one) or one that does not decode is warned about and\n"
     "skipped. Exit codes: 0 done, 2 bad usage or input, 1 a write failed.\n";
 
-std::string trim(const std::string& s) {
-  const size_t a = s.find_first_not_of(" \t\r\n"), b = s.find_last_not_of(" \t\r\n");
-  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
-}
-
 std::string lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
 }
-
-struct Pair {
-  std::string stem;     // relative path without extension
-  std::string image;    // full path
-  std::string caption;  // full path of the .txt
-};
 
 std::string shard_name(const std::string& prefix, const char* split, int64_t k) {
   char buf[32];
@@ -73,18 +62,13 @@ void remove_stale_shards(const std::string& prefix, const char* split, int64_t k
 
 }  // namespace
 
-PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
-  const auto t0 = std::chrono::steady_clock::now();
-  if (opt.dir.empty() || opt.out.empty()) throw std::invalid_argument("DIR and OUT_PREFIX are required");
-  if (opt.shard_size < 1) throw std::invalid_argument("--shard-size must be >= 1");
-  if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
-    throw std::invalid_argument("--val-fraction must be in [0, 1), got " + std::to_string(opt.val_fraction));
+std::vector<ImageCaptionPair> find_image_caption_pairs(const std::string& dir, bool quiet, int64_t* no_caption,
+                                                       int64_t* orphan_captions) {
   std::error_code ec;
-  if (!fs::is_directory(opt.dir, ec)) throw std::invalid_argument(opt.dir + ": no such folder");
-
+  if (!fs::is_directory(dir, ec)) throw std::invalid_argument(dir + ": no such folder");
   // Stems -> image and caption files.
   std::map<std::string, std::pair<std::string, std::string>> found;  // stem -> (image, caption)
-  for (auto it = fs::recursive_directory_iterator(opt.dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (!name.empty() && name[0] == '.') {
       if (it->is_directory()) it.disable_recursion_pending();
@@ -92,7 +76,7 @@ PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
     }
     if (!it->is_regular_file()) continue;
     const std::string ext = lower(it->path().extension().string());
-    const std::string stem = fs::relative(it->path(), opt.dir).replace_extension().generic_string();
+    const std::string stem = fs::relative(it->path(), dir).replace_extension().generic_string();
     if (ext == ".png" || ext == ".jpg" || ext == ".jpeg") {
       auto& slot = found[stem].first;
       if (!slot.empty()) throw std::invalid_argument(stem + ": two images (" + slot + ", " + it->path().string() + ")");
@@ -101,26 +85,35 @@ PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
       found[stem].second = it->path().string();
     }
   }
-  if (ec) throw std::invalid_argument(opt.dir + ": cannot list: " + ec.message());
-
-  PrepImagesSummary s;
-  std::vector<Pair> pairs;
+  if (ec) throw std::invalid_argument(dir + ": cannot list: " + ec.message());
+  std::vector<ImageCaptionPair> pairs;
   for (const auto& [stem, files] : found) {
     if (files.first.empty()) {
-      ++s.orphan_captions;
+      ++*orphan_captions;
       continue;
     }
     if (files.second.empty()) {
-      ++s.no_caption;
-      if (!opt.quiet) std::fprintf(stderr, "warning: %s: no caption (%s.txt): skipped\n", files.first.c_str(), stem.c_str());
+      ++*no_caption;
+      if (!quiet) std::fprintf(stderr, "warning: %s: no caption (%s.txt): skipped\n", files.first.c_str(), stem.c_str());
       continue;
     }
     pairs.push_back({stem, files.first, files.second});
   }
+  if (pairs.empty()) throw std::invalid_argument(dir + ": no image + caption pairs (X.png|jpg|jpeg with X.txt)");
+  return pairs;
+}
+
+PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (opt.dir.empty() || opt.out.empty()) throw std::invalid_argument("DIR and OUT_PREFIX are required");
+  if (opt.shard_size < 1) throw std::invalid_argument("--shard-size must be >= 1");
+  if (!(opt.val_fraction >= 0 && opt.val_fraction < 1))
+    throw std::invalid_argument("--val-fraction must be in [0, 1), got " + std::to_string(opt.val_fraction));
+  PrepImagesSummary s;
+  const std::vector<ImageCaptionPair> pairs = find_image_caption_pairs(opt.dir, opt.quiet, &s.no_caption, &s.orphan_captions);
 
   // Val split: drawn from the pairs before decoding, so a bad image does not move the split.
   const auto n = static_cast<int64_t>(pairs.size());
-  if (n == 0) throw std::invalid_argument(opt.dir + ": no image + caption pairs (X.png|jpg|jpeg with X.txt)");
   int64_t n_val = 0;
   if (opt.val_fraction > 0 && n >= 2) n_val = std::clamp<int64_t>(std::llround(opt.val_fraction * static_cast<double>(n)), 1, n - 1);
   std::vector<char> is_val(static_cast<size_t>(n), 0);
@@ -131,8 +124,8 @@ PrepImagesSummary prep_images(const PrepImagesOptions& opt) {
   std::unique_ptr<TarWriter> writers[2];
   int64_t in_shard[2] = {0, 0};
   for (int64_t i = 0; i < n; ++i) {
-    const Pair& p = pairs[static_cast<size_t>(i)];
-    const std::string caption = trim(read_file(p.caption));
+    const ImageCaptionPair& p = pairs[static_cast<size_t>(i)];
+    const std::string caption = trim_space(read_file(p.caption));
     if (caption.empty()) {
       ++s.empty_caption;
       if (!opt.quiet) std::fprintf(stderr, "warning: %s: empty caption: skipped\n", p.caption.c_str());

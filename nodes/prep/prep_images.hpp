@@ -40,6 +40,16 @@ struct PrepImagesSummary {
   double seconds = 0;
 };
 
+// The image + caption pairs under DIR by the rules above, sorted by stem (X's path relative to
+// DIR, without extension). Counts (and unless quiet, warns about) images without a caption, and
+// counts captions without an image. Throws std::invalid_argument when DIR is not a folder or
+// holds no pair. `flowrun prep arrow` (prep_arrow.hpp) reads the same pairs.
+struct ImageCaptionPair {
+  std::string stem, image, caption;  // image and caption: full paths
+};
+std::vector<ImageCaptionPair> find_image_caption_pairs(const std::string& dir, bool quiet, int64_t* no_caption,
+                                                       int64_t* orphan_captions);
+
 // Throws std::invalid_argument for bad options or no usable pairs, std::runtime_error on write failures.
 PrepImagesSummary prep_images(const PrepImagesOptions& opt);
 

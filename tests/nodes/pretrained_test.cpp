@@ -11,6 +11,7 @@
 #include <random>
 #include <tuple>
 
+#include "formats/arrow_file.hpp"
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
 #include "formats/files.hpp"
@@ -588,6 +589,33 @@ TEST(Pretrained, HunyuanDitV12GraphTrainsAdaptersOnATinyPipeline) {
   for (const auto& [name, t] : exported)
     if (name.find("lora_B") != std::string::npos) moved += t.abs().sum().item<double>();
   EXPECT_GT(moved, 0);
+}
+
+// The same graph on HunyuanDiT's own data layout by one override: Arrow files from its
+// csv2arrow.py under a multi-resolution index from IndexKits' `idk multireso`
+// (tests/fixtures/arrow/), trained in the index's buckets (data.buckets=index).
+TEST(Pretrained, HunyuanDitV12GraphTrainsFromAnIndexKitsMultiResolutionIndex) {
+  if (!sentencepiece_available()) GTEST_SKIP() << "built without libsentencepiece-dev (the mT5 tokenizer)";
+  if (!arrow_available()) GTEST_SKIP() << arrow_missing_message();
+  const std::string dir = test::temp_dir("hydit12arrow");
+  const std::string pipe = save_hydit_pipeline(dir + "/pipe");
+  const std::string src = FLOWRUN_SOURCE_DIR;
+  ::setenv("HYDIT", pipe.c_str(), 1);
+  ::setenv("HYDIT_DATA", (src + "/tests/fixtures/arrow/index_multireso.json").c_str(), 1);
+  const std::vector<std::string> tiny = {"run.steps=3", "run.precision=fp32", "run.log_every=1", "data.buckets=index", "data.batch=2",
+                                         "tok.max_length=8", "tok5.max_length=8", "sample.every=1000", "sample.at=[]", "ckpt.every=3",
+                                         "model.lora.rank=4", "model.lora.alpha=4"};
+  auto run = test::run_graph_text(test::read_text(src + "/graphs/hydit_v12_lora.yaml"), tiny);
+  ::unsetenv("HYDIT");
+  ::unsetenv("HYDIT_DATA");
+  int losses = 0;
+  for (const auto& j : run.metrics)
+    if (j.contains("loss")) {
+      ++losses;
+      EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+    }
+  EXPECT_EQ(losses, 3);
+  EXPECT_TRUE(fs::exists(run.out_dir + "/checkpoints/step_00000003/adapter_model.safetensors"));
 }
 
 // The evaluator and the sampler pair tokenizers with encoders in the order written.

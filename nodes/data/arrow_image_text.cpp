@@ -1,0 +1,191 @@
+// Arrow files under an IndexKits Index V2, as image_text_shards' samples (arrow_image_text.hpp).
+#include "data/arrow_image_text.hpp"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <stdexcept>
+
+#include "formats/arrow_file.hpp"
+#include "formats/index_v2.hpp"
+#include "formats/files.hpp"
+#include "hash.hpp"
+
+namespace fs = std::filesystem;
+
+namespace flowrun {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+std::vector<std::string> glob_paths(const std::string& pattern) {
+  glob_t g{};
+  std::vector<std::string> out;
+  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0)
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  globfree(&g);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A width or height column's value: an integer (or a whole float), or text holding one, as
+// IndexKits reads them with int(...); 0 when null or not positive (the image header decides).
+// Text that is not a number is an error naming file, column and row (int() fails on it too).
+int size_value(const ArrowFile& f, int col, int64_t row) {
+  if (col < 0 || f.is_null(col, row)) return 0;
+  int64_t v = 0;
+  if (f.kind(col) == ArrowKind::string) {
+    const std::string text = trim_space(f.bytes(col, row));
+    size_t used = 0;
+    try {
+      v = std::stoll(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != text.size())
+      throw std::runtime_error(f.path() + ": column '" + f.columns()[static_cast<size_t>(col)] + "', row " + std::to_string(row) +
+                               ": '" + text + "' is not a whole number (a width or height in pixels)");
+  } else {
+    v = f.integer(col, row);
+  }
+  return v > 0 && v < (int64_t{1} << 30) ? static_cast<int>(v) : 0;
+}
+
+}  // namespace
+
+bool ArrowImageText::is_arrow_path(const std::string& path) { return ends_with(path, ".json") || ends_with(path, ".arrow"); }
+
+ArrowImageText::~ArrowImageText() = default;
+
+ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : ImageTextSource("image_text_shards", "train", opt.on_bad, opt.log) {
+  alpha_ = Alpha::drop;  // as PIL's convert("RGB") in IndexKits' get_image
+  if (!arrow_available()) throw std::runtime_error(path + ": " + arrow_missing_message());
+  // Which rows, in which files: the index's entries, or every row of the files.
+  std::vector<int64_t> cum;                  // rows before the end of each file (the index's cum_length)
+  std::vector<std::vector<int64_t>> groups;  // entries (global rows) per bucket; one group without buckets
+  const bool is_index = ends_with(path, ".json");
+  if (is_index) {
+    IndexV2 idx = read_index_v2(path);
+    paths_ = idx.arrow_files;
+    cum = idx.cum_length;
+    if (idx.multireso) {
+      for (IndexV2::Bucket& b : idx.buckets) {
+        buckets_.push_back({b.width, b.height});
+        groups.push_back(align_indices(std::move(b.indices), opt.align));
+      }
+    } else {
+      groups.push_back(std::move(idx.indices));
+    }
+  } else {
+    paths_ = path.find_first_of("*?[") != std::string::npos ? glob_paths(path) : std::vector<std::string>{path};
+    if (paths_.empty()) throw std::runtime_error(path + ": no Arrow file matches (the path is relative to the current folder)");
+  }
+  // Open every file: it exists, is whole, holds the rows the index says, and has the columns.
+  for (size_t k = 0; k < paths_.size(); ++k) {
+    const std::string& p = paths_[k];
+    std::error_code ec;
+    if (!fs::exists(p, ec))
+      throw std::runtime_error(is_index ? path + ": arrow_files[" + std::to_string(k) + "] " + p +
+                                              " does not exist (a relative path is looked for beside the index, then in the current folder)"
+                                        : p + ": no such Arrow file");
+    arrows_.push_back(std::make_unique<ArrowFile>(p));
+    const ArrowFile& f = *arrows_.back();
+    const int64_t before = k == 0 ? 0 : (is_index ? cum[k - 1] : first_row_.back() + arrows_[k - 1]->rows());
+    first_row_.push_back(before);
+    if (is_index && f.rows() != cum[k] - before)
+      throw std::runtime_error(p + ": holds " + std::to_string(f.rows()) + " rows, but " + path + " (cum_length) says " +
+                               std::to_string(cum[k] - before) + ": the index was made over other files; rebuild it (idk base)");
+    std::string have;
+    for (const std::string& c : f.columns()) have += (have.empty() ? "" : ", ") + c;
+    int img = f.column("image");
+    if (img < 0) img = f.column("binary");  // IndexKits' fallback name
+    if (img < 0) throw std::runtime_error(p + ": no 'image' column (it has: " + have + "); csv2arrow.py writes the image bytes there");
+    if (f.kind(img) != ArrowKind::binary && f.kind(img) != ArrowKind::string)
+      throw std::runtime_error(p + ": column '" + f.columns()[static_cast<size_t>(img)] + "' is " + f.type_name(img) +
+                               "; expected binary (the encoded image bytes)");
+    const int cap = f.column(opt.caption_column);
+    if (cap < 0)
+      throw std::runtime_error(p + ": no caption column '" + opt.caption_column + "' (it has: " + have +
+                               "); name another with the node's caption_column");
+    if (f.kind(cap) != ArrowKind::string)
+      throw std::runtime_error(p + ": caption column '" + opt.caption_column + "' is " + f.type_name(cap) + "; expected string");
+    for (const char* name : {"width", "height"}) {
+      const int c = f.column(name);
+      if (c >= 0 && f.kind(c) != ArrowKind::integer && f.kind(c) != ArrowKind::floating && f.kind(c) != ArrowKind::string)
+        throw std::runtime_error(p + ": column '" + name + "' is " + f.type_name(c) + "; expected integers");
+    }
+    image_col_.push_back(img);
+    caption_col_.push_back(cap);
+  }
+  if (!is_index) {
+    const int64_t rows = first_row_.back() + arrows_.back()->rows();
+    groups.emplace_back(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) groups[0][static_cast<size_t>(r)] = r;
+  }
+  // The samples: each entry's file, row and size. A row without caption or image is bad now.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const int64_t global : groups[g]) {
+      const auto k = static_cast<size_t>(std::upper_bound(first_row_.begin(), first_row_.end(), global) - first_row_.begin()) - 1;
+      const ArrowFile& f = *arrows_[k];
+      Item it;
+      it.file = static_cast<int>(k), it.row = global - first_row_[k], it.bucket = static_cast<int>(g);
+      const std::string where = "row " + std::to_string(it.row);
+      if (f.is_null(caption_col_[k], it.row)) {
+        add_bad({paths_[k], where, "caption ('" + opt.caption_column + "') is null"}, true);
+        continue;
+      }
+      if (f.is_null(image_col_[k], it.row)) {
+        add_bad({paths_[k], where, "image is null"}, true);
+        continue;
+      }
+      it.w = size_value(f, f.column("width"), it.row);
+      it.h = size_value(f, f.column("height"), it.row);
+      if (it.w <= 0 || it.h <= 0) {  // no usable size columns: the image header says
+        const std::string_view head = f.bytes(image_col_[k], it.row);
+        if (!probe_image_size(std::string(head.substr(0, std::min<size_t>(head.size(), 64 * 1024))), &it.w, &it.h) &&
+            !probe_image_size(std::string(head), &it.w, &it.h)) {
+          add_bad({paths_[k], where, "not a PNG or JPEG image (bad header), and no width/height columns"}, true);
+          continue;
+        }
+      }
+      items_.push_back(it);
+    }
+  }
+  if (items_.empty())
+    throw std::runtime_error(path + ": no good image+caption sample (" + std::to_string(bad_count()) + " bad)");
+}
+
+std::string ArrowImageText::caption(int64_t i) const {
+  const Item& it = item(i);
+  return trim_space(arrows_[static_cast<size_t>(it.file)]->bytes(caption_col_[static_cast<size_t>(it.file)], it.row));
+}
+
+std::string ArrowImageText::image_bytes(int64_t i) const {
+  const Item& it = item(i);
+  return std::string(arrows_[static_cast<size_t>(it.file)]->bytes(image_col_[static_cast<size_t>(it.file)], it.row));
+}
+
+std::pair<std::string, std::string> ArrowImageText::place(int64_t i) const {
+  const Item& it = item(i);
+  return {paths_[static_cast<size_t>(it.file)], "row " + std::to_string(it.row)};
+}
+
+int64_t ArrowImageText::row(int64_t i) const { return first_row_[static_cast<size_t>(item(i).file)] + item(i).row; }
+
+uint64_t ArrowImageText::content_hash() const {
+  uint64_t h = fnv1a(std::to_string(items_.size()));
+  for (size_t k = 0; k < paths_.size(); ++k)
+    h = fnv1a(fs::path(paths_[k]).filename().string() + " " + std::to_string(arrows_[k]->rows()) + "\n", h);
+  for (const ImageBucket& b : buckets_) h = fnv1a(std::to_string(b.w) + "x" + std::to_string(b.h) + "\n", h);
+  for (const Item& it : items_)
+    h = fnv1a(std::to_string(it.file) + " " + std::to_string(it.row) + " " + std::to_string(it.bucket) + " " + std::to_string(it.w) + "x" +
+                  std::to_string(it.h) + "\n",
+              h);
+  return h;
+}
+
+}  // namespace flowrun

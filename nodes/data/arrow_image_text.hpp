@@ -1,0 +1,80 @@
+// HunyuanDiT's image-text data as its users have it, for the image_text_shards node: Arrow
+// files in csv2arrow.py's layout (text_zh, md5, width, height, image: the encoded bytes), under
+// an IndexKits Index V2 JSON (formats/index_v2.hpp) or given as files.
+//
+//   path: dataset/porcelain/jsons/porcelain.json     an Index V2 (`idk base`): its rows, filtered
+//                                                    and repeated as it lists them, in order
+//   path: dataset/porcelain/jsons/porcelain_mb.json  a multi-resolution one (`idk multireso`):
+//                                                    its buckets (node setting buckets: index)
+//   path: "dataset/porcelain/arrows/*.arrow"         Arrow files (a glob): every row, in order
+//
+// A sample is one entry of the index (a repeated row is two samples), as in ArrowIndexV2: its
+// image from column "image" (or "binary", as IndexKits falls back), its caption from the
+// caption column (text_zh by default), its size from the width and height columns (read the
+// image's header where they are missing or not positive). With a multi-resolution index every
+// bucket's entries are first repeated as MultiResolutionBucketIndexV2 repeats them (align =
+// world x batch: the last entries once more), so each bucket fills whole global batches.
+//
+// Checked at setup, each a std::runtime_error naming the file (and row or key): an index that
+// does not parse or names rows outside its files, an Arrow file missing, cut short or damaged,
+// holding another row count than the index's cum_length says, or without the image or caption
+// column or with one of the wrong type. A row whose caption or image is null, or whose image
+// does not decode (found at a step), is a bad sample (on_bad: skipped and counted, or an error
+// naming file and row).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/image_text_shards.hpp"
+
+namespace flowrun {
+
+class ArrowFile;
+
+class ArrowImageText : public ImageTextSource {
+ public:
+  struct Options {
+    std::string caption_column = "text_zh";
+    OnBad on_bad = OnBad::Skip;
+    bool log = true;
+    int64_t align = 1;  // multi-resolution: each bucket's entries repeated to a multiple of this
+  };
+  // Whether `path` names Arrow data (an Index V2 .json, or .arrow files) rather than tar shards.
+  static bool is_arrow_path(const std::string& path);
+  ArrowImageText(const std::string& path, const Options& opt);
+  ~ArrowImageText() override;
+
+  int64_t size() const override { return static_cast<int64_t>(items_.size()); }
+  ImageBucket image_size(int64_t i) const override { return {item(i).w, item(i).h}; }
+  std::string caption(int64_t i) const override;
+  std::string image_bytes(int64_t i) const override;
+  std::pair<std::string, std::string> place(int64_t i) const override;
+  const std::vector<std::string>& files() const override { return paths_; }
+
+  // The global row (the index's numbering: rows of the files one after another) of sample i.
+  int64_t row(int64_t i) const;
+  // Multi-resolution index: its buckets (width x height, sorted by h/w as IndexKits sorts them)
+  // and each sample's bucket. Empty / all zero otherwise.
+  bool multireso() const { return !buckets_.empty(); }
+  const std::vector<ImageBucket>& buckets() const { return buckets_; }
+  int bucket_of(int64_t i) const { return item(i).bucket; }
+  // What it reads, for the data cursor: every file's name and rows, every sample's row and bucket.
+  uint64_t content_hash() const;
+
+ private:
+  struct Item {
+    int file = 0;
+    int64_t row = 0;  // in its file
+    int w = 0, h = 0, bucket = 0;
+  };
+  const Item& item(int64_t i) const { return items_.at(static_cast<size_t>(i)); }
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<ArrowFile>> arrows_;
+  std::vector<int> image_col_, caption_col_;  // per file
+  std::vector<int64_t> first_row_;            // global row of each file's row 0
+  std::vector<Item> items_;
+  std::vector<ImageBucket> buckets_;
+};
+
+}  // namespace flowrun

@@ -1,0 +1,264 @@
+// HunyuanDiT's data as its users have it: Arrow files written by its csv2arrow.py, under Index V2
+// JSONs made by IndexKits (tests/fixtures/arrow/, with what IndexKits' own ArrowIndexV2 and
+// MultiResolutionBucketIndexV2 give for them in expected.json), read by the image_text_shards
+// node: the same images, captions and sizes, the index's buckets, resume, and each bad input an
+// error naming the file and row. (The index itself: tests/formats/index_v2_test.cpp.)
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <numeric>
+
+#include "data/arrow_image_text.hpp"
+#include "data/cursor.hpp"
+#include "formats/arrow_file.hpp"
+#include "formats/image_io.hpp"
+#include "formats/index_v2.hpp"
+#include "formats/md5.hpp"
+#include "hash.hpp"
+#include "prep/prep_arrow.hpp"
+#include "data_test_helpers.hpp"
+#include "node_test_helpers.hpp"
+
+namespace flowrun {
+namespace {
+
+const std::string kDir = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/arrow";
+
+nlohmann::json expected() { return nlohmann::json::parse(test::read_text(kDir + "/expected.json")); }
+
+std::string graph_yaml(const std::string& path, int steps, const std::string& extra = "", int batch = 2) {
+  return "flowrun: 1\nrun: { steps: " + std::to_string(steps) + ", seed: 5, prefetch: 2 }\nnodes:\n" +
+         "  data: { type: image_text_shards, with: { path: '" + path + "', size: 32, batch: " + std::to_string(batch) + extra +
+         " } }\n  probe: { type: t_batch_probe, in: { batch: data.batch } }\n";
+}
+
+std::string setup_error(const std::string& yaml) {
+  try {
+    test::load_graph_at(yaml);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+#define REQUIRE_ARROW()                                                                                     \
+  if (!arrow_available()) {                                                                                 \
+    /* Built without Arrow: the node refuses Arrow data, saying what to install. */                         \
+    const std::string e = setup_error(graph_yaml(kDir + "/index_base.json", 1));                            \
+    EXPECT_NE(e.find("built without Apache Arrow"), std::string::npos) << e;                                \
+    EXPECT_NE(e.find("pip install pyarrow"), std::string::npos) << e;                                       \
+    return;                                                                                                 \
+  }
+
+TEST(ArrowFile, ReadsCsv2ArrowFilesAsPyarrowSeesThem) {
+  REQUIRE_ARROW();
+  for (const nlohmann::json& want : expected()["arrow_files"]) {
+    ArrowFile f(kDir + "/" + want["path"].get<std::string>());
+    EXPECT_EQ(f.rows(), want["num_rows"].get<int64_t>());
+    const auto& fields = want["fields"];
+    ASSERT_EQ(f.columns().size(), fields.size());
+    for (size_t c = 0; c < fields.size(); ++c) {
+      EXPECT_EQ(f.columns()[c], fields[c]["name"].get<std::string>());
+      EXPECT_EQ(f.type_name(static_cast<int>(c)), fields[c]["type"].get<std::string>());
+    }
+  }
+  // Written and read back: what `flowrun prep arrow` writes.
+  const std::string path = test::temp_dir("arrow") + "/x.arrow";
+  write_arrow_file(path, {{"text_zh", ArrowKind::string, {"一只猫", "b"}, {}},
+                          {"width", ArrowKind::integer, {}, {7, 9}},
+                          {"image", ArrowKind::binary, {std::string("\0\1\2", 3), ""}, {}}});
+  ArrowFile f(path);
+  ASSERT_EQ(f.rows(), 2);
+  EXPECT_EQ(f.bytes(f.column("text_zh"), 0), "一只猫");
+  EXPECT_EQ(f.integer(f.column("width"), 1), 9);
+  EXPECT_EQ(f.bytes(f.column("image"), 0), std::string("\0\1\2", 3));
+  EXPECT_EQ(f.kind(f.column("image")), ArrowKind::binary);
+  try {
+    f.integer(f.column("text_zh"), 0);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("x.arrow: column 'text_zh' (string), row 0: expected integers"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(f.bytes(f.column("image"), 2), std::runtime_error);  // no row 2
+}
+
+TEST(ArrowImageText, SamplesAreTheImagesCaptionsAndSizesIndexKitsGives) {
+  REQUIRE_ARROW();
+  const nlohmann::json want = expected()["base"];
+  ArrowImageText d(kDir + "/index_base.json", {});
+  ASSERT_EQ(d.size(), want["length"].get<int64_t>());
+  EXPECT_FALSE(d.multireso());
+  for (int64_t i = 0; i < d.size(); ++i) {
+    const nlohmann::json& w = want["items"][static_cast<size_t>(i)];
+    EXPECT_EQ(d.row(i), w["index"].get<int64_t>()) << i;
+    EXPECT_EQ(d.caption(i), w["text_zh"].get<std::string>()) << i;
+    EXPECT_EQ(d.image_size(i).w, w["width"].get<int>()) << i;
+    EXPECT_EQ(d.image_size(i).h, w["height"].get<int>()) << i;
+    const Image img = d.decode(i);  // as PIL's Image.open(...).convert("RGB"): gray replicated, alpha dropped
+    EXPECT_EQ(img.w, w["rgb_size"][0].get<int>()) << i;
+    EXPECT_EQ(img.h, w["rgb_size"][1].get<int>()) << i;
+    ASSERT_EQ(img.c, 3);
+    const std::string px(img.px.begin(), img.px.end());
+    if (w["format"] == "PNG") {
+      EXPECT_EQ(std::to_string(fnv1a(px)), w["rgb_fnv1a"].get<std::string>()) << "row " << w["index"];
+    } else {  // JPEG: libjpeg-turbo here, PIL's libjpeg there; the same picture within rounding
+      const double mean = std::accumulate(img.px.begin(), img.px.end(), 0.0) / static_cast<double>(img.px.size());
+      EXPECT_NEAR(mean, w["rgb_mean"].get<double>(), 1.0) << "row " << w["index"];
+    }
+  }
+  // Arrow files given directly: every row, in order (the 40x40 image the index filters out too).
+  ArrowImageText all(kDir + "/arrows/*/00000.arrow", {});
+  ASSERT_EQ(all.size(), 14);
+  for (int64_t i = 0; i < 14; ++i) EXPECT_EQ(all.row(i), i);
+  EXPECT_EQ(all.files().size(), 2u);
+}
+
+TEST(ArrowImageTextNode, AMultiResolutionIndexTrainsInItsBucketsOnePerBatch) {
+  REQUIRE_ARROW();
+  // Batch 2: IndexKits aligns each bucket to 2 (expected.json, case batch 2 world 1): 22 entries,
+  // 11 steps an epoch, each step's batch one bucket's size, each bucket as often as it fills.
+  const nlohmann::json c = expected()["multireso"]["cases"][1];
+  ASSERT_EQ(c["batch_size"], 2);
+  std::map<std::pair<int64_t, int64_t>, int> want_steps;  // (h, w) -> steps an epoch
+  for (const nlohmann::json& r : c["resolutions"])
+    want_steps[{r["height"].get<int64_t>(), r["width"].get<int64_t>()}] = static_cast<int>(r["indices"].size()) / 2;
+  auto g = test::load_graph_at(graph_yaml(kDir + "/index_multireso.json", 22, ", buckets: index"));
+  const auto seen = test::run_and_probe(*g);
+  ASSERT_EQ(seen.size(), 22u);
+  std::map<std::pair<int64_t, int64_t>, int> steps;
+  for (const auto& [step, batch] : seen) {
+    const torch::Tensor img = batch.at("image");
+    ASSERT_EQ(img.size(0), 2);
+    const std::pair<int64_t, int64_t> hw{img.size(2), img.size(3)};
+    ASSERT_TRUE(want_steps.count(hw)) << img.sizes() << " is not a bucket of the index";
+    steps[hw] += 1;
+    // The size conditioning follows the bucket: (orig h, orig w, h, w, crop top, crop left).
+    EXPECT_EQ(batch.at("image_meta_size")[0][2].item<float>(), static_cast<float>(hw.first));
+    EXPECT_EQ(batch.at("image_meta_size")[0][3].item<float>(), static_cast<float>(hw.second));
+  }
+  for (auto& [hw, n] : want_steps) EXPECT_EQ(steps[hw], 2 * n) << hw.first << "x" << hw.second;  // two epochs
+}
+
+TEST(ArrowImageTextNode, TwoRanksSplitTheGlobalBatchAndResumeIsExact) {
+  REQUIRE_ARROW();
+  const std::string idx = kDir + "/index_base.json";  // 19 entries: 4 steps of 4 an epoch
+  auto r0 = test::load_graph_at(graph_yaml(idx, 3, ", flip: true"), 0, 2);
+  auto r1 = test::load_graph_at(graph_yaml(idx, 3, ", flip: true"), 1, 2);
+  auto whole = test::load_graph_at(graph_yaml(idx, 3, ", flip: true", 4));
+  const auto s0 = test::run_and_probe(*r0), s1 = test::run_and_probe(*r1), sw = test::run_and_probe(*whole);
+  for (int64_t s = 1; s <= 3; ++s)
+    EXPECT_TRUE(torch::equal(torch::cat({s0.at(s).at("image"), s1.at(s).at("image")}), sw.at(s).at("image"))) << s;
+  // Resume after step 5 (the second epoch), bit-identical to the run that did not stop.
+  auto full = test::load_graph_at(graph_yaml(idx, 9, ", flip: true", 4));
+  const auto want = test::run_and_probe(*full);
+  auto resumed = test::load_graph_at(graph_yaml(idx, 9, ", flip: true", 4), 0, 1, /*first_step=*/6);
+  resumed->state<DataCursor>("data", "cursor").load(full->state<DataCursor>("data", "cursor").tensors());
+  resumed->state<DataCursor>("data", "cursor").batches = 5;
+  const auto got = test::run_and_probe(*resumed);
+  ASSERT_EQ(got.size(), 4u);
+  for (int64_t s = 6; s <= 9; ++s) EXPECT_TRUE(torch::equal(got.at(s).at("image"), want.at(s).at("image"))) << "step " << s;
+  // The cursor knows what it read: another index over the same files is other data.
+  EXPECT_EQ(full->state<DataCursor>("data", "cursor").data.items, 19);
+  auto other = test::load_graph_at(graph_yaml(kDir + "/index_plain.json", 9, "", 4), 0, 1, 6);
+  EXPECT_THROW(other->state<DataCursor>("data", "cursor").load(full->state<DataCursor>("data", "cursor").tensors()), std::runtime_error);
+}
+
+TEST(ArrowImageTextNode, BadInputIsAnErrorNamingFileAndRow) {
+  REQUIRE_ARROW();
+  auto expect_error = [](const std::string& yaml, const std::string& text) {
+    const std::string e = setup_error(yaml);
+    EXPECT_NE(e.find(text), std::string::npos) << "want: " << text << "\ngot: " << e;
+  };
+  const std::string bad = kDir + "/bad/";
+  expect_error(graph_yaml(bad + "truncated.arrow", 1), "truncated.arrow: not an Arrow IPC file, or cut short");
+  expect_error(graph_yaml(bad + "wrong_image_type.arrow", 1), "wrong_image_type.arrow: column 'image' is int64; expected binary");
+  expect_error(graph_yaml(bad + "wrong_width_type.arrow", 1),
+               "wrong_width_type.arrow: column 'width', row 0: 'abc' is not a whole number");
+  expect_error(graph_yaml(bad + "index_missing_file.json", 1), "index_missing_file.json: arrow_files[1] ");
+  expect_error(graph_yaml(bad + "index_missing_file.json", 1), "missing/00000.arrow does not exist");
+  expect_error(graph_yaml(bad + "index_cum_length_wrong.json", 1), "00000.arrow: holds 8 rows, but ");
+  expect_error(graph_yaml(bad + "index_rows_out_of_range.json", 1), "indices[18] = 17 names no row");
+  expect_error(graph_yaml(bad + "multireso_missing_npz.json", 1, ", buckets: index"), "missing.index.npz', which is not there");
+  expect_error(graph_yaml(kDir + "/index_base.json", 1, ", caption_column: text_en"),
+               "00000.arrow: no caption column 'text_en' (it has: text_zh, md5, width, height, image)");
+  // Settings that do not fit the data are refused, not ignored.
+  expect_error(graph_yaml(kDir + "/index_multireso.json", 1), "is a multi-resolution index (`idk multireso`: its rows are in 5 size buckets): set buckets: index");
+  expect_error(graph_yaml(kDir + "/index_base.json", 1, ", buckets: index"), "buckets: index, but ");
+  expect_error(graph_yaml(kDir + "/index_base.json", 1, ", split: val"), "an Index V2 or Arrow files are one split (train)");
+  // An image that does not decode: an error naming file and row (on_bad: error), or skipped,
+  // counted and replaced by the next good one (IndexKits would train on a white 256x256 image).
+  auto strict = test::load_graph_at(graph_yaml(bad + "index_bad_image.json", 2, ", on_bad: error", 3));
+  try {
+    strict->run();
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("bad_image.arrow: row 1: "), std::string::npos) << e.what();
+  }
+  ArrowImageText d(bad + "index_bad_image.json", {"text_zh", OnBad::Skip, false, 1});
+  Image img;
+  EXPECT_EQ(d.load(1, {0, 1, 2}, &img), 2);
+  EXPECT_EQ(d.bad_count(), 1);
+  ASSERT_EQ(d.bad().size(), 1u);
+  EXPECT_EQ(d.bad()[0].member, "row 1");
+}
+
+// `flowrun prep arrow`: a folder of pairs becomes csv2arrow.py's files and an Index V2 over them,
+// which the node reads back as the pairs, and pyarrow reads with csv2arrow's column types.
+TEST(PrepArrow, PairsBecomeCsv2ArrowFilesAndAnIndexV2) {
+  const std::string dir = test::temp_dir("parrow"), src = dir + "/src", out = dir + "/out";
+  for (int i = 0; i < 7; ++i) {
+    const Image img = resize(test::gradient(8, 8), 20 + 4 * i, 16 + 2 * i);
+    const std::string stem = src + "/img" + std::to_string(i);
+    if (i == 3) test::write_text(stem + ".jpg", encode_jpeg(img));
+    else write_png(stem + ".png", img);
+    test::write_text(stem + ".txt", i == 5 ? "  \n" : " 第" + std::to_string(i) + "张图 \n");  // 5: empty, skipped
+  }
+  test::write_text(src + "/broken.png", "not a png");
+  test::write_text(src + "/broken.txt", "a caption");
+  PrepArrowOptions o;
+  o.dir = src, o.out = out, o.rows_per_file = 2, o.relative_paths = true, o.quiet = true;
+  if (!arrow_available()) {
+    EXPECT_THROW(prep_arrow(o), std::runtime_error);
+    return;
+  }
+  const PrepArrowSummary s = prep_arrow(o);
+  EXPECT_EQ(s.rows, 6);
+  EXPECT_EQ(s.files, 3);
+  EXPECT_EQ(s.empty_caption, 1);
+  EXPECT_EQ(s.bad_image, 1);
+  const IndexV2 idx = read_index_v2(out + "/index.json");
+  EXPECT_EQ(idx.cum_length, (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(idx.indices, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
+  ArrowImageText d(out + "/index.json", {});
+  ASSERT_EQ(d.size(), 6);
+  const int kept[6] = {0, 1, 2, 3, 4, 6};  // sorted by name: broken.png first, skipped
+  for (int64_t i = 0; i < 6; ++i) {
+    const int k = kept[i];
+    EXPECT_EQ(d.caption(i), "第" + std::to_string(k) + "张图");
+    EXPECT_EQ(d.image_size(i).w, 20 + 4 * k);
+    EXPECT_EQ(d.image_size(i).h, 16 + 2 * k);
+    const std::string file = src + "/img" + std::to_string(k) + (k == 3 ? ".jpg" : ".png");
+    EXPECT_EQ(d.image_bytes(i), test::read_text(file));  // stored as they are
+    ArrowFile f(d.place(i).first);
+    EXPECT_EQ(f.bytes(f.column("md5"), std::stoll(d.place(i).second.substr(4))), md5_hex(test::read_text(file)));
+  }
+  // pyarrow sees csv2arrow.py's columns and types (where the build's Python has it).
+  const std::string python = FLOWRUN_PYTHON;
+  if (std::system(("'" + python + "' -c 'import pyarrow' > /dev/null 2>&1").c_str()) == 0) {
+    const std::string cmd = "'" + python + "' -c \"import pyarrow as pa, sys; t = pa.ipc.open_file(pa.memory_map(sys.argv[1])).read_all(); "
+                            "assert str(t.schema) == 'text_zh: string\\nmd5: string\\nwidth: int64\\nheight: int64\\nimage: binary', t.schema; "
+                            "assert t.num_rows == 2\" '" + out + "/arrows/00000.arrow'";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  // A smaller second run leaves no file of the first behind.
+  o.rows_per_file = 5000;
+  EXPECT_EQ(prep_arrow(o).files, 1);
+  EXPECT_TRUE(std::filesystem::exists(out + "/arrows/00000.arrow"));
+  EXPECT_FALSE(std::filesystem::exists(out + "/arrows/00001.arrow"));
+}
+
+}  // namespace
+}  // namespace flowrun
