@@ -32,7 +32,7 @@ if(NOT FLOWRUN_ARROW STREQUAL "OFF")
         if(EXISTS "${_pa_lib}" AND EXISTS "${_pa_include}/arrow/api.h")
           add_library(flowrun_pyarrow_libarrow SHARED IMPORTED)
           set_target_properties(flowrun_pyarrow_libarrow PROPERTIES IMPORTED_LOCATION "${_pa_lib}"
-                                IMPORTED_NO_SONAME OFF INTERFACE_INCLUDE_DIRECTORIES "${_pa_include}")
+                                INTERFACE_INCLUDE_DIRECTORIES "${_pa_include}")
           set(FLOWRUN_ARROW_TARGET flowrun_pyarrow_libarrow)
           set(FLOWRUN_ARROW_VERSION "${_pa_version} (pyarrow, ${_pa_lib})")
         endif()

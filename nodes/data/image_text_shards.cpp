@@ -464,6 +464,8 @@ class ImageTextShardsNode : public Node {
       spec.align = static_cast<int>(p.get<int64_t>("bucket_align"));
       for (const auto& v : p.get<std::vector<std::string>>("bucket_sizes")) spec.sizes.push_back(BucketSpec::parse_size(v));
       if (spec.kind != BucketSpec::Kind::index) buckets_ = image_buckets(spec);
+      else if (!spec.sizes.empty())
+        throw std::invalid_argument("bucket_sizes is given, but buckets is index (the index's sizes): drop bucket_sizes");
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }

@@ -45,11 +45,22 @@ std::string inflate_raw(const std::string& file, const std::string& name, const 
   return out;
 }
 
+std::vector<int64_t> parse_npy_checked(const std::string& where, const std::string& npy);
+
 // One .npy: magic, version, header dict {'descr': '<i8', 'fortran_order': False, 'shape': (n,)}.
 std::vector<int64_t> parse_npy(const std::string& file, const std::string& name, const std::string& npy) {
   const std::string where = file + ": array '" + name + "'";
+  try {
+    return parse_npy_checked(where, npy);
+  } catch (const std::logic_error&) {  // std::stoll, substr on a header that is not NumPy's
+    fail(where, "damaged .npy header");
+  }
+}
+
+std::vector<int64_t> parse_npy_checked(const std::string& where, const std::string& npy) {
   if (npy.size() < 10 || npy.compare(0, 6, "\x93NUMPY") != 0) fail(where, "not a .npy array");
   const int major = static_cast<unsigned char>(npy[6]);
+  if (major != 1 && npy.size() < 12) fail(where, "header cut short");
   const size_t header_len = major == 1 ? le16(npy, 8) : le32(npy, 8), start = major == 1 ? 10 : 12;
   if (start + header_len > npy.size()) fail(where, "header cut short");
   const std::string h = npy.substr(start, header_len);
@@ -72,6 +83,7 @@ std::vector<int64_t> parse_npy(const std::string& file, const std::string& name,
   if (shape.find(',') != std::string::npos || shape.empty())
     fail(where, "shape (" + shape + ") is not 1-D; IndexKits' indices are lists");
   const int64_t n = std::stoll(shape);
+  if (n < 0) fail(where, "negative shape");
   const char order = descr.empty() ? '?' : descr[0];
   const std::string type = descr.size() > 1 ? descr.substr(1) : "";
   const size_t width = type.size() == 2 ? static_cast<size_t>(type[1] - '0') : 0;
@@ -80,7 +92,7 @@ std::vector<int64_t> parse_npy(const std::string& file, const std::string& name,
   if (!is_int || (order != '<' && order != '|'))
     fail(where, "dtype '" + descr + "' is not a little-endian integer type of up to 64 bits");
   const size_t data = start + header_len;
-  if (data + static_cast<size_t>(n) * width != npy.size())
+  if (static_cast<uint64_t>(n) > npy.size() || data + static_cast<size_t>(n) * width != npy.size())
     fail(where, "holds " + std::to_string(npy.size() - data) + " data bytes for " + std::to_string(n) + " values of " +
                     std::to_string(width) + " bytes");
   std::vector<int64_t> out(static_cast<size_t>(n));
@@ -156,12 +168,14 @@ std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::strin
     if (cd + 46 + name_len + extra_len > zip.size()) fail(path, "damaged zip directory");
     std::string name = zip.substr(cd + 46, name_len);
     // Sizes and offset that do not fit 32 bits are in the zip64 extra field (id 1), in this order.
-    for (size_t x = cd + 46 + name_len; x + 4 <= cd + 46 + name_len + extra_len;) {
+    const size_t extra_end = cd + 46 + name_len + extra_len;
+    for (size_t x = cd + 46 + name_len; x + 4 <= extra_end;) {
       const uint16_t id = le16(zip, x), len = le16(zip, x + 2);
+      const size_t end = std::min(extra_end, x + 4 + len);
       size_t at = x + 4;
       if (id == 1)
         for (uint64_t* field : {&usize, &csize, &local})
-          if (*field == 0xffffffffu && at + 8 <= x + 4 + len) *field = le32(zip, at) | (uint64_t{le32(zip, at + 4)} << 32), at += 8;
+          if (*field == 0xffffffffu && at + 8 <= end) *field = le32(zip, at) | (uint64_t{le32(zip, at + 4)} << 32), at += 8;
       x += 4 + len;
     }
     cd += 46 + name_len + extra_len + comment_len;
@@ -171,6 +185,9 @@ std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::strin
       fail(path, "member '" + name + "': damaged zip header");
     const size_t data = local + 30 + le16(zip, local + 26) + le16(zip, local + 28);
     if (data + csize > zip.size()) fail(path, "member '" + name + "' is cut short");
+    // Deflate shrinks at most about 1032:1: a larger claim is damage (and no allocation of it).
+    if ((method == 0 && usize != csize) || (method == 8 && usize > csize * 1100 + 1024))
+      fail(path, "member '" + name + "': its sizes do not fit its compression (damaged .npz)");
     std::string npy;
     if (method == 0) npy = zip.substr(data, csize);
     else if (method == 8) npy = inflate_raw(path, name, zip.data() + data, csize, usize);

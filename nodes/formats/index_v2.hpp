@@ -49,8 +49,9 @@ IndexV2 read_index_v2(const std::string& path);
 std::vector<int64_t> align_indices(std::vector<int64_t> indices, int64_t align);
 
 // The integer arrays of a NumPy .npz (np.savez or np.savez_compressed: a zip of .npy files,
-// stored or deflated), by name without ".npy". 1-D arrays of int8..int64 and uint8..uint32,
-// little-endian; anything else is refused naming the file and array.
+// stored or deflated, zip64 headers as NumPy writes them), by name without ".npy". 1-D arrays
+// of int8..int64 and uint8..uint32, little-endian; anything else, and any damage, is refused
+// with std::runtime_error naming the file and array (fuzzed: tests/fuzz/fuzz_npz.cpp).
 std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::string& path);
 
 }  // namespace flowrun

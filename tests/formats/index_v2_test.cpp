@@ -74,7 +74,8 @@ TEST(IndexV2, AlignRepeatsTheLastEntriesOrAllOfThem) {
 TEST(IndexV2, NpzOfNumpyIsReadStoredOrDeflatedWithZip64Headers) {
   // savez_compressed writes zip64 local headers (sizes 0xffffffff, the real ones in the extra field).
   const auto arrays = read_npz_int_arrays(kDir + "/index_multireso.index.npz");
-  for (const nlohmann::json& m : expected()["multireso"]["npz_members"])
+  const nlohmann::json members = expected()["multireso"]["npz_members"];  // a copy: the range of a loop outlives no temporary
+  for (const nlohmann::json& m : members)
     EXPECT_EQ(arrays.at(m["name"].get<std::string>()), m["values"].get<std::vector<int64_t>>()) << m["name"];
   const std::string dir = test::temp_dir("npz");
   test::write_text(dir + "/bad.npz", "PK not a zip at all");

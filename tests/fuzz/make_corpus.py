@@ -138,4 +138,27 @@ put("wordpiece", "seed-no-specials", "the\ncat\n\x00the cat")
 put("bpe", "seed-text", b"\x00the thing at the inn\n  \xe4\xb8\xad\xff\xfe 'll 're 123")
 put("bpe", "seed-vocab", b"\x01" + json.dumps({chr(c): i for i, c in enumerate(range(33, 127))}).encode() +
     b"\x00#version: 0.2\nt h\n")
+# npz: IndexKits' indices_file, as np.savez (stored) and np.savez_compressed (deflated) write it
+def npy(descr, values, fmt):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': (%d,), }" % (descr, len(values))
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + struct.pack("<%d%s" % (len(values), fmt), *values)
+
+
+def npz(arrays, compress):
+    import zipfile
+    b = io.BytesIO()
+    with zipfile.ZipFile(b, "w", zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED) as z:
+        for name, data in arrays:
+            z.writestr(zipfile.ZipInfo(name + ".npy", date_time=(1980, 1, 1, 0, 0, 0)), data,
+                       compress_type=zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED)
+    return b.getvalue()
+
+
+put("npz", "seed-compressed", npz([("x", npy("<i8", [0, 1, 2, 8, 8, 13], "q"))], True))
+put("npz", "seed-stored-buckets", npz([("64x64", npy("<i8", [0, 9, 9], "q")), ("48x80", npy("<i4", [1, 3, -1], "i"))], False))
+put("npz", "seed-uint16", npz([("x", npy("<u2", [1, 65535], "H"))], True))
+with open(os.path.join(ROOT, "tests", "fixtures", "arrow", "index_multireso.index.npz"), "rb") as f:
+    put("npz", "seed-indexkits-zip64", f.read())  # numpy's own, zip64 local headers
+
 print("corpora written under", os.path.join(HERE, "corpus"))

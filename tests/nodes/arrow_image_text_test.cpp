@@ -55,7 +55,8 @@ std::string setup_error(const std::string& yaml) {
 
 TEST(ArrowFile, ReadsCsv2ArrowFilesAsPyarrowSeesThem) {
   REQUIRE_ARROW();
-  for (const nlohmann::json& want : expected()["arrow_files"]) {
+  const nlohmann::json files = expected()["arrow_files"];  // a copy: the range of a loop outlives no temporary
+  for (const nlohmann::json& want : files) {
     ArrowFile f(kDir + "/" + want["path"].get<std::string>());
     EXPECT_EQ(f.rows(), want["num_rows"].get<int64_t>());
     const auto& fields = want["fields"];
@@ -187,6 +188,8 @@ TEST(ArrowImageTextNode, BadInputIsAnErrorNamingFileAndRow) {
   // Settings that do not fit the data are refused, not ignored.
   expect_error(graph_yaml(kDir + "/index_multireso.json", 1), "is a multi-resolution index (`idk multireso`: its rows are in 5 size buckets): set buckets: index");
   expect_error(graph_yaml(kDir + "/index_base.json", 1, ", buckets: index"), "buckets: index, but ");
+  expect_error(graph_yaml(kDir + "/index_multireso.json", 1, ", buckets: index, bucket_sizes: [32x32]"),
+               "bucket_sizes is given, but buckets is index");
   expect_error(graph_yaml(kDir + "/index_base.json", 1, ", split: val"), "an Index V2 or Arrow files are one split (train)");
   // An image that does not decode: an error naming file and row (on_bad: error), or skipped,
   // counted and replaced by the next good one (IndexKits would train on a white 256x256 image).

@@ -532,6 +532,17 @@ std::string save_hydit_pipeline(const std::string& dir) {
   return dir;
 }
 
+// The losses a run logged, each checked finite.
+int finite_losses(const test::RunResult& run) {
+  int losses = 0;
+  for (const auto& j : run.metrics)
+    if (j.contains("loss")) {
+      ++losses;
+      EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
+    }
+  return losses;
+}
+
 // graphs/hydit_v12_lora.yaml itself, with the pipeline and the data by its two variables and
 // the sizes by overrides: it trains the adapters on images of two sizes in buckets with both
 // text streams, exports them in PEFT's layout, samples with both encoders, and the dit's
@@ -560,12 +571,7 @@ TEST(Pretrained, HunyuanDitV12GraphTrainsAdaptersOnATinyPipeline) {
   auto run = test::run_graph_text(graph, tiny);
   ::unsetenv("HYDIT");
   ::unsetenv("HYDIT_DATA");
-  int losses = 0;
-  for (const auto& j : run.metrics)
-    if (j.contains("loss")) {
-      ++losses;
-      EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
-    }
+  const int losses = finite_losses(run);
   EXPECT_EQ(losses, 2);
   EXPECT_TRUE(fs::exists(run.out_dir + "/samples/step_0000004.png"));
   const std::string peft = run.out_dir + "/checkpoints/step_00000004";  // one state with adapters: in the step folder
@@ -608,12 +614,7 @@ TEST(Pretrained, HunyuanDitV12GraphTrainsFromAnIndexKitsMultiResolutionIndex) {
   auto run = test::run_graph_text(test::read_text(src + "/graphs/hydit_v12_lora.yaml"), tiny);
   ::unsetenv("HYDIT");
   ::unsetenv("HYDIT_DATA");
-  int losses = 0;
-  for (const auto& j : run.metrics)
-    if (j.contains("loss")) {
-      ++losses;
-      EXPECT_TRUE(std::isfinite(j["loss"].get<double>()));
-    }
+  const int losses = finite_losses(run);
   EXPECT_EQ(losses, 3);
   EXPECT_TRUE(fs::exists(run.out_dir + "/checkpoints/step_00000003/adapter_model.safetensors"));
 }
