@@ -75,7 +75,7 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
     if (idx.multireso) {
       for (IndexV2::Bucket& b : idx.buckets) {
         buckets_.push_back({b.width, b.height});
-        groups.push_back(align_indices(std::move(b.indices), opt.align));
+        groups.push_back(std::move(b.indices));
       }
     } else {
       groups.push_back(std::move(idx.indices));
@@ -126,6 +126,21 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
     groups.emplace_back(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) groups[0][static_cast<size_t>(r)] = r;
   }
+  // The fingerprint of what is read, then IndexKits' repeats to whole global batches.
+  hash_ = fnv1a(std::to_string(paths_.size()));
+  for (size_t k = 0; k < paths_.size(); ++k) {
+    std::error_code ec;
+    const auto bytes = fs::file_size(paths_[k], ec);
+    hash_ = fnv1a(fs::path(paths_[k]).filename().string() + " " + std::to_string(arrows_[k]->rows()) + " " +
+                      std::to_string(ec ? 0 : bytes) + "\n",
+                  hash_);
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    entries_ += static_cast<int64_t>(groups[g].size());
+    if (!buckets_.empty()) hash_ = fnv1a(std::to_string(buckets_[g].w) + "x" + std::to_string(buckets_[g].h) + ":", hash_);
+    for (const int64_t r : groups[g]) hash_ = fnv1a(std::to_string(r) + " ", hash_);
+    if (!buckets_.empty()) groups[g] = align_indices(std::move(groups[g]), opt.align);
+  }
   // The samples: each entry's file, row and size. A row without caption or image is bad now.
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const int64_t global : groups[g]) {
@@ -175,17 +190,5 @@ std::pair<std::string, std::string> ArrowImageText::place(int64_t i) const {
 }
 
 int64_t ArrowImageText::row(int64_t i) const { return first_row_[static_cast<size_t>(item(i).file)] + item(i).row; }
-
-uint64_t ArrowImageText::content_hash() const {
-  uint64_t h = fnv1a(std::to_string(items_.size()));
-  for (size_t k = 0; k < paths_.size(); ++k)
-    h = fnv1a(fs::path(paths_[k]).filename().string() + " " + std::to_string(arrows_[k]->rows()) + "\n", h);
-  for (const ImageBucket& b : buckets_) h = fnv1a(std::to_string(b.w) + "x" + std::to_string(b.h) + "\n", h);
-  for (const Item& it : items_)
-    h = fnv1a(std::to_string(it.file) + " " + std::to_string(it.row) + " " + std::to_string(it.bucket) + " " + std::to_string(it.w) + "x" +
-                  std::to_string(it.h) + "\n",
-              h);
-  return h;
-}
 
 }  // namespace flowrun

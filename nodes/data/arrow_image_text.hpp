@@ -59,8 +59,11 @@ class ArrowImageText : public ImageTextSource {
   bool multireso() const { return !buckets_.empty(); }
   const std::vector<ImageBucket>& buckets() const { return buckets_; }
   int bucket_of(int64_t i) const { return item(i).bucket; }
-  // What it reads, for the data cursor: every file's name and rows, every sample's row and bucket.
-  uint64_t content_hash() const;
+  // What it reads, for the data cursor: the index's entries as it lists them (before the repeats
+  // for whole global batches, which depend on world x batch, not on the data), their buckets,
+  // and every file's name, rows and bytes.
+  int64_t entries() const { return entries_; }
+  uint64_t content_hash() const { return hash_; }
 
  private:
   struct Item {
@@ -75,6 +78,8 @@ class ArrowImageText : public ImageTextSource {
   std::vector<int64_t> first_row_;            // global row of each file's row 0
   std::vector<Item> items_;
   std::vector<ImageBucket> buckets_;
+  int64_t entries_ = 0;
+  uint64_t hash_ = 0;
 };
 
 }  // namespace flowrun

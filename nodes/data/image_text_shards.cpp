@@ -435,7 +435,7 @@ namespace {
 // sizes and image size (a shard added, removed or replaced changes it).
 DataFingerprint fingerprint(const ImageTextSource& source) {
   if (const auto* arrow = dynamic_cast<const ArrowImageText*>(&source))
-    return {arrow->size(), static_cast<int64_t>(arrow->files().size()), static_cast<int64_t>(arrow->content_hash())};
+    return {arrow->entries(), static_cast<int64_t>(arrow->files().size()), static_cast<int64_t>(arrow->content_hash())};
   const auto& d = dynamic_cast<const ImageTextShards&>(source);
   uint64_t h = fnv1a(std::to_string(d.size()));
   for (int64_t i = 0; i < d.size(); ++i) {
