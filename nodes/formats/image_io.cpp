@@ -329,38 +329,59 @@ void write_png(const std::string& path, const uint8_t* hwc, int w, int h, int c)
   write_png(path, img);
 }
 
-Image resize(const Image& img, int w, int h) {
-  check_image(img, "resize");
-  if (w < 1 || h < 1) throw std::invalid_argument("resize: bad target size " + std::to_string(w) + "x" + std::to_string(h));
-  if (w == img.w && h == img.h) return img;
-  const int c = img.c;
-  const Taps tx = make_taps(img.w, w), ty = make_taps(img.h, h);
-  // Horizontal pass into floats (img.h x w), then vertical.
-  std::vector<float> mid(static_cast<size_t>(img.h) * w * c);
-  for (int y = 0; y < img.h; ++y)
+namespace {
+
+// Pixels [x0, x0 + w) x [y0, y0 + h) of `img` resized to rw x rh: the horizontal pass into floats
+// (only the rows the vertical taps read, only the columns kept), then the vertical one. Every
+// output pixel is computed as the whole resize computes it (the same taps, the same order), so a
+// crop of the resize and the resize of a window are equal bit for bit. C: the channel count
+// known at compile time (0: img.c at run time).
+template <int C>
+Image resize_window(const Image& img, int rw, int rh, int x0, int y0, int w, int h) {
+  const int c = C ? C : img.c;
+  const Taps tx = make_taps(img.w, rw), ty = make_taps(img.h, rh);
+  int row_lo = img.h, row_hi = 0;  // the input rows the kept output rows read
+  for (int y = y0; y < y0 + h; ++y)
+    row_lo = std::min(row_lo, ty.first[y]), row_hi = std::max(row_hi, ty.first[y] + ty.count[y]);
+  std::vector<float> mid(static_cast<size_t>(std::max(0, row_hi - row_lo)) * w * c);
+  for (int y = row_lo; y < row_hi; ++y)
     for (int x = 0; x < w; ++x) {
       float acc[4] = {0, 0, 0, 0};
-      const float* wt = tx.w.data() + tx.off[x];
-      for (int k = 0; k < tx.count[x]; ++k) {
-        const uint8_t* s = img.at(tx.first[x] + k, y);
+      const float* wt = tx.w.data() + tx.off[x0 + x];
+      const uint8_t* s = img.at(tx.first[x0 + x], y);
+      for (int k = 0; k < tx.count[x0 + x]; ++k, s += c)
         for (int ch = 0; ch < c; ++ch) acc[ch] += wt[k] * s[ch];
-      }
-      float* d = mid.data() + (static_cast<size_t>(y) * w + x) * c;
+      float* d = mid.data() + (static_cast<size_t>(y - row_lo) * w + x) * c;
       for (int ch = 0; ch < c; ++ch) d[ch] = acc[ch];
     }
   Image out(w, h, c);
-  for (int y = 0; y < h; ++y)
+  for (int y = 0; y < h; ++y) {
+    const float* wt = ty.w.data() + ty.off[y0 + y];
+    const int first = ty.first[y0 + y] - row_lo, count = ty.count[y0 + y];
     for (int x = 0; x < w; ++x) {
       float acc[4] = {0, 0, 0, 0};
-      const float* wt = ty.w.data() + ty.off[y];
-      for (int k = 0; k < ty.count[y]; ++k) {
-        const float* s = mid.data() + (static_cast<size_t>(ty.first[y] + k) * w + x) * c;
+      for (int k = 0; k < count; ++k) {
+        const float* s = mid.data() + (static_cast<size_t>(first + k) * w + x) * c;
         for (int ch = 0; ch < c; ++ch) acc[ch] += wt[k] * s[ch];
       }
       uint8_t* d = out.at(x, y);
       for (int ch = 0; ch < c; ++ch) d[ch] = static_cast<uint8_t>(std::clamp(std::lround(acc[ch]), 0L, 255L));
     }
+  }
   return out;
+}
+
+Image resize_window(const Image& img, int rw, int rh, int x0, int y0, int w, int h) {
+  return img.c == 3 ? resize_window<3>(img, rw, rh, x0, y0, w, h) : resize_window<0>(img, rw, rh, x0, y0, w, h);
+}
+
+}  // namespace
+
+Image resize(const Image& img, int w, int h) {
+  check_image(img, "resize");
+  if (w < 1 || h < 1) throw std::invalid_argument("resize: bad target size " + std::to_string(w) + "x" + std::to_string(h));
+  if (w == img.w && h == img.h) return img;
+  return resize_window(img, w, h, 0, 0, w, h);
 }
 
 Image crop(const Image& img, int x0, int y0, int w, int h) {
@@ -377,9 +398,8 @@ Image resize_center_crop(const Image& img, int w, int h) {
   check_image(img, "resize_center_crop");
   if (w < 1 || h < 1) throw std::invalid_argument("resize_center_crop: bad target size");
   const CenterCrop c = center_crop_box(img.w, img.h, w, h);
-  const Image r = resize(img, c.rw, c.rh);
-  if (c.rw == w && c.rh == h) return r;
-  return crop(r, c.left, c.top, w, h);
+  if (c.rw == img.w && c.rh == img.h) return c.rw == w && c.rh == h ? img : crop(img, c.left, c.top, w, h);
+  return resize_window(img, c.rw, c.rh, c.left, c.top, w, h);  // only the kept window: equal to resize, then crop
 }
 
 CenterCrop center_crop_box(int iw, int ih, int w, int h) {

@@ -2,6 +2,7 @@
 // (Images as tensors and grids: tests/nodes/image_text_shards_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 
@@ -184,6 +185,19 @@ TEST(ImageIo, ResizeCropAndFlipShapes) {
   for (int y = 0; y < 3; ++y)
     for (int x = 0; x < 5; ++x) EXPECT_EQ(std::vector<uint8_t>(f.at(x, y), f.at(x, y) + 3), std::vector<uint8_t>(g.at(4 - x, y), g.at(4 - x, y) + 3));
   EXPECT_THROW(crop(g, 3, 0, 3, 3), std::invalid_argument);
+}
+
+// resize_center_crop resizes only the window it keeps: equal, bit for bit, to the whole resize
+// cropped, for every channel count, down and up, wide and tall.
+TEST(ImageIo, CenterCropResizesOnlyItsWindowYetEqualsResizeThenCrop) {
+  for (int c : {1, 2, 3, 4})
+    for (const auto& [iw, ih, w, h] : std::vector<std::array<int, 4>>{{97, 61, 32, 32}, {61, 97, 40, 24}, {50, 50, 120, 70}, {33, 80, 33, 40}}) {
+      Image img(iw, ih, c);
+      for (size_t i = 0; i < img.px.size(); ++i) img.px[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+      const CenterCrop box = center_crop_box(iw, ih, w, h);
+      const Image want = crop(resize(img, box.rw, box.rh), box.left, box.top, w, h), got = resize_center_crop(img, w, h);
+      EXPECT_EQ(got.px, want.px) << c << " channels, " << iw << "x" << ih << " -> " << w << "x" << h;
+    }
 }
 
 TEST(ImageIo, WritePngIsAtomicAndReadable) {
