@@ -2,6 +2,7 @@
 #include "data/arrow_image_text.hpp"
 
 #include <glob.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -83,6 +84,20 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
   } else {
     paths_ = path.find_first_of("*?[") != std::string::npos ? glob_paths(path) : std::vector<std::string>{path};
     if (paths_.empty()) throw std::runtime_error(path + ": no Arrow file matches (the path is relative to the current folder)");
+  }
+  // Each open file holds a descriptor (and a mapping) for the run: raise the soft limit of open
+  // files toward the hard one where the default (often 1024) is too few, or say so.
+  {
+    rlimit lim{};
+    const rlim_t need = static_cast<rlim_t>(paths_.size()) + 256;  // and the run's own files
+    if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < need) {
+      lim.rlim_cur = lim.rlim_max == RLIM_INFINITY ? need : std::min(need, lim.rlim_max);
+      setrlimit(RLIMIT_NOFILE, &lim);
+      if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < need)
+        throw std::runtime_error(path + ": its " + std::to_string(paths_.size()) + " Arrow files stay open (memory-mapped) for the run, but this "
+                                 "process may open " + std::to_string(lim.rlim_cur) + " files (ulimit -n; the hard limit is " +
+                                 std::to_string(lim.rlim_max) + "): raise it, or write fewer, larger files");
+    }
   }
   // Open every file: it exists, is whole, holds the rows the index says, and has the columns.
   for (size_t k = 0; k < paths_.size(); ++k) {

@@ -4,6 +4,7 @@
 // node: the same images, captions and sizes, the index's buckets, resume, and each bad input an
 // error naming the file and row. (The index itself: tests/formats/index_v2_test.cpp.)
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <nlohmann/json.hpp>
 
@@ -212,6 +213,23 @@ TEST(ArrowImageTextNode, BadInputIsAnErrorNamingFileAndRow) {
   EXPECT_EQ(d.bad_count(), 1);
   ASSERT_EQ(d.bad().size(), 1u);
   EXPECT_EQ(d.bad()[0].member, "row 1");
+}
+
+// The files stay open for the run: a soft open-files limit below them is raised toward the hard one.
+TEST(ArrowImageText, AnOpenFilesLimitTooLowIsRaised) {
+  REQUIRE_ARROW();
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &before), 0);
+  if (before.rlim_max != RLIM_INFINITY && before.rlim_max < 300) GTEST_SKIP() << "hard limit " << before.rlim_max;
+  rlimit low = before;
+  low.rlim_cur = 64;  // 2 files + 256 for the run are more
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  ArrowImageText d(kDir + "/index_base.json", {});
+  rlimit now{};
+  getrlimit(RLIMIT_NOFILE, &now);
+  setrlimit(RLIMIT_NOFILE, &before);
+  EXPECT_GE(now.rlim_cur, 258u);
+  EXPECT_EQ(d.size(), 19);
 }
 
 // `flowrun prep arrow`: a folder of pairs becomes csv2arrow.py's files and an Index V2 over them,
