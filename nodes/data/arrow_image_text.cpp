@@ -100,6 +100,7 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
     }
   }
   // Open every file: it exists, is whole, holds the rows the index says, and has the columns.
+  std::vector<std::pair<int, int>> size_cols;  // per file: the width and height columns (-1: none), for setup
   for (size_t k = 0; k < paths_.size(); ++k) {
     const std::string& p = paths_[k];
     std::error_code ec;
@@ -134,6 +135,7 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
         throw std::runtime_error(p + ": column '" + name + "' is " + f.type_name(c) + "; expected integers");
     }
     image_col_.push_back(img);
+    size_cols.push_back({f.column("width"), f.column("height")});
     caption_col_.push_back(cap);
   }
   if (!is_index) {
@@ -172,8 +174,8 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
         add_bad({paths_[k], where, "image is null"}, true);
         continue;
       }
-      it.w = size_value(f, f.column("width"), it.row);
-      it.h = size_value(f, f.column("height"), it.row);
+      it.w = size_value(f, size_cols[k].first, it.row);
+      it.h = size_value(f, size_cols[k].second, it.row);
       if (it.w <= 0 || it.h <= 0) {  // no usable size columns: the image header says
         const std::string_view head = f.bytes(image_col_[k], it.row);
         if (!probe_image_size(std::string(head.substr(0, std::min<size_t>(head.size(), 64 * 1024))), &it.w, &it.h) &&
