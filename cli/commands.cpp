@@ -1,3 +1,5 @@
+// The commands that read a graph file and run nothing: validate, dot, explain, nodes. Linked
+// into the flowrun binary itself, which links no libtorch (commands.hpp), so they answer at once.
 #include "commands.hpp"
 
 #include "args.hpp"
@@ -13,11 +15,12 @@
 #include "dot.hpp"
 #include "explain.hpp"
 #include "log.hpp"
+#include "parallel/layout.hpp"
 #include "plugin.hpp"
 #include "profile.hpp"
 #include "registry.hpp"
-#include "run_session.hpp"
 #include "spec.hpp"
+#include "torch_side.hpp"
 #include "trace.hpp"
 
 namespace flowrun::cli {
@@ -38,7 +41,8 @@ const char* kRunUsage =
 
 }  // namespace
 
-// parse -> load -> run: the session (session/run_session.hpp) does everything after the file loads.
+// parse -> load -> run: the file is read and checked here; the run session
+// (session/run_session.hpp, in the torch side: torch_side.hpp) does everything after.
 int cmd_run(const std::vector<std::string>& args) {
   if (wants_help(args)) return std::fputs(kRunUsage, stdout), 0;
   FileArgs f = split_args(args);
@@ -51,9 +55,7 @@ int cmd_run(const std::vector<std::string>& args) {
     std::cout << to_yaml(resolved_config(g));
     return 0;
   }
-  RunSession session(loaded ? &g : nullptr);  // a rank whose file failed still joins the job
-  if (auto end = session.start()) return *end;
-  return session.close(session.run());
+  return run_graph(loaded ? &g : nullptr);  // a rank whose file failed still joins the job
 }
 
 int cmd_validate(const std::vector<std::string>& args) {
@@ -136,7 +138,7 @@ int cmd_explain(const std::vector<std::string>& args) {
   if (!f.flags.empty()) return usage_error("explain", "unknown option " + f.flags.front(), usage);
   GraphSpec g;
   if (!load(f.file, f.overrides, g)) return 2;
-  std::cout << explain(g, Registry::global()) << "\n" << describe_layout(g, world);
+  std::cout << explain(g, Registry::global()) << "\n" << parallel::describe_layout(g, world);
   return 0;
 }
 

@@ -1,4 +1,6 @@
-// flowrun: run training graphs written in YAML.
+// flowrun: run training graphs written in YAML. This binary links no libtorch: the commands that
+// read graph files (commands.cpp) answer at once, and the ones that train or make data open the
+// library that has them (torch_side.hpp).
 #include <malloc.h>
 #include <unistd.h>
 
@@ -11,8 +13,8 @@
 
 #include "commands.hpp"
 #include "comm.hpp"
-#include "prep/prep.hpp"
 #include "log.hpp"
+#include "torch_side.hpp"
 
 static const char* kUsage =
     "usage: flowrun [run] FILE [KEY=VALUE...] [--print-config]   run a graph (overrides: run.steps=50, opt.lr=1e-3)\n"
@@ -88,8 +90,8 @@ static int dispatch(const std::vector<std::string>& args) {
   if (cmd == "dot") return flowrun::cli::cmd_dot(rest);
   if (cmd == "explain") return flowrun::cli::cmd_explain(rest);
   if (cmd == "nodes") return flowrun::cli::cmd_nodes(rest);
-  if (cmd == "plan") return flowrun::cli::cmd_plan(rest);
-  if (cmd == "prep") return flowrun::prep_command(rest);
+  // These two need libtorch: torch_side.hpp opens the library that has them.
+  if (cmd == "plan" || cmd == "prep") return flowrun::cli::torch_command(cmd, rest);
   if (cmd.size() > 5 && (cmd.rfind(".yaml") == cmd.size() - 5 || cmd.rfind(".yml") == cmd.size() - 4))
     return flowrun::cli::cmd_run(args);
   if (cmd.find('/') != std::string::npos || cmd.find('.') != std::string::npos) return flowrun::cli::cmd_run(args);

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <mutex>
 #include <stdexcept>
 
 #include "plugin_api.hpp"  // current_plugin_file(): set while a plugin registers
@@ -13,20 +14,62 @@ namespace detail {
 const std::map<std::string, std::string>& embedded_schemas();  // generated (schemas_embedded.cpp)
 const std::map<std::string, std::string>& embedded_groups();   // the same, schemas/groups/*.yaml
 
+namespace {
+// The built-in types' factories, filled by FLOWRUN_NODE while the node library loads.
+struct Factories {
+  std::mutex mu;
+  std::map<std::string, NodeFactory> by_type;
+};
+Factories& builtin_factories() {
+  static Factories f;
+  return f;
+}
+NodeFactory loaded_factory(const std::string& type) {
+  Factories& f = builtin_factories();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.by_type.find(type);
+  return it == f.by_type.end() ? NodeFactory() : it->second;
+}
+}  // namespace
+
 Registrar::Registrar(const char* type, NodeFactory f) {
-  const std::string& text = builtin_schema(type);
-  if (text.empty()) {
+  if (builtin_schema(type).empty()) {
     // A built-in without schemas/TYPE.yaml is a build mistake; say it loudly at start-up.
     spdlog::error("built-in node type '{}' has no schemas/{}.yaml; it is not registered", type, type);
     return;
   }
-  Registry::global().add(text, std::move(f), "built-in");
+  Factories& fs = builtin_factories();
+  std::lock_guard<std::mutex> lock(fs.mu);
+  fs.by_type[type] = std::move(f);
 }
 }  // namespace detail
 
+bool builtin_type_loaded(const std::string& type) { return static_cast<bool>(detail::loaded_factory(type)); }
+
+// Every built-in type from its embedded schema, so that checking, drawing and explaining a graph
+// need neither the node library nor libtorch; a built-in's factory is its FLOWRUN_NODE's, looked
+// up when a node is made (by then the run has loaded the node library). A schema is parsed the
+// first time its type is asked for: a graph names a few of some sixty.
 Registry& Registry::global() {
-  static Registry r;
-  return r;
+  static Registry* r = [] {
+    auto* g = new Registry;  // never destroyed: plugins' and nodes' static objects may outlive main
+    for (const std::string& type : builtin_types()) g->unparsed_.insert(type);
+    return g;
+  }();
+  return *r;
+}
+
+void Registry::parse_builtin(const std::string& type) const {
+  std::lock_guard<std::mutex> lock(parse_mu_);
+  if (!unparsed_.erase(type)) return;
+  NodeFactory make = [type]() -> std::unique_ptr<Node> {
+    NodeFactory f = detail::loaded_factory(type);
+    if (!f)
+      throw std::runtime_error("built-in node type '" + type + "': the node library (libflowrun_nodes.so) is not " +
+                               "loaded in this process; link it, or load a plugin that does");
+    return f();
+  };
+  types_[type] = NodeType{parse_node_schema(builtin_schema(type), "built-in"), std::move(make)};
 }
 
 void Registry::add(const std::string& schema_yaml, NodeFactory factory, const std::string& origin) {
@@ -41,6 +84,7 @@ void Registry::replace(const std::string& schema_yaml, NodeFactory factory, cons
 
 void Registry::add(NodeSchema schema, NodeFactory factory, bool replace) {
   std::string name = schema.type;
+  parse_builtin(name);  // a built-in replaced or refused is named as one
   auto it = types_.find(name);
   if (it != types_.end()) {
     const std::string& before = it->second.schema.origin;
@@ -58,19 +102,26 @@ void Registry::add(NodeSchema schema, NodeFactory factory, bool replace) {
 }
 
 void Registry::extend(const std::string& type, const std::function<void(NodeSchema&)>& edit) {
+  parse_builtin(type);
   auto it = types_.find(type);
   if (it == types_.end()) throw std::runtime_error("no node type '" + type + "' is registered to extend");
   edit(it->second.schema);
 }
 
 const NodeType* Registry::find(const std::string& type) const {
+  parse_builtin(type);
   auto it = types_.find(type);
   return it == types_.end() ? nullptr : &it->second;
 }
 
 std::vector<std::string> Registry::types() const {
   std::vector<std::string> v;
+  {
+    std::lock_guard<std::mutex> lock(parse_mu_);
+    v.assign(unparsed_.begin(), unparsed_.end());
+  }
   for (const auto& [k, _] : types_) v.push_back(k);
+  std::sort(v.begin(), v.end());
   return v;
 }
 

@@ -1,10 +1,14 @@
-// Registry: node type name -> schema + factory. Built-in node types register themselves at
-// load time with FLOWRUN_NODE (their schema is schemas/TYPE.yaml, embedded at build time);
-// plugins register theirs from their entry point (plugin_api.hpp).
+// Registry: node type name -> schema + factory. The built-in node types are known from their
+// schemas (schemas/TYPE.yaml, embedded in the engine at build time) from the start: checking,
+// drawing and explaining a graph (flowrun validate, dot, explain, nodes) load neither the node
+// library nor libtorch. Their factories come with the node library: FLOWRUN_NODE registers each
+// as libflowrun_nodes.so loads. Plugins register theirs from their entry point (plugin_api.hpp).
 #pragma once
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +24,8 @@ struct NodeType {
 
 class Registry {
  public:
-  // The process-wide registry that FLOWRUN_NODE and plugins fill.
+  // The process-wide registry: every built-in type (its factory works once the node library is
+  // loaded), and what plugins add.
   static Registry& global();
 
   // Register a type; the schema's `type:` is its name. From a plugin (while its entry point
@@ -44,10 +49,15 @@ class Registry {
 
  private:
   void add(NodeSchema schema, NodeFactory factory, bool replace);
-  std::map<std::string, NodeType> types_;
+  void parse_builtin(const std::string& type) const;  // if it is a built-in not parsed yet
+  mutable std::map<std::string, NodeType> types_;
+  mutable std::set<std::string> unparsed_;  // built-ins (global() only) whose schemas were not asked for yet
+  mutable std::mutex parse_mu_;
   std::vector<std::string> plugins_;
 };
 
+// Whether the node library that makes built-in `type` is loaded (its FLOWRUN_NODE ran).
+bool builtin_type_loaded(const std::string& type);
 // The schema text of a built-in type, embedded from schemas/TYPE.yaml ("" if none).
 const std::string& builtin_schema(const std::string& type);
 // The node types that have an embedded schema (schemas/*.yaml but graph.yaml), sorted.
@@ -70,7 +80,8 @@ struct Registrar {
 
 #define FLOWRUN_CONCAT_(a, b) a##b
 #define FLOWRUN_CONCAT(a, b) FLOWRUN_CONCAT_(a, b)
-// Register built-in node type TYPE implemented by CLASS; its schema is schemas/TYPE.yaml.
+// Built-in node type TYPE is implemented by CLASS (its factory, as the library loads); its schema
+// is schemas/TYPE.yaml, which the registry already holds.
 #define FLOWRUN_NODE(TYPE, CLASS)                                                    \
   static ::flowrun::detail::Registrar FLOWRUN_CONCAT(flowrun_registrar_, TYPE)(     \
       #TYPE, [] { return std::unique_ptr<::flowrun::Node>(new CLASS()); });

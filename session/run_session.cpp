@@ -27,8 +27,8 @@
 #include "common/torch_setup.hpp"
 #include "executor.hpp"
 #include "hash.hpp"
+#include "parallel/layout.hpp"
 #include "parallel/mesh.hpp"
-#include "parallel/pipeline_schedule.hpp"
 #include "log.hpp"
 #include "profile.hpp"
 #include "progress.hpp"
@@ -270,56 +270,6 @@ struct RunSession::Impl {
   double resident_at_start = -1;  // the process's resident bytes before the nodes were made
 };
 
-namespace pipeline = parallel::pipeline;
-
-namespace {
-
-// run.parallel's pipeline settings: a schedule that can be made (pipeline_schedule.hpp), and none
-// of them without pipeline stages (a setting that is accepted must do what it says).
-pipeline::Config pipeline_config(const RunSettings::Parallel& p) {
-  if (p.pp == 1) {
-    auto refuse = [](const std::string& what) {
-      throw std::runtime_error("run.parallel." + what + " is set, but run.parallel.pp is 1 (no pipeline stages); set pp, "
-                               "or drop it" + (what.rfind("microbatches", 0) == 0
-                                                   ? std::string(" (forward_backward's accumulate cuts a batch into micro-batches on one stage)")
-                                                   : std::string()));
-    };
-    if (p.microbatches != 1) refuse("microbatches (" + std::to_string(p.microbatches) + ")");
-    if (p.schedule != "1f1b") refuse("schedule (" + p.schedule + ")");
-    if (p.virtual_stages != 1) refuse("virtual_stages (" + std::to_string(p.virtual_stages) + ")");
-    if (!p.stage_layers.empty()) refuse("stage_layers");
-  }
-  const pipeline::Config c = pipeline::Config::of(p.pp, p.microbatches, p.schedule, p.virtual_stages);
-  c.check();
-  return c;
-}
-
-}  // namespace
-
-std::string describe_layout(const GraphSpec& g, int world) {
-  const RunSettings::Parallel& p = g.settings.parallel;
-  std::string out = "processes: ";
-  try {
-    const parallel::Mesh mesh(world, p.tp, p.pp);
-    out += mesh.describe() + " (run.parallel, tp fastest)\n";
-    for (const auto& line : mesh.table()) out += "  " + line + "\n";
-    const pipeline::Config c = pipeline_config(p);
-    if (p.pp > 1) {
-      // The schedule each stage runs (the same rule forward_backward executes), with unit costs.
-      const pipeline::Schedule s = pipeline::make(c);
-      out += "pipeline: " + std::to_string(p.pp) + " stages, schedule " + p.schedule + ", " +
-             std::to_string(p.microbatches) + " micro-batches" +
-             (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) + " chunks a stage" : std::string()) +
-             "; each stage's program and its predicted idle share (costs F 1, B 1, W 1" +
-             (c.kind == pipeline::Kind::zero_bubble ? "" : ", B without its W split off: 2") + "; .. = waiting):\n";
-      for (const auto& line : s.render()) out += "  " + line + "\n";
-    }
-  } catch (const std::exception& e) {
-    out += std::string("cannot run: ") + e.what() + "\n";
-  }
-  return out;
-}
-
 RunSession::RunSession(const GraphSpec* g) : g_(g), impl_(std::make_unique<Impl>()) {}
 RunSession::~RunSession() = default;
 
@@ -342,7 +292,7 @@ std::optional<int> RunSession::start() {
   // with a strategy not built yet, stops every rank before any node is made.
   try {
     const parallel::Mesh mesh(info_.world, run.parallel.tp, run.parallel.pp);
-    pipeline_config(run.parallel);
+    parallel::pipeline_config(run.parallel);
     if (info_.world > 1 && info_.rank == 0) spdlog::info("processes: {}", mesh.describe());
   } catch (const std::exception& e) {
     spdlog::error("{}: {}", g.file, e.what());
@@ -506,6 +456,8 @@ int RunSession::run() {
 int RunSession::close(int code) {
   Impl& m = *impl_;
   if (!m.ran) return code;  // start() ended the run before its first step
+  if (const std::string chosen = cpu_blas::choices_summary(); !chosen.empty() && info_.rank == 0)
+    spdlog::info("run.cpu_gemm auto: {}", chosen);
   if (g_->settings.profile && !write_profile(*g_, *m.tracer, info_) && code == 0) code = 1;
   if (!m.trace_file.empty()) {
     try {

@@ -59,8 +59,4 @@ class RunSession {
   std::unique_ptr<Impl> impl_;
 };
 
-// run.parallel over `world` processes, for `flowrun explain`: the mesh (nodes/parallel/mesh.hpp)
-// and the coordinates and groups of each rank, or why the layout cannot run.
-std::string describe_layout(const GraphSpec& g, int world);
-
 }  // namespace flowrun

@@ -12,10 +12,11 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-// C[m, n] (row-major, contiguous) = op(A) · op(B) + beta · C, A and B contiguous as stored.
+// C[m, n] (row-major, contiguous) = op(A) · op(B) + beta · C, A and B contiguous as stored; through
+// the library run.cpu_gemm picks for the shape (common/cpu_blas.hpp).
 void product(bool ta, bool tb, const torch::Tensor& a, const torch::Tensor& b, float beta, torch::Tensor& c) {
   const int64_t m = c.size(0), n = c.size(1), k = ta ? a.size(0) : a.size(1);
-  cpu_blas::sgemm(ta, tb, m, n, k, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(), b.size(1), beta,
+  cpu_blas::gemm(ta, tb, m, n, k, a.data_ptr<float>(), a.size(1), b.data_ptr<float>(), b.size(1), beta,
                   c.data_ptr<float>(), n);
 }
 

@@ -1,9 +1,10 @@
 // The product of a linear layer: y = x · Wᵀ + b (weight [out, in], as torch::nn::Linear) or
 // y = x · W + b (w_in_out: weight [in, out], Hugging Face's Conv1D); lora::Linear's base product
-// and GPT's tied head. Where cpu_linear_applies() (float32 on the CPU, OpenBLAS active:
-// common/cpu_blas.hpp, run.cpu_gemm), one autograd function whose three products run through
-// OpenBLAS; elsewhere libtorch's linear (addmm), or for Conv1D's layout matmul as transformers
-// computes it.
+// and GPT's tied head. Where cpu_linear_applies() (float32 on the CPU, OpenBLAS installed and
+// not refused: common/cpu_blas.hpp, run.cpu_gemm), one autograd function whose three products
+// each run through the library chosen for their shape (OpenBLAS or libtorch's GEMM, by a
+// measurement kept per machine); elsewhere libtorch's linear (addmm), or for Conv1D's layout
+// matmul as transformers computes it.
 //
 // Forward copies the bias into y and multiplies with β = 1 (as torch's addmm does), for a
 // [..., in] input of any rank: one product over the rows, never a separate bias pass (libtorch's

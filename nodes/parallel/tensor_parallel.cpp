@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+#include "node.hpp"  // RunInfo
+
 namespace flowrun::parallel {
 
 namespace {

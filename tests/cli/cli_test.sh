@@ -568,6 +568,58 @@ checkpoint_write_fails)
   ls -a "$tmp/f/checkpoints" | grep -q 'tmp' && fail "left a half-written folder: $(ls -a "$tmp/f/checkpoints")"
   [ "$(cat "$tmp/f/checkpoints/latest")" = step_00000010 ] || fail "latest moved"
   ;;
+quick_commands)
+  # The commands that train nothing answer at once (cli/torch_side.hpp): the binary links no
+  # libtorch, whose start-up alone takes 0.3-0.9 s; they measure 5-30 ms. Each under a
+  # generous 250 ms (the median of 5, beside the other tests).
+  ldd "$flowrun" | grep -q torch && fail "the flowrun binary links libtorch: $(ldd "$flowrun" | grep torch)"
+  median_ms() {  # median_ms CMD...: the median wall time of 5 runs, in ms
+    for _ in 1 2 3 4 5; do
+      local t0=$(date +%s%N); "$@" > /dev/null 2>&1; echo $(( ($(date +%s%N) - t0) / 1000000 ))
+    done | sort -n | sed -n 3p
+  }
+  for cmd in "--help" "validate graphs/gpt.yaml" "dot graphs/hydit_lora.yaml" "explain graphs/gpt.yaml" "nodes" "nodes optimizer"; do
+    # shellcheck disable=SC2086
+    expect_code 0 "$flowrun" $cmd
+    ms=$(median_ms "$flowrun" $cmd)
+    echo "flowrun $cmd: $ms ms"
+    [ "$ms" -lt 250 ] || fail "flowrun $cmd took $ms ms (median of 5), bound 250"
+  done
+  # And they see every built-in type without the node library: the same list as a run's.
+  expect_code 0 "$flowrun" nodes
+  for f in schemas/*.yaml; do
+    t=$(basename "$f" .yaml); [ "$t" = graph ] || grep -q "^$t " "$tmp/out" || fail "flowrun nodes does not list $t"
+  done
+  ;;
+cpu_gemm_choice)
+  # run.cpu_gemm auto (nodes/common/cpu_blas.hpp): each float32 product shape is timed once per
+  # machine in OpenBLAS and in libtorch, the faster takes it, and the verdicts stay in a cache
+  # file that later runs read (so they multiply alike: the same losses bit for bit); an OpenBLAS
+  # whose kernels are older than the CPU (OPENBLAS_CORETYPE=Prescott on a CPU with AVX2) is refused.
+  needs_data data/text/fortunes_byte.train.bin
+  export FLOWRUN_CACHE_DIR="$tmp/cache"
+  g=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=32 data.batch=4 model.layers=2 model.dim=32
+     model.heads=4 model.vocab=256 model.context=32 run.steps=4 run.log_every=1 opt.warmup=2 eval.every=100 evlog.every=100 ckpt.every=100)
+  expect_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/a"
+  if grep -q "multiply through libtorch (no OpenBLAS" "$tmp/out"; then
+    echo "SKIP [$case_name]: no OpenMP OpenBLAS installed (apt install libopenblas0-openmp)"; exit 77
+  fi
+  expect_out "float32 linear layers multiply through the faster of OpenBLAS"
+  expect_out "run.cpu_gemm auto: "
+  expect_out "OpenBLAS took"
+  cache=$(ls "$tmp"/cache/cpu_gemm-*.txt) || fail "no cache file in $tmp/cache"
+  verdicts=$(($(wc -l < "$cache") - 1))
+  [ "$verdicts" -ge 3 ] || fail "the cache file holds $verdicts verdicts: $(cat "$cache")"
+  expect_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/b"
+  [ $(($(wc -l < "$cache") - 1)) = "$verdicts" ] || fail "the second run measured again: $(cat "$cache")"
+  cmp -s <(grep -o '"loss":[^,]*' "$tmp/a/metrics.jsonl") <(grep -o '"loss":[^,]*' "$tmp/b/metrics.jsonl") ||
+    fail "two runs with the same verdicts differ"
+  if grep -qw avx2 /proc/cpuinfo; then
+    OPENBLAS_CORETYPE=Prescott expect_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/c"
+    expect_out "multiply through libtorch (OpenBLAS refused: its kernels are Prescott's, older than this CPU"
+    grep -q "run.cpu_gemm auto:" "$tmp/out" && fail "a refused OpenBLAS still multiplied"
+  fi
+  ;;
 *) fail "unknown case" ;;
 esac
 echo "ok [$case_name]"

@@ -6,7 +6,13 @@
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <optional>
+#include <sstream>
+#include <tuple>
 
 #include "common/cpu_blas.hpp"
 #include "models/linear.hpp"
@@ -159,6 +165,78 @@ TEST(Linear, DeferredWeightGradientsArriveAtFlushAsBackwardWouldComputeThem) {
     const auto now = run(false), later = run(true);
     for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(torch::allclose(now[i], later[i], 1e-6, 1e-6)) << i;
   }
+}
+
+// run.cpu_gemm auto: each product shape goes to the library measured faster for it on this
+// machine. The verdict is written to the cache file the first time a shape is met (here a folder
+// of the test's own), and read from it after: every process multiplies a shape alike.
+struct CacheDir {
+  std::string before, dir;
+  CacheDir() {
+    const char* b = std::getenv("FLOWRUN_CACHE_DIR");
+    before = b ? b : "";
+    dir = (std::filesystem::temp_directory_path() / ("flowrun-gemm-cache-" + std::to_string(getpid()))).string();
+    std::filesystem::remove_all(dir);
+    setenv("FLOWRUN_CACHE_DIR", dir.c_str(), 1);
+  }
+  ~CacheDir() {
+    std::filesystem::remove_all(dir);
+    if (before.empty()) unsetenv("FLOWRUN_CACHE_DIR");
+    else setenv("FLOWRUN_CACHE_DIR", before.c_str(), 1);
+  }
+};
+
+std::vector<std::string> cache_lines() {
+  std::ifstream in(cpu_blas::cache_file());
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  return lines;
+}
+
+TEST(Linear, AutoTakesTheFasterLibraryForEachShapeAndKeepsTheVerdictPerMachine) {
+  SKIP_WITHOUT_OPENBLAS();
+  CacheDir cache;
+  SelectedGemm lib(cpu_blas::Library::automatic);
+  EXPECT_NE(cpu_blas::describe().find("the faster of OpenBLAS"), std::string::npos) << cpu_blas::describe();
+  // Shapes no other test meets: x [13, 31] · W[29, 31]ᵀ forward, then dx = g · W and dW = gᵀ · x.
+  torch::Tensor x = torch::randn({13, 31}).requires_grad_(true), w = torch::randn({29, 31}).requires_grad_(true);
+  const torch::Tensor y = flowrun::linear(x, w);
+  y.sum().backward();
+  const torch::Tensor x64 = x.detach().to(torch::kDouble), w64 = w.detach().to(torch::kDouble);
+  const torch::Tensor ones = torch::ones({13, 29}, torch::kDouble);
+  expect_linear_close(y.detach(), torch::matmul(x64, w64.t()), "y");
+  expect_linear_close(x.grad(), torch::matmul(ones, w64), "dx");
+  expect_linear_close(w.grad(), torch::matmul(ones.t(), x64), "dW");
+  const std::vector<std::string> lines = cache_lines();
+  ASSERT_EQ(lines.size(), 4u) << "the fingerprint and three verdicts";
+  const int t = at::get_num_threads();
+  for (const auto& [key, ta, tb, m, n, k] : std::vector<std::tuple<std::string, bool, bool, int, int, int>>{
+           {"NT:13x29x31", false, true, 13, 29, 31}, {"NN:13x31x29", false, false, 13, 31, 29}, {"TN:29x31x13", true, false, 29, 31, 13}}) {
+    const std::string want_key = key + ":t" + std::to_string(t);
+    auto line = std::find_if(lines.begin(), lines.end(), [&](const std::string& l) { return l.rfind(want_key + " ", 0) == 0; });
+    ASSERT_NE(line, lines.end()) << want_key;
+    std::istringstream f(*line);
+    std::string k2, library;
+    double openblas_s = 0, libtorch_s = 0;
+    f >> k2 >> library >> openblas_s >> libtorch_s;
+    EXPECT_EQ(library, openblas_s < libtorch_s ? "openblas" : "libtorch") << *line;  // the faster one
+    EXPECT_EQ(cpu_blas::chosen(ta, tb, m, n, k), library) << *line;
+  }
+  // A verdict already in the file is the one taken, whatever this process would measure: here
+  // one planted for a new shape (OpenBLAS, against its own times), and nothing is measured again.
+  { std::ofstream(cpu_blas::cache_file(), std::ios::app) << "NT:11x23x7:t" << t << " openblas 1 1e-9\n"; }
+  flowrun::linear(torch::randn({11, 7}), torch::randn({23, 7}));
+  EXPECT_EQ(cpu_blas::chosen(false, true, 11, 23, 7), "openblas");
+  EXPECT_EQ(cache_lines().size(), 5u);
+  EXPECT_NE(cpu_blas::choices_summary().find("product shapes: OpenBLAS took"), std::string::npos) << cpu_blas::choices_summary();
+}
+
+TEST(Linear, AnOpenBlasWhoseKernelsPredateTheCpuIsNotTaken) {
+  for (const char* old : {"Prescott", "Core2", "Nehalem", "Sandybridge", "Barcelona", "Bulldozer"})
+    EXPECT_TRUE(cpu_blas::core_predates_avx2(old)) << old;
+  for (const char* current : {"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+    EXPECT_FALSE(cpu_blas::core_predates_avx2(current)) << current;
+  // A process started with OPENBLAS_CORETYPE=Prescott: tests/cli/cli_test.sh cpu_gemm_choice.
 }
 
 TEST(Linear, RunCpuGemmNamesItsThreeValues) {

@@ -1,0 +1,52 @@
+// run.parallel as a layout (layout.hpp).
+#include "parallel/layout.hpp"
+
+#include <stdexcept>
+
+#include "parallel/mesh.hpp"
+
+namespace flowrun::parallel {
+
+pipeline::Config pipeline_config(const RunSettings::Parallel& p) {
+  if (p.pp == 1) {
+    auto refuse = [](const std::string& what) {
+      throw std::runtime_error("run.parallel." + what + " is set, but run.parallel.pp is 1 (no pipeline stages); set pp, "
+                               "or drop it" + (what.rfind("microbatches", 0) == 0
+                                                   ? std::string(" (forward_backward's accumulate cuts a batch into micro-batches on one stage)")
+                                                   : std::string()));
+    };
+    if (p.microbatches != 1) refuse("microbatches (" + std::to_string(p.microbatches) + ")");
+    if (p.schedule != "1f1b") refuse("schedule (" + p.schedule + ")");
+    if (p.virtual_stages != 1) refuse("virtual_stages (" + std::to_string(p.virtual_stages) + ")");
+    if (!p.stage_layers.empty()) refuse("stage_layers");
+  }
+  const pipeline::Config c = pipeline::Config::of(p.pp, p.microbatches, p.schedule, p.virtual_stages);
+  c.check();
+  return c;
+}
+
+std::string describe_layout(const GraphSpec& g, int world) {
+  const RunSettings::Parallel& p = g.settings.parallel;
+  std::string out = "processes: ";
+  try {
+    const Mesh mesh(world, p.tp, p.pp);
+    out += mesh.describe() + " (run.parallel, tp fastest)\n";
+    for (const auto& line : mesh.table()) out += "  " + line + "\n";
+    const pipeline::Config c = pipeline_config(p);
+    if (p.pp > 1) {
+      // The schedule each stage runs (the same rule forward_backward executes), with unit costs.
+      const pipeline::Schedule s = pipeline::make(c);
+      out += "pipeline: " + std::to_string(p.pp) + " stages, schedule " + p.schedule + ", " +
+             std::to_string(p.microbatches) + " micro-batches" +
+             (p.virtual_stages > 1 ? ", " + std::to_string(p.virtual_stages) + " chunks a stage" : std::string()) +
+             "; each stage's program and its predicted idle share (costs F 1, B 1, W 1" +
+             (c.kind == pipeline::Kind::zero_bubble ? "" : ", B without its W split off: 2") + "; .. = waiting):\n";
+      for (const auto& line : s.render()) out += "  " + line + "\n";
+    }
+  } catch (const std::exception& e) {
+    out += std::string("cannot run: ") + e.what() + "\n";
+  }
+  return out;
+}
+
+}  // namespace flowrun::parallel
