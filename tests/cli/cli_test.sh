@@ -411,8 +411,8 @@ for line in open(sys.argv[2]):
         n += 1
 assert not scalars, "scalars not in metrics.jsonl: %s" % scalars
 # 3 training lines (loss lr grad_norm skipped steps_per_s), 1 eval line (val_loss fidelity color kind
-# steps_per_s, and per_prompt/PROMPT and per_prompt_color/PROMPT for each of the 7 prompts)
-assert n == 3 * 5 + 5 + 2 * 7, n
+# steps_per_s, and per_prompt/PROMPT and per_prompt_color/PROMPT for each of the 14 prompts)
+assert n == 3 * 5 + 5 + 2 * 14, n
 images = [(e["step"], t, i) for e in events for t, i in e["images"].items()]
 w, h = struct.unpack(">II", open(sys.argv[3], "rb").read()[16:24])
 assert images == [(6, "sample", images[0][2])], images

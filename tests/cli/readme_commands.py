@@ -41,7 +41,7 @@ TINY = {
     "graphs/vae.yaml": ["data.batch=4", "data.size=16", "recon.batch=8", "recon.batches=1", "recon.zoom=1"] +
                        ["model." + o for o in VAE_TINY],
     "graphs/dit_base.yaml": DIT_TINY,
-    "graphs/hydit_lora.yaml": DIT_TINY,
+    "graphs/hydit_lora.yaml": DIT_TINY + ["prior.batch=2"],
     "graphs/gpt.yaml": ["model.layers=1", "model.dim=32", "model.heads=2", "data.batch=4", "data.seq_len=32",
                         "model.context=32", "eval.batches=2", "eval.batch=4"],
     "graphs/cappa.yaml": ["data.size=16", "model.image_size=16", "model.patch=8", "model.width=16", "model.depth=1",

@@ -344,9 +344,9 @@ fidelity_ranks)
         sample.steps=3 sample.per_prompt=2 eval.batch=8 eval.batches=1 vae.weights=null
         ckpt.at=[])
   run_code 0 "$flowrun" "${tiny[@]}" run.out_dir="$tmp/one" data.batch=16
-  expect_out "over 7 prompts, 14 images"
+  expect_out "over 14 prompts, 28 images"
   run_code 0 "${mpi[@]}" "$flowrun" "${tiny[@]}" run.out_dir="$tmp/two" data.batch=8
-  expect_out "over 7 prompts, 14 images"
+  expect_out "over 14 prompts, 28 images"
   for d in one two; do
     grep '"fidelity"' "$tmp/$d/metrics.jsonl" | python3 -c 'import json, sys
 j = json.loads(sys.stdin.read())

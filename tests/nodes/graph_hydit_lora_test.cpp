@@ -105,28 +105,30 @@ TEST(GraphHyditLora, BaseLearnsTheShapesThenLoraTrainsOnlyAdaptersOnTheNewColor)
     if (j.contains("val_loss")) val = j["val_loss"].get<double>();
   EXPECT_GT(val, 0) << "no val_loss logged";
   EXPECT_LT(val, 0.8 * first) << "val " << val;
-  // shapes_fidelity scored the base's samples: a figure for each of the seven prompts (the
-  // colors the base knows) and their mean, in evlog's line. At this size the figures are not a
+  // shapes_fidelity scored the base's samples: a figure for each of the 14 prompts (two in each
+  // color the base knows) and their mean, in evlog's line. At this size the figures are not a
   // quality bar (the demo's are, docs/data.md); here: the fields are there and add up.
-  expect_fidelity(base.metrics, 7);
+  expect_fidelity(base.metrics, 14);
   const std::string base_ckpt = base.out_dir + "/checkpoints";
   ASSERT_TRUE(std::filesystem::exists(base_ckpt + "/step_00000300/ema.params.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(base.out_dir + "/samples/step_0000300.png"));
 
-  // 2. LoRA on the purple set from the base's EMA weights, through `latest`.
+  // 2. LoRA on the purple set from the base's EMA weights, through `latest`, with prior
+  // preservation: 4 of the base set's images beside 12 purple ones a step (concat_batches).
   o = tiny(data, "lora", vae_ckpt);
-  for (std::string s : {"run.steps=40", "ckpt.every=40", "model.lora.rank=4", "model.lora.alpha=4", "sample.every=40",
+  o.push_back("prior.path=" + data + "/base");
+  for (std::string s : {"data.batch=12", "prior.size=16", "prior.batch=4", "run.steps=40", "ckpt.every=40", "model.lora.rank=4", "model.lora.alpha=4", "sample.every=40",
                         "fid.every=40", "eval.every=40", "evlog.every=40"})
     o.push_back(s);
   o.push_back("model.weights=" + base_ckpt + "/latest/ema.params.safetensors");
   auto lora = test::run_graph_text(test::read_text(src + "/graphs/hydit_lora.yaml"), o);
   EXPECT_TRUE(std::filesystem::exists(lora.out_dir + "/samples/step_0000001.png"));
   EXPECT_TRUE(std::filesystem::exists(lora.out_dir + "/samples/step_0000040.png"));
-  // Decoded by the VAE: 8x8 latents -> 16x16 tiles, 2 per prompt, 4 prompts, 2-pixel pads.
+  // Decoded by the VAE: 8x8 latents -> 16x16 tiles, 2 per prompt, 10 prompts, 2-pixel pads.
   const std::string grid_png = lora.out_dir + "/samples/step_0000040.png";
   const Image grid = decode_image(test::read_text(grid_png), grid_png);
   EXPECT_EQ(grid.w, 2 + 2 * (16 + 2));
-  EXPECT_EQ(grid.h, 2 + 4 * (16 + 2));
+  EXPECT_EQ(grid.h, 2 + 10 * (16 + 2));
   int evals = 0;  // at the start (the base on the purple set) and the end
   for (const auto& j : lora.metrics)
     if (j.contains("val_loss")) {
@@ -134,7 +136,7 @@ TEST(GraphHyditLora, BaseLearnsTheShapesThenLoraTrainsOnlyAdaptersOnTheNewColor)
       EXPECT_TRUE(std::isfinite(j["val_loss"].get<double>()));
     }
   EXPECT_EQ(evals, 2);
-  expect_fidelity(lora.metrics, 4);  // three purple prompts and the red control, at steps 1 and 40
+  expect_fidelity(lora.metrics, 10);  // six purple prompts and four controls, at steps 1 and 40
   const std::string folder = lora.out_dir + "/checkpoints/step_00000040";
   // Two models with adapters are saved (the trained one and its EMA): one PEFT folder each.
   for (const char* ref : {"model.params", "ema.params"}) {
