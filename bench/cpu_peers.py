@@ -128,7 +128,9 @@ def same_libtorch(flowrun):
     import torch
 
     ours = os.path.realpath(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-    out = subprocess.run(["ldd", flowrun], stdout=subprocess.PIPE, text=True).stdout
+    # The binary links no libtorch; the library that runs its graphs does (cli/torch_side.hpp).
+    runner = os.path.join(os.path.dirname(os.path.abspath(flowrun)), "libflowrun_cli_torch.so")
+    out = subprocess.run(["ldd", runner if os.path.exists(runner) else flowrun], stdout=subprocess.PIPE, text=True).stdout
     theirs = [l.split("=>")[1].split()[0] for l in out.splitlines() if "libtorch_cpu.so" in l and "=>" in l]
     if not theirs or os.path.realpath(theirs[0]) != ours:
         sys.exit("cpu_peers.py: %s loads %s, but this Python's torch %s is %s: run this script with the Python "

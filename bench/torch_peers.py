@@ -472,12 +472,28 @@ def write_report(out, lines):
     return text
 
 
+GEMM_SEEN = set()
+
+
+def note_gemm(output):
+    """Print, once each, which library flowrun's float32 products went through (run.cpu_gemm):
+    its run log's line at the start and auto's summary at the end."""
+    for line in output.splitlines():
+        for mark in ("float32 linear layers multiply through ", "run.cpu_gemm auto: "):
+            if mark in line:
+                said = mark + line.split(mark, 1)[1].strip()
+                if said not in GEMM_SEEN:
+                    GEMM_SEEN.add(said)
+                    print("flowrun: " + said, flush=True)
+
+
 def flowrun_round(flowrun, overrides, warmup, launcher=()):
     """Seconds per step from OUT_DIR/metrics.jsonl: median of the logged windows after warmup.
     `launcher`: a prefix such as mpirun's for a multi-process run (rank 0 writes the metrics)."""
     cmd, code, output, rows = run_flowrun(flowrun, overrides, launcher)
     if code != 0:
         raise RuntimeError("flowrun failed (exit %d): %s\n%s" % (code, cmd, output[-3000:]))
+    note_gemm(output)
     sec = seconds_per_step(rows, warmup + 1)
     if sec is None:
         raise RuntimeError("flowrun logged too few steps after warm-up")

@@ -23,8 +23,9 @@ void* torch_side() {
     // RTLD_GLOBAL: its libraries (libtorch among them) join the global scope, where they were when
     // the binary linked them, so libraries opened later (plugins, OpenBLAS) resolve as before.
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (!h) throw std::runtime_error("cannot load " + path + ", the part of flowrun that runs graphs (with libtorch): " +
-                                     dlerror() + "; rebuild it: cmake --build BUILD_DIR --target flowrun");
+    if (!h) throw std::runtime_error("cannot load " + path + ", the part of flowrun that runs graphs, plans and prep " +
+                                     "(with libtorch): " + dlerror() + "; it must sit beside the flowrun binary: build " +
+                                     "both (cmake --build BUILD_DIR --target flowrun) and keep them in one folder");
     return h;
   }();
   return handle;

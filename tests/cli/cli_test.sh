@@ -591,6 +591,23 @@ quick_commands)
     t=$(basename "$f" .yaml); [ "$t" = graph ] || grep -q "^$t " "$tmp/out" || fail "flowrun nodes does not list $t"
   done
   ;;
+gtest_suite_runner)
+  # tests/tools/gtest_suite.sh, which runs a node test suite as one ctest test: a suite whose
+  # every case skipped is "skipped" (77), a failure is never hidden by skips beside it.
+  fake() {  # fake NAME RC LINES...: a gtest binary that prints LINES and exits RC
+    printf '#!/bin/sh\nprintf "%%s\\n" %s\nexit %s\n' "$(printf "'%s' " "${@:3}")" "$2" > "$tmp/$1"; chmod +x "$tmp/$1"
+  }
+  runner=tests/tools/gtest_suite.sh
+  fake all_skipped 0 "[  SKIPPED ] S.a" "[  PASSED  ] 0 tests." "[  SKIPPED ] 2 tests, listed below:"
+  expect_code 77 bash $runner "$tmp/all_skipped" --gtest_filter='S.*'
+  fake some_skipped 0 "[  SKIPPED ] S.a" "[  PASSED  ] 1 test." "[  SKIPPED ] 1 test, listed below:"
+  expect_code 0 bash $runner "$tmp/some_skipped" --gtest_filter='S.*'
+  fake failed 1 "[  SKIPPED ] S.a" "[  FAILED  ] S.b" "[  PASSED  ] 0 tests." "[  FAILED  ] 1 test, listed below:"
+  expect_code 1 bash $runner "$tmp/failed" --gtest_filter='S.*'
+  expect_out "[  FAILED  ] S.b"
+  fake passed 0 "[  PASSED  ] 3 tests."
+  expect_code 0 bash $runner "$tmp/passed" --gtest_filter='S.*'
+  ;;
 cpu_gemm_choice)
   # run.cpu_gemm auto (nodes/common/cpu_blas.hpp): each float32 product shape is timed once per
   # machine in OpenBLAS and in libtorch, the faster takes it, and the verdicts stay in a cache

@@ -1,6 +1,8 @@
 // Schemas: every built-in schema parses; schema mistakes are reported with their place.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "registry.hpp"
 #include "schema.hpp"
 
@@ -19,6 +21,32 @@ TEST(Schema, EveryBuiltinTypeHasAParsedSchemaWithDocs) {
     for (const auto& p : s.outputs) EXPECT_FALSE(p.doc.empty()) << t << " output " << p.name << ": port needs a doc";
   }
   EXPECT_NE(graph_schema().run(), nullptr);
+}
+
+// The registry knows every built-in type from its schema without the node library (what `flowrun
+// validate`, `dot`, `explain` and `nodes` use; the engine tests link no node library): checking
+// a graph works, and making a node says what is missing.
+TEST(Schema, TheRegistryKnowsEveryBuiltinWithoutTheNodeLibrary) {
+  Registry& reg = Registry::global();
+  for (const auto& t : builtin_types()) {
+    const NodeType* type = reg.find(t);
+    ASSERT_NE(type, nullptr) << t;
+    EXPECT_EQ(type->schema.type, t);
+    EXPECT_EQ(type->schema.origin, "built-in");
+    EXPECT_FALSE(builtin_type_loaded(t)) << t << ": the engine tests link no node library";
+  }
+  const auto listed = reg.types();
+  for (const auto& t : builtin_types()) EXPECT_NE(std::find(listed.begin(), listed.end(), t), listed.end()) << t;
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
+  try {
+    reg.find("optimizer")->factory();
+    FAIL() << "made a built-in node without the node library";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("built-in node type 'optimizer': the node library (libflowrun_nodes.so) is not "
+                                         "loaded in this process"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Schema, MistakesAreReportedAllAtOnce) {
