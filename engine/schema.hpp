@@ -148,10 +148,11 @@ Mark mark_of(const YAML::Node& n, const std::string& file);
 // Throws GraphError (with `diags` and the problem, naming `file` and the line) for syntax
 // errors, alias cycles, alias bombs, nesting over 64 levels and keys that are not plain
 // scalars; adds duplicate keys and a second document to `diags` and returns the node, so that
-// the checker goes on to report the rest.
+// the checker goes on to report the rest. `aliased`, where given, is set to whether the text
+// holds an alias (a node that may be shared: parse.cpp's unshared).
 inline constexpr int kYamlMaxDepth = 64;                 // levels of nesting
 inline constexpr uint64_t kYamlMaxNodes = 1'000'000;     // nodes, aliases expanded
-YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnostics& diags);
+YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnostics& diags, bool* aliased = nullptr);
 
 // The schema as human docs (for `flowrun nodes TYPE`).
 std::string describe(const NodeSchema& s);

@@ -49,6 +49,7 @@ class Guard : public YAML::EventHandler {
     leaf(m, anchor, &value);
   }
   void OnAlias(const YAML::Mark& m, YAML::anchor_t anchor) override {
+    aliased = true;
     for (const auto& f : stack_)
       if (f.anchor == anchor && anchor != YAML::NullAnchor)
         refuse(m, "this alias is inside the node its anchor names, so that node would contain itself; "
@@ -67,6 +68,8 @@ class Guard : public YAML::EventHandler {
     open(m, anchor, true);
   }
   void OnMapEnd() override { close(); }
+
+  bool aliased = false;  // the document holds an alias
 
  private:
   struct Frame {
@@ -133,11 +136,11 @@ class Guard : public YAML::EventHandler {
 
 }  // namespace
 
-YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnostics& diags) {
+YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnostics& diags, bool* aliased) {
+  Guard guard(file, diags);
   try {
     std::istringstream in(text);
     YAML::Parser parser(in);
-    Guard guard(file, diags);
     while (parser.HandleNextDocument(guard)) {
     }
   } catch (const Guard::Done&) {
@@ -150,6 +153,7 @@ YAML::Node load_yaml(const std::string& text, const std::string& file, Diagnosti
     diags.error(at(file, e.mark), "", "YAML syntax error: " + e.msg);
     throw GraphError(diags);
   }
+  if (aliased) *aliased = guard.aliased;
   return YAML::Load(text);  // the same text again (its first document): it cannot fail now
 }
 
