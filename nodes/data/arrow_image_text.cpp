@@ -2,6 +2,7 @@
 #include "data/arrow_image_text.hpp"
 
 #include <glob.h>
+#include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include "formats/arrow_file.hpp"
 #include "formats/index_v2.hpp"
 #include "formats/files.hpp"
+#include "formats/utf8.hpp"
 #include "hash.hpp"
 
 namespace fs = std::filesystem;
@@ -159,6 +161,7 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
     if (!buckets_.empty()) groups[g] = align_indices(std::move(groups[g]), opt.align);
   }
   // The samples: each entry's file, row and size. A row without caption or image is bad now.
+  std::string first_non_utf8;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const int64_t global : groups[g]) {
       const auto k = static_cast<size_t>(std::upper_bound(first_row_.begin(), first_row_.end(), global) - first_row_.begin()) - 1;
@@ -174,6 +177,18 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
         add_bad({paths_[k], where, "image is null"}, true);
         continue;
       }
+      {  // the caption: counted when empty or not UTF-8, left out when shorter than asked
+        const std::string text = trim_space(f.bytes(caption_col_[k], it.row));
+        const bool utf8 = valid_utf8(text);
+        if (!utf8 && non_utf8_captions_++ == 0) first_non_utf8 = paths_[k] + ": " + where;
+        const std::string read = utf8 ? text : repair_utf8(text);  // as caption() gives it
+        const int64_t chars = std::count_if(read.begin(), read.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; });
+        if (chars < opt.min_caption_chars) {
+          ++short_captions_;
+          continue;
+        }
+        if (text.empty()) ++empty_captions_;
+      }
       it.w = size_value(f, size_cols[k].first, it.row);
       it.h = size_value(f, size_cols[k].second, it.row);
       if (it.w <= 0 || it.h <= 0) {  // no usable size columns: the image header says
@@ -188,12 +203,23 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
     }
   }
   if (items_.empty())
-    throw std::runtime_error(path + ": no good image+caption sample (" + std::to_string(bad_count()) + " bad)");
+    throw std::runtime_error(path + ": no good image+caption sample (" + std::to_string(bad_count()) + " bad" +
+                             (short_captions_ ? ", " + std::to_string(short_captions_) + " with captions under min_caption_chars" : "") + ")");
+  if (opt.log && empty_captions_)
+    spdlog::warn("image_text_shards: {}: {} of {} samples have an empty caption (trained as the empty prompt); set "
+                 "min_caption_chars: 1 to leave them out", path, empty_captions_, items_.size());
+  if (opt.log && short_captions_)
+    spdlog::info("image_text_shards: {}: {} samples left out: captions under min_caption_chars ({})", path, short_captions_,
+                 opt.min_caption_chars);
+  if (opt.log && non_utf8_captions_)
+    spdlog::warn("image_text_shards: {}: {} captions are not UTF-8 (the first: {}); each ill-formed byte sequence reads as "
+                 "U+FFFD. Re-encode them at the source (`flowrun prep arrow` repairs them as it writes)",
+                 path, non_utf8_captions_, first_non_utf8);
 }
 
 std::string ArrowImageText::caption(int64_t i) const {
   const Item& it = item(i);
-  return trim_space(arrows_[static_cast<size_t>(it.file)]->bytes(caption_col_[static_cast<size_t>(it.file)], it.row));
+  return repair_utf8(trim_space(arrows_[static_cast<size_t>(it.file)]->bytes(caption_col_[static_cast<size_t>(it.file)], it.row)));
 }
 
 std::string ArrowImageText::image_bytes(int64_t i) const {

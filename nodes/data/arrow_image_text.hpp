@@ -39,6 +39,7 @@ class ArrowImageText : public ImageTextSource {
     OnBad on_bad = OnBad::Skip;
     bool log = true;
     int64_t align = 1;  // multi-resolution: each bucket's entries repeated to a multiple of this
+    int64_t min_caption_chars = 0;  // rows whose trimmed caption has fewer characters are left out
   };
   // Whether `path` names Arrow data (an Index V2 .json, or .arrow files) rather than tar shards.
   static bool is_arrow_path(const std::string& path);
@@ -64,6 +65,12 @@ class ArrowImageText : public ImageTextSource {
   // and every file's name, rows and bytes.
   int64_t entries() const { return entries_; }
   uint64_t content_hash() const { return hash_; }
+  // Captions counted at setup (entries of the index, repeats included): empty once trimmed and
+  // kept (min_caption_chars 0), shorter than min_caption_chars and left out, and not UTF-8
+  // (read with each ill-formed sequence as U+FFFD, formats/utf8.hpp).
+  int64_t empty_captions() const { return empty_captions_; }
+  int64_t short_captions() const { return short_captions_; }
+  int64_t non_utf8_captions() const { return non_utf8_captions_; }
 
  private:
   struct Item {
@@ -80,6 +87,7 @@ class ArrowImageText : public ImageTextSource {
   std::vector<ImageBucket> buckets_;
   int64_t entries_ = 0;
   uint64_t hash_ = 0;
+  int64_t empty_captions_ = 0, short_captions_ = 0, non_utf8_captions_ = 0;
 };
 
 }  // namespace flowrun

@@ -475,6 +475,10 @@ class ImageTextShardsNode : public Node {
     if (!arrow && caption_column)
       throw std::runtime_error(ctx.who() + ": caption_column is for Arrow data (path: an Index V2 .json or .arrow files); tar shards "
                                "hold captions as KEY.txt: drop it");
+    const int64_t min_caption_chars = p.get<int64_t>("min_caption_chars");
+    if (!arrow && min_caption_chars > 0)
+      throw std::runtime_error(ctx.who() + ": min_caption_chars is for Arrow data (path: an Index V2 .json or .arrow files); tar "
+                               "shards made by `flowrun prep images` hold no empty caption: drop it");
     if (!arrow && spec.kind == BucketSpec::Kind::index)
       throw std::runtime_error(ctx.who() + ": buckets: index takes the buckets of a multi-resolution Index V2 (path: the JSON `idk "
                                "multireso` made); " + path + " names tar shards: use ratios, step or list");
@@ -492,6 +496,7 @@ class ImageTextShardsNode : public Node {
       ArrowImageText::Options o;
       o.caption_column = caption_column.value_or("text_zh");
       o.on_bad = mode;
+      o.min_caption_chars = min_caption_chars;
       // IndexKits' MultiResolutionBucketIndexV2 repeats each bucket's entries to whole global batches.
       o.align = spec.kind == BucketSpec::Kind::index ? batch * world_ : 1;
       try {

@@ -15,8 +15,13 @@
 #include <arrow/ipc/writer.h>
 #include <arrow/util/config.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #endif
 
 namespace flowrun {
@@ -94,8 +99,23 @@ ArrowFile::ArrowFile(const std::string& path) : impl_(std::make_unique<Impl>()) 
   for (int b = 0; b < (*reader)->num_record_batches(); ++b) {
     auto batch = (*reader)->ReadRecordBatch(b);
     if (!batch.ok()) fail(path, "record batch " + std::to_string(b) + " cannot be read (" + batch.status().message() + ")");
-    // Offsets and lengths inside their buffers: reads below never leave the mapping.
-    const arrow::Status st = (*batch)->ValidateFull();
+    // Offsets and lengths inside their buffers: reads below never leave the mapping. A string
+    // column is checked as the binary it is stored as: one caption that is not UTF-8 (Latin-1
+    // bytes, say) must not make its file's thousands of rows unreadable; its reader repairs it
+    // (formats/utf8.hpp) and says so.
+    for (int c = 0; c < (*batch)->num_columns(); ++c) {
+      std::shared_ptr<arrow::Array> col = (*batch)->column(c);
+      if (col->type_id() == arrow::Type::STRING || col->type_id() == arrow::Type::LARGE_STRING) {
+        auto as_bytes = col->View(col->type_id() == arrow::Type::STRING ? arrow::binary() : arrow::large_binary());
+        if (!as_bytes.ok()) fail(path, "record batch " + std::to_string(b) + ", column '" + m.schema->field(c)->name() + "': " + as_bytes.status().message());
+        col = *as_bytes;
+      }
+      const arrow::Status st = col->ValidateFull();
+      if (!st.ok())
+        fail(path, "record batch " + std::to_string(b) + ", column '" + m.schema->field(c)->name() + "' is damaged (" + st.message() +
+                       "); write the file again (csv2arrow.py or `flowrun prep arrow`)");
+    }
+    const arrow::Status st = (*batch)->Validate();
     if (!st.ok()) fail(path, "record batch " + std::to_string(b) + " is damaged (" + st.message() + ")");
     m.starts.push_back(m.starts.back() + (*batch)->num_rows());
     m.batches.push_back(std::move(*batch));
@@ -164,7 +184,10 @@ int64_t ArrowFile::integer(int col, int64_t row) const {
   }
 }
 
-void write_arrow_file(const std::string& path, const std::vector<ArrowColumn>& columns) {
+namespace {
+
+// One record batch of the columns (equal lengths), named for errors by `path`.
+std::shared_ptr<arrow::RecordBatch> make_batch(const std::string& path, const std::vector<ArrowColumn>& columns) {
   if (columns.empty()) throw std::invalid_argument(path + ": no columns to write");
   const auto length = [](const ArrowColumn& c) { return c.kind == ArrowKind::integer ? c.ints.size() : c.values.size(); };
   const size_t rows = length(columns[0]);
@@ -194,17 +217,80 @@ void write_arrow_file(const std::string& path, const std::vector<ArrowColumn>& c
     if (!st.ok()) throw std::runtime_error(path + ": column '" + c.name + "': " + st.message());
     arrays.push_back(std::move(array));
   }
-  const auto schema = arrow::schema(fields);
-  const auto batch = arrow::RecordBatch::Make(schema, static_cast<int64_t>(rows), arrays);
-  // The whole file in memory, then written atomically: a reader never sees half of one.
-  auto sink = arrow::io::BufferOutputStream::Create();
-  if (!sink.ok()) throw std::runtime_error(path + ": " + sink.status().message());
-  auto writer = arrow::ipc::MakeFileWriter(*sink, schema);
-  arrow::Status st = writer.ok() ? (*writer)->WriteRecordBatch(*batch) : writer.status();
-  if (st.ok()) st = (*writer)->Close();
-  auto buffer = st.ok() ? (*sink)->Finish() : arrow::Result<std::shared_ptr<arrow::Buffer>>(st);
-  if (!buffer.ok()) throw std::runtime_error(path + ": cannot write the Arrow file: " + buffer.status().message());
-  write_file_atomic(path, (*buffer)->ToString());
+  return arrow::RecordBatch::Make(arrow::schema(fields), static_cast<int64_t>(rows), arrays);
+}
+
+}  // namespace
+
+struct ArrowFileWriter::Impl {
+  std::string path, tmp;
+  std::shared_ptr<arrow::io::FileOutputStream> out;
+  std::shared_ptr<arrow::ipc::RecordBatchWriter> writer;
+  std::shared_ptr<arrow::Schema> schema;
+  bool closed = false;
+
+  [[noreturn]] void failed(const arrow::Status& st, const char* doing) const {
+    const std::string m = st.message();
+    if (m.find("No space left") != std::string::npos || m.find("ENOSPC") != std::string::npos)
+      throw std::runtime_error("no space left on the device holding " + tmp + " (while " + doing + "; " + std::to_string(bytes()) +
+                               " bytes written of this file): free space or write elsewhere");
+    throw std::runtime_error(tmp + ": " + doing + " failed: " + m);
+  }
+  int64_t bytes() const {
+    if (!out) return 0;
+    auto t = out->Tell();
+    return t.ok() ? *t : 0;
+  }
+};
+
+ArrowFileWriter::ArrowFileWriter(std::string path) : impl_(std::make_unique<Impl>()) {
+  impl_->path = std::move(path);
+  impl_->tmp = impl_->path + ".tmp";
+  auto out = arrow::io::FileOutputStream::Open(impl_->tmp);
+  if (!out.ok()) throw std::runtime_error("cannot write " + impl_->tmp + ": " + out.status().message());
+  impl_->out = *out;
+}
+
+ArrowFileWriter::~ArrowFileWriter() {
+  if (impl_->closed) return;
+  if (impl_->out) (void)impl_->out->Close();
+  std::error_code ec;
+  std::filesystem::remove(impl_->tmp, ec);
+}
+
+void ArrowFileWriter::write(const std::vector<ArrowColumn>& columns) {
+  Impl& m = *impl_;
+  const auto batch = make_batch(m.path, columns);
+  if (!m.writer) {
+    auto w = arrow::ipc::MakeFileWriter(m.out, batch->schema());
+    if (!w.ok()) m.failed(w.status(), "starting the file");
+    m.writer = *w, m.schema = batch->schema();
+  } else if (!batch->schema()->Equals(*m.schema)) {
+    throw std::invalid_argument(m.path + ": a batch of columns " + batch->schema()->ToString() + " after " + m.schema->ToString());
+  }
+  const arrow::Status st = m.writer->WriteRecordBatch(*batch);
+  if (!st.ok()) m.failed(st, "writing a record batch");
+}
+
+void ArrowFileWriter::close() {
+  Impl& m = *impl_;
+  if (!m.writer) throw std::invalid_argument(m.path + ": no record batch written (an Arrow file needs a schema)");
+  arrow::Status st = m.writer->Close();
+  if (!st.ok()) m.failed(st, "writing the footer");
+  const int fd = m.out->file_descriptor();
+  if (::fsync(fd) != 0) m.failed(arrow::Status::IOError(std::strerror(errno)), "syncing");
+  st = m.out->Close();
+  if (!st.ok()) m.failed(st, "closing");
+  std::filesystem::rename(m.tmp, m.path);
+  m.closed = true;
+}
+
+int64_t ArrowFileWriter::bytes() const { return impl_->bytes(); }
+
+void write_arrow_file(const std::string& path, const std::vector<ArrowColumn>& columns) {
+  ArrowFileWriter w(path);
+  w.write(columns);
+  w.close();
 }
 
 #else  // built without Arrow
@@ -224,6 +310,12 @@ std::string ArrowFile::type_name(int) const { return ""; }
 bool ArrowFile::is_null(int, int64_t) const { return true; }
 std::string_view ArrowFile::bytes(int, int64_t) const { return {}; }
 int64_t ArrowFile::integer(int, int64_t) const { return 0; }
+struct ArrowFileWriter::Impl {};
+ArrowFileWriter::ArrowFileWriter(std::string path) { throw std::runtime_error(path + ": " + arrow_missing_message()); }
+ArrowFileWriter::~ArrowFileWriter() = default;
+void ArrowFileWriter::write(const std::vector<ArrowColumn>&) {}
+void ArrowFileWriter::close() {}
+int64_t ArrowFileWriter::bytes() const { return 0; }
 void write_arrow_file(const std::string& path, const std::vector<ArrowColumn>&) {
   throw std::runtime_error(path + ": " + arrow_missing_message());
 }

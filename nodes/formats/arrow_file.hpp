@@ -13,8 +13,9 @@
 // std::runtime_error with arrow_missing_message().
 //
 // Reading: the file is mapped (mmap) and its record batches are validated at open (offsets
-// inside their buffers, so a damaged file cannot make a read leave the mapping); only the pages
-// a read touches are loaded. Reads are const and thread-safe. Every error names the file, and
+// inside their buffers, so a damaged file cannot make a read leave the mapping; string columns
+// as bytes: a value that is not UTF-8 costs only its own row, whose reader repairs it); only the
+// pages a read touches are loaded. Reads are const and thread-safe. Every error names the file, and
 // for a value its column and row.
 #pragma once
 #include <cstdint>
@@ -67,6 +68,32 @@ struct ArrowColumn {
   ArrowKind kind = ArrowKind::string;
   std::vector<std::string> values;  // string, binary
   std::vector<int64_t> ints;        // integer
+};
+
+// An Arrow IPC file written record batch by record batch, streamed to PATH.tmp and renamed over
+// PATH by close(): memory holds one batch, never the file, and a file may pass 2 GiB (each
+// batch's 32-bit offsets stay in range: keep a batch under 2 GiB of values). Destroyed without
+// close() (an exception on the way), it removes PATH.tmp: nothing half-written is left.
+//
+//   ArrowFileWriter w(path);
+//   w.write(columns);  // a batch; the first fixes the schema (names, kinds)
+//   w.close();
+class ArrowFileWriter {
+ public:
+  explicit ArrowFileWriter(std::string path);
+  ~ArrowFileWriter();
+  ArrowFileWriter(const ArrowFileWriter&) = delete;
+  ArrowFileWriter& operator=(const ArrowFileWriter&) = delete;
+  // Throws std::invalid_argument for unequal or unsupported columns or another schema than the
+  // first batch's, std::runtime_error when writing fails (naming PATH; "no space left on
+  // device" when that is why).
+  void write(const std::vector<ArrowColumn>& columns);
+  void close();  // the footer, fsync, rename; a file of no batch has the schema of none
+  int64_t bytes() const;  // written so far
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Writes the columns (equal lengths) as one record batch of an Arrow IPC file at PATH,

@@ -23,12 +23,25 @@ std::string trim_space(std::string_view s) {
 namespace fs = std::filesystem;
 
 std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::invalid_argument(path + ": cannot read it: " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw std::invalid_argument(path + ": reading it failed: " + std::strerror(errno));
-  return ss.str();
+  // read(2) itself: an iostream's `<< rdbuf()` turns a failing read (EIO) into an empty string.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw std::invalid_argument(path + ": cannot read it: " + std::strerror(errno));
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      const int e = errno;
+      ::close(fd);
+      throw std::invalid_argument(path + ": reading it failed: " + std::strerror(e));
+    }
+  }
+  ::close(fd);
+  return out;
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -49,8 +49,110 @@ void check_size(uint64_t w, uint64_t h, const std::string& name) {
 }
 
 // ---- PNG ----
+//
+// Two readers. PIL's (Alpha::drop, and every 16-bit PNG): libpng's classic API with the samples
+// as stored — no gamma or colour management (PIL applies none, whatever gAMA, sRGB or iCCP
+// say), 16-bit samples cut to their high byte (PIL's "RGB;16B" and kin), palettes and 1/2/4-bit
+// grays expanded, and one PIL quirk kept where PIL-compatibility is asked for: 16-bit grayscale
+// without alpha opens as PIL's "I;16", whose convert("RGB") clips each sample to 255 (mostly
+// white). libpng's simplified API (Alpha::over_white, 8-bit): composites alpha onto white in
+// linear light, as flowrun's own data always has. The simplified API must not see 16-bit files:
+// it takes their samples as linear light and re-encodes them to sRGB (205 -> 231).
 
-Image decode_png(const std::string& bytes, const std::string& name, Alpha alpha) {
+struct PngRead {
+  const std::string* bytes;
+  size_t at = 0;
+  char msg[256] = {0};
+};
+
+void png_read_mem(png_structp png, png_bytep out, png_size_t n) {
+  auto* r = static_cast<PngRead*>(png_get_io_ptr(png));
+  if (n > r->bytes->size() - r->at) png_error(png, "truncated PNG (read past the end of the data)");
+  std::memcpy(out, r->bytes->data() + r->at, n);
+  r->at += n;
+}
+void png_fail(png_structp png, png_const_charp msg) {
+  auto* r = static_cast<PngRead*>(png_get_error_ptr(png));
+  std::snprintf(r->msg, sizeof r->msg, "%s", msg);
+  png_longjmp(png, 1);
+}
+void png_quiet(png_structp, png_const_charp) {}
+
+// Only plain-old-data lives across setjmp here (the buffers are malloc'd, their pointers
+// volatile: set after setjmp, freed after a longjmp). RGB or RGBA (alpha kept when keep_alpha
+// and the file has any) into *out; returns "" or the error.
+std::string decode_png_as_stored(const std::string& bytes, Image* out, bool keep_alpha, bool gray16_clip) {
+  PngRead r;
+  r.bytes = &bytes;
+  png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &r, png_fail, png_quiet);
+  if (!png) return "out of memory";
+  png_infop info = png_create_info_struct(png);
+  png_bytep* volatile rows = nullptr;
+  uint8_t* volatile px = nullptr;
+  if (!info || setjmp(png_jmpbuf(png))) {
+    std::free(rows);
+    std::free(px);
+    png_destroy_read_struct(&png, info ? &info : nullptr, nullptr);
+    return std::string("corrupt PNG: ") + (r.msg[0] ? r.msg : "out of memory");
+  }
+  png_set_read_fn(png, &r, png_read_mem);
+  png_read_info(png, info);
+  const png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+  const int depth = png_get_bit_depth(png, info), type = png_get_color_type(png, info);
+  if (w == 0 || h == 0 || static_cast<uint64_t>(w) * h > kMaxPixels) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    return w == 0 || h == 0 ? "image has no pixels" : too_large(w, h);
+  }
+  const bool clip = gray16_clip && depth == 16 && type == PNG_COLOR_TYPE_GRAY;
+  if (!clip) {
+    png_set_strip_16(png);  // the high byte
+    png_set_expand(png);    // palette -> RGB, 1/2/4-bit gray -> 8, tRNS -> alpha
+    png_set_gray_to_rgb(png);
+    if (!keep_alpha) png_set_strip_alpha(png);
+  }
+  png_read_update_info(png, info);
+  const size_t row_bytes = png_get_rowbytes(png, info), c = png_get_channels(png, info);
+  px = static_cast<uint8_t*>(std::malloc(row_bytes * h));
+  rows = static_cast<png_bytep*>(std::malloc(sizeof(png_bytep) * h));
+  if (!px || !rows) png_error(png, "out of memory");
+  for (png_uint_32 y = 0; y < h; ++y) rows[y] = px + row_bytes * y;
+  png_read_image(png, rows);
+  png_read_end(png, nullptr);
+  png_destroy_read_struct(&png, &info, nullptr);
+  const size_t pixels = static_cast<size_t>(w) * h;
+  out->w = static_cast<int>(w), out->h = static_cast<int>(h), out->c = clip ? 3 : static_cast<int>(c);
+  if (clip) {  // big-endian 16-bit gray -> min(v, 255), replicated
+    out->px.resize(pixels * 3);
+    for (size_t i = 0; i < pixels; ++i) {
+      const unsigned v = (unsigned(px[2 * i]) << 8) | px[2 * i + 1];
+      out->px[3 * i] = out->px[3 * i + 1] = out->px[3 * i + 2] = static_cast<uint8_t>(std::min(v, 255u));
+    }
+  } else {
+    out->px.assign(px, px + pixels * c);  // rows are packed: row_bytes = w * c at 8 bits
+  }
+  std::free(rows);
+  std::free(px);
+  return "";
+}
+
+Image decode_png(const std::string& bytes, const std::string& name, Alpha alpha, std::string* converted) {
+  const bool sixteen = bytes.size() > 24 && static_cast<uint8_t>(bytes[24]) == 16;  // IHDR's bit depth
+  if (sixteen && converted) *converted = "16-bit PNG";
+  if (alpha == Alpha::drop || sixteen) {
+    Image out;
+    const std::string e = decode_png_as_stored(bytes, &out, alpha == Alpha::over_white, alpha == Alpha::drop);
+    if (!e.empty()) throw ImageError(name + ": " + e);
+    if (out.c == 4) {  // over white, in 8-bit integers: v·a + 255·(255 − a), rounded
+      const size_t n = static_cast<size_t>(out.w) * out.h;
+      for (size_t i = 0; i < n; ++i) {
+        const unsigned a = out.px[i * 4 + 3];
+        for (size_t k = 0; k < 3; ++k) out.px[i * 3 + k] = static_cast<uint8_t>((out.px[i * 4 + k] * a + 255u * (255u - a) + 127u) / 255u);
+      }
+      out.px.resize(n * 3);
+      out.c = 3;
+    }
+    return out;
+  }
   png_image im;
   std::memset(&im, 0, sizeof im);
   im.version = PNG_IMAGE_VERSION;
@@ -62,9 +164,8 @@ Image decode_png(const std::string& bytes, const std::string& name, Alpha alpha)
     png_image_free(&im);
     throw;
   }
-  const bool drop = alpha == Alpha::drop && (im.format & PNG_FORMAT_FLAG_ALPHA);
-  im.format = drop ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;  // 8-bit RGBA comes straight, not premultiplied
-  Image out(static_cast<int>(im.width), static_cast<int>(im.height), drop ? 4 : 3);
+  im.format = PNG_FORMAT_RGB;
+  Image out(static_cast<int>(im.width), static_cast<int>(im.height), 3);
   png_color white{255, 255, 255};
   if (!png_image_finish_read(&im, &white, out.px.data(), 0, nullptr)) {
     const std::string msg = im.message;
@@ -72,13 +173,6 @@ Image decode_png(const std::string& bytes, const std::string& name, Alpha alpha)
     throw ImageError(name + ": corrupt PNG: " + msg);
   }
   png_image_free(&im);
-  if (drop) {  // RGBA -> RGB in place
-    const size_t n = static_cast<size_t>(out.w) * out.h;
-    for (size_t i = 0; i < n; ++i)
-      for (size_t k = 0; k < 3; ++k) out.px[i * 3 + k] = out.px[i * 4 + k];
-    out.px.resize(n * 3);
-    out.c = 3;
-  }
   return out;
 }
 
@@ -102,7 +196,10 @@ void jpeg_emit(j_common_ptr cinfo, int level) {
 }
 
 // Only plain-old-data lives across setjmp here. Returns "" or the error.
-std::string decode_jpeg_raw(const unsigned char* data, unsigned long n, Image* out) {
+// A CMYK (or YCCK) JPEG as PIL converts it: its samples taken as Adobe's inverted CMYK (PIL's
+// "CMYK;I", whoever wrote the file), then PIL's cmyk2rgb: v = (255 − k) − (255 − c)·(255 − k)/255,
+// with PIL's rounding. *cmyk tells the caller a conversion happened.
+std::string decode_jpeg_raw(const unsigned char* data, unsigned long n, Image* out, bool* cmyk) {
   jpeg_decompress_struct cinfo;
   JpegErr err;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -116,10 +213,7 @@ std::string decode_jpeg_raw(const unsigned char* data, unsigned long n, Image* o
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, data, n);
   jpeg_read_header(&cinfo, TRUE);
-  if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-    jpeg_destroy_decompress(&cinfo);
-    return "CMYK JPEG is not supported (convert it to RGB)";
-  }
+  *cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   if (cinfo.image_width == 0 || cinfo.image_height == 0) {
     jpeg_destroy_decompress(&cinfo);
     return "bad JPEG size " + std::to_string(cinfo.image_width) + "x" + std::to_string(cinfo.image_height);
@@ -128,24 +222,39 @@ std::string decode_jpeg_raw(const unsigned char* data, unsigned long n, Image* o
     jpeg_destroy_decompress(&cinfo);
     return too_large(cinfo.image_width, cinfo.image_height);
   }
-  cinfo.out_color_space = JCS_RGB;
+  cinfo.out_color_space = *cmyk ? JCS_CMYK : JCS_RGB;
+  const int c = *cmyk ? 4 : 3;
   jpeg_start_decompress(&cinfo);
   out->w = static_cast<int>(cinfo.output_width), out->h = static_cast<int>(cinfo.output_height), out->c = 3;
-  out->px.resize(static_cast<size_t>(out->w) * out->h * 3);
+  out->px.resize(static_cast<size_t>(out->w) * out->h * c);
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = out->px.data() + static_cast<size_t>(cinfo.output_scanline) * out->w * 3;
+    JSAMPROW row = out->px.data() + static_cast<size_t>(cinfo.output_scanline) * out->w * c;
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
   if (err.eof) return "truncated JPEG (premature end of data)";
+  if (*cmyk) {
+    auto muldiv255 = [](unsigned a, unsigned b) { const unsigned t = a * b + 128; return ((t >> 8) + t) >> 8; };
+    const size_t pixels = static_cast<size_t>(out->w) * out->h;
+    for (size_t i = 0; i < pixels; ++i) {
+      const uint8_t* q = out->px.data() + 4 * i;
+      const unsigned nk = q[3];  // 255 − k, k = 255 − stored
+      uint8_t rgb[3];
+      for (int j = 0; j < 3; ++j) rgb[j] = static_cast<uint8_t>(nk - muldiv255(255u - q[j], nk));
+      std::memcpy(out->px.data() + 3 * i, rgb, 3);
+    }
+    out->px.resize(pixels * 3);
+  }
   return "";
 }
 
-Image decode_jpeg(const std::string& bytes, const std::string& name) {
+Image decode_jpeg(const std::string& bytes, const std::string& name, std::string* converted) {
   Image out;
-  const std::string e = decode_jpeg_raw(reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()), &out);
+  bool cmyk = false;
+  const std::string e = decode_jpeg_raw(reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()), &out, &cmyk);
   if (!e.empty()) throw ImageError(name + ": " + e);
+  if (cmyk && converted) *converted = "CMYK JPEG";
   return out;
 }
 
@@ -249,9 +358,10 @@ bool probe_image_size(const std::string& b, int* w, int* h) {
   return false;
 }
 
-Image decode_image(const std::string& bytes, const std::string& name, Alpha alpha) {
-  if (is_png(bytes)) return decode_png(bytes, name, alpha);
-  if (is_jpeg(bytes)) return decode_jpeg(bytes, name);
+Image decode_image(const std::string& bytes, const std::string& name, Alpha alpha, std::string* converted) {
+  if (converted) converted->clear();
+  if (is_png(bytes)) return decode_png(bytes, name, alpha, converted);
+  if (is_jpeg(bytes)) return decode_jpeg(bytes, name, converted);
   throw ImageError(name + ": not a PNG or JPEG image (" + std::to_string(bytes.size()) + " bytes, unknown signature)");
 }
 

@@ -3,7 +3,7 @@
 //
 // An Image is 8-bit, row-major HWC: pixel (x, y) channel k is px[(y * w + x) * c + k].
 // decode_image always gives c = 3 (RGB): grayscale is replicated, palettes expanded, 16-bit
-// reduced to 8, and alpha composited onto white. Torch conversions (to a float CHW tensor in
+// reduced to 8 (the high byte), CMYK converted, and alpha composited onto white or dropped. Torch conversions (to a float CHW tensor in
 // [-1, 1] and back) are in image_text_shards.hpp.
 #pragma once
 #include <cstdint>
@@ -40,10 +40,15 @@ bool probe_image_size(const std::string& bytes, int* w, int* h);
 // dropped, the colours kept as stored (PIL's convert("RGB"), which HunyuanDiT's loader uses).
 enum class Alpha { over_white, drop };
 
-// Decodes PNG or JPEG (found by magic number) into RGB. Throws ImageError naming `name` on
-// anything else, on corrupt or truncated data, on CMYK JPEGs and on images over 8192x8192
-// pixels (decompression bombs), the last from the header, before decoding.
-Image decode_image(const std::string& bytes, const std::string& name, Alpha alpha = Alpha::over_white);
+// Decodes PNG or JPEG (found by magic number) into RGB, the samples as stored (no gamma or colour
+// profile applied, as PIL): 16-bit samples cut to their high byte, CMYK JPEGs converted as PIL's
+// convert("RGB") does; with Alpha::drop the pixels equal PIL.Image.open(f).convert("RGB")'s
+// (tests/fixtures/images/), 16-bit grayscale included, which PIL clips to 255 instead. Throws
+// ImageError naming `name` on anything else, on corrupt or truncated data and on images over
+// 8192x8192 pixels (decompression bombs), the last from the header, before decoding.
+// *converted (if given): "" or what needed converting ("16-bit PNG", "CMYK JPEG").
+Image decode_image(const std::string& bytes, const std::string& name, Alpha alpha = Alpha::over_white,
+                   std::string* converted = nullptr);
 
 // PNG bytes of an image with 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels.
 std::string encode_png(const Image& img);

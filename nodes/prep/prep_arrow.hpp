@@ -13,11 +13,16 @@
 //       config_file, indices_file, arrow_files, cum_length, group_length, indices, example_indices).
 // The index names the Arrow files by absolute path (IndexKits opens them from the current
 // folder); --relative-paths writes them relative to OUT_DIR instead, which flowrun resolves
-// beside the index and IndexKits from OUT_DIR only. Each file is written whole or not at all
-// (a temporary renamed); a file of a larger earlier run past the new last one is removed.
-// Memory: one Arrow file's images at a time.
+// beside the index and IndexKits from OUT_DIR only. Everything is written into a staging folder
+// beside OUT_DIR, which then takes OUT_DIR's place in one rename: a stopped or failed run leaves
+// OUT_DIR as it was. OUT_DIR must be new, empty, or an earlier output with --replace. Before
+// anything is written: DIR and OUT_DIR must be UTF-8 (the index is JSON), the device must have
+// room for the images. Memory: one record batch (64 MiB of images) at a time. Unreadable files
+// are skipped like undecodable images (--strict stops instead); captions that are not UTF-8
+// are repaired (U+FFFD) and counted; OUT_DIR/prep_arrow.json lists every skipped file and why.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,12 +33,21 @@ struct PrepArrowOptions {
   int64_t rows_per_file = 5000;   // csv2arrow.py's
   std::string caption_column = "text_zh";
   bool relative_paths = false;
+  bool replace = false;  // OUT_DIR may hold an earlier output, which is replaced
+  bool strict = false;   // stop at the first pair that would be skipped
   bool quiet = false;
 };
 
 struct PrepArrowSummary {
   int64_t rows = 0, files = 0;
-  int64_t no_caption = 0, empty_caption = 0, bad_image = 0, orphan_captions = 0;
+  int64_t no_caption = 0, empty_caption = 0, bad_image = 0, unreadable = 0, orphan_captions = 0;
+  int64_t repaired_captions = 0;                // not UTF-8: bad sequences replaced by U+FFFD
+  std::map<std::string, int64_t> converted;     // "16-bit PNG", "CMYK JPEG": images PIL converts
+  int64_t converted_count() const {
+    int64_t n = 0;
+    for (const auto& [k, v] : converted) n += v;
+    return n;
+  }
   std::vector<std::string> arrow_paths;
   std::string index_path;
   double seconds = 0;

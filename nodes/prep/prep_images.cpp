@@ -76,7 +76,8 @@ std::vector<ImageCaptionPair> find_image_caption_pairs(const std::string& dir, b
     }
     if (!it->is_regular_file()) continue;
     const std::string ext = lower(it->path().extension().string());
-    const std::string stem = fs::relative(it->path(), dir).replace_extension().generic_string();
+    // lexically: fs::relative resolves symlinks, which would pair a linked image by its target's name
+    const std::string stem = it->path().lexically_relative(dir).replace_extension().generic_string();
     if (ext == ".png" || ext == ".jpg" || ext == ".jpeg") {
       auto& slot = found[stem].first;
       if (!slot.empty()) throw std::invalid_argument(stem + ": two images (" + slot + ", " + it->path().string() + ")");

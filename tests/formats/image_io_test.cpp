@@ -6,6 +6,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "formats/files.hpp"
 #include "formats/image_io.hpp"
 #include "nodes/data_test_helpers.hpp"
@@ -213,6 +215,43 @@ TEST(ImageIo, WritePngIsAtomicAndReadable) {
     EXPECT_EQ(e.path().filename(), "a.png");
   }
   EXPECT_EQ(files, 1);  // no temporary left behind
+}
+
+// Issue 69: 16-bit PNGs, gamma chunks and CMYK JPEGs decode as PIL.Image.open(f).convert("RGB")
+// does (HunyuanDiT's loader, and most PyTorch pipelines), pixel for pixel: PIL's own pixels in
+// tests/fixtures/images/expected.json. Before, a 16-bit PNG came out brighter (libpng took its
+// samples as linear light: 205 -> 231) and a CMYK JPEG was refused.
+TEST(ImageIo, UnusualFormatsDecodeAsPilConvertsThemToRgb) {
+  const std::string dir = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/images/";
+  const nlohmann::json files = nlohmann::json::parse(test::read_text(dir + "expected.json"))["files"];
+  ASSERT_GE(files.size(), 7u);
+  for (const auto& [name, want] : files.items()) {
+    std::string converted;
+    const Image got = decode_image(test::read_text(dir + name), name, Alpha::drop, &converted);
+    ASSERT_EQ(got.w, want["width"].get<int>()) << name;
+    ASSERT_EQ(got.h, want["height"].get<int>()) << name;
+    ASSERT_EQ(got.c, 3) << name;
+    const std::vector<uint8_t> pil = want["rgb"].get<std::vector<uint8_t>>();
+    size_t differ = 0;
+    for (size_t i = 0; i < pil.size(); ++i) differ += got.px[i] != pil[i];
+    EXPECT_EQ(differ, 0u) << name << " (PIL mode " << want["mode"] << "): " << differ << " of " << pil.size() << " samples differ";
+    EXPECT_EQ(converted, name.find("16") != std::string::npos ? "16-bit PNG" : name == "cmyk.jpg" ? "CMYK JPEG" : "") << name;
+  }
+  // The issue's pixel: 205 · 257 in 16 bits is 205 in 8, in either alpha mode.
+  EXPECT_EQ(decode_image(test::read_text(dir + "rgb16.png"), "rgb16.png").px[0], 205);
+}
+
+// Composited onto white (flowrun's own data), a 16-bit PNG is its high byte too, and its alpha
+// blends as 8-bit alpha does: opaque keeps the colour, clear is white, half is halfway.
+TEST(ImageIo, SixteenBitAlphaCompositesOntoWhiteFromTheHighByte) {
+  const std::string dir = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/images/";
+  const Image dropped = decode_image(test::read_text(dir + "rgba16.png"), "rgba16.png", Alpha::drop);
+  const Image white = decode_image(test::read_text(dir + "rgba16.png"), "rgba16.png", Alpha::over_white);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(white.at(1, 0)[k], dropped.at(1, 0)[k]) << "opaque";                                  // alpha 65535
+    EXPECT_EQ(white.at(2, 0)[k], 255) << "clear";                                                     // alpha 0
+    EXPECT_NEAR(white.at(3, 0)[k], (dropped.at(3, 0)[k] * 128 + 255 * 127) / 255.0, 1.0) << "half";  // alpha 32768
+  }
 }
 
 }  // namespace

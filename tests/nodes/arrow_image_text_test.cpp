@@ -5,9 +5,11 @@
 // error naming the file and row. (The index itself: tests/formats/index_v2_test.cpp.)
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -280,11 +282,165 @@ TEST(PrepArrow, PairsBecomeCsv2ArrowFilesAndAnIndexV2) {
                             "assert t.num_rows == 2\" '" + out + "/arrows/00000.arrow'";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
-  // A smaller second run leaves no file of the first behind.
+  // A smaller second run, told to replace the first, leaves no file of the first behind.
   o.rows_per_file = 5000;
+  o.replace = true;
   EXPECT_EQ(prep_arrow(o).files, 1);
   EXPECT_TRUE(std::filesystem::exists(out + "/arrows/00000.arrow"));
   EXPECT_FALSE(std::filesystem::exists(out + "/arrows/00001.arrow"));
+}
+
+// Issue 69: a second `prep arrow` into the same OUT_DIR replaced the Arrow files before it wrote
+// the new index, so a run stopped between the two (or one with other images) left old and new
+// files under one index. Now OUT_DIR is replaced whole or not at all, and only when asked.
+TEST(PrepArrow, OutDirIsReplacedWholeOrNotAtAllAndOnlyWhenAsked) {
+  if (!arrow_available()) GTEST_SKIP() << "built without Arrow";
+  namespace fs = std::filesystem;
+  const std::string dir = test::temp_dir("parrow_replace"), first = dir + "/first", second = dir + "/second", out = dir + "/out";
+  for (int i = 0; i < 4; ++i) {
+    write_png(first + "/a" + std::to_string(i) + ".png", resize(test::gradient(8, 8), 16, 16));
+    test::write_text(first + "/a" + std::to_string(i) + ".txt", "first " + std::to_string(i));
+    write_png(second + "/b" + std::to_string(i) + ".png", resize(test::gradient(8, 8), 24, 24));
+    test::write_text(second + "/b" + std::to_string(i) + ".txt", "second " + std::to_string(i));
+  }
+  test::write_text(second + "/b9.png", "not a png");  // sorted last: --strict stops there,
+  test::write_text(second + "/b9.txt", "broken");     // after three rows were written
+  PrepArrowOptions o;
+  o.dir = first, o.out = out, o.rows_per_file = 1, o.quiet = true;
+  ASSERT_EQ(prep_arrow(o).files, 4);
+  std::string index_before = test::read_text(out + "/index.json");
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) names.push_back(fs::relative(e.path(), dir).string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  std::vector<std::string> before = listing();
+  auto refused = [&](const std::string& want) {
+    try {
+      prep_arrow(o);
+      ADD_FAILURE() << "no error, want: " << want;
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(test::read_text(out + "/index.json"), index_before);  // OUT_DIR as it was, nothing left beside it
+    EXPECT_EQ(listing(), before);
+  };
+  o.dir = second, o.rows_per_file = 2;
+  refused("holds an earlier output (index.json, arrows/): pass --replace 1");
+  o.replace = true, o.strict = true;
+  refused("b9.png: does not decode");  // stopped midway: files were written, into the staging folder only
+  o.strict = false;
+  const PrepArrowSummary s = prep_arrow(o);
+  EXPECT_EQ(s.rows, 4);
+  EXPECT_EQ(s.files, 2);
+  ArrowImageText d(out + "/index.json", {});
+  ASSERT_EQ(d.size(), 4);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(d.caption(i), "second " + std::to_string(i));
+  EXPECT_FALSE(fs::exists(out + "/arrows/00002.arrow"));  // none of the first run's
+  const nlohmann::json summary = nlohmann::json::parse(test::read_text(out + "/prep_arrow.json"));
+  ASSERT_EQ(summary["skipped"].size(), 1u);
+  EXPECT_EQ(summary["skipped"][0]["file"], second + "/b9.png");
+  // A folder holding what prep arrow did not write is never replaced.
+  test::write_text(out + "/notes.md", "mine");
+  index_before = test::read_text(out + "/index.json"), before = listing();
+  refused("holds notes.md, which `prep arrow` did not write");
+}
+
+// Issue 69: one bad row never costs its neighbours, and nothing is silent. A caption in Latin-1
+// bytes used to be written as is, and the whole Arrow file then failed to open; an unreadable
+// image aborted the run; a CMYK JPEG was skipped while PIL converts it.
+TEST(PrepArrow, BadRowsAreRepairedOrSkippedAloneAndCounted) {
+  if (!arrow_available()) GTEST_SKIP() << "built without Arrow";
+  namespace fs = std::filesystem;
+  const std::string dir = test::temp_dir("parrow_bad"), src = dir + "/src", out = dir + "/out";
+  const std::string images = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/images/";
+  for (int i = 0; i < 3; ++i) {
+    write_png(src + "/p" + std::to_string(i) + ".png", test::gradient(12, 10));
+    test::write_text(src + "/p" + std::to_string(i) + ".txt", "plain " + std::to_string(i));
+  }
+  test::write_text(src + "/p1.txt", "caf\xE9 cr\xE8me");  // Latin-1
+  fs::copy_file(images + "cmyk.jpg", src + "/q_cmyk.jpg");
+  test::write_text(src + "/q_cmyk.txt", "cmyk");
+  fs::copy_file(images + "rgb16.png", src + "/q_rgb16.png");
+  test::write_text(src + "/q_rgb16.txt", "sixteen bits");
+  // An image that cannot be read (as root, permissions do not stop a read: a file whose read fails).
+  const bool root = ::geteuid() == 0;
+  if (root) fs::create_symlink("/proc/self/mem", src + "/r_unreadable.png");
+  else {
+    write_png(src + "/r_unreadable.png", test::gradient(4, 4));
+    fs::permissions(src + "/r_unreadable.png", fs::perms::none);
+  }
+  test::write_text(src + "/r_unreadable.txt", "unreadable");
+  PrepArrowOptions o;
+  o.dir = src, o.out = out, o.quiet = true;
+  const PrepArrowSummary s = prep_arrow(o);
+  EXPECT_EQ(s.rows, 5);
+  EXPECT_EQ(s.unreadable, 1);
+  EXPECT_EQ(s.repaired_captions, 1);
+  EXPECT_EQ(s.converted, (std::map<std::string, int64_t>{{"16-bit PNG", 1}, {"CMYK JPEG", 1}}));
+  ArrowImageText d(out + "/index.json", {});  // the file opens: every row reads
+  ASSERT_EQ(d.size(), 5);
+  EXPECT_EQ(d.caption(1), "caf\uFFFD cr\uFFFDme");
+  EXPECT_EQ(d.non_utf8_captions(), 0);  // repaired before it was written
+  const nlohmann::json summary = nlohmann::json::parse(test::read_text(out + "/prep_arrow.json"));
+  ASSERT_EQ(summary["skipped"].size(), 1u);
+  EXPECT_NE(summary["skipped"][0]["file"].get<std::string>().find("r_unreadable.png"), std::string::npos);
+  EXPECT_NE(summary["skipped"][0]["why"].get<std::string>().find("cannot be read"), std::string::npos);
+  // --strict stops at it instead, naming it.
+  o.strict = true, o.replace = true;
+  try {
+    prep_arrow(o);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("r_unreadable.png: cannot be read"), std::string::npos) << e.what();
+  }
+}
+
+// Issue 69: an OUT_DIR whose name is not UTF-8 failed with a raw JSON type_error.316 after files
+// were written. Now it is refused first, and nothing is written.
+TEST(PrepArrow, ANameThatIsNotUtf8IsRefusedBeforeAnythingIsWritten) {
+  if (!arrow_available()) GTEST_SKIP() << "built without Arrow";
+  const std::string dir = test::temp_dir("parrow_name"), src = dir + "/src";
+  write_png(src + "/a.png", test::gradient(8, 8));
+  test::write_text(src + "/a.txt", "a");
+  PrepArrowOptions o;
+  o.dir = src, o.out = dir + "/out\xE9", o.quiet = true;
+  try {
+    prep_arrow(o);
+    ADD_FAILURE() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is not UTF-8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("out\uFFFD"), std::string::npos) << e.what();
+  }
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) entries += e.path().filename() != "src";
+  EXPECT_EQ(entries, 0u);
+}
+
+// Issue 69: Arrow files written elsewhere (csv2arrow.py) may hold a caption that is not UTF-8:
+// the file opens, that row reads repaired, setup counts it; empty captions are counted and
+// warned about, and min_caption_chars leaves them out.
+TEST(ArrowImageText, CaptionsNotUtf8OrEmptyCostOnlyTheirRowsAndAreCounted) {
+  REQUIRE_ARROW();
+  const std::string dir = test::temp_dir("arrow_captions");
+  const std::string png = encode_png(test::gradient(8, 8));
+  std::vector<ArrowColumn> cols = {{"text_zh", ArrowKind::string, {"good", "caf\xE9", "   ", "ok"}, {}},
+                                   {"image", ArrowKind::binary, {png, png, png, png}, {}}};
+  write_arrow_file(dir + "/00000.arrow", cols);  // Arrow's builder stores the bytes as given
+  ArrowImageText::Options opt;
+  opt.log = false;
+  ArrowImageText d(dir + "/00000.arrow", opt);
+  ASSERT_EQ(d.size(), 4);
+  EXPECT_EQ(d.caption(1), "caf\uFFFD");
+  EXPECT_EQ(d.caption(3), "ok");
+  EXPECT_EQ(d.non_utf8_captions(), 1);
+  EXPECT_EQ(d.empty_captions(), 1);
+  opt.min_caption_chars = 3;  // "caf\uFFFD" has 4
+  ArrowImageText kept(dir + "/00000.arrow", opt);
+  EXPECT_EQ(kept.size(), 2);  // "good", "caf\uFFFD"
+  EXPECT_EQ(kept.short_captions(), 2);
+  EXPECT_EQ(kept.empty_captions(), 0);
 }
 
 }  // namespace
