@@ -72,7 +72,11 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
   std::vector<std::vector<int64_t>> groups;  // entries (global rows) per bucket; one group without buckets
   const bool is_index = ends_with(path, ".json");
   if (is_index) {
-    IndexV2 idx = read_index_v2(path);
+    int64_t from_file = 0;
+    IndexV2 idx = read_index_v2(path, opt.max_index_entries, &from_file);
+    if (opt.log && from_file > 0)
+      spdlog::info("image_text_shards: {}: its indices_file holds {} entries (~{} MB of memory at setup; limit: max_index_entries {})",
+                   path, from_file, from_file * 100 / 1000000, opt.max_index_entries);
     paths_ = idx.arrow_files;
     cum = idx.cum_length;
     if (idx.multireso) {
@@ -153,6 +157,12 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
     hash_ = fnv1a(fs::path(paths_[k]).filename().string() + " " + std::to_string(arrows_[k]->rows()) + " " +
                       std::to_string(ec ? 0 : bytes) + "\n",
                   hash_);
+  }
+  content_ = fnv1a("content");
+  for (size_t k = 0; k < paths_.size(); ++k) {  // each file's sampled bytes and every caption (rows, not entries: no repeats)
+    content_ = fnv1a(std::to_string(sampled_content_hash(paths_[k])) + " ", content_);
+    for (int64_t r = 0; r < arrows_[k]->rows(); ++r)
+      if (!arrows_[k]->is_null(caption_col_[k], r)) content_ = fnv1a("\n", fnv1a(arrows_[k]->bytes(caption_col_[k], r), content_));
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     entries_ += static_cast<int64_t>(groups[g].size());

@@ -40,6 +40,7 @@ class ArrowImageText : public ImageTextSource {
     bool log = true;
     int64_t align = 1;  // multi-resolution: each bucket's entries repeated to a multiple of this
     int64_t min_caption_chars = 0;  // rows whose trimmed caption has fewer characters are left out
+    int64_t max_index_entries = INT64_MAX;  // an index of more entries is refused (image_text_shards' max_index_entries)
   };
   // Whether `path` names Arrow data (an Index V2 .json, or .arrow files) rather than tar shards.
   static bool is_arrow_path(const std::string& path);
@@ -65,6 +66,10 @@ class ArrowImageText : public ImageTextSource {
   // and every file's name, rows and bytes.
   int64_t entries() const { return entries_; }
   uint64_t content_hash() const { return hash_; }
+  // A hash of the bytes: each file's sampled blocks (formats/files.hpp sampled_content_hash:
+  // footer, head and 16 blocks between) and every entry's caption as read. Equal for a copy of
+  // the data elsewhere (mtime and inode are not in it); another for a file changed in place.
+  uint64_t content_sample() const { return content_; }
   // Captions counted at setup (entries of the index, repeats included): empty once trimmed and
   // kept (min_caption_chars 0), shorter than min_caption_chars and left out, and not UTF-8
   // (read with each ill-formed sequence as U+FFFD, formats/utf8.hpp).
@@ -86,7 +91,7 @@ class ArrowImageText : public ImageTextSource {
   std::vector<Item> items_;
   std::vector<ImageBucket> buckets_;
   int64_t entries_ = 0;
-  uint64_t hash_ = 0;
+  uint64_t hash_ = 0, content_ = 0;
   int64_t empty_captions_ = 0, short_captions_ = 0, non_utf8_captions_ = 0;
 };
 

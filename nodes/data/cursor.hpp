@@ -14,12 +14,18 @@ namespace flowrun {
 // What a cursor indexes: the count of items (windows, samples) and of files, and a hash of the
 // index (each item's size and place), set by the data node at setup. Data rebuilt from another
 // corpus, grown, or with a shard added or replaced has another fingerprint.
+// `content` (0: none) is a hash of the bytes themselves where the index hash sees only names and
+// sizes (Arrow files: a file changed in place at equal size); checkpoints written before it
+// have none and are compared without it.
 struct DataFingerprint {
   int64_t items = -1;  // -1: none (a node that does not say; a checkpoint written before it was kept)
   int64_t files = 0;
   int64_t hash = 0;
-  bool operator==(const DataFingerprint& o) const { return items == o.items && files == o.files && hash == o.hash; }
-  std::string str() const;  // "1200 items in 3 file(s), index hash 0123abcd..."
+  int64_t content = 0;
+  bool operator==(const DataFingerprint& o) const {
+    return items == o.items && files == o.files && hash == o.hash && (content == 0 || o.content == 0 || content == o.content);
+  }
+  std::string str() const;  // "1200 items in 3 file(s), index hash 0123abcd..., content hash ..."
 };
 
 struct DataCursor {

@@ -435,7 +435,8 @@ namespace {
 // sizes and image size (a shard added, removed or replaced changes it).
 DataFingerprint fingerprint(const ImageTextSource& source) {
   if (const auto* arrow = dynamic_cast<const ArrowImageText*>(&source))
-    return {arrow->entries(), static_cast<int64_t>(arrow->files().size()), static_cast<int64_t>(arrow->content_hash())};
+    return {arrow->entries(), static_cast<int64_t>(arrow->files().size()), static_cast<int64_t>(arrow->content_hash()),
+            static_cast<int64_t>(arrow->content_sample())};
   const auto& d = dynamic_cast<const ImageTextShards&>(source);
   uint64_t h = fnv1a(std::to_string(d.size()));
   for (int64_t i = 0; i < d.size(); ++i) {
@@ -445,7 +446,9 @@ DataFingerprint fingerprint(const ImageTextSource& source) {
                   std::to_string(s.w) + "x" + std::to_string(s.h) + "\n",
               h);
   }
-  return {d.size(), static_cast<int64_t>(d.shards().size()), static_cast<int64_t>(h)};
+  uint64_t content = fnv1a("content");  // each shard's sampled bytes (a shard changed in place at equal size)
+  for (const std::string& shard : d.shards()) content = fnv1a(std::to_string(sampled_content_hash(shard)) + " ", content);
+  return {d.size(), static_cast<int64_t>(d.shards().size()), static_cast<int64_t>(h), static_cast<int64_t>(content)};
 }
 
 class ImageTextShardsNode : public Node {
@@ -497,6 +500,7 @@ class ImageTextShardsNode : public Node {
       o.caption_column = caption_column.value_or("text_zh");
       o.on_bad = mode;
       o.min_caption_chars = min_caption_chars;
+      o.max_index_entries = p.get<int64_t>("max_index_entries");
       // IndexKits' MultiResolutionBucketIndexV2 repeats each bucket's entries to whole global batches.
       o.align = spec.kind == BucketSpec::Kind::index ? batch * world_ : 1;
       try {

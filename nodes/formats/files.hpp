@@ -1,6 +1,7 @@
 // Small file helpers shared by every layer that writes or names files (torch-free; part of the
 // flowrun_formats library): atomic writes and paths through a checkpoint's `latest` file.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -9,6 +10,13 @@ namespace flowrun {
 // The whole file. Throws std::invalid_argument naming the path and why it cannot be read (a
 // bad input, not a failed write: the prep commands exit 2 for it).
 std::string read_file(const std::string& path);
+
+// A hash of a sample of a file's bytes: its first and last 4 KiB and 16 blocks of 4 KiB spread
+// evenly between (the whole file when it is smaller), with its size: a change of content at equal
+// size shows unless it falls between the blocks, and copying or touching the file (mtime, inode)
+// does not. About 72 KiB read a file. Throws std::runtime_error naming the file when it cannot
+// be read.
+uint64_t sampled_content_hash(const std::string& path);
 
 // `s` without leading and trailing spaces, tabs, CRs and LFs (captions, one-line files).
 std::string trim_space(std::string_view s);

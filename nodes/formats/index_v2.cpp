@@ -139,7 +139,8 @@ std::string resolve_arrow(const std::string& json_path, const std::string& name)
 
 }  // namespace
 
-std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::string& path) {
+std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::string& path, int64_t max_values,
+                                                                const std::string& raise_with) {
   std::string zip;
   try {
     zip = read_file(path);
@@ -159,6 +160,11 @@ std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::strin
   const uint16_t entries = le16(zip, eocd + 10);
   size_t cd = le32(zip, eocd + 16);
   std::map<std::string, std::vector<int64_t>> out;
+  int64_t values = 0;
+  auto too_many = [&](int64_t n, const std::string& how) {
+    fail(path, "holds " + how + std::to_string(n) + " indices, more than the limit of " + std::to_string(max_values) +
+                   " (about 100 bytes of memory each at setup)" + (raise_with.empty() ? "" : ": raise " + raise_with + " if that is meant"));
+  };
   for (uint16_t e = 0; e < entries; ++e) {
     if (cd + 46 > zip.size() || le32(zip, cd) != 0x02014b50) fail(path, "damaged zip directory");
     const uint16_t method = le16(zip, cd + 10);
@@ -188,12 +194,18 @@ std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::strin
     // Deflate shrinks at most about 1032:1: a larger claim is damage (and no allocation of it).
     if ((method == 0 && usize != csize) || (method == 8 && usize > csize * 1100 + 1024))
       fail(path, "member '" + name + "': its sizes do not fit its compression (damaged .npz)");
+    // The inflated size tells the count before inflating (IndexKits' int64 arrays: 8 bytes a value
+    // after NumPy's 128-byte header); the exact count is checked after parsing.
+    const auto estimate = static_cast<int64_t>(usize > 128 ? (usize - 128) / 8 : 0);
+    if (estimate > max_values - values) too_many(values + estimate, "about ");
     std::string npy;
     if (method == 0) npy = zip.substr(data, csize);
     else if (method == 8) npy = inflate_raw(path, name, zip.data() + data, csize, usize);
     else fail(path, "member '" + name + "' uses zip method " + std::to_string(method) + " (np.savez writes 0 or 8)");
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) name.resize(name.size() - 4);
     out[name] = parse_npy(path, name, npy);
+    values += static_cast<int64_t>(out[name].size());
+    if (values > max_values) too_many(values, "");
   }
   return out;
 }
@@ -225,7 +237,7 @@ std::pair<int, int64_t> IndexV2::locate(int64_t row) const {
   return {k, row - (k == 0 ? 0 : cum_length[static_cast<size_t>(k) - 1])};
 }
 
-IndexV2 read_index_v2(const std::string& path) {
+IndexV2 read_index_v2(const std::string& path, int64_t max_entries, int64_t* entries_from_file) {
   nlohmann::json j;
   try {
     j = read_json_file(path, uint64_t{4} << 30);
@@ -262,7 +274,11 @@ IndexV2 read_index_v2(const std::string& path) {
     if (!fs::exists(npz_path, ec))
       fail(path, "its indices are in indices_file '" + indices_file + "', which is not there (" + npz_path +
                      "): copy the .npz IndexKits wrote beside the JSON");
-    npz = read_npz_int_arrays(npz_path);
+    npz = read_npz_int_arrays(npz_path, max_entries, "image_text_shards' max_index_entries");
+    if (entries_from_file) {
+      *entries_from_file = 0;
+      for (const auto& [key, v] : npz) *entries_from_file += static_cast<int64_t>(v.size());
+    }
   }
   auto check_rows = [&](const std::vector<int64_t>& v, const std::string& what) {
     for (size_t i = 0; i < v.size(); ++i)
@@ -275,15 +291,14 @@ IndexV2 read_index_v2(const std::string& path) {
     if (indices_file.empty()) fail(path, "a multi-resolution index (group_length by bucket) without its indices_file (.npz)");
     for (const auto& [key, list] : npz) {
       IndexV2::Bucket b;
+      // HEIGHTxWIDTH, digits only on both sides ("32x32junk", " 32x32", "+32x32" are not keys IndexKits writes)
       const size_t x = key.find('x');
-      try {
-        size_t used = 0;
-        b.height = std::stoi(key.substr(0, x), &used);
-        b.width = std::stoi(key.substr(x + 1));
-        if (x == std::string::npos || used != x || b.height < 1 || b.width < 1) throw std::invalid_argument(key);
-      } catch (const std::exception&) {
-        fail(path, "bucket '" + key + "' in " + indices_file + " is not HEIGHTxWIDTH");
-      }
+      auto digits = [](const std::string& t) {
+        return !t.empty() && t.size() <= 6 && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+      };
+      if (x == std::string::npos || !digits(key.substr(0, x)) || !digits(key.substr(x + 1)) ||
+          (b.height = std::stoi(key.substr(0, x))) < 1 || (b.width = std::stoi(key.substr(x + 1))) < 1)
+        fail(path, "bucket '" + key + "' in " + indices_file + " is not HEIGHTxWIDTH (two positive whole numbers, e.g. 1024x768)");
       if (!groups.contains(key)) fail(path, "bucket '" + key + "' of " + indices_file + " has no group_length");
       check_rows(list, "indices['" + key + "']");
       b.indices = list;
@@ -301,7 +316,11 @@ IndexV2 read_index_v2(const std::string& path) {
       if (it == npz.end()) fail(path, indices_file + " has no array 'x' (IndexKits stores a base index's indices there)");
       idx.indices = std::move(it->second);
     } else {
-      idx.indices = int_list(need(j, path, "indices"), path, "indices");
+      const nlohmann::json& list = need(j, path, "indices");
+      if (list.is_array() && static_cast<uint64_t>(list.size()) > static_cast<uint64_t>(max_entries))
+        fail(path, "holds " + std::to_string(list.size()) + " indices, more than the limit of " + std::to_string(max_entries) +
+                       " (about 100 bytes of memory each at setup): raise image_text_shards' max_index_entries if that is meant");
+      idx.indices = int_list(list, path, "indices");
     }
     if (idx.indices.empty()) fail(path, "no indices: the index selects no row (were its filters too strict?)");
     check_rows(idx.indices, "indices");

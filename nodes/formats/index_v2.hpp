@@ -40,8 +40,11 @@ struct IndexV2 {
 // Reads and checks an Index V2 JSON: the keys and their types, arrow_files and cum_length of one
 // length, cum_length increasing, every index inside [0, cum_length[-1]), group_length summing to
 // the indices. Throws std::runtime_error naming the file and key. (That the Arrow files exist
-// and hold cum_length's rows is the reader's to check: it opens them.)
-IndexV2 read_index_v2(const std::string& path);
+// and hold cum_length's rows is the reader's to check: it opens them.) An index of more than
+// max_entries entries (the indices, all buckets together) is refused before they are expanded
+// in memory, naming the count and the setting that raises it; *entries_from_file gets the count
+// when they came from an indices_file (.npz), for the caller's log.
+IndexV2 read_index_v2(const std::string& path, int64_t max_entries = INT64_MAX, int64_t* entries_from_file = nullptr);
 
 // IndexKits' ArrowIndexV2.align: repeats the last indices (each once more, or all of them n
 // times when that is not enough) so that their count is a multiple of `align`. Unchanged when
@@ -52,6 +55,9 @@ std::vector<int64_t> align_indices(std::vector<int64_t> indices, int64_t align);
 // stored or deflated, zip64 headers as NumPy writes them), by name without ".npy". 1-D arrays
 // of int8..int64 and uint8..uint32, little-endian; anything else, and any damage, is refused
 // with std::runtime_error naming the file and array (fuzzed: tests/fuzz/fuzz_npz.cpp).
-std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::string& path);
+// More than max_values values in all (known from each member's sizes before it is inflated) is
+// refused: a small deflated file can claim hundreds of millions.
+std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::string& path, int64_t max_values = INT64_MAX,
+                                                                const std::string& raise_with = "");
 
 }  // namespace flowrun

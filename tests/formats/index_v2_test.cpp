@@ -109,5 +109,56 @@ TEST(IndexV2, DamagedIndexesAreErrorsNamingFileAndKey) {
   EXPECT_NE(e.find("none.json"), std::string::npos) << e;
 }
 
+// Issue 69: bucket keys such as "32x32junk" were taken as 32x32. HEIGHTxWIDTH is parsed strictly
+// and a key that is not is named.
+TEST(IndexV2, ABucketKeyThatIsNotHeightByWidthIsNamed) {
+  const std::string python = FLOWRUN_PYTHON;
+  if (std::system(("'" + python + "' -c 'import numpy' > /dev/null 2>&1").c_str()) != 0) GTEST_SKIP() << "no numpy in " << python;
+  const std::string dir = test::temp_dir("idx_keys");
+  for (const std::string key : {"32x32junk", "32x", "x32", " 32x32", "+32x32", "32X32", "0x32"}) {
+    const std::string cmd = "'" + python + "' -c \"import numpy as np, sys; np.savez_compressed(sys.argv[1], **{sys.argv[2]: np.arange(2)})\" '" +
+                            dir + "/k.npz' '" + key + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    test::write_text(dir + "/k.json", R"({"data_type": [], "arrow_files": ["x.arrow"], "cum_length": [3], "indices_file": "k.npz",
+                                          "group_length": {")" + key + R"(": 2}})");
+    const std::string e = error_of(dir + "/k.json");
+    EXPECT_NE(e.find("bucket '" + key + "' in k.npz is not HEIGHTxWIDTH"), std::string::npos) << key << ": " << e;
+  }
+}
+
+// Issue 69: a 260 KB indices_file expanded to 33.5 M samples and 3.5 GB of memory without a word.
+// An index of more entries than the limit is refused, before a deflated member is inflated.
+TEST(IndexV2, AnIndexOfMoreEntriesThanTheLimitIsRefusedBeforeItExpands) {
+  auto refusal = [](const std::string& path, int64_t max) {
+    try {
+      read_index_v2(path, max);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string e = refusal(kDir + "/index_base.json", 5);  // 19 in the JSON's list
+  EXPECT_NE(e.find("index_base.json: holds 19 indices, more than the limit of 5"), std::string::npos) << e;
+  EXPECT_NE(e.find("raise image_text_shards' max_index_entries"), std::string::npos) << e;
+  e = refusal(kDir + "/index_multireso.json", 5);  // its .npz
+  EXPECT_NE(e.find("index_multireso.index.npz: holds "), std::string::npos) << e;
+  int64_t from_file = 0;
+  EXPECT_NO_THROW(read_index_v2(kDir + "/index_multireso.json", 1000, &from_file));
+  EXPECT_GT(from_file, 5);
+  const std::string python = FLOWRUN_PYTHON;
+  if (std::system(("'" + python + "' -c 'import numpy' > /dev/null 2>&1").c_str()) != 0) GTEST_SKIP() << "no numpy in " << python;
+  const std::string dir = test::temp_dir("idx_bomb");
+  const std::string cmd = "'" + python + "' -c \"import numpy as np, sys; np.savez_compressed(sys.argv[1], x=np.zeros(33_500_000, np.int64))\" '" +
+                          dir + "/bomb.npz'";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  EXPECT_LT(std::filesystem::file_size(dir + "/bomb.npz"), 1u << 20);
+  try {
+    read_npz_int_arrays(dir + "/bomb.npz", 20'000'000);
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& err) {
+    EXPECT_NE(std::string(err.what()).find("bomb.npz: holds about 33500000 indices, more than the limit of 20000000"), std::string::npos) << err.what();
+  }
+}
+
 }  // namespace
 }  // namespace flowrun

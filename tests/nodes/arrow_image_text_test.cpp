@@ -443,5 +443,58 @@ TEST(ArrowImageText, CaptionsNotUtf8OrEmptyCostOnlyTheirRowsAndAreCounted) {
   EXPECT_EQ(kept.empty_captions(), 0);
 }
 
+// Issue 69: run.resume=auto did not notice an Arrow file changed in place at equal size (the
+// fingerprint was names, rows and bytes). The cursor's fingerprint now carries a hash of sampled
+// content: a copy of the data elsewhere (new mtimes and inodes) resumes, a change in place is
+// refused naming it; checkpoints written before the content hash are compared without it.
+TEST(ArrowImageText, AFileChangedInPlaceAtEqualSizeIsNoticedAtResume) {
+  REQUIRE_ARROW();
+  namespace fs = std::filesystem;
+  const std::string dir = test::temp_dir("arrow_inplace"), src = dir + "/src";
+  for (int i = 0; i < 3; ++i) {
+    write_png(src + "/a" + std::to_string(i) + ".png", resize(test::gradient(8, 8), 16 + i, 16));
+    test::write_text(src + "/a" + std::to_string(i) + ".txt", "caption " + std::to_string(i));
+  }
+  PrepArrowOptions o;
+  o.dir = src, o.out = dir + "/out", o.relative_paths = true, o.quiet = true;
+  prep_arrow(o);
+  auto print = [](const std::string& index) {
+    ArrowImageText d(index, {});
+    return DataFingerprint{d.entries(), static_cast<int64_t>(d.files().size()), static_cast<int64_t>(d.content_hash()),
+                           static_cast<int64_t>(d.content_sample())};
+  };
+  const DataFingerprint before = print(dir + "/out/index.json");
+  fs::copy(dir + "/out", dir + "/copy", fs::copy_options::recursive);  // elsewhere: new inodes and mtimes
+  const DataFingerprint copied = print(dir + "/copy/index.json");
+  EXPECT_EQ(copied.content, before.content);
+  EXPECT_TRUE(copied == before);
+  {  // one byte of an image changed in place: same names, rows and size
+    const std::string file = dir + "/out/arrows/00000.arrow";
+    std::string bytes = test::read_text(file);
+    const size_t at = bytes.find("IDAT");
+    ASSERT_NE(at, std::string::npos);
+    bytes[at + 8] ^= 0x5A;
+    test::write_text(file, bytes);
+  }
+  const DataFingerprint after = print(dir + "/out/index.json");
+  EXPECT_EQ(after.hash, before.hash);  // what the fingerprint held before this issue: blind to it
+  EXPECT_NE(after.content, before.content);
+  DataCursor saved;
+  saved.data = before, saved.batches = 4;
+  DataCursor now;
+  now.data = after;
+  try {
+    now.load(saved.tensors());
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("the same names, rows and sizes: a file was changed in place"), std::string::npos) << e.what();
+  }
+  DataCursor older;  // a checkpoint from before the content hash: three values, compared without it
+  older.data = after;
+  older.load({{"batches", torch::tensor(int64_t{4})},
+              {"data", torch::tensor({before.items, before.files, before.hash}, torch::kInt64)}});
+  EXPECT_EQ(older.batches, 4);
+}
+
 }  // namespace
 }  // namespace flowrun
