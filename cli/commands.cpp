@@ -126,7 +126,7 @@ int cmd_explain(const std::vector<std::string>& args) {
       char* end = nullptr;
       const long n = std::strtol(args[i + 1].c_str(), &end, 10);
       if (!end || *end || n < 1 || n > (1 << 20))
-        return usage_error("explain", "--world " + args[i + 1] + ": expected a number of processes, at least 1", usage);
+        return usage_error("explain", "--world " + args[i + 1] + ": expected a number of processes from 1 to " + std::to_string(1 << 20), usage);
       world = static_cast<int>(n);
       ++i;
     } else {

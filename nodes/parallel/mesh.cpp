@@ -65,14 +65,18 @@ std::string Mesh::describe() const {
          std::to_string(world_) + (world_ == 1 ? " process)" : " processes)");
 }
 
-std::vector<std::string> Mesh::table() const {
+std::vector<std::string> Mesh::table(int max_rows) const {
   auto ranks = [](const std::vector<int>& g) {
     std::string s = "{";
+    if (g.size() > 6) {  // an arithmetic progression: the group's coordinate times its stride
+      for (size_t i = 0; i < 3; ++i) s += std::to_string(g[i]) + ", ";
+      return s + "..., " + std::to_string(g.back()) + "} (" + std::to_string(g.size()) + " ranks, step " +
+             std::to_string(g[1] - g[0]) + ")";
+    }
     for (size_t i = 0; i < g.size(); ++i) s += (i ? ", " : "") + std::to_string(g[i]);
     return s + "}";
   };
-  std::vector<std::string> lines;
-  for (int r = 0; r < world_; ++r) {
+  auto row = [&](int r) {
     const Coord c = coord(r);
     std::string line = "rank " + std::to_string(r) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) +
                        ", tp " + std::to_string(c.tp) + ";";
@@ -82,8 +86,19 @@ std::vector<std::string> Mesh::table() const {
       line += std::string(first ? " " : ", ") + name(d) + " group " + ranks(group(d, r));
       first = false;
     }
-    lines.push_back(first ? line.substr(0, line.size() - 1) : line);
+    return first ? line.substr(0, line.size() - 1) : line;
+  };
+  std::vector<std::string> lines;
+  if (world_ <= max_rows) {
+    for (int r = 0; r < world_; ++r) lines.push_back(row(r));
+    return lines;
   }
+  lines.push_back("rank r: tp = r mod " + std::to_string(tp_) + ", pp = (r / " + std::to_string(tp_) + ") mod " + std::to_string(pp_) +
+                  ", dp = r / " + std::to_string(tp_ * pp_) + " (" + std::to_string(world_) + " ranks; the first " +
+                  std::to_string(max_rows / 2) + " and the last shown)");
+  for (int r = 0; r < max_rows / 2; ++r) lines.push_back(row(r));
+  lines.push_back("...");
+  lines.push_back(row(world_ - 1));
   return lines;
 }
 

@@ -49,8 +49,11 @@ class Mesh {
   int color(Dim d, int rank) const;
   // "dp 4 x pp 1 x tp 2 (8 processes)"
   std::string describe() const;
-  // One line per rank: "rank 5: dp 2, pp 0, tp 1; tp group {4, 5}, dp group {1, 3, 5, 7}".
-  std::vector<std::string> table() const;
+  // One line per rank: "rank 5: dp 2, pp 0, tp 1; tp group {4, 5}, dp group {1, 3, 5, 7}"; a
+  // group of more than 6 ranks as its progression ("{1, 3, 5, ..., 65535} (32768 ranks, step
+  // 2)"). Over max_rows ranks: the rule that gives any rank's coordinates, the first ranks and
+  // the last, so the text stays a few lines at any world size.
+  std::vector<std::string> table(int max_rows = 16) const;
 
  private:
   int world_ = 1, dp_ = 1, pp_ = 1, tp_ = 1;

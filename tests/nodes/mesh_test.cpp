@@ -2,6 +2,10 @@
 // tp fastest, as Megatron-LM lays out its ranks.
 #include <gtest/gtest.h>
 
+#include <chrono>
+
+#include <array>
+
 #include <set>
 
 #include "parallel/mesh.hpp"
@@ -77,6 +81,27 @@ TEST(Mesh, TheTableGivesEachRanksCoordinatesAndGroups) {
   EXPECT_EQ(t[3], "rank 3: dp 1, pp 0, tp 1; tp group {2, 3}, dp group {1, 3}");
   EXPECT_EQ(Mesh(2, 1, 1).table()[1], "rank 1: dp 1, pp 0, tp 0; dp group {0, 1}");
   EXPECT_EQ(Mesh().table()[0], "rank 0: dp 0, pp 0, tp 0");
+}
+
+// Issue 69: `flowrun explain --world N` printed every rank's whole dp group, N² in all: 4096 ranks
+// wrote 96 MB, 65536 never finished. Over 16 ranks the table is the rule, 8 ranks and the last,
+// groups as progressions: a few lines at any size, in well under a second.
+TEST(Mesh, TheTableOfAHugeWorldIsAFewLinesInBoundedTime) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& [world, tp, pp] : std::vector<std::array<int, 3>>{{65536, 2, 1}, {1 << 20, 8, 4}, {17, 1, 1}}) {
+    const std::vector<std::string> t = Mesh(world, tp, pp).table();
+    ASSERT_EQ(t.size(), 11u) << world;
+    size_t chars = 0;
+    for (const auto& l : t) chars += l.size();
+    EXPECT_LT(chars, 2000u) << world;
+    EXPECT_EQ(t[0].rfind("rank r: tp = r mod " + std::to_string(tp), 0), 0u) << t[0];
+    EXPECT_EQ(t[9], "...");
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
+  const std::vector<std::string> t = Mesh(65536, 2, 1).table();
+  EXPECT_EQ(t[1], "rank 0: dp 0, pp 0, tp 0; tp group {0, 1}, dp group {0, 2, 4, ..., 65534} (32768 ranks, step 2)");
+  EXPECT_EQ(t[10], "rank 65535: dp 32767, pp 0, tp 1; tp group {65534, 65535}, dp group {1, 3, 5, ..., 65535} (32768 ranks, step 2)");
+  EXPECT_EQ(Mesh(16, 1, 1).table().size(), 16u);  // up to 16: every rank, as before
 }
 
 TEST(Mesh, ALayoutOfSeveralProcessesInASingleOneSaysHowToLaunchIt) {
