@@ -114,8 +114,11 @@ void check_space(const fs::path& parent, const std::vector<ImageCaptionPair>& pa
     const auto n = fs::file_size(p.image, ec);
     if (!ec) need += n + 256;
   }
+  fs::path existing = parent;  // the nearest folder that exists: nothing is created before the checks pass
+  std::error_code ec;
+  while (!existing.empty() && !fs::exists(existing, ec) && existing != existing.parent_path()) existing = existing.parent_path();
   struct statvfs v {};
-  if (::statvfs(parent.c_str(), &v) != 0) return;
+  if (::statvfs(existing.c_str(), &v) != 0) return;
   const uint64_t free_bytes = static_cast<uint64_t>(v.f_bavail) * v.f_frsize;
   if (need > free_bytes)
     throw std::runtime_error("no space left on the device holding " + parent.string() + ": the output needs ~" + std::to_string(need) +
@@ -153,8 +156,8 @@ PrepArrowSummary prep_arrow(const PrepArrowOptions& opt) {
   PrepArrowSummary s;
   const std::vector<ImageCaptionPair> pairs = find_image_caption_pairs(opt.dir, opt.quiet, &s.no_caption, &s.orphan_captions);
   const fs::path parent = final_dir.parent_path();
-  fs::create_directories(parent);
   check_space(parent, pairs);
+  fs::create_directories(parent);
 
   // ---- the staging folder beside OUT_DIR (a leftover of a stopped run is removed first)
   const fs::path staging = parent / ("." + final_dir.filename().string() + ".prep-arrow-partial");
