@@ -160,7 +160,7 @@ ArrowImageText::ArrowImageText(const std::string& path, const Options& opt) : Im
   }
   content_ = fnv1a("content");
   for (size_t k = 0; k < paths_.size(); ++k) {  // each file's sampled bytes and every caption (rows, not entries: no repeats)
-    content_ = fnv1a(std::to_string(sampled_content_hash(paths_[k])) + " ", content_);
+    content_ = fnv1a(sampled_content(paths_[k]), content_);
     for (int64_t r = 0; r < arrows_[k]->rows(); ++r)
       if (!arrows_[k]->is_null(caption_col_[k], r)) content_ = fnv1a("\n", fnv1a(arrows_[k]->bytes(caption_col_[k], r), content_));
   }

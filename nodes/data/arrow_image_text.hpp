@@ -66,8 +66,8 @@ class ArrowImageText : public ImageTextSource {
   // and every file's name, rows and bytes.
   int64_t entries() const { return entries_; }
   uint64_t content_hash() const { return hash_; }
-  // A hash of the bytes: each file's sampled blocks (formats/files.hpp sampled_content_hash:
-  // footer, head and 16 blocks between) and every entry's caption as read. Equal for a copy of
+  // A hash of the bytes: each file's sampled blocks (formats/files.hpp sampled_content:
+  // footer, head and 16 blocks between) and every row's caption as stored. Equal for a copy of
   // the data elsewhere (mtime and inode are not in it); another for a file changed in place.
   uint64_t content_sample() const { return content_; }
   // Captions counted at setup (entries of the index, repeats included): empty once trimmed and

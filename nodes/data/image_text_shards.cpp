@@ -447,7 +447,7 @@ DataFingerprint fingerprint(const ImageTextSource& source) {
               h);
   }
   uint64_t content = fnv1a("content");  // each shard's sampled bytes (a shard changed in place at equal size)
-  for (const std::string& shard : d.shards()) content = fnv1a(std::to_string(sampled_content_hash(shard)) + " ", content);
+  for (const std::string& shard : d.shards()) content = fnv1a(sampled_content(shard), content);
   return {d.size(), static_cast<int64_t>(d.shards().size()), static_cast<int64_t>(h), static_cast<int64_t>(content)};
 }
 

@@ -46,7 +46,7 @@ std::string read_file(const std::string& path) {
   return out;
 }
 
-uint64_t sampled_content_hash(const std::string& path) {
+std::string sampled_content(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0) {
@@ -56,11 +56,6 @@ uint64_t sampled_content_hash(const std::string& path) {
   }
   const auto size = static_cast<uint64_t>(st.st_size);
   constexpr uint64_t kBlock = 4096, kBetween = 16;
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the size, then each block
-  auto mix = [&](const char* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ull;
-  };
-  mix(reinterpret_cast<const char*>(&size), sizeof size);
   std::vector<uint64_t> starts;
   if (size <= (kBetween + 2) * kBlock) {
     for (uint64_t at = 0; at < size; at += kBlock) starts.push_back(at);
@@ -69,12 +64,13 @@ uint64_t sampled_content_hash(const std::string& path) {
     for (uint64_t k = 1; k <= kBetween; ++k) starts.push_back((size - kBlock) * k / (kBetween + 1));
     starts.push_back(size - kBlock);
   }
-  char buf[kBlock];
+  std::string out(reinterpret_cast<const char*>(&size), sizeof size);
   for (const uint64_t at : starts) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(kBlock, size - at));
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kBlock, size - at)), from = out.size();
+    out.resize(from + want);
     size_t got = 0;
     while (got < want) {
-      const ssize_t n = ::pread(fd, buf + got, want - got, static_cast<off_t>(at + got));
+      const ssize_t n = ::pread(fd, out.data() + from + got, want - got, static_cast<off_t>(at + got));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         const int e = n < 0 ? errno : EIO;
@@ -83,10 +79,9 @@ uint64_t sampled_content_hash(const std::string& path) {
       }
       got += static_cast<size_t>(n);
     }
-    mix(buf, want);
   }
   ::close(fd);
-  return h;
+  return out;
 }
 
 void write_file_atomic(const std::string& path, const std::string& text) {

@@ -11,12 +11,12 @@ namespace flowrun {
 // bad input, not a failed write: the prep commands exit 2 for it).
 std::string read_file(const std::string& path);
 
-// A hash of a sample of a file's bytes: its first and last 4 KiB and 16 blocks of 4 KiB spread
-// evenly between (the whole file when it is smaller), with its size: a change of content at equal
-// size shows unless it falls between the blocks, and copying or touching the file (mtime, inode)
-// does not. About 72 KiB read a file. Throws std::runtime_error naming the file when it cannot
-// be read.
-uint64_t sampled_content_hash(const std::string& path);
+// A sample of a file's bytes, to fingerprint its content cheaply: its size (8 bytes), then its
+// first and last 4 KiB and 16 blocks of 4 KiB spread evenly between (the whole file when it is
+// smaller). A change of content at equal size shows unless it falls between the blocks; copying
+// or touching the file (mtime, inode) does not. At most ~72 KiB read. Throws std::runtime_error
+// naming the file when it cannot be read. (Hash it with fnv1a, engine/hash.hpp.)
+std::string sampled_content(const std::string& path);
 
 // `s` without leading and trailing spaces, tabs, CRs and LFs (captions, one-line files).
 std::string trim_space(std::string_view s);

@@ -107,6 +107,14 @@ std::vector<int64_t> parse_npy_checked(const std::string& where, const std::stri
   return out;
 }
 
+// An index (or .npz) holding more indices than the caller's limit; `raise_with`: the setting.
+[[noreturn]] void too_many_indices(const std::string& file, const std::string& count, int64_t max, const std::string& raise_with) {
+  fail(file, "holds " + count + " indices, more than the limit of " + std::to_string(max) + " (about 100 bytes of memory each at setup)" +
+                 (raise_with.empty() ? "" : ": raise " + raise_with + " if that is meant"));
+}
+
+const char* const kMaxEntriesSetting = "image_text_shards' max_index_entries";
+
 // ---- the JSON ----
 
 std::vector<int64_t> int_list(const nlohmann::json& j, const std::string& file, const std::string& key) {
@@ -161,10 +169,6 @@ std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::strin
   size_t cd = le32(zip, eocd + 16);
   std::map<std::string, std::vector<int64_t>> out;
   int64_t values = 0;
-  auto too_many = [&](int64_t n, const std::string& how) {
-    fail(path, "holds " + how + std::to_string(n) + " indices, more than the limit of " + std::to_string(max_values) +
-                   " (about 100 bytes of memory each at setup)" + (raise_with.empty() ? "" : ": raise " + raise_with + " if that is meant"));
-  };
   for (uint16_t e = 0; e < entries; ++e) {
     if (cd + 46 > zip.size() || le32(zip, cd) != 0x02014b50) fail(path, "damaged zip directory");
     const uint16_t method = le16(zip, cd + 10);
@@ -197,7 +201,7 @@ std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::strin
     // The inflated size tells the count before inflating (IndexKits' int64 arrays: 8 bytes a value
     // after NumPy's 128-byte header); the exact count is checked after parsing.
     const auto estimate = static_cast<int64_t>(usize > 128 ? (usize - 128) / 8 : 0);
-    if (estimate > max_values - values) too_many(values + estimate, "about ");
+    if (estimate > max_values - values) too_many_indices(path, "about " + std::to_string(values + estimate), max_values, raise_with);
     std::string npy;
     if (method == 0) npy = zip.substr(data, csize);
     else if (method == 8) npy = inflate_raw(path, name, zip.data() + data, csize, usize);
@@ -205,7 +209,7 @@ std::map<std::string, std::vector<int64_t>> read_npz_int_arrays(const std::strin
     if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) name.resize(name.size() - 4);
     out[name] = parse_npy(path, name, npy);
     values += static_cast<int64_t>(out[name].size());
-    if (values > max_values) too_many(values, "");
+    if (values > max_values) too_many_indices(path, std::to_string(values), max_values, raise_with);
   }
   return out;
 }
@@ -274,7 +278,7 @@ IndexV2 read_index_v2(const std::string& path, int64_t max_entries, int64_t* ent
     if (!fs::exists(npz_path, ec))
       fail(path, "its indices are in indices_file '" + indices_file + "', which is not there (" + npz_path +
                      "): copy the .npz IndexKits wrote beside the JSON");
-    npz = read_npz_int_arrays(npz_path, max_entries, "image_text_shards' max_index_entries");
+    npz = read_npz_int_arrays(npz_path, max_entries, kMaxEntriesSetting);
     if (entries_from_file) {
       *entries_from_file = 0;
       for (const auto& [key, v] : npz) *entries_from_file += static_cast<int64_t>(v.size());
@@ -318,8 +322,7 @@ IndexV2 read_index_v2(const std::string& path, int64_t max_entries, int64_t* ent
     } else {
       const nlohmann::json& list = need(j, path, "indices");
       if (list.is_array() && static_cast<uint64_t>(list.size()) > static_cast<uint64_t>(max_entries))
-        fail(path, "holds " + std::to_string(list.size()) + " indices, more than the limit of " + std::to_string(max_entries) +
-                       " (about 100 bytes of memory each at setup): raise image_text_shards' max_index_entries if that is meant");
+        too_many_indices(path, std::to_string(list.size()), max_entries, kMaxEntriesSetting);
       idx.indices = int_list(list, path, "indices");
     }
     if (idx.indices.empty()) fail(path, "no indices: the index selects no row (were its filters too strict?)");
