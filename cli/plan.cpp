@@ -56,6 +56,7 @@
 #include "models/model_state.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/cost_model.hpp"
+#include "parallel/layout.hpp"
 #include "registry.hpp"
 #include "run_session.hpp"
 #include "spec.hpp"
@@ -123,9 +124,7 @@ Roles roles_of(const GraphSpec& g) {
   const NodeSpec* model = node_named(g, r.model);
   if (!model) throw std::runtime_error(g.file + ": forward_backward '" + r.fb + "' reads no model");
   r.model_type = model->type;
-  for (const char* k : {"heads", "dec_heads", "mlp_dim", "dec_mlp_dim"})
-    if (model->params[k] && model->params[k].IsScalar()) r.split_sizes.push_back(model->params[k].as<int64_t>());
-  if (model->type == "gpt" && model->params["vocab"]) r.split_sizes.push_back(model->params["vocab"].as<int64_t>());
+  r.split_sizes = parallel::tp_split_sizes(*model);
   // The batch's rows: the first node up forward_backward's batch input with a `batch` parameter.
   std::string at = ref(*fb, "batch");
   for (int hops = 0; hops < 8 && !at.empty(); ++hops) {
@@ -805,12 +804,7 @@ int cmd_plan(const std::vector<std::string>& args) {
     // The layouts this graph can express.
     int max_tp = 1;
     if (p.splits)
-      for (int t = 2; t <= c.devices; t *= 2) {
-        bool ok = true;
-        for (int64_t size : r.split_sizes) ok = ok && size % t == 0;
-        if (!ok) break;
-        max_tp = t;
-      }
+      for (int t = 2; t <= c.devices && parallel::tp_divides(r.split_sizes, t); t *= 2) max_tp = t;
     std::vector<std::pair<cost::Layout, cost::Prediction>> ranked;
     for (const cost::Layout& l : cost::layouts(m, c, global_rows, max_tp)) {
       if (l.zero != cost::Zero::none && r.zero.empty()) continue;  // no zero node to set

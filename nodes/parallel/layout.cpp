@@ -25,6 +25,21 @@ pipeline::Config pipeline_config(const RunSettings::Parallel& p) {
   return c;
 }
 
+std::vector<int64_t> tp_split_sizes(const NodeSpec& model) {
+  std::vector<int64_t> sizes;
+  for (const char* k : {"heads", "kv_heads", "dec_heads", "mlp_dim", "dec_mlp_dim"})
+    if (model.params[k] && model.params[k].IsScalar()) sizes.push_back(model.params[k].as<int64_t>());
+  if (model.type == "gpt" && model.params["vocab"] && model.params["vocab"].IsScalar())
+    sizes.push_back(model.params["vocab"].as<int64_t>());
+  return sizes;
+}
+
+bool tp_divides(const std::vector<int64_t>& sizes, int t) {
+  for (const int64_t s : sizes)
+    if (t < 1 || s % t != 0) return false;
+  return true;
+}
+
 std::string describe_layout(const GraphSpec& g, int world) {
   const RunSettings::Parallel& p = g.settings.parallel;
   std::string out = "processes: ";

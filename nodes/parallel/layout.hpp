@@ -3,7 +3,9 @@
 // session checks a graph's layout with it before making a node; `flowrun explain` prints it.
 // Pure arithmetic, no torch: it sits in the torch-free part of the room (flowrun_layout).
 #pragma once
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "parallel/pipeline_schedule.hpp"
 #include "spec.hpp"
@@ -14,6 +16,13 @@ namespace flowrun::parallel {
 // when one is given without pipeline stages (a setting that is accepted must do what it says)
 // or the schedule cannot be made.
 pipeline::Config pipeline_config(const RunSettings::Parallel& p);
+
+// The sizes run.parallel.tp must divide in a model node's settings: its heads and MLP widths
+// (heads, kv_heads, dec_heads, mlp_dim, dec_mlp_dim, those it has) and a GPT's vocabulary (split
+// over the tp ranks). tp_divides: whether t ranks can split them. One rule for `flowrun plan`'s
+// layouts and forward_backward's memory advice, so neither names a tp the run then refuses.
+std::vector<int64_t> tp_split_sizes(const NodeSpec& model);
+bool tp_divides(const std::vector<int64_t>& sizes, int t);
 
 // run.parallel over `world` processes: the mesh, each rank's coordinates and groups, each
 // pipeline stage's program; or "cannot run: WHY".

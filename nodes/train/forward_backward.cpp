@@ -17,6 +17,7 @@
 #include "models/activation_checkpoint.hpp"
 #include "models/dropout.hpp"
 #include "parallel/zero_plan.hpp"
+#include "parallel/layout.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
@@ -594,7 +595,8 @@ class ForwardBackwardNode : public Node {
   //    a token (Korthikanti et al.; the norms and the residual stay whole);
   //  - ZeRO stage params: as check_memory counts a sharded step,
   //    at this dp, or with 2, 4 or 8 times the processes when there is one replica.
-  // The smallest that fits is named, else the largest tried. On the CPU the processes share
+  // tp only as far as the model's heads, MLP widths and vocabulary divide (parallel::tp_divides,
+  // flowrun plan's rule). The smallest that fits is named, else the largest tried. On the CPU the processes share
   // this machine's memory: a layout fits when all of them do.
   void layout_options(StepContext& ctx, const ModelState& model, const TrainingMemory& m, double available,
                       std::vector<std::string>& fixes) const {
@@ -627,10 +629,14 @@ class ForwardBackwardNode : public Node {
       }
     };
     const int tp = model.tp ? model.tp->group->size() : 1;
+    // Only a tp the model can take (its heads, MLP widths and vocabulary divide): flowrun plan's rule.
+    const int at = ctx.run().graph ? ctx.run().graph->index_of(model_node_) : -1;
+    const std::vector<int64_t> sizes =
+        at < 0 ? std::vector<int64_t>{} : parallel::tp_split_sizes(ctx.run().graph->nodes[static_cast<size_t>(at)]);
     if (model.splits_over_tp && all > 0) {
       const double share = split / all;
       std::vector<std::tuple<std::string, int, double>> tries;
-      for (int t = 2 * tp; t <= 8 * tp; t *= 2) {
+      for (int t = 2 * tp; t <= 8 * tp && parallel::tp_divides(sizes, t); t *= 2) {
         const double cut = 1.0 - static_cast<double>(tp) / t;
         const int processes = world * t / tp;
         tries.emplace_back("run.parallel.tp=" + std::to_string(t) + " with " + std::to_string(processes) + " processes",

@@ -719,9 +719,12 @@ TEST(ForwardBackwardMemory, AStepThatCannotFitIsRefusedWithTheSettingsThatWouldH
   EXPECT_NE(log.find(": not enough alone)"), std::string::npos) << log;
   EXPECT_EQ(log.find("fb.accumulate="), std::string::npos) << log;
   // Layouts over more processes, with what a rank would hold: tp splits most of a block's
-  // activations (the smallest tp that fits, else tp 8); ZeRO-3 divides the weights and state but
-  // no activation, so none of its process counts is enough and the largest tried is named.
+  // activations (the smallest tp that fits, else the largest the model takes); ZeRO-3 divides the
+  // weights and state but no activation, so none of its process counts is enough and the largest
+  // tried is named.
   EXPECT_NE(log.find("run.parallel.tp="), std::string::npos) << log;
+  // Issue 69: 4 heads take tp 2 or 4, never 8 (which the run then refused), as flowrun plan filters.
+  EXPECT_EQ(log.find("run.parallel.tp=8"), std::string::npos) << log;
   EXPECT_NE(log.find(" a rank"), std::string::npos) << log;
   EXPECT_NE(log.find("zero.stage=params with 8 processes ("), std::string::npos) << log;
   EXPECT_NE(log.find("fb.memory_check=warn runs anyway"), std::string::npos) << log;
