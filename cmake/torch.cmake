@@ -105,3 +105,27 @@ else()
     INTERFACE_LINK_LIBRARIES "${FLOWRUN_LIB_torch_cpu};${FLOWRUN_LIB_c10}")
   set(TORCH_LIBRARIES flowrun_torch)
 endif()
+
+# at::parallel_for (ATen/Parallel-inl.h) is a header template: its loop is split over torch's
+# intra-op threads only in code compiled with -fopenmp. Without it INTRA_OP_PARALLEL is undefined
+# and every at::parallel_for of ours (the fused GELU, the CPU attention's softmax, the optimizers'
+# flat updates) runs on the calling thread alone while the other threads wait. A torch built with
+# OpenMP (ATen/Config.h: AT_PARALLEL_OPENMP 1, pip's) bundles its libgomp in its lib folder: our
+# code joins that same runtime (one thread team, one team size per thread, as torch_setup.cpp
+# sets them), compiled with -fopenmp and linked to that libgomp. Test: tests/nodes/
+# gelu_tanh_test.cpp's GeluTanh.KernelsSplitOverTorchsThreads.
+file(STRINGS "${FLOWRUN_TORCH_ROOT}/include/ATen/Config.h" _torch_openmp REGEX "define AT_PARALLEL_OPENMP 1")
+if(_torch_openmp)
+  file(GLOB _torch_gomp "${FLOWRUN_TORCH_ROOT}/lib/libgomp*.so*")
+  add_library(flowrun_torch_openmp INTERFACE IMPORTED GLOBAL)
+  set_target_properties(flowrun_torch_openmp PROPERTIES INTERFACE_COMPILE_OPTIONS "$<$<COMPILE_LANGUAGE:CXX>:-fopenmp>")
+  if(_torch_gomp)
+    list(GET _torch_gomp 0 _torch_gomp)
+    set_target_properties(flowrun_torch_openmp PROPERTIES INTERFACE_LINK_LIBRARIES "${_torch_gomp}")
+  else()  # a torch linked against the system's OpenMP runtime
+    find_package(OpenMP REQUIRED COMPONENTS CXX)
+    set_target_properties(flowrun_torch_openmp PROPERTIES INTERFACE_LINK_LIBRARIES OpenMP::OpenMP_CXX)
+  endif()
+  list(APPEND TORCH_LIBRARIES flowrun_torch_openmp)
+  message(STATUS "flowrun: at::parallel_for in flowrun's code uses torch's OpenMP (${_torch_gomp})")
+endif()

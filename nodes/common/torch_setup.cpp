@@ -6,6 +6,9 @@
 #include <unistd.h>
 #include <torch/torch.h>
 
+#include <ATen/Parallel.h>
+
+#include <atomic>
 #include <thread>
 
 namespace flowrun {
@@ -38,6 +41,13 @@ void worker_thread_setup() {
     omp_set_num_threads(1);
   else
     at::set_num_threads(1);
+}
+
+int parallel_for_threads_used() {
+  const int team = at::get_num_threads();
+  std::atomic<uint64_t> seen{0};  // bit t: thread t ran a chunk
+  at::parallel_for(0, 64 * team, 1, [&](int64_t, int64_t) { seen |= uint64_t{1} << (at::get_thread_num() % 64); });
+  return __builtin_popcountll(seen.load());
 }
 
 }  // namespace flowrun

@@ -10,4 +10,8 @@ void configure_torch(int threads, uint64_t seed);
 // on the calling thread only: one intra-op thread, and a lower scheduling priority (nice +5), so
 // readers and decoders that run ahead take the cores the compute thread leaves, not its own.
 void worker_thread_setup();
+// How many threads of the calling thread's team one at::parallel_for of flowrun's own code
+// (compiled as this library is) ran on: the team size when our kernels split as torch's do,
+// 1 when they were built without OpenMP (cmake/torch.cmake). For the test that checks it.
+int parallel_for_threads_used();
 }  // namespace flowrun

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "common/cpu_simd.hpp"
+#include "common/torch_setup.hpp"
 #include "models/gelu_tanh.hpp"
 
 namespace flowrun {
@@ -42,6 +43,18 @@ void expect_accurate(const torch::Tensor& x, bool backward = true) {
   const double gours = error(gx, gx64), gtorchs = error(gx32, gx64);
   EXPECT_LT(gours, 2e-6) << "backward, n=" << x.numel() << " (torch fp32: " << gtorchs << ")";
   EXPECT_LE(gours, gtorchs + 5e-7) << "backward, n=" << x.numel();  // a few ulp either way
+}
+
+// The fused kernels (and every at::parallel_for of flowrun's code) split over torch's intra-op
+// threads as torch's own operators do: compiled without OpenMP (cmake/torch.cmake), the loop ran
+// on one thread while the other cores waited, a few per cent of every CPU step.
+TEST(GeluTanh, KernelsSplitOverTorchsThreads) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  EXPECT_EQ(parallel_for_threads_used(), 2);
+  at::set_num_threads(1);
+  EXPECT_EQ(parallel_for_threads_used(), 1);
+  at::set_num_threads(before);
 }
 
 TEST(GeluTanh, MatchesTorchOverTheRange) {
