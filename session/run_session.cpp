@@ -152,10 +152,16 @@ extern "C" void on_grace_over(int) {
   _exit(128 + g_stop.load());
 }
 
-void handle_stop_signals(bool on) {
+// A run whose steps are worth nothing once stopped (RunSession::exit_on_signal): exit at once.
+extern "C" void on_exit_signal(int sig) {
+  say(sig == SIGINT ? "\nflowrun: Ctrl-C: exiting now\n" : "\nflowrun: stop signal: exiting now\n");
+  _exit(128 + sig);
+}
+
+void handle_stop_signals(bool on, bool exit_at_once = false) {
   struct sigaction sa {};
   sigemptyset(&sa.sa_mask);
-  sa.sa_handler = on ? on_stop_signal : SIG_DFL;
+  sa.sa_handler = !on ? SIG_DFL : exit_at_once ? on_exit_signal : on_stop_signal;
   for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGHUP}) sigaction(sig, &sa, nullptr);
   sa.sa_handler = on ? on_grace_over : SIG_DFL;
   sigaction(SIGALRM, &sa, nullptr);
@@ -416,7 +422,7 @@ int RunSession::run() {
   m.ran = true;
   const GraphSpec& g = *g_;
   g_grace_s = static_cast<unsigned>(g.settings.stop_grace_s);
-  handle_stop_signals(true);
+  handle_stop_signals(true, exit_on_signal);
   int code = 0;
   try {
     Executor ex(g, Registry::global(), info_);

@@ -51,6 +51,9 @@ class RunSession {
   // Called in run() once every node is set up (and restored), before the first step: what the
   // nodes made, for a caller that reads it (flowrun plan: the model it profiles).
   std::function<void(Executor&)> on_setup;
+  // A run for a command that trains nothing to keep (flowrun plan's profile): the first stop
+  // signal exits at once with 128 + the signal, instead of stopping after the steps in flight.
+  bool exit_on_signal = false;
 
  private:
   struct Impl;

@@ -33,6 +33,7 @@ void write_manifest(const std::string& folder, const Manifest& m) {
   j["states"] = m.states;
   j["rng"] = m.rng_file;
   j["config"] = m.config;
+  if (m.world > 0) j["world"] = m.world;
   write_file_atomic(folder + "/manifest.json", j.dump(2) + "\n");
 }
 
@@ -76,6 +77,11 @@ Manifest read_manifest(const std::string& folder) {
   text("name", m.name);
   text("config", m.config);
   text("rng", m.rng_file);
+  if (j.contains("world")) {
+    if (!j["world"].is_number_integer() || j["world"].get<int64_t>() < 1 || j["world"].get<int64_t>() > (1 << 20))
+      throw bad("world", "the number of processes that wrote it (an integer >= 1)");
+    m.world = j["world"].get<int>();
+  }
   // A file of the checkpoint is a plain name inside its folder.
   auto plain = [](const std::string& f) { return !f.empty() && f.find('/') == std::string::npos && f != "." && f != ".."; };
   if (!m.rng_file.empty() && !plain(m.rng_file)) throw bad("rng", "a file name in the checkpoint folder");

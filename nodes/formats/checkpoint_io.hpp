@@ -5,7 +5,7 @@
 //       model.params.safetensors   one file per saved state, named by its ref
 //       opt.state.safetensors
 //       rng.safetensors            torch's global CPU generator state
-//       manifest.json              written last: step, states -> files, resolved config
+//       manifest.json              written last: step, states -> files, resolved config, processes
 //     latest                       "step_00000500\n": moved (renamed) only once a folder is complete
 //
 // A folder is written as .step_00000500.tmp and renamed when complete.
@@ -24,6 +24,7 @@ struct Manifest {
   std::string graph, name, config;
   std::map<std::string, std::string> states;  // ref -> file in the folder
   std::string rng_file;
+  int world = 0;  // the processes of the run that wrote it (0: not recorded, a manifest before 2026-12)
 };
 
 void write_manifest(const std::string& folder, const Manifest& m);

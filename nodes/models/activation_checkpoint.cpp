@@ -14,6 +14,7 @@
 #include "common/device.hpp"
 #include "models/dropout.hpp"
 #include "models/param_use.hpp"
+#include "parallel/cost_model.hpp"
 
 namespace flowrun {
 
@@ -270,7 +271,7 @@ ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t 
   // logsumexp per head and token.
   const double h_tokens = static_cast<double>(heads) * static_cast<double>(tokens) / static_cast<double>(tp);  // this rank's heads
   const double units = keeps == AttentionKeeps::scores ? 5.0 : 2.0;
-  const double per_token = 10.0 + 24.0 / static_cast<double>(tp);  // 34 whole; the split sub-layers' 24 over tp
+  const double per_token = parallel::cost::activation_units(static_cast<int>(tp));  // 34 whole; 24 of them split over tp
   const double per_block = per_token * static_cast<double>(tokens) * static_cast<double>(dim) * static_cast<double>(bytes) / 2.0 +
                            (keeps == AttentionKeeps::logsumexp
                                 ? 4.0 * h_tokens

@@ -15,6 +15,30 @@ using flowrun::Value;
 
 std::shared_ptr<ModelState>& state_of(Value& v) { return v.as_mut<std::shared_ptr<ModelState>>(); }
 
+// A checkpoint holds whole tensors: under tp each is checked against the whole shape this
+// rank's part belongs to before it is cut, so a mismatch reads the same at any layout (the
+// whole shapes), this rank's part after it.
+void check_whole_shapes(const ModelState& m, const NamedTensors& given) {
+  if (!m.tp || !m.tp->group) return;  // tp 1: ModelState::load compares the shapes themselves
+  std::map<std::string, std::vector<int64_t>> mine;  // this rank's shapes (ZeRO-3: its placeholders' sizes, not its slices)
+  for (const auto& [name, t] : m.tensors()) mine[name] = t.sizes().vec();
+  const int64_t ranks = m.tp->group->size();
+  for (const auto& [name, v] : given) {
+    auto it = mine.find(name);
+    if (it == mine.end() || !v.defined()) continue;  // load() names unknown tensors
+    const flowrun::parallel::TpSplit s = m.tp->split(name);
+    std::vector<int64_t> whole = it->second;
+    const bool split = s.split() && static_cast<size_t>(s.dim) < whole.size();
+    if (split) whole[static_cast<size_t>(s.dim)] *= ranks;
+    if (v.sizes().vec() != whole)
+      throw std::runtime_error("model '" + m.kind + "': tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(whole)) +
+                               ", the one given has " + c10::str(v.sizes()) +
+                               (split ? " [this rank holds " + c10::str(c10::IntArrayRef(it->second)) +
+                                            " of it, its part of tp " + std::to_string(ranks) + "]"
+                                      : ""));
+  }
+}
+
 const bool kModelStateIO = [] {
   flowrun::StateIO io;
   io.tensors = [](const Value& v) {
@@ -25,6 +49,7 @@ const bool kModelStateIO = [] {
   io.load = [](Value& v, const NamedTensors& t) {
     auto& m = state_of(v);
     if (m->shards) {  // the parameters: this rank's slice (of its tp parts, under tp)
+      check_whole_shapes(*m, t);
       const NamedTensors rest = m->shards->load(m->tp ? m->tp->parts(t) : t);
       for (const auto& [name, b] : m->named_buffers())
         if (!rest.count(name)) throw std::runtime_error("model '" + m->kind + "': tensor '" + name + "' is missing");
@@ -36,9 +61,11 @@ const bool kModelStateIO = [] {
       NamedTensors mine;
       for (const auto& [name, tensor] : t)
         if (held.count(name)) mine.emplace(name, tensor);
+      check_whole_shapes(*m, mine);
       m->load(m->tp ? m->tp->parts(mine) : mine);
       return;
     }
+    check_whole_shapes(*m, t);
     m->load(m->tp ? m->tp->parts(t) : t);
   };
   // Every rank gathers: ZeRO-3's slices over the data-parallel ranks (each tp rank's parts

@@ -72,14 +72,6 @@ struct ModelState {
       activations;
   CheckpointPolicy checkpoint;
   std::vector<MemoryItem> kept;
-  // What forward_backward estimated of one micro-batch at its first step with `time_blocks` (the
-  // profile `flowrun plan` reads after its run; a record, not the model's state): its rows, and
-  // `activations` without recomputing (plain) and recomputing every block. rows 0: not recorded.
-  struct Profiled {
-    int64_t rows = 0;
-    ActivationEstimate plain, blocks;
-  };
-  mutable Profiled profiled;
 
   // A frozen encoder of batches (vae_encode's params) says how it conditions one, so a reader of
   // its state (the evaluator) encodes batches as the node does without knowing its type: the

@@ -109,12 +109,17 @@ std::string Layout::str() const {
 
 // ---- the step ---------------------------------------------------------------------------------
 
+double activation_units(int t) { return 10.0 + 24.0 / static_cast<double>(t); }
+double activations_held(int t) { return activation_units(t) / 34.0; }
+
+double zero3_gathered(double others, double kept, double largest, double all) {
+  return std::min(all, others + kept + 2 * largest);
+}
+
 namespace {
 
-// The share of a split layer's tensors one tp rank holds, and of a block's activations
-// (Korthikanti et al.: of 34 units a token, the 24 inside the split layers).
+// The share of a split layer's tensors one tp rank holds.
 double held(double split, int t) { return 1.0 - split + split / t; }
-double activations_held(int t) { return (10.0 + 24.0 / t) / 34.0; }
 
 // A time measured at m.rows rows (t; t0 at none) or along m.sizes (curve), at `rows` (Block's rule).
 double time_at(const Model& m, double rows, double t, double t0, const std::vector<double>& curve) {
@@ -133,6 +138,7 @@ struct Stage {
   double params = 0;   // parameters a device of the stage holds (its tp share)
   double trained = 0;  // of them, not frozen
   double largest_block = 0;
+  double kept_blocks = 0;  // the parameters of its blocks not recomputed (autograd keeps them: ZeRO-3 gathered)
 };
 
 }  // namespace
@@ -179,6 +185,8 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
   for (const Block& b : m.blocks) block_cost.push_back(fwd(b) + bwd(b));
   const auto cut = pipeline::balance(block_cost, C, fwd(m.first) + bwd(m.first),
                                      fwd(m.last) + bwd(m.last));
+  if (p > 1)
+    for (const auto& [first, end] : cut) out.stage_layers.push_back(end - first);
 
   // Each chunk's operations for one micro-batch: its blocks' share of the products under tp, the
   // recomputes, tp's all-reduces on the critical path, and (between stages) the activation's send.
@@ -239,6 +247,7 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
       st.params += n;
       st.trained += (m.blocks[i].params - m.blocks[i].frozen) * share;
       st.largest_block = std::max(st.largest_block, n);
+      if (!recomputed(i)) st.kept_blocks += n;
     }
     auto whole = [](Stage& st, const Block& b) { st.params += b.params, st.trained += b.params - b.frozen; };
     if (k == 0) whole(stages[0], m.first);
@@ -294,14 +303,17 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
     const Stage& st = stages[s];
     Memory mem;
     const double zero_d = static_cast<double>(d);
-    // Weights: ZeRO params keeps 1/d, and gathers a stage's whole for its step (pipeline), the
-    // whole model at the turn from forward to backward without checkpointing, else about two
-    // blocks (the one running and the one arriving).
-    // Frozen weights are whole on every replica (ZeRO shards what the optimizer updates).
+    // Weights: ZeRO params keeps 1/d of every parameter (frozen ones too: a flat buffer of their
+    // own, train/fully_sharded.hpp), and gathers a stage's whole for its step (pipeline: held for
+    // its micro-batches), else what zero3_gathered says (one rule with forward_backward's).
     mem.weights = st.params * m.weight_bytes;
     if (l.zero == Zero::params && d > 1) {
-      const double gathered = p > 1 || l.checkpoint_every == 0 ? st.trained : 2 * st.largest_block * (st.params > 0 ? st.trained / st.params : 0.0);
-      mem.weights = (st.params - st.trained) * m.weight_bytes + st.trained * m.weight_bytes / zero_d;
+      double blocks = 0;
+      for (int k : st.chunks)
+        for (int i = cut[k].first; i < cut[k].second; ++i) blocks += m.blocks[i].params * held(m.blocks[i].split, t);
+      const double gathered =
+          p > 1 ? st.params : zero3_gathered(st.params - blocks, st.kept_blocks, st.largest_block, st.params);
+      mem.weights = st.params * m.weight_bytes / zero_d;
       mem.gathered = gathered * m.weight_bytes;
     }
     // Gradients: autograd's and, with several replicas and without ZeRO gradients, flowrun's two

@@ -69,6 +69,21 @@ double data_parallel_bytes(double grad_bytes, int g, Zero z);
 // four all-reduces (two forward, two backward) of the block's output, `output_bytes`.
 double tensor_parallel_bytes(double output_bytes, int t);
 
+// Korthikanti et al. 2022: of a transformer block's 34 activation units a token (2-byte values),
+// the 24 inside the layers tensor parallel splits go / t; the norms' and the residual's 10 stay
+// whole. The one place of these constants: the activation estimate (models/activation_checkpoint),
+// forward_backward's memory advice and this model use them.
+double activation_units(int t);  // 10 + 24 / t
+double activations_held(int t);  // activation_units(t) / 34: the share one of t ranks keeps
+
+// ZeRO stage params (train/fully_sharded.hpp): what a rank holds gathered beside its slice at the
+// turn from forward to backward, in bytes or parameters: the parameters outside the blocks
+// (`others`, gathered for the whole use), every block that was not recomputed (`kept`: autograd
+// saved it), and the blocks in flight (the one running, the one arriving: twice the `largest`);
+// at most `all`, the whole model's (without checkpointing, every block is kept). The one rule of
+// forward_backward's memory advice and this model.
+double zero3_gathered(double others, double kept, double largest, double all);
+
 // What one device measured of the model, at `rows` rows a micro-batch. A time at other rows r:
 // where the model was also timed at smaller sizes (Model::sizes), the line through the two
 // measured sizes nearest r (a small micro-batch computes less efficiently: per-call overhead,
@@ -171,6 +186,9 @@ struct Prediction {
   Memory memory;         // the fullest device's
   bool fits = true;      // within the cluster's memory
   std::string why;       // a layout that cannot run: why (empty otherwise)
+  // Under pp: the model's blocks per chunk (pp x virtual_stages entries) the prediction cut them
+  // into: run.parallel.stage_layers, so that the run cuts them as predicted.
+  std::vector<int> stage_layers;
 };
 
 // The step of `global_rows` rows (all replicas together) under `l`.

@@ -34,6 +34,12 @@ std::vector<int64_t> tp_split_sizes(const NodeSpec& model) {
   return sizes;
 }
 
+std::string alike_blocks_param(const NodeSpec& model) {
+  if (model.type == "gpt") return "layers";
+  if (model.type == "dit") return "depth";
+  return "";
+}
+
 bool tp_divides(const std::vector<int64_t>& sizes, int t) {
   for (const int64_t s : sizes)
     if (t < 1 || s % t != 0) return false;

@@ -24,6 +24,11 @@ pipeline::Config pipeline_config(const RunSettings::Parallel& p);
 std::vector<int64_t> tp_split_sizes(const NodeSpec& model);
 bool tp_divides(const std::vector<int64_t>& sizes, int t);
 
+// The parameter of a model node that counts its blocks when they are all alike (gpt: layers,
+// dit: depth), so that a profile of a few of them stands for the rest (`flowrun plan`); "" for a
+// model of unlike blocks (cappa: an encoder's and a decoder's).
+std::string alike_blocks_param(const NodeSpec& model);
+
 // run.parallel over `world` processes: the mesh, each rank's coordinates and groups, each
 // pipeline stage's program; or "cannot run: WHY".
 std::string describe_layout(const GraphSpec& g, int world);

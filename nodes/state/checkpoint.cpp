@@ -67,6 +67,7 @@ class Checkpoint : public Node {
   int delay_ms_ = 0;
   bool exports_ = false;
   bool writer_rank_ = true;
+  int world_ = 1;  // the processes of this run (the manifest records them: resume compares layouts)
   std::future<void> pending_;
   // run.resume=never: the earlier run's step folders and `latest`, moved aside by the first write.
   std::vector<std::string> earlier_;
@@ -80,6 +81,7 @@ class Checkpoint : public Node {
     delay_ms_ = c.params().get<int>("write_delay_ms");
     exports_ = c.params().get<bool>("exports");
     writer_rank_ = c.run().rank == 0;
+    world_ = c.run().world;
     if (c.run().world > 1) {  // collective: setup runs in file order
       group_ = parallel::Group::world(c.name());
       const parallel::Mesh mesh = parallel::mesh_of(c.run());
@@ -243,6 +245,7 @@ class Checkpoint : public Node {
     m.graph = graph_file_;
     m.name = name_;
     m.config = config_;
+    m.world = world_;
     for (const auto& [ref, tensors] : s.states) {
       pause();
       const std::string file = ref + ".safetensors";

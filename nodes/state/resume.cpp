@@ -17,6 +17,7 @@
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
 #include "executor.hpp"
+#include "registry.hpp"
 #include "spec.hpp"
 #include "formats/checkpoint_io.hpp"
 
@@ -179,25 +180,21 @@ std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::stri
   return std::nullopt;
 }
 
-std::vector<std::string> changed_settings(const std::string& saved, const std::string& now) {
-  // Both as flat KEY.PATH: value lines; run settings that only say how this process runs
-  // (not what it computes) are left out.
-  static const std::set<std::string> kHow = {"run.steps",   "run.resume",  "run.progress", "run.trace",
-                                             "run.profile", "run.out_dir", "run.workers",  "run.threads",
-                                             "run.comm_timeout_s", "run.stop_grace_s", "run.log_every", "run.prefetch", "run.compute_thread", "run.cuda_graph", "run.cpu_gemm",
-                                             "run.parallel.tp", "run.parallel.pp"};  // any layout resumes any other
-  // Keys as an override names them: run.seed, opt.lr (nodes.opt.with.lr), fb.every.
+namespace {
+
+// A resolved config as flat "KEY.PATH: value" settings, keyed as an override names them: run.seed,
+// opt.lr (nodes.opt.with.lr), fb.every. Empty for a config that does not read (older manifests).
+std::map<std::string, std::string> flat_settings(const std::string& config) {
   auto key = [](const std::string& path) {
     std::string k = path.rfind("nodes.", 0) == 0 ? path.substr(6) : path;
     const size_t with = k.find(".with.");
     if (with != std::string::npos && k.find('.') == with) k.erase(with, 5);
     return k;
   };
-  std::map<std::string, std::string> a, b;
-  std::function<void(const YAML::Node&, const std::string&, std::map<std::string, std::string>&)> flat;
-  flat = [&](const YAML::Node& n, const std::string& path, std::map<std::string, std::string>& out) {
+  std::map<std::string, std::string> out;
+  std::function<void(const YAML::Node&, const std::string&)> flat = [&](const YAML::Node& n, const std::string& path) {
     if (n.IsMap()) {
-      for (const auto& kv : n) flat(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>(), out);
+      for (const auto& kv : n) flat(kv.second, path.empty() ? kv.first.as<std::string>() : path + "." + kv.first.as<std::string>());
     } else {
       YAML::Emitter e;
       e << YAML::Flow << n;
@@ -205,11 +202,70 @@ std::vector<std::string> changed_settings(const std::string& saved, const std::s
     }
   };
   try {
-    flat(YAML::Load(saved), "", a);
-    flat(YAML::Load(now), "", b);
+    flat(YAML::Load(config), "");
   } catch (const std::exception&) {
-    return {};  // a manifest without a readable config (older ones): nothing to compare
+    return {};
   }
+  return out;
+}
+
+// An integer setting of flat settings `s`, `dflt` when absent or not an integer.
+int64_t int_setting(const std::map<std::string, std::string>& s, const std::string& k, int64_t dflt) {
+  auto it = s.find(k);
+  if (it == s.end()) return dflt;
+  char* end = nullptr;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  return end != it->second.c_str() && *end == 0 ? v : dflt;
+}
+
+// A run's mesh as its settings and processes give it.
+struct MeshOf {
+  int64_t world, tp, pp, dp;  // world and dp 0: not recorded
+  MeshOf(const std::map<std::string, std::string>& s, int processes)
+      : world(processes), tp(int_setting(s, "run.parallel.tp", 1)), pp(int_setting(s, "run.parallel.pp", 1)),
+        dp(processes > 0 && tp * pp > 0 ? processes / (tp * pp) : 0) {}
+  std::string str() const {
+    const std::string shape = "pp " + std::to_string(pp) + " x tp " + std::to_string(tp);
+    return world > 0 ? std::to_string(world) + " (dp " + std::to_string(dp) + " x " + shape + ")"
+                     : "? (" + shape + "; its processes were not recorded)";
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> changed_settings(const RunRecord& saved, const RunRecord& now,
+                                          const std::vector<std::string>& batch_keys) {
+  const std::map<std::string, std::string> a = flat_settings(saved.config), b = flat_settings(now.config);
+  if (a.empty() || b.empty()) return {};  // a manifest without a readable config: nothing to compare
+  std::vector<std::string> out;
+  // The mesh, one line.
+  const MeshOf was(a, saved.world), is(b, now.world);
+  if ((was.world > 0 && was.world != is.world) || was.tp != is.tp || was.pp != is.pp)
+    out.push_back("processes " + is.str() + "; the checkpoint's run had " + was.str());
+  // The global batch of each data source (its batch is per rank): batch x dp a step.
+  std::set<std::string> folded;
+  for (const std::string& k : batch_keys) {
+    if (!a.count(k) || !b.count(k)) continue;
+    folded.insert(k);
+    const int64_t bn = int_setting(b, k, 0), bs = int_setting(a, k, 0);
+    const std::string node = k.substr(0, k.rfind('.'));
+    auto global = [](int64_t batch, int64_t dp) {
+      return std::to_string(batch) + " x dp " + (dp > 0 ? std::to_string(dp) + " = " + std::to_string(batch * dp) : "?");
+    };
+    if (was.dp > 0 && bn * is.dp != bs * was.dp)
+      out.push_back("global batch (" + node + "): " + global(bn, is.dp) + " a step; the checkpoint's run had " +
+                    global(bs, was.dp) + " (" + k + " is per rank)");
+    else if (bn != bs)
+      out.push_back("global batch (" + node + "): " + global(bn, is.dp) + " a step" +
+                    (was.dp > 0 ? ", as in the checkpoint's run (" + global(bs, was.dp) + ")"
+                                : "; the checkpoint's run had " + k + " " + std::to_string(bs)));
+  }
+  // Every other setting, where it was in effect.
+  static const std::set<std::string> kHow = {"run.steps",   "run.resume",  "run.progress", "run.trace",
+                                             "run.profile", "run.out_dir", "run.workers",  "run.threads",
+                                             "run.comm_timeout_s", "run.stop_grace_s", "run.log_every", "run.prefetch", "run.compute_thread", "run.cuda_graph", "run.cpu_gemm",
+                                             "run.parallel.tp", "run.parallel.pp"};  // the mesh line above
+  const bool pipelined = was.pp > 1 || is.pp > 1;  // run.parallel's other settings are the pipeline's
   // 1.0e-2 and 0.01 are one setting.
   auto same = [](const std::string& x, const std::string& y) {
     if (x == y) return true;
@@ -220,9 +276,9 @@ std::vector<std::string> changed_settings(const std::string& saved, const std::s
   };
   auto relevant = [&](const std::string& k) {
     const size_t dot = k.rfind('.');
-    return !kHow.count(k) && (dot == std::string::npos ? k : k.substr(dot + 1)) != "doc";
+    if (kHow.count(k) || folded.count(k) || (dot == std::string::npos ? k : k.substr(dot + 1)) == "doc") return false;
+    return pipelined || k.rfind("run.parallel.", 0) != 0;
   };
-  std::vector<std::string> out;
   for (const auto& [k, v] : b) {
     if (!relevant(k)) continue;
     auto it = a.find(k);
@@ -241,7 +297,13 @@ void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {
   // Settings that differ from the run that wrote the checkpoint: allowed (a new lr for the rest
   // of a run is a common recipe), never silent.
   if (!m.config.empty()) {
-    const std::vector<std::string> changed = changed_settings(m.config, to_yaml(resolved_config(g)));
+    // The data sources, whose batch is per rank: a node type with a `batch` output and parameter.
+    std::vector<std::string> batch_keys;
+    for (const auto& n : g.nodes)
+      if (const NodeType* t = Registry::global().find(n.type))
+        if (t->schema.output("batch") && t->schema.param("batch") && n.params["batch"]) batch_keys.push_back(n.name + ".batch");
+    const std::vector<std::string> changed =
+        changed_settings({m.config, m.world}, {to_yaml(resolved_config(g)), ex.info().world}, batch_keys);
     if (!changed.empty()) {
       std::string list;
       for (const auto& c : changed) list += "\n  " + c;

@@ -35,10 +35,25 @@ std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::stri
 // Settings that differ from the checkpoint's run (its manifest's config) are logged as a warning.
 void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p);
 
-// The settings of resolved config `now` that differ from `saved` (both YAML as the checkpoint
-// manifest keeps them), one "KEY.PATH: now (the checkpoint's run had saved)" line each; run
-// settings about how a process runs (steps, resume, threads, trace, ...) are not compared.
-std::vector<std::string> changed_settings(const std::string& saved, const std::string& now);
+// One side of a resume, the checkpoint's run or this one: its resolved config (YAML, as the
+// checkpoint manifest keeps it) and its processes (0: not recorded, an older manifest).
+struct RunRecord {
+  std::string config;
+  int world = 0;
+};
+
+// What differs between the checkpoint's run (`saved`) and this one (`now`), one line each:
+//   - the mesh, when the processes, tp or pp differ: "processes 1 (dp 1 x pp 2 x tp 1); the
+//     checkpoint's run had 2 (dp 1 x pp 1 x tp 2)";
+//   - the global batch of each data source (`batch_keys`: the NODE.batch settings that are per
+//     rank) when its batch or dp differs: "global batch (data): 16 x dp 1 = 16 a step; the
+//     checkpoint's run had 16 x dp 2 = 32";
+//   - every other setting that differs and was in effect in either run, "KEY.PATH: now (the
+//     checkpoint's run had saved)". Not compared: run settings about how a process runs (steps,
+//     resume, threads, trace, ...), the pipeline's (schedule, microbatches, ...) when neither run
+//     had pp > 1.
+std::vector<std::string> changed_settings(const RunRecord& saved, const RunRecord& now,
+                                          const std::vector<std::string>& batch_keys = {});
 
 // Before a run writes its logs in OUT_DIR (rank 0): at a fresh start (first_step 1) the earlier
 // run's metrics.jsonl and tb/ move aside (metrics.previous-STAMP.jsonl, tb.previous-STAMP/), so

@@ -17,6 +17,7 @@
 #include "models/activation_checkpoint.hpp"
 #include "models/dropout.hpp"
 #include "parallel/zero_plan.hpp"
+#include "parallel/cost_model.hpp"
 #include "parallel/layout.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -200,6 +201,8 @@ class ForwardBackwardNode : public Node {
     fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
     time_blocks_ = ctx.params().get<bool>("time_blocks");
+    profile_ = std::make_shared<StepProfile>();
+    ctx.own_state("profile", profile_);
     const std::vector<std::string> model_ref = ctx.refs("model");
     model_node_ = model_ref.empty() ? "model" : model_ref.front().substr(0, model_ref.front().find('.'));
     if (ctx.connected("zero")) zero_ = &ctx.state_as<ZeroPlan>("zero");
@@ -517,8 +520,8 @@ class ForwardBackwardNode : public Node {
         m.activations = model.activations(micro, bytes, model.checkpoint).checkpointed;
         const ActivationEstimate blocks_recomputed = model.activations(micro, bytes, CheckpointPolicy::parse("blocks"));
         with_blocks = blocks_recomputed.checkpointed;
-        if (time_blocks_)  // flowrun plan's profile
-          model.profiled = {batch_rows(micro), model.activations(micro, bytes, CheckpointPolicy{}), blocks_recomputed};
+        if (time_blocks_)  // flowrun plan's profile: this node's own state
+          *profile_ = {batch_rows(micro), model.activations(micro, bytes, CheckpointPolicy{}), blocks_recomputed};
         m.activations_note = std::to_string(micro_rows) + " rows, " + (bytes == 2 ? "bf16" : "fp32") +
                              ", checkpoint: " + model.checkpoint.str();
         if (pipeline_) {
@@ -592,7 +595,7 @@ class ForwardBackwardNode : public Node {
   // rank would hold then, against what this rank could use (what is free and what it holds).
   //  - more tp (a family that splits): the split share of the weights, gradients and what other
   //    nodes keep per parameter divided further, and about 24 of a block's 34 activation units
-  //    a token (Korthikanti et al.; the norms and the residual stay whole);
+  //    a token (Korthikanti et al.: parallel::cost::activations_held; the norms and the residual stay whole);
   //  - ZeRO stage params: as check_memory counts a sharded step,
   //    at this dp, or with 2, 4 or 8 times the processes when there is one replica.
   // tp only as far as the model's heads, MLP widths and vocabulary divide (parallel::tp_divides,
@@ -640,7 +643,9 @@ class ForwardBackwardNode : public Node {
         const double cut = 1.0 - static_cast<double>(tp) / t;
         const int processes = world * t / tp;
         tries.emplace_back("run.parallel.tp=" + std::to_string(t) + " with " + std::to_string(processes) + " processes",
-                           processes, m.total() - (share * (m.weights + m.gradients + kept) + acts * 24.0 / 34.0) * cut);
+                           processes,
+                           m.total() - share * (m.weights + m.gradients + kept) * cut -
+                               acts * (1.0 - parallel::cost::activations_held(t) / parallel::cost::activations_held(tp)));
       }
       offer(tries);
     }
@@ -648,7 +653,17 @@ class ForwardBackwardNode : public Node {
       const std::vector<std::string> plan = ctx.connected("zero") ? ctx.refs("zero") : std::vector<std::string>{};
       const std::string stage = plan.empty() ? std::string("a zero node with stage: params (schemas/zero.yaml)")
                                              : plan.front().substr(0, plan.front().find('.')) + ".stage=params";
-      const double gathered = model.checkpoint.every == 1 ? 2 * largest_block_bytes(*model.module) : all;
+      // Gathered beside the slice: the cost model's rule (parallel::cost::zero3_gathered).
+      double blocks = 0, kept_blocks = 0;
+      const std::vector<const torch::nn::Module*> units = blocks_of(*model.module);
+      for (size_t i = 0; i < units.size(); ++i) {
+        double b = 0;
+        for (const auto& t : units[i]->parameters(true)) b += static_cast<double>(t.numel() * t.element_size());
+        blocks += b;
+        if (!model.checkpoint.recompute(static_cast<int64_t>(i))) kept_blocks += b;
+      }
+      const double gathered =
+          parallel::cost::zero3_gathered(all - blocks, kept_blocks, largest_block_bytes(*model.module), all);
       auto total = [&](int n) { return all / n + gathered + trainable * (1.0 + 1.0 / n) + kept_whole / n + acts; };
       std::vector<std::tuple<std::string, int, double>> tries;
       if (dp_.count > 1) tries.emplace_back(stage, world, total(dp_.count));
@@ -683,6 +698,7 @@ class ForwardBackwardNode : public Node {
   bool fresh_ = true;  // grad_layout fresh
   bool refuse_ = true;  // memory_check refuse
   bool time_blocks_ = false;
+  std::shared_ptr<StepProfile> profile_;  // the `profile` state output (time_blocks: filled at the first step)
   bool memory_checked_ = false;
   std::string memory_advice_;  // check_memory's estimate and the settings that reduce it
   std::string model_node_;  // the model node's name (for the settings a refusal names)

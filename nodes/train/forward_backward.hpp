@@ -23,6 +23,15 @@ namespace flowrun {
 std::vector<TensorMap> split_batch(const TensorMap& batch, int64_t n);
 int64_t batch_rows(const TensorMap& batch);
 
+// forward_backward's `profile` state (schemas/forward_backward.yaml): with time_blocks, what its
+// first step estimated of one micro-batch: its rows, and the model's activations without
+// recomputing (plain) and recomputing every block. What `flowrun plan` reads after its profile
+// run (the block times are in the trace). rows 0: not recorded.
+struct StepProfile {
+  int64_t rows = 0;
+  ActivationEstimate plain, blocks;
+};
+
 struct FwdBwdResult {
   torch::Tensor loss;  // 0-d, detached: the mean loss over the batch
   // Aliases of the trainable parameters' .grad() (common/grads.hpp): with a buffer, its views;

@@ -462,6 +462,12 @@ tensor_parallel)
   from "$tmp/two" "$tmp/r21"
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/r21" run.resume=auto
   "$tensordiff" "$(params "$tmp/one" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "resume tp 2 -> 1 differs"
+  # The resume warning names the layout, as one line (issue 69).
+  expect_out "processes 1 (dp 1 x pp 1 x tp 1); the checkpoint's run had 2 (dp 1 x pp 1 x tp 2)"
+  # A checkpoint of another width under tp: the whole shapes, as at tp 1, this rank's part after.
+  from "$tmp/one" "$tmp/wide"
+  run_code nonzero "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/wide" run.resume=auto run.parallel.tp=2 model.dim=48
+  expect_out "has shape [144], the one given has [96] [this rank holds [72] of it, its part of tp 2]"
   from "$tmp/one" "$tmp/r12"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/r12" run.resume=auto run.parallel.tp=2
   "$tensordiff" "$(params "$tmp/one" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "resume 1 -> tp 2 differs"
@@ -973,7 +979,34 @@ plan)
   g=(graphs/gpt.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=4 model.dim=64 model.heads=4
      model.vocab=256 model.context=32 data.batch=8 run.threads=1)
   run_code 0 "$flowrun" plan "${g[@]}" --devices 2 --save-profile "$tmp/profile.json" --out "$tmp/plan2"
+  # The profile (issue 69): one of the 4 alike blocks timed, the others repeating it; a progress
+  # line a size (1, 2, 4 rows: a replica's), each with its estimate of the whole model's step.
+  expect_out "profiling graphs/gpt.yaml here, one process: 1 of model 'model''s 4 blocks (the others alike"
+  for rows in "1 row" "2 rows" "4 rows"; do expect_out "  $rows: "; done
+  expect_out "model 'model' (gpt): 4 blocks (1 timed, the others repeating the last), 0.22M parameters"
+  # The whole model timed instead: the same parameters.
+  run_code 0 "$flowrun" plan "${g[@]}" --devices 2 --profile-blocks all --profile-rounds 1
   expect_out "model 'model' (gpt): 4 blocks, 0.22M parameters"
+  # A model whose one-row run takes over a second: a budget of 1 s times that size only (the
+  # next is predicted past it); its plan is still made.
+  big=(model.layers=8 model.dim=1024 model.heads=8 data.seq_len=512 model.context=512 data.batch=64)
+  run_code 0 "$flowrun" plan "${g[@]}" "${big[@]}" --devices 2 --profile-seconds 1 --profile-rounds 1
+  expect_out "  1 row: 1 round"
+  grep -q "  2 rows: " "$tmp/out" && fail "a budget of 1 s started a second size"
+  expect_out "fastest that fits: "
+  # The first SIGTERM ends a plan at once (it trains nothing worth a stop): a model whose profile
+  # takes minutes, stopped as soon as it starts.
+  "$flowrun" plan "${g[@]}" "${big[@]}" --devices 1 --profile-seconds 600 > "$tmp/term.out" 2>&1 &
+  pid=$!
+  for _ in $(seq 300); do grep -q "profiling" "$tmp/term.out" && break; sleep 0.1; done
+  sleep 1
+  kill -TERM $pid
+  t0=$(date +%s%N)
+  wait $pid
+  code=$?
+  waited_ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  [ "$code" = 143 ] || { cat "$tmp/term.out" >&2; fail "plan exited $code on SIGTERM, expected 143"; }
+  [ "$waited_ms" -lt 3000 ] || fail "plan took $waited_ms ms to stop after SIGTERM"
   expect_out "fastest that fits: dp "
   grep -qx "run.parallel.tp=[12]" "$tmp/plan2" && grep -qx "data.batch=[0-9]*" "$tmp/plan2" || fail "no layout in $tmp/plan2"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=2 run.out_dir="$tmp/run2" $(cat "$tmp/plan2")

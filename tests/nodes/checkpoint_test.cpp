@@ -19,6 +19,7 @@
 #include "common/safetensors.hpp"
 #include "data_test_helpers.hpp"
 #include "formats/checkpoint_io.hpp"
+#include "state/resume.hpp"
 #include "support/run_graph.hpp"
 
 namespace fs = std::filesystem;
@@ -158,6 +159,7 @@ TEST(Checkpoint, LayoutManifestAndKeepLast) {
   EXPECT_EQ(m.states.size(), 4u);
   EXPECT_EQ(m.states["model.params"], "model.params.safetensors");
   EXPECT_NE(m.config.find("keep_last: 2"), std::string::npos);
+  EXPECT_EQ(m.world, 1);  // the processes that wrote it: resume compares layouts
   auto cursor = safetensors::load(dir + "/o/checkpoints/step_00000020/data.cursor.safetensors");
   EXPECT_EQ(cursor.tensors.at("batches").item<int64_t>(), 20);
   EXPECT_EQ(cursor.metadata.at("ref"), "data.cursor");
@@ -288,4 +290,38 @@ TEST(Checkpoint, SigkillWhileWritingResumesFromThePreviousCheckpoint) {
   expect_identical(dir + "/straight/checkpoints/step_00000030", out + "/checkpoints/step_00000030");
   for (const auto& e : fs::directory_iterator(out + "/checkpoints"))  // leftovers were cleaned up
     EXPECT_NE(e.path().filename().string().rfind(".step_", 0), 0u) << e.path();
+}
+
+// The warning at resume names what changed since the checkpoint's run, and only what matters:
+// the layout as one mesh line, the global batch when it changes (a data source's batch is per
+// rank), and settings that were in effect (issue 69: the layout was left out, and pipeline
+// schedules were listed for runs without a pipeline).
+TEST(Checkpoint, ResumeWarningNamesTheMeshTheGlobalBatchAndOnlySettingsInEffect) {
+  auto config = [](int tp, int pp, int batch, const std::string& schedule, double lr) {
+    return "run: { steps: 10, threads: 2, parallel: { tp: " + std::to_string(tp) + ", pp: " + std::to_string(pp) +
+           ", microbatches: 4, schedule: " + schedule + " } }\nnodes:\n  data: { type: token_shards, with: { batch: " +
+           std::to_string(batch) + " } }\n  opt: { type: optimizer, with: { lr: " + std::to_string(lr) + " } }\n";
+  };
+  const std::vector<std::string> data = {"data.batch"};
+  // Same layout, same settings (run.steps and run.threads say how a process runs): nothing.
+  EXPECT_TRUE(changed_settings({config(1, 1, 16, "1f1b", 0.1), 2}, {config(1, 1, 16, "1f1b", 0.1), 2}, data).empty());
+  // dp 2 resumed by one process with the same batch per rank: the mesh, and the global batch halved.
+  EXPECT_EQ(changed_settings({config(1, 1, 16, "1f1b", 0.1), 2}, {config(1, 1, 16, "1f1b", 0.1), 1}, data),
+            (std::vector<std::string>{
+                "processes 1 (dp 1 x pp 1 x tp 1); the checkpoint's run had 2 (dp 2 x pp 1 x tp 1)",
+                "global batch (data): 16 x dp 1 = 16 a step; the checkpoint's run had 16 x dp 2 = 32 (data.batch is per rank)"}));
+  // The same with the batch doubled: the global batch is kept, and said so.
+  EXPECT_EQ(changed_settings({config(1, 1, 16, "1f1b", 0.1), 2}, {config(1, 1, 32, "1f1b", 0.1), 1}, data)[1],
+            "global batch (data): 32 x dp 1 = 32 a step, as in the checkpoint's run (16 x dp 2 = 32)");
+  // tp 2 -> pp 2 on two processes; a schedule that differs is listed only where a pipeline ran.
+  EXPECT_EQ(changed_settings({config(2, 1, 16, "gpipe", 0.1), 2}, {config(1, 2, 16, "1f1b", 0.2), 2}, data),
+            (std::vector<std::string>{"processes 2 (dp 1 x pp 2 x tp 1); the checkpoint's run had 2 (dp 1 x pp 1 x tp 2)",
+                                      "opt.lr: 0.200000 (the checkpoint's run had 0.100000)",
+                                      "run.parallel.schedule: 1f1b (the checkpoint's run had gpipe)"}));
+  EXPECT_EQ(changed_settings({config(1, 1, 16, "gpipe", 0.1), 1}, {config(1, 1, 16, "1f1b", 0.1), 1}, data),
+            std::vector<std::string>{});  // pp 1 on both sides: no schedule ran
+  // A manifest from before processes were recorded: the shape still compares.
+  EXPECT_EQ(changed_settings({config(2, 1, 16, "1f1b", 0.1), 0}, {config(1, 1, 16, "1f1b", 0.1), 2}, data),
+            std::vector<std::string>{"processes 2 (dp 2 x pp 1 x tp 1); the checkpoint's run had ? (pp 1 x tp 2; its processes "
+                                     "were not recorded)"});
 }

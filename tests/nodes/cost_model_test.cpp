@@ -125,6 +125,50 @@ TEST(CostModel, MemoryAParameterIsZeROs) {
   EXPECT_DOUBLE_EQ(predict(m, tp, free_links(2), 8).memory.weights, 2 * psi);
 }
 
+// ZeRO params gathers, at the turn from forward to backward, the blocks autograd kept (not
+// recomputed) and the two in flight; the same rule forward_backward's memory advice uses
+// (issue 69: the two disagreed for every_2 ... every_4). Frozen parameters are sharded too.
+TEST(CostModel, ZeroParamsGathersTheKeptBlocksAndTwoInFlight) {
+  const double psi = 1e6;
+  Model m = uniform(8, psi);
+  for (Block& b : m.blocks) b.activation_bytes = b.output_bytes = 0;
+  Layout l;
+  l.dp = 4, l.zero = Zero::params;
+  auto gathered = [&](int every) {
+    l.checkpoint_every = every;
+    return predict(m, l, free_links(4), 32).memory.gathered / (4 * psi);  // in blocks
+  };
+  EXPECT_DOUBLE_EQ(gathered(0), 8);  // no checkpointing: the whole model
+  EXPECT_DOUBLE_EQ(gathered(1), 2);  // every block recomputed: the two in flight
+  EXPECT_DOUBLE_EQ(gathered(2), 6);  // blocks 1, 3, 5, 7 kept, and two in flight
+  EXPECT_DOUBLE_EQ(gathered(4), 8);  // 6 kept + 2 in flight: everything
+  EXPECT_DOUBLE_EQ(zero3_gathered(10, 30, 5, 100), 50);
+  EXPECT_DOUBLE_EQ(zero3_gathered(10, 90, 5, 100), 100);
+  // LoRA: the frozen base is sharded as well (train/fully_sharded.hpp: a flat buffer of its own).
+  for (Block& b : m.blocks) b.frozen = 0.99 * psi;
+  l.checkpoint_every = 1;
+  EXPECT_DOUBLE_EQ(predict(m, l, free_links(4), 32).memory.weights, 8 * psi);  // 32 MB over 4
+}
+
+// Tensor parallel keeps 10 + 24/t of a block's 34 activation units a token (Korthikanti et al.).
+TEST(CostModel, TensorParallelKeepsTheSplitActivationsShare) {
+  EXPECT_DOUBLE_EQ(activation_units(1), 34);
+  EXPECT_DOUBLE_EQ(activation_units(4), 16);
+  EXPECT_DOUBLE_EQ(activations_held(2), 22.0 / 34.0);
+}
+
+// A pipeline's prediction says the cut it made: the run takes it as run.parallel.stage_layers.
+TEST(CostModel, APipelinePredictionSaysItsCut) {
+  Model m = uniform(6);
+  m.blocks[0].fwd_s = m.blocks[1].fwd_s = 4;  // the first two blocks cost as much as the other four
+  Layout l;
+  l.pp = 2, l.microbatches = 2;
+  const Prediction pr = predict(m, l, free_links(2), 8);
+  EXPECT_EQ(pr.stage_layers, (std::vector<int>{2, 4}));
+  l.pp = 1;
+  EXPECT_TRUE(predict(m, l, free_links(1), 8).stage_layers.empty());
+}
+
 TEST(CostModel, CheckpointingKeepsEachBlocksOutputAndRecomputesItsForward) {
   const Model m = uniform(4);
   Layout l;
