@@ -9,7 +9,9 @@
 #   bench/demo_matrix.sh OUT [CAPS] [SEEDS]     e.g. bench/demo_matrix.sh runs-matrix "default avx2 avx512" "1 2 3"
 #
 # VAE_ARGS, DIT_ARGS, LORA_ARGS: more overrides for each graph (a reduced size). STAGES: "vae dit
-# lora" (default), or "lora" to fine-tune again on bases already in OUT. FLOWRUN: the binary.
+# lora" (default), or "lora" to fine-tune again on bases already in OUT. SHARED_VAE=1: one VAE a
+# CPU path (trained with the first seed, in OUT/CAP-vae), used by every seed's base and LoRA (the
+# VAE is 40 % of the demo natively and most of it on the default path). FLOWRUN: the binary.
 # Prints a line per run (its figures and verdict) and a summary; exit 0 when every run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,10 +36,14 @@ for cap in $caps; do
       ATEN_CPU_CAPABILITY=$cap ONEDNN_MAX_CPU_ISA=$(isa "$cap") "$B" "$@" run.progress=off > "$d/$name.log" 2>&1 ||
         { echo "$cap seed $seed: $name failed (exit $?): see $d/$name.log"; return 1; }
     }
-    vae_w=$d/vae/checkpoints/latest/ema.params.safetensors
+    vae_dir=$d/vae vae_seed=$seed
+    if [ "${SHARED_VAE:-0}" = 1 ]; then vae_dir=$out/$cap-vae vae_seed=${seeds%% *}; fi
+    vae_w=$vae_dir/checkpoints/latest/ema.params.safetensors
     ok=1
     case " $stages " in *" vae "*)
-      run vae graphs/vae.yaml run.out_dir="$d/vae" run.resume=never run.seed="$seed" "${vae_args[@]}" || ok=0 ;; esac
+      if [ "${SHARED_VAE:-0}" != 1 ] || [ ! -e "$vae_w" ]; then
+        run vae graphs/vae.yaml run.out_dir="$vae_dir" run.resume=never run.seed="$vae_seed" "${vae_args[@]}" || ok=0
+      fi ;; esac
     case " $stages " in *" dit "*)
       [ $ok = 1 ] && { run dit graphs/dit_base.yaml run.out_dir="$d/dit_base" run.resume=never run.seed="$seed" \
         vae.weights="$vae_w" "${dit_args[@]}" || ok=0; } ;; esac

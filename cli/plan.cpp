@@ -80,21 +80,14 @@ Roles roles_of(const GraphSpec& g) {
     r.blocks = model->params[r.blocks_param].as<int64_t>();
   else
     r.blocks_param.clear();
-  // The batch's rows: the first node up forward_backward's batch input with a `batch` parameter.
-  std::string at = ref(*fb, "batch");
-  for (int hops = 0; hops < 8 && !at.empty(); ++hops) {
-    const NodeSpec* n = node_named(g, at);
-    if (!n) break;
-    if (n->params["batch"] && n->params["batch"].IsScalar()) {
-      r.data = n->name;
-      r.batch = n->params["batch"].as<int64_t>();
-      break;
-    }
-    at = n->inputs.empty() || n->inputs.front().refs.empty() ? std::string() : n->inputs.front().refs.front().node;
+  // The batch's rows: the data sources up forward_backward's inputs (their batch is per rank).
+  for (const NodeSpec* n : parallel::batch_sources(g, r.fb)) {
+    r.sources.emplace_back(n->name, n->params["batch"].as<int64_t>());
+    r.batch += r.sources.back().second;
   }
-  if (r.data.empty())
-    throw std::runtime_error(g.file + ": found no node with a `batch` parameter up forward_backward '" + r.fb +
-                             "''s batch input: the plan sets the rows a replica reads there");
+  if (r.sources.empty())
+    throw std::runtime_error(g.file + ": no data source (a node type with a `batch` output and parameter) feeds "
+                             "forward_backward '" + r.fb + "': the plan sets the rows a replica reads there");
   for (const NodeSpec& n : g.nodes)
     if (n.type == "optimizer" && n.params["kind"]) {
       const std::string kind = n.params["kind"].as<std::string>();
@@ -102,6 +95,16 @@ Roles roles_of(const GraphSpec& g) {
       r.whole_tensors = r.whole_tensors || !make_update_rule(kind, settings)->elementwise();
     }
   return r;
+}
+
+// Each source's share of `rows` as it shares the graph's batch (one source: all of them).
+std::vector<std::string> Roles::batch_overrides(double rows) const {
+  std::vector<std::string> o;
+  for (const auto& [name, b] : sources) {
+    const double share = batch > 0 ? static_cast<double>(b) / static_cast<double>(batch) : 1.0;
+    o.push_back(name + ".batch=" + std::to_string(std::max<int64_t>(1, std::llround(rows * share))));
+  }
+  return o;
 }
 
 }  // namespace plan
@@ -186,7 +189,7 @@ std::vector<std::string> overrides_of(const cost::Layout& l, const cost::Predict
   if (!r.zero.empty()) o.push_back(r.zero + ".stage=" + cost::name(l.zero));
   if (r.whole_tensors && (l.zero == cost::Zero::gradients || l.zero == cost::Zero::params)) o.push_back(r.zero + ".cut=tensors");
   o.push_back(r.model + ".checkpoint=" + CheckpointPolicy{l.checkpoint_every}.str());
-  o.push_back(r.data + ".batch=" + std::to_string(static_cast<int64_t>(std::llround(global_rows / l.dp))));
+  for (const std::string& b : r.batch_overrides(global_rows / l.dp)) o.push_back(b);
   return o;
 }
 

@@ -18,8 +18,12 @@ namespace flowrun::cli::plan {
 
 // The nodes the plan reads and overrides, found from forward_backward's inputs.
 struct Roles {
-  std::string fb, model, zero, data, model_type;
-  int64_t batch = 0;  // the data node's rows a step
+  std::string fb, model, zero, model_type;
+  // The data sources forward_backward's batch comes from (parallel::batch_sources), with their
+  // rows a step (per replica), and their sum: a replica's batch. The plan scales each alike.
+  std::vector<std::pair<std::string, int64_t>> sources;
+  int64_t batch = 0;
+  std::vector<std::string> batch_overrides(double rows) const;  // NODE.batch=N for a replica's `rows`
   bool whole_tensors = false;  // the optimizer's rule needs whole tensors a rank (Adafactor): ZeRO cuts at tensors
   std::vector<int64_t> split_sizes;  // the model's sizes tensor parallel must divide (heads, ...)
   std::string blocks_param;  // the model's parameter counting its alike blocks ("": they are not all alike)

@@ -326,9 +326,9 @@ Profile run_profile(const GraphSpec& user, const std::vector<std::string>& user_
   for (const std::string& x :
        {"run.steps=" + std::to_string(steps), "run.out_dir=" + dir, "run.trace=" + dir + "/trace.json",
         std::string("run.resume=never"), std::string("run.progress=off"), std::string("run.log_every=1000000000"),
-        std::string("run.profile=false"), r.fb + ".time_blocks=true", r.fb + ".accumulate=1",
-        r.data + ".batch=" + std::to_string(rows)})
+        std::string("run.profile=false"), r.fb + ".time_blocks=true", r.fb + ".accumulate=1"})
     o.push_back(x);
+  for (const std::string& b : r.batch_overrides(static_cast<double>(rows))) o.push_back(b);
   if (threads > 0) o.push_back("run.threads=" + std::to_string(threads));
   const NodeSpec* model = node_named(user, r.model);
   if (blocks > 0) {

@@ -87,7 +87,7 @@ std::string to_dot(const GraphSpec& g, const Registry& reg, const Profile* prof)
         if (prof && first && critical.count({r.node, n.name})) o << "penwidth=3, ";
         if (in.schema->kind == PortKind::State) {
           const bool w = in.schema->access == Access::Write;
-          o << "style=dashed, label=" << q(label + (w ? " (write)" : " (read)"));
+          o << "style=dashed, label=" << q(label + (w ? " (write)" : in.schema->setup_write ? " (read; write at setup)" : " (read)"));
           if (w) o << ", color=\"#c0392b\", fontcolor=\"#c0392b\"";
           else o << ", color=\"#2c6fbb\", fontcolor=\"#2c6fbb\"";
         } else if (in.schema->kind == PortKind::Stream) {

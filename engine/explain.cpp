@@ -96,7 +96,9 @@ std::string explain(const GraphSpec& g, const Registry& reg) {
       for (const auto& r : in.refs) refs += (refs.empty() ? "" : ", ") + r.str();
       if (in.refs.size() > 1) refs = "[" + refs + "]";
       const char* how = in.schema->kind == PortKind::State
-                            ? (in.schema->access == Access::Write ? " writes " : " reads ")
+                            ? (in.schema->access == Access::Write ? " writes "
+                               : in.schema->setup_write           ? " reads (writes at setup) "
+                                                                  : " reads ")
                             : (in.schema->kind == PortKind::Stream ? " streams " : " = ");
       args += (args.empty() ? "" : ", ") + in.port + how + refs;
     }

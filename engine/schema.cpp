@@ -140,7 +140,7 @@ struct SchemaReader {
       diags.error(mark_of(n, origin), path, "a port is a map like { kind: value, type: tensor, doc: ... }");
       return p;
     }
-    unknown_keys(n, {"kind", "access", "type", "dtype", "rank", "optional", "many", "doc"}, path);
+    unknown_keys(n, {"kind", "access", "setup", "type", "dtype", "rank", "optional", "many", "doc"}, path);
     std::string kind = n["kind"] ? n["kind"].as<std::string>() : "value";
     if (kind == "value")
       p.kind = PortKind::Value;
@@ -166,6 +166,15 @@ struct SchemaReader {
         diags.error(mark_of(n, origin), path + ".access", "a state input needs access: read or write");
     } else if (!access.empty()) {
       diags.error(mark_of(n["access"], origin), path + ".access", "only state ports have an access mode");
+    }
+    if (n["setup"]) {
+      const std::string setup = n["setup"].IsScalar() ? n["setup"].as<std::string>() : "";
+      if (setup != "write" || !is_input || p.kind != PortKind::State || p.access != Access::Read)
+        diags.error(mark_of(n["setup"], origin), path + ".setup",
+                    "setup: write belongs to a state input read each step (access: read) that the node writes once "
+                    "in its setup; an input it writes each step is access: write");
+      else
+        p.setup_write = true;
     }
     if (n["type"]) p.type = n["type"].as<std::string>();
     if (n["dtype"]) p.dtype = n["dtype"].as<std::string>();
@@ -583,7 +592,7 @@ std::string describe(const NodeSchema& s) {
     o << "\n" << title << ":\n";
     for (const auto& p : v) {
       o << "  " << p.name << ": " << to_string(p.kind);
-      if (p.kind == PortKind::State) o << " (" << to_string(p.access) << ")";
+      if (p.kind == PortKind::State) o << " (" << to_string(p.access) << (p.setup_write ? "; write at setup" : "") << ")";
       o << " " << p.type;
       if (!p.dtype.empty()) o << " " << p.dtype;
       if (p.rank >= 0) o << " rank " << p.rank;

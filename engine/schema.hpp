@@ -12,6 +12,7 @@
 //   inputs:
 //     grads: { kind: value, type: grads, doc: ... }
 //     model: { kind: state, access: write, type: params }
+//     src:   { kind: state, access: read, setup: write }   # read each step; written once at setup
 //     "*":   { kind: value, type: any }        # any port name (e.g. metrics)
 //   outputs:
 //     lr:    { kind: value, type: scalar }
@@ -56,6 +57,11 @@ struct PortSchema {
   int rank = -1;             // optional tensor rank; -1 = unknown
   bool optional = false;     // inputs: may be left unconnected
   bool many = false;         // inputs: takes a list of refs, e.g. [model.params, opt.state]
+  // State inputs read each step (access: read) that the node also writes once, in its setup
+  // (schema `setup: write`): a note for the object's other users (an EMA's note of the memory it
+  // keeps, on the model it averages). Setup runs in file order before any step, so the steps'
+  // order is unchanged; `flowrun explain` and `dot` show the write.
+  bool setup_write = false;
   std::string doc;
 };
 

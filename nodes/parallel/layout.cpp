@@ -1,9 +1,11 @@
 // run.parallel as a layout (layout.hpp).
 #include "parallel/layout.hpp"
 
+#include <set>
 #include <stdexcept>
 
 #include "parallel/mesh.hpp"
+#include "registry.hpp"
 
 namespace flowrun::parallel {
 
@@ -32,6 +34,29 @@ std::vector<int64_t> tp_split_sizes(const NodeSpec& model) {
   if (model.type == "gpt" && model.params["vocab"] && model.params["vocab"].IsScalar())
     sizes.push_back(model.params["vocab"].as<int64_t>());
   return sizes;
+}
+
+std::vector<const NodeSpec*> batch_sources(const GraphSpec& g, const std::string& feeding) {
+  std::set<std::string> upstream;  // `feeding` and every node its inputs come from
+  if (!feeding.empty()) {
+    std::vector<std::string> todo{feeding};
+    while (!todo.empty()) {
+      const std::string at = todo.back();
+      todo.pop_back();
+      const int i = g.index_of(at);
+      if (i < 0 || !upstream.insert(at).second) continue;
+      for (const InputSpec& in : g.nodes[static_cast<size_t>(i)].inputs)
+        for (const auto& ref : in.refs) todo.push_back(ref.node);
+    }
+  }
+  std::vector<const NodeSpec*> out;
+  for (const NodeSpec& n : g.nodes) {
+    const NodeType* t = Registry::global().find(n.type);
+    if (!t || !t->schema.output("batch") || !t->schema.param("batch") || !n.params["batch"] || !n.params["batch"].IsScalar())
+      continue;
+    if (feeding.empty() || upstream.count(n.name)) out.push_back(&n);
+  }
+  return out;
 }
 
 std::string alike_blocks_param(const NodeSpec& model) {

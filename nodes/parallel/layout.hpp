@@ -24,6 +24,12 @@ pipeline::Config pipeline_config(const RunSettings::Parallel& p);
 std::vector<int64_t> tp_split_sizes(const NodeSpec& model);
 bool tp_divides(const std::vector<int64_t>& sizes, int t);
 
+// The graph's data sources, whose `batch` is per rank (a step's global batch is batch x dp): the
+// nodes of a type that declares a `batch` output and a `batch` parameter (token_shards,
+// image_text_shards, synthetic_regression, a plugin's reader alike). With `feeding` (a node's
+// name), only those its inputs come from, along the declared edges. In file order.
+std::vector<const NodeSpec*> batch_sources(const GraphSpec& g, const std::string& feeding = "");
+
 // The parameter of a model node that counts its blocks when they are all alike (gpt: layers,
 // dit: depth), so that a profile of a few of them stands for the rest (`flowrun plan`); "" for a
 // model of unlike blocks (cappa: an encoder's and a decoder's).

@@ -17,7 +17,7 @@
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
 #include "executor.hpp"
-#include "registry.hpp"
+#include "parallel/layout.hpp"
 #include "spec.hpp"
 #include "formats/checkpoint_io.hpp"
 
@@ -297,11 +297,8 @@ void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {
   // Settings that differ from the run that wrote the checkpoint: allowed (a new lr for the rest
   // of a run is a common recipe), never silent.
   if (!m.config.empty()) {
-    // The data sources, whose batch is per rank: a node type with a `batch` output and parameter.
-    std::vector<std::string> batch_keys;
-    for (const auto& n : g.nodes)
-      if (const NodeType* t = Registry::global().find(n.type))
-        if (t->schema.output("batch") && t->schema.param("batch") && n.params["batch"]) batch_keys.push_back(n.name + ".batch");
+    std::vector<std::string> batch_keys;  // the data sources' batch, per rank
+    for (const NodeSpec* n : parallel::batch_sources(g)) batch_keys.push_back(n->name + ".batch");
     const std::vector<std::string> changed =
         changed_settings({m.config, m.world}, {to_yaml(resolved_config(g)), ex.info().world}, batch_keys);
     if (!changed.empty()) {

@@ -9,17 +9,21 @@
 #include <stdexcept>
 
 #include "models/activation_checkpoint.hpp"
+#include "parallel/cost_model.hpp"
 
 namespace flowrun {
 
-double largest_block_bytes(const torch::nn::Module& module) {
-  double largest = 0;
-  for (const torch::nn::Module* b : blocks_of(module)) {
+double zero3_gathered_bytes(const torch::nn::Module& module, const CheckpointPolicy& policy) {
+  double all = 0, blocks = 0, kept = 0, largest = 0;
+  for (const auto& p : module.parameters(/*recurse=*/true)) all += static_cast<double>(p.nbytes());
+  const std::vector<const torch::nn::Module*> units = blocks_of(module);
+  for (size_t i = 0; i < units.size(); ++i) {
     double bytes = 0;
-    for (const auto& p : b->parameters(/*recurse=*/true)) bytes += static_cast<double>(p.nbytes());
-    largest = std::max(largest, bytes);
+    for (const auto& p : units[i]->parameters(/*recurse=*/true)) bytes += static_cast<double>(p.nbytes());
+    blocks += bytes, largest = std::max(largest, bytes);
+    if (!policy.recompute(static_cast<int64_t>(i))) kept += bytes;
   }
-  return largest;
+  return parallel::cost::zero3_gathered(all - blocks, kept, largest, all);
 }
 
 // ---- the use: what a node opens for as long as it runs the model

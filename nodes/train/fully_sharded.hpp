@@ -119,9 +119,10 @@ class ShardedParams : public ModelState::Shards {
   std::atomic<bool> in_use_{false};  // a use is open (one at a time)
 };
 
-// The bytes of the largest of `module`'s blocks (the items of its outermost ModuleLists, ZeRO-3's
-// units that come and go), 0 without any: what a sharded step holds gathered beside its slice.
-double largest_block_bytes(const torch::nn::Module& module);
+// What a sharded step holds gathered beside its slice under `policy` (parallel::cost::zero3_gathered:
+// the parameters outside the blocks, the blocks not recomputed, two in flight), in bytes of the
+// module's parameters (placeholders count at their whole shapes): the cost model's rule.
+double zero3_gathered_bytes(const torch::nn::Module& module, const CheckpointPolicy& policy);
 
 // What a node that reads a model without training it (an evaluator, a sampler) runs: a sharded
 // model's copy (ModelState::clone: its own parameters to gather, so that it never touches the

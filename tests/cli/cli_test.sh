@@ -127,6 +127,12 @@ dot_renders)
   expect_out "5. opt   = optimizer(grads = fb.grads, model writes model.params)   [compute thread]"
   expect_out "waits for fb@s (grads; reads model.params), opt@s-1 (its previous step; wrote model.params before"
   expect_code 2 "$flowrun" explain graphs/nope.yaml
+  # Every edge declared (issue 69): the EMA's note at setup on the model it reads, forward_backward's
+  # profile as a state of its own; dot draws the setup write.
+  expect_code 0 "$flowrun" explain graphs/gpt.yaml
+  expect_out "ema   = ema(model reads (writes at setup) model.params)"
+  expect_out "owns fb.profile (state, written each step)"
+  "$flowrun" dot graphs/gpt.yaml | grep -qF 'label="params → model (read; write at setup)"' || fail "dot shows no setup write"
   # Then the layout of the processes (run.parallel's mesh), for this job or --world N.
   expect_code 0 "$flowrun" explain graphs/regression.yaml
   expect_out "processes: dp 1 x pp 1 x tp 1 (1 process)"

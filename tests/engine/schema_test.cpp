@@ -137,6 +137,33 @@ params: { lr: { type: float, default: 0.1, min: 0, doc: "learning rate" } })",
   EXPECT_NE(d.find("  lr: float >= 0, default 0.1\n      learning rate"), std::string::npos) << d;
 }
 
+// A state input read each step that the node writes once in its setup says so (`setup: write`,
+// issue 69: the EMA wrote its memory note on the model through a port declared read only);
+// describe, explain and dot show it. Anywhere else it is a schema error.
+TEST(Schema, ASetupWriteIsDeclaredOnAReadStateInput) {
+  const NodeSchema s = parse_node_schema(R"(type: demo
+inputs: { m: { kind: state, access: read, setup: write, type: params } })",
+                                         "built-in");
+  ASSERT_EQ(s.inputs.size(), 1u);
+  EXPECT_TRUE(s.inputs[0].setup_write);
+  EXPECT_EQ(s.inputs[0].access, Access::Read);
+  EXPECT_NE(describe(s).find("  m: state (read; write at setup) params"), std::string::npos) << describe(s);
+  for (const char* bad : {"inputs: { m: { kind: state, access: write, setup: write } }",
+                          "inputs: { m: { kind: value, setup: write } }",
+                          "outputs: { m: { kind: state, access: write, setup: write } }",
+                          "inputs: { m: { kind: state, access: read, setup: read } }"})
+    try {
+      parse_node_schema(std::string("type: x\n") + bad + "\n", "x.yaml");
+      FAIL() << bad;
+    } catch (const GraphError& e) {
+      EXPECT_NE(e.diagnostics().str().find("setup: write belongs to a state input read each step"), std::string::npos)
+          << e.diagnostics().str();
+    }
+  // The EMA declares its note on the model it averages.
+  const NodeSchema ema = parse_node_schema(builtin_schema("ema"), "schemas/ema.yaml");
+  EXPECT_TRUE(ema.input("model")->setup_write);
+}
+
 // `collectives: { group, doc }` (or a list of them): a node that talks to other ranks says over
 // which group of the mesh (world, dp, tp, pp) and what; `flowrun nodes` and `flowrun explain` print it. Another
 // group, or a key of its own, is a schema error.

@@ -4,6 +4,7 @@
 // node: the same images, captions and sizes, the index's buckets, resume, and each bad input an
 // error naming the file and row. (The index itself: tests/formats/index_v2_test.cpp.)
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -416,6 +417,41 @@ TEST(PrepArrow, ANameThatIsNotUtf8IsRefusedBeforeAnythingIsWritten) {
   size_t entries = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) entries += e.path().filename() != "src";
   EXPECT_EQ(entries, 0u);
+}
+
+// Issue 69: a full disk was reported as something else and left .tmp files behind. A device too
+// small for the images is said as such, with the bytes needed and free, before anything is
+// written (a tmpfs of a few pages; root only: mount).
+TEST(PrepArrow, AFullDiskIsSaidAsSuchBeforeAnythingIsWritten) {
+  if (!arrow_available()) GTEST_SKIP() << "built without Arrow";
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  const std::string dir = test::temp_dir("parrow_full"), src = dir + "/src", small = dir + "/small";
+  uint64_t images = 0;
+  for (int i = 0; i < 12; ++i) {
+    const std::string stem = src + "/img" + std::to_string(i);
+    write_png(stem + ".png", resize(test::gradient(8, 8), 96 + i, 96));
+    test::write_text(stem + ".txt", "a caption");
+    images += std::filesystem::file_size(stem + ".png");
+  }
+  std::filesystem::create_directories(small);
+  const std::string size = "size=" + std::to_string(std::max<uint64_t>(4096, images / 2 / 4096 * 4096));
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, size.c_str()) != 0) GTEST_SKIP() << "cannot mount a tmpfs here";
+  struct Unmount {
+    std::string at;
+    ~Unmount() { ::umount(at.c_str()); }
+  } unmount{small};
+  PrepArrowOptions o;
+  o.dir = src, o.out = small + "/out", o.quiet = true;
+  try {
+    prep_arrow(o);
+    ADD_FAILURE() << "no error for " << images << " bytes of images on a tmpfs of " << size;
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no space left on the device holding " + small + ": the output needs ~"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(" are free"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(small)) << "something was written";
 }
 
 // Issue 69: Arrow files written elsewhere (csv2arrow.py) may hold a caption that is not UTF-8:
