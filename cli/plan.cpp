@@ -134,7 +134,7 @@ const char* kPlanUsage =
     "  --table FILE     every layout predicted, as JSON (its overrides, times and memory by part)\n"
     "  --profile-rounds each profile size run R times, the medians kept (default 3 on a CPU, 1 on a GPU)\n"
     "  --profile-blocks the model's blocks that run in the profile (default 1; all: the whole model); a\n"
-    "                   family whose blocks are alike (gpt, dit) repeats the last one's times for the others\n"
+    "                   family whose blocks are alike (gpt) repeats the last one's times for the others\n"
     "  --profile-seconds the profile's budget (default 45): sizes of 1, 2, 4, ... rows up to a replica's,\n"
     "                   each predicted from the last, not started past it (the first always runs)\n";
 

@@ -3,7 +3,7 @@
 // timing each block (time_blocks) into a trace. What it measures, and how it stays within a
 // minute and within memory for any model size (Galvatron profiles per layer type likewise):
 //   - a few of the model's blocks (--profile-blocks, default 1: a family whose blocks are all
-//     alike, Roles::blocks_param, is built with that many and no weights), the others taking the
+//     alike, Roles::blocks_param (gpt), is built with that many and no weights), the others taking the
 //     times, parameters and activations of the last one measured (repeat_blocks);
 //   - at 1, 2, 4, ... rows up to a replica's (the micro-batches the search makes: a small one
 //     computes less efficiently), in rounds (medians), as many as the time budget allows

@@ -126,6 +126,13 @@ std::vector<BlockClock::Span> BlockClock::spans() const {
   return record_->spans;
 }
 
+void BlockClock::end_backward() {
+  const Time now = std::chrono::steady_clock::now();
+  std::lock_guard<std::mutex> lock(record_->mu);
+  for (const auto& [block, start] : record_->backward_started) record_->spans.push_back({block, true, start, now});
+  record_->backward_started.clear();
+}
+
 void BlockClock::forward(const torch::nn::Module* block, Time start, Time end) {
   std::lock_guard<std::mutex> lock(record_->mu);
   record_->spans.push_back({block, false, start, end});

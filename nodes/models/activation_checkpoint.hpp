@@ -82,6 +82,9 @@ class BlockClock {
   BlockClock& operator=(const BlockClock&) = delete;
   static BlockClock* current();
   std::vector<Span> spans() const;
+  // After backward: the blocks whose backward started but whose input took no gradient (the
+  // first block over frozen embeddings, as under LoRA: nothing to hook) end now, with backward.
+  void end_backward();
   // run_block's: `block` ran forward in [start, end]; hooks that note when its output's gradient
   // arrives (its backward starts) and its input's (it ends).
   void forward(const torch::nn::Module* block, Time start, Time end);

@@ -61,8 +61,7 @@ std::vector<const NodeSpec*> batch_sources(const GraphSpec& g, const std::string
 
 std::string alike_blocks_param(const NodeSpec& model) {
   if (model.type == "gpt") return "layers";
-  if (model.type == "dit") return "depth";
-  return "";
+  return "";  // dit: its later half's blocks carry the long skips; cappa: an encoder and a decoder
 }
 
 bool tp_divides(const std::vector<int64_t>& sizes, int t) {

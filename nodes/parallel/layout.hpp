@@ -30,9 +30,9 @@ bool tp_divides(const std::vector<int64_t>& sizes, int t);
 // name), only those its inputs come from, along the declared edges. In file order.
 std::vector<const NodeSpec*> batch_sources(const GraphSpec& g, const std::string& feeding = "");
 
-// The parameter of a model node that counts its blocks when they are all alike (gpt: layers,
-// dit: depth), so that a profile of a few of them stands for the rest (`flowrun plan`); "" for a
-// model of unlike blocks (cappa: an encoder's and a decoder's).
+// The parameter of a model node that counts its blocks when they are all alike (gpt: layers),
+// so that a profile of a few of them stands for the rest (`flowrun plan`); "" for a model of
+// unlike blocks (dit: the later half's carry the long skips; cappa: an encoder's and a decoder's).
 std::string alike_blocks_param(const NodeSpec& model);
 
 // run.parallel over `world` processes: the mesh, each rank's coordinates and groups, each

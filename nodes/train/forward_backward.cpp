@@ -307,6 +307,7 @@ class ForwardBackwardNode : public Node {
                                "); " + memory_advice_);
     }
     if (clock) {  // each block by its place in the model (blocks_of: CapPa's encoder blocks, then its decoder's)
+      clock->end_backward();
       std::map<const torch::nn::Module*, size_t> place;
       for (const torch::nn::Module* block : blocks_of(*model.module)) place.emplace(block, place.size());
       for (const BlockClock::Span& b : clock->spans())

@@ -994,6 +994,14 @@ plan)
   expect_out "  1 row: 1 round"
   grep -q "  2 rows: " "$tmp/out" && fail "a budget of 1 s started a second size"
   expect_out "fastest that fits: "
+  # A LoRA DiT fed by two data sources (the demo's purple shapes and its prior): every block timed
+  # (the first one's input takes no gradient), each source's rows scaled alike (24 + 8 a replica).
+  if [ -e data/shapes/lora.json ] && [ -e data/shapes/base.json ]; then
+    run_code 0 "$flowrun" plan graphs/hydit_lora.yaml vae.weights=null model.weights=null --devices 2 --profile-seconds 5 \
+      --profile-rounds 1 --out "$tmp/plan_lora"
+    grep -qx "data.batch=24" "$tmp/plan_lora" && grep -qx "prior.batch=8" "$tmp/plan_lora" ||
+      { cat "$tmp/plan_lora" >&2; fail "the two sources' rows were not kept in their proportion"; }
+  fi
   # The first SIGTERM ends a plan at once (it trains nothing worth a stop): a model whose profile
   # takes minutes, stopped as soon as it starts.
   "$flowrun" plan "${g[@]}" "${big[@]}" --devices 1 --profile-seconds 600 > "$tmp/term.out" 2>&1 &

@@ -65,6 +65,30 @@ TEST(BlockClock, EveryBlockGetsItsForwardAndItsBackward) {
   EXPECT_EQ(BlockClock::current(), nullptr);
 }
 
+// A block whose input takes no gradient (the first block over frozen embeddings, as under LoRA)
+// has no input hook to end its backward: it ends with backward (end_backward), so every block
+// still gets both spans (issue 69: flowrun plan of graphs/hydit_lora.yaml stopped at "timed 4
+// block forwards and 3 backwards").
+TEST(BlockClock, ABlockOverFrozenInputsEndsWithBackward) {
+  gpt::Config c;
+  c.layers = 2, c.dim = 16, c.heads = 2, c.vocab = 32, c.context = 8;
+  gpt::Gpt model(c);
+  gpt::init_weights(*model, 1);
+  model->wte->weight.set_requires_grad(false);
+  model->wpe->weight.set_requires_grad(false);
+  const torch::Tensor idx = torch::randint(0, 32, {2, 8}, torch::kLong);
+  BlockClock clock;
+  const torch::Tensor loss = model->forward(idx).square().mean();
+  loss.backward();
+  EXPECT_EQ(clock.spans().size(), 3u);  // block 0's backward is still open
+  clock.end_backward();
+  const std::vector<BlockClock::Span> spans = clock.spans();
+  ASSERT_EQ(spans.size(), 4u);
+  EXPECT_TRUE(spans[3].backward);
+  EXPECT_EQ(spans[3].block, blocks_of(*model)[0]);
+  EXPECT_LT(spans[3].start, spans[3].end);
+}
+
 std::shared_ptr<ModelState> gpt_model(const std::string& checkpoint, int64_t layers, int64_t dim, int64_t heads,
                                       int64_t context, double dropout = 0.0) {
   gpt::Config c;
