@@ -38,11 +38,12 @@ for cap in $caps; do
     }
     vae_dir=$d/vae vae_seed=$seed
     if [ "${SHARED_VAE:-0}" = 1 ]; then vae_dir=$out/$cap-vae vae_seed=${seeds%% *}; fi
-    vae_w=$vae_dir/checkpoints/latest/ema.params.safetensors
+    vae_w=$vae_dir/checkpoints/latest/ema.params.safetensors  # flowrun reads `latest` (a file naming the folder)
     ok=1
     case " $stages " in *" vae "*)
-      if [ "${SHARED_VAE:-0}" != 1 ] || [ ! -e "$vae_w" ]; then
-        run vae graphs/vae.yaml run.out_dir="$vae_dir" run.resume=never run.seed="$vae_seed" "${vae_args[@]}" || ok=0
+      if [ "${SHARED_VAE:-0}" != 1 ] || [ ! -e "$vae_dir/.done" ]; then  # a shared one: once, when complete
+        run vae graphs/vae.yaml run.out_dir="$vae_dir" run.resume=never run.seed="$vae_seed" "${vae_args[@]}" &&
+          touch "$vae_dir/.done" || ok=0
       fi ;; esac
     case " $stages " in *" dit "*)
       [ $ok = 1 ] && { run dit graphs/dit_base.yaml run.out_dir="$d/dit_base" run.resume=never run.seed="$seed" \

@@ -25,7 +25,7 @@ cmake --build "$BUILD_DIR" -j "$CORES"
   scripts/data.sh "$BUILD_DIR/engine/flowrun"
 # As many tests at once as there are cores; the ones that must run alone (the multi-process
 # cases, the README commands) say so (RUN_SERIAL in their CMakeLists.txt).
-# The demo's matrix (tests/cli/CMakeLists.txt: demo.matrix, about 2 hours on 2 cores) only with DEMO_MATRIX=1.
+# The demo's matrix (tests/cli/CMakeLists.txt: demo.matrix, about 2.5 hours on 2 cores) only with DEMO_MATRIX=1.
 demo=(-LE demo)
 [ "${DEMO_MATRIX:-0}" = 1 ] && demo=()
 (cd "$BUILD_DIR" && ctest --output-on-failure --timeout 600 -j "$CORES" "${demo[@]}" "$@")
