@@ -25,7 +25,7 @@ namespace {
 //  - more tp (a family that splits): the split share of the weights, gradients and what other
 //    nodes keep per parameter divided further, and about 24 of a block's 34 activation units
 //    a token (Korthikanti et al.: parallel::cost::activations_held; the norms and the residual stay whole);
-//  - ZeRO stage params: as check_memory counts a sharded step,
+//  - ZeRO stage params: as check_step_memory counts a sharded step,
 //    at this dp, or with 2, 4 or 8 times the processes when there is one replica.
 // tp only as far as the model's heads, MLP widths and vocabulary divide (parallel::tp_divides,
 // flowrun plan's rule). The smallest that fits is named, else the largest tried. On the CPU the processes share
