@@ -463,9 +463,8 @@ Profile profile_here(const GraphSpec& g, const std::vector<std::string>& overrid
   if (q.neighbours > 0) node.emplace(q.neighbours, q.threads);
   const auto t0 = Clock::now();
   std::vector<std::vector<Profile>> runs;  // by size, ascending
-  std::vector<int64_t> sizes;
   double last_run_s = 0;  // the wall time of the last run (setup included)
-  int64_t last_size = 0;
+  int64_t last_size = 0;  // the rows of the last run: after the loop, the largest size timed
   for (int64_t s = 1;; s = std::min(q.rows, s * 2)) {
     std::vector<Profile> rounds;
     for (int round = 0; round < q.rounds; ++round) {
@@ -477,7 +476,6 @@ Profile profile_here(const GraphSpec& g, const std::vector<std::string>& overrid
       last_run_s = since(r0), last_size = s;
     }
     if (rounds.empty()) break;
-    sizes.push_back(s);
     runs.push_back(std::move(rounds));
     Profile now = median_of(runs.back());
     repeat_blocks(now, r.blocks);
@@ -497,11 +495,11 @@ Profile profile_here(const GraphSpec& g, const std::vector<std::string>& overrid
   for (auto& b : p.model.blocks) b.rec_s = -1, b.rec_at.clear();  // not measured: the forward's time
   // Checkpointed once, at the largest size, if the budget has room: what a recompute adds.
   if (checkpoints && since(t0) + last_run_s <= q.seconds) {
-    const Profile ck = run_profile(g, overrides, r, kSteps, kWarm, sizes.back(), q.threads, blocks, true);
+    const Profile ck = run_profile(g, overrides, r, kSteps, kWarm, last_size, q.threads, blocks, true);
     for (size_t b = 0; b < p.model.blocks.size(); ++b)
       p.model.blocks[b].rec_s = std::max(0.0, ck.model.blocks.at(b).bwd_s - p.model.blocks[b].bwd_s);
     std::printf("  checkpointed at %lld rows: recomputing adds %.3g s to a step of the %s model\n",
-                static_cast<long long>(sizes.back()),
+                static_cast<long long>(last_size),
                 [&] { double s = 0; for (const auto& b : p.model.blocks) s += b.rec_s; return s; }(), cut ? "cut" : "whole");
   } else if (checkpoints) {
     std::printf("  checkpointing not timed (the budget is spent): a recompute is taken as the forward's time\n");
