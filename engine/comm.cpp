@@ -548,17 +548,31 @@ Channel::Channel(std::string name, std::unique_ptr<Impl> impl, int rank, int siz
 Channel::~Channel() = default;  // communicators are freed by MPI_Finalize
 
 namespace {
-std::atomic<uint64_t> channels_created{0};
+// The group of every channel created, in creation order (its size: how many were created).
+std::mutex created_mu;
+std::vector<std::string> created_groups;
+void note_created(const std::string& group) {
+  std::lock_guard<std::mutex> l(created_mu);
+  created_groups.push_back(group);
+}
 }  // namespace
 
-uint64_t Channel::created() { return channels_created.load(); }
+uint64_t Channel::created() {
+  std::lock_guard<std::mutex> l(created_mu);
+  return created_groups.size();
+}
+
+std::vector<std::string> Channel::groups_created_since(uint64_t count) {
+  std::lock_guard<std::mutex> l(created_mu);
+  if (count >= created_groups.size()) return {};
+  return {created_groups.begin() + static_cast<std::ptrdiff_t>(count), created_groups.end()};
+}
 
 namespace {
 // A channel's communicator (MPI_COMM_WORLD duplicated, or split by color and key) made on the
 // communication thread; the channel's rank and size in it. Nothing in a single-process world.
 std::unique_ptr<Channel::Impl> make_communicator(Kind kind, const std::string& what, int color, int key, int* rank,
                                                  int* size) {
-  channels_created.fetch_add(1);
   auto impl = std::make_unique<Channel::Impl>();
   *rank = comm::rank(), *size = comm::size();
 #ifdef FLOWRUN_MPI
@@ -581,16 +595,18 @@ std::unique_ptr<Channel::Impl> make_communicator(Kind kind, const std::string& w
 }
 }  // namespace
 
-std::shared_ptr<Channel> Channel::create(const std::string& name) {
+std::shared_ptr<Channel> Channel::create(const std::string& name, const std::string& group) {
   int r = 0, n = 1;
   auto impl = make_communicator(Kind::dup, "'" + name + "': creating its communicator", 0, 0, &r, &n);
+  note_created(group);
   return std::shared_ptr<Channel>(new Channel(name, std::move(impl), r, n));
 }
 
-std::shared_ptr<Channel> Channel::create_split(const std::string& name, int color, int key) {
+std::shared_ptr<Channel> Channel::create_split(const std::string& name, int color, int key, const std::string& group) {
   if (color < 0) throw CommError("'" + name + "': split color " + std::to_string(color) + " (colors are 0-based)");
   int r = 0, n = 1;
   auto impl = make_communicator(Kind::split, "'" + name + "': splitting the world into its groups", color, key, &r, &n);
+  note_created(group);
   return std::shared_ptr<Channel>(new Channel(name, std::move(impl), r, n));
 }
 

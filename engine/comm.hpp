@@ -87,16 +87,21 @@ class Request {
 class Channel {
  public:
   // Collective over all ranks: every rank must create its channels in the same order (nodes do
-  // it in setup(), which runs in file order). `name` appears in error messages.
-  static std::shared_ptr<Channel> create(const std::string& name);
+  // it in setup(), which runs in file order). `name` appears in error messages. `group`: the
+  // mesh group the channel serves (world, dp, tp, pp: a world-wide dp when tp = pp = 1), which
+  // a node's schema must declare among its `collectives:` (the executor checks after setup).
+  static std::shared_ptr<Channel> create(const std::string& name, const std::string& group = "world");
   // Collective over all ranks, as create(): a channel among the ranks that pass the same `color`
   // (0-based, one group per color), ranked by `key` (MPI_Comm_split): the groups of one
-  // dimension of a parallel mesh (nodes/parallel/mesh.hpp). Its collectives count ranks in the
-  // group: rank() and size() are the group's, and counts have one entry per member.
-  static std::shared_ptr<Channel> create_split(const std::string& name, int color, int key);
-  // How many channels this process has created (the executor tells the nodes that communicate
-  // by the count before and after their setup()).
+  // dimension of a parallel mesh (nodes/parallel/mesh.hpp), `group` naming it (dp, tp, pp). Its
+  // collectives count ranks in the group: rank() and size() are the group's, and counts have one
+  // entry per member.
+  static std::shared_ptr<Channel> create_split(const std::string& name, int color, int key, const std::string& group);
+  // How many channels this process has created, and the groups of those created after the
+  // first `count` (the executor tells the nodes that communicate, and checks that each declares
+  // the groups it opened channels over, by what their setup() created).
   static uint64_t created();
+  static std::vector<std::string> groups_created_since(uint64_t count);
   ~Channel();
   const std::string& name() const { return name_; }
   // This rank's place in the channel and the channel's size (the world's, unless create_split).

@@ -55,6 +55,12 @@ std::string to_dot(const GraphSpec& g, const Registry& reg, const Profile* prof)
       attrs += ", peripheries=2";
     }
     if (!n.stream.empty() && n.stream != "default") label += "\\nstream " + n.stream;
+    // The edges between ranks its schema declares (the groups it exchanges over; explain says what).
+    if (const NodeType* t = reg.find(n.type); t && !t->schema.collectives.empty()) {
+      std::string groups;
+      for (const auto& c : t->schema.collectives) groups += (groups.empty() ? "" : ", ") + c.group;
+      label += "\\ncollectives: " + groups;
+    }
     if (const NodeProfile* np = prof ? prof->node(n.name) : nullptr) {
       label += "\\nmean " + duration_label(np->mean_us) + ", p95 " + duration_label(np->p95_us) +
                fmt::format("\\n{:.1f} % of wall", 100 * np->share);

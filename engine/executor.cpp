@@ -39,6 +39,9 @@
 // it. Each channel's calls come in the node's step order on every rank, and every rank runs the
 // same dependency graph, so no wait can close a cycle: any graph that validates runs without
 // deadlock. The compute thread is the same kind of lane, served by the thread in run().
+// The channels are edges between ranks the graph file does not show, so each is declared: a
+// node's setup() may open channels only over the groups its schema's `collectives:` names
+// (world, dp, tp, pp; explain and dot print them), else the run is refused naming the group.
 #include "executor.hpp"
 
 #include <spdlog/spdlog.h>
@@ -234,10 +237,25 @@ struct Executor::Impl : ExecutorCore {
         throw NodeError(rt->spec->name, rt->spec->type, 0, rt->who + " failed in setup: " + e.what());
       }
       rt->communicates = comm::Channel::created() != channels;
+      check_declared_collectives(*rt, comm::Channel::groups_created_since(channels));
       for (const auto& [port, sid] : rt->owned_state)
         if (states[sid].empty())
           throw NodeError(rt->spec->name, rt->spec->type, 0,
                           rt->who + ": setup() did not create its state output '" + port + "' (call ctx.own_state)");
+    }
+  }
+
+  // A channel over a group the schema does not declare is an undeclared edge between ranks.
+  static void check_declared_collectives(const NodeRuntime& rt, const std::vector<std::string>& opened) {
+    for (const std::string& group : opened) {
+      bool declared = false;
+      for (const auto& c : rt.schema->collectives) declared = declared || c.group == group;
+      if (!declared)
+        throw NodeError(rt.spec->name, rt.spec->type, 0,
+                        rt.who + " opened a channel over the " + group + " group in setup, but its schema (" +
+                            (rt.schema->origin == "built-in" ? "schemas/" + rt.spec->type + ".yaml" : rt.schema->origin) +
+                            ") declares no collectives over " + group +
+                            ": add `collectives: { group: " + group + ", doc: what it exchanges there }` to it");
     }
   }
 

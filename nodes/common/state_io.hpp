@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <typeindex>
 
@@ -28,11 +29,13 @@ struct StateIO {
   std::function<NamedTensors(const Value&)> tensors;            // aliases of the live tensors
   std::function<void(Value&, const NamedTensors&)> load;         // copy values in
   // Optional, for a state the ranks hold pieces of (a sharded optimizer state, a model split over
-  // tp): gather it so that tensors() lists it whole on the writer (rank 0 of `world`).
-  // Collective: the checkpoint node calls it on every rank first, with its own channels.
+  // tp): gather it so that tensors() lists it whole on the writer (rank 0 of the run).
+  // Collective: the checkpoint node calls it on every rank first, with its own channels (the
+  // groups its schema declares).
   struct Groups {
-    parallel::Group& world;  // every rank of the run
+    bool writer;             // this rank is rank 0 of the run: it keeps what is gathered
     parallel::Group& dp;     // this rank's data-parallel ranks (what ZeRO shards over; all of them when tp is 1)
+    parallel::Group* tp = nullptr;  // this rank's tensor-parallel ranks (run.parallel.tp > 1), else null
     parallel::Group* pp = nullptr;  // this rank's pipeline stages (run.parallel.pp > 1), else null
   };
   std::function<void(Value&, const Groups&)> collect;
@@ -44,6 +47,14 @@ struct StateIO {
   // parallel among the ranks of one stage) but does not broadcast rank 0's values.
   std::function<bool(const Value&)> partitioned;
 };
+
+// A collect's channel over the tp ranks, for a state split over them (`what`, for the message).
+inline parallel::Group& tp_channel(const StateIO::Groups& groups, const std::string& what) {
+  if (!groups.tp)
+    throw std::logic_error(what + " is split over tensor parallel, but the node gathering it opened no channel over "
+                                  "the tp ranks (StateIO::Groups::tp)");
+  return *groups.tp;
+}
 
 void register_state_io(std::type_index type, StateIO io);
 // The StateIO for the object a Value holds, or nullptr.

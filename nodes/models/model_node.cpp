@@ -103,7 +103,7 @@ std::shared_ptr<parallel::Group> ModelNode::tp_group(SetupContext& ctx) {
   const parallel::Mesh mesh = parallel::mesh_of(ctx.run());
   const int tp = mesh.size(parallel::Dim::tp);
   if (tp == 1) return nullptr;
-  return parallel::Group::along(ctx.name(), mesh, parallel::Dim::tp, ctx.run().rank);
+  return parallel::Group::place(ctx.name(), mesh, parallel::Dim::tp, ctx.run().rank);
 }
 
 std::map<std::string, torch::Tensor> ModelNode::named_tensors(torch::nn::Module& whole) {

@@ -73,9 +73,9 @@ class ModelNode : public Node {
   virtual void load_weights(ModelState& state, const std::string& path) = 0;
   // The `pretrained` folder's weights (Plan::pretrained set); returns the folder.
   virtual std::string load_pretrained(ModelState& state);
-  // Tensor parallel, for a family that splits (its Config::tp, its tp_split): the group over the
-  // model's tp ranks (run.parallel.tp), null at tp 1; collective (setup runs in file order on
-  // every rank).
+  // Tensor parallel, for a family that splits (its Config::tp, its tp_split): this rank's place
+  // among the model's tp ranks (run.parallel.tp; Group::place, no channel: the nodes running the
+  // model open their own), null at tp 1.
   static std::shared_ptr<parallel::Group> tp_group(SetupContext& ctx);
   // The tensors of `whole` by name: a split model's init is the whole model's, each rank loading
   // its parts as from a file (so tp changes no value).

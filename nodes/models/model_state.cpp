@@ -84,12 +84,12 @@ const bool kModelStateIO = [] {
     } else {
       whole = m->tensors();
     }
-    if (m->tp) whole = m->tp->wholes(whole);
+    if (m->tp) whole = m->tp->wholes(whole, flowrun::tp_channel(groups, "model '" + m->kind + "'"));
     if (m->stages && groups.pp) {
       if (groups.dp.rank() != 0 || (m->tp && m->tp->group->rank() != 0)) return;
       whole = flowrun::parallel::gather_on_first(*groups.pp, whole, "model '" + m->kind + "' for a checkpoint");
     }
-    if (groups.world.rank() == 0) m->gathered = std::move(whole);
+    if (groups.writer) m->gathered = std::move(whole);
   };
   io.release = [](Value& v) { state_of(v)->gathered.clear(); };
   io.partitioned = [](const Value& v) {

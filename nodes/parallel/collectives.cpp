@@ -116,6 +116,7 @@ Group::Cuda& Group::cuda(const torch::Tensor& t, const std::string& what) {
 // ---- the group ------------------------------------------------------------------------------
 
 Group::Group(std::shared_ptr<comm::Channel> channel) : channel_(std::move(channel)) {}
+Group::Group(Place place) : place_(std::move(place)) {}
 Group::~Group() = default;
 
 std::shared_ptr<Group> Group::world(const std::string& name) {
@@ -123,16 +124,30 @@ std::shared_ptr<Group> Group::world(const std::string& name) {
 }
 
 std::shared_ptr<Group> Group::along(const std::string& name, const Mesh& mesh, Dim dim, int rank) {
-  if (mesh.size(dim) == mesh.world()) return world(name);  // the dimension spans every rank (dp when tp = pp = 1)
+  if (mesh.size(dim) == mesh.world())  // the dimension spans every rank (dp when tp = pp = 1)
+    return std::shared_ptr<Group>(new Group(comm::Channel::create(name, parallel::name(dim))));
   return std::shared_ptr<Group>(
       new Group(comm::Channel::create_split(name + " (" + parallel::name(dim) + ")", mesh.color(dim, rank),
-                                            mesh.coord(rank).at(dim))));
+                                            mesh.coord(rank).at(dim), parallel::name(dim))));
+}
+
+std::shared_ptr<Group> Group::place(const std::string& name, const Mesh& mesh, Dim dim, int rank) {
+  return std::shared_ptr<Group>(
+      new Group(Place{name + " (" + parallel::name(dim) + ")", mesh.coord(rank).at(dim), mesh.size(dim)}));
+}
+
+void Group::require_channel(const std::string& what) const {
+  if (!channel_)
+    throw std::logic_error(what + ": '" + place_.name + "' is a place among the ranks, not a channel; a collective " +
+                           "runs on the channel of the node that issues it (a node running a split model opens " +
+                           "parallel::TpChannel over its own group)");
 }
 
 // One collective: `nccl(communicator, ready, done, what)` for CUDA tensors (on the group's
 // stream, behind the caller's), else `mpi(what)`, MPI's request.
 template <class Nccl, class Mpi>
 Work Group::run(const torch::Tensor& t, const std::string& what, Nccl nccl, Mpi mpi) {
+  require_channel(what);
   if (t.is_cuda()) {
 #if FLOWRUN_CUDA
     Cuda& c = cuda(t, what);
@@ -195,6 +210,7 @@ Work Group::recv(const torch::Tensor& t, int peer, const std::string& what) { re
 
 Work Group::point(const torch::Tensor& t, int peer, const std::string& what, bool sending) {
   check_tensor(t, what);
+  require_channel(what);
   channel_->check_peer(peer, what);
   const comm::DType type = comm_dtype(t.scalar_type(), what);
   const auto n = static_cast<size_t>(t.numel());

@@ -67,21 +67,27 @@ class Work {
 class Group {
  public:
   // The world. Collective over every rank (a node's setup(): every rank, file order); `name`
-  // names the group's channel in errors.
+  // names the group's channel in errors. A node's schema declares the groups it opens
+  // (`collectives:`; the executor refuses a setup() that opened one undeclared).
   static std::shared_ptr<Group> world(const std::string& name);
   // `rank`'s group along `dim` of `mesh`, ranked by its coordinate there: the world itself (named
-  // `name`) when the dimension spans every rank, else a split of it named "NAME (dim)". Collective
-  // over the world.
+  // `name`) when the dimension spans every rank, else a split of it named "NAME (dim)"; either
+  // way a channel of the group `dim`. Collective over the world.
   static std::shared_ptr<Group> along(const std::string& name, const Mesh& mesh, Dim dim, int rank);
+  // `rank`'s place in its group along `dim` (rank and size, named "NAME (dim)") without a
+  // channel: what a split model holds to know its part (parallel/tensor_parallel.hpp), whose
+  // collectives run on the channel of the node running it. Creates nothing; a collective on it
+  // is refused, naming the group.
+  static std::shared_ptr<Group> place(const std::string& name, const Mesh& mesh, Dim dim, int rank);
   ~Group();
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
 
   struct Cuda;  // the NCCL side (collectives.cpp), made at the group's first CUDA collective
 
-  const std::string& name() const { return channel_->name(); }
-  int rank() const { return channel_->rank(); }
-  int size() const { return channel_->size(); }
+  const std::string& name() const { return channel_ ? channel_->name() : place_.name; }
+  int rank() const { return channel_ ? channel_->rank() : place_.rank; }
+  int size() const { return channel_ ? channel_->size() : place_.size; }
 
   // In place: t = op over the group of t (contiguous; bfloat16: sum only).
   Work all_reduce(const torch::Tensor& t, comm::Op op, const std::string& what);
@@ -105,11 +111,18 @@ class Group {
 
  private:
   explicit Group(std::shared_ptr<comm::Channel> channel);
+  struct Place {
+    std::string name;
+    int rank = 0, size = 1;
+  };
+  explicit Group(Place place);
+  void require_channel(const std::string& what) const;  // a place: refused
   Cuda& cuda(const torch::Tensor& t, const std::string& what);
   Work point(const torch::Tensor& t, int peer, const std::string& what, bool sending);  // send, recv
   template <class Nccl, class Mpi>
   Work run(const torch::Tensor& t, const std::string& what, Nccl nccl, Mpi mpi);  // collectives.cpp
-  std::shared_ptr<comm::Channel> channel_;
+  std::shared_ptr<comm::Channel> channel_;  // null for a place
+  Place place_;
   std::unique_ptr<Cuda> cuda_;
 };
 

@@ -178,9 +178,9 @@ namespace {
 TpSplit usable(const TpSplit& s, const torch::Tensor& t) { return t.dim() > s.dim ? s : TpSplit{}; }
 }  // namespace
 
-std::map<std::string, torch::Tensor> TpLayout::wholes(const std::map<std::string, torch::Tensor>& parts,
+std::map<std::string, torch::Tensor> TpLayout::wholes(const std::map<std::string, torch::Tensor>& parts, Group& over,
                                                       const Names& param_of) const {
-  return wholes_by(parts, [&](const std::string& name) { return split(param_of ? param_of(name) : name); });
+  return wholes_by(parts, over, [&](const std::string& name) { return split(param_of ? param_of(name) : name); });
 }
 
 std::map<std::string, torch::Tensor> TpLayout::parts(const std::map<std::string, torch::Tensor>& wholes,
@@ -188,12 +188,15 @@ std::map<std::string, torch::Tensor> TpLayout::parts(const std::map<std::string,
   return parts_by(wholes, [&](const std::string& name) { return split(param_of ? param_of(name) : name); }, source);
 }
 
-std::map<std::string, torch::Tensor> TpLayout::wholes_by(const std::map<std::string, torch::Tensor>& parts,
+std::map<std::string, torch::Tensor> TpLayout::wholes_by(const std::map<std::string, torch::Tensor>& parts, Group& over,
                                                          const SplitOf& split_of) const {
+  if (over.size() != group->size() || over.rank() != group->rank())
+    throw std::logic_error("tensor parallel: gathering over '" + over.name() + "' (rank " + std::to_string(over.rank()) +
+                           " of " + std::to_string(over.size()) + "), not the model's tp ranks (" + group->name() + ")");
   torch::NoGradGuard no_grad;
   std::map<std::string, torch::Tensor> out;
   for (const auto& [name, t] : parts)  // a std::map: every rank gathers in the same (name) order
-    out[name] = t.defined() ? tp_whole(t.detach(), usable(split_of(name), t), *group, "tensor parallel: gathering " + name)
+    out[name] = t.defined() ? tp_whole(t.detach(), usable(split_of(name), t), over, "tensor parallel: gathering " + name)
                             : t;
   return out;
 }

@@ -27,9 +27,13 @@ namespace flowrun::parallel {
 // Whose channel a split model's collectives use. A Group is one MPI channel whose messages pair
 // up by the order each rank issues them, so only one node may issue on it: two nodes running the
 // same model at once (forward_backward of step s+1 and an evaluator of step s) would interleave
-// differently on each rank. So every node that runs a split model opens its own group over the
-// tp ranks (Group::along in its setup) around its work; the split layers below use the one open
-// on the calling thread, else the model's own (Config::tp), which its checkpoint gathers use.
+// differently on each rank. So every node that runs a split model makes its own group over the
+// tp ranks in setup (own_tp_group; its schema declares `collectives: { group: tp }`, which the
+// executor checks) and opens it around its work; the split layers below use the one open on the
+// calling thread (as autocast's mode is the thread's), for the span of that node's run(). The
+// model itself holds only its place among the tp ranks (Group::place: a collective on it is
+// refused), so a split layer run outside a node's channel fails naming it; outside a graph
+// (tests, tools) a model may hold a real group instead, which the layers then use.
 // Backward uses the group its forward used. A null group opens nothing.
 class TpChannel {
  public:
@@ -88,9 +92,11 @@ torch::Tensor tp_part(const torch::Tensor& whole, const TpSplit& s, const Group&
 torch::Tensor tp_whole(const torch::Tensor& part, const TpSplit& s, Group& tp, const std::string& what);
 
 // A split model's layout, for the states that hold its tensors by name (its parameters, their
-// optimizer moments, an EMA's copy): the tp group, and each parameter's split by its name.
+// optimizer moments, an EMA's copy): the tp group (the model node's: this rank's place among
+// the tp ranks), and each parameter's split by its name.
 // Checkpoints keep whole tensors under today's names, whatever the layout: wholes() before a
-// save (collective), parts() after a load. A tensor is split only when it has the split's
+// save (collective over `over`, the gathering node's own channel over the same tp ranks),
+// parts() after a load. A tensor is split only when it has the split's
 // dimension (a moment's 0-d step counter is not). `param_of` maps a state's tensor name to its
 // parameter's ("h.0.mlp.c_fc.weight.exp_avg" -> "h.0.mlp.c_fc.weight"); identity by default.
 struct TpLayout {
@@ -98,7 +104,7 @@ struct TpLayout {
   std::function<TpSplit(const std::string& param)> split;
 
   using Names = std::function<std::string(const std::string&)>;
-  std::map<std::string, torch::Tensor> wholes(const std::map<std::string, torch::Tensor>& parts,
+  std::map<std::string, torch::Tensor> wholes(const std::map<std::string, torch::Tensor>& parts, Group& over,
                                               const Names& param_of = nullptr) const;
   // `source` (a file) prefixes the tensor's name in errors.
   std::map<std::string, torch::Tensor> parts(const std::map<std::string, torch::Tensor>& wholes,
@@ -106,7 +112,7 @@ struct TpLayout {
   // The same for a state whose tensors are split otherwise than their parameters (an optimizer's
   // factored statistics): `split_of` gives each tensor's own split by its name.
   using SplitOf = std::function<TpSplit(const std::string& name)>;
-  std::map<std::string, torch::Tensor> wholes_by(const std::map<std::string, torch::Tensor>& parts,
+  std::map<std::string, torch::Tensor> wholes_by(const std::map<std::string, torch::Tensor>& parts, Group& over,
                                                  const SplitOf& split_of) const;
   std::map<std::string, torch::Tensor> parts_by(const std::map<std::string, torch::Tensor>& wholes,
                                                 const SplitOf& split_of, const std::string& source = "") const;

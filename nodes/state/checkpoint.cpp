@@ -30,6 +30,7 @@
 #include <thread>
 
 #include "parallel/collectives.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "common/device.hpp"
 #include "formats/files.hpp"
 #include "common/safetensors.hpp"
@@ -72,7 +73,7 @@ class Checkpoint : public Node {
   // run.resume=never: the earlier run's step folders and `latest`, moved aside by the first write.
   std::vector<std::string> earlier_;
   // Several processes: its channels to gather sharded and split states (StateIO::collect).
-  std::shared_ptr<parallel::Group> group_, dp_group_, pp_group_;  // pp: with pipeline stages
+  std::shared_ptr<parallel::Group> dp_group_, tp_group_, pp_group_;  // tp, pp: with tp, pp > 1
 
  public:
   void setup(SetupContext& c) override {
@@ -83,10 +84,9 @@ class Checkpoint : public Node {
     writer_rank_ = c.run().rank == 0;
     world_ = c.run().world;
     if (c.run().world > 1) {  // collective: setup runs in file order
-      group_ = parallel::Group::world(c.name());
-      const parallel::Mesh mesh = parallel::mesh_of(c.run());
-      dp_group_ = parallel::Group::along(c.name(), mesh, parallel::Dim::dp, c.run().rank);
-      if (mesh.size(parallel::Dim::pp) > 1) pp_group_ = parallel::Group::along(c.name(), mesh, parallel::Dim::pp, c.run().rank);
+      dp_group_ = parallel::Group::along(c.name(), parallel::mesh_of(c.run()), parallel::Dim::dp, c.run().rank);
+      tp_group_ = parallel::own_tp_group(c.name(), c.run());
+      pp_group_ = parallel::own_pp_group(c.name(), c.run());
     }
     if (const GraphSpec* g = c.run().graph) {
       graph_file_ = g->file;
@@ -144,9 +144,10 @@ class Checkpoint : public Node {
 
   void run(StepContext& c) override {
     // A state the ranks hold pieces of (sharded by ZeRO, split over tp) is gathered first, by every rank.
-    if (group_)
+    if (dp_group_)
       for (Value* v : c.states_all("state"))
-        if (const StateIO* io = find_state_io(*v); io && io->collect) io->collect(*v, {*group_, *dp_group_, pp_group_.get()});
+        if (const StateIO* io = find_state_io(*v); io && io->collect)
+          io->collect(*v, {writer_rank_, *dp_group_, tp_group_.get(), pp_group_.get()});
     // What the collect gathered, let go once copied (here at once: rank 0 writes).
     auto release = [&c] {
       for (Value* v : c.states_all("state"))

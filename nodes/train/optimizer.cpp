@@ -521,14 +521,15 @@ static const bool kOptimizerStateIO = [] {
             // then a tp model's moments whole: every rank gathers, the writer (rank 0) keeps them;
             // under pipeline parallel the stages' gathered on the writer's (its replica's, tp rank 0's).
             flowrun::NamedTensors whole =
-                st->tp ? st->tp->wholes_by(st->tensors(), [&](const std::string& n) { return st->split_of(n); })
+                st->tp ? st->tp->wholes_by(st->tensors(), flowrun::tp_channel(groups, "optimizer state"),
+                                           [&](const std::string& n) { return st->split_of(n); })
                        : flowrun::NamedTensors(st->tensors());
             st->gathered.clear();
             if (st->staged && groups.pp) {
               if (groups.dp.rank() != 0 || (st->tp && st->tp->group->rank() != 0)) return;
               whole = flowrun::parallel::gather_on_first(*groups.pp, whole, "optimizer state for a checkpoint");
             }
-            if (groups.world.rank() == 0) st->gathered = std::move(whole);
+            if (groups.writer) st->gathered = std::move(whole);
           },
           [](flowrun::Value& v) { v.as_mut<std::shared_ptr<OptimizerState>>()->gathered.clear(); },
           [](const flowrun::Value& v) {

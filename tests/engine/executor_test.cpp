@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <random>
+#include <regex>
 #include <sstream>
 
 #include "registry.hpp"
@@ -335,6 +336,30 @@ nodes:
   int64_t max_step = 0;
   for (const auto& e : Recorder::get().events()) max_step = std::max(max_step, e.step);
   EXPECT_LE(max_step, 5 + 3);  // nothing beyond the in-flight window ran
+}
+
+// Issue 69 §3: a channel is an edge between ranks the graph does not show; a node may open one
+// only over a group its schema declares, so explain and dot show every one.
+TEST(Executor, ANodeOpensChannelsOnlyOverTheGroupsItsSchemaDeclares) {
+  const std::string yaml = R"(flowrun: 1
+run: { steps: 2 }
+nodes:
+  talk: { type: t_channel, with: { group: GROUP } }
+)";
+  auto with = [&](const std::string& group) { return std::regex_replace(yaml, std::regex("GROUP"), group); };
+  EXPECT_NO_THROW(test::run_graph_text(with("dp")));
+  for (const std::string group : {"tp", "world"}) {
+    try {
+      test::run_graph_text(with(group));
+      FAIL() << "a channel over " << group << " was let through";
+    } catch (const NodeError& e) {
+      EXPECT_EQ(e.node, "talk");
+      EXPECT_EQ(std::string(e.what()), "node 'talk' (t_channel) opened a channel over the " + group +
+                                           " group in setup, but its schema (tests) declares no collectives over " +
+                                           group + ": add `collectives: { group: " + group +
+                                           ", doc: what it exchanges there }` to it");
+    }
+  }
 }
 
 TEST(Executor, StopFlagEndsAfterTheStepsInFlight) {

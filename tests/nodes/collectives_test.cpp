@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "parallel/collectives.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 
 using flowrun::parallel::Group;
 
@@ -55,4 +57,31 @@ TEST(Collectives, APointToPointMessageNeedsAnotherRankOfTheGroup) {
         << e.what();
   }
   EXPECT_THROW(g->recv(torch::zeros({2}), 1, "gradients"), flowrun::comm::CommError);
+}
+
+// Issue 69 §3: a split model holds its place among the tp ranks, not a channel; its collectives
+// run on the channel of the node running it (parallel::TpChannel over the node's own group, which
+// its schema declares), so a split layer run outside any node's channel fails naming the group.
+TEST(Collectives, AModelsPlaceAmongTheRanksIsNoChannel) {
+  const uint64_t channels = flowrun::comm::Channel::created();
+  auto place = Group::place("model", flowrun::parallel::Mesh(4, 2, 1), flowrun::parallel::Dim::tp, 3);
+  EXPECT_EQ(flowrun::comm::Channel::created(), channels);  // nothing was created
+  EXPECT_EQ(place->name(), "model (tp)");
+  EXPECT_EQ(place->rank(), 1);
+  EXPECT_EQ(place->size(), 2);
+  try {
+    flowrun::parallel::reduce_from_tp(torch::ones({2}), place);
+    FAIL() << "a collective on a place was accepted";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("'model (tp)' is a place among the ranks, not a channel"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(place->send(torch::zeros({2}), 0, "activations"), std::logic_error);
+  // A node's channel over the same ranks carries them (here a group of one stands in for it).
+  auto own = Group::world("fb");
+  {
+    const flowrun::parallel::TpChannel open(own.get());
+    EXPECT_THROW(flowrun::parallel::reduce_from_tp(torch::ones({2}), place), std::logic_error)
+        << "a channel over other ranks than the model's is refused";
+  }
 }

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "comm.hpp"
 #include "registry.hpp"
 #include "support/thread_streams.hpp"
 
@@ -139,6 +140,18 @@ class Fail : public Node {
   void run(StepContext& c) override {
     if (c.step() == at_) throw std::runtime_error("boom (test failure)");
   }
+};
+
+// Opens a channel over `group` in setup (its schema declares dp only).
+class Channel : public Node {
+  std::shared_ptr<comm::Channel> ch_;
+
+ public:
+  void setup(SetupContext& c) override {
+    const auto group = c.params().get<std::string>("group");
+    ch_ = group == "world" ? comm::Channel::create(c.name()) : comm::Channel::create_split(c.name(), 0, 0, group);
+  }
+  void run(StepContext&) override {}
 };
 
 class Stream : public Node {
@@ -369,6 +382,11 @@ doc: throws at step `at`
 inputs: { in: { kind: value, type: int, many: true, optional: true } }
 params: { at: { type: int, default: 1 } })",
         [] { return std::make_unique<Fail>(); }, origin);
+  r.add(R"(type: t_channel
+doc: opens a channel over `group` in setup
+collectives: { group: dp, doc: "nothing is exchanged" }
+params: { group: { type: string, default: dp } })",
+        [] { return std::make_unique<Channel>(); }, origin);
   r.add(R"(type: t_stream
 doc: emits items on a stream
 outputs: { items: { kind: stream, type: int } }

@@ -8,6 +8,7 @@
 //   t_read     reads state `s`, records the version it saw          params: sleep_us
 //   t_write    writes state `s`: records the version, then bumps it  params: sleep_us
 //   t_fail     throws at step `at`
+//   t_channel  opens a channel over `group` in setup; its schema declares collectives over dp only
 //   t_stream   emits `count` items on stream `items`, sleep_ms apart
 //   t_sink     stream input `items`; records item times; out = number of items
 //   t_dev_*    device-stream nodes: their work runs on the current ThreadStreams stream
