@@ -11,6 +11,12 @@
 // optimizer moments are aligned with that order. LoRA-style models freeze the base weights
 // (requires_grad(false)) and leave only the adapters trainable.
 //
+// Its parts, each in a file of its own: how its tensors lie over the ranks of a parallel run
+// (models/model_layout.hpp: tensor-parallel parts, pipeline stages, ZeRO-3 shards, what a
+// checkpoint gathers) and what its training holds in memory (models/model_memory.hpp); here,
+// the module, its forward, and what the model can do beyond forward (export its adapters,
+// condition a batch, encode/decode images, caption).
+//
 // `flat`: the trainable parameters' data may live in flat buffers (common/flat_buffers.hpp).
 // The optimizer makes them so on its first update; readers that combine whole models (ema)
 // use the buffers while flat.buffers_of(trainable_parameters()) still finds them there.
@@ -31,20 +37,13 @@
 #include <vector>
 
 #include "common/flat_buffers.hpp"
-#include "common/memory.hpp"
 #include "common/tensor_map.hpp"
-#include "models/activation_checkpoint.hpp"
-#include "models/param_use.hpp"
-#include "models/stages.hpp"
+#include "models/model_layout.hpp"
+#include "models/model_memory.hpp"
 
 namespace flowrun {
 
-namespace parallel {
-struct TpLayout;  // parallel/tensor_parallel.hpp
-class Group;      // parallel/collectives.hpp
-}
-
-struct ModelState {
+struct ModelState : ModelLayout, ModelMemory {
   using ForwardFn = std::function<torch::Tensor(torch::nn::Module&, const TensorMap&)>;
   using Named = std::vector<std::pair<std::string, torch::Tensor>>;
 
@@ -61,17 +60,6 @@ struct ModelState {
   // empty writer: nothing to export. Copies (clone(), the EMA) keep it.
   using ExportWriter = std::function<void(const std::string& dir)>;
   std::function<ExportWriter(const ModelState&)> exporter;
-
-  // Memory (forward_backward's estimate before its first step, common/memory.hpp's
-  // TrainingMemory). `activations`, set by a model that can tell (gpt, dit, cappa, a trained vae): what
-  // backward keeps of `micro_batch`'s activations at `bytes` per element, without recomputing
-  // (plain) and recomputing blocks as `policy` says (checkpointed); unset: not estimated. `checkpoint`: the
-  // model's own policy. `kept`: what other nodes keep per rank for this model (an optimizer's
-  // state, an EMA's copy), noted in their setup, which runs in file order before any step.
-  std::function<ActivationEstimate(const TensorMap& micro_batch, int64_t bytes, const CheckpointPolicy& policy)>
-      activations;
-  CheckpointPolicy checkpoint;
-  std::vector<MemoryItem> kept;
 
   // A frozen encoder of batches (vae_encode's params) says how it conditions one, so a reader of
   // its state (the evaluator) encodes batches as the node does without knowing its type: the
@@ -102,47 +90,6 @@ struct ModelState {
     std::function<torch::Tensor(ModelState& self, const torch::Tensor& encoded, int64_t steps)> parallel;
   };
   std::shared_ptr<const Captioner> captioner;
-
-  // Tensor parallel (run.parallel.tp > 1): the module holds this rank's parts of the split
-  // tensors, laid out as `tp` says (set by a model that splits: gpt, dit, cappa). Checkpoints hold
-  // whole tensors: the checkpoint's collect (model_state.cpp, collective) gathers them into
-  // `gathered` on the writing rank, which is what it saves and exports (lora::peft_files); a
-  // load (resume) takes whole tensors and keeps
-  // this rank's parts; the start-up broadcast leaves the parts alone. Null: the module is whole.
-  std::shared_ptr<const parallel::TpLayout> tp;
-  std::map<std::string, torch::Tensor> gathered;
-  // Whether tensor parallel splits a parameter (by name), set by a family that splits at any tp:
-  // what forward_backward's memory advice counts as the share a larger tp would divide. Null: the
-  // model does not split.
-  std::function<bool(const std::string& param)> splits_over_tp;
-
-  // Pipeline parallel (run.parallel.pp > 1; models/stages.hpp): the module holds this rank's
-  // chunks of the model only, named as in the whole model; checkpoints gather the stages' tensors
-  // on the writer, and a load takes the names this rank holds. Null: the module is every stage.
-  std::shared_ptr<const Stages> stages;
-
-  // ZeRO stage 3 (the zero node's stage: params; train/fully_sharded.hpp, set up by the
-  // optimizer): the trainable parameters sharded over the data-parallel ranks. Between uses each
-  // holds no data and this rank keeps its slice; a node that runs the model opens a ParamUse
-  // (models/param_use.hpp) for as long as it does. Null: the module holds its parameters.
-  struct Shards {
-    virtual ~Shards() = default;
-    // A use over `group` (this node's channel over the data-parallel ranks; null with one).
-    virtual std::unique_ptr<ParamUse> open(parallel::Group* group, const std::string& what) = 0;
-    // Every trainable parameter whole, by name: collective over `group` (a checkpoint's).
-    virtual std::map<std::string, torch::Tensor> wholes(parallel::Group& group) = 0;
-    // Whole values in by name, this rank keeping its slice; returns the ones not its own (buffers).
-    virtual std::map<std::string, torch::Tensor> load(const std::map<std::string, torch::Tensor>& whole) = 0;
-    // A copy of the module with every parameter let go, made from one taken when it was sharded
-    // (never from the module in use), and the same layout over the copy's parameters with the
-    // slices copied: what clone() makes (the EMA's copy, a reader's).
-    virtual std::shared_ptr<torch::nn::Module> fresh_module() const = 0;
-    virtual std::shared_ptr<Shards> copy_for(ModelState& copy) const = 0;
-    // This rank's slice of each flat buffer (what an average combines, slice by slice).
-    virtual std::vector<torch::Tensor>& slices() = 0;
-  };
-  std::shared_ptr<Shards> shards;
-
 
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)

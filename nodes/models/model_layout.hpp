@@ -1,0 +1,73 @@
+// ModelLayout: how a model's tensors lie over the ranks of a parallel run, one part of its
+// ModelState (models/model_state.hpp): the tensor-parallel parts, the pipeline stages, the ZeRO-3
+// shards, and what a checkpoint gathers whole from them. A model of one process leaves every
+// field null: its module holds every tensor whole.
+//
+// Who sets what: the family's model node sets `tp`, `splits_over_tp` and `stages` at setup (gpt,
+// dit, cappa: models/model_node.hpp); the optimizer sets `shards` at its setup under the zero
+// node's stage params (train/fully_sharded.hpp); the checkpoint's collect (model_state.cpp,
+// collective over the checkpoint's own channels) fills `gathered`, which it saves and exports.
+#pragma once
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/param_use.hpp"
+#include "models/stages.hpp"
+
+namespace flowrun {
+
+struct ModelState;
+
+namespace parallel {
+struct TpLayout;  // parallel/tensor_parallel.hpp
+class Group;      // parallel/collectives.hpp
+}  // namespace parallel
+
+struct ModelLayout {
+  // Tensor parallel (run.parallel.tp > 1): the module holds this rank's parts of the split
+  // tensors, laid out as `tp` says (its group: this rank's place among the tp ranks). Checkpoints
+  // hold whole tensors: the checkpoint's collect gathers them into `gathered` on the writing
+  // rank, which is what it saves and exports (lora::peft_files); a load (resume) takes whole
+  // tensors and keeps this rank's parts; the start-up broadcast leaves the parts alone. Null: the
+  // module is whole.
+  std::shared_ptr<const parallel::TpLayout> tp;
+  std::map<std::string, torch::Tensor> gathered;
+  // Whether tensor parallel splits a parameter (by name), set by a family that splits at any tp:
+  // what forward_backward's memory advice counts as the share a larger tp would divide. Null: the
+  // model does not split.
+  std::function<bool(const std::string& param)> splits_over_tp;
+
+  // Pipeline parallel (run.parallel.pp > 1; models/stages.hpp): the module holds this rank's
+  // chunks of the model only, named as in the whole model; checkpoints gather the stages' tensors
+  // on the writer, and a load takes the names this rank holds. Null: the module is every stage.
+  std::shared_ptr<const Stages> stages;
+
+  // ZeRO stage 3 (the zero node's stage: params; train/fully_sharded.hpp, set up by the
+  // optimizer): the trainable parameters sharded over the data-parallel ranks. Between uses each
+  // holds no data and this rank keeps its slice; a node that runs the model opens a ParamUse
+  // (models/param_use.hpp) for as long as it does. Null: the module holds its parameters.
+  struct Shards {
+    virtual ~Shards() = default;
+    // A use over `group` (this node's channel over the data-parallel ranks; null with one).
+    virtual std::unique_ptr<ParamUse> open(parallel::Group* group, const std::string& what) = 0;
+    // Every trainable parameter whole, by name: collective over `group` (a checkpoint's).
+    virtual std::map<std::string, torch::Tensor> wholes(parallel::Group& group) = 0;
+    // Whole values in by name, this rank keeping its slice; returns the ones not its own (buffers).
+    virtual std::map<std::string, torch::Tensor> load(const std::map<std::string, torch::Tensor>& whole) = 0;
+    // A copy of the module with every parameter let go, made from one taken when it was sharded
+    // (never from the module in use), and the same layout over the copy's parameters with the
+    // slices copied: what clone() makes (the EMA's copy, a reader's).
+    virtual std::shared_ptr<torch::nn::Module> fresh_module() const = 0;
+    virtual std::shared_ptr<Shards> copy_for(ModelState& copy) const = 0;
+    // This rank's slice of each flat buffer (what an average combines, slice by slice).
+    virtual std::vector<torch::Tensor>& slices() = 0;
+  };
+  std::shared_ptr<Shards> shards;
+};
+
+}  // namespace flowrun
