@@ -70,21 +70,36 @@ PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& 
   return f;
 }
 
-void check_config_keys(const PretrainedFolder& f, const std::set<std::string>& known,
-                       const std::map<std::string, nlohmann::json>& fixed, const std::string& class_name,
-                       const std::string& model) {
+std::vector<std::string> config_key_problems(const PretrainedFolder& f, const std::set<std::string>& known,
+                                             const std::map<std::string, nlohmann::json>& fixed,
+                                             const std::string& class_name, const std::string& model) {
+  std::vector<std::string> problems;
   for (const auto& [key, value] : f.config.items()) {
     if (key.empty() || key[0] == '_' || known.count(key)) continue;
     auto it = fixed.find(key);
-    if (it == fixed.end())
-      throw std::runtime_error(f.config_path + ": " + key + " is not " +
-                               (std::string("AEIOU").find(class_name.substr(0, 1)) != std::string::npos ? "an " : "a ") +
-                               class_name + " setting " + model + " knows");
     auto text = [](const nlohmann::json& j) { return j.is_string() ? j.get<std::string>() : j.dump(); };
-    if (!value.is_null() && value != it->second)
-      throw std::runtime_error(f.config_path + ": " + key + " = " + text(value) + " is not built (" + model +
-                               " computes with " + text(it->second) + ")");
+    if (it == fixed.end())
+      problems.push_back(key + " is not " +
+                         (std::string("AEIOU").find(class_name.substr(0, 1)) != std::string::npos ? "an " : "a ") +
+                         class_name + " setting " + model + " knows");
+    else if (!value.is_null() && value != it->second)
+      problems.push_back(key + " = " + text(value) + " is not built (" + model + " computes with " + text(it->second) + ")");
   }
+  return problems;
+}
+
+std::runtime_error config_error(const PretrainedFolder& f, const std::vector<std::string>& problems) {
+  if (problems.size() == 1) return std::runtime_error(f.config_path + ": " + problems[0]);
+  std::string all = f.config_path + ": " + std::to_string(problems.size()) + " problems:";
+  for (const auto& p : problems) all += "\n  " + p;
+  return std::runtime_error(all);
+}
+
+void check_config_keys(const PretrainedFolder& f, const std::set<std::string>& known,
+                       const std::map<std::string, nlohmann::json>& fixed, const std::string& class_name,
+                       const std::string& model) {
+  const auto problems = config_key_problems(f, known, fixed, class_name, model);
+  if (!problems.empty()) throw config_error(f, problems);
 }
 
 YAML::Node written_params(const RunInfo& run, const std::string& node) {

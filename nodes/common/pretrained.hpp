@@ -60,10 +60,16 @@ inline const std::string& weights_source(const PretrainedFolder& f) {
 // Every key of the folder's config.json (but _private ones) is one the caller reads (`known`),
 // or one whose value changes the math and must be the one `model` ("this DiT") computes with
 // (`fixed`; null: the library's default, accepted). Anything else is an error naming the file
-// and the key.
+// and the key; several are listed in one error, a line each.
 void check_config_keys(const PretrainedFolder& f, const std::set<std::string>& known,
                        const std::map<std::string, nlohmann::json>& fixed, const std::string& class_name,
                        const std::string& model);
+// The same problems as a list (empty: none), for a node that adds its own to them before it
+// refuses the folder, and the error of a list (one problem: its text; several: a line each).
+std::vector<std::string> config_key_problems(const PretrainedFolder& f, const std::set<std::string>& known,
+                                             const std::map<std::string, nlohmann::json>& fixed,
+                                             const std::string& class_name, const std::string& model);
+std::runtime_error config_error(const PretrainedFolder& f, const std::vector<std::string>& problems);
 
 // The parameters of node `node` as the graph file wrote them (overrides applied, no defaults
 // filled in): what a node checks against a folder's config.json. Undefined when not written.

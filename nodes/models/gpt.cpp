@@ -59,7 +59,6 @@ parallel::TpSplit tp_split(const std::string& name) {
 // ---- leaf modules: reset() allocates without initialising (init_weights or a load fills
 // them), so that clone() — which calls reset() on the copy — costs no random draws.
 
-void EmbeddingImpl::reset() { weight = register_parameter("weight", torch::empty({rows_, dim_})); }
 
 torch::Tensor CausalMaskCache::get(int64_t T, const torch::TensorOptions& opts) {
   const std::string key = std::string(c10::toString(opts.dtype())) + "/" + opts.device().str();

@@ -69,17 +69,8 @@ inline lora::Linear conv1d(int64_t in, int64_t out) { return lora::Linear(in, ou
 
 using layers::LayerNorm;  // eps 1e-5, weight and bias (models/layers.hpp)
 
-// A table of rows (wte, wpe): one parameter `weight` [rows, dim].
-class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
- public:
-  EmbeddingImpl(int64_t rows, int64_t dim) : rows_(rows), dim_(dim) { reset(); }
-  void reset() override;
-  torch::Tensor weight;
-
- private:
-  int64_t rows_, dim_;
-};
-TORCH_MODULE(Embedding);
+using layers::Embedding;  // wte, wpe (models/layers.hpp)
+using layers::EmbeddingImpl;
 
 // The causal masks the attention adds to its scores when attention dropout is on (otherwise
 // self_attention masks by itself): [T, T], 0 on and below the diagonal,

@@ -45,6 +45,19 @@ class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
 };
 TORCH_MODULE(LayerNorm);
 
+// A table of rows (a token or position embedding): one parameter `weight` [rows, dim]; reset()
+// only allocates (the model's init or a load fills it).
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+ public:
+  EmbeddingImpl(int64_t rows, int64_t dim) : rows_(rows), dim_(dim) { reset(); }
+  void reset() override { weight = register_parameter("weight", torch::empty({rows_, dim_})); }
+  torch::Tensor weight;
+
+ private:
+  int64_t rows_, dim_;
+};
+TORCH_MODULE(Embedding);
+
 // RMS norm without a bias or a mean (T5's T5LayerNorm): weight * x / sqrt(mean(x^2) + eps), the
 // mean in float32; with a bf16/fp16 weight the normalized x is cast to it first, as HF's does.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {

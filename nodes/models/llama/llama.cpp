@@ -1,0 +1,209 @@
+#include "models/llama/llama.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <regex>
+#include <stdexcept>
+
+#include "common/seed.hpp"
+#include "common/tensor_map.hpp"
+#include "models/attention.hpp"
+#include "models/linear.hpp"
+#include "models/load_by_name.hpp"
+
+namespace flowrun::llama {
+
+void Config::check() const {
+  auto positive = [](const char* name, int64_t v) {
+    if (v <= 0) throw std::runtime_error(fmt::format("llama: {} must be positive, got {}", name, v));
+  };
+  positive("layers", layers), positive("dim", dim), positive("heads", heads), positive("kv_heads", kv_heads);
+  positive("mlp_dim", mlp_dim), positive("vocab", vocab), positive("context", context);
+  if (heads % kv_heads != 0)
+    throw std::runtime_error(fmt::format("llama: heads {} is not a multiple of kv_heads {} (each key/value head serves "
+                                         "heads/kv_heads query heads)", heads, kv_heads));
+  if (head_dim <= 0 && dim % heads != 0)
+    throw std::runtime_error(fmt::format("llama: dim {} is not a multiple of heads {}; set head_dim (transformers' "
+                                         "head_dim) when the heads are not dim/heads wide", dim, heads));
+  if (head_size() % 2 != 0)
+    throw std::runtime_error(fmt::format("llama: the head size {} is odd; rotary positions turn channel pairs", head_size()));
+  if (!(rope_theta > 0)) throw std::runtime_error(fmt::format("llama: rope_theta must be > 0, got {}", rope_theta));
+  if (!(norm_eps > 0)) throw std::runtime_error(fmt::format("llama: norm_eps must be > 0, got {}", norm_eps));
+  rope_scaling.check("llama");
+}
+
+double Config::parameter_count() const {
+  const double d = static_cast<double>(dim), hd = static_cast<double>(head_size());
+  const double q = static_cast<double>(heads) * hd, kv = static_cast<double>(kv_heads) * hd;
+  const double attention = d * q + 2 * d * kv + q * d + (qkv_bias ? q + 2 * kv : 0) + (o_bias ? d : 0);
+  const double mlp = 3 * d * static_cast<double>(mlp_dim) + (mlp_bias ? 2 * static_cast<double>(mlp_dim) + d : 0);
+  const double table = static_cast<double>(vocab) * d;
+  return table * (tie_embeddings ? 1 : 2) + static_cast<double>(layers) * (attention + mlp + 2 * d) + d;
+}
+
+std::string describe(const Config& c) {
+  return fmt::format("layers={} dim={} heads={} kv_heads={} head_dim={} mlp_dim={} vocab={} context={} rope_theta={} "
+                     "rope_scaling {}{}",
+                     c.layers, c.dim, c.heads, c.kv_heads, c.head_size(), c.mlp_dim, c.vocab, c.context, c.rope_theta,
+                     c.rope_scaling.describe(), c.tie_embeddings ? " tied" : "");
+}
+
+// ---- blocks ----
+
+void AttentionImpl::reset() {
+  const int64_t hd = c_.head_size();
+  q_proj = register_module("q_proj", lora::Linear(c_.dim, c_.heads * hd, c_.qkv_bias));
+  k_proj = register_module("k_proj", lora::Linear(c_.dim, c_.kv_heads * hd, c_.qkv_bias));
+  v_proj = register_module("v_proj", lora::Linear(c_.dim, c_.kv_heads * hd, c_.qkv_bias));
+  o_proj = register_module("o_proj", lora::Linear(c_.heads * hd, c_.dim, c_.o_bias));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos,
+                                     const torch::Tensor& sin) {
+  const int64_t hd = c_.head_size(), H = c_.heads, KV = c_.kv_heads;
+  auto heads_of = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, hd}).transpose(1, 2); };
+  const torch::Tensor q = apply_rope(heads_of(q_proj(x), H), cos, sin);
+  torch::Tensor k = apply_rope(heads_of(k_proj(x), KV), cos, sin);
+  torch::Tensor v = heads_of(v_proj(x), KV);
+  if (KV != H) {  // each kv head read by H/KV query heads in a row (transformers' repeat_kv)
+    k = k.unsqueeze(2).expand({B, KV, H / KV, T, hd}).reshape({B, H, T, hd});
+    v = v.unsqueeze(2).expand({B, KV, H / KV, T, hd}).reshape({B, H, T, hd});
+  }
+  AttentionOptions o;
+  o.causal = true;
+  o.fp32_softmax = true;  // transformers' eager attention softmaxes in float32
+  return o_proj(attention(q, k, v, o).reshape({B * T, H * hd}));
+}
+
+void BlockImpl::reset() {
+  input_layernorm = register_module("input_layernorm", layers::RmsNorm(c_.dim, c_.norm_eps));
+  self_attn = register_module("self_attn", Attention(c_));
+  post_attention_layernorm = register_module("post_attention_layernorm", layers::RmsNorm(c_.dim, c_.norm_eps));
+  layers::MlpOptions mo{"gate_proj", "down_proj", layers::Act::silu, "up_proj", c_.mlp_bias};
+  mlp = register_module("mlp", layers::Mlp(c_.dim, c_.mlp_dim, mo));
+}
+
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos,
+                                 const torch::Tensor& sin) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), B, T, cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+void BodyImpl::reset() {
+  embed_tokens = register_module("embed_tokens", layers::Embedding(c_.vocab, c_.dim));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c_.layers; ++i) layers->push_back(Block(c_));
+  norm = register_module("norm", layers::RmsNorm(c_.dim, c_.norm_eps));
+}
+
+// ---- the model ----
+
+LlamaImpl::LlamaImpl(Config cfg) : cfg_(std::move(cfg)) {
+  cfg_.check();
+  reset();
+}
+
+void LlamaImpl::reset() {
+  model = register_module("model", Body(cfg_));
+  if (!cfg_.tie_embeddings) lm_head = register_module("lm_head", lora::Linear(cfg_.dim, cfg_.vocab, /*bias=*/false));
+  rope_ = Rope(cfg_.head_size(), cfg_.rope_theta, cfg_.rope_scaling);
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {
+  if (idx.dim() != 2) throw std::runtime_error("llama: token ids must be [batch, T], got " + shape_str(idx));
+  const int64_t B = idx.size(0), T = idx.size(1);
+  if (T > cfg_.context)
+    throw std::runtime_error("llama: " + std::to_string(T) + " input tokens per row but the model's context is " +
+                             std::to_string(cfg_.context) + " positions; raise `context` or shorten the data's seq_len");
+  if (idx.is_cpu() && idx.numel() > 0) {  // a clear message instead of index_select's (CPU only: no device sync)
+    auto [lo, hi] = torch::aminmax(idx);
+    if (lo.item<int64_t>() < 0 || hi.item<int64_t>() >= cfg_.vocab)
+      throw std::runtime_error("llama: token ids range over [" + std::to_string(lo.item<int64_t>()) + ", " +
+                               std::to_string(hi.item<int64_t>()) + "] but the vocabulary has " +
+                               std::to_string(cfg_.vocab) + " tokens");
+  }
+  const torch::Tensor& table = model->embed_tokens->weight;
+  auto [cos, sin] = rope_.cos_sin(T, table.device());
+  // The residual stream is kept as [B*T, dim] so every projection is one addmm.
+  torch::Tensor x = torch::embedding(table, idx).view({B * T, cfg_.dim});
+  // The ModuleList itself, never a cached vector of blocks: clone() replaces its items.
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    BlockImpl* block = (*model->layers)[static_cast<size_t>(i)]->as<BlockImpl>();
+    x = run_block(cfg_.checkpoint, i, *block, {x},
+                  [block, B, T, cos = cos, sin = sin](const std::vector<torch::Tensor>& in) {
+                    return block->forward(in[0], B, T, cos, sin);
+                  });
+  }
+  x = model->norm(x);
+  const torch::Tensor logits = lm_head ? lm_head(x) : flowrun::linear(x, table);
+  return logits.view({B, T, cfg_.vocab});
+}
+
+void init_weights(LlamaImpl& model, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  at::Generator g = make_cpu_generator(mix_seed({seed, kSeedTagInit}));
+  for (auto& item : model.named_parameters(true)) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    if (lora::is_adapter(name)) continue;  // apply_lora's init
+    if (name.find("norm.weight") != std::string::npos) p.fill_(1.0);
+    else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) p.zero_();
+    else p.normal_(0.0, 0.02, g);
+  }
+}
+
+void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source) {
+  LoadByNameOptions o;
+  o.model = "llama (" + describe(model.config()) + ")";
+  o.optional = lora::is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
+  const bool tied = model.config().tie_embeddings;
+  // Older Llama files carry each layer's rotary inv_freq (a buffer computed from the config).
+  static const std::regex kInvFreq(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
+  o.ignore = [tied](const std::string& n) { return (tied && n == "lm_head.weight") || std::regex_match(n, kInvFreq); };
+  if (tied)
+    o.check = [](const std::map<std::string, torch::Tensor>& file) {
+      std::vector<std::string> problems;
+      auto head = file.find("lm_head.weight"), table = file.find("model.embed_tokens.weight");
+      if (head != file.end() && table != file.end() && table->second.is_floating_point() &&
+          !(head->second.sizes().equals(table->second.sizes()) && torch::equal(head->second.to(table->second.dtype()), table->second)))
+        problems.push_back("lm_head.weight " + shape_str(head->second) +
+                           ": differs from model.embed_tokens.weight, but this model ties its head (tie_embeddings: "
+                           "true); set tie_embeddings: false to load an untied head");
+      return problems;
+    };
+  o.describe_file = [](const std::map<std::string, torch::Tensor>& file) -> std::string {
+    auto table = file.find("model.embed_tokens.weight");
+    if (table == file.end() || table->second.dim() != 2) return "";
+    int64_t layers = 0;
+    static const std::regex kLayer(R"(model\.layers\.(\d+)\..*)");
+    for (const auto& [name, _] : file) {
+      std::smatch m;
+      if (std::regex_match(name, m, kLayer)) layers = std::max<int64_t>(layers, std::stoll(m[1].str()) + 1);
+    }
+    std::string s = "the file looks like layers=" + std::to_string(layers) + " dim=" + std::to_string(table->second.size(1)) +
+                    " vocab=" + std::to_string(table->second.size(0));
+    auto k = file.find("model.layers.0.self_attn.k_proj.weight"), q = file.find("model.layers.0.self_attn.q_proj.weight");
+    if (k != file.end() && q != file.end() && k->second.dim() == 2)
+      s += " (q_proj " + shape_str(q->second) + ", k_proj " + shape_str(k->second) + ")";
+    return s + (file.count("lm_head.weight") ? ", untied head" : ", tied head");
+  };
+  load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
+}
+
+std::shared_ptr<ModelState> make_state(Llama model) {
+  ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
+    auto it = batch.find("tokens");
+    if (it == batch.end()) throw std::runtime_error("llama: the batch has no 'tokens'");
+    const torch::Tensor& tokens = it->second;
+    if (tokens.dim() != 2 || tokens.size(1) < 2 || !at::isIntegralType(tokens.scalar_type(), false))
+      throw std::runtime_error("llama: batch 'tokens' must be integer [batch, T+1] with T >= 1, got " +
+                               std::string(c10::toString(tokens.scalar_type())) + " " + shape_str(tokens));
+    auto* llama = m.as<LlamaImpl>();
+    if (!llama) throw std::runtime_error("llama: the model's module is not a llama");
+    // Inputs are every token but the last; the targets (tokens[:, 1:]) are the objective's.
+    return llama->forward(tokens.narrow(1, 0, tokens.size(1) - 1));
+  };
+  return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "llama");
+}
+
+}  // namespace flowrun::llama

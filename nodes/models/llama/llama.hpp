@@ -1,0 +1,140 @@
+// The decoder-only family of today's language models — Llama 3 / 3.1 / 3.2, Qwen 2 / 2.5,
+// Mistral — as a libtorch module laid out exactly like Hugging Face transformers'
+// LlamaForCausalLM (Qwen2ForCausalLM, MistralForCausalLM: the same names), so that their
+// safetensors load by name:
+//
+//   model.embed_tokens.weight [vocab, dim]
+//   model.layers.N.input_layernorm.weight [dim]                    RMSNorm (eps: norm_eps)
+//   model.layers.N.self_attn.q_proj.weight [heads*head_dim, dim]   (+ .bias with qkv_bias)
+//   model.layers.N.self_attn.k_proj.weight [kv_heads*head_dim, dim] (+ .bias)
+//   model.layers.N.self_attn.v_proj.weight [kv_heads*head_dim, dim] (+ .bias)
+//   model.layers.N.self_attn.o_proj.weight [dim, heads*head_dim]   (+ .bias with o_bias)
+//   model.layers.N.post_attention_layernorm.weight [dim]
+//   model.layers.N.mlp.gate_proj.weight [mlp_dim, dim]             SwiGLU: down(silu(gate x) * up x)
+//   model.layers.N.mlp.up_proj.weight [mlp_dim, dim]
+//   model.layers.N.mlp.down_proj.weight [dim, mlp_dim]
+//   model.norm.weight [dim]
+//   lm_head.weight [vocab, dim]                                    absent when tied to embed_tokens
+//
+// Attention is causal and grouped-query: heads/kv_heads query heads share each key/value head
+// (head h reads kv head h / (heads/kv_heads), transformers' repeat_kv), with rotary positions
+// (models/rotary.hpp: rope_theta and rope_scaling). Linear layers are lora::Linear (torch's
+// layout, weight [out, in]), so LoRA targets them by name (q_proj, v_proj, ...) as PEFT does.
+//
+// Used by the llama node (llama_node.cpp) and by tests. Tensor and pipeline parallel are not built
+// for this family yet: the node refuses run.parallel.tp > 1 and pp > 1.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "models/activation_checkpoint.hpp"
+#include "models/layers.hpp"
+#include "models/lora.hpp"
+#include "models/model_state.hpp"
+#include "models/rotary.hpp"
+
+namespace flowrun::llama {
+
+struct Config {
+  int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, head_dim = 0, mlp_dim = 8192, vocab = 128256,
+          context = 131072;
+  double rope_theta = 500000.0;
+  RopeScaling rope_scaling;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = true;
+  bool qkv_bias = false;  // q, k and v projections with a bias (Qwen 2; Llama's attention_bias)
+  bool o_bias = false;    // the output projection with one (Llama's attention_bias)
+  bool mlp_bias = false;  // the MLP's projections with one (Llama's mlp_bias)
+  CheckpointPolicy checkpoint;  // blocks recomputed in backward (models/activation_checkpoint.hpp)
+  // Each head's width: head_dim, or dim / heads when 0 (transformers' default).
+  int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
+  void check() const;  // throws naming the setting: heads % kv_heads, dim % heads without head_dim, odd head size, ...
+  double parameter_count() const;
+};
+// "layers=16 dim=2048 heads=32 kv_heads=8 head_dim=64 mlp_dim=8192 vocab=128256 rope llama3 (...)", for messages.
+std::string describe(const Config& c);
+
+// ---- blocks ----
+
+class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
+ public:
+  explicit AttentionImpl(const Config& c) : c_(c) { reset(); }
+  void reset() override;
+  // x [B*T, dim] (rows batch-major), cos and sin [T, head_dim] -> [B*T, dim]
+  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin);
+  lora::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  Config c_;
+};
+TORCH_MODULE(Attention);
+
+class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
+ public:
+  explicit BlockImpl(const Config& c) : c_(c) { reset(); }
+  void reset() override;
+  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin);
+  layers::RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+  Attention self_attn{nullptr};
+  layers::Mlp mlp{nullptr};  // gate_proj, up_proj, down_proj (layers::Mlp's fc1, gate, fc2)
+
+ private:
+  Config c_;
+};
+TORCH_MODULE(Block);
+
+// transformers' LlamaModel: the embedding, the blocks and the final norm (the "model." prefix).
+class BodyImpl : public torch::nn::Cloneable<BodyImpl> {
+ public:
+  explicit BodyImpl(const Config& c) : c_(c) { reset(); }
+  void reset() override;
+  layers::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  layers::RmsNorm norm{nullptr};
+
+ private:
+  Config c_;
+};
+TORCH_MODULE(Body);
+
+// ---- the model ----
+
+class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
+ public:
+  explicit LlamaImpl(Config cfg);
+  void reset() override;
+  // idx: integer token ids [B, T], T <= context -> logits [B, T, vocab], positions 0..T-1.
+  torch::Tensor forward(const torch::Tensor& idx);
+  const Config& config() const { return cfg_; }
+
+  Body model{nullptr};
+  lora::Linear lm_head{nullptr};  // null when tied (the logits use model.embed_tokens.weight)
+
+ private:
+  Config cfg_;
+  Rope rope_;
+};
+TORCH_MODULE(Llama);
+
+// transformers' _init_weights for these families: every linear and embedding weight ~ N(0, 0.02)
+// (initializer_range), biases 0, RMSNorm gains 1; drawn in parameter order from a generator
+// seeded by `seed` alone. LoRA adapters keep apply_lora's init.
+void init_weights(LlamaImpl& model, uint64_t seed);
+
+// A Hugging Face state dict into the model (names as above; the "model." prefix as transformers
+// saves it). Ignored: the rotary inv_freq buffers older files carry; with a tied head, an
+// lm_head.weight equal to the embedding. Every parameter must be given with its shape (any float
+// dtype; converted); with `lora`, the adapters are optional. All problems in one error that starts
+// with `source`.
+void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source);
+
+// The ModelState of the llama node: forward(batch) reads batch["tokens"], integer [B, T+1], and
+// returns the logits [B, T, vocab] of the inputs tokens[:, :-1] (the lm objective scores them
+// against tokens[:, 1:]), as the gpt node's.
+std::shared_ptr<ModelState> make_state(Llama model);
+
+}  // namespace flowrun::llama
