@@ -127,4 +127,37 @@ safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f) {
   return all;
 }
 
+void write_pretrained(const std::string& dir, const nlohmann::json& config, const safetensors::Tensors& tensors,
+                      int64_t max_shard_bytes, const std::string& copy_from) {
+  fs::create_directories(dir);
+  // Shards in name order, each up to max_shard_bytes (a tensor larger than that alone), as
+  // save_pretrained's max_shard_size cuts them.
+  std::vector<safetensors::Tensors> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const auto& [name, t] : tensors) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) shards.emplace_back(), in_shard = 0;
+    shards.back()[name] = t;
+    in_shard += bytes, total += bytes;
+  }
+  const safetensors::Metadata meta = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    safetensors::save(dir + "/model.safetensors", shards[0], meta);
+  } else {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", nlohmann::json::object()}};
+    char file[64];
+    for (size_t k = 0; k < shards.size(); ++k) {
+      std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+      safetensors::save(dir + "/" + file, shards[k], meta);
+      for (const auto& [name, _] : shards[k]) index["weight_map"][name] = file;
+    }
+    write_file_atomic(dir + "/model.safetensors.index.json", index.dump(2) + "\n");
+  }
+  write_file_atomic(dir + "/config.json", config.dump(2) + "\n");
+  if (copy_from.empty()) return;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                        "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"})
+    if (fs::exists(copy_from + "/" + f)) write_file_atomic(dir + "/" + f, read_file(copy_from + "/" + f));
+}
+
 }  // namespace flowrun

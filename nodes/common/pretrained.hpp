@@ -101,4 +101,13 @@ T config_agreed(const PretrainedFolder& f, const YAML::Node& written, const std:
   return v;
 }
 
+// The reverse of open_pretrained and load_pretrained_weights: `dir` made into a folder as
+// transformers' save_pretrained writes one — `config` as config.json, the tensors (CPU, any
+// dtype) as model.safetensors, or, past `max_shard_bytes`, as model-0000K-of-0000N.safetensors in
+// name order with model.safetensors.index.json ({"metadata": {"total_size"}, "weight_map"}) —
+// and the tokenizer and generation files of `copy_from` (a pretrained folder; "" for none) copied
+// beside them. Every file is written whole or not at all (a temporary, then renamed).
+void write_pretrained(const std::string& dir, const nlohmann::json& config, const safetensors::Tensors& tensors,
+                      int64_t max_shard_bytes, const std::string& copy_from = "");
+
 }  // namespace flowrun

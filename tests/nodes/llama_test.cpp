@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -164,6 +165,46 @@ nodes:
             std::string::npos);
 }
 
+// Saving back: a checkpoint with `exports` writes the model as a folder transformers loads
+// (config.json in the form the Hub's folders have, the weights sharded with the index), from which
+// this node reads the same model back: the same config, the same logits bit for bit.
+TEST(Llama, AnExportedFolderReadsBackAsTheSameModel) {
+  for (const std::string name : {"llama31", "llama32", "qwen25"}) {
+    SCOPED_TRACE(name);
+    Loaded l = load_and_run(kFixtures + "/" + name, name);
+    ASSERT_TRUE(l.state->exporter) << "no export offered";
+    const std::string dir = test::temp_dir("llama-export") + "/" + name;
+    l.state->exporter(*l.state)(dir);
+    nlohmann::json saved, source;
+    std::ifstream(dir + "/config.json") >> saved;
+    std::ifstream(kFixtures + "/" + name + "/config.json") >> source;
+    for (const char* key : {"model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                            "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings",
+                            "rms_norm_eps", "tie_word_embeddings"})
+      if (source.contains(key)) EXPECT_EQ(saved[key], source[key]) << key;  // qwen25's has no head_dim
+    const nlohmann::json rope = source.contains("rope_parameters") ? source["rope_parameters"] : source["rope_scaling"];
+    EXPECT_EQ(saved["rope_theta"], source.contains("rope_theta") ? source["rope_theta"] : rope["rope_theta"]);
+    if (rope.value("rope_type", "default") == "llama3")
+      for (const char* key : {"rope_type", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
+        EXPECT_EQ(saved["rope_scaling"][key], rope[key]) << key;
+    Loaded back = load_and_run(dir, name);
+    EXPECT_TRUE(torch::equal(back.logits, l.logits));
+  }
+  // Shards: at most export_shard_mb each, named and indexed as save_pretrained names them.
+  auto g = test::load_graph_text(graph_of(kFixtures + "/llama31", ", export_shard_mb: 0.04"));
+  ModelState& s = g->state<ModelState>("model", "params");
+  const std::string dir = test::temp_dir("llama-export") + "/sharded";
+  s.exporter(s)(dir);
+  nlohmann::json index;
+  std::ifstream(dir + "/model.safetensors.index.json") >> index;
+  std::set<std::string> files;
+  for (const auto& [tensor, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_GE(files.size(), 3u);
+  EXPECT_TRUE(files.count("model-00001-of-0000" + std::to_string(files.size()) + ".safetensors"));
+  for (const auto& f : files) EXPECT_LE(fs::file_size(dir + "/" + f), 40000u + 2000u) << f;
+  EXPECT_EQ(index["weight_map"].size(), s.tensors().size());
+}
+
 // graphs/llama.yaml itself, trained at a tiny size by overrides (the same file, no test graph): a
 // 2-layer, 64-wide model with 4 query heads sharing 2 key/value heads on the fortunes corpus's
 // byte-level shards learns (uniform guessing: ln 256 = 5.5 nats per byte).
@@ -176,7 +217,7 @@ TEST(Llama, TheGraphFileTrainsATinyLlamaThatLearns) {
       {"data.path=" + shards, "data.seq_len=64", "data.batch=16", "model.layers=2", "model.dim=64", "model.heads=4",
        "model.kv_heads=2", "model.mlp_dim=176", "model.vocab=256", "model.context=64", "opt.lr=3e-3", "opt.warmup=30",
        "opt.min_lr=3e-4", "run.steps=300", "run.log_every=50", "run.prefetch=2", "eval.every=300", "evlog.every=300",
-       "eval.batches=20", "ckpt.every=300"});
+       "eval.batches=20", "ckpt.every=300", "ckpt.exports=true"});
   double first_loss = -1, val_loss = -1;
   for (const auto& j : r.metrics) {
     if (j.contains("loss") && first_loss < 0) first_loss = j["loss"].get<double>();
@@ -188,9 +229,15 @@ TEST(Llama, TheGraphFileTrainsATinyLlamaThatLearns) {
   // Measured 2026-12-07 (2 cores, libtorch 2.11): train loss 3.33 at step 50, 2.30 at step 300; val
   // loss 2.34 (ppl 10.4), 6 s.
   EXPECT_LT(val_loss, 2.6);
-  // The checkpoint holds the model under transformers' names.
-  const auto saved = safetensors::load(r.out_dir + "/checkpoints/step_00000300/model.params.safetensors").tensors;
+  // The checkpoint holds the model under transformers' names, and (exports) is a folder transformers
+  // loads: its model.safetensors holds the same tensors.
+  const std::string step = r.out_dir + "/checkpoints/step_00000300";
+  const auto saved = safetensors::load(step + "/model.params.safetensors").tensors;
   EXPECT_TRUE(saved.count("model.layers.1.self_attn.k_proj.weight"));
+  const auto exported = safetensors::load(step + "/model.safetensors").tensors;
+  ASSERT_EQ(exported.size(), saved.size());
+  for (const auto& [name, t] : saved) EXPECT_TRUE(torch::equal(exported.at(name), t)) << name;
+  EXPECT_TRUE(fs::exists(step + "/config.json"));
 }
 
 }  // namespace llama_parity

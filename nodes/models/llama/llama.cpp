@@ -5,6 +5,8 @@
 #include <regex>
 #include <stdexcept>
 
+#include "common/pretrained.hpp"
+#include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "common/tensor_map.hpp"
 #include "models/attention.hpp"
@@ -188,6 +190,61 @@ void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Ten
     return s + (file.count("lm_head.weight") ? ", untied head" : ", tied head");
   };
   load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
+}
+
+nlohmann::json hf_config(const Config& c) {
+  std::string type = c.model_type;
+  if (type.empty()) type = c.qkv_bias && !c.o_bias && !c.mlp_bias ? "qwen2" : "llama";
+  const bool fits = type == "qwen2"     ? c.qkv_bias && !c.o_bias && !c.mlp_bias
+                    : type == "mistral" ? !c.qkv_bias && !c.o_bias && !c.mlp_bias
+                                        : c.qkv_bias == c.o_bias;
+  if (!fits)
+    throw std::runtime_error(fmt::format("llama: no transformers class has q/k/v biases {}, an o bias {} and MLP biases "
+                                         "{} ({} puts them otherwise); this model cannot be saved as a Hugging Face "
+                                         "folder", c.qkv_bias, c.o_bias, c.mlp_bias, type));
+  static const std::map<std::string, std::string> kClass = {
+      {"llama", "LlamaForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"mistral", "MistralForCausalLM"}};
+  nlohmann::json j = {{"architectures", {kClass.at(type)}},
+                      {"model_type", type},
+                      {"vocab_size", c.vocab},
+                      {"hidden_size", c.dim},
+                      {"intermediate_size", c.mlp_dim},
+                      {"num_hidden_layers", c.layers},
+                      {"num_attention_heads", c.heads},
+                      {"num_key_value_heads", c.kv_heads},
+                      {"head_dim", c.head_size()},
+                      {"max_position_embeddings", c.context},
+                      {"rms_norm_eps", c.norm_eps},
+                      {"tie_word_embeddings", c.tie_embeddings},
+                      {"hidden_act", "silu"},
+                      {"rope_theta", c.rope_theta},
+                      {"torch_dtype", "float32"}};
+  if (type == "llama") j["attention_bias"] = c.qkv_bias, j["mlp_bias"] = c.mlp_bias;
+  if (type == "qwen2") j["use_sliding_window"] = false;
+  if (type == "mistral") j["sliding_window"] = nullptr;
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "default") {
+    j["rope_scaling"] = nullptr;
+  } else {
+    j["rope_scaling"] = {{"rope_type", s.type}, {"factor", s.factor}};
+    if (s.type == "llama3")
+      j["rope_scaling"].update({{"low_freq_factor", s.low_freq_factor},
+                                {"high_freq_factor", s.high_freq_factor},
+                                {"original_max_position_embeddings", s.original_context}});
+  }
+  return j;
+}
+
+ModelState::ExportWriter hf_export(const ModelState& state, const Config& c, int64_t max_shard_bytes,
+                                   const std::string& copy_from) {
+  nlohmann::json config = hf_config(c);  // refused here, at the checkpoint's snapshot, not on its writer thread
+  // Copies of the whole tensors: a ZeRO-3 model's as the checkpoint's collect gathered them.
+  safetensors::Tensors tensors;
+  for (const auto& [name, t] : state.gathered.empty() ? state.tensors() : state.gathered)
+    tensors[name] = t.detach().to(torch::kCPU, false, /*copy=*/true);
+  return [config = std::move(config), tensors = std::move(tensors), max_shard_bytes, copy_from](const std::string& dir) {
+    write_pretrained(dir, config, tensors, max_shard_bytes, copy_from);
+  };
 }
 
 std::shared_ptr<ModelState> make_state(Llama model) {

@@ -24,6 +24,7 @@
 // Used by the llama node (llama_node.cpp) and by tests. Tensor and pipeline parallel are not built
 // for this family yet: the node refuses run.parallel.tp > 1 and pp > 1.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -50,6 +51,9 @@ struct Config {
   bool o_bias = false;    // the output projection with one (Llama's attention_bias)
   bool mlp_bias = false;  // the MLP's projections with one (Llama's mlp_bias)
   CheckpointPolicy checkpoint;  // blocks recomputed in backward (models/activation_checkpoint.hpp)
+  // transformers' model_type a saved folder names (llama, qwen2, mistral): the folder's it was
+  // read from; "" for a model from its sizes (hf_config picks the class the biases allow).
+  std::string model_type;
   // Each head's width: head_dim, or dim / heads when 0 (transformers' default).
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
   void check() const;  // throws naming the setting: heads % kv_heads, dim % heads without head_dim, odd head size, ...
@@ -131,6 +135,19 @@ void init_weights(LlamaImpl& model, uint64_t seed);
 // dtype; converted); with `lora`, the adapters are optional. All problems in one error that starts
 // with `source`.
 void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source);
+
+// The config.json of a folder transformers loads this model from (its from_pretrained): the sizes,
+// rotary positions in transformers 4's form (rope_theta, rope_scaling; transformers 5 reads it
+// too), the biases as the class has them. LlamaForCausalLM unless the config says qwen2 or
+// mistral; q/k/v biases without an o bias are Qwen2ForCausalLM's. Biases no class has (o without
+// q/k/v, or q/k/v and the MLP's without o) are refused.
+nlohmann::json hf_config(const Config& c);
+// What the node's checkpoint exports (exports: true) for a model without LoRA adapters: the model
+// as a folder transformers loads (common/pretrained.hpp write_pretrained: config.json, the
+// weights whole — a sharded model's as the checkpoint gathered them — in files of at most
+// `max_shard_bytes`, the tokenizer files of `copy_from`).
+ModelState::ExportWriter hf_export(const ModelState& state, const Config& c, int64_t max_shard_bytes,
+                                   const std::string& copy_from);
 
 // The ModelState of the llama node: forward(batch) reads batch["tokens"], integer [B, T+1], and
 // returns the logits [B, T, vocab] of the inputs tokens[:, :-1] (the lm objective scores them

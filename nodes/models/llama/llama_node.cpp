@@ -63,6 +63,7 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
       given["head_dim"].as<int64_t>() != c.head_size())
     problems.push_back("head_dim is " + given["head_dim"].Scalar() + " in the graph, the folder's heads are " +
                        std::to_string(c.head_size()) + " wide; drop head_dim from the graph (the folder sets it)");
+  c.model_type = type;
   // The biases: Llama's attention_bias puts one on q, k, v and o, mlp_bias on the MLP's three;
   // Qwen 2's q, k and v always have one.
   if (type == "qwen2") {
@@ -187,6 +188,22 @@ class LlamaNode : public ModelNode {
   std::string load_pretrained(ModelState&) override {
     load_hf_state_dict(*model_, load_pretrained_weights(*pretrained_), weights_source(*pretrained_));
     return pretrained_->dir;
+  }
+
+  // Without adapters the checkpoint's `exports` writes the model as a Hugging Face folder (with
+  // them, the base's ModelNode makes it PEFT's adapters).
+  void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted) override {
+    if (!adapted.empty()) return;
+    try {
+      hf_config(cfg_);
+    } catch (const std::exception& e) {  // trainable still; a checkpoint's `exports` finds nothing to write
+      spdlog::warn("{}: {}", ctx.who(), e.what());
+      return;
+    }
+    const auto shard = static_cast<int64_t>(ctx.params().get<double>("export_shard_mb") * 1e6);
+    state.exporter = [cfg = cfg_, shard, from = pretrained_ ? pretrained_->dir : std::string()](const ModelState& s) {
+      return hf_export(s, cfg, shard, from);
+    };
   }
 };
 
