@@ -38,7 +38,8 @@ def llama_overrides(cfg, steps, window, threads):
     return ["graphs/llama.yaml", "data.path=data/text/fortunes_byte", "data.batch=%d" % cfg["batch"],
             "data.seq_len=%d" % cfg["context"], "model.layers=%d" % cfg["layers"], "model.dim=%d" % cfg["dim"],
             "model.heads=%d" % cfg["heads"], "model.kv_heads=%d" % cfg["kv_heads"], "model.mlp_dim=%d" % cfg["mlp_dim"],
-            "model.vocab=%d" % cfg["vocab"], "model.context=%d" % cfg["context"], "run.steps=%d" % steps,
+            "model.vocab=%d" % cfg["vocab"], "model.context=%d" % cfg["context"], "model.rope_scaling=none",
+            "model.rope_theta=500000", "model.tie_embeddings=true", "run.steps=%d" % steps,
             "run.log_every=%d" % window, "eval.every=1000000", "evlog.every=1000000", "ckpt.every=1000000",
             "ckpt.at=[]", "run.threads=%d" % threads]
 
