@@ -5,10 +5,15 @@ trains one step at learning rate 0 (the weights stay the fixture's) and checkpoi
 `ckpt.exports=true`, the llama31 one in shards of 40 KB; then transformers' AutoModelForCausalLM
 loads each checkpoint folder (no missing or unexpected tensor) and its logits for the fixture's
 tokens equal the reference transformers gave for the fixture within 1e-6.
+And a LoRA fine-tune: the same graph with `model.lora` (rank 4 on all seven projections) trains 5
+steps from the llama31 folder at learning rate 1e-2 and exports its adapters (PEFT's layout);
+peft's PeftModel.from_pretrained puts them on transformers' model of the same folder, and its
+logits equal flowrun's for the model with those adapters (testtool model-logits, the adapters
+read back by `model.adapters`) within 1e-5, and differ from the base's (the adapters trained).
 
-Needs transformers (the fixtures' pinned 5.17.0 in .cache/hf-transformers, as
-tests/fixtures/hf/requirements.txt installs it) and scripts/data.sh's byte shards: exit 77
-(skipped) without them.
+Needs transformers and peft (the fixtures' pinned transformers 5.17.0 in .cache/hf-transformers,
+peft 0.18.0 with accelerate in .cache/hf-peft, as tests/fixtures/hf/requirements.txt installs
+them) and scripts/data.sh's byte shards: exit 77 (skipped) without them.
 
   python3 tests/cli/hf_export_check.py BUILD_DIR
 """
@@ -21,15 +26,70 @@ import tempfile
 SRC = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def sizes_of(name):
+    """The sizes graphs/llama.yaml writes, as fixture `name`'s config.json has them (written ones
+    must agree with a pretrained folder)."""
+    with open(os.path.join(SRC, "tests/fixtures/hf", name, "config.json")) as f:
+        c = json.load(f)
+    keys = {"layers": "num_hidden_layers", "dim": "hidden_size", "heads": "num_attention_heads",
+            "kv_heads": "num_key_value_heads", "mlp_dim": "intermediate_size", "vocab": "vocab_size",
+            "context": "max_position_embeddings"}
+    return ["model.%s=%d" % (k, c[v]) for k, v in keys.items()]
+
+
+def lora_check(flowrun, build, tmp, ref, torch, PeftModel, AutoModelForCausalLM, save_file, load_file):
+    failed = []
+    fixture = "tests/fixtures/hf/llama31"
+    common = ["graphs/llama.yaml", "data.path=data/text/fortunes_byte", "data.seq_len=16", "data.batch=4",
+              "model.pretrained=" + fixture] + sizes_of("llama31")
+    out = os.path.join(tmp, "lora")
+    cmd = [flowrun] + common + [
+        "model.lora.rank=4", "model.lora.alpha=8",
+        "model.lora.targets=[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]", "opt.lr=1e-2",
+        "opt.warmup=0", "opt.schedule=constant", "run.steps=5", "eval.every=1000", "evlog.every=1000",
+        "ckpt.every=5", "ckpt.exports=true", "run.progress=off", "run.out_dir=" + out]
+    p = subprocess.run(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        return ["LoRA: flowrun exited %d:\n%s" % (p.returncode, p.stdout[-3000:])]
+    adapters = os.path.join(out, "checkpoints", "step_00000005")
+    tokens = ref["llama31.tokens"].long()
+    save_file({"tokens": tokens}, os.path.join(tmp, "tokens.safetensors"))
+    mine = os.path.join(tmp, "flowrun_logits.safetensors")
+    p = subprocess.run([os.path.join(build, "tests", "mpi", "testtool"), "model-logits", common[0],
+                        os.path.join(tmp, "tokens.safetensors"), mine] + common[1:] +
+                       ["model.adapters=" + adapters, "run.out_dir=" + os.path.join(tmp, "logits_run")],
+                       cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        return ["LoRA: testtool model-logits exited %d:\n%s" % (p.returncode, p.stdout[-3000:])]
+    flowrun_logits = load_file(mine)["logits"]
+    base = AutoModelForCausalLM.from_pretrained(os.path.join(SRC, fixture), attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        base_logits = base(input_ids=tokens[:, :-1]).logits.float()
+    model = PeftModel.from_pretrained(base, adapters).eval()
+    with torch.no_grad():
+        peft_logits = model(input_ids=tokens[:, :-1]).logits.float()
+    r = ((flowrun_logits - peft_logits).norm() / peft_logits.norm()).item()
+    moved = ((peft_logits - base_logits).norm() / base_logits.norm()).item()
+    print("LoRA: peft %s on %s: logits differ from flowrun's by %.2e relative; the adapters moved them %.2e from "
+          "the base's" % (type(model).__name__, adapters, r, moved))
+    if r > 1e-5:
+        failed.append("LoRA: peft's logits differ from flowrun's by %.2e relative" % r)
+    if moved < 1e-4:
+        failed.append("LoRA: the adapters barely changed the logits (%.2e): the check would not see a wrong layout" % moved)
+    return failed
+
+
 def main():
     build = os.path.abspath(sys.argv[1])
     sys.path.insert(0, os.path.join(SRC, ".cache", "hf-transformers"))
+    sys.path.insert(1, os.path.join(SRC, ".cache", "hf-peft"))
     try:
         import torch
-        from safetensors.torch import load_file
+        from peft import PeftModel
+        from safetensors.torch import load_file, save_file
         from transformers import AutoModelForCausalLM
     except ImportError as e:
-        print("skipped: %s (install the fixtures' transformers: tests/fixtures/hf/requirements.txt)" % e)
+        print("skipped: %s (install the fixtures' transformers and peft: tests/fixtures/hf/requirements.txt)" % e)
         sys.exit(77)
     if not os.path.exists(os.path.join(SRC, "data/text/fortunes_byte.train.bin")):
         print("skipped: no data/text/fortunes_byte (scripts/data.sh)")
@@ -40,16 +100,10 @@ def main():
     with tempfile.TemporaryDirectory(prefix="flowrun-hf-export-") as tmp:
         for name, more in [("llama31", ["model.export_shard_mb=0.04"]), ("llama32", []), ("qwen25", [])]:
             out = os.path.join(tmp, name)
-            # The sizes graphs/llama.yaml writes, as the folder has them (written ones must agree).
-            with open(os.path.join(SRC, "tests/fixtures/hf", name, "config.json")) as f:
-                c = json.load(f)
-            sizes = {"layers": "num_hidden_layers", "dim": "hidden_size", "heads": "num_attention_heads",
-                     "kv_heads": "num_key_value_heads", "mlp_dim": "intermediate_size", "vocab": "vocab_size",
-                     "context": "max_position_embeddings"}
             cmd = [flowrun, "graphs/llama.yaml", "data.path=data/text/fortunes_byte", "data.seq_len=16", "data.batch=2",
                    "model.pretrained=tests/fixtures/hf/" + name, "opt.lr=0", "opt.min_lr=0", "run.steps=1",
                    "eval.every=1000", "evlog.every=1000", "ckpt.every=1", "ckpt.exports=true", "run.progress=off",
-                   "run.out_dir=" + out] + ["model.%s=%d" % (k, c[v]) for k, v in sizes.items()] + more
+                   "run.out_dir=" + out] + sizes_of(name) + more
             p = subprocess.run(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             if p.returncode != 0:
                 failed.append("%s: flowrun exited %d:\n%s" % (name, p.returncode, p.stdout[-3000:]))
@@ -73,6 +127,7 @@ def main():
                 failed.append("%s: logits differ by %.2e relative" % (name, r))
             if name == "llama31" and len(shards) < 2:
                 failed.append("llama31: expected several shards, got %s" % shards)
+        failed += lora_check(flowrun, build, tmp, ref, torch, PeftModel, AutoModelForCausalLM, save_file, load_file)
     for f in failed:
         print("FAILED: " + f)
     sys.exit(1 if failed else 0)

@@ -47,6 +47,10 @@
 //   mpirun -np N testtool CHECK + CHECK + ...
 //       the checks above (mesh-groups, tp-mlp, gpt-tp, dit-tp, cappa-tp) one after the other in one
 //       job, which starts MPI and libtorch once
+//   testtool model-logits GRAPH TOKENS.safetensors OUT.safetensors [OVERRIDE ...]
+//       the graph's nodes set up (no step run), then its `model` node's model in eval mode on
+//       TOKENS's "tokens" (integer [B, T+1]) without gradients: its logits written to OUT as
+//       "logits" (what tests/cli/hf_export_check.py compares with peft's)
 //   mpirun -np N testtool mesh-hang TP PP
 //       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
 //       the collective timeout (2 s) and ends the whole job, every group's ranks included
@@ -66,6 +70,11 @@
 #include <tuple>
 
 #include "comm.hpp"
+#include "common/safetensors.hpp"
+#include "executor.hpp"
+#include "models/model_state.hpp"
+#include "registry.hpp"
+#include "spec.hpp"
 #include "models/cappa.hpp"
 #include "models/dit.hpp"
 #include "models/gpt.hpp"
@@ -75,6 +84,18 @@
 #include "parallel/tensor_parallel.hpp"
 
 namespace {
+
+int model_logits(const std::string& graph, const std::string& tokens, const std::string& out,
+                 const std::vector<std::string>& overrides) {
+  const flowrun::GraphSpec spec = flowrun::load_graph(graph, overrides, flowrun::Registry::global());
+  flowrun::Executor ex(spec, flowrun::Registry::global(), flowrun::run_info(spec));  // every node's setup
+  auto& model = *ex.state("model", "params").as<std::shared_ptr<flowrun::ModelState>>("model.params");
+  model.module->eval();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = flowrun::safetensors::load(tokens).tensors.at("tokens").to(torch::kLong);
+  flowrun::safetensors::save(out, {{"logits", model.forward({{"tokens", ids}}).contiguous()}});
+  return 0;
+}
 
 int trace_overlap(const std::string& file, const std::string& producer, const std::string& consumer) {
   std::ifstream in(file);
@@ -486,6 +507,8 @@ int main(int argc, char** argv) {
   try {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
+    if (cmd == "model-logits" && argc >= 5)
+      return model_logits(argv[2], argv[3], argv[4], std::vector<std::string>(argv + 5, argv + argc));
     const bool versus = argc >= 8 && std::string(argv[7]) == "--versus";
     if (cmd == "pipeline-bubble" && argc >= (versus ? 10 : 8)) {
       return pipeline_bubble(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]), std::stod(argv[6]),
@@ -531,6 +554,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "testtool: %s\n", e.what());
     return 2;
   }
-  std::fprintf(stderr, "usage: testtool trace-overlap TRACE PRODUCER CONSUMER | pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE... | mesh-hang TP PP | CHECK [+ CHECK ...], a CHECK one of mesh-groups TP PP, tp-mlp TP, gpt-tp TP, dit-tp TP [lora], cappa-tp TP\n");
+  std::fprintf(stderr, "usage: testtool trace-overlap TRACE PRODUCER CONSUMER | model-logits GRAPH TOKENS OUT [OVERRIDE...] | pipeline-bubble NODE SCHEDULE M V TOL [--versus OTHER] TRACE... | mesh-hang TP PP | CHECK [+ CHECK ...], a CHECK one of mesh-groups TP PP, tp-mlp TP, gpt-tp TP, dit-tp TP [lora], cappa-tp TP\n");
   return 2;
 }
