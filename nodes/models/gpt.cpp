@@ -13,6 +13,7 @@
 #include "models/attention.hpp"
 #include "models/dropout.hpp"
 #include "models/linear.hpp"
+#include "models/lm_batch.hpp"
 #include "models/load_by_name.hpp"
 
 namespace flowrun::gpt {
@@ -291,18 +292,11 @@ void load_hf_safetensors(GptImpl& model, const std::string& path) {
 
 std::shared_ptr<ModelState> make_state(Gpt model) {
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
-    auto it = batch.find("tokens");
-    if (it == batch.end()) throw std::runtime_error("gpt: the batch has no 'tokens'");
-    const torch::Tensor& tokens = it->second;
-    if (tokens.dim() != 2 || tokens.size(1) < 2 || !at::isIntegralType(tokens.scalar_type(), false))
-      throw std::runtime_error("gpt: batch 'tokens' must be integer [batch, T+1] with T >= 1, got " +
-                               std::string(c10::toString(tokens.scalar_type())) + " " + shape_str(tokens));
+    const torch::Tensor inputs = lm_inputs(batch, "gpt");
     auto* gpt = m.as<GptImpl>();
     if (!gpt) throw std::runtime_error("gpt: the model's module is not a GPT");
-    // Inputs are every token but the last; the targets (tokens[:, 1:]) are the objective's.
-    const torch::Tensor inputs = tokens.narrow(1, 0, tokens.size(1) - 1);
     if (const auto& stages = gpt->config().stages)  // pipeline parallel: this rank's chunks (models/stages.hpp)
-      return staged_forward(*stages, tokens.device(), [&](int k, const TensorMap& in) { return gpt->chunk(k, inputs, in); });
+      return staged_forward(*stages, inputs.device(), [&](int k, const TensorMap& in) { return gpt->chunk(k, inputs, in); });
     return gpt->forward(inputs);
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");

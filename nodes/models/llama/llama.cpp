@@ -11,6 +11,7 @@
 #include "common/tensor_map.hpp"
 #include "models/attention.hpp"
 #include "models/linear.hpp"
+#include "models/lm_batch.hpp"
 #include "models/load_by_name.hpp"
 
 namespace flowrun::llama {
@@ -249,16 +250,10 @@ ModelState::ExportWriter hf_export(const ModelState& state, const Config& c, int
 
 std::shared_ptr<ModelState> make_state(Llama model) {
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
-    auto it = batch.find("tokens");
-    if (it == batch.end()) throw std::runtime_error("llama: the batch has no 'tokens'");
-    const torch::Tensor& tokens = it->second;
-    if (tokens.dim() != 2 || tokens.size(1) < 2 || !at::isIntegralType(tokens.scalar_type(), false))
-      throw std::runtime_error("llama: batch 'tokens' must be integer [batch, T+1] with T >= 1, got " +
-                               std::string(c10::toString(tokens.scalar_type())) + " " + shape_str(tokens));
+    const torch::Tensor inputs = lm_inputs(batch, "llama");
     auto* llama = m.as<LlamaImpl>();
     if (!llama) throw std::runtime_error("llama: the model's module is not a llama");
-    // Inputs are every token but the last; the targets (tokens[:, 1:]) are the objective's.
-    return llama->forward(tokens.narrow(1, 0, tokens.size(1) - 1));
+    return llama->forward(inputs);
   };
   return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "llama");
 }
