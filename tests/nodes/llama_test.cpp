@@ -157,8 +157,13 @@ nodes:
   EXPECT_FALSE(t.count("lm_head.weight"));  // tied by default (Llama 3.2's)
   EXPECT_NEAR(t.at("model.layers.0.self_attn.q_proj.weight").std().item<double>(), 0.02, 0.004);
   EXPECT_TRUE(torch::equal(t.at("model.norm.weight"), torch::ones({32})));
-  const torch::Tensor logits = s.forward({{"tokens", torch::randint(0, 64, {2, 9}, torch::kLong)}});
+  const TensorMap batch = {{"tokens", torch::randint(0, 64, {2, 9}, torch::kLong)}};
+  const torch::Tensor logits = s.forward(batch);
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 8, 64}));
+  // A copy (the EMA's, an evaluator's) is the same function with tensors of its own.
+  const std::shared_ptr<ModelState> copy = s.clone();
+  EXPECT_TRUE(torch::equal(copy->forward(batch), logits));
+  EXPECT_NE(copy->tensors().at("model.norm.weight").data_ptr(), t.at("model.norm.weight").data_ptr());
   EXPECT_NE(test::graph_error("flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: llama, with: { heads: 6, kv_heads: 4, "
                               "dim: 48, vocab: 8, layers: 1, mlp_dim: 8 } }\n")
                 .find("heads 6 is not a multiple of kv_heads 4"),
