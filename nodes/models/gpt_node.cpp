@@ -98,6 +98,7 @@ class GptNode : public ModelNode {
     }
     std::shared_ptr<ModelState> state = make_state(model_);
     hold_split(*state, {cfg_.tp, tp_split}, how);
+    state->vocab_split_logits = cfg_.tp != nullptr;  // the tied head over this rank's rows of wte (gpt.hpp)
     return state;
   }
 

@@ -3,7 +3,8 @@
 // shards, and what a checkpoint gathers whole from them. A model of one process leaves every
 // field null: its module holds every tensor whole.
 //
-// Who sets what: the family's model node sets `tp`, `splits_over_tp` and `stages` at setup (gpt,
+// Who sets what: the family's model node sets `tp`, `splits_over_tp`, `vocab_split_logits` and
+// `stages` at setup (gpt,
 // dit, cappa: models/model_node.hpp); the optimizer sets `shards` at its setup under the zero
 // node's stage params (train/fully_sharded.hpp); the checkpoint's collect (model_state.cpp,
 // collective over the checkpoint's own channels) fills `gathered`, which it saves and exports.
@@ -41,6 +42,11 @@ struct ModelLayout {
   // what forward_backward's memory advice counts as the share a larger tp would divide. Null: the
   // model does not split.
   std::function<bool(const std::string& param)> splits_over_tp;
+  // What the forward returns under tensor parallel, said by the model rather than guessed by its
+  // objective: true when a language model's logits are this rank's columns of the vocabulary
+  // (GPT's head tied to its split token table), which the lm objective scores with the
+  // vocabulary-parallel cross-entropy; false: whole on every rank, scored whole.
+  bool vocab_split_logits = false;
 
   // Pipeline parallel (run.parallel.pp > 1; models/stages.hpp): the module holds this rank's
   // chunks of the model only, named as in the whole model; checkpoints gather the stages' tensors

@@ -5,7 +5,7 @@
 // (models/gpt.hpp); the targets are tokens[:, 1:]. Mean over the B*T targets. The softmax over
 // the vocabulary runs in fp32 whatever precision the model computed its logits in, fused
 // (train/cross_entropy.hpp: with a 50k vocabulary the loss is a large part of a small model's
-// step); under tensor parallel, over the vocabulary columns each rank holds.
+// step); over the vocabulary columns each rank holds when the model says its logits are split.
 #include <cmath>
 
 #include "parallel/tensor_parallel.hpp"
@@ -27,9 +27,11 @@ torch::Tensor LmLoss::loss(ModelState& model, const TensorMap& batch) const {
                              std::to_string(B) + ", " + std::to_string(T) + ", vocab]");
   const int64_t V = logits.size(2);
   torch::Tensor targets = tokens.narrow(1, 1, T).reshape({B * T}).to(torch::kLong);
-  // A model split over tp gives this rank's vocabulary columns: scored by all-reducing each
-  // row's max, sum of exponentials and target logit over the group, never the whole logits.
-  if (model.tp) return parallel::vocab_parallel_cross_entropy(logits.reshape({B * T, V}), targets, model.tp->group);
+  // A model whose logits are this rank's vocabulary columns (it says so: ModelLayout) is scored by
+  // all-reducing each row's max, sum of exponentials and target logit over its tp group, never the
+  // whole logits; whole logits (any other model, split over tp or not) are scored whole.
+  if (model.vocab_split_logits)
+    return parallel::vocab_parallel_cross_entropy(logits.reshape({B * T, V}), targets, model.tp->group);
   return cross_entropy_mean(logits.reshape({B * T, V}), targets);
 }
 

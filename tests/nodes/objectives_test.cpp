@@ -8,6 +8,9 @@
 
 #include "formats/indexed_dataset.hpp"
 #include "node_test_helpers.hpp"
+#include "parallel/collectives.hpp"
+#include "parallel/mesh.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "support/run_graph.hpp"
 #include "train/losses.hpp"
 #include "train/objective.hpp"
@@ -61,6 +64,30 @@ TEST(LmLoss, IsTheMeanNextTokenCrossEntropyAndReportsPerplexity) {
   ASSERT_EQ(lm.reports().size(), 1u);
   EXPECT_EQ(lm.reports()[0].name, "ppl");
   EXPECT_DOUBLE_EQ(lm.reports()[0].of(loss), std::exp(loss));
+}
+
+// Issue 70: the objective asks the model how its output is laid out instead of guessing from
+// `tp`. A model split over tp whose logits are whole on every rank (its head not split) is scored
+// whole: no collective (its group here is a place with no channel, which would refuse one), the
+// same loss as unsplit. Before, any model with a tp layout was scored as vocabulary-split: off by
+// the split's log(tp) on every rank, silently.
+TEST(LmLoss, AsksTheModelWhetherItsLogitsAreSplitOverTheVocabulary) {
+  torch::manual_seed(4);
+  auto table = std::make_shared<torch::nn::Module>();
+  table->register_parameter("w", torch::randn({6, 6}));
+  ModelState m(table, [](torch::nn::Module& mod, const TensorMap& b) {
+    torch::Tensor t = b.at("tokens");
+    return mod.named_parameters()["w"].index({t.narrow(1, 0, t.size(1) - 1)});
+  }, "table");
+  const TensorMap batch = {{"tokens", torch::tensor({{0, 1, 2, 3, 4}, {5, 4, 3, 2, 1}}, torch::kLong)}};
+  const LmLoss lm;
+  const double whole = lm.loss(m, batch).item<double>();
+  m.tp = std::make_shared<parallel::TpLayout>(parallel::TpLayout{
+      parallel::Group::place("table", parallel::Mesh(2, 2, 1), parallel::Dim::tp, 0),
+      [](const std::string&) { return parallel::TpSplit{}; }});
+  EXPECT_DOUBLE_EQ(lm.loss(m, batch).item<double>(), whole);  // split model, whole logits: scored whole
+  m.vocab_split_logits = true;  // says its logits are vocabulary columns: the collective is asked for
+  EXPECT_THROW(lm.loss(m, batch), std::logic_error);  // (a place has no channel to run it on)
 }
 
 TEST(Objective, AMissingBatchKeyIsOneErrorListingTheBatch) {
