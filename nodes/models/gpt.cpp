@@ -151,18 +151,8 @@ void GptImpl::reset() {
 }
 
 torch::Tensor GptImpl::embed(const torch::Tensor& idx) {
-  if (idx.dim() != 2) throw std::runtime_error("gpt: token ids must be [batch, T], got " + shape_str(idx));
+  check_token_ids(idx, cfg_.context, cfg_.vocab, "gpt");
   const int64_t B = idx.size(0), T = idx.size(1), C = cfg_.dim;
-  if (T > cfg_.context)
-    throw std::runtime_error("gpt: " + std::to_string(T) + " input tokens per row but the model's context is " +
-                             std::to_string(cfg_.context) + " positions; raise `context` or shorten the data's seq_len");
-  if (idx.is_cpu() && idx.numel() > 0) {  // a clear message instead of index_select's (CPU only: no device sync)
-    auto [lo, hi] = torch::aminmax(idx);
-    if (lo.item<int64_t>() < 0 || hi.item<int64_t>() >= cfg_.vocab)
-      throw std::runtime_error("gpt: token ids range over [" + std::to_string(lo.item<int64_t>()) + ", " +
-                               std::to_string(hi.item<int64_t>()) + "] but the vocabulary has " +
-                               std::to_string(cfg_.vocab) + " tokens");
-  }
   // The residual stream is kept as [B*T, C] so every projection is one addmm.
   torch::Tensor x = parallel::vocab_parallel_embedding(idx, wte->weight, cfg_.tp) + wpe->weight.narrow(0, 0, T);
   return flowrun::dropout(x, cfg_.dropout).view({B * T, C});

@@ -1,4 +1,4 @@
-// A language model's batch (gpt, llama): "tokens", integer [B, T+1]; the model reads the inputs
+// A language model's batch and token ids (gpt, llama): "tokens", integer [B, T+1]; the model reads the inputs
 // tokens[:, :-1] and the lm objective scores its logits against the targets tokens[:, 1:].
 #pragma once
 #include <torch/torch.h>
@@ -20,6 +20,23 @@ inline torch::Tensor lm_inputs(const TensorMap& batch, const std::string& kind) 
     throw std::runtime_error(kind + ": batch 'tokens' must be integer [batch, T+1] with T >= 1, got " +
                              std::string(c10::toString(tokens.scalar_type())) + " " + shape_str(tokens));
   return tokens.narrow(1, 0, tokens.size(1) - 1);
+}
+
+// Token ids [B, T] a language model of `context` positions and `vocab` tokens can read: an error
+// naming the model `kind` otherwise (the ids' range checked on the CPU only: a clear message
+// instead of index_select's, with no device sync).
+inline void check_token_ids(const torch::Tensor& idx, int64_t context, int64_t vocab, const std::string& kind) {
+  if (idx.dim() != 2) throw std::runtime_error(kind + ": token ids must be [batch, T], got " + shape_str(idx));
+  if (idx.size(1) > context)
+    throw std::runtime_error(kind + ": " + std::to_string(idx.size(1)) + " input tokens per row but the model's context is " +
+                             std::to_string(context) + " positions; raise `context` or shorten the data's seq_len");
+  if (idx.is_cpu() && idx.numel() > 0) {
+    auto [lo, hi] = torch::aminmax(idx);
+    if (lo.item<int64_t>() < 0 || hi.item<int64_t>() >= vocab)
+      throw std::runtime_error(kind + ": token ids range over [" + std::to_string(lo.item<int64_t>()) + ", " +
+                               std::to_string(hi.item<int64_t>()) + "] but the vocabulary has " + std::to_string(vocab) +
+                               " tokens");
+  }
 }
 
 }  // namespace flowrun
