@@ -380,7 +380,7 @@ Profile run_profile(const GraphSpec& user, const std::vector<std::string>& user_
     b.output_bytes = std::max(0.0, (a.blocks.checkpointed - a.blocks.recompute_live - m.last.activation_bytes) / nb);
   m.first.fwd_s = t.first_fwd_s, m.first.bwd_s = t.first_bwd_s;
   m.last.fwd_s = t.last_s / 3, m.last.bwd_s = 2 * t.last_s / 3;  // backward: two products for the forward's one
-  m.tied = state->kind == "gpt";  // GPT's head is its token table (gpt_node.cpp: Stages::tied)
+  m.tied = !state->tied.empty();  // the head is the token table (the family's declaration: GPT's, a tied Llama's)
   // Bytes a trained parameter of what the optimizer and an EMA keep (their notes at setup), and their time.
   double params = std::max(1.0, m.trained()), kept_opt = 0, kept_ema = 0, update = 0;
   std::set<std::string> updaters;

@@ -125,6 +125,13 @@ std::vector<std::string> Registry::types() const {
   return v;
 }
 
+std::vector<std::string> Registry::families() const {
+  std::vector<std::string> out;
+  for (const std::string& t : types())
+    if (const NodeType* n = find(t); n && n->schema.family) out.push_back(t);
+  return out;
+}
+
 const std::string& builtin_schema(const std::string& type) {
   static const std::string none;
   const auto& m = detail::embedded_schemas();

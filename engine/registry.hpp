@@ -44,6 +44,9 @@ class Registry {
   // naming the type when none is registered.
   void extend(const std::string& type, const std::function<void(NodeSchema&)>& edit);
   std::vector<std::string> types() const;  // sorted
+  // The model families (types whose schema has `family:`: they split over tensor parallel and cut
+  // into pipeline stages), sorted; for messages that say what a setting is built for.
+  std::vector<std::string> families() const;
   std::vector<std::string> plugins() const { return plugins_; }
   void note_plugin(const std::string& path) { plugins_.push_back(path); }
 

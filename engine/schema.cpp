@@ -334,8 +334,8 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     throw GraphError(diags);
   }
   SchemaReader r{origin, diags};
-  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "collectives", "inputs", "outputs", "groups", "params", "moved",
-                  "node"},
+  r.unknown_keys(root, {"type", "doc", "stateless", "compute", "collectives", "family", "inputs", "outputs", "groups", "params",
+                  "moved", "node"},
                  "schema");
   if (!root["type"]) diags.error({origin, 1, 1}, "type", "the schema must name its node type: type: NAME");
   try {
@@ -359,6 +359,20 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
           continue;
         }
         s.collectives.push_back({g, c["doc"] ? c["doc"].as<std::string>() : ""});
+      }
+    }
+    if (const YAML::Node& f = root["family"]) {
+      const char* form = "family is { tp_divides: [the size params run.parallel.tp must divide], alike_blocks: the param "
+                         "counting the blocks when they are all alike }";
+      if (!f.IsMap()) {
+        diags.error(mark_of(f, origin), "family", form);
+      } else {
+        r.unknown_keys(f, {"tp_divides", "alike_blocks"}, "family");
+        NodeSchema::Family fam;
+        if (f["tp_divides"] && !f["tp_divides"].IsSequence()) diags.error(mark_of(f["tp_divides"], origin), "family.tp_divides", form);
+        else if (f["tp_divides"]) fam.tp_divides = f["tp_divides"].as<std::vector<std::string>>();
+        if (f["alike_blocks"]) fam.alike_blocks = f["alike_blocks"].as<std::string>();
+        s.family = fam;
       }
     }
     if (const YAML::Node& m = root["moved"]) {
@@ -393,6 +407,14 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
     if (!p.when_param.empty() && !s.param(p.when_param))
       diags.error({origin, 0, 0}, "params." + p.name + ".when",
                   "'" + p.when_param + "' is not a parameter of " + s.type + ": when: names a sibling parameter");
+  if (s.family) {
+    std::vector<std::string> named = s.family->tp_divides;
+    if (!s.family->alike_blocks.empty()) named.push_back(s.family->alike_blocks);
+    for (const auto& n : named)
+      if (!s.param(n) || (s.param(n)->type != ParamType::Int))
+        diags.error({origin, 0, 0}, "family", "'" + n + "' is not an int parameter of " + s.type +
+                                                  ": family: names the size parameters tp must divide and the block count");
+  }
   if (!diags.empty()) throw GraphError(diags);
   return s;
 }
@@ -587,6 +609,10 @@ std::string describe(const NodeSchema& s) {
     << (s.compute ? ", tensor math (on the compute thread)" : "") << "\n";
   for (const auto& c : s.collectives)
     o << "  collectives: over the " << c.group << " group" << (c.doc.empty() ? "" : ": " + c.doc) << "\n";
+  if (s.family)
+    o << "  family: splits over tensor parallel (run.parallel.tp dividing " << join(s.family->tp_divides)
+      << ") and cuts into pipeline stages" << (s.family->alike_blocks.empty() ? "" : " (its " + s.family->alike_blocks + " blocks alike)")
+      << "\n";
   auto ports = [&](const char* title, const std::vector<PortSchema>& v) {
     if (v.empty()) return;
     o << "\n" << title << ":\n";

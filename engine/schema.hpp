@@ -9,6 +9,8 @@
 //   compute: true             # its run() is tensor math: runs on the compute thread
 //   collectives: { group: dp, doc: "..." }   # it talks to other ranks: over which group of the
 //                             # mesh (world, dp, tp, pp; nodes/parallel/mesh.hpp), and what
+//   family: { tp_divides: [heads, vocab], alike_blocks: layers }   # a model family that
+//                             # splits over tp and cuts into pipeline stages (models/family.hpp)
 //   inputs:
 //     grads: { kind: value, type: grads, doc: ... }
 //     model: { kind: state, access: write, type: params }
@@ -104,6 +106,17 @@ struct NodeSchema {
     std::string group, doc;
   };
   std::vector<Collectives> collectives;
+  // A model family that splits over tensor parallel and cuts into pipeline stages (schema
+  // `family:`; its module declares the rest, models/family.hpp): what the planner and the memory
+  // advice read from a graph file before any model is built. tp_divides: the parameters
+  // run.parallel.tp must divide (heads, MLP widths, the vocabulary); alike_blocks: the parameter
+  // that counts the blocks when every block is the same (`flowrun plan` profiles a few and repeats
+  // their times), "" when they differ. Absent: the node's model is whole on every rank and one stage.
+  struct Family {
+    std::vector<std::string> tp_divides;
+    std::string alike_blocks;
+  };
+  std::optional<Family> family;
   std::vector<PortSchema> inputs, outputs;
   std::vector<ParamSchema> params;
   // Parameters this type no longer takes, and where their setting went (schema `moved:`): a

@@ -68,6 +68,20 @@ double Config::parameter_count() const {
   return enc + dec;
 }
 
+Family family(const Config& c) {
+  Family f;
+  f.tp = c.tp, f.stages = c.stages;
+  f.tp_split = tp_split;
+  const double W = static_cast<double>(c.width), D = static_cast<double>(c.dec_width);
+  const double N = static_cast<double>(c.tokens()), L = static_cast<double>(c.max_len);
+  f.block_costs.assign(static_cast<size_t>(c.depth), N * (4 * W * W + 2 * W * static_cast<double>(c.mlp_dim)));
+  f.block_costs.resize(static_cast<size_t>(c.depth + c.dec_depth),
+                       L * (6 * D * D + 2 * D * static_cast<double>(c.dec_mlp_dim)) + N * 2 * D * W);
+  f.embedding_cost = N * W * static_cast<double>(c.channels * c.patch * c.patch);
+  f.head_cost = L * D * static_cast<double>(c.vocab);
+  return f;
+}
+
 std::string describe(const Config& c) {
   std::ostringstream s;
   s << "vit " << c.width << "x" << c.depth << " (patch " << c.patch << ", " << c.image_size << " px, " << c.heads

@@ -70,6 +70,7 @@
 
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
+#include "models/family.hpp"
 #include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
@@ -101,6 +102,12 @@ struct Config {
 };
 // How whole tensor `name` ("decoder.blocks.2.cross_attn.k.weight") is laid out over the tp group.
 parallel::TpSplit tp_split(const std::string& name);
+// CapPa as its node's layout machinery reads it (models/family.hpp): tp_split, the encoder's then
+// the decoder's blocks by their products per image (an encoder block's 4 W^2 + 2 W mlp_dim per
+// patch; a decoder block's 6 D^2 + 2 D dec_mlp_dim per caption position and its cross-attention's
+// keys and values, 2 D W per patch), the patch embedding's and the head's. Its init goes module by
+// module (big_vision's): the node inits a whole model and loads it, so none is declared here.
+Family family(const Config& c);
 std::string describe(const Config& c);  // "vit 768x12 (patch 16, 224 px), decoder 768x6, vocab 32000"
 
 // LayerNorm over the last dim, eps 1e-6, with or without a bias (flax's): flax_norm(dim, bias).

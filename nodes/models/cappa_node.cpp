@@ -41,19 +41,7 @@ class CappaNode : public ModelNode {
     from_tokenizer("vocab", tok ? tok->vocab_size() : 0, &c.vocab);
     from_tokenizer("max_len", tok ? tok->max_length() - 1 : 0, &c.max_len);  // inputs: every token but the last
     c.tp = tp_group(ctx);  // run.parallel.tp > 1: this rank's heads and MLP units (cappa.hpp)
-    // run.parallel.pp > 1: this rank's chunks of the encoder's then the decoder's blocks, balanced
-    // by their products per image: an encoder block's 4 W^2 + 2 W mlp_dim per patch; a decoder
-    // block's 6 D^2 + 2 D dec_mlp_dim per caption position and the cross-attention's keys and
-    // values, 2 D W per patch; the patch embedding with the first chunk, the head with the last.
-    {
-      const double W = static_cast<double>(c.width), D = static_cast<double>(c.dec_width);
-      const double N = static_cast<double>(c.tokens()), L = static_cast<double>(c.max_len);
-      std::vector<double> costs(static_cast<size_t>(c.depth), N * (4 * W * W + 2 * W * static_cast<double>(c.mlp_dim)));
-      costs.resize(static_cast<size_t>(c.depth + c.dec_depth),
-                   L * (6 * D * D + 2 * D * static_cast<double>(c.dec_mlp_dim)) + N * 2 * D * W);
-      c.stages = cut_into_stages(ctx, costs, N * W * static_cast<double>(c.channels * c.patch * c.patch),
-                                 L * D * static_cast<double>(c.vocab));
-    }
+    c.stages = cut_into_stages(ctx, family(c));  // run.parallel.pp > 1: this rank's chunks of the blocks
     try {
       c.check();
     } catch (const std::exception& e) {
@@ -70,7 +58,7 @@ class CappaNode : public ModelNode {
       how = "big_vision init, seed " + std::to_string(seed);
       if (c_.tp || c_.staged()) {
         // The whole model's init (big_vision's goes module by module, not parameter by
-        // parameter: init_split cannot draw it), each rank keeping its parts and its stage's
+        // parameter: init_declared cannot draw it), each rank keeping its parts and its stage's
         // tensors: one process's values.
         Config whole_cfg = c_;
         whole_cfg.tp = nullptr;
@@ -83,7 +71,7 @@ class CappaNode : public ModelNode {
       }
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    hold_split(*state, {c_.tp, tp_split}, how);
+    hold_declared(*state, family(c_), how);
     return state;
   }
 

@@ -286,7 +286,21 @@ void DitImpl::reset() {
   }
 }
 
-std::vector<std::pair<std::string, std::vector<int64_t>>> whole_order(const Config& c) {
+Family family(const Config& c) {
+  Family f;
+  f.tp = c.tp, f.stages = c.stages;
+  f.tp_split = tp_split;
+  f.order = [c] { return whole_order(c); };
+  // A block's products a token: attention and MLP, about 4 + 2 mlp_ratio hidden^2 (the
+  // cross-attention's on the text aside).
+  const double h = static_cast<double>(c.hidden);
+  f.block_costs.assign(static_cast<size_t>(c.depth), (4 + 2 * c.mlp_ratio) * h * h);
+  f.generator = init_generator;
+  f.init_one = init_parameter;
+  return f;
+}
+
+ParamOrder whole_order(const Config& c) {
   Config one = c;
   one.stages = nullptr;
   std::vector<std::pair<std::string, std::vector<int64_t>>> order;
@@ -525,15 +539,7 @@ void load_state_dict(DitImpl& model, const std::map<std::string, torch::Tensor>&
   LoadByNameOptions o;
   o.model = "dit (" + describe(model.config()) + ")";
   o.optional = lora::is_adapter;  // a base file loads into a LoRA-adapted model; the adapters keep their init
-  if (model.config().staged()) {  // pipeline parallel: another chunk's tensors (whole-model names) are skipped
-    std::set<std::string> whole;
-    for (const auto& [name, shape] : whole_order(model.config())) whole.insert(name);
-    const auto held = model.named_parameters(true);
-    o.ignore = [whole = std::move(whole), held](const std::string& n) { return !held.contains(n) && whole.count(n); };
-  }
-  const std::shared_ptr<parallel::Group>& tp = model.config().tp;
-  if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);
-  load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
+  load_declared(model, family(model.config()), tensors, source, o);  // a stage's tensors, a tp rank's parts
 }
 
 void load_safetensors(DitImpl& model, const std::string& path) {

@@ -86,6 +86,7 @@
 
 #include "common/tensor_map.hpp"
 #include "models/activation_checkpoint.hpp"
+#include "models/family.hpp"
 #include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
@@ -335,7 +336,7 @@ TORCH_MODULE(Dit);
 // N(0, 1/t5_dim). Adapters untouched.
 void init_weights(DitImpl& model, uint64_t seed);
 // What init_weights does to one parameter, by its name (whole tensors), drawing from `g`: a split
-// model inits tensor by tensor (ModelNode::init_split).
+// or staged model inits tensor by tensor (family.hpp init_declared).
 void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g);
 at::Generator init_generator(uint64_t seed);  // init_weights' generator
 
@@ -350,7 +351,10 @@ void load_safetensors(DitImpl& model, const std::string& path);
 // The ModelState of the dit node: forward(batch) = forward_batch(batch).
 std::shared_ptr<ModelState> make_state(Dit model);
 // The whole model's parameters of config `c`, in its init order (reset()'s), with their shapes on
-// this rank: a staged model's init draws them all (ModelNode::init_in_order).
-std::vector<std::pair<std::string, std::vector<int64_t>>> whole_order(const Config& c);
+// this rank: a staged model's init draws them all (family.hpp init_declared).
+ParamOrder whole_order(const Config& c);
+// The DiT as its node's layout machinery reads it (models/family.hpp): tp_split, blocks of about
+// (4 + 2 mlp_ratio) hidden^2 products a token, init_parameter's init tensor by tensor.
+Family family(const Config& c);
 
 }  // namespace flowrun::dit

@@ -94,11 +94,7 @@ class DitNode : public ModelNode {
     cfg.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     cfg.rope_base_grid = p.has("rope_base_grid") ? p.get<int64_t>("rope_base_grid") : 0;  // null: integer positions
     cfg.tp = tp_group(ctx);  // run.parallel.tp > 1: this rank's heads and MLP units (dit.hpp)
-    // run.parallel.pp > 1: this rank's chunks of the blocks, balanced by their products per token
-    // (attention and MLP: about 4 + 2 mlp_ratio hidden^2, the cross-attention's on the text aside).
-    const double h = static_cast<double>(cfg.hidden);
-    cfg.stages = cut_into_stages(ctx, std::vector<double>(static_cast<size_t>(cfg.depth), (4 + 2 * cfg.mlp_ratio) * h * h),
-                                 0.0, 0.0);
+    cfg.stages = cut_into_stages(ctx, family(cfg));  // run.parallel.pp > 1: this rank's chunks of the blocks
     try {
       cfg.check();
     } catch (const std::exception& e) {
@@ -111,17 +107,12 @@ class DitNode : public ModelNode {
 
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
     model_ = Dit(cfg_);
-    if (init) {
+    if (init) {  // the whole model's init, tensor by tensor, each rank keeping its parts and its stage's
       how = "DiT init, seed " + std::to_string(seed);
-      if (cfg_.staged())  // the whole model's init, tensor by tensor, each stage keeping its own
-        init_in_order(*model_, whole_order(cfg_), {cfg_.tp, tp_split}, init_generator(seed), init_parameter);
-      else if (cfg_.tp)  // the whole model's init, tensor by tensor, each rank keeping its parts
-        init_split(*model_, {cfg_.tp, tp_split}, init_generator(seed), init_parameter);
-      else
-        init_weights(*model_, seed);
+      init_declared(*model_, family(cfg_), seed);
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    hold_split(*state, {cfg_.tp, tp_split}, how);
+    hold_declared(*state, family(cfg_), how);
     return state;
   }
 

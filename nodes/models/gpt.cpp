@@ -57,6 +57,34 @@ parallel::TpSplit tp_split(const std::string& name) {
   return {};  // wpe, LayerNorms, the row-split layers' biases: whole on every rank
 }
 
+Family family(const Config& c) {
+  Family f;
+  f.tp = c.tp, f.stages = c.stages;
+  f.tp_split = tp_split;
+  f.order = [c] { return whole_order(c); };
+  const double d = static_cast<double>(c.dim);
+  f.block_costs.assign(static_cast<size_t>(c.layers), 12 * d * d);  // q, k, v, proj: 4 d^2; the MLP's 8 d^2
+  f.head_cost = static_cast<double>(c.vocab) * d;
+  f.tied = {"wte.weight"};  // the head is the token table: on the first and the last stage
+  f.vocab_split_logits = true;  // the tied head over this rank's rows of wte
+  f.generator = init_generator;
+  f.init_one = [c](const std::string& name, torch::Tensor& whole, at::Generator& g) { init_parameter(c, name, whole, g); };
+  return f;
+}
+
+ParamOrder whole_order(const Config& c) {
+  Config one = c;
+  one.stages = nullptr;
+  Block block(one.dim, one.heads, one.dropout, std::make_shared<CausalMaskCache>(), one.tp);
+  const std::vector<int64_t> table{c.vocab / (c.tp ? c.tp->size() : 1), c.dim};
+  ParamOrder order{{"wte.weight", table}, {"wpe.weight", {c.context, c.dim}}};
+  for (int64_t i = 0; i < c.layers; ++i)
+    for (const auto& p : block->named_parameters(true)) order.emplace_back("h." + std::to_string(i) + "." + p.key(), p.value().sizes().vec());
+  order.emplace_back("ln_f.weight", std::vector<int64_t>{c.dim});
+  order.emplace_back("ln_f.bias", std::vector<int64_t>{c.dim});
+  return order;
+}
+
 // ---- leaf modules: reset() allocates without initialising (init_weights or a load fills
 // them), so that clone() — which calls reset() on the copy — costs no random draws.
 
@@ -257,22 +285,7 @@ void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tenso
     return "the file looks like layers=" + std::to_string(layers) + " dim=" + std::to_string(wte.size(1)) +
            " vocab=" + std::to_string(wte.size(0)) + " context=" + std::to_string(wpe.size(0));
   };
-  if (model.config().staged()) {  // pipeline parallel: the file's tensors this rank's chunks hold
-    // Another chunk's tensor (a whole model's name this rank does not hold) is skipped; an unknown
-    // one is still unexpected.
-    const auto held = model.named_parameters(true);
-    const int64_t layers = model.config().layers;
-    o.ignore = [held, layers, ignore = o.ignore](const std::string& n) {
-      if (ignore(n) || held.contains(n)) return ignore(n);
-      static const std::regex kBlock(R"(h\.(\d+)\..*)");
-      std::smatch m;
-      if (std::regex_match(n, m, kBlock)) return std::stoll(m[1].str()) < layers;
-      return n == "wte.weight" || n == "wpe.weight" || n.rfind("ln_f.", 0) == 0;
-    };
-  }
-  const std::shared_ptr<parallel::Group>& tp = model.config().tp;
-  if (!tp || tp->size() == 1) return load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
-  load_by_name(model, parallel::TpLayout{tp, tp_split}.parts(tensors, nullptr, source), source, o);  // this rank's parts
+  load_declared(model, family(model.config()), tensors, source, o);  // a stage's tensors, a tp rank's parts
 }
 
 void load_hf_safetensors(GptImpl& model, const std::string& path) {

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "models/activation_checkpoint.hpp"
+#include "models/family.hpp"
 #include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
@@ -58,6 +59,12 @@ struct Config {
 };
 // How whole tensor `name` (HF's name, "h.3.attn.c_attn.weight") is laid out over the tp group.
 parallel::TpSplit tp_split(const std::string& name);
+// GPT as its node's layout machinery reads it (models/family.hpp): the split above, blocks of
+// 12 dim^2 products a token and the tied head's vocab x dim, the head tied to wte, logits split
+// over the vocabulary under tp, init_parameter's init tensor by tensor.
+Family family(const Config& c);
+// The whole model's parameters of config `c` in init order, with their shapes on this rank.
+ParamOrder whole_order(const Config& c);
 // "layers=12 dim=768 heads=12 vocab=50257 context=1024", for messages.
 std::string describe(const Config& c);
 
@@ -162,7 +169,7 @@ TORCH_MODULE(Gpt);
 // alone (never torch's global one).
 void init_weights(GptImpl& model, uint64_t seed);
 // What init_weights does to one parameter, by its name (whole tensors of a model of config
-// `c`), drawing from `g`: a split model inits tensor by tensor (ModelNode::init_split).
+// `c`), drawing from `g`: a split or staged model inits tensor by tensor (family.hpp init_declared).
 void init_parameter(const Config& c, const std::string& name, torch::Tensor& p, at::Generator& g);
 at::Generator init_generator(uint64_t seed);  // init_weights' generator
 

@@ -33,7 +33,7 @@ class GptNode : public ModelNode {
     cfg_.dropout = p.get<double>("dropout");
     cfg_.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     split_over_tp(ctx);
-    cut_into_stages_(ctx);
+    cfg_.stages = cut_into_stages(ctx, family(cfg_));  // run.parallel.pp > 1: this rank's chunks of the blocks
     // GPT-2's parameters: embeddings, per block 12 d^2 + 13 d (attention, MLP, two norms), final norm
     const double d = static_cast<double>(cfg_.dim);
     Plan plan{describe(cfg_), static_cast<double>(cfg_.vocab + cfg_.context) * d + cfg_.layers * (12 * d * d + 13 * d) + 2 * d,
@@ -53,52 +53,14 @@ class GptNode : public ModelNode {
     }
   }
 
-  // run.parallel.pp > 1: this rank's chunks of the blocks (gpt.hpp, Config::stages), balanced by
-  // the products per token: a block's 12 dim^2, the tied head's vocab x dim.
-  void cut_into_stages_(SetupContext& ctx) {
-    const double d = static_cast<double>(cfg_.dim);
-    const auto cut = cut_into_stages(ctx, std::vector<double>(static_cast<size_t>(cfg_.layers), 12 * d * d), 0.0,
-                                     static_cast<double>(cfg_.vocab) * d);
-    if (!cut) return;
-    if (cut->first() != cut->last()) cut->tied = {"wte.weight"};  // the table on the first and the last stage
-    cfg_.stages = cut;
-  }
-
-  // A staged model's init order: the whole model's parameters (a block's as in any block).
-  Order whole_order() const {
-    Config one = cfg_;
-    one.stages = nullptr;
-    Block block(one.dim, one.heads, one.dropout, std::make_shared<CausalMaskCache>(), one.tp);
-    const std::vector<int64_t> table{cfg_.vocab / (cfg_.tp ? cfg_.tp->size() : 1), cfg_.dim};
-    Order order{{"wte.weight", table}, {"wpe.weight", {cfg_.context, cfg_.dim}}};
-    for (int64_t i = 0; i < cfg_.layers; ++i)
-      for (const auto& p : block->named_parameters(true))
-        order.emplace_back("h." + std::to_string(i) + "." + p.key(), p.value().sizes().vec());
-    order.emplace_back("ln_f.weight", std::vector<int64_t>{cfg_.dim});
-    order.emplace_back("ln_f.bias", std::vector<int64_t>{cfg_.dim});
-    return order;
-  }
-
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
     model_ = Gpt(cfg_);
-    if (init) {
+    if (init) {  // the whole model's init, tensor by tensor, each rank keeping its parts and its stage's
       how = "GPT-2 init, seed " + std::to_string(seed);
-      if (cfg_.staged())  // the whole model's init, tensor by tensor, each stage keeping its own
-        init_in_order(*model_, whole_order(), {cfg_.tp, tp_split}, init_generator(seed),
-                      [cfg = cfg_](const std::string& name, torch::Tensor& whole, at::Generator& g) {
-                        init_parameter(cfg, name, whole, g);
-                      });
-      else if (cfg_.tp)  // the whole model's init, tensor by tensor, each rank keeping its parts
-        init_split(*model_, {cfg_.tp, tp_split}, init_generator(seed),
-                   [cfg = cfg_](const std::string& name, torch::Tensor& whole, at::Generator& g) {
-                     init_parameter(cfg, name, whole, g);
-                   });
-      else
-        init_weights(*model_, seed);
+      init_declared(*model_, family(cfg_), seed);
     }
     std::shared_ptr<ModelState> state = make_state(model_);
-    hold_split(*state, {cfg_.tp, tp_split}, how);
-    state->vocab_split_logits = cfg_.tp != nullptr;  // the tied head over this rank's rows of wte (gpt.hpp)
+    hold_declared(*state, family(cfg_), how);
     return state;
   }
 

@@ -27,7 +27,7 @@ torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
   torch::Tensor var = x.to(torch::kFloat).pow(2).mean(-1, true);
   torch::Tensor h = x * torch::rsqrt(var + eps_);
   if (weight.scalar_type() == torch::kHalf || weight.scalar_type() == torch::kBFloat16) h = h.to(weight.scalar_type());
-  return weight * h;
+  return parallel::copy_to_tp(weight, tp_) * h;
 }
 
 torch::Tensor activate(const torch::Tensor& x, Act act) {

@@ -60,9 +60,12 @@ TORCH_MODULE(Embedding);
 
 // RMS norm without a bias or a mean (T5's T5LayerNorm): weight * x / sqrt(mean(x^2) + eps), the
 // mean in float32; with a bf16/fp16 weight the normalized x is cast to it first, as HF's does.
+// `tp`, as NormOptions::tp: a norm over each tp rank's part of a split tensor (Qwen 3's per-head
+// q and k norms over a rank's heads), its weight whole on every rank and its gradient summed.
 class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  public:
-  RmsNormImpl(int64_t dim, double eps) : dim_(dim), eps_(eps) { reset(); }
+  RmsNormImpl(int64_t dim, double eps, std::shared_ptr<parallel::Group> tp = nullptr)
+      : dim_(dim), eps_(eps), tp_(std::move(tp)) { reset(); }
   void reset() override { weight = register_parameter("weight", torch::ones({dim_})); }
   torch::Tensor forward(const torch::Tensor& x);
   torch::Tensor weight;
@@ -70,6 +73,7 @@ class RmsNormImpl : public torch::nn::Cloneable<RmsNormImpl> {
  private:
   int64_t dim_;
   double eps_;
+  std::shared_ptr<parallel::Group> tp_;
 };
 TORCH_MODULE(RmsNorm);
 

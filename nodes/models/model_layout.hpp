@@ -3,9 +3,8 @@
 // shards, and what a checkpoint gathers whole from them. A model of one process leaves every
 // field null: its module holds every tensor whole.
 //
-// Who sets what: the family's model node sets `tp`, `splits_over_tp`, `vocab_split_logits` and
-// `stages` at setup (gpt,
-// dit, cappa: models/model_node.hpp); the optimizer sets `shards` at its setup under the zero
+// Who sets what: the family's model node sets `tp`, `splits_over_tp`, `vocab_split_logits`,
+// `tied` and `stages` at setup from its declaration (models/family.hpp hold_declared); the optimizer sets `shards` at its setup under the zero
 // node's stage params (train/fully_sharded.hpp); the checkpoint's collect (model_state.cpp,
 // collective over the checkpoint's own channels) fills `gathered`, which it saves and exports.
 #pragma once
@@ -47,6 +46,10 @@ struct ModelLayout {
   // (GPT's head tied to its split token table), which the lm objective scores with the
   // vocabulary-parallel cross-entropy; false: whole on every rank, scored whole.
   bool vocab_split_logits = false;
+  // Parameters the model uses twice, by name (a head tied to its token table: GPT's wte, a tied
+  // Llama's embed_tokens), from its family's declaration (models/family.hpp): the planner counts
+  // the head's products on them.
+  std::vector<std::string> tied;
 
   // Pipeline parallel (run.parallel.pp > 1; models/stages.hpp): the module holds this rank's
   // chunks of the model only, named as in the whole model; checkpoints gather the stages' tensors

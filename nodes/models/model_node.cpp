@@ -112,15 +112,8 @@ std::map<std::string, torch::Tensor> ModelNode::named_tensors(torch::nn::Module&
   return out;
 }
 
-void ModelNode::init_split(torch::nn::Module& split, const parallel::TpLayout& layout, at::Generator g,
-                           const InitOne& init_one) {
-  Order own;  // the module's own parameters are the whole model's, each a part
-  for (const auto& item : split.named_parameters(/*recurse=*/true)) own.emplace_back(item.key(), item.value().sizes().vec());
-  init_in_order(split, own, layout, std::move(g), init_one);
-}
-
-std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs,
-                                                   double first, double last) {
+std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const Family& family) {
+  const std::vector<double>& block_costs = family.block_costs;
   if (!ctx.run().graph) return nullptr;
   const RunSettings::Parallel& par = ctx.run().graph->settings.parallel;
   if (par.pp == 1) return nullptr;
@@ -129,7 +122,7 @@ std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const std:
   const int chunks = par.pp * par.virtual_stages;
   try {
     cut->blocks = par.stage_layers.empty()
-                     ? parallel::pipeline::balance(block_costs, chunks, first, last)
+                     ? parallel::pipeline::balance(block_costs, chunks, family.embedding_cost, family.head_cost)
                      : parallel::pipeline::given(par.stage_layers, static_cast<int>(block_costs.size()), chunks);
   } catch (const std::exception& e) {
     throw std::runtime_error(ctx.who() + ": " + e.what());
@@ -137,6 +130,7 @@ std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const std:
   const int stage = parallel::mesh_of(ctx.run()).coord(ctx.run().rank).pp;
   for (int k = 0; k < chunks; ++k)
     if (k % par.pp == stage) cut->mine.push_back(k);
+  if (cut->first() != cut->last()) cut->tied = family.tied;  // the first stage's, copied on the last
   if (ctx.run().rank == 0) {
     std::string runs;
     for (size_t k = 0; k < cut->blocks.size(); ++k)
@@ -145,30 +139,6 @@ std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const std:
                  par.stage_layers.empty() ? " (balanced by cost, with the embedding and the head)" : " (stage_layers)");
   }
   return cut;
-}
-
-void ModelNode::init_in_order(torch::nn::Module& module, const Order& order, const parallel::TpLayout& layout,
-                              at::Generator g, const InitOne& init_one) {
-  torch::NoGradGuard no_grad;
-  auto held = module.named_parameters(/*recurse=*/true);
-  for (const auto& [name, shape] : order) {
-    if (lora::is_adapter(name)) continue;
-    const parallel::TpSplit s = layout.split ? layout.split(name) : parallel::TpSplit{};
-    std::vector<int64_t> whole_shape = shape;
-    if (s.split() && layout.group) whole_shape[static_cast<size_t>(s.dim)] *= layout.group->size();
-    torch::Tensor whole = torch::empty(whole_shape);
-    init_one(name, whole, g);  // drawn whether kept or not: the generator moves on as in the whole model
-    torch::Tensor* mine = held.find(name);
-    if (!mine) continue;
-    mine->copy_(layout.group ? parallel::tp_part(whole, s, *layout.group, name) : whole);
-  }
-}
-
-void ModelNode::hold_split(ModelState& state, const parallel::TpLayout& layout, std::string& how) {
-  state.splits_over_tp = [split = layout.split](const std::string& name) { return split(name).split(); };
-  if (!layout.group) return;  // tp 1
-  state.tp = std::make_shared<const parallel::TpLayout>(layout);
-  if (!how.empty()) how += ", split over tp " + std::to_string(layout.group->size()) + ": the count is this rank's part";
 }
 
 void ModelNode::finish(SetupContext&, ModelState&, const std::vector<std::string>&) {}

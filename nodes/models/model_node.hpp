@@ -1,6 +1,7 @@
-// The model nodes (gpt, dit, cappa, vae, mlp) own a module's parameters and do no per-step work.
+// The model nodes (gpt, llama, dit, cappa, vae, mlp) own a module's parameters and do no per-step work.
 // A family says what is its own (its config, how to build, initialise and load its module, what
-// it adds to the state); ModelNode::setup says the rest once, in this order, for every family:
+// it adds to the state; how it splits and cuts, as its Family: models/family.hpp); ModelNode::setup
+// says the rest once, in this order, for every family:
 //
 //   1. configure(ctx)        the family's config from `with:` (and a pretrained folder's
 //                            config.json), checked; nothing allocated yet
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "models/activation_checkpoint.hpp"
+#include "models/family.hpp"
 #include "models/model_state.hpp"
 #include "node.hpp"
 
@@ -73,38 +75,19 @@ class ModelNode : public Node {
   virtual void load_weights(ModelState& state, const std::string& path) = 0;
   // The `pretrained` folder's weights (Plan::pretrained set); returns the folder.
   virtual std::string load_pretrained(ModelState& state);
-  // Tensor parallel, for a family that splits (its Config::tp, its tp_split): this rank's place
+  // Tensor parallel, for a family that splits (its Config::tp, Family::tp): this rank's place
   // among the model's tp ranks (run.parallel.tp; Group::place, no channel: the nodes running the
   // model open their own), null at tp 1.
   static std::shared_ptr<parallel::Group> tp_group(SetupContext& ctx);
-  // The tensors of `whole` by name: a split model's init is the whole model's, each rank loading
-  // its parts as from a file (so tp changes no value).
+  // The tensors of `whole` by name: a family whose init is not tensor by tensor (cappa's) inits a
+  // whole model and loads them, each rank keeping its parts and its stage's.
   static std::map<std::string, torch::Tensor> named_tensors(torch::nn::Module& whole);
-  // A split model's init without the whole model: for each parameter in order (adapters
-  // excepted: apply_lora's) its whole tensor is made, `init_one` fills it from `g` as the whole
-  // model's init would, and this rank keeps its part (`layout`); one whole tensor exists at a
-  // time, so a rank never holds the whole model, and the values are tp 1's. For a family whose
-  // init goes parameter by parameter from one generator (gpt, dit); others init a whole model
-  // and load its named_tensors.
-  using InitOne = std::function<void(const std::string& name, torch::Tensor& whole, at::Generator& g)>;
-  static void init_split(torch::nn::Module& split, const parallel::TpLayout& layout, at::Generator g, const InitOne& init_one);
   // Pipeline parallel (run.parallel.pp > 1): the model's blocks cut into pp x virtual_stages chunks
-  // (run.parallel.stage_layers, or balanced by `block_costs` with the embedding's cost `first` and
-  // the head's `last`: parallel/pipeline_schedule.hpp), and the chunks this rank holds (k % pp = its
-  // pp coordinate). Null at pp 1.
-  static std::shared_ptr<Stages> cut_into_stages(SetupContext& ctx, const std::vector<double>& block_costs, double first,
-                                                 double last);
-  // A staged model's init (a split one's too): the whole model's parameters in its init order
-  // (`order`: each name with its shape on this rank), each made and drawn from `g` as the whole
-  // model's init would, kept where this rank holds it (its tp part with a group in `layout`) and
-  // dropped where another stage does; one whole tensor exists at a time. Values as at pp 1.
-  using Order = std::vector<std::pair<std::string, std::vector<int64_t>>>;
-  static void init_in_order(torch::nn::Module& module, const Order& order, const parallel::TpLayout& layout,
-                            at::Generator g, const InitOne& init_one);
-  // A family that splits, at any tp: which tensors tp splits (ModelState::splits_over_tp); split
-  // (a group in `layout`), its layout (ModelState::tp, which checkpoints, the optimizer and the
-  // EMA read), and `how`, when it says where the values came from, that the count is a part.
-  static void hold_split(ModelState& state, const parallel::TpLayout& layout, std::string& how);
+  // (run.parallel.stage_layers, or balanced by the family's block costs with its embedding's and
+  // head's: parallel/pipeline_schedule.hpp), the chunks this rank holds (k % pp = its pp
+  // coordinate), and the family's tied tensors where the first and last chunks are on different
+  // ranks (Stages::tied). Null at pp 1. The family's tp (Family::tp) is set already.
+  static std::shared_ptr<Stages> cut_into_stages(SetupContext& ctx, const Family& family);
   // The family's last word on its state: its activations estimate, a captioner, warnings.
   // `adapted`: the layers `lora` put adapters on.
   virtual void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted);

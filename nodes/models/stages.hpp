@@ -1,7 +1,7 @@
 // Pipeline parallel's view of a model (run.parallel.pp > 1; docs/parallel.md "Pipeline parallel"):
 // the model's blocks cut into chunks (parallel/pipeline_schedule.hpp), each rank building and
 // holding only its chunks' blocks, the embedding with chunk 0 and the head with the last. Set by a
-// family that cuts (gpt, dit) on ModelState::stages.
+// family that cuts (its declaration: models/family.hpp) on ModelState::stages.
 //
 // A staged model's forward (the family calls staged_forward) runs one of two ways:
 //  - inside a schedule (train/pipeline.cpp): forward_backward opens a StageCall around the

@@ -27,12 +27,18 @@ pipeline::Config pipeline_config(const RunSettings::Parallel& p) {
   return c;
 }
 
+namespace {
+const NodeSchema::Family* family_of(const NodeSpec& model) {
+  const NodeType* t = Registry::global().find(model.type);
+  return t && t->schema.family ? &*t->schema.family : nullptr;
+}
+}  // namespace
+
 std::vector<int64_t> tp_split_sizes(const NodeSpec& model) {
   std::vector<int64_t> sizes;
-  for (const char* k : {"heads", "kv_heads", "dec_heads", "mlp_dim", "dec_mlp_dim"})
-    if (model.params[k] && model.params[k].IsScalar()) sizes.push_back(model.params[k].as<int64_t>());
-  if (model.type == "gpt" && model.params["vocab"] && model.params["vocab"].IsScalar())
-    sizes.push_back(model.params["vocab"].as<int64_t>());
+  if (const NodeSchema::Family* f = family_of(model))
+    for (const std::string& k : f->tp_divides)
+      if (model.params[k] && model.params[k].IsScalar()) sizes.push_back(model.params[k].as<int64_t>());
   return sizes;
 }
 
@@ -60,8 +66,8 @@ std::vector<const NodeSpec*> batch_sources(const GraphSpec& g, const std::string
 }
 
 std::string alike_blocks_param(const NodeSpec& model) {
-  if (model.type == "gpt") return "layers";
-  return "";  // dit: its later half's blocks carry the long skips; cappa: an encoder and a decoder
+  const NodeSchema::Family* f = family_of(model);
+  return f ? f->alike_blocks : "";
 }
 
 bool tp_divides(const std::vector<int64_t>& sizes, int t) {

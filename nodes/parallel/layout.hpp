@@ -17,9 +17,8 @@ namespace flowrun::parallel {
 // or the schedule cannot be made.
 pipeline::Config pipeline_config(const RunSettings::Parallel& p);
 
-// The sizes run.parallel.tp must divide in a model node's settings: its heads and MLP widths
-// (heads, kv_heads, dec_heads, mlp_dim, dec_mlp_dim, those it has) and a GPT's vocabulary (split
-// over the tp ranks). tp_divides: whether t ranks can split them. One rule for `flowrun plan`'s
+// The sizes run.parallel.tp must divide in a model node's settings: those its family declares
+// (schema `family: tp_divides`: heads, MLP widths, a split vocabulary), as the graph sets them. tp_divides: whether t ranks can split them. One rule for `flowrun plan`'s
 // layouts and forward_backward's memory advice, so neither names a tp the run then refuses.
 std::vector<int64_t> tp_split_sizes(const NodeSpec& model);
 bool tp_divides(const std::vector<int64_t>& sizes, int t);
@@ -30,9 +29,10 @@ bool tp_divides(const std::vector<int64_t>& sizes, int t);
 // name), only those its inputs come from, along the declared edges. In file order.
 std::vector<const NodeSpec*> batch_sources(const GraphSpec& g, const std::string& feeding = "");
 
-// The parameter of a model node that counts its blocks when they are all alike (gpt: layers),
-// so that a profile of a few of them stands for the rest (`flowrun plan`); "" for a model of
-// unlike blocks (dit: the later half's carry the long skips; cappa: an encoder's and a decoder's).
+// The parameter of a model node that counts its blocks when they are all alike (its schema's
+// `family: alike_blocks`, gpt's and llama's layers), so that a profile of a few of them stands for
+// the rest (`flowrun plan`); "" for a model of unlike blocks (dit: the later half's carry the long
+// skips; cappa: an encoder's and a decoder's).
 std::string alike_blocks_param(const NodeSpec& model);
 
 // run.parallel over `world` processes: the mesh, each rank's coordinates and groups, each

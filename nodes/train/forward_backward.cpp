@@ -174,6 +174,15 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
 
 namespace {
 
+// The model families that split over tp and cut into stages ("cappa, dit, gpt and llama"): the
+// registered types whose schema has `family:`.
+std::string families() {
+  const std::vector<std::string> f = Registry::global().families();
+  std::string out;
+  for (size_t i = 0; i < f.size(); ++i) out += (i == 0 ? "" : i + 1 == f.size() ? " and " : ", ") + f[i];
+  return out;
+}
+
 class ForwardBackwardNode : public Node {
  public:
   void setup(SetupContext& ctx) override {
@@ -197,7 +206,7 @@ class ForwardBackwardNode : public Node {
     if (tp_group_ && !ctx.state_as<ModelState>("model").tp)
       throw std::runtime_error(ctx.who() + ": run.parallel.tp is " + std::to_string(tp_group_->size()) + ", but its model (" +
                                ctx.state_as<ModelState>("model").kind +
-                               ") does not split over tensor parallel (built for gpt, dit and cappa): every tp rank would "
+                               ") does not split over tensor parallel (built for " + families() + "): every tp rank would "
                                "train the whole model; set run.parallel.tp=1");
     fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
@@ -345,7 +354,7 @@ class ForwardBackwardNode : public Node {
     const std::string pp = "run.parallel.pp is " + std::to_string(par.pp);
     if (!model.stages)
       throw std::runtime_error(ctx.who() + ": " + pp + ", but its model (" + model.kind + ") does not cut into pipeline "
-                               "stages (built for gpt, dit and cappa); set run.parallel.pp=1");
+                               "stages (built for " + families() + "); set run.parallel.pp=1");
     if (options_.accumulate != 1)
       throw std::runtime_error(ctx.who() + ": " + pp + " and accumulate is " + std::to_string(options_.accumulate) +
                                ": under pipeline parallel the batch's micro-batches are run.parallel.microbatches; set "

@@ -404,10 +404,10 @@ mesh_groups)
   expect_out "run.parallel.microbatches (4) is set, but run.parallel.pp is 1"
   # pp with a model that does not cut into stages (this graph's MLP): refused at setup.
   run_code 1 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/pp" run.parallel.pp=2
-  expect_out "does not cut into pipeline stages (built for gpt, dit and cappa)"
+  expect_out "does not cut into pipeline stages (built for cappa, dit, gpt and llama)"
   # tp with a model that does not split (this graph's MLP): refused, not trained whole on every rank.
   run_code 1 "${mpi4[@]}" "$flowrun" $graph run.out_dir="$tmp/tp" run.parallel.tp=2
-  expect_out "does not split over tensor parallel (built for gpt, dit and cappa)"
+  expect_out "does not split over tensor parallel (built for cappa, dit, gpt and llama)"
   ;;
 tensor_parallel)
   # run.parallel.tp (issue 48): graphs/gpt.yaml at a tiny size, its heads, MLP units and
@@ -912,12 +912,16 @@ pipeline_dit)
   "$tensordiff" "$(params "$tmp/one" 6)" "$(params "$tmp/r21" 6)" 1e-5 || fail "DiT: resume pp 2 -> 1 differs"
   ;;
 llama)
-  # The llama family (graphs/llama.yaml at a tiny size, GQA 4:2) under the family-independent
-  # strategies: 2 ranks of batch 4 end where one process of batch 8 ends (DDP's guarantee, within
-  # 1e-5), and ZeRO stage 3 (its blocks gathered one by one, recomputed ones again) ends exactly
-  # where stage none ends. Tensor and pipeline parallel are refused for this family (not built).
+  # The llama family (graphs/llama.yaml at a tiny size: 4 blocks, GQA 4:2) in every layout, each
+  # against one process reading the same global batch (issue 70). Data parallel: 2 ranks of batch 4
+  # end where one process of batch 8 ends (DDP's guarantee, within 1e-5), and ZeRO stage 3 (its
+  # blocks gathered one by one, recomputed ones again) ends exactly where stage none ends. Then the
+  # split and the stages the family declares (models/family.hpp): tp 2 (the 2 kv heads split), tp 4
+  # (2 kv heads whole on every rank, their gradients summed), dp 2 x tp 2, pp 2 under 1f1b and
+  # interleaved, pp 2 x tp 2: with SGD (momentum) the parameters and momenta within 1e-5 of each
+  # tensor's largest value, with AdamW every step's loss within 1e-6; LoRA under tp 2 and tp 4 too.
   needs_data data/text/fortunes_byte.train.bin
-  g=(graphs/llama.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=3 model.dim=32 model.heads=4
+  g=(graphs/llama.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=4 model.dim=32 model.heads=4
      model.kv_heads=2 model.mlp_dim=48 model.vocab=256 model.context=32 run.steps=6 run.log_every=1 run.threads=1
      opt.warmup=2 opt.clip=0 eval.every=3 eval.batches=2 eval.batch=4 evlog.every=3 ckpt.every=3)
   run_code 0 "$flowrun" "${g[@]}" run.out_dir="$tmp/one" data.batch=8
@@ -934,8 +938,40 @@ llama)
         fail "llama (checkpoint $c): $f differs between ZeRO stage params and none"
     done
   done
-  run_code nonzero "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/tp" data.batch=4 run.parallel.tp=2
-  expect_out "run.parallel.tp > 1 is not built for the llama family yet"
+  # The layouts: name, processes, settings.
+  layouts=("tp2 mpi run.parallel.tp=2" "tp4 mpi4 run.parallel.tp=4" "dp2tp2 mpi4 run.parallel.tp=2 data.batch=4"
+           "pp2 mpi run.parallel.pp=2 run.parallel.microbatches=4"
+           "pp2i mpi run.parallel.pp=2 run.parallel.microbatches=4 run.parallel.schedule=interleaved run.parallel.virtual_stages=2"
+           "pp2tp2 mpi4 run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4")
+  sgd=(opt.kind=sgd opt.adamw=null data.batch=8)
+  run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/sgd1"
+  losses "$tmp/sgd1/metrics.jsonl" > "$tmp/s1"
+  for l in "${layouts[@]}"; do
+    read -r name procs settings <<< "$l"
+    launcher=("${mpi[@]}"); [ "$procs" = mpi4 ] && launcher=("${mpi4[@]}")
+    # shellcheck disable=SC2086
+    run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" $settings run.out_dir="$tmp/sgd_$name"
+    for f in model.params opt.state; do
+      "$tensordiff" "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd_$name/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
+        fail "llama, SGD: $f differs between $name and one process"
+    done
+    # shellcheck disable=SC2086
+    run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" data.batch=8 $settings run.out_dir="$tmp/adam_$name"
+    losses "$tmp/adam_$name/metrics.jsonl" > "$tmp/a2"
+    [ "$(wc -l < "$tmp/a2")" = 6 ] || fail "llama $name: expected 6 logged losses"
+    same_numbers "$tmp/l1" "$tmp/a2" 1e-6 || fail "llama, AdamW: the losses differ between $name and one process"
+    [ "$name" = tp4 ] && expect_out "kv_heads 2 do not split over tp 4: k_proj and v_proj are whole on every tp rank"
+  done
+  # LoRA on every projection (v_proj whole at tp 4): the adapters train as in one process.
+  lora=(model.lora.rank=4 model.lora.alpha=8 "model.lora.targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,down_proj]" data.batch=8)
+  run_code 0 "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora1"
+  losses "$tmp/lora1/metrics.jsonl" > "$tmp/q1"
+  for t in 2 4; do
+    launcher=("${mpi[@]}"); [ $t = 4 ] && launcher=("${mpi4[@]}")
+    run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" "${lora[@]}" run.parallel.tp=$t run.out_dir="$tmp/lora$t"
+    losses "$tmp/lora$t/metrics.jsonl" > "$tmp/q2"
+    same_numbers "$tmp/q1" "$tmp/q2" 1e-6 || fail "llama, LoRA: the losses differ between tp $t and one process"
+  done
   ;;
 pipeline_cappa)
   # run.parallel.pp for graphs/cappa.yaml (issue 49): the ViT's 2 blocks then the decoder's 2 cut

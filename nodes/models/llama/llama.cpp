@@ -33,6 +33,49 @@ void Config::check() const {
   if (!(rope_theta > 0)) throw std::runtime_error(fmt::format("llama: rope_theta must be > 0, got {}", rope_theta));
   if (!(norm_eps > 0)) throw std::runtime_error(fmt::format("llama: norm_eps must be > 0, got {}", norm_eps));
   rope_scaling.check("llama");
+  const int64_t t = tp_size();
+  auto divides = [t](const char* what, int64_t n, const char* fix) {
+    if (n % t != 0)
+      throw std::runtime_error(fmt::format("llama: {} {} does not split into {} tensor-parallel parts; {}", what, n, t, fix));
+  };
+  divides("heads", heads, "choose run.parallel.tp dividing it");
+  divides("mlp_dim", mlp_dim, "choose run.parallel.tp dividing it");
+  divides("vocab", vocab, "pad the vocabulary to a multiple of tp or choose run.parallel.tp dividing it");
+  if (stages) stages->check(layers, "llama");
+}
+
+parallel::TpSplit tp_split(const Config& c, const std::string& name) {
+  if (lora::is_adapter(name))
+    return lora::adapter_tp_split(name, [c](const std::string& n) { return tp_split(c, n); }, /*fan_in_fan_out=*/false);
+  auto ends_with = [&](const std::string& end) {
+    return name.size() >= end.size() && name.compare(name.size() - end.size(), end.size(), end) == 0;
+  };
+  // torch's layout, weight [out, in]: column-split layers by their output rows (dim 0, bias too),
+  // row-split ones by their input columns (dim 1; the bias, added once after the sum, whole).
+  for (const char* column : {"self_attn.q_proj.", "mlp.gate_proj.", "mlp.up_proj."})
+    if (name.find(column) != std::string::npos) return {0, 1};
+  if (name.find("self_attn.k_proj.") != std::string::npos || name.find("self_attn.v_proj.") != std::string::npos)
+    return c.kv_split() ? parallel::TpSplit{0, 1} : parallel::TpSplit{};  // whole where tp > kv_heads
+  if (ends_with("self_attn.o_proj.weight") || ends_with("mlp.down_proj.weight")) return {1, 1};
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {0, 1};  // by vocabulary rows
+  return {};  // norms, the row-split layers' biases
+}
+
+Family family(const Config& c) {
+  Family f;
+  f.tp = c.tp, f.stages = c.stages;
+  f.tp_split = [c](const std::string& n) { return tp_split(c, n); };
+  f.order = [c] { return whole_order(c); };
+  // A block's products a token: q and o over the query heads, k and v over the kv heads, the MLP's three.
+  const double d = static_cast<double>(c.dim), hd = static_cast<double>(c.head_size());
+  const double attention = 2 * d * static_cast<double>(c.heads) * hd + 2 * d * static_cast<double>(c.kv_heads) * hd;
+  f.block_costs.assign(static_cast<size_t>(c.layers), attention + 3 * d * static_cast<double>(c.mlp_dim));
+  f.head_cost = static_cast<double>(c.vocab) * d;
+  if (c.tie_embeddings) f.tied = {"model.embed_tokens.weight"};
+  f.vocab_split_logits = true;  // the head by vocabulary rows
+  f.generator = init_generator;
+  f.init_one = init_parameter;
+  return f;
 }
 
 double Config::parameter_count() const {
@@ -54,35 +97,50 @@ std::string describe(const Config& c) {
 // ---- blocks ----
 
 void AttentionImpl::reset() {
-  const int64_t hd = c_.head_size();
-  q_proj = register_module("q_proj", lora::Linear(c_.dim, c_.heads * hd, c_.qkv_bias));
-  k_proj = register_module("k_proj", lora::Linear(c_.dim, c_.kv_heads * hd, c_.qkv_bias));
-  v_proj = register_module("v_proj", lora::Linear(c_.dim, c_.kv_heads * hd, c_.qkv_bias));
-  o_proj = register_module("o_proj", lora::Linear(c_.heads * hd, c_.dim, c_.o_bias));
+  const int64_t hd = c_.head_size(), tp = c_.tp_size();
+  const int64_t H = c_.heads / tp, KV = c_.kv_split() ? c_.kv_heads / tp : c_.kv_heads;  // this rank's
+  const lora::TpRole kv_role = c_.kv_split() ? lora::TpRole::outputs : lora::TpRole::whole;
+  q_proj = register_module("q_proj", lora::split(lora::Linear(c_.dim, H * hd, c_.qkv_bias), c_.tp, lora::TpRole::outputs));
+  k_proj = register_module("k_proj", lora::split(lora::Linear(c_.dim, KV * hd, c_.qkv_bias), c_.tp, kv_role));
+  v_proj = register_module("v_proj", lora::split(lora::Linear(c_.dim, KV * hd, c_.qkv_bias), c_.tp, kv_role));
+  o_proj = register_module("o_proj", lora::split(lora::Linear(H * hd, c_.dim, c_.o_bias), c_.tp, lora::TpRole::inputs));
+  if (!c_.kv_split()) {  // query head g (of the whole model) reads kv head g / (heads / kv_heads)
+    const int64_t first = c_.tp->rank() * H, per_kv = c_.heads / c_.kv_heads;
+    kv_of_head_ = torch::arange(first, first + H, torch::kLong).div(per_kv, "floor");
+  }
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos,
+torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int64_t T, const torch::Tensor& cos,
                                      const torch::Tensor& sin) {
-  const int64_t hd = c_.head_size(), H = c_.heads, KV = c_.kv_heads;
+  const int64_t hd = c_.head_size(), tp = c_.tp_size();
+  const int64_t H = c_.heads / tp, KV = c_.kv_split() ? c_.kv_heads / tp : c_.kv_heads;  // this rank's
   auto heads_of = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, hd}).transpose(1, 2); };
+  // This rank's query heads from x, whose gradient the ranks' parts sum (Megatron's f); split kv
+  // heads the same. Whole kv heads: computed alike on every rank from x itself, their gradient
+  // summed over the ranks whose query heads read them, so that x's and the weights' are whole.
+  const torch::Tensor x = parallel::copy_to_tp(input, c_.tp);
   const torch::Tensor q = apply_rope(heads_of(q_proj(x), H), cos, sin);
-  torch::Tensor k = apply_rope(heads_of(k_proj(x), KV), cos, sin);
-  torch::Tensor v = heads_of(v_proj(x), KV);
-  if (KV != H) {  // each kv head read by H/KV query heads in a row (transformers' repeat_kv)
+  const torch::Tensor kv_in = c_.kv_split() ? x : input;
+  torch::Tensor k = apply_rope(heads_of(k_proj(kv_in), KV), cos, sin);
+  torch::Tensor v = heads_of(v_proj(kv_in), KV);
+  if (!c_.kv_split()) {  // this rank's query heads' kv heads (tp > kv_heads), the gradients summed
+    const torch::Tensor idx = kv_of_head_.to(k.device());
+    k = parallel::copy_to_tp(k, c_.tp).index_select(1, idx), v = parallel::copy_to_tp(v, c_.tp).index_select(1, idx);
+  } else if (KV != H) {  // each kv head read by H/KV query heads in a row (transformers' repeat_kv)
     k = k.unsqueeze(2).expand({B, KV, H / KV, T, hd}).reshape({B, H, T, hd});
     v = v.unsqueeze(2).expand({B, KV, H / KV, T, hd}).reshape({B, H, T, hd});
   }
   AttentionOptions o;
   o.causal = true;
   o.fp32_softmax = true;  // transformers' eager attention softmaxes in float32
-  return o_proj(attention(q, k, v, o).reshape({B * T, H * hd}));
+  return layers::row_parallel(*o_proj, attention(q, k, v, o).reshape({B * T, H * hd}), c_.tp);
 }
 
 void BlockImpl::reset() {
   input_layernorm = register_module("input_layernorm", layers::RmsNorm(c_.dim, c_.norm_eps));
   self_attn = register_module("self_attn", Attention(c_));
   post_attention_layernorm = register_module("post_attention_layernorm", layers::RmsNorm(c_.dim, c_.norm_eps));
-  layers::MlpOptions mo{"gate_proj", "down_proj", layers::Act::silu, "up_proj", c_.mlp_bias};
+  layers::MlpOptions mo{"gate_proj", "down_proj", layers::Act::silu, "up_proj", c_.mlp_bias, false, 0, c_.tp};
   mlp = register_module("mlp", layers::Mlp(c_.dim, c_.mlp_dim, mo));
 }
 
@@ -93,10 +151,16 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, c
 }
 
 void BodyImpl::reset() {
-  embed_tokens = register_module("embed_tokens", layers::Embedding(c_.vocab, c_.dim));
+  // Staged (pipeline parallel): this rank's blocks only, an empty placeholder in the others'
+  // places so that every parameter keeps its whole model's name.
+  if (c_.holds_embedding())
+    embed_tokens = register_module("embed_tokens", layers::Embedding(c_.vocab / c_.tp_size(), c_.dim));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c_.layers; ++i) layers->push_back(Block(c_));
-  norm = register_module("norm", layers::RmsNorm(c_.dim, c_.norm_eps));
+  for (int64_t i = 0; i < c_.layers; ++i) {
+    if (c_.holds_block(i)) layers->push_back(Block(c_));
+    else layers->push_back(torch::nn::Identity());
+  }
+  if (c_.holds_head()) norm = register_module("norm", layers::RmsNorm(c_.dim, c_.norm_eps));
 }
 
 // ---- the model ----
@@ -108,41 +172,83 @@ LlamaImpl::LlamaImpl(Config cfg) : cfg_(std::move(cfg)) {
 
 void LlamaImpl::reset() {
   model = register_module("model", Body(cfg_));
-  if (!cfg_.tie_embeddings) lm_head = register_module("lm_head", lora::Linear(cfg_.dim, cfg_.vocab, /*bias=*/false));
+  if (!cfg_.tie_embeddings && cfg_.holds_head())  // by vocabulary rows under tp
+    lm_head = register_module("lm_head", lora::split(lora::Linear(cfg_.dim, cfg_.vocab / cfg_.tp_size(), /*bias=*/false),
+                                                     cfg_.tp, lora::TpRole::outputs));
   rope_ = Rope(cfg_.head_size(), cfg_.rope_theta, cfg_.rope_scaling);
 }
 
-torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {
+torch::Tensor LlamaImpl::embed(const torch::Tensor& idx) {
   check_token_ids(idx, cfg_.context, cfg_.vocab, "llama");
-  const int64_t B = idx.size(0), T = idx.size(1);
-  const torch::Tensor& table = model->embed_tokens->weight;
-  auto [cos, sin] = rope_.cos_sin(T, table.device());
   // The residual stream is kept as [B*T, dim] so every projection is one addmm.
-  torch::Tensor x = torch::embedding(table, idx).view({B * T, cfg_.dim});
+  return parallel::vocab_parallel_embedding(idx, model->embed_tokens->weight, cfg_.tp).view({idx.numel(), cfg_.dim});
+}
+
+torch::Tensor LlamaImpl::blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T) {
+  auto [cos, sin] = rope_.cos_sin(T, x.device());
   // The ModuleList itself, never a cached vector of blocks: clone() replaces its items.
-  for (int64_t i = 0; i < cfg_.layers; ++i) {
+  for (int64_t i = first; i < last; ++i) {
     BlockImpl* block = (*model->layers)[static_cast<size_t>(i)]->as<BlockImpl>();
+    if (!block) throw std::logic_error("llama: block " + std::to_string(i) + " is another pipeline stage's");
     x = run_block(cfg_.checkpoint, i, *block, {x},
                   [block, B, T, cos = cos, sin = sin](const std::vector<torch::Tensor>& in) {
                     return block->forward(in[0], B, T, cos, sin);
                   });
   }
-  x = model->norm(x);
-  const torch::Tensor logits = lm_head ? lm_head(x) : flowrun::linear(x, table);
-  return logits.view({B, T, cfg_.vocab});
+  return x;
+}
+
+torch::Tensor LlamaImpl::head(const torch::Tensor& input, int64_t B, int64_t T) {
+  // Under tp this rank's vocabulary columns (parallel::vocab_parallel_cross_entropy scores them).
+  const torch::Tensor x = parallel::copy_to_tp(model->norm(input), cfg_.tp);
+  const torch::Tensor logits = lm_head ? lm_head(x) : flowrun::linear(x, model->embed_tokens->weight);
+  return logits.view({B, T, logits.size(-1)});
+}
+
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {
+  if (cfg_.staged())
+    throw std::runtime_error("llama: this rank holds pipeline chunks of the model only (run.parallel.pp); it runs chunk "
+                             "by chunk in forward_backward's schedule, not as a whole");
+  const int64_t B = idx.size(0), T = idx.size(1);
+  return head(blocks(embed(idx), 0, cfg_.layers, B, T), B, T);
+}
+
+TensorMap LlamaImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in) {
+  if (!cfg_.stages || !cfg_.stages->holds(k)) throw std::logic_error("llama: pipeline chunk " + std::to_string(k) + " is another rank's");
+  const int64_t B = idx.size(0), T = idx.size(1);
+  const auto [first, last] = cfg_.stages->blocks.at(static_cast<size_t>(k));
+  torch::Tensor x = blocks(k == 0 ? embed(idx) : in.at("x"), first, last, B, T);
+  if (k + 1 == cfg_.stages->chunks()) return {{"output", head(x, B, T)}};
+  return {{"x", x}};
+}
+
+ParamOrder whole_order(const Config& c) {
+  Config one = c;
+  one.stages = nullptr;
+  const Block block(one);
+  const int64_t rows = c.vocab / c.tp_size();
+  ParamOrder order{{"model.embed_tokens.weight", {rows, c.dim}}};
+  for (int64_t i = 0; i < c.layers; ++i)
+    for (const auto& p : block->named_parameters(true))
+      order.emplace_back("model.layers." + std::to_string(i) + "." + p.key(), p.value().sizes().vec());
+  order.emplace_back("model.norm.weight", std::vector<int64_t>{c.dim});
+  if (!c.tie_embeddings) order.emplace_back("lm_head.weight", std::vector<int64_t>{rows, c.dim});
+  return order;
+}
+
+at::Generator init_generator(uint64_t seed) { return make_cpu_generator(mix_seed({seed, kSeedTagInit})); }
+
+void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g) {
+  torch::NoGradGuard no_grad;
+  if (name.find("norm.weight") != std::string::npos) p.fill_(1.0);
+  else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) p.zero_();
+  else p.normal_(0.0, 0.02, g);
 }
 
 void init_weights(LlamaImpl& model, uint64_t seed) {
-  torch::NoGradGuard no_grad;
-  at::Generator g = make_cpu_generator(mix_seed({seed, kSeedTagInit}));
-  for (auto& item : model.named_parameters(true)) {
-    const std::string& name = item.key();
-    torch::Tensor& p = item.value();
-    if (lora::is_adapter(name)) continue;  // apply_lora's init
-    if (name.find("norm.weight") != std::string::npos) p.fill_(1.0);
-    else if (name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0) p.zero_();
-    else p.normal_(0.0, 0.02, g);
-  }
+  at::Generator g = init_generator(seed);
+  for (auto& item : model.named_parameters(true))
+    if (!lora::is_adapter(item.key())) init_parameter(item.key(), item.value(), g);  // adapters: apply_lora's init
 }
 
 void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source) {
@@ -180,7 +286,7 @@ void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Ten
       s += " (q_proj " + shape_str(q->second) + ", k_proj " + shape_str(k->second) + ")";
     return s + (file.count("lm_head.weight") ? ", untied head" : ", tied head");
   };
-  load_by_name(model, tensors, source, o);  // converts fp16/bf16 files
+  load_declared(model, family(model.config()), tensors, source, o);  // a stage's tensors, a tp rank's parts
 }
 
 nlohmann::json hf_config(const Config& c) {
@@ -243,9 +349,13 @@ std::shared_ptr<ModelState> make_state(Llama model) {
     const torch::Tensor inputs = lm_inputs(batch, "llama");
     auto* llama = m.as<LlamaImpl>();
     if (!llama) throw std::runtime_error("llama: the model's module is not a llama");
+    if (const auto& stages = llama->config().stages)  // pipeline parallel: this rank's chunks (models/stages.hpp)
+      return staged_forward(*stages, inputs.device(), [&](int k, const TensorMap& in) { return llama->chunk(k, inputs, in); });
     return llama->forward(inputs);
   };
-  return std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "llama");
+  auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "llama");
+  state->stages = model->config().stages;
+  return state;
 }
 
 }  // namespace flowrun::llama

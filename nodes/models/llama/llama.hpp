@@ -21,8 +21,18 @@
 // (models/rotary.hpp: rope_theta and rope_scaling). Linear layers are lora::Linear (torch's
 // layout, weight [out, in]), so LoRA targets them by name (q_proj, v_proj, ...) as PEFT does.
 //
-// Used by the llama node (llama_node.cpp) and by tests. Tensor and pipeline parallel are not built
-// for this family yet: the node refuses run.parallel.tp > 1 and pp > 1.
+// Tensor parallel (Megatron-LM's split, parallel/tensor_parallel.hpp; Config::tp): each rank holds
+// heads/tp query heads (q_proj by its output rows, o_proj by its input columns), mlp_dim/tp of the
+// MLP's units (gate and up by rows, down by columns) and vocab/tp rows of the token table and of
+// the head, so the forward gives this rank's columns of the logits (scored by the
+// vocabulary-parallel cross-entropy). The key/value heads split with the query heads when tp
+// divides kv_heads; otherwise (tp > kv_heads, as Megatron and vLLM do) k_proj and v_proj are whole
+// on every rank, each rank reads the kv heads its query heads use, and their gradients are summed
+// over the group. Norms whole. Pipeline parallel (Config::stages): a rank holds its chunks' blocks,
+// the embedding with chunk 0, the final norm and the head with the last (and the tied table there
+// as a copy). The family's declaration for the machinery that does the rest: family().
+//
+// Used by the llama node (llama_node.cpp) and by tests.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -33,6 +43,7 @@
 #include <string>
 
 #include "models/activation_checkpoint.hpp"
+#include "models/family.hpp"
 #include "models/layers.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
@@ -54,13 +65,34 @@ struct Config {
   // transformers' model_type a saved folder names (llama, qwen2, mistral): the folder's it was
   // read from; "" for a model from its sizes (hf_config picks the class the biases allow).
   std::string model_type;
+  // The layout (the node's run.parallel; null: whole, one stage): this rank's place among the tp
+  // ranks, and its pipeline chunks (models/stages.hpp).
+  std::shared_ptr<parallel::Group> tp;
+  std::shared_ptr<const Stages> stages;
   // Each head's width: head_dim, or dim / heads when 0 (transformers' default).
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
-  void check() const;  // throws naming the setting: heads % kv_heads, dim % heads without head_dim, odd head size, ...
+  int64_t tp_size() const { return tp ? tp->size() : 1; }
+  // Whether the key/value heads split over tp (tp divides kv_heads) or are whole on every rank.
+  bool kv_split() const { return kv_heads % tp_size() == 0; }
+  bool staged() const { return stages != nullptr; }
+  bool holds_block(int64_t i) const { return !stages || stages->holds_block(static_cast<int>(i)); }
+  bool holds_embedding() const { return !stages || stages->first() || (tie_embeddings && stages->last()); }
+  bool holds_head() const { return !stages || stages->last(); }
+  // Throws naming the setting: heads % kv_heads, dim % heads without head_dim, odd head size, heads,
+  // mlp_dim or vocab that tp does not divide, stages that do not cover the layers, ...
+  void check() const;
   double parameter_count() const;
 };
 // "layers=16 dim=2048 heads=32 kv_heads=8 head_dim=64 mlp_dim=8192 vocab=128256 rope llama3 (...)", for messages.
 std::string describe(const Config& c);
+// How whole tensor `name` (HF's) of a model of config `c` lies over its tp group (above).
+parallel::TpSplit tp_split(const Config& c, const std::string& name);
+// The family's declaration (models/family.hpp): tp_split; blocks costing their products per
+// token, the head's vocab x dim; the tied table; logits split over the vocabulary under tp;
+// init_parameter's init tensor by tensor.
+Family family(const Config& c);
+// The whole model's parameters of config `c` in init order, with their shapes on this rank.
+ParamOrder whole_order(const Config& c);
 
 // ---- blocks ----
 
@@ -70,10 +102,11 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   void reset() override;
   // x [B*T, dim] (rows batch-major), cos and sin [T, head_dim] -> [B*T, dim]
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin);
-  lora::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  lora::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};  // with tp: this rank's heads
 
  private:
   Config c_;
+  torch::Tensor kv_of_head_;  // tp > kv_heads: the kv head each of this rank's query heads reads
 };
 TORCH_MODULE(Attention);
 
@@ -111,14 +144,21 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
  public:
   explicit LlamaImpl(Config cfg);
   void reset() override;
-  // idx: integer token ids [B, T], T <= context -> logits [B, T, vocab], positions 0..T-1.
+  // idx: integer token ids [B, T], T <= context -> logits [B, T, vocab] (under tp this rank's
+  // vocab/tp columns), positions 0..T-1. The whole model only.
   torch::Tensor forward(const torch::Tensor& idx);
+  // Pipeline chunk k (Config::stages) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk 0:
+  // the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
+  TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in);
   const Config& config() const { return cfg_; }
 
   Body model{nullptr};
-  lora::Linear lm_head{nullptr};  // null when tied (the logits use model.embed_tokens.weight)
+  lora::Linear lm_head{nullptr};  // null when tied (the logits use model.embed_tokens.weight) and on a stage before the last
 
  private:
+  torch::Tensor embed(const torch::Tensor& idx);  // -> x [B*T, dim]
+  torch::Tensor blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T);
+  torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T);  // -> logits
   Config cfg_;
   Rope rope_;
 };
@@ -128,12 +168,15 @@ TORCH_MODULE(Llama);
 // (initializer_range), biases 0, RMSNorm gains 1; drawn in parameter order from a generator
 // seeded by `seed` alone. LoRA adapters keep apply_lora's init.
 void init_weights(LlamaImpl& model, uint64_t seed);
+// What init_weights does to one whole parameter by name, drawing from `g` (the family's init_one).
+void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g);
+at::Generator init_generator(uint64_t seed);  // init_weights' generator
 
 // A Hugging Face state dict into the model (names as above; the "model." prefix as transformers
 // saves it). Ignored: the rotary inv_freq buffers older files carry; with a tied head, an
 // lm_head.weight equal to the embedding. Every parameter must be given with its shape (any float
 // dtype; converted); with `lora`, the adapters are optional. All problems in one error that starts
-// with `source`.
+// with `source`. Split or staged, each rank takes its parts of the tensors its stage holds.
 void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source);
 
 // The config.json of a folder transformers loads this model from (its from_pretrained): the sizes,

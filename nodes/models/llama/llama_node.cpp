@@ -160,13 +160,17 @@ class LlamaNode : public ModelNode {
       const std::string what = e.what();
       throw std::runtime_error(what.rfind(ctx.who(), 0) == 0 ? what : ctx.who() + ": " + what);
     }
-    // Tensor and pipeline parallel need this family's split and stage cut, not built yet.
-    if (tp_group(ctx))
-      throw std::runtime_error(ctx.who() + ": run.parallel.tp > 1 is not built for the llama family yet; train it with "
-                               "data parallel (and ZeRO), run.parallel.tp=1");
-    if (ctx.run().graph && ctx.run().graph->settings.parallel.pp > 1)
-      throw std::runtime_error(ctx.who() + ": run.parallel.pp > 1 is not built for the llama family yet; train it with "
-                               "data parallel (and ZeRO), run.parallel.pp=1");
+    c.tp = tp_group(ctx);                              // run.parallel.tp > 1: this rank's heads, units, vocabulary rows
+    c.stages = cut_into_stages(ctx, family(c));        // run.parallel.pp > 1: this rank's chunks of the blocks
+    try {
+      c.check();  // what tp must divide, named
+    } catch (const std::exception& e) {
+      throw std::runtime_error(ctx.who() + ": " + e.what());
+    }
+    if (c.tp && !c.kv_split() && ctx.run().rank == 0)
+      spdlog::info("{}: kv_heads {} do not split over tp {}: k_proj and v_proj are whole on every tp rank (each reads "
+                   "the kv heads its query heads use; their gradients are summed over the tp ranks), as Megatron does "
+                   "when tp exceeds the kv heads", ctx.who(), c.kv_heads, c.tp->size());
     Plan plan{describe(c), c.parameter_count(), c.layers, c.checkpoint, pretrained_.has_value()};
     plan.weights_are = "a Hugging Face model.safetensors of this architecture, or a llama graph's checkpoint file";
     return plan;
@@ -174,11 +178,13 @@ class LlamaNode : public ModelNode {
 
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
     model_ = Llama(cfg_);
-    if (init) {
-      init_weights(*model_, seed);
+    if (init) {  // the whole model's init, tensor by tensor, each rank keeping its parts and its stage's
       how = "transformers' init (N(0, 0.02)), seed " + std::to_string(seed);
+      init_declared(*model_, family(cfg_), seed);
     }
-    return make_state(model_);
+    std::shared_ptr<ModelState> state = make_state(model_);
+    hold_declared(*state, family(cfg_), how);
+    return state;
   }
 
   void load_weights(ModelState&, const std::string& path) override {
