@@ -98,7 +98,7 @@ def main():
     ref = load_file(os.path.join(SRC, "tests/fixtures/hf/reference_llama.safetensors"))
     failed = []
     with tempfile.TemporaryDirectory(prefix="flowrun-hf-export-") as tmp:
-        for name, more in [("llama31", ["model.export_shard_mb=0.04"]), ("llama32", []), ("qwen25", [])]:
+        for name, more in [("llama31", ["model.export_shard_mb=0.04"]), ("llama32", []), ("qwen25", []), ("qwen3", [])]:
             out = os.path.join(tmp, name)
             cmd = [flowrun, "graphs/llama.yaml", "data.path=data/text/fortunes_byte", "data.seq_len=16", "data.batch=2",
                    "model.pretrained=tests/fixtures/hf/" + name, "opt.lr=0", "opt.min_lr=0", "run.steps=1",

@@ -972,6 +972,19 @@ llama)
     losses "$tmp/lora$t/metrics.jsonl" > "$tmp/q2"
     same_numbers "$tmp/q1" "$tmp/q2" 1e-6 || fail "llama, LoRA: the losses differ between tp $t and one process"
   done
+  # Qwen 3's q/k norms (whole on every rank, over each rank's heads: their gradients summed) at tp 2
+  # (kv heads split), tp 4 (kv heads whole) and pp 2 x tp 2.
+  run_code 0 "$flowrun" "${g[@]}" data.batch=8 model.qk_norm=true run.out_dir="$tmp/qwen1"
+  losses "$tmp/qwen1/metrics.jsonl" > "$tmp/w1"
+  cmp -s "$tmp/w1" "$tmp/l1" && fail "qk_norm changed no loss"
+  for l in "tp2 mpi run.parallel.tp=2" "tp4 mpi4 run.parallel.tp=4" "pp2tp2 mpi4 run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4"; do
+    read -r name procs settings <<< "$l"
+    launcher=("${mpi[@]}"); [ "$procs" = mpi4 ] && launcher=("${mpi4[@]}")
+    # shellcheck disable=SC2086
+    run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" data.batch=8 model.qk_norm=true $settings run.out_dir="$tmp/qwen_$name"
+    losses "$tmp/qwen_$name/metrics.jsonl" > "$tmp/w2"
+    same_numbers "$tmp/w1" "$tmp/w2" 1e-6 || fail "llama with qk_norm: the losses differ between $name and one process"
+  done
   ;;
 pipeline_cappa)
   # run.parallel.pp for graphs/cappa.yaml (issue 49): the ViT's 2 blocks then the decoder's 2 cut

@@ -1,5 +1,5 @@
 // The llama node against transformers on folders transformers saved itself
-// (tests/fixtures/hf/make_llama_fixtures.py: llama31/, llama32/, qwen25/ and
+// (tests/fixtures/hf/make_llama_fixtures.py: llama31/, llama32/, qwen25/, qwen3/ and
 // reference_llama.safetensors): loaded by `pretrained:` as a user's graph does, each gives
 // transformers' logits on the same tokens within 1e-5 relative, at positions beyond Llama 3.1's
 // original context where its rope scaling acts; the loss and every parameter's gradient after
@@ -116,6 +116,25 @@ TEST(Llama, Qwen25WithItsQkvBiasMatches) {
   EXPECT_FALSE(names.count("model.layers.0.self_attn.o_proj.bias"));  // Qwen 2: q, k and v only
 }
 
+TEST(Llama, Qwen3WithItsQkNormsMatchesTransformersLogitsLossAndGradients) {
+  // qwen3/: an RMSNorm over each query and key head before the rotation, head_dim 16 apart from
+  // hidden/heads (8), GQA 2:1, tied head, no biases.
+  Loaded l = load_and_run(kFixtures + "/qwen3", "qwen3");
+  EXPECT_LT(rel(l.logits, reference("qwen3.logits")), 1e-5);
+  const torch::Tensor tokens = reference("qwen3.tokens").to(torch::kLong);
+  l.state->module->zero_grad();
+  torch::cross_entropy_loss(l.logits.reshape({-1, l.logits.size(-1)}), tokens.narrow(1, 1, tokens.size(1) - 1).reshape({-1}))
+      .backward();
+  int checked = 0;
+  for (const auto& [name, p] : l.state->named_parameters()) {
+    SCOPED_TRACE(name);
+    EXPECT_LT(rel(p.grad(), reference("qwen3.grad." + name)), 1e-5);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2 * 11 + 2);  // per block: 2 norms, q/k/v/o, q/k norms, gate/up/down; embedding, norm
+  EXPECT_EQ(l.state->tensors().at("model.layers.1.self_attn.k_norm.weight").sizes(), (std::vector<int64_t>{16}));
+}
+
 TEST(Llama, AConfigAskingForWhatIsNotBuiltIsRefusedWithEveryProblemAtOnce) {
   const std::string dir = edited_copy("llama32", [](nlohmann::json& c) {
     c["rope_parameters"]["rope_type"] = "yarn";
@@ -138,7 +157,7 @@ TEST(Llama, AConfigAskingForWhatIsNotBuiltIsRefusedWithEveryProblemAtOnce) {
       << sizes;
   // An architecture of another family.
   const std::string other = edited_copy("qwen25", [](nlohmann::json& c) { c["model_type"] = "gpt_neox"; });
-  EXPECT_NE(test::graph_error(graph_of(other)).find("model_type is 'gpt_neox'; the llama node reads llama, qwen2 and mistral"),
+  EXPECT_NE(test::graph_error(graph_of(other)).find("model_type is 'gpt_neox'; the llama node reads llama, qwen2, qwen3 and mistral"),
             std::string::npos);
 }
 
@@ -174,7 +193,7 @@ nodes:
 // (config.json in the form the Hub's folders have, the weights sharded with the index), from which
 // this node reads the same model back: the same config, the same logits bit for bit.
 TEST(Llama, AnExportedFolderReadsBackAsTheSameModel) {
-  for (const std::string name : {"llama31", "llama32", "qwen25"}) {
+  for (const std::string name : {"llama31", "llama32", "qwen25", "qwen3"}) {
     SCOPED_TRACE(name);
     Loaded l = load_and_run(kFixtures + "/" + name, name);
     ASSERT_TRUE(l.state->exporter) << "no export offered";

@@ -104,6 +104,10 @@ void AttentionImpl::reset() {
   k_proj = register_module("k_proj", lora::split(lora::Linear(c_.dim, KV * hd, c_.qkv_bias), c_.tp, kv_role));
   v_proj = register_module("v_proj", lora::split(lora::Linear(c_.dim, KV * hd, c_.qkv_bias), c_.tp, kv_role));
   o_proj = register_module("o_proj", lora::split(lora::Linear(H * hd, c_.dim, c_.o_bias), c_.tp, lora::TpRole::inputs));
+  if (c_.qk_norm) {  // over this rank's heads: their gradients summed over tp (k's already whole where kv is)
+    q_norm = register_module("q_norm", layers::RmsNorm(hd, c_.norm_eps, c_.tp));
+    k_norm = register_module("k_norm", layers::RmsNorm(hd, c_.norm_eps, c_.kv_split() ? c_.tp : nullptr));
+  }
   if (!c_.kv_split()) {  // query head g (of the whole model) reads kv head g / (heads / kv_heads)
     const int64_t first = c_.tp->rank() * H, per_kv = c_.heads / c_.kv_heads;
     kv_of_head_ = torch::arange(first, first + H, torch::kLong).div(per_kv, "floor");
@@ -114,15 +118,19 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int6
                                      const torch::Tensor& sin) {
   const int64_t hd = c_.head_size(), tp = c_.tp_size();
   const int64_t H = c_.heads / tp, KV = c_.kv_split() ? c_.kv_heads / tp : c_.kv_heads;  // this rank's
-  auto heads_of = [&](const torch::Tensor& t, int64_t n) { return t.view({B, T, n, hd}).transpose(1, 2); };
+  auto heads_of = [&](const torch::Tensor& t, int64_t n, layers::RmsNorm& norm) {
+    const torch::Tensor h = t.view({B, T, n, hd});
+    return (norm ? norm(h) : h).transpose(1, 2);
+  };
+  layers::RmsNorm none{nullptr};
   // This rank's query heads from x, whose gradient the ranks' parts sum (Megatron's f); split kv
   // heads the same. Whole kv heads: computed alike on every rank from x itself, their gradient
   // summed over the ranks whose query heads read them, so that x's and the weights' are whole.
   const torch::Tensor x = parallel::copy_to_tp(input, c_.tp);
-  const torch::Tensor q = apply_rope(heads_of(q_proj(x), H), cos, sin);
+  const torch::Tensor q = apply_rope(heads_of(q_proj(x), H, q_norm), cos, sin);
   const torch::Tensor kv_in = c_.kv_split() ? x : input;
-  torch::Tensor k = apply_rope(heads_of(k_proj(kv_in), KV), cos, sin);
-  torch::Tensor v = heads_of(v_proj(kv_in), KV);
+  torch::Tensor k = apply_rope(heads_of(k_proj(kv_in), KV, k_norm), cos, sin);
+  torch::Tensor v = heads_of(v_proj(kv_in), KV, none);
   if (!c_.kv_split()) {  // this rank's query heads' kv heads (tp > kv_heads), the gradients summed
     const torch::Tensor idx = kv_of_head_.to(k.device());
     k = parallel::copy_to_tp(k, c_.tp).index_select(1, idx), v = parallel::copy_to_tp(v, c_.tp).index_select(1, idx);
@@ -291,16 +299,20 @@ void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Ten
 
 nlohmann::json hf_config(const Config& c) {
   std::string type = c.model_type;
-  if (type.empty()) type = c.qkv_bias && !c.o_bias && !c.mlp_bias ? "qwen2" : "llama";
-  const bool fits = type == "qwen2"     ? c.qkv_bias && !c.o_bias && !c.mlp_bias
-                    : type == "mistral" ? !c.qkv_bias && !c.o_bias && !c.mlp_bias
-                                        : c.qkv_bias == c.o_bias;
+  if (type.empty()) type = c.qk_norm ? "qwen3" : c.qkv_bias && !c.o_bias && !c.mlp_bias ? "qwen2" : "llama";
+  const bool fits = (type == "qwen3") == c.qk_norm &&
+                    (type == "qwen2"     ? c.qkv_bias && !c.o_bias && !c.mlp_bias
+                     : type == "mistral" ? !c.qkv_bias && !c.o_bias && !c.mlp_bias
+                     : type == "qwen3"   ? c.qkv_bias == c.o_bias && !c.mlp_bias
+                                         : c.qkv_bias == c.o_bias);
   if (!fits)
-    throw std::runtime_error(fmt::format("llama: no transformers class has q/k/v biases {}, an o bias {} and MLP biases "
-                                         "{} ({} puts them otherwise); this model cannot be saved as a Hugging Face "
-                                         "folder", c.qkv_bias, c.o_bias, c.mlp_bias, type));
-  static const std::map<std::string, std::string> kClass = {
-      {"llama", "LlamaForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"mistral", "MistralForCausalLM"}};
+    throw std::runtime_error(fmt::format("llama: no transformers class has q/k/v biases {}, an o bias {}, MLP biases {} "
+                                         "and q/k norms {} ({} puts them otherwise); this model cannot be saved as a "
+                                         "Hugging Face folder", c.qkv_bias, c.o_bias, c.mlp_bias, c.qk_norm, type));
+  static const std::map<std::string, std::string> kClass = {{"llama", "LlamaForCausalLM"},
+                                                            {"qwen2", "Qwen2ForCausalLM"},
+                                                            {"qwen3", "Qwen3ForCausalLM"},
+                                                            {"mistral", "MistralForCausalLM"}};
   nlohmann::json j = {{"architectures", {kClass.at(type)}},
                       {"model_type", type},
                       {"vocab_size", c.vocab},
@@ -317,7 +329,8 @@ nlohmann::json hf_config(const Config& c) {
                       {"rope_theta", c.rope_theta},
                       {"torch_dtype", "float32"}};
   if (type == "llama") j["attention_bias"] = c.qkv_bias, j["mlp_bias"] = c.mlp_bias;
-  if (type == "qwen2") j["use_sliding_window"] = false;
+  if (type == "qwen3") j["attention_bias"] = c.qkv_bias;
+  if (type == "qwen2" || type == "qwen3") j["use_sliding_window"] = false;
   if (type == "mistral") j["sliding_window"] = nullptr;
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "default") {

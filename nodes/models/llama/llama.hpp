@@ -1,7 +1,7 @@
-// The decoder-only family of today's language models — Llama 3 / 3.1 / 3.2, Qwen 2 / 2.5,
+// The decoder-only family of today's language models — Llama 3 / 3.1 / 3.2, Qwen 2 / 2.5 / 3,
 // Mistral — as a libtorch module laid out exactly like Hugging Face transformers'
-// LlamaForCausalLM (Qwen2ForCausalLM, MistralForCausalLM: the same names), so that their
-// safetensors load by name:
+// LlamaForCausalLM (Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM: the same names), so
+// that their safetensors load by name:
 //
 //   model.embed_tokens.weight [vocab, dim]
 //   model.layers.N.input_layernorm.weight [dim]                    RMSNorm (eps: norm_eps)
@@ -9,6 +9,8 @@
 //   model.layers.N.self_attn.k_proj.weight [kv_heads*head_dim, dim] (+ .bias)
 //   model.layers.N.self_attn.v_proj.weight [kv_heads*head_dim, dim] (+ .bias)
 //   model.layers.N.self_attn.o_proj.weight [dim, heads*head_dim]   (+ .bias with o_bias)
+//   model.layers.N.self_attn.q_norm.weight [head_dim]              with qk_norm (Qwen 3): RMSNorm of each
+//   model.layers.N.self_attn.k_norm.weight [head_dim]              query and key head, before the rotation
 //   model.layers.N.post_attention_layernorm.weight [dim]
 //   model.layers.N.mlp.gate_proj.weight [mlp_dim, dim]             SwiGLU: down(silu(gate x) * up x)
 //   model.layers.N.mlp.up_proj.weight [mlp_dim, dim]
@@ -61,6 +63,7 @@ struct Config {
   bool qkv_bias = false;  // q, k and v projections with a bias (Qwen 2; Llama's attention_bias)
   bool o_bias = false;    // the output projection with one (Llama's attention_bias)
   bool mlp_bias = false;  // the MLP's projections with one (Llama's mlp_bias)
+  bool qk_norm = false;   // RMSNorm over each query and key head before the rotary positions (Qwen 3)
   CheckpointPolicy checkpoint;  // blocks recomputed in backward (models/activation_checkpoint.hpp)
   // transformers' model_type a saved folder names (llama, qwen2, mistral): the folder's it was
   // read from; "" for a model from its sizes (hf_config picks the class the biases allow).
@@ -103,6 +106,7 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   // x [B*T, dim] (rows batch-major), cos and sin [T, head_dim] -> [B*T, dim]
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin);
   lora::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};  // with tp: this rank's heads
+  layers::RmsNorm q_norm{nullptr}, k_norm{nullptr};  // with qk_norm; whole on every tp rank
 
  private:
   Config c_;
@@ -181,8 +185,8 @@ void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Ten
 
 // The config.json of a folder transformers loads this model from (its from_pretrained): the sizes,
 // rotary positions in transformers 4's form (rope_theta, rope_scaling; transformers 5 reads it
-// too), the biases as the class has them. LlamaForCausalLM unless the config says qwen2 or
-// mistral; q/k/v biases without an o bias are Qwen2ForCausalLM's. Biases no class has (o without
+// too), the biases as the class has them. LlamaForCausalLM unless the config says qwen2, qwen3 or
+// mistral; q/k/v biases without an o bias are Qwen2ForCausalLM's, q/k norms Qwen3ForCausalLM's. Biases no class has (o without
 // q/k/v, or q/k/v and the MLP's without o) are refused.
 nlohmann::json hf_config(const Config& c);
 // What the node's checkpoint exports (exports: true) for a model without LoRA adapters: the model

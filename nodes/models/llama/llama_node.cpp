@@ -17,9 +17,11 @@ namespace flowrun::llama {
 namespace {
 
 // The architectures a folder may hold: transformers' model_type and what it fixes beyond the keys
-// every one of them writes (Qwen 2's q/k/v bias; Mistral's and Qwen 2's sliding window, off).
-const std::map<std::string, std::string> kModelTypes = {
-    {"llama", "LlamaForCausalLM"}, {"qwen2", "Qwen2ForCausalLM"}, {"mistral", "MistralForCausalLM"}};
+// every one of them writes (Qwen 2's q/k/v bias; Qwen 3's q/k norms; the sliding windows, off).
+const std::map<std::string, std::string> kModelTypes = {{"llama", "LlamaForCausalLM"},
+                                                        {"qwen2", "Qwen2ForCausalLM"},
+                                                        {"qwen3", "Qwen3ForCausalLM"},
+                                                        {"mistral", "MistralForCausalLM"}};
 
 // A folder's config.json into the config (transformers 4's rope_theta + rope_scaling, or 5's
 // rope_parameters); `given`: the node's `with:` as written, which must agree with the file. Every
@@ -30,8 +32,8 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
   auto known_type = kModelTypes.find(type);
   if (known_type == kModelTypes.end())
     throw std::runtime_error(f.config_path + ": model_type is '" + type +
-                             "'; the llama node reads llama, qwen2 and mistral (LlamaForCausalLM, Qwen2ForCausalLM, "
-                             "MistralForCausalLM)");
+                             "'; the llama node reads llama, qwen2, qwen3 and mistral (LlamaForCausalLM, "
+                             "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
   auto agreed = [&](auto* to, const char* param, const char* key, auto fallback) {
     try {
       *to = config_agreed<std::decay_t<decltype(*to)>>(f, given, param, key, fallback);
@@ -42,7 +44,7 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
   // Settings the folder's config.json gives in its own terms: written in the graph too, one of
   // them would be silently replaced.
   for (const char* key : {"rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                          "rope_original_context", "qkv_bias", "o_bias", "mlp_bias"})
+                          "rope_original_context", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"})
     if (given && given[key])
       problems.push_back(std::string(key) + " is written in the graph, but the folder's config.json sets it (" +
                          "rope_theta, rope_scaling or rope_parameters; attention_bias, mlp_bias and model_type for " +
@@ -64,8 +66,9 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
     problems.push_back("head_dim is " + given["head_dim"].Scalar() + " in the graph, the folder's heads are " +
                        std::to_string(c.head_size()) + " wide; drop head_dim from the graph (the folder sets it)");
   c.model_type = type;
-  // The biases: Llama's attention_bias puts one on q, k, v and o, mlp_bias on the MLP's three;
-  // Qwen 2's q, k and v always have one.
+  // The biases: Llama's (and Qwen 3's) attention_bias puts one on q, k, v and o, mlp_bias on the
+  // MLP's three; Qwen 2's q, k and v always have one. Qwen 3 norms each query and key head.
+  c.qk_norm = type == "qwen3";
   if (type == "qwen2") {
     c.qkv_bias = true, c.o_bias = false, c.mlp_bias = false;
   } else {
@@ -97,7 +100,7 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
         key != "high_freq_factor" && key != "original_max_position_embeddings")
       problems.push_back("rope scaling key " + key + " = " + value.dump() + " is not built");
   // Attention over every earlier position: a sliding window is refused where it would act.
-  if (type == "qwen2" && config_value<bool>(f, "use_sliding_window", false))
+  if ((type == "qwen2" || type == "qwen3") && config_value<bool>(f, "use_sliding_window", false))
     problems.push_back("use_sliding_window = true is not built (this model attends to every earlier position)");
   if (type == "mistral" && !f.config.value("sliding_window", nlohmann::json()).is_null() &&
       f.config["sliding_window"].get<int64_t>() < c.context)
@@ -149,6 +152,7 @@ class LlamaNode : public ModelNode {
     c.qkv_bias = p.get<bool>("qkv_bias");
     c.o_bias = p.get<bool>("o_bias");
     c.mlp_bias = p.get<bool>("mlp_bias");
+    c.qk_norm = p.get<bool>("qk_norm");
     c.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
     try {
       if (p.has("pretrained")) {
