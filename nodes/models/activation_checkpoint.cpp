@@ -272,13 +272,14 @@ std::string CheckpointPolicy::str() const {
 }
 
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
-                                        int64_t bytes, const CheckpointPolicy& policy, AttentionKeeps keeps, int64_t tp) {
+                                        int64_t bytes, const CheckpointPolicy& policy, AttentionKeeps keeps, int64_t tp,
+                                        const BlockUnits& block) {
   // Korthikanti et al.: s b h (34 + 5 a s / h) bytes per layer with 2-byte activations; the CPU's
   // fused attention keeps 2 of the 5 (its probabilities), a GPU's fused one no scores but one fp32
   // logsumexp per head and token.
   const double h_tokens = static_cast<double>(heads) * static_cast<double>(tokens) / static_cast<double>(tp);  // this rank's heads
   const double units = keeps == AttentionKeeps::scores ? 5.0 : 2.0;
-  const double per_token = parallel::cost::activation_units(static_cast<int>(tp));  // 34 whole; 24 of them split over tp
+  const double per_token = block.whole + block.split / static_cast<double>(tp);  // GPT's: 34 at tp 1, 24 of them split
   const double per_block = per_token * static_cast<double>(tokens) * static_cast<double>(dim) * static_cast<double>(bytes) / 2.0 +
                            (keeps == AttentionKeeps::logsumexp
                                 ? 4.0 * h_tokens

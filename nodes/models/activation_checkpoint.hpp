@@ -129,8 +129,16 @@ struct ActivationEstimate {
   // Two stacks one after the other (CapPa's encoder, then its decoder).
   ActivationEstimate& then(const ActivationEstimate& next);
 };
+// What a block keeps a token beside the attention's scores, in units of dim 2-byte values: `whole`
+// on every tp rank (norms, residual, the inputs of the column-split layers), `split` over the tp
+// ranks. Korthikanti et al.'s GPT block (MLP 4 dim wide, dropout): 10 and 24. A family of another
+// shape says its own (llama: block_units).
+struct BlockUnits {
+  double whole = 10, split = 24;
+};
 ActivationEstimate estimate_activations(int64_t blocks, int64_t tokens, int64_t dim, int64_t heads, int64_t seq,
                                         int64_t bytes, const CheckpointPolicy& policy,
-                                        AttentionKeeps keeps = AttentionKeeps::scores, int64_t tp = 1);
+                                        AttentionKeeps keeps = AttentionKeeps::scores, int64_t tp = 1,
+                                        const BlockUnits& units = {});
 
 }  // namespace flowrun

@@ -244,6 +244,12 @@ ParamOrder whole_order(const Config& c) {
   return order;
 }
 
+BlockUnits block_units(const Config& c) {
+  const double d = static_cast<double>(c.dim);
+  const double q_width = static_cast<double>(c.heads * c.head_size()), mlp = static_cast<double>(c.mlp_dim);
+  return {8.0, 8.0 * q_width / d + 8.0 * mlp / d};
+}
+
 at::Generator init_generator(uint64_t seed) { return make_cpu_generator(mix_seed({seed, kSeedTagInit})); }
 
 void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g) {

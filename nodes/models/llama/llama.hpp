@@ -96,6 +96,12 @@ parallel::TpSplit tp_split(const Config& c, const std::string& name);
 Family family(const Config& c);
 // The whole model's parameters of config `c` in init order, with their shapes on this rank.
 ParamOrder whole_order(const Config& c);
+// What a block keeps for backward a token, in units of dim 2-byte values (Korthikanti et al.'s
+// count for this shape; activation_checkpoint.hpp): whole on every tp rank, the two norms' inputs
+// and the attention's and MLP's (8); split, q and the kv heads expanded to the query heads, the
+// output projection's input (8 q_width/dim), and the SwiGLU's gate, up, silu and product
+// (8 mlp_dim/dim). No dropout.
+BlockUnits block_units(const Config& c);
 
 // ---- blocks ----
 

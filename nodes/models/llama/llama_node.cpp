@@ -8,6 +8,7 @@
 #include <set>
 
 #include "common/pretrained.hpp"
+#include "models/attention.hpp"
 #include "models/llama/llama.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
@@ -200,9 +201,45 @@ class LlamaNode : public ModelNode {
     return pretrained_->dir;
   }
 
+  void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted) override {
+    estimate_activations_of(ctx, state);
+    export_as_hf(ctx, state, adapted);
+  }
+
+  // What backward keeps (forward_backward's memory estimate and refusal, `flowrun plan`): the
+  // blocks' activations as Korthikanti et al. count them, for this block's shape (block_units),
+  // with the attention's scores (a GPU's fused attention: a logsumexp) over this rank's heads,
+  // and the head's logits with their gradient (rows x T x vocab/tp, twice).
+  void estimate_activations_of(SetupContext& ctx, ModelState& state) {
+    const Config c = cfg_;
+    const BlockUnits units = block_units(c);
+    auto keeps = [](const torch::Tensor& w) {
+      return fused_attention_available(w) ? AttentionKeeps::logsumexp : AttentionKeeps::scores;
+    };
+    if (ctx.run().rank == 0) {
+      const CheckpointPolicy every = c.checkpoint.every ? c.checkpoint : CheckpointPolicy::parse("blocks");
+      const ActivationEstimate a = estimate_activations(c.layers, c.context, c.dim, c.heads, c.context, 4, every,
+                                                        keeps(model_->parameters().front()), 1, units);
+      spdlog::info("{}: activations kept for backward, per sequence of {} tokens in fp32: about {:.1f} MB without "
+                   "checkpointing, {:.1f} MB with checkpoint: {}{}", ctx.who(), c.context, a.plain / 1e6,
+                   a.checkpointed / 1e6, every.str(), c.checkpoint.every ? " (on)" : " (off: checkpoint: none)");
+    }
+    state.activations = [c, units, keeps, model = model_](const TensorMap& b, int64_t bytes, const CheckpointPolicy& policy) {
+      const torch::Tensor& tokens = b.at("tokens");  // [rows, T + 1]: inputs and the shifted targets
+      const int64_t seq = std::max<int64_t>(1, std::min<int64_t>(tokens.size(1) - 1, c.context));
+      const int64_t n = tokens.size(0) * seq, tp = c.tp_size();
+      ActivationEstimate e = estimate_activations(c.layers, n, c.dim, c.heads, seq, bytes, policy,
+                                                  keeps(model->parameters().front()), tp, units);
+      const double logits = 2.0 * static_cast<double>(n) * static_cast<double>(c.vocab / tp) * static_cast<double>(bytes);
+      e.plain += logits;
+      e.checkpointed += logits;
+      return e;
+    };
+  }
+
   // Without adapters the checkpoint's `exports` writes the model as a Hugging Face folder (with
   // them, the base's ModelNode makes it PEFT's adapters).
-  void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted) override {
+  void export_as_hf(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted) {
     if (!adapted.empty()) return;
     try {
       hf_config(cfg_);
