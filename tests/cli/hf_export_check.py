@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """What flowrun saves back, loaded by transformers itself: graphs/llama.yaml reads each llama-family
-fixture folder (tests/fixtures/hf: Llama 3.1, Llama 3.2 tied, Qwen 2.5) by `model.pretrained`,
+fixture folder (tests/fixtures/hf: Llama 3.1, Llama 3.2 tied, Qwen 2.5, Qwen 3) by `model.pretrained`,
 trains one step at learning rate 0 (the weights stay the fixture's) and checkpoints with
 `ckpt.exports=true`, the llama31 one in shards of 40 KB; then transformers' AutoModelForCausalLM
 loads each checkpoint folder (no missing or unexpected tensor) and its logits for the fixture's
 tokens equal the reference transformers gave for the fixture within 1e-6.
-And a LoRA fine-tune: the same graph with `model.lora` (rank 4 on all seven projections) trains 5
-steps from the llama31 folder at learning rate 1e-2 and exports its adapters (PEFT's layout);
+And a LoRA fine-tune: graphs/llama_lora.yaml as written (its folder is llama31; adapters of rank 4
+here on all seven projections) trains 5 steps at learning rate 1e-2 and exports its adapters (PEFT's layout);
 peft's PeftModel.from_pretrained puts them on transformers' model of the same folder, and its
 logits equal flowrun's for the model with those adapters (testtool model-logits, the adapters
 read back by `model.adapters`) within 1e-5, and differ from the base's (the adapters trained).
@@ -40,12 +40,11 @@ def sizes_of(name):
 def lora_check(flowrun, build, tmp, ref, torch, PeftModel, AutoModelForCausalLM, save_file, load_file):
     failed = []
     fixture = "tests/fixtures/hf/llama31"
-    common = ["graphs/llama.yaml", "data.path=data/text/fortunes_byte", "data.seq_len=16", "data.batch=4",
-              "model.pretrained=" + fixture] + sizes_of("llama31")
+    # graphs/llama_lora.yaml as written (its folder is this fixture), its adapters rank 4.
+    common = ["graphs/llama_lora.yaml", "data.seq_len=16", "data.batch=4", "model.pretrained=" + fixture,
+              "model.lora.rank=4", "model.lora.alpha=8"]
     out = os.path.join(tmp, "lora")
-    cmd = [flowrun] + common + [
-        "model.lora.rank=4", "model.lora.alpha=8",
-        "model.lora.targets=[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]", "opt.lr=1e-2",
+    cmd = [flowrun] + common + ["opt.lr=1e-2",
         "opt.warmup=0", "opt.schedule=constant", "run.steps=5", "eval.every=1000", "evlog.every=1000",
         "ckpt.every=5", "ckpt.exports=true", "run.progress=off", "run.out_dir=" + out]
     p = subprocess.run(cmd, cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -5,7 +5,7 @@ A recipe goes stale when the graph it names changes (a checkpoint folder that ke
 deletes, a step count the base has already passed, a config that another run's checkpoints
 refuse). So this test reads the README itself, takes every command of its ```sh blocks (but
 the first block's scripts/setup.sh and scripts/test.sh, which CI runs) in order, and runs each
-as written in a sandbox folder laid out like the repository (graphs/, data/, examples/ and
+as written in a sandbox folder laid out like the repository (graphs/, data/, examples/, tests/ and
 build/ linked in, runs/ empty), after what scripts/setup.sh's demo runs before a user reaches
 them (the VAE, the base DiT and the LoRA demo, with the same run.resume settings).
 
@@ -90,7 +90,7 @@ def readme_commands():
 
 
 def sandbox(build, root):
-    for d in ("graphs", "data", "examples", "schemas"):
+    for d in ("graphs", "data", "examples", "schemas", "tests"):  # tests/: the fixture folders graphs read (llama_lora)
         os.symlink(os.path.join(SRC, d), os.path.join(root, d))
     os.makedirs(os.path.join(root, "build", "engine"))
     os.makedirs(os.path.join(root, "runs"))
