@@ -10,6 +10,15 @@ weight decay 0.1 on matrices), gradient clipping at 1.0, the same threads on bot
   eager  one process: `flowrun graphs/llama.yaml ...` vs a loop over LlamaForCausalLM(config)
          (transformers' default attention, SDPA) that computes the same loss (cross-entropy of
          the logits against the next tokens) and steps AdamW
+  lora   a LoRA fine-tune of one folder (the config saved by save_pretrained into a temporary
+         folder): `flowrun graphs/llama_lora.yaml model.pretrained=FOLDER` vs the loop over
+         LlamaForCausalLM.from_pretrained(FOLDER) with peft's get_peft_model (rank 8, alpha 16, the
+         same seven target projections), AdamW over the adapters
+  ddp    2 processes of 1 thread, global batch 8: `mpirun -np 2 flowrun graphs/llama.yaml` vs the
+         loop under DistributedDataParallel (gloo)
+  tp     2 processes of 1 thread, each the whole batch: `mpirun -np 2 flowrun ... run.parallel.tp=2`
+         vs DTensor's tensor parallel (parallelize_module: q, k, v, gate, up column-wise, o and down
+         row-wise, torchtitan's Llama plan) over the same LlamaForCausalLM (gloo)
 
 Rounds alternate flowrun / transformers; each figure is the median over rounds of per-step medians
 (start-up and --warmup steps excluded); the ratio is the median of the rounds' ratios with their
@@ -18,16 +27,18 @@ random tokens, flowrun on the fortunes byte shards of scripts/data.sh: the speed
 depend on the tokens. The allocator settings and the libtorch check are cpu_peers.py's.
 
   .venv/bin/pip install --target .cache/hf-transformers transformers==5.17.0
-  PYTHONPATH=.cache/hf-transformers .venv/bin/python bench/llama_peers.py [--rounds 5]
+  PYTHONPATH=.cache/hf-transformers:.cache/hf-peft .venv/bin/python bench/llama_peers.py [--mode eager|lora|ddp|tp] [--rounds 5]
 """
 import argparse
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_peers import same_libtorch, same_malloc  # noqa: E402
-from torch_peers import flowrun_round, make_optimizer, rounds_ratio, timed_steps  # noqa: E402
+from torch_peers import _spawn, flowrun_round, make_optimizer, rounds_ratio, timed_steps  # noqa: E402
 
 CFG = dict(layers=4, dim=256, heads=8, kv_heads=2, mlp_dim=688, vocab=32000, context=256, batch=8, bf16=False)
 
@@ -58,24 +69,105 @@ class HfLoss:
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
+def hf_config(cfg):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=cfg["vocab"], hidden_size=cfg["dim"], intermediate_size=cfg["mlp_dim"],
+                       num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                       num_key_value_heads=cfg["kv_heads"], max_position_embeddings=cfg["context"],
+                       tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
+
+
+def hf_model(cfg):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(hf_config(cfg)).train()
+
+
 def hf_round(cfg, steps, warmup, window, threads):
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=cfg["vocab"], hidden_size=cfg["dim"], intermediate_size=cfg["mlp_dim"],
-                         num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
-                         num_key_value_heads=cfg["kv_heads"], max_position_embeddings=cfg["context"],
-                         tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
-    model = LlamaForCausalLM(config).train()
+    model = hf_model(cfg)
     return statistics.median(timed_steps(HfLoss(model), model, make_optimizer(model, "cpu"), cfg, "cpu", steps,
                                          warmup, window))
+
+
+LORA = dict(rank=8, alpha=16, targets=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+
+
+def save_folder(cfg, path):
+    """The bench's model as save_pretrained writes it: what both sides of `lora` fine-tune."""
+    hf_model(cfg).save_pretrained(path)
+
+
+def lora_overrides(folder, cfg, steps, window, threads):
+    return ["graphs/llama_lora.yaml", "model.pretrained=" + folder, "data.path=data/text/fortunes_byte",
+            "data.batch=%d" % cfg["batch"], "data.seq_len=%d" % cfg["context"], "model.lora.rank=%d" % LORA["rank"],
+            "model.lora.alpha=%d" % LORA["alpha"], "opt.weight_decay=0.1", "run.steps=%d" % steps,
+            "run.log_every=%d" % window, "eval.every=1000000", "evlog.every=1000000", "ckpt.every=1000000",
+            "ckpt.at=[]", "run.threads=%d" % threads]
+
+
+def peft_round(folder, cfg, steps, warmup, window, threads):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.set_num_threads(threads)
+    base = LlamaForCausalLM.from_pretrained(folder).train()
+    model = get_peft_model(base, LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], target_modules=LORA["targets"],
+                                            lora_dropout=0.0))
+    return statistics.median(timed_steps(HfLoss(model), model, make_optimizer(model, "cpu"), cfg, "cpu", steps,
+                                         warmup, window))
+
+
+def _ddp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    local = dict(cfg, batch=cfg["batch"] // world)  # the global batch split over the ranks
+    model = hf_model(local)
+    ddp = DDP(model)
+    times = timed_steps(HfLoss(ddp), model, make_optimizer(model, "cpu"), local, "cpu", steps, warmup, window, rank)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
+def _tp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import torch_peers
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    model = hf_model(cfg)
+    for layer in model.model.layers:  # torchtitan's Llama plan for the blocks (embedding and head whole)
+        parallelize_module(layer, mesh, {"self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+                                         "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+                                         "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+                                         "mlp.down_proj": RowwiseParallel()})
+    torch.nn.utils.clip_grad_norm_ = torch_peers.tp_clip_grad_norm_  # split gradients' norm summed over the ranks
+    times = timed_steps(HfLoss(model), model, torch_peers.TpAdamW(model), cfg, "cpu", steps, warmup, window, rank=0)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
 
 
 def main():
     same_malloc()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mode", choices=["eager", "lora", "ddp", "tp"], default="eager")
     ap.add_argument("--malloc", choices=["same", "default"], default="same")
     ap.add_argument("--flowrun", default="build/engine/flowrun")
     ap.add_argument("--rounds", type=int, default=5)
@@ -88,19 +180,39 @@ def main():
     import transformers
 
     print("transformers %s" % transformers.__version__, flush=True)
+    mpi = ["mpirun", "--oversubscribe", "-np", "2", "--bind-to", "none"] + (["--allow-run-as-root"] if os.getuid() == 0 else [])
+    tmp = tempfile.mkdtemp(prefix="llama-peers-")
+    if args.mode == "lora":
+        save_folder(CFG, os.path.join(tmp, "base"))
     fl, hf = [], []
     for r in range(args.rounds):
-        sec, cmd = flowrun_round(args.flowrun, llama_overrides(CFG, args.steps, args.window, args.threads), args.warmup)
+        if args.mode == "eager":
+            sec, cmd = flowrun_round(args.flowrun, llama_overrides(CFG, args.steps, args.window, args.threads), args.warmup)
+            peer = lambda: hf_round(CFG, args.steps, args.warmup, args.window, args.threads)  # noqa: E731
+        elif args.mode == "lora":
+            folder = os.path.join(tmp, "base")
+            sec, cmd = flowrun_round(args.flowrun, lora_overrides(folder, CFG, args.steps, args.window, args.threads),
+                                     args.warmup)
+            peer = lambda: peft_round(folder, CFG, args.steps, args.warmup, args.window, args.threads)  # noqa: E731
+        else:  # ddp, tp: 2 processes of 1 thread
+            more = ["data.batch=%d" % (CFG["batch"] // 2)] if args.mode == "ddp" else ["run.parallel.tp=2"]
+            sec, cmd = flowrun_round(args.flowrun, llama_overrides(CFG, args.steps, args.window, 1) + more, args.warmup,
+                                     launcher=mpi)
+            worker = _ddp_worker if args.mode == "ddp" else _tp_worker
+            peer = lambda: _spawn(worker, 2, (CFG, args.steps, args.warmup, args.window, 1), args.mode)  # noqa: E731
         if r == 0:
             print("flowrun: " + cmd, flush=True)
         fl.append(sec)
-        hf.append(hf_round(CFG, args.steps, args.warmup, args.window, args.threads))
-        print("round %d: flowrun %.1f ms/step, transformers %.1f ms/step" % (r + 1, 1e3 * fl[-1], 1e3 * hf[-1]), flush=True)
-    print("| config | transformers LlamaForCausalLM | flowrun llama | speed ratio (min–max) |")
-    print("|---|---|---|---|")
-    print("| %s | %.1f ms | %.1f ms | %s |" % (", ".join("%s=%s" % kv for kv in CFG.items()),
-                                          1e3 * statistics.median(hf), 1e3 * statistics.median(fl),
-                                          rounds_ratio(hf, fl)))
+        hf.append(peer())
+        print("round %d: flowrun %.1f ms/step, peer %.1f ms/step" % (r + 1, 1e3 * fl[-1], 1e3 * hf[-1]), flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    peers = {"eager": "transformers LlamaForCausalLM", "lora": "transformers + peft LoRA",
+             "ddp": "LlamaForCausalLM under DDP, 2 ranks", "tp": "LlamaForCausalLM under DTensor tp 2"}
+    print("| mode | config | %s | flowrun llama | speed ratio (min–max) |" % peers[args.mode])
+    print("|---|---|---|---|---|")
+    print("| %s | %s | %.1f ms | %.1f ms | %s |" % (args.mode, ", ".join("%s=%s" % kv for kv in CFG.items()),
+                                               1e3 * statistics.median(hf), 1e3 * statistics.median(fl),
+                                               rounds_ratio(hf, fl)))
 
 
 if __name__ == "__main__":
