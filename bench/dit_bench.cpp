@@ -25,7 +25,7 @@
 #include "encode/tokenize.hpp"
 #include "formats/wordpiece.hpp"
 #include "models/bert.hpp"
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
 #include "train/forward_backward.hpp"

@@ -1,5 +1,5 @@
 // gpt training step on the CPU: forward + backward of the lm objective + an AdamW update,
-// for the gpt node's module (nodes/models/gpt.cpp) and for a line-by-line transcription of
+// for the gpt node's module (nodes/models/gpt/gpt.cpp) and for a line-by-line transcription of
 // Hugging Face's GPT-2 forward over the same parameters (tests/support/gpt_reference.hpp).
 // The time column is ms per step (wall clock); tokens_per_s counts target tokens. The ratio
 // fast / reference is the speed-up of the hot-path choices. Results: bench/README.md.
@@ -7,7 +7,7 @@
 #include <benchmark/benchmark.h>
 
 #include "common/seed.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "support/gpt_reference.hpp"
 #include "train/forward_backward.hpp"
 #include "train/losses.hpp"

@@ -48,7 +48,7 @@ def block(params, split, fwd_gemm_flops, attn_flops, act_bytes, out_bytes, froze
 
 
 def gpt(layers, dim, heads, vocab, context):
-    """flowrun's GPT (models/gpt.hpp): LayerNorm, a 4 x dim GELU MLP, learned positions, tied head."""
+    """flowrun's GPT (models/gpt/gpt.hpp): LayerNorm, a 4 x dim GELU MLP, learned positions, tied head."""
     T = context
     bp = 12 * dim * dim + 13 * dim
     blocks = [block(bp, 12 * dim * dim / bp, 2 * 12 * dim * dim * T, 4 * T * T * dim,

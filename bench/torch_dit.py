@@ -253,9 +253,9 @@ def make_encoder(c):
     return enc.eval().requires_grad_(False)
 
 
-# ---- the DiT (HunyuanDiT, diffusers' names; nodes/models/dit.hpp) ----
+# ---- the DiT (HunyuanDiT, diffusers' names; nodes/models/dit/dit.hpp) ----
 
-# ---- the frozen VAE encoder (diffusers' AutoencoderKL encoder, names as nodes/models/vae.hpp) ----
+# ---- the frozen VAE encoder (diffusers' AutoencoderKL encoder, names as nodes/models/vae/vae.hpp) ----
 
 class VaeResnet(nn.Module):  # ResnetBlock2D without a time embedding
     def __init__(self, cin, cout, groups):

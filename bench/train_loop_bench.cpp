@@ -18,7 +18,7 @@
 
 #include "bench_graph.hpp"
 #include "data/token_shards.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
 #include "train/forward_backward.hpp"

@@ -2,7 +2,7 @@
 // compile error here instead of "the batch has no 'tex_emb'" at run time. Keys that one file
 // writes and a graph names (a data node's out_key, an objective's x_key) are parameters in
 // their schemas instead; these are the fixed ones:
-//   - what a denoiser reads (models/dit.cpp) and what the diffusion objective and the sampler
+//   - what a denoiser reads (models/dit/dit.cpp) and what the diffusion objective and the sampler
 //     hand it (train/diffusion.cpp, eval/sampler.cpp): the noisy sample, the timestep, the
 //     text streams and the size/style conditioning (data/image_text_shards.cpp writes those);
 //   - the regression pair (data/synthetic_regression.cpp writes, models/mlp.cpp and

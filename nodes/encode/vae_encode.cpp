@@ -10,7 +10,7 @@
 
 #include "common/device.hpp"
 #include "common/pretrained.hpp"
-#include "models/vae_config.hpp"
+#include "models/vae/vae_config.hpp"
 #include "common/seed.hpp"
 #include "common/tensor_map.hpp"
 #include "node.hpp"

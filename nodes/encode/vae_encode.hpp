@@ -1,5 +1,5 @@
 // vae_encode node: images -> latents with a frozen diffusers AutoencoderKL encoder
-// (models/vae.hpp). Schema: schemas/vae_encode.yaml. Test: tests/nodes/vae_encode_test.cpp.
+// (models/vae/vae.hpp). Schema: schemas/vae_encode.yaml. Test: tests/nodes/vae_encode_test.cpp.
 //
 // Like the text encoders (bert_encode, t5_encode), the encoder never trains (requires_grad false, eval mode) and runs under
 // torch::NoGradGuard (not InferenceMode: the latents feed a trainable model). The latent-sampling
@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "node.hpp"
 
 namespace flowrun {

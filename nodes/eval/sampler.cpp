@@ -10,7 +10,7 @@
 // noise and differences between grids are the model's.
 //
 // Pixel space (channels 3): the sample in [-1, 1] is the image. Latents with `vae`: the sampler
-// holds the decoder part of a diffusers AutoencoderKL (models/vae.hpp; built once at setup) and
+// holds the decoder part of a diffusers AutoencoderKL (models/vae/vae.hpp; built once at setup) and
 // decodes x / scaling_factor to RGB, one image at a time. Latents without a VAE decoder: the
 // first three channels, stretched to [0, 255] per image, so a person still sees structure.
 // The node also outputs the samples the grid shows and each one's prompt, so an evaluator of

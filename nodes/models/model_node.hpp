@@ -17,7 +17,7 @@
 //   8. own                   the parameter count logged, the module moved to the run's device,
 //                            its adapters exportable, the state the node's `params` output
 //
-// A family node, whole (models/gpt_node.cpp is the full one):
+// A family node, whole (models/gpt/gpt_node.cpp is the full one):
 //
 //   class GptNode : public ModelNode {
 //     Config cfg_; Gpt model_{nullptr};

@@ -2,7 +2,7 @@
 // Schema: schemas/lm_loss.yaml. Test: tests/nodes/objectives_test.cpp.
 //
 // The model maps batch["tokens"] [B, T+1] to logits [B, T, vocab] for tokens[:, :-1]
-// (models/gpt.hpp); the targets are tokens[:, 1:]. Mean over the B*T targets. The softmax over
+// (models/gpt/gpt.hpp); the targets are tokens[:, 1:]. Mean over the B*T targets. The softmax over
 // the vocabulary runs in fp32 whatever precision the model computed its logits in, fused
 // (train/cross_entropy.hpp: with a 50k vocabulary the loss is a large part of a small model's
 // step); over the vocabulary columns each rank holds when the model says its logits are split.

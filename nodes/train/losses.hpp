@@ -71,7 +71,7 @@ class DiffusionLoss : public Objective, public Denoising {
 // its own, seeded by its global row index in the step (TrainingScope::row_seed), so any
 // number of ranks and micro-batches draw what one process does: first u ~ U[0, 1) (parallel
 // when u < p), then, for ratio < 1, the order of its positions (the first n masked). In an
-// evaluator (no scope) every row is autoregressive. The model (models/cappa.hpp) reads image, decoder_input, decoder_masked,
+// evaluator (no scope) every row is autoregressive. The model (models/cappa/cappa.hpp) reads image, decoder_input, decoder_masked,
 // parallel.
 class CaptionLoss : public Objective, public Captioning {
  public:

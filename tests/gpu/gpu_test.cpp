@@ -29,7 +29,7 @@
 #include "common/seed.hpp"
 #include "common/state_io.hpp"
 #include "executor.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "nodes/data_test_helpers.hpp"
 #include "registry.hpp"
 #include "schema.hpp"

@@ -373,13 +373,13 @@ mesh_groups)
   # all-reduce, a reduce-scatter and an all-gather of uneven blocks in each).
   # Tensor parallel's conjugate operators (parallel/tensor_parallel.hpp): Megatron's column-then-
   # row MLP split over tp groups of 2 and of 4 equals the whole MLP, output and gradients.
-  # The GPT split the same way (models/gpt.hpp Config::tp: each rank's heads, MLP units and
+  # The GPT split the same way (models/gpt/gpt.hpp Config::tp: each rank's heads, MLP units and
   # vocabulary rows, scored by the vocabulary-parallel cross-entropy; whole weights loaded as a
   # file's, each rank taking its parts) equals the whole model: the loss and every gradient.
-  # The DiT too (models/dit.hpp Config::tp: both attentions' heads, the MLP's units), with both
+  # The DiT too (models/dit/dit.hpp Config::tp: both attentions' heads, the MLP's units), with both
   # text streams, the T5 pooler, size and style conditioning and the long skips; and with LoRA
   # adapters on split layers of both kinds and on a whole one (lora.hpp).
-  # And CapPa (models/cappa.hpp Config::tp: the ViT's and the decoder's heads and MLP units).
+  # And CapPa (models/cappa/cappa.hpp Config::tp: the ViT's and the decoder's heads and MLP units).
   # One job runs them all in turn (one start-up: testtool's "+").
   run_code 0 "${mpi4[@]}" "$tool" mesh-groups 2 1 + mesh-groups 1 2 + mesh-groups 2 2 + mesh-groups 1 1 \
     + tp-mlp 2 + tp-mlp 4 + gpt-tp 2 + gpt-tp 4 + dit-tp 2 + dit-tp 4 + dit-tp 2 lora + dit-tp 4 lora + cappa-tp 2 + cappa-tp 4

@@ -1,4 +1,4 @@
-// CapPa: the cappa model (models/cappa.hpp), the caption_loss objective with parallel
+// CapPa: the cappa model (models/cappa/cappa.hpp), the caption_loss objective with parallel
 // prediction, Adafactor in the optimizer, the caption_evaluator, and graphs/cappa.yaml itself
 // at a tiny size chosen by overrides.
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
-#include "models/cappa.hpp"
+#include "models/cappa/cappa.hpp"
 #include "models/lora.hpp"
 #include "models/stages.hpp"
 #include "data_test_helpers.hpp"

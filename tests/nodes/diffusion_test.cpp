@@ -12,7 +12,7 @@
 
 #include "common/seed.hpp"
 #include "dit_test_helpers.hpp"
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 #include "models/dropout.hpp"
 #include "train/diffusion.hpp"
 #include "train/forward_backward.hpp"

@@ -16,7 +16,7 @@
 
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {

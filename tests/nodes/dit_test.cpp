@@ -8,7 +8,7 @@
 #include <set>
 
 #include "common/safetensors.hpp"
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 #include "models/lora.hpp"
 #include "dit_test_helpers.hpp"
 #include "node_test_helpers.hpp"

@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "common/seed.hpp"
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 
 namespace flowrun::dit_test {
 

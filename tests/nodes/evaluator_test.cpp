@@ -9,7 +9,7 @@
 #include "data_test_helpers.hpp"
 #include "encode/vae_encode.hpp"
 #include "eval/evaluator.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "node_test_helpers.hpp"
 #include "train/losses.hpp"
 

@@ -17,7 +17,7 @@
 #include "common/seed.hpp"
 #include "data_test_helpers.hpp"
 #include "float_compare.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "node_test_helpers.hpp"
 #include "train/cross_entropy.hpp"
 #include "train/forward_backward.hpp"

@@ -9,7 +9,7 @@
 #include "common/safetensors.hpp"
 #include "float_compare.hpp"
 #include "models/dropout.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "node_test_helpers.hpp"
 #include "support/gpt_reference.hpp"
 #include "train/forward_backward.hpp"

@@ -18,7 +18,7 @@
 #include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "data_test_helpers.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "models/lora.hpp"
 #include "support/run_graph.hpp"
 

@@ -13,7 +13,7 @@
 #include "common/safetensors.hpp"
 #include "formats/tar.hpp"
 #include "data_test_helpers.hpp"
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "support/run_graph.hpp"
 
 using namespace flowrun;

@@ -13,10 +13,10 @@
 #include "common/pretrained.hpp"
 #include "common/safetensors.hpp"
 #include "encode/text_encode.hpp"
-#include "models/dit.hpp"
-#include "models/gpt.hpp"
+#include "models/dit/dit.hpp"
+#include "models/gpt/gpt.hpp"
 #include "models/model_state.hpp"
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {

@@ -10,7 +10,7 @@
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "dit_test_helpers.hpp"
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 #include "models/lora.hpp"
 #include "support/run_graph.hpp"
 #include "train/forward_backward.hpp"

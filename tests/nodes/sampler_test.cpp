@@ -14,7 +14,7 @@
 #include "data/image_tensor.hpp"
 #include "prep/prep_images.hpp"
 #include "common/safetensors.hpp"
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "data/shapes.hpp"
 #include "eval/sampler.hpp"
 #include "train/losses.hpp"

@@ -1,4 +1,4 @@
-// vae_encode and the AutoencoderKL behind it (nodes/models/vae.hpp): diffusers' parameter names
+// vae_encode and the AutoencoderKL behind it (nodes/models/vae/vae.hpp): diffusers' parameter names
 // and shapes, encoder and decoder against references composed from plain tensor ops (GroupNorm by
 // hand, convolutions as unfold + matmul, attention as matmul + softmax), safetensors by name (round
 // trip, partial modules, deprecated attention names, one error listing the problems and naming
@@ -12,7 +12,7 @@
 #include "common/safetensors.hpp"
 #include "common/seed.hpp"
 #include "encode/vae_encode.hpp"
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {

@@ -9,7 +9,7 @@
 #include "common/seed.hpp"
 #include "eval/vae_recon.hpp"
 #include "models/dropout.hpp"
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "train/losses.hpp"
 
 namespace flowrun {

@@ -2,7 +2,7 @@
 // mode, no cache) over a flowrun gpt module's parameters: 4-D [B, H, T, D] heads made by
 // split/view/permute, matmul, division by sqrt(D), torch.where with the [context, context]
 // bool `attn.bias` buffer and finfo.min, NewGELUActivation written out, addmm Conv1D.
-// The fast path in nodes/models/gpt.cpp must give the same logits and grads
+// The fast path in nodes/models/gpt/gpt.cpp must give the same logits and grads
 // (tests/nodes/gpt_test.cpp); bench/gpt_bench.cpp measures what it saves.
 #pragma once
 #include <torch/torch.h>
@@ -10,7 +10,7 @@
 #include <cmath>
 #include <limits>
 
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 
 namespace flowrun::test {
 

@@ -26,14 +26,14 @@
 //       gradients (its blocks of the whole ones) within 1e-5 relative; exit 1 naming the first
 //       that differs
 //   mpirun -np N testtool gpt-tp TP
-//       a tiny GPT (models/gpt.hpp) split over each tp group (Config::tp: heads, MLP units and the
+//       a tiny GPT (models/gpt/gpt.hpp) split over each tp group (Config::tp: heads, MLP units and the
 //       vocabulary, scored by the vocabulary-parallel cross-entropy) against the whole model
 //       computed on every rank, both from the same whole weights (the split one loads them as a
 //       file's tensors, each rank taking its parts): the loss, and each rank's parameter
 //       gradients (its parts of the whole model's; whole parameters whole) within 1e-5 of each
 //       tensor's largest value, fp32 on the CPU; exit 1 naming the first that differs
 //   mpirun -np N testtool dit-tp TP [lora]
-//       the same for a tiny HunyuanDiT (models/dit.hpp Config::tp: both attentions' heads and the
+//       the same for a tiny HunyuanDiT (models/dit/dit.hpp Config::tp: both attentions' heads and the
 //       MLP's units) with both text streams (BERT-width states and T5 states with their pooler),
 //       size and style conditioning, learned variance and long skips: the loss (mean square of
 //       the output against a fixed target) and every parameter's gradient; with `lora`, LoRA
@@ -41,7 +41,7 @@
 //       (lora.hpp: B by rows on column-split layers, A by columns on row-split ones), the
 //       frozen base without gradients
 //   mpirun -np N testtool cappa-tp TP
-//       the same for a tiny CapPa (models/cappa.hpp Config::tp: the ViT's and the decoder's heads
+//       the same for a tiny CapPa (models/cappa/cappa.hpp Config::tp: the ViT's and the decoder's heads
 //       and MLP units), half its rows decoded in parallel: the loss (cross-entropy of the logits)
 //       and every parameter's gradient
 //   mpirun -np N testtool CHECK + CHECK + ...
@@ -75,9 +75,9 @@
 #include "models/model_state.hpp"
 #include "registry.hpp"
 #include "spec.hpp"
-#include "models/cappa.hpp"
-#include "models/dit.hpp"
-#include "models/gpt.hpp"
+#include "models/cappa/cappa.hpp"
+#include "models/dit/dit.hpp"
+#include "models/gpt/gpt.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/pipeline_schedule.hpp"

@@ -1,11 +1,11 @@
 // gpt: a GPT-2 language model node (owns its parameters; no per-step work), with LoRA adapters
 // when the graph asks (models/model_node.hpp). The module, its init and its loader are
-// models/gpt.hpp. Schema: schemas/gpt.yaml. Test: tests/nodes/gpt_test.cpp.
+// models/gpt/gpt.hpp. Schema: schemas/gpt.yaml. Test: tests/nodes/gpt_test.cpp.
 #include <spdlog/spdlog.h>
 
 #include "common/memory.hpp"
 #include "models/attention.hpp"
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 #include "models/model_node.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
@@ -14,7 +14,7 @@ namespace flowrun::gpt {
 
 namespace {
 
-// What the model's attention keeps for backward (models/gpt.cpp): unless attention dropout trains,
+// What the model's attention keeps for backward (models/gpt/gpt.cpp): unless attention dropout trains,
 // it is fused — torch's on a GPU (where the weights `w` are), flowrun's on the CPU in float32.
 AttentionKeeps attention_keeps(const Config& cfg, const torch::Tensor& w, int64_t bytes) {
   if (cfg.dropout != 0.0) return AttentionKeeps::scores;

@@ -1,7 +1,7 @@
 // A HunyuanDiT-style diffusion transformer as a libtorch module (diffusers HunyuanDiT2DModel
 // names), its init, loader and state. Names and math: dit.hpp. The node type dit: dit_node.cpp.
 // Test: tests/nodes/dit_test.cpp.
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // GPT-2 as a libtorch module (Hugging Face GPT2LMHeadModel layout): init, loading, the state.
 // Names and math: gpt.hpp. The node type gpt: gpt_node.cpp. Test: tests/nodes/gpt_test.cpp.
-#include "models/gpt.hpp"
+#include "models/gpt/gpt.hpp"
 
 #include <algorithm>
 #include <cmath>

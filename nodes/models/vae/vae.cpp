@@ -1,5 +1,5 @@
 // diffusers AutoencoderKL (see vae.hpp).
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 
 #include <algorithm>
 #include <cmath>

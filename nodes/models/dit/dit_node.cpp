@@ -1,5 +1,5 @@
 // dit: a HunyuanDiT-style diffusion transformer node (owns its parameters; optional LoRA
-// adapters, base weights and PEFT adapters loaded by name). The module: models/dit.hpp.
+// adapters, base weights and PEFT adapters loaded by name). The module: models/dit/dit.hpp.
 // Schema: schemas/dit.yaml. Test: tests/nodes/dit_test.cpp, lora_test.cpp.
 #include <spdlog/spdlog.h>
 
@@ -12,7 +12,7 @@
 #include "common/pretrained.hpp"
 #include "formats/text_tokenizer.hpp"
 #include "models/attention.hpp"
-#include "models/dit.hpp"
+#include "models/dit/dit.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
 

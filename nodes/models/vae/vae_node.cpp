@@ -1,11 +1,11 @@
-// vae: a trainable diffusers AutoencoderKL (the module: models/vae.hpp), the model of
+// vae: a trainable diffusers AutoencoderKL (the module: models/vae/vae.hpp), the model of
 // graphs/vae.yaml; objective vae_loss trains it, vae_recon shows and scores its reconstructions,
 // and the checkpoint's files load by name into vae_encode and the sampler's `vae`.
 // Schema: schemas/vae.yaml. Test: tests/nodes/vae_loss_test.cpp, graph_vae_test.cpp.
 #include "common/pretrained.hpp"
-#include "models/vae_config.hpp"
+#include "models/vae/vae_config.hpp"
 #include "models/model_node.hpp"
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "registry.hpp"
 
 namespace flowrun::vae {

@@ -1,12 +1,12 @@
 // cappa: a CapPa image captioner (ViT encoder + parallel-prediction decoder) node; owns its
 // parameters (with LoRA adapters when the graph asks: models/model_node.hpp), no per-step
-// work. The module: models/cappa.hpp. Schema: schemas/cappa.yaml. Test: tests/nodes/cappa_test.cpp.
+// work. The module: models/cappa/cappa.hpp. Schema: schemas/cappa.yaml. Test: tests/nodes/cappa_test.cpp.
 #include <algorithm>
 
 #include "common/memory.hpp"
 #include "formats/text_tokenizer.hpp"
 #include "models/attention.hpp"
-#include "models/cappa.hpp"
+#include "models/cappa/cappa.hpp"
 #include "models/model_node.hpp"
 #include "registry.hpp"
 

@@ -1,5 +1,5 @@
 // The CapPa module (cappa.hpp).
-#include "models/cappa.hpp"
+#include "models/cappa/cappa.hpp"
 
 #include <cmath>
 #include <limits>

@@ -1,5 +1,5 @@
 // A VAE's configuration from a graph's autoencoder_kl group or a diffusers folder (vae_config.hpp).
-#include "models/vae_config.hpp"
+#include "models/vae/vae_config.hpp"
 
 #include <map>
 #include <set>

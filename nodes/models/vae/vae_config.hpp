@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "models/vae.hpp"
+#include "models/vae/vae.hpp"
 #include "node.hpp"  // Params
 
 namespace flowrun {
