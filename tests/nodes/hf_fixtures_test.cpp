@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "common/pretrained.hpp"
@@ -148,9 +149,9 @@ TEST(HfFixtures, T5EncodeFromAShardedTransformersMt5EncoderFolderMatchesTransfor
 }
 
 TEST(HfFixtures, GptFromATransformersGpt2ModelSafetensorsMatchesTransformersLogits) {
-  // The gpt node has no `pretrained:`: `weights:` names transformers' model.safetensors
-  // ("transformer." names, no lm_head.weight: tied) and the graph writes the sizes of
-  // gpt2/config.json (n_layer, n_embd, n_head, vocab_size, n_positions).
+  // `weights:` names transformers' model.safetensors ("transformer." names, no lm_head.weight:
+  // tied) and the graph writes the sizes of gpt2/config.json (n_layer, n_embd, n_head,
+  // vocab_size, n_positions); `pretrained:` (below) reads them from the folder.
   auto g = test::load_graph_text(
       "flowrun: 1\nrun: { steps: 1, device: cpu }\nnodes:\n"
       "  model: { type: gpt, with: { layers: 2, dim: 16, heads: 2, vocab: 80, context: 32, weights: '" + kFixtures +
@@ -173,6 +174,39 @@ TEST(HfFixtures, GptFromATransformersGpt2ModelSafetensorsMatchesTransformersLogi
   const torch::Tensor tokens = torch::cat({ids, ids.narrow(1, 0, 1)}, 1);
   EXPECT_LT(rel(s.forward({{"tokens", tokens}}), want), 1e-5);
   std::printf("GPT2LMHeadModel vs transformers: %.2e relative\n", rel(logits, want));
+}
+
+TEST(HfFixtures, GptFromItsTransformersFolderByPretrainedTakesTheSizesFromConfigJson) {
+  // gpt2/ as save_pretrained wrote it: no size in the graph, the same logits.
+  auto g = test::load_graph_text("flowrun: 1\nrun: { steps: 1, device: cpu }\nnodes:\n  model: { type: gpt, with: { pretrained: '" +
+                                 kFixtures + "/gpt2' } }\n");
+  ModelState& s = g->state<ModelState>("model", "params");
+  auto gpt = std::dynamic_pointer_cast<gpt::GptImpl>(s.module);
+  ASSERT_TRUE(gpt);
+  EXPECT_EQ(describe(gpt->config()), "layers=2 dim=16 heads=2 vocab=80 context=32");
+  gpt->eval();
+  torch::NoGradGuard ng;
+  EXPECT_LT(rel(gpt->forward(tref("gpt2.input_ids").to(torch::kLong)), tref("gpt2.logits")), 1e-5);
+
+  // A size the graph writes must agree with the folder's; a key that changes the math is refused
+  // by name, every problem at once.
+  const std::string sizes = test::graph_error("flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: gpt, with: { pretrained: '" +
+                                              kFixtures + "/gpt2', layers: 3 } }\n");
+  EXPECT_NE(sizes.find("layers is 3 in the graph, " + kFixtures + "/gpt2/config.json has n_layer = 2"), std::string::npos)
+      << sizes;
+  const std::string dir = test::temp_dir("gpt-pretrained") + "/gpt2";
+  std::filesystem::copy(kFixtures + "/gpt2", dir, std::filesystem::copy_options::recursive);
+  nlohmann::json c;
+  std::ifstream(dir + "/config.json") >> c;
+  c["activation_function"] = "relu";
+  c["n_inner"] = 48;
+  std::ofstream(dir + "/config.json") << c.dump(2);
+  const std::string e = test::graph_error("flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: gpt, with: { pretrained: '" +
+                                          dir + "' } }\n");
+  EXPECT_NE(e.find("node 'model' (gpt)"), std::string::npos) << e;
+  EXPECT_NE(e.find("2 problems"), std::string::npos) << e;
+  EXPECT_NE(e.find("activation_function"), std::string::npos) << e;
+  EXPECT_NE(e.find("n_inner = 48 is not built"), std::string::npos) << e;
 }
 
 }  // namespace
