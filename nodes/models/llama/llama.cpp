@@ -104,7 +104,10 @@ void AttentionImpl::reset() {
   k_proj = register_module("k_proj", lora::split(lora::Linear(c_.dim, KV * hd, c_.qkv_bias), c_.tp, kv_role));
   v_proj = register_module("v_proj", lora::split(lora::Linear(c_.dim, KV * hd, c_.qkv_bias), c_.tp, kv_role));
   o_proj = register_module("o_proj", lora::split(lora::Linear(H * hd, c_.dim, c_.o_bias), c_.tp, lora::TpRole::inputs));
-  if (c_.qk_norm) {  // over this rank's heads: their gradients summed over tp (k's already whole where kv is)
+  // Qwen 3's norms, whole on every rank. q_norm sees this rank's query heads: its gradient summed
+  // over tp. k_norm the same where the kv heads split; where they are whole it sees all of them,
+  // before the copy that sums their gradient (forward), so its own is whole already.
+  if (c_.qk_norm) {
     q_norm = register_module("q_norm", layers::RmsNorm(hd, c_.norm_eps, c_.tp));
     k_norm = register_module("k_norm", layers::RmsNorm(hd, c_.norm_eps, c_.kv_split() ? c_.tp : nullptr));
   }
