@@ -919,7 +919,8 @@ llama)
   # split and the stages the family declares (models/family.hpp): tp 2 (the 2 kv heads split), tp 4
   # (2 kv heads whole on every rank, their gradients summed), dp 2 x tp 2, pp 2 under 1f1b and
   # interleaved, pp 2 x tp 2: with SGD (momentum) the parameters and momenta within 1e-5 of each
-  # tensor's largest value, with AdamW every step's loss within 1e-6; LoRA under tp 2 and tp 4 too.
+  # tensor's largest value, with AdamW every step's loss within 1e-6; LoRA under tp 2 and tp 4 too;
+  # checkpoints resumed across layouts.
   needs_data data/text/fortunes_byte.train.bin
   g=(graphs/llama.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=4 model.dim=32 model.heads=4
      model.kv_heads=2 model.mlp_dim=48 model.vocab=256 model.context=32 run.steps=6 run.log_every=1 run.threads=1
@@ -962,6 +963,17 @@ llama)
     same_numbers "$tmp/l1" "$tmp/a2" 1e-6 || fail "llama, AdamW: the losses differ between $name and one process"
     [ "$name" = tp4 ] && expect_out "kv_heads 2 do not split over tp 4: k_proj and v_proj are whole on every tp rank"
   done
+  # Checkpoints hold the one-process tensors whatever the layout: step 3 of tp 4 (kv heads whole)
+  # and of pp 2 x tp 2 continued by one process, and one process's step 3 by tp 2, end where one
+  # process ends (SGD, within 1e-5).
+  for name in tp4 pp2tp2; do
+    from "$tmp/sgd_$name" "$tmp/r_$name"
+    run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/r_$name" run.resume=auto
+    "$tensordiff" "$(params "$tmp/sgd1" 6)" "$(params "$tmp/r_$name" 6)" 1e-5 || fail "llama: resume $name -> 1 differs"
+  done
+  from "$tmp/sgd1" "$tmp/r12"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" run.parallel.tp=2 run.out_dir="$tmp/r12" run.resume=auto
+  "$tensordiff" "$(params "$tmp/sgd1" 6)" "$(params "$tmp/r12" 6)" 1e-5 || fail "llama: resume 1 -> tp 2 differs"
   # LoRA on every projection (v_proj whole at tp 4): the adapters train as in one process.
   lora=(model.lora.rank=4 model.lora.alpha=8 "model.lora.targets=[q_proj,k_proj,v_proj,o_proj,gate_proj,down_proj]" data.batch=8)
   run_code 0 "$flowrun" "${g[@]}" "${lora[@]}" run.out_dir="$tmp/lora1"
