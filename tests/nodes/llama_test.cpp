@@ -18,6 +18,7 @@
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
+#include "train/precision.hpp"
 
 namespace flowrun {
 namespace llama_parity {  // named: the unity build puts this file beside hf_fixtures_test.cpp
@@ -133,6 +134,37 @@ TEST(Llama, Qwen3WithItsQkNormsMatchesTransformersLogitsLossAndGradients) {
   }
   EXPECT_EQ(checked, 2 * 11 + 2);  // per block: 2 norms, q/k/v/o, q/k norms, gate/up/down; embedding, norm
   EXPECT_EQ(l.state->tensors().at("model.layers.1.self_attn.k_norm.weight").sizes(), (std::vector<int64_t>{16}));
+}
+
+TEST(Llama, UnderBf16AutocastItStaysWithinBf16sPrecisionOfTransformersFp32LogitsAndGradients) {
+  // run.precision: bf16 runs the forward under autocast (the products in bf16, the weights fp32):
+  // the llama31 fixture's logits, and every gradient of the loss, within bf16's few digits of
+  // transformers' fp32 ones.
+  auto g = test::load_graph_text(graph_of(kFixtures + "/llama31"));
+  ModelState& s = g->state<ModelState>("model", "params");
+  s.module->eval();
+  const torch::Tensor tokens = reference("llama31.tokens").to(torch::kLong);
+  torch::Tensor logits;
+  {
+    AutocastScope bf16(Precision::bf16, torch::kCPU);
+    logits = s.forward({{"tokens", tokens}});
+  }
+  EXPECT_EQ(logits.scalar_type(), torch::kBFloat16);  // the head's product ran in bf16
+  const double r = rel(logits.to(torch::kFloat), reference("llama31.logits"));
+  EXPECT_LT(r, 2e-2);
+  EXPECT_GT(r, 1e-5);  // and not in fp32
+  torch::cross_entropy_loss(logits.to(torch::kFloat).reshape({-1, logits.size(-1)}),
+                            tokens.narrow(1, 1, tokens.size(1) - 1).reshape({-1}))
+      .backward();
+  double worst = 0;
+  for (const auto& [name, p] : s.named_parameters()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().scalar_type(), torch::kFloat);  // fp32 weights, fp32 gradients
+    worst = std::max(worst, rel(p.grad(), reference("llama31.grad." + name)));
+  }
+  EXPECT_LT(worst, 5e-2);
+  std::printf("llama31 under bf16 autocast: logits %.2e, the worst gradient %.2e relative to transformers' fp32\n", r, worst);
 }
 
 TEST(Llama, AConfigAskingForWhatIsNotBuiltIsRefusedWithEveryProblemAtOnce) {
