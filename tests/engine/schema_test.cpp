@@ -194,6 +194,41 @@ inputs: { x: { kind: value, type: tensor } })",
     EXPECT_FALSE(parse_node_schema(builtin_schema(t), "schemas/" + t + ".yaml").collectives.empty()) << t;
 }
 
+// `family: { tp_divides, alike_blocks }`: a model family that splits over tp and cuts into
+// stages says which of its int parameters tp must divide and which counts its blocks when they are
+// alike (models/family.hpp has the rest); the planner and forward_backward read it from the
+// registry. A name that is not an int parameter of the type, or a key of its own, is a schema error.
+TEST(Schema, AFamilyNamesTheSizesTpMustDivideAmongItsIntParameters) {
+  const NodeSchema s = parse_node_schema(R"(type: demo
+family: { tp_divides: [heads, vocab], alike_blocks: layers }
+params:
+  heads: { type: int, default: 4 }
+  vocab: { type: int, default: 256 }
+  layers: { type: int, default: 2 }
+)",
+                                         "built-in");
+  ASSERT_TRUE(s.family.has_value());
+  EXPECT_EQ(s.family->tp_divides, (std::vector<std::string>{"heads", "vocab"}));
+  EXPECT_EQ(s.family->alike_blocks, "layers");
+  EXPECT_NE(describe(s).find("family: splits over tensor parallel (run.parallel.tp dividing heads, vocab)"),
+            std::string::npos) << describe(s);
+  EXPECT_FALSE(parse_node_schema("type: quiet\n", "built-in").family.has_value());
+  try {
+    parse_node_schema("type: x\nfamily: { tp_divides: [heads, width], alike: true }\nparams: { heads: { type: int, default: 2 }, "
+                      "width: { type: float, default: 1.0 } }\n",
+                      "x.yaml");
+    FAIL() << "a family naming a float parameter was accepted";
+  } catch (const GraphError& e) {
+    const std::string d = e.diagnostics().str();
+    EXPECT_NE(d.find("'width' is not an int parameter of x"), std::string::npos) << d;
+    EXPECT_NE(d.find("unknown schema key 'alike'"), std::string::npos) << d;
+  }
+  // The built-in families declare themselves; the registry lists them.
+  for (const std::string t : {"gpt", "llama", "dit", "cappa"})
+    EXPECT_TRUE(parse_node_schema(builtin_schema(t), "schemas/" + t + ".yaml").family.has_value()) << t;
+  EXPECT_FALSE(parse_node_schema(builtin_schema("mlp"), "schemas/mlp.yaml").family.has_value());
+}
+
 // Shared parameter groups (schemas/groups/NAME.yaml): `groups: [NAME]` adds a group's
 // parameters before the type's own; a map parameter with `group: NAME` takes them as fields,
 // before its own `fields`. Every built-in group parses, and the types that use one get the
