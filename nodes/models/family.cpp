@@ -15,13 +15,16 @@ void init_in_order(torch::nn::Module& module, const ParamOrder& order, const par
   for (const auto& [name, shape] : order) {
     if (lora::is_adapter(name)) continue;
     const parallel::TpSplit s = layout.split ? layout.split(name) : parallel::TpSplit{};
+    torch::Tensor* mine = held.find(name);
+    if (mine && !(s.split() && layout.group)) {  // held whole: drawn where it lies, no copy
+      init_one(name, *mine, g);
+      continue;
+    }
     std::vector<int64_t> whole_shape = shape;
     if (s.split() && layout.group) whole_shape[static_cast<size_t>(s.dim)] *= layout.group->size();
     torch::Tensor whole = torch::empty(whole_shape);
     init_one(name, whole, g);  // drawn whether kept or not: the generator moves on as in the whole model
-    torch::Tensor* mine = held.find(name);
-    if (!mine) continue;
-    mine->copy_(layout.group ? parallel::tp_part(whole, s, *layout.group, name) : whole);
+    if (mine) mine->copy_(parallel::tp_part(whole, s, *layout.group, name));
   }
 }
 

@@ -19,9 +19,9 @@
 //   }
 //
 // and its schema says what the planner reads before any model exists (schema `family:`: the sizes
-// run.parallel.tp must divide, whether its blocks are alike). Its node then calls, in order:
-// ModelNode::cut_into_stages(ctx, family) at configure; init_declared and hold_declared at build;
-// its loader calls load_declared. What a family still writes itself: its module (each layer built
+// run.parallel.tp must divide, whether its blocks are alike). Its node then calls
+// ModelNode::cut_into_stages(ctx, family) at configure and ModelNode::declared_state at build
+// (init_declared, hold_declared); its loader calls load_declared. What a family still writes itself: its module (each layer built
 // as this rank's part: lora::split, layers::MlpOptions::tp; the blocks it holds, placeholders for
 // the others), its chunk forward, and its init of one tensor.
 #pragma once
@@ -80,9 +80,10 @@ struct Family {
 };
 
 // The module's seeded init as one process's: for each parameter in init order (the module's own,
-// or the whole model's when staged; adapters excepted: apply_lora's), its whole tensor is made and
-// drawn (Family::init_one) and this rank keeps its part where it holds the tensor. One whole
-// tensor exists at a time, so a rank never holds the whole model, and tp and pp change no value.
+// or the whole model's when staged; adapters excepted: apply_lora's), its whole tensor is drawn
+// (Family::init_one) — in place where this rank holds it whole; else made, drawn, and this rank's
+// part kept where it holds one. One whole tensor exists at a time, so a rank never holds the whole
+// model, and tp and pp change no value.
 void init_declared(torch::nn::Module& module, const Family& family, uint64_t seed);
 // The same over an explicit order and layout (what init_declared runs).
 void init_in_order(torch::nn::Module& module, const ParamOrder& order, const parallel::TpLayout& layout,

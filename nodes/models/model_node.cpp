@@ -141,6 +141,17 @@ std::shared_ptr<Stages> ModelNode::cut_into_stages(SetupContext& ctx, const Fami
   return cut;
 }
 
+std::shared_ptr<ModelState> ModelNode::declared_state(std::shared_ptr<ModelState> state, const Family& family,
+                                                      uint64_t seed, bool init, const std::string& init_name,
+                                                      std::string& how) {
+  if (init) {  // the whole model's init, tensor by tensor, each rank keeping its parts and its stage's
+    how = init_name + ", seed " + std::to_string(seed);
+    init_declared(*state->module, family, seed);
+  }
+  hold_declared(*state, family, how);
+  return state;
+}
+
 void ModelNode::finish(SetupContext&, ModelState&, const std::vector<std::string>&) {}
 
 void ModelNode::setup(SetupContext& ctx) {

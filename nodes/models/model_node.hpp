@@ -88,6 +88,12 @@ class ModelNode : public Node {
   // coordinate), and the family's tied tensors where the first and last chunks are on different
   // ranks (Stages::tied). Null at pp 1. The family's tp (Family::tp) is set already.
   static std::shared_ptr<Stages> cut_into_stages(SetupContext& ctx, const Family& family);
+  // A declared family's build() after making its module (this rank's parts and chunks) into
+  // `state`: with `init`, the whole model's seeded init (init_declared; `how` = "<init_name>, seed
+  // N"), then the layout told (hold_declared). Returns `state`.
+  static std::shared_ptr<ModelState> declared_state(std::shared_ptr<ModelState> state, const Family& family,
+                                                    uint64_t seed, bool init, const std::string& init_name,
+                                                    std::string& how);
   // The family's last word on its state: its activations estimate, a captioner, warnings.
   // `adapted`: the layers `lora` put adapters on.
   virtual void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted);

@@ -106,14 +106,8 @@ class DitNode : public ModelNode {
   }
 
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
-    model_ = Dit(cfg_);
-    if (init) {  // the whole model's init, tensor by tensor, each rank keeping its parts and its stage's
-      how = "DiT init, seed " + std::to_string(seed);
-      init_declared(*model_, family(cfg_), seed);
-    }
-    std::shared_ptr<ModelState> state = make_state(model_);
-    hold_declared(*state, family(cfg_), how);
-    return state;
+    model_ = Dit(cfg_);  // this rank's parts and chunks
+    return declared_state(make_state(model_), family(cfg_), seed, init, "DiT init", how);
   }
 
   void load_weights(ModelState&, const std::string& path) override { load_safetensors(*model_, path); }

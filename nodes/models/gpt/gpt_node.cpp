@@ -107,14 +107,8 @@ class GptNode : public ModelNode {
   }
 
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
-    model_ = Gpt(cfg_);
-    if (init) {  // the whole model's init, tensor by tensor, each rank keeping its parts and its stage's
-      how = "GPT-2 init, seed " + std::to_string(seed);
-      init_declared(*model_, family(cfg_), seed);
-    }
-    std::shared_ptr<ModelState> state = make_state(model_);
-    hold_declared(*state, family(cfg_), how);
-    return state;
+    model_ = Gpt(cfg_);  // this rank's parts and chunks
+    return declared_state(make_state(model_), family(cfg_), seed, init, "GPT-2 init", how);
   }
 
   torch::Tensor any_weight() const { return model_->parameters().front(); }  // where the model is (a stage may lack wte)

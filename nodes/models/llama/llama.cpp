@@ -262,12 +262,6 @@ void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g)
   else p.normal_(0.0, 0.02, g);
 }
 
-void init_weights(LlamaImpl& model, uint64_t seed) {
-  at::Generator g = init_generator(seed);
-  for (auto& item : model.named_parameters(true))
-    if (!lora::is_adapter(item.key())) init_parameter(item.key(), item.value(), g);  // adapters: apply_lora's init
-}
-
 void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Tensor>& tensors, const std::string& source) {
   LoadByNameOptions o;
   o.model = "llama (" + describe(model.config()) + ")";

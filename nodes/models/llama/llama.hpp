@@ -174,13 +174,12 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
 };
 TORCH_MODULE(Llama);
 
-// transformers' _init_weights for these families: every linear and embedding weight ~ N(0, 0.02)
-// (initializer_range), biases 0, RMSNorm gains 1; drawn in parameter order from a generator
-// seeded by `seed` alone. LoRA adapters keep apply_lora's init.
-void init_weights(LlamaImpl& model, uint64_t seed);
-// What init_weights does to one whole parameter by name, drawing from `g` (the family's init_one).
+// transformers' _init_weights for these families, one whole parameter by name (the family's
+// init_one, drawn in parameter order: init_declared): every linear and embedding weight ~ N(0,
+// 0.02) (initializer_range), biases 0, RMSNorm gains 1, from `g`, the generator init_generator
+// makes from the seed alone. LoRA adapters keep apply_lora's init.
 void init_parameter(const std::string& name, torch::Tensor& p, at::Generator& g);
-at::Generator init_generator(uint64_t seed);  // init_weights' generator
+at::Generator init_generator(uint64_t seed);
 
 // A Hugging Face state dict into the model (names as above; the "model." prefix as transformers
 // saves it). Ignored: the rotary inv_freq buffers older files carry; with a tied head, an

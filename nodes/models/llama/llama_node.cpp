@@ -182,14 +182,8 @@ class LlamaNode : public ModelNode {
   }
 
   std::shared_ptr<ModelState> build(uint64_t seed, bool init, std::string& how) override {
-    model_ = Llama(cfg_);
-    if (init) {  // the whole model's init, tensor by tensor, each rank keeping its parts and its stage's
-      how = "transformers' init (N(0, 0.02)), seed " + std::to_string(seed);
-      init_declared(*model_, family(cfg_), seed);
-    }
-    std::shared_ptr<ModelState> state = make_state(model_);
-    hold_declared(*state, family(cfg_), how);
-    return state;
+    model_ = Llama(cfg_);  // this rank's parts and chunks
+    return declared_state(make_state(model_), family(cfg_), seed, init, "transformers' init (N(0, 0.02))", how);
   }
 
   void load_weights(ModelState&, const std::string& path) override {
