@@ -111,7 +111,7 @@ YAML::Node written_params(const RunInfo& run, const std::string& node) {
 safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f) {
   safetensors::Tensors all;
   for (const std::string& file : f.weight_files) {
-    safetensors::File shard = safetensors::load(file);
+    safetensors::File shard = safetensors::map(file);  // read when copied: each rank reads what it keeps
     for (auto& [name, t] : shard.tensors) {
       if (!f.weights_index.empty()) {
         auto it = f.weight_map.find(name);

@@ -46,7 +46,10 @@ struct PretrainedFolder {
 PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& kind);
 
 // Every tensor of the folder's weights (all shards), checked against the index: a shard that
-// is missing, or lacks a tensor the index puts in it, is an error naming both files.
+// is missing, or lacks a tensor the index puts in it, is an error naming both files. Nothing is
+// read yet: the tensors are views of the mapped files (safetensors::map), so a load copies shard
+// by shard, tensor by tensor, giving each one's pages back after it (load_by_name), and under tp
+// or pp a rank reads only the parts and stages it keeps.
 safetensors::Tensors load_pretrained_weights(const PretrainedFolder& f);
 // The error of a node given both a pretrained folder and a weights file (`who` names it).
 inline std::runtime_error pretrained_and_weights(const std::string& who) {

@@ -4,12 +4,17 @@
 #include "formats/safetensors_header.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <algorithm>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <vector>
@@ -34,6 +39,36 @@ const DtypeInfo kDtypes[] = {
   throw std::runtime_error("safetensors file " + path + ": " + what);
 }
 
+// The path checks of load() and map(): through `latest`, not a folder, a regular file.
+std::string checked_path(const std::string& given) {
+  const std::string path = resolve_latest(given);  // a path through a checkpoint's `latest`
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    bad(path, "is a folder, not a .safetensors file; name the file in it (a checkpoint folder holds one per state, "
+              "e.g. " + (std::filesystem::path(path) / "ema.params.safetensors").string() + ")");
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    bad(path, "is not a regular file (a device or a pipe?)");
+  return path;
+}
+
+// map()'s mappings, by address range, while any of their tensors lives: what release_pages()
+// may give back (and never memory of anything else).
+struct Mapping {
+  char* base = nullptr;
+  size_t size = 0;
+  ~Mapping();
+};
+std::mutex mappings_mutex;
+std::map<uintptr_t, const Mapping*> live_mappings;  // begin -> mapping
+
+Mapping::~Mapping() {
+  {
+    std::lock_guard<std::mutex> lock(mappings_mutex);
+    live_mappings.erase(reinterpret_cast<uintptr_t>(base));
+  }
+  munmap(base, size);
+}
+
 }  // namespace
 
 std::string dtype_name(torch::ScalarType t) {
@@ -49,13 +84,7 @@ torch::ScalarType dtype_from_name(const std::string& name, const std::string& wh
 }
 
 File load(const std::string& given) {
-  const std::string path = resolve_latest(given);  // a path through a checkpoint's `latest`
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    bad(path, "is a folder, not a .safetensors file; name the file in it (a checkpoint folder holds one per state, "
-              "e.g. " + (std::filesystem::path(path) / "ema.params.safetensors").string() + ")");
-  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
-    bad(path, "is not a regular file (a device or a pipe?)");
+  const std::string path = checked_path(given);
   std::ifstream in(path, std::ios::binary);
   if (!in) bad(path, std::filesystem::exists(path) ? "cannot be read" : "no such file");
   in.seekg(0, std::ios::end);
@@ -82,12 +111,73 @@ File load(const std::string& given) {
   return f;
 }
 
+File map(const std::string& given) {
+  const std::string path = checked_path(given);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) bad(path, std::filesystem::exists(path) ? "cannot be read" : "no such file");
+  struct stat st {};
+  auto mapping = std::make_shared<Mapping>();
+  if (fstat(fd, &st) == 0 && st.st_size >= 8) {
+    void* m = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (m != MAP_FAILED) {
+      mapping->base = static_cast<char*>(m);
+      mapping->size = static_cast<size_t>(st.st_size);
+    }
+  }
+  ::close(fd);  // the mapping keeps the file
+  if (!mapping->base) return load(path);  // empty, too short or not mappable: load() says what is wrong or reads it
+  {
+    std::lock_guard<std::mutex> lock(mappings_mutex);
+    live_mappings[reinterpret_cast<uintptr_t>(mapping->base)] = mapping.get();
+  }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(mapping->base);
+  const uint64_t n = header_json_size(bytes, mapping->size, path);
+  const Header h = parse_header(std::string(mapping->base + 8, n), mapping->size - 8 - n, path);
+  File f;
+  f.metadata = h.metadata;
+  for (const Entry& e : h.tensors) {
+    const auto options = torch::TensorOptions().dtype(dtype_from_name(e.dtype, e.name));
+    char* at = mapping->base + 8 + n + e.begin;
+    if (e.end == e.begin) {
+      f.tensors[e.name] = torch::empty(e.shape, options);
+    } else if (reinterpret_cast<uintptr_t>(at) % e.item_size != 0) {
+      torch::Tensor t = torch::empty(e.shape, options);
+      std::memcpy(t.data_ptr(), at, e.end - e.begin);
+      f.tensors[e.name] = t;
+    } else {
+      f.tensors[e.name] = torch::from_blob(at, e.shape, [keep = mapping](void*) {}, options);
+    }
+  }
+  return f;
+}
+
+void release_pages(const torch::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || t.device().type() != torch::kCPU) return;
+  const auto begin = reinterpret_cast<uintptr_t>(t.storage().data());
+  const uintptr_t end = begin + t.storage().nbytes();
+  {
+    std::lock_guard<std::mutex> lock(mappings_mutex);
+    auto it = live_mappings.upper_bound(begin);
+    if (it == live_mappings.begin()) return;
+    --it;
+    if (end > it->first + it->second->size) return;  // not one of map()'s tensors
+  }
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages inside
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void save(const std::string& path, const Tensors& tensors, const Metadata& metadata) {
   nlohmann::json h = nlohmann::json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
+  // The data in the reference writer's order: by element size, largest first, then by name, so
+  // every tensor starts aligned to its element size (map() can then view it where it lies).
+  std::vector<std::pair<std::string, torch::Tensor>> order(tensors.begin(), tensors.end());
+  std::stable_sort(order.begin(), order.end(),
+                   [](const auto& a, const auto& b) { return a.second.element_size() > b.second.element_size(); });
   std::vector<torch::Tensor> data;
   uint64_t off = 0;
-  for (const auto& [name, t0] : tensors) {  // std::map: sorted by name, like the reference writer
+  for (const auto& [name, t0] : order) {
     torch::Tensor t = t0.detach().to(torch::kCPU).contiguous();
     const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
     h[name] = {{"dtype", dtype_name(t.scalar_type())}, {"shape", t.sizes().vec()}, {"data_offsets", {off, off + bytes}}};

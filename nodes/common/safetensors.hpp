@@ -25,8 +25,22 @@ struct File {
 // PATH may go through a checkpoint's `latest` file (formats/files.hpp: resolve_latest).
 File load(const std::string& path);
 
+// The same tensors without reading them: views of the file mapped into memory (private and
+// copy-on-write, so nothing ever writes the file), each page read from disk when something
+// first touches it. A pretrained folder's weights load this way (pretrained.hpp), so a model
+// copies its tensors from the file with no second copy of the file in memory, and a tensor-
+// parallel rank that copies only its part of a tensor reads only the pages of that part. The
+// mapping lives as long as any of its tensors. Checked as load() checks; a tensor whose offset
+// is not a multiple of its element size (a writer that did not pad the header) is read instead.
+File map(const std::string& path);
+// Gives back the memory that reading a tensor of map() took (the pages entirely inside its
+// bytes; the file still holds them, a later touch reads them again); nothing for any other
+// tensor. What keeps a load's peak near the model plus one tensor (load_by_name.cpp).
+void release_pages(const torch::Tensor& t);
+
 // Writes CPU copies of `tensors` (contiguous) to PATH.tmp, fsyncs, then renames to PATH, so a
-// crash never leaves a half-written PATH.
+// crash never leaves a half-written PATH. The data lies as the reference writer lays it: larger
+// elements first, so each tensor starts aligned to its element size.
 void save(const std::string& path, const Tensors& tensors, const Metadata& metadata = {});
 
 // "F32", "BF16", ... for a torch dtype, and back; throws for dtypes safetensors lacks.

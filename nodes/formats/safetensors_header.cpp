@@ -96,7 +96,9 @@ Header parse_header(const std::string& json, uint64_t data_size, const std::stri
   }
   std::vector<const Entry*> by_begin;
   for (const Entry& e : h.tensors) by_begin.push_back(&e);
-  std::sort(by_begin.begin(), by_begin.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  // An empty tensor may start where another does (the reference writer puts it there): it sorts first.
+  std::sort(by_begin.begin(), by_begin.end(),
+            [](const Entry* a, const Entry* b) { return a->begin != b->begin ? a->begin < b->begin : a->end < b->end; });
   for (size_t i = 1; i < by_begin.size(); ++i)
     if (by_begin[i]->begin < by_begin[i - 1]->end)
       bad(path, "tensors '" + by_begin[i - 1]->name + "' and '" + by_begin[i]->name + "' overlap");

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "common/safetensors.hpp"
 #include "common/tensor_map.hpp"
 
 namespace flowrun {
@@ -39,6 +40,7 @@ void load_by_name(NamedTensorMap mine, const NamedTensorMap& tensors, const std:
     } else {
       given[name] = t;
     }
+    safetensors::release_pages(t);  // a mapped file's tensor: read again when copied, so one at a time is in memory
   }
   for (const auto& [name, t] : mine)
     if (!given.count(name) && !(options.optional && options.optional(name)))
@@ -63,7 +65,10 @@ void load_by_name(NamedTensorMap mine, const NamedTensorMap& tensors, const std:
   }
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : mine)
-    if (auto it = given.find(name); it != given.end()) t.copy_(it->second);
+    if (auto it = given.find(name); it != given.end()) {
+      t.copy_(it->second);
+      safetensors::release_pages(it->second);
+    }
 }
 
 void load_by_name(torch::nn::Module& module, const NamedTensorMap& tensors, const std::string& source,

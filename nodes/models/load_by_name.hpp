@@ -33,7 +33,9 @@ struct LoadByNameOptions {
 
 // Copies every tensor of `targets` (aliases of the model's tensors, by the model's names) from
 // `tensors` (floating dtypes, converted to the target's). Throws std::runtime_error listing
-// every problem; copies nothing then.
+// every problem; copies nothing then. Tensors of a mapped file (safetensors::map) are read one
+// at a time, their pages given back after the check and after the copy: a load's memory peaks
+// near the model plus its largest tensor, however many shards the file has.
 void load_by_name(NamedTensorMap targets, const NamedTensorMap& tensors, const std::string& source,
                   const LoadByNameOptions& options);
 // The same for every parameter and buffer of `module`.

@@ -261,6 +261,51 @@ TEST(Llama, AnExportedFolderReadsBackAsTheSameModel) {
   EXPECT_EQ(index["weight_map"].size(), s.tensors().size());
 }
 
+// This process's memory in kB from /proc/self/status: VmRSS (now) or VmHWM (the peak since
+// reset_peak_memory).
+int64_t status_kb(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1));
+  return -1;
+}
+bool reset_peak_memory() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5" << std::flush); }
+
+// A pretrained folder is read tensor by tensor from its mapped shards, each tensor's pages given
+// back once copied: the load's memory peaks near the model plus its largest tensor, not at the
+// model plus the whole folder (which reading every shard first took: twice the model).
+TEST(Llama, AShardedFolderLoadsWithinTheModelPlusItsLargestTensorOfMemory) {
+  const std::string dir = test::temp_dir("llama-peak") + "/folder";
+  torch::Tensor want;
+  {  // 8 layers 384 wide, vocabulary 4096, untied: 63 MB in fp32, saved in 4 MB shards (the tables alone)
+    auto g = test::load_graph_text(R"(flowrun: 1
+run: { steps: 1 }
+nodes:
+  model: { type: llama, with: { layers: 8, dim: 384, heads: 6, kv_heads: 2, mlp_dim: 1024, vocab: 4096, context: 16,
+                                tie_embeddings: false, export_shard_mb: 4, seed: 3 } }
+)");
+    ModelState& s = g->state<ModelState>("model", "params");
+    s.exporter(s)(dir);
+    want = s.tensors().at("model.layers.7.mlp.down_proj.weight").clone();
+  }
+  int64_t shards = 0;
+  for (const auto& e : fs::directory_iterator(dir)) shards += e.path().extension() == ".safetensors";
+  ASSERT_GE(shards, 10);
+  const int64_t before = status_kb("VmRSS");
+  if (!reset_peak_memory()) GTEST_SKIP() << "/proc/self/clear_refs cannot be written here: no peak to measure";
+  auto g = test::load_graph_text(graph_of(dir));
+  const int64_t peak = status_kb("VmHWM") - before;
+  ModelState& s = g->state<ModelState>("model", "params");
+  int64_t model = 0, largest = 0;
+  for (const auto& [name, t] : s.tensors()) {
+    model += t.nbytes() / 1024;
+    largest = std::max<int64_t>(largest, t.nbytes() / 1024);
+  }
+  EXPECT_TRUE(torch::equal(s.tensors().at("model.layers.7.mlp.down_proj.weight"), want));
+  EXPECT_LT(peak, model + largest + 12 * 1024) << "kB: the peak " << peak << ", the model " << model << ", its largest tensor " << largest;
+}
+
 // graphs/llama.yaml itself, trained at a tiny size by overrides (the same file, no test graph): a
 // 2-layer, 64-wide model with 4 query heads sharing 2 key/value heads on the fortunes corpus's
 // byte-level shards learns (uniform guessing: ln 256 = 5.5 nats per byte).

@@ -21,13 +21,25 @@ std::string raw_file(const std::string& header, const std::string& data, int64_t
   return f;
 }
 
+// The error of load(path); map(path) must give the same one.
 std::string load_error(const std::string& path) {
-  try {
-    safetensors::load(path);
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
+  std::string errors[2];
+  for (int mapped = 0; mapped < 2; ++mapped) try {
+      mapped ? safetensors::map(path) : safetensors::load(path);
+    } catch (const std::exception& e) {
+      errors[mapped] = e.what();
+    }
+  EXPECT_EQ(errors[1], errors[0]) << "map() checks a file as load() does";
+  return errors[0];
+}
+
+// This process's resident file pages (kB): what reading a mapped file takes.
+int64_t rss_file_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
+  return -1;
 }
 
 }  // namespace
@@ -64,6 +76,37 @@ TEST(Safetensors, ReadsAFileWrittenByTheReferenceLayout) {
   std::string data("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);
   auto f = safetensors::load(raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data));
   EXPECT_TRUE(torch::equal(f.tensors["a"], torch::tensor({1.0f, 2.0f})));
+}
+
+TEST(Safetensors, MapGivesTheSameTensorsReadOnlyWhenTouchedAndNeverWritesTheFile) {
+  safetensors::Tensors t;
+  t["big"] = torch::randn({2048, 2048});  // 16 MB
+  t["bf16"] = torch::randn({5}).to(torch::kBFloat16);
+  t["empty"] = torch::zeros({0, 3});
+  const std::string f = test::temp_dir("st") + "/m.safetensors";
+  safetensors::save(f, t, {{"format", "pt"}});
+  const int64_t before = rss_file_kb();
+  safetensors::File m = safetensors::map(f);
+  EXPECT_EQ(m.metadata["format"], "pt");
+  for (const auto& [k, v] : t) EXPECT_TRUE(torch::equal(m.tensors[k], v)) << k;
+  // Read: its pages are resident; given back, they are not, and the values are read again.
+  const torch::Tensor& big = m.tensors["big"];
+  EXPECT_GT(rss_file_kb() - before, 15000) << "touching a mapped tensor reads its pages";
+  safetensors::release_pages(big);
+  EXPECT_LT(rss_file_kb() - before, 1000) << "release_pages gives them back";
+  EXPECT_TRUE(torch::equal(big, t["big"]));
+  // Copy on write: a mapped tensor changed in memory leaves the file as it was.
+  m.tensors["bf16"].add_(1);
+  EXPECT_TRUE(torch::equal(safetensors::load(f).tensors["bf16"], t["bf16"]));
+  // Any other tensor is left alone (its memory is not the file's to give back).
+  torch::Tensor own = torch::randn({1024, 1024}), same = own.clone();
+  safetensors::release_pages(own);
+  safetensors::release_pages(torch::Tensor());
+  EXPECT_TRUE(torch::equal(own, same));
+  // A writer that did not pad its header: F32 data at an odd offset is read, not mapped.
+  std::string data("\x00\x00\x80\x3f\x00\x00\x00\x40", 8);
+  const std::string odd = raw_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}} )", data);
+  EXPECT_TRUE(torch::equal(safetensors::map(odd).tensors["a"], torch::tensor({1.0f, 2.0f})));
 }
 
 TEST(Safetensors, DamagedFilesAreRejectedClearly) {
