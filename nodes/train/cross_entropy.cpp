@@ -61,6 +61,47 @@ struct CrossEntropyMean : torch::autograd::Function<CrossEntropyMean> {
   }
 };
 
+// The chunked kernel when the logits are the loss's to overwrite (`logits_spent`, or an fp32 copy
+// of lower-precision logits): the gradient is computed in the forward, chunk by chunk while the
+// chunk is in cache, and written over the logits themselves: per chunk the rows' max, exp in
+// place, their sums (each row's loss: log sum + max - logit[target]), the 1/(sum N) scale and the
+// -1/N at the targets. The backward hands that tensor out (scaled in place by a non-unit upstream
+// gradient). Against the kernel above: no second [N, V] tensor (with a 32k vocabulary and 2048
+// rows, 262 MB that glibc maps fresh each step and the kernel fills page by page) and two passes
+// fewer over it. Once only: a second backward (retain_graph) is refused, the gradient having been
+// handed out.
+struct CrossEntropyMeanInPlace : torch::autograd::Function<CrossEntropyMeanInPlace> {
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& logits, const torch::Tensor& targets) {
+    const int64_t N = logits.size(0), R = chunk_rows(logits);
+    torch::Tensor x = logits.detach();  // written in place: the caller gave the logits up
+    torch::Tensor nll = torch::empty({N}, x.options());
+    const torch::Tensor minus = torch::full({R, 1}, -1.0 / static_cast<double>(N), x.options());
+    for (int64_t r = 0; r < N; r += R) {
+      const int64_t n = std::min(R, N - r);
+      torch::Tensor c = x.narrow(0, r, n), t = targets.narrow(0, r, n).unsqueeze(1);
+      const torch::Tensor m = std::get<0>(c.max(1, /*keepdim=*/true));  // for a stable exp
+      const torch::Tensor picked = c.gather(1, t);
+      const torch::Tensor sum = c.sub_(m).exp_().sum(1, /*keepdim=*/true);  // torch's sum: pairwise, accurate over 100k+ terms
+      nll.narrow(0, r, n).copy_((sum.log() + m - picked).squeeze(1));    // lse - logit[target]
+      c.mul_(sum.reciprocal().mul_(1.0 / static_cast<double>(N)));      // softmax / N
+      c.scatter_add_(1, t, minus.narrow(0, 0, n));                       // - one_hot / N
+    }
+    ctx->saved_data["grad"] = x;
+    return nll.mean();
+  }
+
+  static tensor_list backward(AutogradContext* ctx, tensor_list grad_out) {
+    auto it = ctx->saved_data.find("grad");
+    if (it == ctx->saved_data.end())
+      throw std::runtime_error("cross_entropy_mean: backward twice through the in-place kernel (retain_graph), whose "
+                               "gradient was written over the logits and handed out once; pass logits_spent = false");
+    torch::Tensor grad = it->second.toTensor();
+    ctx->saved_data.erase(it);
+    if (const double g = grad_out[0].item<double>(); g != 1.0) grad.mul_(g);
+    return {grad, torch::Tensor()};
+  }
+};
+
 #ifdef FLOWRUN_CUDA
 // The GPU's fused kernels (cross_entropy_kernels.cu): logits read in their own dtype, one fp32
 // logsumexp per row kept for backward, the gradient written once in the logits' dtype.
@@ -144,14 +185,20 @@ CrossEntropyKernel check_and_pick(const char* who, const torch::Tensor& logits, 
 
 }  // namespace
 
-torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets, CrossEntropyKernel kernel) {
+torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets, CrossEntropyKernel kernel,
+                                 bool logits_spent) {
   kernel = check_and_pick("cross_entropy_mean", logits, targets, kernel, CrossEntropyKernel::chunked);
 #ifdef FLOWRUN_CUDA
   if (kernel == CrossEntropyKernel::fused) return CrossEntropyCuda::apply(logits, targets, 0.0, true);
 #endif
   if (kernel == CrossEntropyKernel::library)  // fp32 log-probabilities, as autocast's cross_entropy
     return at::nll_loss(at::log_softmax(logits, 1, torch::kFloat), targets);
-  return CrossEntropyMean::apply(logits.element_size() < 4 ? logits.to(torch::kFloat) : logits, targets);
+  const bool copied = logits.element_size() < 4;  // bf16/fp16: an fp32 copy, ours to overwrite
+  const torch::Tensor x = copied ? logits.to(torch::kFloat) : logits;
+  const bool wants_grad = torch::GradMode::is_enabled() && logits.requires_grad();
+  if (wants_grad && (logits_spent || copied) && x.is_contiguous() && x.scalar_type() == torch::kFloat)
+    return CrossEntropyMeanInPlace::apply(x, targets);
+  return CrossEntropyMean::apply(x, targets);
 }
 
 torch::Tensor cross_entropy_rows(const torch::Tensor& logits, const torch::Tensor& targets, double smoothing,

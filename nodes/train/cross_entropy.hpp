@@ -5,7 +5,8 @@
 // with mean reduction, the softmax in fp32 whatever the logits' dtype):
 //
 // - chunked (the CPU's): the forward keeps only logsumexp per row, and the backward writes
-//   softmax - one_hot straight into the one [N, V] gradient it returns, the rows processed in
+//   softmax - one_hot straight into the one [N, V] gradient it returns (or, the logits being
+//   the loss's to overwrite, the forward writes it over them: `logits_spent` below), the rows processed in
 //   chunks of about 1M elements so the max / exp / sum passes over a chunk hit the cache.
 //   torch's log_softmax + nll_loss instead materialise a log-softmax output, a zero-filled nll
 //   gradient and the log_softmax gradient, three [N, V] tensors. Measured on the 2-core CI
@@ -34,8 +35,14 @@ bool fused_cross_entropy_built();
 
 // logits: floating [N, V] (any float dtype); targets: int64 [N], each in [0, V). Returns a 0-d
 // fp32 tensor with autograd to `logits`. No double backward.
+// `logits_spent`: the caller reads the logits no more (lm_loss: the model's output is the loss's
+// alone), so the chunked kernel computes the gradient in the forward and writes it over them:
+// one [N, V] tensor and two passes over it fewer (cross_entropy.cpp, CrossEntropyMeanInPlace). It
+// does so anyway with its own fp32 copy of bf16/fp16 logits. An op before the loss that kept the
+// logits for its own backward (none of the built-in models' heads does) then finds them changed
+// and autograd refuses the backward; a second backward (retain_graph) is refused too.
 torch::Tensor cross_entropy_mean(const torch::Tensor& logits, const torch::Tensor& targets,
-                                 CrossEntropyKernel kernel = CrossEntropyKernel::automatic);
+                                 CrossEntropyKernel kernel = CrossEntropyKernel::automatic, bool logits_spent = false);
 
 // Each row's cross-entropy with label smoothing e: (1 - e) (-log p[target]) + e (-mean_j log p[j]),
 // an fp32 [N] with autograd to `logits` (for losses weighted per token: the caption loss).

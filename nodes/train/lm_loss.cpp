@@ -5,7 +5,8 @@
 // (models/gpt/gpt.hpp); the targets are tokens[:, 1:]. Mean over the B*T targets. The softmax over
 // the vocabulary runs in fp32 whatever precision the model computed its logits in, fused
 // (train/cross_entropy.hpp: with a 50k vocabulary the loss is a large part of a small model's
-// step); over the vocabulary columns each rank holds when the model says its logits are split.
+// step), its gradient written over the logits, which are the loss's alone; over the vocabulary
+// columns each rank holds when the model says its logits are split.
 #include <cmath>
 
 #include "parallel/tensor_parallel.hpp"
@@ -32,7 +33,7 @@ torch::Tensor LmLoss::loss(ModelState& model, const TensorMap& batch) const {
   // whole logits; whole logits (any other model, split over tp or not) are scored whole.
   if (model.vocab_split_logits)
     return parallel::vocab_parallel_cross_entropy(logits.reshape({B * T, V}), targets, model.tp->group);
-  return cross_entropy_mean(logits.reshape({B * T, V}), targets);
+  return cross_entropy_mean(logits.reshape({B * T, V}), targets, CrossEntropyKernel::automatic, /*logits_spent=*/true);
 }
 
 int64_t LmLoss::targets(const TensorMap& batch) const {

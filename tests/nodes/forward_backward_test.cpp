@@ -201,6 +201,54 @@ TEST(CrossEntropy, LibraryAndChunkedKernelsAgreeForFp32AndBf16Logits) {
   }
 }
 
+// Given the logits to spend (lm_loss: the model's output is the loss's alone), the CPU kernel
+// computes the gradient in the forward and writes it over them: the same value and gradient as
+// torch's, one [N, V] tensor fewer. bf16 logits are spent as their fp32 copy, whatever the flag.
+TEST(CrossEntropy, SpentLogitsHoldTheGradientAfterTheForwardWithTorchsValueAndGradient) {
+  for (int64_t V : {7, 300000}) {  // 300000: chunks of 3 rows, the last partial
+    at::Generator g = make_cpu_generator(static_cast<uint64_t>(V) + 1);
+    const torch::Tensor leaf = (torch::randn({10, V}, g) * 4).requires_grad_(true);
+    const torch::Tensor t = torch::randint(V, {10}, g, torch::kLong);
+    torch::Tensor x64 = leaf.detach().to(torch::kDouble).requires_grad_(true);
+    const torch::Tensor ref = torch::nn::functional::cross_entropy(x64, t);
+    const torch::Tensor want = torch::autograd::grad({ref * 0.25}, {x64})[0].to(torch::kFloat);
+
+    const torch::Tensor logits = leaf * 1;  // a model's output: not a leaf
+    const torch::Tensor mine = cross_entropy_mean(logits, t, CrossEntropyKernel::automatic, /*logits_spent=*/true);
+    EXPECT_NEAR(mine.item<double>(), ref.item<double>(), 1e-6 * ref.item<double>()) << V;
+    // After the forward the logits' memory holds (softmax - one_hot) / N ...
+    EXPECT_TRUE(torch::allclose(logits.detach(), want * 4, 1e-5, 1e-7)) << V;
+    // ... which the backward hands on, scaled by the upstream gradient (a micro-batch's share).
+    const torch::Tensor got = torch::autograd::grad({mine * 0.25}, {leaf}, {}, /*retain_graph=*/true)[0];
+    EXPECT_TRUE(torch::allclose(got, want, 1e-5, 1e-8)) << V << ": " << (got - want).abs().max().item<double>();
+    try {
+      torch::autograd::grad({mine}, {leaf});
+      FAIL() << "a second backward through spent logits was accepted";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("backward twice through the in-place kernel"), std::string::npos) << e.what();
+    }
+  }
+  // Not spent, or no gradient wanted: the logits are left as they were.
+  const torch::Tensor x = torch::randn({4, 9}).requires_grad_(true), y = x * 1, t = torch::zeros({4}, torch::kLong);
+  const torch::Tensor before = y.detach().clone();
+  cross_entropy_mean(y, t);
+  {
+    torch::NoGradGuard no_grad;
+    cross_entropy_mean(y, t, CrossEntropyKernel::automatic, true);
+  }
+  EXPECT_TRUE(torch::equal(y.detach(), before));
+  // bf16: its fp32 copy is spent, the bf16 logits kept; the gradient comes back in bf16.
+  const torch::Tensor b = (torch::randn({4, 9}) * 3).to(torch::kBFloat16).requires_grad_(true), bb = b * 1;
+  const torch::Tensor bf_before = bb.detach().clone();
+  const torch::Tensor lb = cross_entropy_mean(bb, t);
+  EXPECT_TRUE(torch::equal(bb.detach(), bf_before));
+  const torch::Tensor gb = torch::autograd::grad({lb}, {b})[0];
+  EXPECT_EQ(gb.scalar_type(), torch::kBFloat16);
+  torch::Tensor b32 = b.detach().to(torch::kFloat).requires_grad_(true);
+  const torch::Tensor gr = torch::autograd::grad({torch::nn::functional::cross_entropy(b32, t)}, {b32})[0];
+  EXPECT_TRUE(torch::allclose(gb.to(torch::kFloat), gr, 1e-2, 1e-3));
+}
+
 // The fused kernel is the GPU's: asked for on CPU logits it says where it runs (and, in a
 // build without CUDA, that it needs one); tests/gpu checks its values.
 TEST(CrossEntropy, TheFusedKernelRunsOnlyOnACudaDevice) {
