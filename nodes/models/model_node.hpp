@@ -30,6 +30,7 @@
 //     void load_weights(ModelState&, const std::string& path) override { load_hf_safetensors(*model_, path); }
 //   };
 #pragma once
+#include <nlohmann/json.hpp>
 #include <functional>
 #include <map>
 #include <memory>
@@ -94,6 +95,15 @@ class ModelNode : public Node {
   static std::shared_ptr<ModelState> declared_state(std::shared_ptr<ModelState> state, const Family& family,
                                                     uint64_t seed, bool init, const std::string& init_name,
                                                     std::string& how);
+  // Saving back for tools outside flowrun: without adapters (`adapted` empty), a checkpoint with
+  // `exports: true` writes the model as a folder transformers' from_pretrained loads
+  // (common/pretrained.hpp write_pretrained): `config` as config.json, every tensor whole (a
+  // sharded model's as the checkpoint gathered them) under `prefix` + its name, in safetensors
+  // files of at most the node's `export_shard_mb`, and the tokenizer files of `copy_from` (the
+  // pretrained folder it came from; "" for none). With adapters nothing here: ModelNode's PEFT
+  // export of the adapters stands.
+  static void offer_hf_export(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted,
+                              nlohmann::json config, const std::string& prefix, const std::string& copy_from);
   // The family's last word on its state: its activations estimate, a captioner, warnings.
   // `adapted`: the layers `lora` put adapters on.
   virtual void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted);

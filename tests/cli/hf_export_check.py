@@ -10,6 +10,9 @@ here on all seven projections) trains 5 steps at learning rate 1e-2 and exports 
 peft's PeftModel.from_pretrained puts them on transformers' model of the same folder, and its
 logits equal flowrun's for the model with those adapters (testtool model-logits, the adapters
 read back by `model.adapters`) within 1e-5, and differ from the base's (the adapters trained).
+And GPT-2: graphs/gpt.yaml reading the gpt2 fixture by `model.pretrained` saves it back as a folder
+(testtool model-export: what the checkpoint's `exports` writes) that GPT2LMHeadModel loads with the
+fixture's reference logits within 1e-6.
 
 Needs transformers and peft (the fixtures' pinned transformers 5.17.0 in .cache/hf-transformers,
 peft 0.18.0 with accelerate in .cache/hf-peft, as tests/fixtures/hf/requirements.txt installs
@@ -78,6 +81,39 @@ def lora_check(flowrun, build, tmp, ref, torch, PeftModel, AutoModelForCausalLM,
     return failed
 
 
+def gpt_check(build, tmp, torch, AutoModelForCausalLM, load_file):
+    """graphs/gpt.yaml reading the gpt2 fixture by `model.pretrained` saves it back (what a
+    checkpoint's `exports` writes, here by testtool model-export, in shards of 4 KB):
+    transformers' GPT2LMHeadModel loads the folder and gives the fixture's reference logits."""
+    folder = os.path.join(tmp, "gpt2")
+    p = subprocess.run([os.path.join(build, "tests", "mpi", "testtool"), "model-export", "graphs/gpt.yaml", folder,
+                        "model.pretrained=tests/fixtures/hf/gpt2", "model.layers=2", "model.dim=16", "model.heads=2",
+                        "model.vocab=80", "model.context=32", "model.export_shard_mb=0.004", "data.seq_len=16",
+                        "run.out_dir=" + os.path.join(tmp, "gpt2_run")],
+                       cwd=SRC, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if p.returncode != 0:
+        return ["gpt2: testtool model-export exited %d:\n%s" % (p.returncode, p.stdout[-3000:])]
+    failed = []
+    model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True, attn_implementation="eager")
+    model = model.float().eval()
+    for kind in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+        if info.get(kind):
+            failed.append("gpt2: from_pretrained reports %s %s" % (kind, sorted(info[kind])))
+    ref = load_file(os.path.join(SRC, "tests/fixtures/hf/reference_transformers.safetensors"))
+    with torch.no_grad():
+        logits = model(input_ids=ref["gpt2.input_ids"].long()).logits.float()
+    want = ref["gpt2.logits"]
+    r = ((logits - want).norm() / want.norm()).item()
+    shards = sorted(f for f in os.listdir(folder) if f.startswith("model-"))
+    print("gpt2: %s from %s (%d shards), logits differ from the reference by %.2e relative"
+          % (type(model).__name__, folder, len(shards), r))
+    if r > 1e-6:
+        failed.append("gpt2: logits differ by %.2e relative" % r)
+    if len(shards) < 2:
+        failed.append("gpt2: expected several shards, got %s" % shards)
+    return failed
+
+
 def main():
     build = os.path.abspath(sys.argv[1])
     sys.path.insert(0, os.path.join(SRC, ".cache", "hf-transformers"))
@@ -126,6 +162,7 @@ def main():
                 failed.append("%s: logits differ by %.2e relative" % (name, r))
             if name == "llama31" and len(shards) < 2:
                 failed.append("llama31: expected several shards, got %s" % shards)
+        failed += gpt_check(build, tmp, torch, AutoModelForCausalLM, load_file)
         failed += lora_check(flowrun, build, tmp, ref, torch, PeftModel, AutoModelForCausalLM, save_file, load_file)
     for f in failed:
         print("FAILED: " + f)

@@ -209,5 +209,35 @@ TEST(HfFixtures, GptFromItsTransformersFolderByPretrainedTakesTheSizesFromConfig
   EXPECT_NE(e.find("n_inner = 48 is not built"), std::string::npos) << e;
 }
 
+// Saving back: a gpt checkpoint's `exports` writes a GPT2LMHeadModel folder (config.json with the
+// sizes, the weights under transformer.*, the tokenizer files and token ids of the folder it came
+// from), which this node reads back as the same model, bit for bit, sharded or not.
+// (tests/cli/hf_export_check.py loads it in transformers.)
+TEST(HfFixtures, GptSavesBackAFolderOfGpt2LMHeadModelThatReadsBackAsTheSameModel) {
+  const std::string graph = "flowrun: 1\nrun: { steps: 1, device: cpu }\nnodes:\n  model: { type: gpt, with: { pretrained: '" +
+                            kFixtures + "/gpt2', export_shard_mb: 0.004 } }\n";
+  auto g = test::load_graph_text(graph);
+  ModelState& s = g->state<ModelState>("model", "params");
+  ASSERT_TRUE(s.exporter) << "no export offered";
+  const std::string dir = test::temp_dir("gpt-export") + "/gpt2";
+  s.exporter(s)(dir);
+  nlohmann::json saved, source;
+  std::ifstream(dir + "/config.json") >> saved;
+  std::ifstream(kFixtures + "/gpt2/config.json") >> source;
+  for (const char* key : {"model_type", "n_layer", "n_embd", "n_head", "vocab_size", "n_positions", "activation_function",
+                          "layer_norm_epsilon", "tie_word_embeddings", "bos_token_id", "eos_token_id"})
+    if (source.contains(key)) EXPECT_EQ(saved[key], source[key]) << key;
+  nlohmann::json index;
+  std::ifstream(dir + "/model.safetensors.index.json") >> index;
+  EXPECT_TRUE(index["weight_map"].contains("transformer.h.1.attn.c_attn.weight"));
+  EXPECT_FALSE(index["weight_map"].contains("lm_head.weight"));  // tied, as save_pretrained leaves it out
+  EXPECT_EQ(index["weight_map"].size(), s.tensors().size());
+
+  auto back = test::load_graph_text("flowrun: 1\nrun: { steps: 1, device: cpu }\nnodes:\n  model: { type: gpt, with: { pretrained: '" +
+                                    dir + "' } }\n");
+  ModelState& b = back->state<ModelState>("model", "params");
+  for (const auto& [name, t] : s.tensors()) EXPECT_TRUE(torch::equal(b.tensors().at(name), t)) << name;
+}
+
 }  // namespace
 }  // namespace flowrun

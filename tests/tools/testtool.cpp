@@ -51,6 +51,9 @@
 //       the graph's nodes set up (no step run), then its `model` node's model in eval mode on
 //       TOKENS's "tokens" (integer [B, T+1]) without gradients: its logits written to OUT as
 //       "logits" (what tests/cli/hf_export_check.py compares with peft's)
+//   testtool model-export GRAPH DIR [OVERRIDE ...]
+//       the graph's nodes set up (no step run), then what its `model` node's model offers a
+//       checkpoint's `exports` written to DIR (a gpt's HF folder: tests/cli/hf_export_check.py)
 //   mpirun -np N testtool mesh-hang TP PP
 //       rank 1 never joins its tp group's all-reduce (alive, silent); its partner's wait ends after
 //       the collective timeout (2 s) and ends the whole job, every group's ranks included
@@ -94,6 +97,18 @@ int model_logits(const std::string& graph, const std::string& tokens, const std:
   torch::NoGradGuard no_grad;
   const torch::Tensor ids = flowrun::safetensors::load(tokens).tensors.at("tokens").to(torch::kLong);
   flowrun::safetensors::save(out, {{"logits", model.forward({{"tokens", ids}}).contiguous()}});
+  return 0;
+}
+
+int model_export(const std::string& graph, const std::string& dir, const std::vector<std::string>& overrides) {
+  const flowrun::GraphSpec spec = flowrun::load_graph(graph, overrides, flowrun::Registry::global());
+  flowrun::Executor ex(spec, flowrun::Registry::global(), flowrun::run_info(spec));  // every node's setup
+  auto& model = *ex.state("model", "params").as<std::shared_ptr<flowrun::ModelState>>("model.params");
+  if (!model.exporter) {
+    std::fprintf(stderr, "model-export: the graph's model offers nothing to export\n");
+    return 1;
+  }
+  model.exporter(model)(dir);
   return 0;
 }
 
@@ -509,6 +524,8 @@ int main(int argc, char** argv) {
     if (cmd == "trace-overlap" && argc == 5) return trace_overlap(argv[2], argv[3], argv[4]);
     if (cmd == "model-logits" && argc >= 5)
       return model_logits(argv[2], argv[3], argv[4], std::vector<std::string>(argv + 5, argv + argc));
+    if (cmd == "model-export" && argc >= 4)
+      return model_export(argv[2], argv[3], std::vector<std::string>(argv + 4, argv + argc));
     const bool versus = argc >= 8 && std::string(argv[7]) == "--versus";
     if (cmd == "pipeline-bubble" && argc >= (versus ? 10 : 8)) {
       return pipeline_bubble(argv[2], argv[3], std::stoi(argv[4]), std::stoi(argv[5]), std::stod(argv[6]),

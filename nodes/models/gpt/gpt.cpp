@@ -293,6 +293,14 @@ void load_hf_safetensors(GptImpl& model, const std::string& path) {
   load_hf_state_dict(model, f.tensors, path);
 }
 
+nlohmann::json hf_config(const Config& c) {
+  return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"n_layer", c.layers}, {"n_embd", c.dim},
+          {"n_head", c.heads}, {"vocab_size", c.vocab}, {"n_positions", c.context}, {"n_inner", nullptr},
+          {"activation_function", "gelu_new"}, {"layer_norm_epsilon", 1e-5}, {"attn_pdrop", c.dropout},
+          {"embd_pdrop", c.dropout}, {"resid_pdrop", c.dropout}, {"scale_attn_weights", true},
+          {"scale_attn_by_inverse_layer_idx", false}, {"reorder_and_upcast_attn", false}, {"tie_word_embeddings", true}};
+}
+
 std::shared_ptr<ModelState> make_state(Gpt model) {
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
     const torch::Tensor inputs = lm_inputs(batch, "gpt");

@@ -18,6 +18,7 @@
 // buffers: HF's h.N.attn.bias / masked_bias are a causal mask, kept here in a cache outside
 // the state dict.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -183,6 +184,10 @@ void load_hf_state_dict(GptImpl& model, const std::map<std::string, torch::Tenso
                         const std::string& source);
 // Reads a model.safetensors file (nodes/common/safetensors.hpp) and loads it as above.
 void load_hf_safetensors(GptImpl& model, const std::string& path);
+// The config.json of GPT2LMHeadModel for config `c` (the reverse of the node's `pretrained`): its
+// sizes, gelu_new, LayerNorm eps 1e-5, the tied head, the dropout as attn/embd/resid_pdrop. The
+// weights go with it under "transformer." + this module's names (HF's, Conv1D layout as they are).
+nlohmann::json hf_config(const Config& c);
 
 // The ModelState of the gpt node: forward(batch) reads batch["tokens"], integer [B, T+1],
 // and returns the logits [B, T, vocab] for the inputs tokens[:, :-1] (the targets are

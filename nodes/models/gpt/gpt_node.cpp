@@ -120,7 +120,14 @@ class GptNode : public ModelNode {
     return pretrained_->dir;
   }
 
-  void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>&) override {
+  void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted) override {
+    // Saving back (a checkpoint's `exports`): a GPT2LMHeadModel folder, its pretrained folder's
+    // token ids and tokenizer files kept; with adapters, ModelNode's PEFT export.
+    nlohmann::json config = hf_config(cfg_);
+    if (pretrained_)
+      for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id"})
+        if (pretrained_->config.contains(key)) config[key] = pretrained_->config[key];
+    offer_hf_export(ctx, state, adapted, std::move(config), "transformer.", pretrained_ ? pretrained_->dir : std::string());
     const Config cfg = cfg_;
     if (ctx.run().rank == 0) {
       // What backward keeps per sequence of `context` tokens, in fp32 (half that in bf16).

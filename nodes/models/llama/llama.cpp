@@ -348,18 +348,6 @@ nlohmann::json hf_config(const Config& c) {
   return j;
 }
 
-ModelState::ExportWriter hf_export(const ModelState& state, const Config& c, int64_t max_shard_bytes,
-                                   const std::string& copy_from) {
-  nlohmann::json config = hf_config(c);  // refused here, at the checkpoint's snapshot, not on its writer thread
-  // Copies of the whole tensors: a ZeRO-3 model's as the checkpoint's collect gathered them.
-  safetensors::Tensors tensors;
-  for (const auto& [name, t] : state.gathered.empty() ? state.tensors() : state.gathered)
-    tensors[name] = t.detach().to(torch::kCPU, false, /*copy=*/true);
-  return [config = std::move(config), tensors = std::move(tensors), max_shard_bytes, copy_from](const std::string& dir) {
-    write_pretrained(dir, config, tensors, max_shard_bytes, copy_from);
-  };
-}
-
 std::shared_ptr<ModelState> make_state(Llama model) {
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
     const torch::Tensor inputs = lm_inputs(batch, "llama");

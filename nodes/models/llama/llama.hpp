@@ -194,13 +194,6 @@ void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Ten
 // mistral; q/k/v biases without an o bias are Qwen2ForCausalLM's, q/k norms Qwen3ForCausalLM's. Biases no class has (o without
 // q/k/v, or q/k/v and the MLP's without o) are refused.
 nlohmann::json hf_config(const Config& c);
-// What the node's checkpoint exports (exports: true) for a model without LoRA adapters: the model
-// as a folder transformers loads (common/pretrained.hpp write_pretrained: config.json, the
-// weights whole — a sharded model's as the checkpoint gathered them — in files of at most
-// `max_shard_bytes`, the tokenizer files of `copy_from`).
-ModelState::ExportWriter hf_export(const ModelState& state, const Config& c, int64_t max_shard_bytes,
-                                   const std::string& copy_from);
-
 // The ModelState of the llama node: forward(batch) reads batch["tokens"], integer [B, T+1], and
 // returns the logits [B, T, vocab] of the inputs tokens[:, :-1] (the lm objective scores them
 // against tokens[:, 1:]), as the gpt node's.

@@ -234,17 +234,14 @@ class LlamaNode : public ModelNode {
   // Without adapters the checkpoint's `exports` writes the model as a Hugging Face folder (with
   // them, the base's ModelNode makes it PEFT's adapters).
   void export_as_hf(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted) {
-    if (!adapted.empty()) return;
+    nlohmann::json config;
     try {
-      hf_config(cfg_);
+      config = hf_config(cfg_);
     } catch (const std::exception& e) {  // trainable still; a checkpoint's `exports` finds nothing to write
-      spdlog::warn("{}: {}", ctx.who(), e.what());
+      if (adapted.empty()) spdlog::warn("{}: {}", ctx.who(), e.what());
       return;
     }
-    const auto shard = static_cast<int64_t>(ctx.params().get<double>("export_shard_mb") * 1e6);
-    state.exporter = [cfg = cfg_, shard, from = pretrained_ ? pretrained_->dir : std::string()](const ModelState& s) {
-      return hf_export(s, cfg, shard, from);
-    };
+    offer_hf_export(ctx, state, adapted, std::move(config), "", pretrained_ ? pretrained_->dir : std::string());
   }
 };
 
