@@ -920,7 +920,7 @@ llama)
   # (2 kv heads whole on every rank, their gradients summed), dp 2 x tp 2, pp 2 under 1f1b and
   # interleaved, pp 2 x tp 2: with SGD (momentum) the parameters and momenta within 1e-5 of each
   # tensor's largest value, with AdamW every step's loss within 1e-6; LoRA under tp 2 and tp 4 too;
-  # checkpoints resumed across layouts.
+  # checkpoints resumed across layouts; Qwen 3's q/k norms and bf16 at tp 2, tp 4 and pp 2 x tp 2.
   needs_data data/text/fortunes_byte.train.bin
   g=(graphs/llama.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=4 model.dim=32 model.heads=4
      model.kv_heads=2 model.mlp_dim=48 model.vocab=256 model.context=32 run.steps=6 run.log_every=1 run.threads=1
@@ -996,6 +996,19 @@ llama)
     run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" data.batch=8 model.qk_norm=true $settings run.out_dir="$tmp/qwen_$name"
     losses "$tmp/qwen_$name/metrics.jsonl" > "$tmp/w2"
     same_numbers "$tmp/w1" "$tmp/w2" 1e-6 || fail "llama with qk_norm: the losses differ between $name and one process"
+  done
+  # bf16 (autocast, fp32 weights) at tp 2, tp 4 and pp 2 x tp 2: one process's losses within 1e-4
+  # (the layouts sum bf16 products in other orders; the fp32 runs above agree within 1e-6).
+  run_code 0 "$flowrun" "${g[@]}" data.batch=8 run.precision=bf16 run.out_dir="$tmp/bf1"
+  losses "$tmp/bf1/metrics.jsonl" > "$tmp/b1"
+  cmp -s "$tmp/b1" "$tmp/l1" && fail "bf16 changed no loss: autocast did not act"
+  for l in "tp2 mpi run.parallel.tp=2" "tp4 mpi4 run.parallel.tp=4" "pp2tp2 mpi4 run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4"; do
+    read -r name procs settings <<< "$l"
+    launcher=("${mpi[@]}"); [ "$procs" = mpi4 ] && launcher=("${mpi4[@]}")
+    # shellcheck disable=SC2086
+    run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" data.batch=8 run.precision=bf16 $settings run.out_dir="$tmp/bf_$name"
+    losses "$tmp/bf_$name/metrics.jsonl" > "$tmp/b2"
+    same_numbers "$tmp/b1" "$tmp/b2" 1e-4 || fail "llama in bf16: the losses differ between $name and one process"
   done
   ;;
 pipeline_cappa)
