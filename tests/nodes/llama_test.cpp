@@ -5,6 +5,7 @@
 // original context where its rope scaling acts; the loss and every parameter's gradient after
 // one backward too. A config that asks for what is not built is refused, every problem at once.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
+#include "train/losses.hpp"
 #include "train/precision.hpp"
 
 namespace flowrun {
@@ -304,6 +306,37 @@ nodes:
   }
   EXPECT_TRUE(torch::equal(s.tensors().at("model.layers.7.mlp.down_proj.weight"), want));
   EXPECT_LT(peak, model + largest + 12 * 1024) << "kB: the peak " << peak << ", the model " << model << ", its largest tensor " << largest;
+}
+
+double malloc_in_use() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<double>(m.uordblks + m.hblkhd);
+}
+
+// What the node tells forward_backward and `flowrun plan` a step keeps for backward (its
+// block_units, the attention's scores and the logits) is what a forward of the lm objective
+// keeps, measured by the allocator, with checkpoint none and blocks.
+TEST(Llama, ItsActivationEstimateIsWhatAForwardKeeps) {
+  const TensorMap batch = {{"tokens", torch::randint(0, 256, {4, 65}, make_cpu_generator(9), torch::kLong)}};
+  std::map<std::string, double> measured;
+  for (const char* policy : {"none", "blocks"}) {
+    auto g = test::load_graph_text(std::string(R"(flowrun: 1
+run: { steps: 1 }
+nodes:
+  model: { type: llama, with: { layers: 4, dim: 64, heads: 4, kv_heads: 2, mlp_dim: 160, vocab: 256, context: 64, checkpoint: )") +
+                                   policy + " } }\n");
+    ModelState& s = g->state<ModelState>("model", "params");
+    const double before = malloc_in_use();
+    torch::Tensor loss = LmLoss().loss(s, batch);
+    measured[policy] = malloc_in_use() - before;
+    const ActivationEstimate e = s.activations(batch, 4, CheckpointPolicy::parse(policy));
+    const double estimated = std::string(policy) == "none" ? e.plain : e.checkpointed - e.recompute_live;
+    std::printf("llama 4 x 64 (GQA 4:2, SwiGLU 160, vocabulary 256), 4 x 64 tokens, fp32, checkpoint %s: a forward "
+                "keeps %.3f MB, estimated %.3f MB\n", policy, measured[policy] / 1e6, estimated / 1e6);
+    EXPECT_NEAR(measured[policy] / estimated, 1.0, 0.25) << policy;
+    loss.backward();
+  }
+  EXPECT_LT(measured["blocks"], 0.5 * measured["none"]);
 }
 
 // graphs/llama.yaml itself, trained at a tiny size by overrides (the same file, no test graph): a
