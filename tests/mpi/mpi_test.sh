@@ -914,8 +914,8 @@ pipeline_dit)
 llama)
   # The llama family (graphs/llama.yaml at a tiny size: 4 blocks, GQA 4:2) in every layout, each
   # against one process reading the same global batch (issue 70). Data parallel: 2 ranks of batch 4
-  # end where one process of batch 8 ends (DDP's guarantee, within 1e-5), and ZeRO stage 3 (its
-  # blocks gathered one by one, recomputed ones again) ends exactly where stage none ends. Then the
+  # end where one process of batch 8 ends (DDP's guarantee, within 1e-5), and ZeRO stages 1, 2 and 3
+  # (stage 3's blocks gathered one by one, recomputed ones again) end exactly where stage none ends. Then the
   # split and the stages the family declares (models/family.hpp): tp 2 (the 2 kv heads split), tp 4
   # (2 kv heads whole on every rank, their gradients summed), dp 2 x tp 2, pp 2 under 1f1b and
   # interleaved, pp 2 x tp 2: with SGD (momentum) the parameters and momenta within 1e-5 of each
@@ -932,11 +932,14 @@ llama)
   same_numbers "$tmp/l1" "$tmp/l2" 1e-5 || fail "llama: dp 2's losses differ from one process's"
   for c in none blocks; do
     run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/none_$c" data.batch=4 model.checkpoint=$c
-    run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/params_$c" data.batch=4 model.checkpoint=$c zero.stage=params
-    expect_out "ZeRO stage params (zero.plan): each rank keeps 1/2 of the"
-    for f in model.params opt.state; do
-      "$tensordiff" "$tmp/none_$c/checkpoints/step_00000006/$f.safetensors" "$tmp/params_$c/checkpoints/step_00000006/$f.safetensors" 0 ||
-        fail "llama (checkpoint $c): $f differs between ZeRO stage params and none"
+    stages=(params); [ $c = none ] && stages=(states gradients params)  # ZeRO-1, 2 and 3
+    for z in "${stages[@]}"; do
+      run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.out_dir="$tmp/${z}_$c" data.batch=4 model.checkpoint=$c zero.stage=$z
+      if [ "$z" = params ]; then expect_out "ZeRO stage params (zero.plan): each rank keeps 1/2 of the"; fi
+      for f in model.params opt.state; do
+        "$tensordiff" "$tmp/none_$c/checkpoints/step_00000006/$f.safetensors" "$tmp/${z}_$c/checkpoints/step_00000006/$f.safetensors" 0 ||
+          fail "llama (checkpoint $c): $f differs between ZeRO stage $z and none"
+      done
     done
   done
   # The layouts: name, processes, settings.
@@ -984,32 +987,27 @@ llama)
     losses "$tmp/lora$t/metrics.jsonl" > "$tmp/q2"
     same_numbers "$tmp/q1" "$tmp/q2" 1e-6 || fail "llama, LoRA: the losses differ between tp $t and one process"
   done
-  # Qwen 3's q/k norms (whole on every rank, over each rank's heads: their gradients summed) at tp 2
-  # (kv heads split), tp 4 (kv heads whole) and pp 2 x tp 2.
-  run_code 0 "$flowrun" "${g[@]}" data.batch=8 model.qk_norm=true run.out_dir="$tmp/qwen1"
-  losses "$tmp/qwen1/metrics.jsonl" > "$tmp/w1"
-  cmp -s "$tmp/w1" "$tmp/l1" && fail "qk_norm changed no loss"
-  for l in "tp2 mpi run.parallel.tp=2" "tp4 mpi4 run.parallel.tp=4" "pp2tp2 mpi4 run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4"; do
-    read -r name procs settings <<< "$l"
-    launcher=("${mpi[@]}"); [ "$procs" = mpi4 ] && launcher=("${mpi4[@]}")
-    # shellcheck disable=SC2086
-    run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" data.batch=8 model.qk_norm=true $settings run.out_dir="$tmp/qwen_$name"
-    losses "$tmp/qwen_$name/metrics.jsonl" > "$tmp/w2"
-    same_numbers "$tmp/w1" "$tmp/w2" 1e-6 || fail "llama with qk_norm: the losses differ between $name and one process"
-  done
-  # bf16 (autocast, fp32 weights) at tp 2, tp 4 and pp 2 x tp 2: one process's losses within 1e-4
-  # (the layouts sum bf16 products in other orders; the fp32 runs above agree within 1e-6).
-  run_code 0 "$flowrun" "${g[@]}" data.batch=8 run.precision=bf16 run.out_dir="$tmp/bf1"
-  losses "$tmp/bf1/metrics.jsonl" > "$tmp/b1"
-  cmp -s "$tmp/b1" "$tmp/l1" && fail "bf16 changed no loss: autocast did not act"
-  for l in "tp2 mpi run.parallel.tp=2" "tp4 mpi4 run.parallel.tp=4" "pp2tp2 mpi4 run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4"; do
-    read -r name procs settings <<< "$l"
-    launcher=("${mpi[@]}"); [ "$procs" = mpi4 ] && launcher=("${mpi4[@]}")
-    # shellcheck disable=SC2086
-    run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" data.batch=8 run.precision=bf16 $settings run.out_dir="$tmp/bf_$name"
-    losses "$tmp/bf_$name/metrics.jsonl" > "$tmp/b2"
-    same_numbers "$tmp/b1" "$tmp/b2" 1e-4 || fail "llama in bf16: the losses differ between $name and one process"
-  done
+  # split_layouts NAME TOL SETTING...: AdamW with SETTINGs in one process (a loss must differ from
+  # the plain run's: the setting acts), then at tp 2 (kv heads split), tp 4 (kv heads whole) and
+  # pp 2 x tp 2, every step's loss within TOL of one process's.
+  split_layouts() {
+    local what=$1 tol=$2; shift 2
+    run_code 0 "$flowrun" "${g[@]}" data.batch=8 "$@" run.out_dir="$tmp/${what}_one"
+    losses "$tmp/${what}_one/metrics.jsonl" > "$tmp/w1"
+    cmp -s "$tmp/w1" "$tmp/l1" && fail "llama with $what changed no loss"
+    for l in "tp2 mpi run.parallel.tp=2" "tp4 mpi4 run.parallel.tp=4" "pp2tp2 mpi4 run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4"; do
+      read -r name procs settings <<< "$l"
+      launcher=("${mpi[@]}"); [ "$procs" = mpi4 ] && launcher=("${mpi4[@]}")
+      # shellcheck disable=SC2086
+      run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" data.batch=8 "$@" $settings run.out_dir="$tmp/${what}_$name"
+      losses "$tmp/${what}_$name/metrics.jsonl" > "$tmp/w2"
+      same_numbers "$tmp/w1" "$tmp/w2" "$tol" || fail "llama with $what: the losses differ between $name and one process"
+    done
+  }
+  # Qwen 3's q/k norms (whole on every rank, over each rank's heads: their gradients summed).
+  split_layouts qk_norm 1e-6 model.qk_norm=true
+  # bf16 (autocast, fp32 weights): within 1e-4, the layouts summing bf16 products in other orders.
+  split_layouts bf16 1e-4 run.precision=bf16
   ;;
 pipeline_cappa)
   # run.parallel.pp for graphs/cappa.yaml (issue 49): the ViT's 2 blocks then the decoder's 2 cut
