@@ -8,10 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -62,6 +62,7 @@ std::mutex mappings_mutex;
 std::map<uintptr_t, const Mapping*> live_mappings;  // begin -> mapping
 
 Mapping::~Mapping() {
+  if (!base) return;  // never mapped (map() fell back to load())
   {
     std::lock_guard<std::mutex> lock(mappings_mutex);
     live_mappings.erase(reinterpret_cast<uintptr_t>(base));
