@@ -947,7 +947,7 @@ llama)
            "pp2 mpi run.parallel.pp=2 run.parallel.microbatches=4"
            "pp2i mpi run.parallel.pp=2 run.parallel.microbatches=4 run.parallel.schedule=interleaved run.parallel.virtual_stages=2"
            "pp2tp2 mpi4 run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4")
-  sgd=(opt.kind=sgd opt.adamw=null data.batch=8)
+  sgd=(opt.kind=sgd opt.adamw=null data.batch=8 ckpt.exports=true)  # exports: the HF folder too
   run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" run.out_dir="$tmp/sgd1"
   losses "$tmp/sgd1/metrics.jsonl" > "$tmp/s1"
   for l in "${layouts[@]}"; do
@@ -955,7 +955,9 @@ llama)
     launcher=("${mpi[@]}"); [ "$procs" = mpi4 ] && launcher=("${mpi4[@]}")
     # shellcheck disable=SC2086
     run_code 0 "${launcher[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" $settings run.out_dir="$tmp/sgd_$name"
-    for f in model.params opt.state; do
+    # The checkpoint, and the Hugging Face folder it exports (whole tensors under HF's names, whatever
+    # the layout), as one process's.
+    for f in model.params opt.state model; do
       "$tensordiff" "$tmp/sgd1/checkpoints/step_00000006/$f.safetensors" "$tmp/sgd_$name/checkpoints/step_00000006/$f.safetensors" 1e-5 ||
         fail "llama, SGD: $f differs between $name and one process"
     done
