@@ -33,13 +33,16 @@ std::string load_error(const std::string& path) {
   return errors[0];
 }
 
-// This process's resident file pages (kB): what reading a mapped file takes.
+// This process's resident pages of files (kB): what reading a mapped file takes (RssFile, and
+// RssShmem for a file on a tmpfs /tmp).
 int64_t rss_file_kb() {
   std::ifstream in("/proc/self/status");
   std::string line;
+  int64_t kb = 0;
   while (std::getline(in, line))
-    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
-  return -1;
+    for (const std::string key : {"RssFile:", "RssShmem:"})
+      if (line.rfind(key, 0) == 0) kb += std::stoll(line.substr(key.size()));
+  return kb;
 }
 
 }  // namespace
