@@ -1,4 +1,4 @@
-// GPT-2's pre-tokenization regex, written out by hand (no regex engine: std::regex has no
+// GPT-2's pre-tokenization regex (and Llama 3's and Qwen 2's, below), written out by hand (no regex engine: std::regex has no
 // \p{L}, and a hand-written scanner is exact and ~50x faster).
 //
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
@@ -97,7 +97,113 @@ size_t contraction_at(std::string_view text, size_t i) {
   return 0;
 }
 
+// Length of a contraction at text[i] (== '\'') in either case ((?i:'s|'t|'re|'ve|'m|'ll|'d),
+// Llama 3's and Qwen 2's), or 0.
+size_t contraction_any_case_at(std::string_view text, size_t i) {
+  const size_t left = text.size() - i - 1;
+  auto lower = [](char c) { return static_cast<char>(c >= 'A' && c <= 'Z' ? c + ('a' - 'A') : c); };
+  if (left >= 1) {
+    const char a = lower(text[i + 1]);
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if (left >= 2) {
+      const char b = lower(text[i + 2]);
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    }
+  }
+  return 0;
+}
+
+bool is_cr_or_lf(char c) { return c == '\r' || c == '\n'; }
+
 }  // namespace
+
+// Llama 3's and Qwen 2's pre-tokenization (the Split regex of their tokenizer.json):
+//
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+//
+// (Qwen 2: \p{N} alone, `max_digits` 1). At each position, in order:
+//   1. an apostrophe and s, t, re, ve, m, ll or d, in either case;
+//   2. one character that is no letter, number, \r or \n (a space, a tab, punctuation), if a
+//      letter follows it, then the run of letters (" word", "(word", "'x");
+//   3. up to max_digits numbers;
+//   4. an optional single ' ', a run of others (no whitespace, letter or number), and any \r\n
+//      after them;
+//   5. a whitespace run holding \r or \n: up to and including its last \r or \n;
+//   6-7. otherwise as GPT-2's: the whitespace run less its last character when a non-space
+//      follows (that character starts the next piece), or the one character.
+std::vector<std::string_view> llama3_pretokenize(std::string_view text, int max_digits) {
+  std::vector<std::string_view> pieces;
+  const size_t n = text.size();
+  size_t i = 0;
+  auto run_of = [&](size_t j, Cls cls) {  // the end of the run of class `cls` starting at j
+    while (j < n) {
+      const Char d = char_at(text, j);
+      if (d.cls != cls) break;
+      j += d.len;
+    }
+    return j;
+  };
+  while (i < n) {
+    const size_t start = i;
+    if (text[i] == '\'') {
+      if (const size_t len = contraction_any_case_at(text, i)) {
+        pieces.push_back(text.substr(start, len));
+        i += len;
+        continue;
+      }
+    }
+    const Char c = char_at(text, i);
+    // 2: [^\r\n\p{L}\p{N}]?\p{L}+
+    if (c.cls == Cls::Letter) {
+      i = run_of(i, Cls::Letter);
+      pieces.push_back(text.substr(start, i - start));
+      continue;
+    }
+    if (c.cls != Cls::Number && !is_cr_or_lf(text[i]) && i + c.len < n && char_at(text, i + c.len).cls == Cls::Letter) {
+      i = run_of(i + c.len, Cls::Letter);
+      pieces.push_back(text.substr(start, i - start));
+      continue;
+    }
+    // 3: \p{N}{1,max_digits}
+    if (c.cls == Cls::Number) {
+      i += c.len;
+      for (int k = 1; k < max_digits && i < n; ++k) {
+        const Char d = char_at(text, i);
+        if (d.cls != Cls::Number) break;
+        i += d.len;
+      }
+      pieces.push_back(text.substr(start, i - start));
+      continue;
+    }
+    // 4: ' ?[^\s\p{L}\p{N}]+[\r\n]*'
+    size_t j = i;
+    if (text[i] == ' ' && i + 1 < n && char_at(text, i + 1).cls == Cls::Other) j = i + 1;
+    if (char_at(text, j).cls == Cls::Other) {
+      i = run_of(j, Cls::Other);
+      while (i < n && is_cr_or_lf(text[i])) ++i;
+      pieces.push_back(text.substr(start, i - start));
+      continue;
+    }
+    // Whitespace: the run [start, end), where its last character and its last \r or \n start.
+    size_t end = i, last = i, last_newline = n;
+    while (end < n) {
+      const Char d = char_at(text, end);
+      if (d.cls != Cls::Space) break;
+      if (is_cr_or_lf(text[end])) last_newline = end;
+      last = end;
+      end += d.len;
+    }
+    if (last_newline != n) {
+      i = last_newline + 1;  // 5: \s*[\r\n]+
+    } else if (end < n && last > start) {
+      i = last;  // 6: \s+(?!\S), the last character left for the next piece
+    } else {
+      i = end == n ? end : start + c.len;  // 6 at the end of the text, else 7: one character
+    }
+    pieces.push_back(text.substr(start, i - start));
+  }
+  return pieces;
+}
 
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text) {
   std::vector<std::string_view> pieces;

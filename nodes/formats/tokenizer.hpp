@@ -54,6 +54,13 @@ class ByteTokenizer : public Tokenizer {
 // `text` and cover it exactly, in order.
 std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
 
+// Llama 3's and Qwen 2/3's pre-tokenization, the Split regex of their tokenizer.json:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// with \p{N}{1,3} for Llama 3 (max_digits 3) and \p{N} for Qwen (max_digits 1); the classes as
+// gpt2_pretokenize's. The pieces cover `text` exactly, in order. (Checked against the
+// `tokenizers` library: tests/formats/tokenizer_test.cpp.)
+std::vector<std::string_view> llama3_pretokenize(std::string_view text, int max_digits);
+
 // GPT-2's bytes_to_unicode(): the printable character each byte is written as in vocab.json
 // and merges.txt (e.g. ' ' -> U+0120 'Ġ'), as a code point.
 uint32_t gpt2_byte_to_unicode(uint8_t b);

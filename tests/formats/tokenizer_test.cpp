@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "formats/tokenizer.hpp"
@@ -114,20 +115,56 @@ TEST(Gpt2Pretokenize, WhitespaceIsTheUnicodeWhiteSpaceProperty) {
   EXPECT_EQ(pretok("x\u3000\u3000y"), (Pieces{"x", "\u3000", "\u3000", "y"}));
 }
 
-TEST(Gpt2Pretokenize, PiecesCoverAnyBytesExactly) {
+TEST(Gpt2Pretokenize, PiecesCoverAnyBytesExactly) {  // Llama 3's and Qwen's too
   // Invalid UTF-8 included: every byte ends up in exactly one piece, in order.
   static const char kPool[] = "a '\n\xc3\xa9\xe6\x97\xa5\xf0\x9f\x98\x80";  // pieces of valid characters
   std::mt19937 rng(3);
   for (int trial = 0; trial < 200; ++trial) {
     std::string s(static_cast<size_t>(rng() % 64), '\0');
     for (char& c : s) c = static_cast<char>(rng() % 2 ? kPool[rng() % (sizeof(kPool) - 1)] : rng() % 256);
-    std::string joined;
-    for (auto v : gpt2_pretokenize(s)) {
-      EXPECT_FALSE(v.empty());
-      joined += v;
+    for (const auto& pieces : {gpt2_pretokenize(s), llama3_pretokenize(s, 3), llama3_pretokenize(s, 1)}) {
+      std::string joined;
+      for (auto v : pieces) {
+        EXPECT_FALSE(v.empty());
+        joined += v;
+      }
+      EXPECT_EQ(joined, s);
     }
-    EXPECT_EQ(joined, s);
   }
+}
+
+// Llama 3's and Qwen 2/3's Split regex: the pieces of `tokenizers` itself on tricky strings and
+// 1,000 fortunes (tests/fixtures/tokenizers/make_pretokenize_fixture.py wrote their UTF-8 byte
+// lengths with tokenizers 0.23.3), and a few cases spelled out.
+TEST(Llama3Pretokenize, SplitsAsTheTokenizersLibraryDoesForLlama3AndQwen) {
+  auto pieces = [](const std::string& s, int digits) {
+    Pieces out;
+    for (auto v : llama3_pretokenize(s, digits)) out.emplace_back(v);
+    return out;
+  };
+  EXPECT_EQ(pieces("I'M (sure) it's 12345!!!\n\n x", 3),
+            (Pieces{"I", "'M", " (", "sure", ")", " it", "'s", " ", "123", "45", "!!!\n\n", " x"}));
+  EXPECT_EQ(pieces("12345", 1), (Pieces{"1", "2", "3", "4", "5"}));
+  EXPECT_EQ(pieces("a  \n\t b\tc", 3), (Pieces{"a", "  \n", "\t", " b", "\tc"}));
+
+  const std::string path = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/tokenizers/pretokenize.json";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << path;
+  const nlohmann::json fixture = nlohmann::json::parse(in);
+  int checked = 0;
+  for (const auto& [name, digits] : std::vector<std::pair<std::string, int>>{{"llama3", 3}, {"qwen2", 1}}) {
+    int wrong = 0;
+    for (const auto& c : fixture["cases"]) {
+      const std::string text = c["text"].get<std::string>();
+      std::vector<size_t> got;
+      for (auto v : llama3_pretokenize(text, digits)) got.push_back(v.size());
+      const auto want = c[name].get<std::vector<size_t>>();
+      if (got != want && wrong++ < 3) ADD_FAILURE() << name << ": pieces differ from tokenizers' for " << nlohmann::json(text).dump();
+      ++checked;
+    }
+    EXPECT_EQ(wrong, 0) << name << ": " << wrong << " of " << fixture["cases"].size() << " texts split otherwise";
+  }
+  EXPECT_GT(checked, 2000);
 }
 
 // ---- GPT-2 BPE -----------------------------------------------------------------------------
