@@ -21,9 +21,9 @@
 // and its schema says what the planner reads before any model exists (schema `family:`: the sizes
 // run.parallel.tp must divide, whether its blocks are alike). Its node then calls
 // ModelNode::cut_into_stages(ctx, family) at configure and ModelNode::declared_state at build
-// (init_declared, hold_declared); its loader calls load_declared. What a family still writes itself: its module (each layer built
-// as this rank's part: lora::split, layers::MlpOptions::tp; the blocks it holds, placeholders for
-// the others), its chunk forward, and its init of one tensor.
+// (init_declared, hold_declared); its loader calls load_declared. What a family still writes
+// itself: its module (each layer built as this rank's part: lora::split, layers::MlpOptions::tp;
+// the blocks it holds, placeholders for the others), its chunk forward, and its init of one tensor.
 #pragma once
 #include <torch/torch.h>
 

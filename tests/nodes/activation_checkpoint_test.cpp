@@ -4,7 +4,6 @@
 // rounding where blocks share inputs), and a step's peak resident memory much lower.
 #include <gtest/gtest.h>
 
-#include <malloc.h>
 
 #include <fstream>
 #include <functional>
@@ -22,6 +21,7 @@
 #include "node_test_helpers.hpp"
 #include "train/forward_backward.hpp"
 #include "train/losses.hpp"
+#include "support/memory.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun {
@@ -275,11 +275,6 @@ TEST(ActivationCheckpoint, VaeGradientsEqualThePlainRun) {
 // what a forward with grad keeps alive for backward, measured as the bytes malloc holds after it
 // (glibc's mallinfo2: every arena and the mmapped blocks; torch's CPU allocator is malloc):
 // within 25 % plain and with every block recomputed, where it keeps about a fifth.
-double malloc_in_use() {
-  const struct mallinfo2 m = mallinfo2();
-  return static_cast<double>(m.uordblks + m.hblkhd);
-}
-
 TEST(ActivationCheckpoint, VaeEstimateIsWhatAForwardKeeps) {
   const TensorMap batch = {{"image", torch::rand({2, 3, 64, 64}, make_cpu_generator(3)) * 2 - 1}};
   VaeLoss::Options lo;
@@ -293,9 +288,9 @@ TEST(ActivationCheckpoint, VaeEstimateIsWhatAForwardKeeps) {
     c.norm_num_groups = 8;
     c.checkpoint = CheckpointPolicy::parse(policy);
     auto state = vae::make_vae_state(vae::make_autoencoder(c, vae::Part::both, "", 3, /*trainable=*/true), false);
-    const double before = malloc_in_use();
+    const double before = test::malloc_in_use();
     torch::Tensor loss = objective.loss(*state, batch);
-    measured[policy] = malloc_in_use() - before;
+    measured[policy] = test::malloc_in_use() - before;
     const ActivationEstimate e = state->activations(batch, 4, c.checkpoint);
     estimated[policy] = std::string(policy) == "none" ? e.plain : e.checkpointed - e.recompute_live;
     std::printf("vae [32, 64, 64] x 2 layers, 2 x 64 x 64 images, fp32, checkpoint: %s: a forward keeps %.2f MB, "

@@ -5,7 +5,6 @@
 // original context where its rope scaling acts; the loss and every parameter's gradient after
 // one backward too. A config that asks for what is not built is refused, every problem at once.
 #include <gtest/gtest.h>
-#include <malloc.h>
 
 #include <filesystem>
 #include <fstream>
@@ -18,6 +17,7 @@
 #include "models/model_state.hpp"
 #include "data_test_helpers.hpp"
 #include "node_test_helpers.hpp"
+#include "support/memory.hpp"
 #include "support/run_graph.hpp"
 #include "train/losses.hpp"
 #include "train/precision.hpp"
@@ -263,17 +263,6 @@ TEST(Llama, AnExportedFolderReadsBackAsTheSameModel) {
   EXPECT_EQ(index["weight_map"].size(), s.tensors().size());
 }
 
-// This process's memory in kB from /proc/self/status: VmRSS (now) or VmHWM (the peak since
-// reset_peak_memory).
-int64_t status_kb(const std::string& key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind(key + ":", 0) == 0) return std::stoll(line.substr(key.size() + 1));
-  return -1;
-}
-bool reset_peak_memory() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5" << std::flush); }
-
 // A pretrained folder is read tensor by tensor from its mapped shards, each tensor's pages given
 // back once copied: the load's memory peaks near the model plus its largest tensor, not at the
 // model plus the whole folder (which reading every shard first took: twice the model).
@@ -294,10 +283,10 @@ nodes:
   int64_t shards = 0;
   for (const auto& e : fs::directory_iterator(dir)) shards += e.path().extension() == ".safetensors";
   ASSERT_GE(shards, 10);
-  const int64_t before = status_kb("VmRSS");
-  if (!reset_peak_memory()) GTEST_SKIP() << "/proc/self/clear_refs cannot be written here: no peak to measure";
+  const int64_t before = test::proc_status_kb("VmRSS");
+  if (!test::reset_peak_memory()) GTEST_SKIP() << "/proc/self/clear_refs cannot be written here: no peak to measure";
   auto g = test::load_graph_text(graph_of(dir));
-  const int64_t peak = status_kb("VmHWM") - before;
+  const int64_t peak = test::proc_status_kb("VmHWM") - before;
   ModelState& s = g->state<ModelState>("model", "params");
   int64_t model = 0, largest = 0;
   for (const auto& [name, t] : s.tensors()) {
@@ -306,11 +295,6 @@ nodes:
   }
   EXPECT_TRUE(torch::equal(s.tensors().at("model.layers.7.mlp.down_proj.weight"), want));
   EXPECT_LT(peak, model + largest + 12 * 1024) << "kB: the peak " << peak << ", the model " << model << ", its largest tensor " << largest;
-}
-
-double malloc_in_use() {
-  const struct mallinfo2 m = mallinfo2();
-  return static_cast<double>(m.uordblks + m.hblkhd);
 }
 
 // What the node tells forward_backward and `flowrun plan` a step keeps for backward (its
@@ -326,9 +310,9 @@ nodes:
   model: { type: llama, with: { layers: 4, dim: 64, heads: 4, kv_heads: 2, mlp_dim: 160, vocab: 256, context: 64, checkpoint: )") +
                                    policy + " } }\n");
     ModelState& s = g->state<ModelState>("model", "params");
-    const double before = malloc_in_use();
+    const double before = test::malloc_in_use();
     torch::Tensor loss = LmLoss().loss(s, batch);
-    measured[policy] = malloc_in_use() - before;
+    measured[policy] = test::malloc_in_use() - before;
     const ActivationEstimate e = s.activations(batch, 4, CheckpointPolicy::parse(policy));
     const double estimated = std::string(policy) == "none" ? e.plain : e.checkpointed - e.recompute_live;
     std::printf("llama 4 x 64 (GQA 4:2, SwiGLU 160, vocabulary 256), 4 x 64 tokens, fp32, checkpoint %s: a forward "

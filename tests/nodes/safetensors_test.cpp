@@ -6,6 +6,7 @@
 
 #include <fstream>
 
+#include "support/memory.hpp"
 #include "support/run_graph.hpp"
 
 using namespace flowrun;
@@ -35,15 +36,7 @@ std::string load_error(const std::string& path) {
 
 // This process's resident pages of files (kB): what reading a mapped file takes (RssFile, and
 // RssShmem for a file on a tmpfs /tmp).
-int64_t rss_file_kb() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  int64_t kb = 0;
-  while (std::getline(in, line))
-    for (const std::string key : {"RssFile:", "RssShmem:"})
-      if (line.rfind(key, 0) == 0) kb += std::stoll(line.substr(key.size()));
-  return kb;
-}
+int64_t rss_file_kb() { return test::proc_status_kb("RssFile") + test::proc_status_kb("RssShmem"); }
 
 }  // namespace
 
