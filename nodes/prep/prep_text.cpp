@@ -28,7 +28,7 @@ namespace flowrun {
 namespace {
 
 const char* kTextUsage =
-    "usage: flowrun prep text --tokenizer byte|gpt2 [--vocab vocab.json --merges merges.txt]\n"
+    "usage: flowrun prep text --tokenizer byte|gpt2|TOKENIZER_JSON|MODEL_FOLDER [--vocab vocab.json --merges merges.txt]\n"
     "                         [--val-fraction 0.05] [--seed 1] [--split-on %] --out PREFIX FILE_OR_DIR...\n"
     "\n"
     "Tokenizes text files into token shards for the token_shards node:\n"
@@ -36,6 +36,8 @@ const char* kTextUsage =
     "  PREFIX.json                                   tokenizer, vocab_size, documents and tokens per split\n"
     "\n"
     "  --tokenizer byte|gpt2   byte: id = byte (vocab 256); gpt2: GPT-2's BPE (vocab 50257, needs the two files)\n"
+    "  --tokenizer PATH        a Hugging Face tokenizer.json, or a model folder holding one (Llama 3, Qwen 2/3);\n"
+    "                          each document gets its post-processor's tokens (Llama 3: <|begin_of_text|>)\n"
     "  --vocab, --merges       GPT-2's vocab.json and merges.txt (scripts/data.sh puts them in data/gpt2/)\n"
     "  --val-fraction F        share of documents held out for val, chosen by a seeded shuffle (default 0.05)\n"
     "  --seed N                seed of that shuffle (default 1)\n"
@@ -118,8 +120,10 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
     throw std::invalid_argument("--val-fraction must be in [0, 1), got " + std::to_string(opt.val_fraction));
   if (opt.split_on && opt.split_on->empty()) throw std::invalid_argument("--split-on needs a non-empty separator line");
   std::unique_ptr<Tokenizer> tok;
+  double load_seconds = 0;
   try {
     tok = make_tokenizer(opt.tokenizer, opt.vocab, opt.merges);
+    load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } catch (const std::exception& e) {
     throw std::invalid_argument(e.what());
   }
@@ -188,8 +192,12 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
     s.bytes += static_cast<int64_t>(text.size());
     for_each_document(text, opt.split_on, [&](std::string_view d) {
       ids.clear();
+      ids = tok->specials_before();
+      const auto e0 = std::chrono::steady_clock::now();
       tok->encode(d, ids);
-      if (auto eot = tok->eot()) ids.push_back(*eot);
+      s.encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
+      ids.insert(ids.end(), tok->specials_after().begin(), tok->specials_after().end());
+      if (auto eot = tok->eot(); eot && (ids.empty() || ids.back() != *eot)) ids.push_back(*eot);
       (is_val[static_cast<size_t>(doc++)] ? val : train).add_document(ids);
     });
   }
@@ -200,6 +208,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
 
   nlohmann::json j;
   j["tokenizer"] = tok->name();
+  if (opt.tokenizer != "byte" && opt.tokenizer != "gpt2") j["tokenizer_path"] = opt.tokenizer;
   j["vocab_size"] = tok->vocab_size();
   j["eot"] = tok->eot() ? nlohmann::json(*tok->eot()) : nlohmann::json(nullptr);
   j["dtype"] = dtype_name(dtype);
@@ -213,6 +222,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   j["files"] = s.files;
   write_file_atomic(opt.out + ".json", j.dump(2) + "\n");
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  s.load_seconds = load_seconds;
   return s;
 }
 
@@ -240,18 +250,18 @@ int prep_text_command(const std::vector<std::string>& args) {
         throw std::invalid_argument("unknown option " + a);
       }
     }
-    if (!have_tokenizer) throw std::invalid_argument("--tokenizer byte|gpt2 is required");
-    if (opt.tokenizer != "byte" && opt.tokenizer != "gpt2")
-      throw std::invalid_argument("--tokenizer: unknown tokenizer '" + opt.tokenizer + "' (known: byte, gpt2)");
+    if (!have_tokenizer) throw std::invalid_argument("--tokenizer byte|gpt2|TOKENIZER_JSON|MODEL_FOLDER is required");
     if (opt.tokenizer == "gpt2" && (opt.vocab.empty() || opt.merges.empty()))
       throw std::invalid_argument("--tokenizer gpt2 needs --vocab vocab.json and --merges merges.txt (scripts/data.sh puts them in data/gpt2/)");
-    if (opt.tokenizer == "byte" && (!opt.vocab.empty() || !opt.merges.empty()))
+    if (opt.tokenizer != "gpt2" && (!opt.vocab.empty() || !opt.merges.empty()))
       throw std::invalid_argument("--vocab/--merges are for --tokenizer gpt2 only");
 
     const PrepTextSummary s = prep_text(opt);
-    std::printf("prep text: %lld files, %.1f MB -> %lld documents; tokenizer %s (vocab %lld); %.2f s\n",
+    std::printf("prep text: %lld files, %.1f MB -> %lld documents; tokenizer %s (vocab %lld); %.2f s (loading the tokenizer %.2f s, "
+                "encoding %.2f s: %.1f MB/s)\n",
                 static_cast<long long>(s.files), s.bytes / 1e6, static_cast<long long>(s.documents[0] + s.documents[1]),
-                opt.tokenizer.c_str(), static_cast<long long>(s.vocab_size), s.seconds);
+                opt.tokenizer.c_str(), static_cast<long long>(s.vocab_size), s.seconds, s.load_seconds, s.encode_seconds,
+                s.bytes / 1e6 / std::max(s.encode_seconds, 1e-9));
     const char* names[2] = {"train", "val"};
     for (int k = 0; k < 2; ++k)
       std::printf("  %s.%s.{bin,idx}: %lld documents, %lld tokens\n", opt.out.c_str(), names[k],

@@ -1,10 +1,10 @@
 // `flowrun prep text`: text files -> token shards for the token_shards node.
 //
-//   flowrun prep text --tokenizer byte|gpt2 [--vocab vocab.json --merges merges.txt]
+//   flowrun prep text --tokenizer byte|gpt2|TOKENIZER_JSON|MODEL_FOLDER [--vocab vocab.json --merges merges.txt]
 //                     [--val-fraction 0.05] [--seed 1] [--split-on %] --out PREFIX FILE_OR_DIR...
 //
 // Writes PREFIX.train.{bin,idx} and PREFIX.val.{bin,idx} (Megatron indexed datasets, one
-// sequence per document, uint16 tokens for both tokenizers) and PREFIX.json:
+// sequence per document, uint16 tokens for a vocab under 65,500, else int32: Megatron's rule) and PREFIX.json:
 //   {"tokenizer": "gpt2", "vocab_size": 50257, "eot": 50256, "dtype": "uint16",
 //    "documents": n, "tokens": n, "splits": {"train": {"documents": n, "tokens": n}, "val": {...}},
 //    "seed": 1, "val_fraction": 0.05, "split_on": "%", "files": n}
@@ -17,7 +17,9 @@
 // fraction is > 0) for val; both splits keep the documents in input order. gpt2 appends its
 // end-of-text token (50256) to every document, as Megatron's preprocess_data.py --append-eod,
 // so documents are separated by it in the token stream; the byte tokenizer has no such token
-// and writes the text as is.
+// and writes the text as is. A tokenizer.json's documents are its post-processor's tokens (Llama
+// 3: <|begin_of_text|>), the text's ids, then the end-of-text token (<|end_of_text|> for Llama 3,
+// <|endoftext|> for Qwen); PREFIX.json gets "tokenizer_path".
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -27,7 +29,7 @@
 namespace flowrun {
 
 struct PrepTextOptions {
-  std::string tokenizer;             // "byte" or "gpt2"
+  std::string tokenizer;             // "byte", "gpt2" or a tokenizer.json / model folder (make_tokenizer)
   std::string vocab, merges;         // gpt2's vocab.json and merges.txt
   double val_fraction = 0.05;        // in [0, 1)
   uint64_t seed = 1;
@@ -43,6 +45,8 @@ struct PrepTextSummary {
   int64_t bytes = 0;              // text read
   int64_t vocab_size = 0;
   double seconds = 0;
+  double load_seconds = 0;        // of which loading the tokenizer
+  double encode_seconds = 0;      // of which encoding (the tokenizer's calls alone)
 };
 
 // Throws std::invalid_argument for bad options or unusable inputs (missing files, no

@@ -24,8 +24,8 @@ Pieces pretok(const std::string& s) {
   return out;
 }
 
-const Gpt2Tokenizer& gpt2() {
-  static std::unique_ptr<Gpt2Tokenizer> t = Gpt2Tokenizer::load(test::gpt2_vocab(), test::gpt2_merges());
+const BpeTokenizer& gpt2() {
+  static std::unique_ptr<BpeTokenizer> t = BpeTokenizer::load_gpt2(test::gpt2_vocab(), test::gpt2_merges());
   return *t;
 }
 
@@ -232,7 +232,7 @@ TEST(Gpt2Tokenizer, BrokenFilesAreErrorsNamingTheFile) {
     test::write_text(dir + "/vocab.json", vocab);
     test::write_text(dir + "/merges.txt", merges);
     try {
-      Gpt2Tokenizer::load(dir + "/vocab.json", dir + "/merges.txt");
+      BpeTokenizer::load_gpt2(dir + "/vocab.json", dir + "/merges.txt");
     } catch (const std::exception& e) {
       return e.what();
     }
@@ -248,7 +248,7 @@ TEST(Gpt2Tokenizer, BrokenFilesAreErrorsNamingTheFile) {
   }
   v["ab"] = 256;
   EXPECT_EQ(load_error(v.dump(), "#version: 0.2\na b\n"), "no error");
-  auto t = Gpt2Tokenizer::load(dir + "/vocab.json", dir + "/merges.txt");
+  auto t = BpeTokenizer::load_gpt2(dir + "/vocab.json", dir + "/merges.txt");
   EXPECT_EQ(t->encode("ab"), (std::vector<int32_t>{256}));
 
   EXPECT_NE(load_error("{not json", "").find("vocab.json: not valid JSON"), std::string::npos);
@@ -259,7 +259,7 @@ TEST(Gpt2Tokenizer, BrokenFilesAreErrorsNamingTheFile) {
   EXPECT_NE(load_error(gap.dump(), "").find("out of range"), std::string::npos);
   EXPECT_NE(load_error(v.dump(), "").find("no merges"), std::string::npos);
   try {
-    Gpt2Tokenizer::load(dir + "/missing.json", dir + "/merges.txt");
+    BpeTokenizer::load_gpt2(dir + "/missing.json", dir + "/merges.txt");
     ADD_FAILURE() << "no error";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("missing.json: cannot open"), std::string::npos) << e.what();

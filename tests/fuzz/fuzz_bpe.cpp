@@ -14,8 +14,8 @@ using namespace flowrun;
 namespace {
 
 // The byte tokens as GPT-2's vocab.json writes them, plus merged tokens, and their merges.
-const Gpt2Tokenizer& small_bpe() {
-  static const std::unique_ptr<Gpt2Tokenizer> tok = [] {
+const BpeTokenizer& small_bpe() {
+  static const std::unique_ptr<BpeTokenizer> tok = [] {
     auto unicode = [](unsigned char b) {
       const uint32_t u = gpt2_byte_to_unicode(b);
       std::string s;  // UTF-8 of u (< 0x800)
@@ -43,12 +43,12 @@ const Gpt2Tokenizer& small_bpe() {
     vocab += "}";
     std::string merges_txt = "#version: 0.2\n";
     for (const auto& [a, b] : merges) merges_txt += a + " " + b + "\n";
-    return Gpt2Tokenizer::load(fuzz::write("small_vocab.json", vocab), fuzz::write("small_merges.txt", merges_txt));
+    return BpeTokenizer::load_gpt2(fuzz::write("small_vocab.json", vocab), fuzz::write("small_merges.txt", merges_txt));
   }();
   return *tok;
 }
 
-void round_trip(const Gpt2Tokenizer& tok, const std::string& text) {
+void round_trip(const BpeTokenizer& tok, const std::string& text) {
   const std::vector<int32_t> ids = tok.encode(text);
   for (int32_t id : ids) FUZZ_CHECK(id >= 0 && id < tok.vocab_size());
   FUZZ_CHECK(tok.decode(ids) == text);
@@ -67,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string vocab = fuzz::write("vocab.json", rest.substr(0, nul));
   const std::string merges = fuzz::write("merges.txt", nul == std::string::npos ? "" : rest.substr(nul + 1));
   try {
-    const auto tok = Gpt2Tokenizer::load(vocab, merges);
+    const auto tok = BpeTokenizer::load_gpt2(vocab, merges);
     round_trip(*tok, "Hello world, the thing\n\xe4\xb8\xad\xff");
   } catch (const std::runtime_error&) {
   }

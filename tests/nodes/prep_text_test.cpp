@@ -110,7 +110,7 @@ TEST(PrepText, Gpt2EndsEveryDocumentWithEndOfText) {
   o.tokenizer = "gpt2", o.vocab = test::gpt2_vocab(), o.merges = test::gpt2_merges();
   o.val_fraction = 0.2, o.split_on = "%", o.inputs = {in}, o.out = out;
   prep_text(o);
-  auto tok = Gpt2Tokenizer::load(o.vocab, o.merges);
+  auto tok = BpeTokenizer::load_gpt2(o.vocab, o.merges);
   IndexedDataset train(out + ".train");
   ASSERT_EQ(train.num_documents(), 4);
   for (int64_t i = 0; i < 4; ++i) {
@@ -126,6 +126,39 @@ TEST(PrepText, Gpt2EndsEveryDocumentWithEndOfText) {
   EXPECT_EQ(j["vocab_size"], 50257);
   EXPECT_EQ(j["eot"], 50256);
   EXPECT_EQ(j["splits"]["val"]["documents"], 1);
+}
+
+// A tokenizer.json (here a model folder's): each document is the post-processor's tokens, the
+// text's ids, the end-of-text token; ids past 65,500 are int32 (Megatron's rule).
+TEST(PrepText, ATokenizerJsonFramesEveryDocumentAsItsModelWas) {
+  const std::string llama = test::data_dir() + "/tokenizers/llama3.2", qwen = test::data_dir() + "/tokenizers/qwen3";
+  FLOWRUN_NEEDS_DATA(llama + "/tokenizer.json", qwen + "/tokenizer.json");
+  const std::string in = fortune_dir(1, 5);
+  for (const auto& [folder, bos, eot] : std::vector<std::tuple<std::string, int64_t, int64_t>>{{llama, 128000, 128001},
+                                                                                               {qwen, -1, 151643}}) {
+    const std::string out = test::temp_dir("prep") + "/h";
+    PrepTextOptions o;
+    o.tokenizer = folder, o.val_fraction = 0, o.split_on = "%", o.inputs = {in}, o.out = out;
+    prep_text(o);
+    auto tok = make_tokenizer(folder);
+    IndexedDataset train(out + ".train");
+    ASSERT_EQ(train.num_documents(), 5);
+    for (int64_t i = 0; i < 5; ++i) {
+      const std::vector<int64_t> seq = train.sequence(i);
+      ASSERT_GE(seq.size(), 3u);
+      const size_t first = bos >= 0 ? 1 : 0;
+      if (bos >= 0) EXPECT_EQ(seq.front(), bos) << folder;
+      EXPECT_EQ(seq.back(), eot) << folder;
+      const std::vector<int32_t> ids(seq.begin() + first, seq.end() - 1);
+      EXPECT_EQ(tok->decode(ids).substr(0, 4), "doc ");
+      EXPECT_EQ(tok->encode(tok->decode(ids)), ids);
+    }
+    const auto j = nlohmann::json::parse(test::read_text(out + ".json"));
+    EXPECT_EQ(j["tokenizer"], "tokenizer.json");
+    EXPECT_EQ(j["tokenizer_path"], folder);
+    EXPECT_EQ(j["dtype"], "int32");  // Megatron's rule past 65,500
+    EXPECT_EQ(j["eot"], eot);
+  }
 }
 
 TEST(PrepTextCommand, HelpAndSummary) {
@@ -156,7 +189,7 @@ TEST(PrepTextCommand, BadUsageAndMissingInputsExit2) {
   std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{}, "usage: flowrun prep"},
       {{"video"}, "unknown kind 'video'"},
-      {{"text", "--out", out, a}, "--tokenizer byte|gpt2 is required"},
+      {{"text", "--out", out, a}, "--tokenizer byte|gpt2|TOKENIZER_JSON|MODEL_FOLDER is required"},
       {{"text", "--tokenizer", "bpe", "--out", out, a}, "unknown tokenizer 'bpe'"},
       {{"text", "--tokenizer", "gpt2", "--out", out, a}, "needs --vocab"},
       {{"text", "--tokenizer", "gpt2", "--vocab", dir + "/no.json", "--merges", dir + "/no.txt", "--out", out, a, b},
