@@ -284,29 +284,30 @@ std::string nfc(std::string_view text) {
 }
 }  // namespace
 
-std::string BpeTokenizer::normalize(std::string_view text) const {
-  std::string out;
-  std::vector<int32_t> ids;
-  encode(text, ids);
-  for (int32_t id : ids) out += id_to_bytes_[id];
-  return out;
-}
-
-void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+template <class Text, class Token>
+void BpeTokenizer::walk(std::string_view text, Text on_text, Token on_token) const {
   std::string repaired;
   if (repair_utf8_ && !valid_utf8(text)) text = repaired = repair_utf8(text);
   // tokenizers' order: the added tokens matched in the raw text first, then each stretch
-  // between them normalized, then those matched in the normalized text, then the regex and BPE.
+  // between them normalized, then those matched in the normalized text.
   split_added(
       text, added_raw_,
       [&](std::string_view stretch) {
         std::string normalized;
         if (nfc_) stretch = normalized = nfc(stretch);
-        split_added(
-            stretch, added_normalized_, [&](std::string_view rest) { encode_normalized(rest, out); },
-            [&](const AddedToken& t) { out.push_back(t.id); });
+        split_added(stretch, added_normalized_, on_text, on_token);
       },
-      [&](const AddedToken& t) { out.push_back(t.id); });
+      on_token);
+}
+
+std::string BpeTokenizer::normalize(std::string_view text) const {
+  std::string out;
+  walk(text, [&](std::string_view piece) { out += piece; }, [&](const AddedToken& t) { out += t.content; });
+  return out;
+}
+
+void BpeTokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+  walk(text, [&](std::string_view piece) { encode_normalized(piece, out); }, [&](const AddedToken& t) { out.push_back(t.id); });
 }
 
 void BpeTokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {

@@ -140,6 +140,10 @@ class BpeTokenizer : public Tokenizer {
   // Aho-Corasick), calling piece(view) for the text between and token(id) for each match.
   template <class Piece, class Token>
   static void split_added(std::string_view text, const std::vector<AddedToken>& tokens, Piece piece, Token token);
+  // The text as the tokenizer sees it: on_text(view) for each normalized stretch to pre-tokenize,
+  // on_token(added) for each added token, in order.
+  template <class Text, class Token>
+  void walk(std::string_view text, Text on_text, Token on_token) const;
   void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
   // BPE of one pre-token (raw bytes) into ids, appended to `out`. Memoized: natural text
   // repeats its words, and BPE of a word is the costly part.
