@@ -1,11 +1,13 @@
 #include "prep/cli_args.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 
 namespace flowrun {
 
-CliArgs parse_cli_args(const std::vector<std::string>& args) {
+CliArgs parse_cli_args(const std::vector<std::string>& args, const std::vector<std::string>& flags) {
   CliArgs out;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -15,6 +17,8 @@ CliArgs parse_cli_args(const std::vector<std::string>& args) {
       out.positional.push_back(a);
     } else if (const size_t eq = a.find('='); eq != std::string::npos) {
       out.options.emplace_back(a.substr(0, eq), a.substr(eq + 1));
+    } else if (std::find(flags.begin(), flags.end(), a) != flags.end()) {
+      out.options.emplace_back(a, "true");
     } else {
       if (i + 1 >= args.size()) throw std::invalid_argument(a + " needs a value");
       out.options.emplace_back(a, args[++i]);
@@ -41,10 +45,39 @@ double cli_number(const std::string& name, const std::string& value) {
   return d;
 }
 
+std::vector<std::string> expand_input_files(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const std::string& in : inputs) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(in, ec)) {
+      std::vector<std::string> found;
+      for (auto it = std::filesystem::recursive_directory_iterator(in, ec); !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (!name.empty() && name[0] == '.') {
+          if (it->is_directory()) it.disable_recursion_pending();
+          continue;
+        }
+        if (it->is_regular_file()) found.push_back(it->path().string());
+      }
+      if (ec) throw std::invalid_argument(in + ": cannot list: " + ec.message());
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else if (std::filesystem::is_regular_file(in, ec)) {
+      files.push_back(in);
+    } else if (std::filesystem::exists(in, ec)) {
+      throw std::invalid_argument(in + ": not a regular file or folder (a device, pipe or socket); give text files or folders of them");
+    } else {
+      throw std::invalid_argument(in + ": no such file or folder");
+    }
+  }
+  if (files.empty()) throw std::invalid_argument("no input files (the folders given hold none)");
+  return files;
+}
+
 int run_cli_command(const std::string& name, const char* usage, const std::vector<std::string>& args,
-                    const std::function<int(const CliArgs&)>& body) {
+                    const std::function<int(const CliArgs&)>& body, const std::vector<std::string>& flags) {
   try {
-    const CliArgs cl = parse_cli_args(args);
+    const CliArgs cl = parse_cli_args(args, flags);
     if (cl.help) {
       std::fputs(usage, stdout);
       return 0;

@@ -49,35 +49,6 @@ const char* kTextUsage =
     "gpt2 appends its end-of-text token (50256) to every document. Exit codes: 0 done, 2 bad usage\n"
     "or input, 1 a write failed.\n";
 
-// Input paths -> files, in a fixed order.
-std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
-  std::vector<std::string> files;
-  for (const std::string& in : inputs) {
-    std::error_code ec;
-    if (fs::is_directory(in, ec)) {
-      std::vector<std::string> found;
-      for (auto it = fs::recursive_directory_iterator(in, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-        const std::string name = it->path().filename().string();
-        if (!name.empty() && name[0] == '.') {
-          if (it->is_directory()) it.disable_recursion_pending();
-          continue;
-        }
-        if (it->is_regular_file()) found.push_back(it->path().string());
-      }
-      if (ec) throw std::invalid_argument(in + ": cannot list: " + ec.message());
-      std::sort(found.begin(), found.end());
-      files.insert(files.end(), found.begin(), found.end());
-    } else if (fs::is_regular_file(in, ec)) {
-      files.push_back(in);
-    } else if (fs::exists(in, ec)) {
-      throw std::invalid_argument(in + ": not a regular file or folder (a device, pipe or socket); give text files or folders of them");
-    } else {
-      throw std::invalid_argument(in + ": no such file or folder");
-    }
-  }
-  if (files.empty()) throw std::invalid_argument("no input files (the folders given hold none)");
-  return files;
-}
 
 bool blank(std::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; });
@@ -127,7 +98,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   } catch (const std::exception& e) {
     throw std::invalid_argument(e.what());
   }
-  const std::vector<std::string> files = expand_inputs(opt.inputs);
+  const std::vector<std::string> files = expand_input_files(opt.inputs);
 
   // The inputs are memory-mapped, never read whole (issue 47: a 5 GB file ended in a bare
   // std::bad_alloc). A document is tokenized in memory, so one without --split-on is bounded.
