@@ -50,34 +50,10 @@ TensorMap TokenWindows::batch(const std::vector<int64_t>& ids) const {
 // ---- training order ------------------------------------------------------------------------
 
 TokenShardSampler::TokenShardSampler(TokenWindows windows, int64_t batch, uint64_t seed)
-    : windows_(std::move(windows)), batch_(batch), seed_(seed) {
-  if (batch < 1) throw std::invalid_argument("batch must be >= 1");
-}
-
-int64_t TokenShardSampler::steps_per_epoch(int world) const {
-  const int64_t per_step = batch_ * world, n = windows_.count();
-  if (n < per_step)
-    throw std::runtime_error(windows_.data().prefix() + ".{bin,idx}: " + std::to_string(windows_.data().num_tokens()) +
-                             " tokens make " + std::to_string(n) + " windows of seq_len+1 = " + std::to_string(windows_.seq_len() + 1) +
-                             " tokens, but one step needs world x batch = " + std::to_string(world) + " x " + std::to_string(batch_) +
-                             " = " + std::to_string(per_step) + ": use a smaller seq_len or batch, or more text");
-  return n / per_step;
-}
-
-std::vector<int64_t> TokenShardSampler::windows_for_step(int64_t step, int rank, int world) const {
-  if (step < 1) throw std::invalid_argument("steps are 1-based; got " + std::to_string(step));
-  if (world < 1 || rank < 0 || rank >= world)
-    throw std::invalid_argument("rank " + std::to_string(rank) + " is not in a world of " + std::to_string(world));
-  const int64_t spe = steps_per_epoch(world);
-  const int64_t epoch = (step - 1) / spe, k = (step - 1) % spe;
-  const int64_t first = k * world * batch_ + static_cast<int64_t>(rank) * batch_;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (epoch != cached_epoch_) {
-    perm_ = seeded_permutation(windows_.count(), mix_seed({seed_, kSeedTagEpoch, static_cast<uint64_t>(epoch)}));
-    cached_epoch_ = epoch;
-  }
-  return std::vector<int64_t>(perm_.begin() + first, perm_.begin() + first + batch_);
-}
+    : windows_(std::move(windows)),
+      order_(windows_.count(), batch, seed,
+             windows_.data().prefix() + ".{bin,idx}: " + std::to_string(windows_.data().num_tokens()) + " tokens make " +
+                 std::to_string(windows_.count()) + " windows of seq_len+1 = " + std::to_string(windows_.seq_len() + 1) + " tokens") {}
 
 // ---- dataset state -------------------------------------------------------------------------
 
@@ -108,14 +84,9 @@ TensorMap TokenShardsDataset::batch(const std::string& split, int64_t index, int
 
 namespace {
 
-bool shard_exists(const std::string& prefix) {
-  std::error_code ec;
-  return std::filesystem::exists(prefix + ".idx", ec) && std::filesystem::exists(prefix + ".bin", ec);
-}
-
 std::shared_ptr<const IndexedDataset> open_split(const std::string& path, const std::string& split) {
   const std::string prefix = path + "." + split;
-  if (!shard_exists(prefix))
+  if (!IndexedDataset::exists(prefix))
     throw std::runtime_error("no token shards at " + prefix + ".{bin,idx} (path is relative to the current folder; make them with "
                              "`flowrun prep text --out " + path + " ...`, or scripts/data.sh for data/text/fortunes_*)");
   return std::make_shared<const IndexedDataset>(prefix);  // validates; errors name the file
@@ -161,7 +132,7 @@ class TokenShardsNode : public Node {
     for (const char* name : {"train", "val"}) {
       if (name == split)
         splits.emplace_back(name, own);
-      else if (shard_exists(path + "." + name))
+      else if (IndexedDataset::exists(path + "." + name))
         splits.emplace_back(name, TokenWindows(open_split(path, name), seq_len));
     }
     ctx.own_state("dataset", std::shared_ptr<Dataset>(std::make_shared<TokenShardsDataset>(std::move(splits))));

@@ -15,12 +15,12 @@
 #pragma once
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/tensor_map.hpp"
 #include "data/dataset.hpp"
+#include "data/epoch_order.hpp"
 #include "formats/indexed_dataset.hpp"
 
 namespace flowrun {
@@ -42,27 +42,22 @@ class TokenWindows {
   int64_t seq_len_, count_;
 };
 
-// The training order: seeded shuffle per epoch, sharded by rank. Thread-safe.
+// The training order (data/epoch_order.hpp) over the windows. Thread-safe.
 class TokenShardSampler {
  public:
   TokenShardSampler(TokenWindows windows, int64_t batch, uint64_t seed);
   const TokenWindows& windows() const { return windows_; }
-  int64_t batch_size() const { return batch_; }
+  int64_t batch_size() const { return order_.batch_size(); }
   // Steps per epoch for this world size; throws if not even one step's windows exist.
-  int64_t steps_per_epoch(int world) const;
+  int64_t steps_per_epoch(int world) const { return order_.steps_per_epoch(world); }
   // The windows rank `rank` of `world` reads at `step` (1-based), in batch order.
-  std::vector<int64_t> windows_for_step(int64_t step, int rank, int world) const;
+  std::vector<int64_t> windows_for_step(int64_t step, int rank, int world) const { return order_.for_step(step, rank, world); }
   // {"tokens": int64 [batch, seq_len + 1]} for (step, rank, world).
   TensorMap batch(int64_t step, int rank, int world) const { return windows_.batch(windows_for_step(step, rank, world)); }
 
  private:
   TokenWindows windows_;
-  int64_t batch_;
-  uint64_t seed_;
-  // The current epoch's permutation: steps come in order, so one epoch is built once.
-  mutable std::mutex mu_;
-  mutable int64_t cached_epoch_ = -1;
-  mutable std::vector<int64_t> perm_;
+  EpochOrder order_;
 };
 
 // The `dataset` state of token_shards: fixed passes over each split present (train, val), in

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <filesystem>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -195,6 +196,11 @@ MappedFile::~MappedFile() {
 }
 
 // ---- reader --------------------------------------------------------------------------------
+
+bool IndexedDataset::exists(const std::string& prefix) {
+  std::error_code ec;
+  return std::filesystem::exists(prefix + ".idx", ec) && std::filesystem::exists(prefix + ".bin", ec);
+}
 
 IndexedDataset::IndexedDataset(const std::string& prefix) : prefix_(prefix) {
   const std::string idx_path = prefix + ".idx", bin_path = prefix + ".bin";

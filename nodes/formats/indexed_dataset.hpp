@@ -87,6 +87,8 @@ class MappedFile {
 class IndexedDataset {
  public:
   explicit IndexedDataset(const std::string& prefix);
+  // Whether PREFIX.idx and PREFIX.bin are there.
+  static bool exists(const std::string& prefix);
 
   const std::string& prefix() const { return prefix_; }
   TokenDtype dtype() const { return dtype_; }

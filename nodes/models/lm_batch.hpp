@@ -22,6 +22,29 @@ inline torch::Tensor lm_inputs(const TensorMap& batch, const std::string& kind) 
   return tokens.narrow(1, 0, tokens.size(1) - 1);
 }
 
+// A packed batch's (data/packed_shards.hpp) per-token positions and segments, int64 [B, T] each:
+// the rotary positions restart at each document, attention stays within a segment. Undefined when
+// the batch has neither (one sequence per row, positions 0..T-1).
+struct LmPacking {
+  torch::Tensor positions, segments;
+  bool packed() const { return positions.defined(); }
+};
+
+// `batch`'s packing for the inputs [B, T]; an error naming the model `kind` when it has one of the
+// two keys without the other or of another shape.
+inline LmPacking lm_packing(const TensorMap& batch, const torch::Tensor& inputs, const std::string& kind) {
+  const auto p = batch.find("positions"), s = batch.find("segments");
+  if (p == batch.end() && s == batch.end()) return {};
+  if (p == batch.end() || s == batch.end())
+    throw std::runtime_error(kind + ": the batch has '" + std::string(p == batch.end() ? "segments" : "positions") +
+                             "' without '" + std::string(p == batch.end() ? "positions" : "segments") + "' (a packed batch has both)");
+  for (const torch::Tensor& t : {p->second, s->second})
+    if (t.sizes() != inputs.sizes() || !at::isIntegralType(t.scalar_type(), false))
+      throw std::runtime_error(kind + ": a packed batch's positions and segments must be integer " + shape_str(inputs) +
+                               " like the inputs, got " + shape_str(t));
+  return {p->second.to(torch::kLong), s->second.to(torch::kLong)};
+}
+
 // Token ids [B, T] a language model of `context` positions and `vocab` tokens can read: an error
 // naming the model `kind` otherwise (the ids' range checked on the CPU only: a clear message
 // instead of index_select's, with no device sync).

@@ -7,6 +7,12 @@
 // (train/cross_entropy.hpp: with a 50k vocabulary the loss is a large part of a small model's
 // step), its gradient written over the logits, which are the loss's alone; over the vocabulary
 // columns each rank holds when the model says its logits are split.
+//
+// A batch with a loss mask (data/packed_shards.hpp: "loss_mask" [B, T], "loss_scale" [B]) counts
+// only the masked-in targets: the loss is loss_scale x (the sum of their losses) / B, the rows'
+// scale being world x batch / (the step's counted targets over all ranks), so that forward_backward's
+// average over micro-batches and the ranks' average give sum / count over the global batch. Only
+// the masked-in rows of the logits are scored (prompt tokens cost no softmax).
 #include <cmath>
 
 #include "parallel/tensor_parallel.hpp"
@@ -28,15 +34,34 @@ torch::Tensor LmLoss::loss(ModelState& model, const TensorMap& batch) const {
                              std::to_string(B) + ", " + std::to_string(T) + ", vocab]");
   const int64_t V = logits.size(2);
   torch::Tensor targets = tokens.narrow(1, 1, T).reshape({B * T}).to(torch::kLong);
+  torch::Tensor rows = logits.reshape({B * T, V});
+  double factor = 1.0;  // what the mean over the scored rows is multiplied by
+  if (const auto m = batch.find("loss_mask"); m != batch.end()) {
+    const auto s = batch.find("loss_scale");
+    if (m->second.sizes() != torch::IntArrayRef{B, T} || s == batch.end() || s->second.dim() != 1 || s->second.size(0) != B)
+      throw std::runtime_error("objective " + type + ": a batch's loss_mask must be [" + std::to_string(B) + ", " +
+                               std::to_string(T) + "] with loss_scale [" + std::to_string(B) + "] (data/packed_shards.hpp), got " +
+                               shape_str(m->second) + (s == batch.end() ? " and no loss_scale" : " and " + shape_str(s->second)));
+    const torch::Tensor scale = s->second.to(torch::kCPU, torch::kDouble);
+    const auto [lo, hi] = torch::aminmax(scale);
+    if (lo.item<double>() != hi.item<double>())
+      throw std::runtime_error("objective " + type + ": loss_scale differs between the rows of a batch; packed_shards gives one per step");
+    const torch::Tensor keep = m->second.reshape({B * T}).to(rows.device()).nonzero().squeeze(1);
+    if (keep.numel() == 0) return rows.sum() * 0.0;  // nothing counted here: no loss, zero gradients
+    factor = hi.item<double>() * static_cast<double>(keep.numel()) / static_cast<double>(B);
+    rows = rows.index_select(0, keep), targets = targets.index_select(0, keep.to(targets.device()));
+  }
   // A model whose logits are this rank's vocabulary columns (it says so: ModelLayout) is scored by
   // all-reducing each row's max, sum of exponentials and target logit over its tp group, never the
   // whole logits; whole logits (any other model, split over tp or not) are scored whole.
-  if (model.vocab_split_logits)
-    return parallel::vocab_parallel_cross_entropy(logits.reshape({B * T, V}), targets, model.tp->group);
-  return cross_entropy_mean(logits.reshape({B * T, V}), targets, CrossEntropyKernel::automatic, /*logits_spent=*/true);
+  torch::Tensor mean = model.vocab_split_logits
+                           ? parallel::vocab_parallel_cross_entropy(rows, targets, model.tp->group)
+                           : cross_entropy_mean(rows, targets, CrossEntropyKernel::automatic, /*logits_spent=*/true);
+  return factor == 1.0 ? mean : mean * factor;
 }
 
 int64_t LmLoss::targets(const TensorMap& batch) const {
+  if (const auto m = batch.find("loss_mask"); m != batch.end()) return m->second.count_nonzero().item<int64_t>();
   const torch::Tensor& tokens = batch.at("tokens");
   return tokens.dim() == 2 && tokens.size(1) >= 2 ? tokens.size(0) * (tokens.size(1) - 1) : 0;
 }

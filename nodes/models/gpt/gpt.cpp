@@ -304,6 +304,9 @@ nlohmann::json hf_config(const Config& c) {
 std::shared_ptr<ModelState> make_state(Gpt model) {
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
     const torch::Tensor inputs = lm_inputs(batch, "gpt");
+    if (lm_packing(batch, inputs, "gpt").packed())
+      throw std::runtime_error("gpt: packed batches (packed_shards: positions and segments) are not supported; the llama family "
+                               "reads them (packing: none gives a document per row, which gpt reads)");
     auto* gpt = m.as<GptImpl>();
     if (!gpt) throw std::runtime_error("gpt: the model's module is not a GPT");
     if (const auto& stages = gpt->config().stages)  // pipeline parallel: this rank's chunks (models/stages.hpp)

@@ -118,7 +118,7 @@ void AttentionImpl::reset() {
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int64_t T, const torch::Tensor& cos,
-                                     const torch::Tensor& sin) {
+                                     const torch::Tensor& sin, const torch::Tensor& mask) {
   const int64_t hd = c_.head_size(), tp = c_.tp_size();
   const int64_t H = c_.heads / tp, KV = c_.kv_split() ? c_.kv_heads / tp : c_.kv_heads;  // this rank's
   auto heads_of = [&](const torch::Tensor& t, int64_t n, layers::RmsNorm& norm) {
@@ -143,6 +143,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int6
   }
   AttentionOptions o;
   o.causal = true;
+  o.bias = mask;
   o.fp32_softmax = true;  // transformers' eager attention softmaxes in float32
   return layers::row_parallel(*o_proj, attention(q, k, v, o).reshape({B * T, H * hd}), c_.tp);
 }
@@ -155,9 +156,9 @@ void BlockImpl::reset() {
   mlp = register_module("mlp", layers::Mlp(c_.dim, c_.mlp_dim, mo));
 }
 
-torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos,
-                                 const torch::Tensor& sin) {
-  const torch::Tensor h = x + self_attn(input_layernorm(x), B, T, cos, sin);
+torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
+                                 const torch::Tensor& mask) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), B, T, cos, sin, mask);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -195,15 +196,23 @@ torch::Tensor LlamaImpl::embed(const torch::Tensor& idx) {
   return parallel::vocab_parallel_embedding(idx, model->embed_tokens->weight, cfg_.tp).view({idx.numel(), cfg_.dim});
 }
 
-torch::Tensor LlamaImpl::blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T) {
+torch::Tensor LlamaImpl::blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T, const LmPacking& packing) {
   auto [cos, sin] = rope_.cos_sin(T, x.device());
+  torch::Tensor mask;
+  if (packing.packed()) {  // each document as if alone: its own positions, attention within it
+    const torch::Tensor pos = packing.positions.to(x.device()).reshape({B * T});
+    cos = cos.index_select(0, pos).view({B, 1, T, cos.size(-1)}), sin = sin.index_select(0, pos).view({B, 1, T, sin.size(-1)});
+    const torch::Tensor seg = packing.segments.to(x.device());
+    mask = torch::zeros({B, 1, T, T}, x.options().dtype(torch::kFloat))
+               .masked_fill_((seg.unsqueeze(2) != seg.unsqueeze(1)).unsqueeze(1), -std::numeric_limits<float>::infinity());
+  }
   // The ModuleList itself, never a cached vector of blocks: clone() replaces its items.
   for (int64_t i = first; i < last; ++i) {
     BlockImpl* block = (*model->layers)[static_cast<size_t>(i)]->as<BlockImpl>();
     if (!block) throw std::logic_error("llama: block " + std::to_string(i) + " is another pipeline stage's");
     x = run_block(cfg_.checkpoint, i, *block, {x},
-                  [block, B, T, cos = cos, sin = sin](const std::vector<torch::Tensor>& in) {
-                    return block->forward(in[0], B, T, cos, sin);
+                  [block, B, T, cos = cos, sin = sin, mask](const std::vector<torch::Tensor>& in) {
+                    return block->forward(in[0], B, T, cos, sin, mask);
                   });
   }
   return x;
@@ -216,19 +225,19 @@ torch::Tensor LlamaImpl::head(const torch::Tensor& input, int64_t B, int64_t T) 
   return logits.view({B, T, logits.size(-1)});
 }
 
-torch::Tensor LlamaImpl::forward(const torch::Tensor& idx) {
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const LmPacking& packing) {
   if (cfg_.staged())
     throw std::runtime_error("llama: this rank holds pipeline chunks of the model only (run.parallel.pp); it runs chunk "
                              "by chunk in forward_backward's schedule, not as a whole");
   const int64_t B = idx.size(0), T = idx.size(1);
-  return head(blocks(embed(idx), 0, cfg_.layers, B, T), B, T);
+  return head(blocks(embed(idx), 0, cfg_.layers, B, T, packing), B, T);
 }
 
-TensorMap LlamaImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in) {
+TensorMap LlamaImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in, const LmPacking& packing) {
   if (!cfg_.stages || !cfg_.stages->holds(k)) throw std::logic_error("llama: pipeline chunk " + std::to_string(k) + " is another rank's");
   const int64_t B = idx.size(0), T = idx.size(1);
   const auto [first, last] = cfg_.stages->blocks.at(static_cast<size_t>(k));
-  torch::Tensor x = blocks(k == 0 ? embed(idx) : in.at("x"), first, last, B, T);
+  torch::Tensor x = blocks(k == 0 ? embed(idx) : in.at("x"), first, last, B, T, packing);
   if (k + 1 == cfg_.stages->chunks()) return {{"output", head(x, B, T)}};
   return {{"x", x}};
 }
@@ -351,11 +360,13 @@ nlohmann::json hf_config(const Config& c) {
 std::shared_ptr<ModelState> make_state(Llama model) {
   ModelState::ForwardFn fwd = [](torch::nn::Module& m, const TensorMap& batch) {
     const torch::Tensor inputs = lm_inputs(batch, "llama");
+    const LmPacking packing = lm_packing(batch, inputs, "llama");
     auto* llama = m.as<LlamaImpl>();
     if (!llama) throw std::runtime_error("llama: the model's module is not a llama");
     if (const auto& stages = llama->config().stages)  // pipeline parallel: this rank's chunks (models/stages.hpp)
-      return staged_forward(*stages, inputs.device(), [&](int k, const TensorMap& in) { return llama->chunk(k, inputs, in); });
-    return llama->forward(inputs);
+      return staged_forward(*stages, inputs.device(),
+                            [&](int k, const TensorMap& in) { return llama->chunk(k, inputs, in, packing); });
+    return llama->forward(inputs, packing);
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "llama");
   state->stages = model->config().stages;

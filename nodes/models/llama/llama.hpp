@@ -47,6 +47,7 @@
 #include "models/activation_checkpoint.hpp"
 #include "models/family.hpp"
 #include "models/layers.hpp"
+#include "models/lm_batch.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
 #include "models/rotary.hpp"
@@ -109,8 +110,11 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
  public:
   explicit AttentionImpl(const Config& c) : c_(c) { reset(); }
   void reset() override;
-  // x [B*T, dim] (rows batch-major), cos and sin [T, head_dim] -> [B*T, dim]
-  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin);
+  // x [B*T, dim] (rows batch-major), cos and sin [T, head_dim] (or [B, 1, T, head_dim]: a packed
+  // batch's positions) -> [B*T, dim]; `mask` [B, 1, T, T], additive: 0 where a query may attend
+  // within its document, -inf elsewhere (a packed batch), on top of the causal mask; or undefined.
+  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask = {});
   lora::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};  // with tp: this rank's heads
   layers::RmsNorm q_norm{nullptr}, k_norm{nullptr};  // with qk_norm; whole on every tp rank
 
@@ -124,7 +128,8 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
   explicit BlockImpl(const Config& c) : c_(c) { reset(); }
   void reset() override;
-  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin);
+  torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& mask = {});
   layers::RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   layers::Mlp mlp{nullptr};  // gate_proj, up_proj, down_proj (layers::Mlp's fc1, gate, fc2)
@@ -156,10 +161,10 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   void reset() override;
   // idx: integer token ids [B, T], T <= context -> logits [B, T, vocab] (under tp this rank's
   // vocab/tp columns), positions 0..T-1. The whole model only.
-  torch::Tensor forward(const torch::Tensor& idx);
+  torch::Tensor forward(const torch::Tensor& idx, const LmPacking& packing = {});
   // Pipeline chunk k (Config::stages) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk 0:
   // the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
-  TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in);
+  TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in, const LmPacking& packing = {});
   const Config& config() const { return cfg_; }
 
   Body model{nullptr};
@@ -167,7 +172,7 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
 
  private:
   torch::Tensor embed(const torch::Tensor& idx);  // -> x [B*T, dim]
-  torch::Tensor blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T);
+  torch::Tensor blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T, const LmPacking& packing);
   torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T);  // -> logits
   Config cfg_;
   Rope rope_;
