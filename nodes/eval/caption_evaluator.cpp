@@ -23,6 +23,7 @@
 #include <iterator>
 
 #include "comm.hpp"
+#include "common/html.hpp"
 #include "formats/files.hpp"
 #include "formats/image_io.hpp"
 #include "data/image_tensor.hpp"
@@ -38,18 +39,6 @@
 namespace flowrun {
 
 namespace {
-
-std::string html_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else if (c == '"') out += "&quot;";
-    else out += c;
-  }
-  return out;
-}
 
 // The ids of a decoded row up to and including its first end token.
 std::vector<int64_t> until_eos(const torch::Tensor& row, int64_t eos) {

@@ -43,6 +43,8 @@
 
 namespace flowrun {
 
+struct KvCache;  // models/generate.hpp
+
 struct ModelState : ModelLayout, ModelMemory {
   using ForwardFn = std::function<torch::Tensor(torch::nn::Module&, const TensorMap&)>;
   using Named = std::vector<std::pair<std::string, torch::Tensor>>;
@@ -90,6 +92,16 @@ struct ModelState : ModelLayout, ModelMemory {
     std::function<torch::Tensor(ModelState& self, const torch::Tensor& encoded, int64_t steps)> parallel;
   };
   std::shared_ptr<const Captioner> captioner;
+  // A causal language model's decoding with a KV cache (models/generate.hpp, which samples with
+  // it): ids [B, t] at positions [B, t], `mask` [B, 1, t, L] additive over the L - t keys the
+  // cache holds and these t (0: attend, -inf: not), the cache grown by the t -> logits [B, t, V].
+  struct CausalLm {
+    std::function<torch::Tensor(ModelState& self, const torch::Tensor& ids, const torch::Tensor& positions,
+                                const torch::Tensor& mask, KvCache& cache)>
+        decode;
+    int64_t context = 0;  // positions it was built for
+  };
+  std::shared_ptr<const CausalLm> causal_lm;
 
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)

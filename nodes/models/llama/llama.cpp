@@ -118,7 +118,8 @@ void AttentionImpl::reset() {
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int64_t T, const torch::Tensor& cos,
-                                     const torch::Tensor& sin, const torch::Tensor& mask) {
+                                     const torch::Tensor& sin, const torch::Tensor& mask,
+                                     std::pair<torch::Tensor, torch::Tensor>* cache) {
   const int64_t hd = c_.head_size(), tp = c_.tp_size();
   const int64_t H = c_.heads / tp, KV = c_.kv_split() ? c_.kv_heads / tp : c_.kv_heads;  // this rank's
   auto heads_of = [&](const torch::Tensor& t, int64_t n, layers::RmsNorm& norm) {
@@ -134,15 +135,21 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& input, int64_t B, int6
   const torch::Tensor kv_in = c_.kv_split() ? x : input;
   torch::Tensor k = apply_rope(heads_of(k_proj(kv_in), KV, k_norm), cos, sin);
   torch::Tensor v = heads_of(v_proj(kv_in), KV, none);
+  int64_t L = T;  // the keys
+  if (cache) {  // generation: the keys and values so far, then these
+    if (cache->first.defined()) k = torch::cat({cache->first, k}, 2), v = torch::cat({cache->second, v}, 2);
+    *cache = {k, v};
+    L = k.size(2);
+  }
   if (!c_.kv_split()) {  // this rank's query heads' kv heads (tp > kv_heads), the gradients summed
     const torch::Tensor idx = kv_of_head_.to(k.device());
     k = parallel::copy_to_tp(k, c_.tp).index_select(1, idx), v = parallel::copy_to_tp(v, c_.tp).index_select(1, idx);
   } else if (KV != H) {  // each kv head read by H/KV query heads in a row (transformers' repeat_kv)
-    k = k.unsqueeze(2).expand({B, KV, H / KV, T, hd}).reshape({B, H, T, hd});
-    v = v.unsqueeze(2).expand({B, KV, H / KV, T, hd}).reshape({B, H, T, hd});
+    k = k.unsqueeze(2).expand({B, KV, H / KV, L, hd}).reshape({B, H, L, hd});
+    v = v.unsqueeze(2).expand({B, KV, H / KV, L, hd}).reshape({B, H, L, hd});
   }
   AttentionOptions o;
-  o.causal = true;
+  o.causal = cache == nullptr;
   o.bias = mask;
   o.fp32_softmax = true;  // transformers' eager attention softmaxes in float32
   return layers::row_parallel(*o_proj, attention(q, k, v, o).reshape({B * T, H * hd}), c_.tp);
@@ -157,8 +164,8 @@ void BlockImpl::reset() {
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
-                                 const torch::Tensor& mask) {
-  const torch::Tensor h = x + self_attn(input_layernorm(x), B, T, cos, sin, mask);
+                                 const torch::Tensor& mask, std::pair<torch::Tensor, torch::Tensor>* cache) {
+  const torch::Tensor h = x + self_attn(input_layernorm(x), B, T, cos, sin, mask, cache);
   return h + mlp(post_attention_layernorm(h));
 }
 
@@ -231,6 +238,21 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const LmPacking& pack
                              "by chunk in forward_backward's schedule, not as a whole");
   const int64_t B = idx.size(0), T = idx.size(1);
   return head(blocks(embed(idx), 0, cfg_.layers, B, T, packing), B, T);
+}
+
+torch::Tensor LlamaImpl::decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                                KvCache& cache) {
+  if (cfg_.staged() || cfg_.tp_size() > 1) throw std::runtime_error("llama: generation runs on a whole model (no tp, no pp)");
+  const int64_t B = ids.size(0), t = ids.size(1);
+  torch::Tensor x = embed(ids);
+  const int64_t reach = positions.max().item<int64_t>() + 1;
+  auto [cos, sin] = rope_.cos_sin(reach, x.device());
+  const torch::Tensor pos = positions.to(x.device()).reshape({B * t});
+  cos = cos.index_select(0, pos).view({B, 1, t, cos.size(-1)}), sin = sin.index_select(0, pos).view({B, 1, t, sin.size(-1)});
+  cache.layers.resize(static_cast<size_t>(cfg_.layers));
+  for (int64_t i = 0; i < cfg_.layers; ++i)
+    x = (*model->layers)[static_cast<size_t>(i)]->as<BlockImpl>()->forward(x, B, t, cos, sin, mask, &cache.layers[static_cast<size_t>(i)]);
+  return head(x, B, t);
 }
 
 TensorMap LlamaImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in, const LmPacking& packing) {
@@ -370,6 +392,11 @@ std::shared_ptr<ModelState> make_state(Llama model) {
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "llama");
   state->stages = model->config().stages;
+  auto lm = std::make_shared<ModelState::CausalLm>();
+  lm->context = model->config().context;
+  lm->decode = [](ModelState& self, const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                  KvCache& cache) { return self.module->as<LlamaImpl>()->decode(ids, positions, mask, cache); };
+  state->causal_lm = lm;
   return state;
 }
 

@@ -47,6 +47,7 @@
 #include "models/activation_checkpoint.hpp"
 #include "models/family.hpp"
 #include "models/layers.hpp"
+#include "models/generate.hpp"
 #include "models/lm_batch.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
@@ -113,8 +114,11 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   // x [B*T, dim] (rows batch-major), cos and sin [T, head_dim] (or [B, 1, T, head_dim]: a packed
   // batch's positions) -> [B*T, dim]; `mask` [B, 1, T, T], additive: 0 where a query may attend
   // within its document, -inf elsewhere (a packed batch), on top of the causal mask; or undefined.
+  // With `cache` (generation, models/generate.hpp): these T positions' keys and values are appended
+  // to it and the queries attend over all it holds, `mask` [B, 1, T, L] alone saying which (no
+  // causal mask of its own).
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask = {});
+                        const torch::Tensor& mask = {}, std::pair<torch::Tensor, torch::Tensor>* cache = nullptr);
   lora::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};  // with tp: this rank's heads
   layers::RmsNorm q_norm{nullptr}, k_norm{nullptr};  // with qk_norm; whole on every tp rank
 
@@ -129,7 +133,7 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
   explicit BlockImpl(const Config& c) : c_(c) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask = {});
+                        const torch::Tensor& mask = {}, std::pair<torch::Tensor, torch::Tensor>* cache = nullptr);
   layers::RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
   layers::Mlp mlp{nullptr};  // gate_proj, up_proj, down_proj (layers::Mlp's fc1, gate, fc2)
@@ -165,6 +169,9 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   // Pipeline chunk k (Config::stages) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk 0:
   // the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
   TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in, const LmPacking& packing = {});
+  // Generation (ModelState::CausalLm): ids [B, t] at positions [B, t] over the cache and themselves
+  // (`mask` [B, 1, t, L]), the cache grown by t -> logits [B, t, vocab]. The whole model only.
+  torch::Tensor decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask, KvCache& cache);
   const Config& config() const { return cfg_; }
 
   Body model{nullptr};
