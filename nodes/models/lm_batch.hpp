@@ -45,6 +45,15 @@ inline LmPacking lm_packing(const TensorMap& batch, const torch::Tensor& inputs,
   return {p->second.to(torch::kLong), s->second.to(torch::kLong)};
 }
 
+// The rows lm_loss scores (int64 [M], indices into the B*T positions, "loss_rows"), when the batch
+// has a loss mask: a model that reads them computes its head on those rows only and returns their
+// logits [M, vocab] (the others' softmax never runs: the prompt of a chat costs no vocab-wide
+// product); undefined: every row, logits [B, T, vocab].
+inline torch::Tensor lm_loss_rows(const TensorMap& batch) {
+  const auto it = batch.find("loss_rows");
+  return it == batch.end() ? torch::Tensor() : it->second;
+}
+
 // Token ids [B, T] a language model of `context` positions and `vocab` tokens can read: an error
 // naming the model `kind` otherwise (the ids' range checked on the CPU only: a clear message
 // instead of index_select's, with no device sync).

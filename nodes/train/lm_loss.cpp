@@ -27,14 +27,8 @@ torch::Tensor LmLoss::loss(ModelState& model, const TensorMap& batch) const {
     throw std::runtime_error("objective " + type + ": batch 'tokens' must be [batch, T+1] with T >= 1, got " +
                              shape_str(tokens));
   const int64_t B = tokens.size(0), T = tokens.size(1) - 1;
-  torch::Tensor logits = model.forward(batch);
-  if (logits.dim() != 3 || logits.size(0) != B || logits.size(1) != T)
-    throw std::runtime_error("objective " + type + ": the model returned " + shape_str(logits) +
-                             " for tokens " + shape_str(tokens) + "; expected [" +
-                             std::to_string(B) + ", " + std::to_string(T) + ", vocab]");
-  const int64_t V = logits.size(2);
-  torch::Tensor targets = tokens.narrow(1, 1, T).reshape({B * T}).to(torch::kLong);
-  torch::Tensor rows = logits.reshape({B * T, V});
+  // With a loss mask, the counted rows only (a model that reads "loss_rows" computes just their logits).
+  torch::Tensor keep;
   double factor = 1.0;  // what the mean over the scored rows is multiplied by
   if (const auto m = batch.find("loss_mask"); m != batch.end()) {
     const auto s = batch.find("loss_scale");
@@ -46,14 +40,27 @@ torch::Tensor LmLoss::loss(ModelState& model, const TensorMap& batch) const {
     const auto [lo, hi] = torch::aminmax(scale);
     if (lo.item<double>() != hi.item<double>())
       throw std::runtime_error("objective " + type + ": loss_scale differs between the rows of a batch; packed_shards gives one per step");
-    const torch::Tensor keep = m->second.reshape({B * T}).to(rows.device()).nonzero().squeeze(1);
-    if (keep.numel() == 0) return rows.sum() * 0.0;  // nothing counted here: no loss, zero gradients
+    keep = m->second.reshape({B * T}).nonzero().squeeze(1).to(torch::kLong);
     factor = hi.item<double>() * static_cast<double>(keep.numel()) / static_cast<double>(B);
-    rows = rows.index_select(0, keep), targets = targets.index_select(0, keep.to(targets.device()));
   }
-  // A model whose logits are this rank's vocabulary columns (it says so: ModelLayout) is scored by
-  // all-reducing each row's max, sum of exponentials and target logit over its tp group, never the
-  // whole logits; whole logits (any other model, split over tp or not) are scored whole.
+  TensorMap with_rows;
+  if (keep.defined()) with_rows = batch, with_rows["loss_rows"] = keep;
+  torch::Tensor logits = model.forward(keep.defined() ? with_rows : batch);
+  torch::Tensor targets = tokens.narrow(1, 1, T).reshape({B * T}).to(torch::kLong);
+  torch::Tensor rows;
+  if (keep.defined() && logits.dim() == 2 && logits.size(0) == keep.numel()) {  // the model scored the kept rows only
+    rows = logits;
+  } else {
+    if (logits.dim() != 3 || logits.size(0) != B || logits.size(1) != T)
+      throw std::runtime_error("objective " + type + ": the model returned " + shape_str(logits) + " for tokens " + shape_str(tokens) +
+                               "; expected [" + std::to_string(B) + ", " + std::to_string(T) + ", vocab]");
+    rows = logits.reshape({B * T, logits.size(2)});
+    if (keep.defined()) rows = rows.index_select(0, keep.to(rows.device()));
+  }
+  if (keep.defined()) {
+    if (keep.numel() == 0) return rows.sum() * 0.0;  // nothing counted here: no loss, zero gradients
+    targets = targets.index_select(0, keep.to(targets.device()));
+  }
   torch::Tensor mean = model.vocab_split_logits
                            ? parallel::vocab_parallel_cross_entropy(rows, targets, model.tp->group)
                            : cross_entropy_mean(rows, targets, CrossEntropyKernel::automatic, /*logits_spent=*/true);

@@ -8,6 +8,7 @@
 #include "data_test_helpers.hpp"
 #include "formats/indexed_dataset.hpp"
 #include "models/model_state.hpp"
+#include "support/memory.hpp"
 #include "support/run_graph.hpp"
 #include "train/losses.hpp"
 
@@ -118,6 +119,33 @@ nodes:
         << "parameter " << i;
   std::printf("%zu documents in %lld rows, %lld counted targets: packed loss %.9f, the documents alone %.9f\n", docs.size(),
               static_cast<long long>(rows.count()), static_cast<long long>(counted), packed.item<double>(), alone.item<double>());
+}
+
+// With a loss mask the model computes its head on the counted rows only (lm_loss passes them as
+// loss_rows): a chat batch whose prompts are 70 % of its tokens keeps a third of the logits a batch
+// scored whole keeps, with a vocabulary of Qwen 3's size (what TRL's chunked NLL is for).
+TEST(PackedRows, AMaskedBatchComputesTheLogitsOfItsCountedRowsOnly) {
+  auto g = test::load_graph_text(R"(flowrun: 1
+run: { steps: 1 }
+nodes:
+  model: { type: llama, with: { layers: 1, dim: 16, heads: 2, kv_heads: 1, mlp_dim: 32, vocab: 151669, context: 128 } }
+)");
+  ModelState& s = g->state<ModelState>("model", "params");
+  const int64_t B = 4, T = 64;
+  TensorMap whole = {{"tokens", torch::randint(0, 151669, {B, T + 1}, make_cpu_generator(2), torch::kLong)}};
+  TensorMap masked = whole;
+  masked["loss_mask"] = (torch::arange(T) >= static_cast<int64_t>(0.7 * T)).to(torch::kUInt8).expand({B, T}).contiguous();
+  masked["loss_scale"] = torch::full({B}, static_cast<double>(B) / static_cast<double>(masked["loss_mask"].sum().item<int64_t>()));
+  double kept[2];
+  for (int k = 0; k < 2; ++k) {
+    const double before = test::malloc_in_use();
+    torch::Tensor loss = LmLoss().loss(s, k == 0 ? whole : masked);
+    kept[k] = test::malloc_in_use() - before;
+    loss.backward();
+  }
+  std::printf("vocabulary 151,669, %lld x %lld tokens, 30 %% of them counted: the loss's forward keeps %.1f MB, %.1f MB scored whole\n",
+              static_cast<long long>(B), static_cast<long long>(T), kept[1] / 1e6, kept[0] / 1e6);
+  EXPECT_LT(kept[1], 0.45 * kept[0]);
 }
 
 }  // namespace packed_shards_test

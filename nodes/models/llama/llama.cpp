@@ -225,19 +225,19 @@ torch::Tensor LlamaImpl::blocks(torch::Tensor x, int64_t first, int64_t last, in
   return x;
 }
 
-torch::Tensor LlamaImpl::head(const torch::Tensor& input, int64_t B, int64_t T) {
+torch::Tensor LlamaImpl::head(const torch::Tensor& input, int64_t B, int64_t T, const torch::Tensor& rows) {
   // Under tp this rank's vocabulary columns (parallel::vocab_parallel_cross_entropy scores them).
-  const torch::Tensor x = parallel::copy_to_tp(model->norm(input), cfg_.tp);
+  const torch::Tensor x = parallel::copy_to_tp(model->norm(rows.defined() ? input.index_select(0, rows) : input), cfg_.tp);
   const torch::Tensor logits = lm_head ? lm_head(x) : flowrun::linear(x, model->embed_tokens->weight);
-  return logits.view({B, T, logits.size(-1)});
+  return rows.defined() ? logits : logits.view({B, T, logits.size(-1)});
 }
 
-torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const LmPacking& packing) {
+torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const LmPacking& packing, const torch::Tensor& rows) {
   if (cfg_.staged())
     throw std::runtime_error("llama: this rank holds pipeline chunks of the model only (run.parallel.pp); it runs chunk "
                              "by chunk in forward_backward's schedule, not as a whole");
   const int64_t B = idx.size(0), T = idx.size(1);
-  return head(blocks(embed(idx), 0, cfg_.layers, B, T, packing), B, T);
+  return head(blocks(embed(idx), 0, cfg_.layers, B, T, packing), B, T, rows);
 }
 
 torch::Tensor LlamaImpl::decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
@@ -388,7 +388,7 @@ std::shared_ptr<ModelState> make_state(Llama model) {
     if (const auto& stages = llama->config().stages)  // pipeline parallel: this rank's chunks (models/stages.hpp)
       return staged_forward(*stages, inputs.device(),
                             [&](int k, const TensorMap& in) { return llama->chunk(k, inputs, in, packing); });
-    return llama->forward(inputs, packing);
+    return llama->forward(inputs, packing, lm_loss_rows(batch));
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "llama");
   state->stages = model->config().stages;

@@ -165,7 +165,8 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   void reset() override;
   // idx: integer token ids [B, T], T <= context -> logits [B, T, vocab] (under tp this rank's
   // vocab/tp columns), positions 0..T-1. The whole model only.
-  torch::Tensor forward(const torch::Tensor& idx, const LmPacking& packing = {});
+  // `rows` (lm_loss_rows): the logits of those positions only, [M, vocab].
+  torch::Tensor forward(const torch::Tensor& idx, const LmPacking& packing = {}, const torch::Tensor& rows = {});
   // Pipeline chunk k (Config::stages) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk 0:
   // the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
   TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in, const LmPacking& packing = {});
@@ -180,7 +181,7 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
  private:
   torch::Tensor embed(const torch::Tensor& idx);  // -> x [B*T, dim]
   torch::Tensor blocks(torch::Tensor x, int64_t first, int64_t last, int64_t B, int64_t T, const LmPacking& packing);
-  torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T);  // -> logits
+  torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& rows = {});  // -> logits
   Config cfg_;
   Rope rope_;
 };
