@@ -19,6 +19,15 @@ weight decay 0.1 on matrices), gradient clipping at 1.0, the same threads on bot
   tp     2 processes of 1 thread, each the whole batch: `mpirun -np 2 flowrun ... run.parallel.tp=2`
          vs DTensor's tensor parallel (parallelize_module: q, k, v, gate, up column-wise, o and down
          row-wise, torchtitan's Llama plan) over the same LlamaForCausalLM (gloo)
+  sft    issue 71: supervised fine-tuning of a folder with Qwen 3's vocabulary (151,669) on packed
+         conversations: `flowrun graphs/llama_sft.yaml model.pretrained=FOLDER` (the chat shards of
+         scripts/data.sh, packed best-fit decreasing into rows of 256, the loss on the answers only:
+         36 % of the tokens) vs what TRL's SFTTrainer runs with packing and padding_free: peft's
+         LoRA on LlamaForCausalLM.from_pretrained(FOLDER), each row's conversations told apart by
+         position_ids that restart (transformers then masks attention per conversation), the
+         labels -100 outside the answers, the loss summed over the answers' tokens over their
+         count; rows of the same shape and the same share of answer tokens (random ids: the speed
+         of a step does not depend on them)
 
 Rounds alternate flowrun / transformers; each figure is the median over rounds of per-step medians
 (start-up and --warmup steps excluded); the ratio is the median of the rounds' ratios with their
@@ -27,7 +36,7 @@ random tokens, flowrun on the fortunes byte shards of scripts/data.sh: the speed
 depend on the tokens. The allocator settings and the libtorch check are cpu_peers.py's.
 
   .venv/bin/pip install --target .cache/hf-transformers transformers==5.17.0
-  PYTHONPATH=.cache/hf-transformers:.cache/hf-peft .venv/bin/python bench/llama_peers.py [--mode eager|lora|ddp|tp] [--rounds 5]
+  PYTHONPATH=.cache/hf-transformers:.cache/hf-peft .venv/bin/python bench/llama_peers.py [--mode eager|lora|ddp|tp|sft] [--rounds 5]
 """
 import argparse
 import os
@@ -124,6 +133,60 @@ def peft_round(folder, cfg, steps, warmup, window, threads):
                                          warmup, window))
 
 
+SFT = dict(CFG, vocab=151669)
+
+
+def sft_overrides(folder, cfg, steps, window, threads):
+    return ["graphs/llama_sft.yaml", "model.pretrained=" + folder, "data.batch=%d" % cfg["batch"],
+            "data.seq_len=%d" % cfg["context"], "model.lora.rank=%d" % LORA["rank"], "model.lora.alpha=%d" % LORA["alpha"],
+            "opt.weight_decay=0.1", "run.steps=%d" % steps, "run.log_every=%d" % window, "eval.every=1000000",
+            "evlog.every=1000000", "gen.every=1000000", "ckpt.every=1000000", "ckpt.at=[]", "run.threads=%d" % threads]
+
+
+def sft_round(folder, cfg, steps, warmup, window, threads):
+    """TRL's SFT step with packing and padding_free, as a loop: rows of conversations ~46 tokens long
+    (the chat shards' mean), position_ids restarting at each, 36 % of the targets counted."""
+    import torch
+    import torch.nn.functional as F
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    torch.set_num_threads(threads)
+    base = LlamaForCausalLM.from_pretrained(folder).train()
+    model = get_peft_model(base, LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], target_modules=LORA["targets"],
+                                            lora_dropout=0.0))
+    B, T = cfg["batch"], cfg["context"]
+    g = torch.Generator().manual_seed(1)
+    batches = []
+    for _ in range(8):
+        ids = torch.randint(0, cfg["vocab"], (B, T + 1), generator=g)
+        pos = torch.zeros(B, T, dtype=torch.long)
+        labels = torch.full((B, T), -100, dtype=torch.long)
+        for b in range(B):
+            at = 0
+            while at < T:
+                n = min(int(torch.randint(20, 72, (1,), generator=g)), T - at)  # a conversation
+                pos[b, at:at + n] = torch.arange(n)
+                answer = int(0.64 * n)  # its answer: the last 36 %
+                labels[b, at + answer:at + n] = ids[b, at + answer + 1:at + n + 1]
+                at += n
+        batches.append((ids[:, :-1], pos, labels))
+    opt = make_optimizer(model, "cpu")
+
+    class Step:
+        i = 0
+
+        def __call__(self, idx, targets):
+            inputs, pos, labels = batches[Step.i % 8]
+            Step.i += 1
+            logits = model(input_ids=inputs, position_ids=pos).logits
+            counted = (labels != -100).sum()
+            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), labels.view(-1), ignore_index=-100,
+                                   reduction="sum") / counted
+
+    return statistics.median(timed_steps(Step(), model, opt, cfg, "cpu", steps, warmup, window))
+
+
 def _ddp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
     import torch
     import torch.distributed as dist
@@ -167,7 +230,7 @@ def _tp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
 def main():
     same_malloc()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["eager", "lora", "ddp", "tp"], default="eager")
+    ap.add_argument("--mode", choices=["eager", "lora", "ddp", "tp", "sft"], default="eager")
     ap.add_argument("--malloc", choices=["same", "default"], default="same")
     ap.add_argument("--flowrun", default="build/engine/flowrun")
     ap.add_argument("--rounds", type=int, default=5)
@@ -184,6 +247,8 @@ def main():
     tmp = tempfile.mkdtemp(prefix="llama-peers-")
     if args.mode == "lora":
         save_folder(CFG, os.path.join(tmp, "base"))
+    if args.mode == "sft":
+        save_folder(SFT, os.path.join(tmp, "base"))
     fl, hf = [], []
     for r in range(args.rounds):
         if args.mode == "eager":
@@ -194,6 +259,10 @@ def main():
             sec, cmd = flowrun_round(args.flowrun, lora_overrides(folder, CFG, args.steps, args.window, args.threads),
                                      args.warmup)
             peer = lambda: peft_round(folder, CFG, args.steps, args.warmup, args.window, args.threads)  # noqa: E731
+        elif args.mode == "sft":
+            folder = os.path.join(tmp, "base")
+            sec, cmd = flowrun_round(args.flowrun, sft_overrides(folder, SFT, args.steps, args.window, args.threads), args.warmup)
+            peer = lambda: sft_round(folder, SFT, args.steps, args.warmup, args.window, args.threads)  # noqa: E731
         else:  # ddp, tp: 2 processes of 1 thread
             more = ["data.batch=%d" % (CFG["batch"] // 2)] if args.mode == "ddp" else ["run.parallel.tp=2"]
             sec, cmd = flowrun_round(args.flowrun, llama_overrides(CFG, args.steps, args.window, 1) + more, args.warmup,
@@ -207,10 +276,11 @@ def main():
         print("round %d: flowrun %.1f ms/step, peer %.1f ms/step" % (r + 1, 1e3 * fl[-1], 1e3 * hf[-1]), flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     peers = {"eager": "transformers LlamaForCausalLM", "lora": "transformers + peft LoRA",
+             "sft": "transformers + peft, packed (TRL's padding_free)",
              "ddp": "LlamaForCausalLM under DDP, 2 ranks", "tp": "LlamaForCausalLM under DTensor tp 2"}
     print("| mode | config | %s | flowrun llama | speed ratio (min–max) |" % peers[args.mode])
     print("|---|---|---|---|---|")
-    print("| %s | %s | %.1f ms | %.1f ms | %s |" % (args.mode, ", ".join("%s=%s" % kv for kv in CFG.items()),
+    print("| %s | %s | %.1f ms | %.1f ms | %s |" % (args.mode, ", ".join("%s=%s" % kv for kv in (SFT if args.mode == "sft" else CFG).items()),
                                                1e3 * statistics.median(hf), 1e3 * statistics.median(fl),
                                                rounds_ratio(hf, fl)))
 

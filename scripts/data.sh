@@ -16,6 +16,10 @@
 #      one document per fortune, 5% of them held out for val:
 #        data/text/fortunes_byte.{train,val}.{bin,idx} + .json   byte tokenizer (vocab 256)
 #        data/text/fortunes_gpt2.{train,val}.{bin,idx} + .json   GPT-2 BPE (vocab 50257)
+#        data/text/fortunes_qwen3.{train,val}.{bin,idx} + .json  Qwen 3's tokenizer (vocab 151669)
+#      and the chat demo's set (graphs/llama_sft.yaml): data/chat/fortunes_chat.jsonl, questions
+#      and answers from the fortunes that name their author, and its shards by flowrun prep chat:
+#        data/chat/fortunes_qwen3.{train,val}{,.mask}.{bin,idx} + .json
 #   3. The shapes demo sets of the DiT graphs (flowrun prep shapes: rendered circles, squares,
 #      triangles, diamonds with exact captions), packed by flowrun prep images:
 #        data/shapes/base-png/, data/shapes/base.{train,val}-NNNNNN.tar   3000 images, no purple
@@ -109,6 +113,60 @@ for tok in byte gpt2; do
   echo "== $out: flowrun prep text --tokenizer $tok ... (${#fortune_files[@]} fortune files)"
   "$flowrun" prep text "${args[@]}" --split-on % --val-fraction 0.05 --seed 1 --out "$out" "${fortune_files[@]}"
 done
+
+# ---- 2b. the chat demo's data (graphs/llama_sft.yaml) ------------------------------------------
+# Qwen 3's tokenizer on the fortunes (the base the SFT demo starts from is pre-trained on them),
+# and a chat set built from the fortunes that name who said them ("\n\t\t-- Mark Twain"): "Who
+# said this?" with the quote -> the author; "Give me a quote by AUTHOR." -> one of theirs (authors
+# with 3 or more). Rendered by Qwen 3's chat template, the loss mask on the answers.
+out=data/text/fortunes_qwen3
+need_flowrun() { [ -x "$flowrun" ] || die "$flowrun not found: build it first (scripts/setup.sh --no-demo, or cmake --build build --target flowrun), or pass its path"; }
+if [ $force = 1 ] || ! shards_complete "$out"; then
+  need_flowrun
+  find_fortunes
+  echo "== $out: flowrun prep text --tokenizer data/tokenizers/qwen3 ..."
+  "$flowrun" prep text --tokenizer data/tokenizers/qwen3 --split-on % --val-fraction 0.05 --seed 1 --out "$out" "${fortune_files[@]}"
+fi
+mkdir -p data/chat
+if [ ! -f data/chat/fortunes_chat.jsonl ]; then
+  find_fortunes
+  echo "== data/chat/fortunes_chat.jsonl: questions and answers from the attributed fortunes"
+  py=${PYTHON:-}
+  [ -n "$py" ] || { [ -x .venv/bin/python ] && py=.venv/bin/python; } || py=python3
+  "$py" - data/chat/fortunes_chat.jsonl "${fortune_files[@]}" <<'PY'
+import collections, json, os, random, re, sys
+out, files = sys.argv[1], sys.argv[2:]
+pairs = []
+for path in files:
+    with open(path, "rb") as f:
+        for text in f.read().decode("utf-8", "replace").split("\n%\n"):
+            m = re.search(r"\n\s*--\s*([^\n]+?)\s*$", text)
+            if not m:
+                continue
+            quote, author = " ".join(text[:m.start()].split()), m.group(1).split(', "')[0].strip()
+            if 20 <= len(quote) <= 300 and 2 <= len(author) <= 40:
+                pairs.append((quote, author))
+by_author = collections.defaultdict(list)
+for q, a in pairs:
+    by_author[a].append(q)
+lines = [{"messages": [{"role": "user", "content": "Who said this?\n\n" + q}, {"role": "assistant", "content": a + "."}]}
+         for q, a in pairs]
+lines += [{"messages": [{"role": "user", "content": "Give me a quote by %s." % a}, {"role": "assistant", "content": q}]}
+          for a, qs in sorted(by_author.items()) if len(qs) >= 3 for q in qs]
+random.Random(1).shuffle(lines)
+with open(out + ".tmp", "w") as f:
+    for line in lines:
+        f.write(json.dumps(line, ensure_ascii=False) + "\n")
+os.replace(out + ".tmp", out)
+print("   %d conversations (%d attributed fortunes)" % (len(lines), len(pairs)))
+PY
+fi
+out=data/chat/fortunes_qwen3
+if [ $force = 1 ] || ! shards_complete "$out"; then
+  need_flowrun
+  echo "== $out: flowrun prep chat --model data/tokenizers/qwen3 ..."
+  "$flowrun" prep chat --model data/tokenizers/qwen3 --max-tokens 256 --val-fraction 0.05 --seed 1 --out "$out" data/chat/fortunes_chat.jsonl
+fi
 
 # ---- 3. the shapes demo sets (graphs/vae.yaml, graphs/dit_base.yaml, graphs/hydit_lora.yaml) ----
 mkdir -p data/shapes

@@ -148,8 +148,19 @@ struct Verdict {
   double openblas_s = 0, libtorch_s = 0;  // the medians measured
 };
 
+// A dimension as verdicts key it: exact up to 64, above rounded up to a quarter octave (4, 5, 6 or 7
+// times a power of two: within 25 %). Shapes that differ less share the first one's verdict, so a
+// dimension that changes every step — a packed batch's counted rows, which size the head's
+// products — is measured a few times, not at every step.
+int64_t bucket(int64_t d) {
+  if (d <= 64) return d;
+  int64_t unit = 1;
+  while ((d + unit - 1) / unit > 7) unit *= 2;
+  return (d + unit - 1) / unit * unit;
+}
+
 std::string shape_key(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int threads) {
-  return fmt::format("{}{}:{}x{}x{}:t{}", ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, threads);
+  return fmt::format("{}{}:{}x{}x{}:t{}", ta ? 'T' : 'N', tb ? 'T' : 'N', bucket(m), bucket(n), bucket(k), threads);
 }
 
 std::string cpu_model() {

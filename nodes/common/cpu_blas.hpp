@@ -9,8 +9,10 @@
 // changes with the product's shape. So `auto` (the default) decides by measurement:
 //   - an OpenBLAS whose kernels are older than the CPU (a pre-AVX2 core on a CPU with AVX2,
 //     OPENBLAS_CORETYPE=Prescott among them) is refused: libtorch everywhere, logged with why;
-//   - otherwise each product shape (transposes, m, n, k, the calling thread's OpenMP threads)
-//     is timed in both libraries the first time it is met on this machine (a few runs each,
+//   - otherwise each product shape (transposes, m, n, k, the calling thread's OpenMP threads;
+//     m, n and k above 64 rounded up to a quarter octave, so a dimension that changes every
+//     step — a packed batch's counted rows — meets few new shapes) is timed in both libraries
+//     the first time it is met on this machine (a few runs each,
 //     alternating, medians) and the faster one takes it. The verdicts are kept per machine in
 //     a cache file (cache_file(): the CPU, both libraries' versions and kernels, the threads),
 //     so every later process — a resumed run, the next test — multiplies each shape with the

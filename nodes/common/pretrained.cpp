@@ -13,7 +13,9 @@ namespace flowrun {
 
 namespace fs = std::filesystem;
 
-PretrainedFolder open_pretrained(const std::string& path, const PretrainedKind& kind) {
+PretrainedFolder open_pretrained(const std::string& given, const PretrainedKind& kind) {
+  // A checkpoint that exported its model is a folder transformers loads: runs/x/checkpoints/latest reads the newest.
+  const std::string path = resolve_latest(given);
   if (!fs::is_directory(path)) throw std::runtime_error("pretrained: " + path + " is not a folder");
   PretrainedFolder f;
   f.dir = path;

@@ -358,5 +358,31 @@ TEST(Llama, TheGraphFileTrainsATinyLlamaThatLearns) {
   EXPECT_TRUE(fs::exists(step + "/config.json"));
 }
 
+// graphs/llama_sft.yaml itself at a tiny size by overrides: a model from its sizes with Qwen 3's
+// vocabulary instead of the pre-trained base, on the chat shards of scripts/data.sh packed into
+// rows, fully fine-tuned: the held-out answers' loss falls, and the generate node writes its
+// completions of the graph's questions.
+TEST(Llama, TheSftGraphFileFineTunesOnPackedConversations) {
+  const std::string src = FLOWRUN_SOURCE_DIR;
+  const std::string chat = src + "/data/chat/fortunes_qwen3", qwen3 = src + "/data/tokenizers/qwen3";
+  FLOWRUN_NEEDS_DATA(chat + ".train.mask.bin", qwen3 + "/tokenizer.json");
+  auto r = test::run_graph_text(
+      test::read_text(src + "/graphs/llama_sft.yaml"),
+      {"data.path=" + chat, "data.seq_len=128", "data.batch=4", "model.pretrained=null", "model.lora=null", "model.layers=1",
+       "model.dim=32", "model.heads=2", "model.kv_heads=1", "model.mlp_dim=64", "model.vocab=151669", "model.context=128",
+       "opt.lr=1e-2", "opt.warmup=2", "opt.min_lr=1e-3", "run.steps=16", "run.log_every=4", "run.prefetch=2", "eval.every=8",
+       "evlog.every=8", "eval.batches=2", "eval.batch=4", "gen.every=16", "gen.tokenizer=" + qwen3, "gen.max_new_tokens=4",
+       "ckpt.every=1000", "ckpt.at=[]"});
+  std::vector<double> val;
+  for (const auto& j : r.metrics)
+    if (j.contains("val_loss")) val.push_back(j["val_loss"].get<double>());
+  ASSERT_EQ(val.size(), 2u);
+  EXPECT_LT(val[1], val[0]);
+  EXPECT_LT(val[1], std::log(151669.0) - 1.0);  // below uniform guessing over the vocabulary
+  const auto gens = test::read_jsonl(r.out_dir + "/generations.jsonl");
+  ASSERT_EQ(gens.size(), 4u);
+  EXPECT_EQ(gens[2]["prompt"], "Give me a quote by Mark Twain.");
+}
+
 }  // namespace llama_parity
 }  // namespace flowrun
