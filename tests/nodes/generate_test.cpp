@@ -1,5 +1,5 @@
-// Generation with a KV cache: greedy decoding of two small models that transformers made (a
-// Llama and a Qwen 3, tests/fixtures/hf/make_generate_fixture.py) gives transformers' generate()
+// Generation with a KV cache: greedy decoding of three small models that transformers made (a
+// Llama, a Qwen 3 and a GPT-2, tests/fixtures/hf/make_generate_fixture.py) gives transformers' generate()
 // ids, up to 64 new tokens or the end-of-text id, for a left-padded batch of three prompts and for each prompt alone, with the
 // cache and without; sampling is reproducible from its seed; the cache is faster.
 #include <gtest/gtest.h>
@@ -22,8 +22,8 @@ const nlohmann::json& fixture() {
 }
 
 std::unique_ptr<test::GraphRun> model_of(const std::string& name) {
-  return test::load_graph_text("flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: llama, with: { pretrained: " + kDir + "/" +
-                               name + " } }\n");
+  return test::load_graph_text("flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: " + std::string(name == "gpt2" ? "gpt" : "llama") +
+                               ", with: { pretrained: " + kDir + "/" + name + " } }\n");
 }
 
 class Generate : public ::testing::TestWithParam<std::string> {};
@@ -43,12 +43,12 @@ TEST_P(Generate, GreedyIsTransformersGenerateWithAndWithoutTheCache) {
   o.use_cache = true;
   for (size_t i = 0; i < prompts.size(); ++i)
     EXPECT_EQ(generate(m, {prompts[i]}, o).tokens[0], want["single"][i].get<std::vector<int64_t>>()) << "prompt " << i;
-  std::printf("%s: 3 x 64 new tokens, %.0f tokens/s with the cache, %.0f without (transformers %s's ids)\n", GetParam().c_str(),
-              cached.new_tokens / cached.seconds, recomputed.new_tokens / recomputed.seconds,
+  std::printf("%s: %lld new tokens, %.0f tokens/s with the cache, %.0f without (transformers %s's ids)\n", GetParam().c_str(),
+              static_cast<long long>(cached.new_tokens), cached.new_tokens / cached.seconds, recomputed.new_tokens / recomputed.seconds,
               fixture()["transformers"].get<std::string>().c_str());
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, Generate, ::testing::Values("llama", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, Generate, ::testing::Values("llama", "qwen3", "gpt2"));
 
 TEST(Generate, SamplingIsReproducibleFromItsSeedAndStopsWhereAsked) {
   const auto g = model_of("qwen3");

@@ -151,6 +151,24 @@ void BlockImpl::reset() {
   mlp = register_module("mlp", layers::Mlp(dim_, 4 * dim_, mlp_options(tp_)));
 }
 
+torch::Tensor AttentionImpl::decode(const torch::Tensor& x, int64_t B, int64_t t, const torch::Tensor& mask,
+                                    std::pair<torch::Tensor, torch::Tensor>& cache) {
+  const int64_t H = heads_, D = dim_ / heads_;
+  const std::vector<torch::Tensor> qkv = c_attn(x).view({B, t, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, t, D] each
+  torch::Tensor k = qkv[1], v = qkv[2];
+  if (cache.first.defined()) k = torch::cat({cache.first, k}, 2), v = torch::cat({cache.second, v}, 2);
+  cache = {k, v};
+  AttentionOptions o;
+  o.bias = mask;
+  return c_proj(attention(qkv[0], k, v, o).reshape({B * t, H * D}));
+}
+
+torch::Tensor BlockImpl::decode(const torch::Tensor& x, int64_t B, int64_t t, const torch::Tensor& mask,
+                                std::pair<torch::Tensor, torch::Tensor>& cache) {
+  const torch::Tensor r = x + attn->decode(ln_1(x), B, t, mask, cache);
+  return r + mlp(ln_2(r));
+}
+
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T) {
   torch::Tensor r = x + attn(ln_1(x), B, T);
   return r + flowrun::dropout(mlp(ln_2(r)), dropout_);
@@ -208,6 +226,19 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
     throw std::runtime_error("gpt: this rank holds pipeline chunks of the model only (run.parallel.pp); it runs chunk by "
                              "chunk in forward_backward's schedule, not as a whole");
   return head(blocks(embed(idx), 0, cfg_.layers, idx.size(0), idx.size(1)), idx.size(0), idx.size(1));
+}
+
+torch::Tensor GptImpl::decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                              KvCache& cache) {
+  if (cfg_.staged() || cfg_.tp) throw std::runtime_error("gpt: generation runs on a whole model (no tp, no pp)");
+  check_token_ids(ids, cfg_.context, cfg_.vocab, "gpt");
+  const int64_t B = ids.size(0), t = ids.size(1);
+  torch::Tensor x = (wte->weight.index_select(0, ids.reshape({B * t})) +
+                     wpe->weight.index_select(0, positions.to(wpe->weight.device()).reshape({B * t})));
+  cache.layers.resize(static_cast<size_t>(cfg_.layers));
+  for (int64_t i = 0; i < cfg_.layers; ++i)
+    x = (*h)[static_cast<size_t>(i)]->as<BlockImpl>()->decode(x, B, t, mask, cache.layers[static_cast<size_t>(i)]);
+  return head(x, B, t);
 }
 
 TensorMap GptImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in) {
@@ -315,6 +346,11 @@ std::shared_ptr<ModelState> make_state(Gpt model) {
   };
   auto state = std::make_shared<ModelState>(std::static_pointer_cast<torch::nn::Module>(model.ptr()), fwd, "gpt");
   state->stages = model->config().stages;
+  auto lm = std::make_shared<ModelState::CausalLm>();
+  lm->context = model->config().context;
+  lm->decode = [](ModelState& self, const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
+                  KvCache& cache) { return self.module->as<GptImpl>()->decode(ids, positions, mask, cache); };
+  state->causal_lm = lm;
   return state;
 }
 

@@ -30,6 +30,7 @@
 #include "models/activation_checkpoint.hpp"
 #include "models/family.hpp"
 #include "models/layers.hpp"
+#include "models/generate.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
 
@@ -104,6 +105,10 @@ class AttentionImpl : public torch::nn::Cloneable<AttentionImpl> {
   void reset() override;
   // x: [B*T, dim] (rows in batch-major order) -> [B*T, dim]
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
+  // Generation (models/generate.hpp): x [B*t, dim], its keys and values appended to `cache`, the
+  // queries attending over all it holds as `mask` [B, 1, t, L] says. A whole model only.
+  torch::Tensor decode(const torch::Tensor& x, int64_t B, int64_t t, const torch::Tensor& mask,
+                       std::pair<torch::Tensor, torch::Tensor>& cache);
   lora::Linear c_attn{nullptr}, c_proj{nullptr};  // with tp: this rank's heads' columns / rows
 
  private:
@@ -126,6 +131,8 @@ class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
       : dim_(dim), heads_(heads), dropout_(dropout), masks_(std::move(masks)), tp_(std::move(tp)) { reset(); }
   void reset() override;
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T);
+  torch::Tensor decode(const torch::Tensor& x, int64_t B, int64_t t, const torch::Tensor& mask,
+                       std::pair<torch::Tensor, torch::Tensor>& cache);
   LayerNorm ln_1{nullptr}, ln_2{nullptr};
   Attention attn{nullptr};
   layers::Mlp mlp{nullptr};  // mlp_options(); its output dropped out (resid_pdrop) by the block
@@ -146,6 +153,9 @@ class GptImpl : public torch::nn::Cloneable<GptImpl> {
   void reset() override;
   // idx: integer token ids [B, T] with T <= context -> logits [B, T, vocab]. The whole model only.
   torch::Tensor forward(const torch::Tensor& idx);
+  // Generation (ModelState::CausalLm): ids [B, t] at positions [B, t] over the cache and themselves
+  // (`mask` [B, 1, t, L]), the cache grown by t -> logits [B, t, vocab]. The whole model only.
+  torch::Tensor decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask, KvCache& cache);
   // Pipeline chunk k (Config::stages) on idx [B, T]: from chunk k - 1's {"x": [B*T, dim]} (chunk
   // 0: the embedding of idx) to chunk k + 1's {"x"}, or the last chunk's {"output": logits}.
   TensorMap chunk(int k, const torch::Tensor& idx, const TensorMap& in);
