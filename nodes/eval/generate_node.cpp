@@ -15,6 +15,7 @@
 #include "formats/files.hpp"
 #include "formats/tokenizer.hpp"
 #include "models/generate.hpp"
+#include "parallel/tensor_parallel.hpp"
 #include "registry.hpp"
 
 namespace flowrun {
@@ -35,6 +36,7 @@ class GenerateNode : public Node {
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
+    tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // collective: setup runs in file order on every rank
     prompts_ = p.get<std::vector<std::string>>("prompts");
     if (prompts_.empty()) throw std::runtime_error(ctx.who() + ": prompts is empty (give at least one)");
     if (p.has("system")) system_ = p.get<std::string>("system");
@@ -67,6 +69,7 @@ class GenerateNode : public Node {
 
   void run(StepContext& ctx) override {
     ModelState& model = ctx.state_as<ModelState>("model");
+    const parallel::TpChannel tp_channel(tp_group_.get());  // a split model's collectives: this node's own
     const auto stop = [&](size_t, const std::vector<int64_t>& ids) {
       if (stops_.empty()) return false;
       const std::string text = decode(ids);
@@ -128,6 +131,7 @@ class GenerateNode : public Node {
   ChatOptions chat_opts_;
   GenerateOptions opts_;
   std::vector<std::vector<int64_t>> prompt_ids_;
+  std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives (TpChannel)
 };
 
 }  // namespace

@@ -36,10 +36,14 @@ GenerateResult generate(ModelState& model, const std::vector<std::vector<int64_t
                         const std::function<bool(size_t, const std::vector<int64_t>&)>& stop) {
   if (!model.causal_lm)
     throw std::runtime_error("generate: model '" + model.kind + "' does not decode token by token (the llama family does)");
-  if (model.tp)
-    throw std::runtime_error("generate: the model is split over tensor-parallel ranks (run.parallel.tp); generation runs on a "
-                             "whole model (run it with tp 1, e.g. `flowrun generate` on the checkpoint)");
-  if (model.stages) throw std::runtime_error("generate: the model is split into pipeline stages (run.parallel.pp); not supported");
+  // Under tp every rank of the model's group runs this with the same prompts and seed, in a node's
+  // TpChannel: the split layers' collectives, the logits gathered whole, the same draws.
+  if (model.stages)
+    throw std::runtime_error("generate: the model is cut into pipeline stages (run.parallel.pp); generation runs on whole "
+                             "layers (tp and dp are fine; pp is not supported)");
+  if (model.shards)
+    throw std::runtime_error("generate: the model's parameters are sharded over the data-parallel ranks (ZeRO stage params); "
+                             "not supported (zero.stage states or gradients keep them whole)");
   if (prompts.empty()) throw std::invalid_argument("generate: no prompts");
   if (o.max_new_tokens < 1) throw std::invalid_argument("generate: max_new_tokens must be >= 1");
   if (o.top_p <= 0.0 || o.top_p > 1.0) throw std::invalid_argument("generate: top_p must be in (0, 1]");

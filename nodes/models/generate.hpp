@@ -8,6 +8,9 @@
 //   GenerateOptions o;  o.max_new_tokens = 64;  o.stop_ids = {151645};
 //   GenerateResult r = generate(model, {{1, 2, 3}, {4, 5}}, o);   // r.tokens[i]: prompt i's new ids
 //
+// Under tensor parallel every rank of the model's tp group calls it alike (the generate node does,
+// in its TpChannel); pipeline stages and ZeRO-3's sharded parameters are refused.
+//
 // use_cache false recomputes the whole sequence every step (the reference the cache is checked
 // against, and slower: GenerateResult reports tokens/s).
 #pragma once

@@ -115,6 +115,11 @@ torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Te
   return reduce_from_tp(e.masked_fill(other.unsqueeze(-1), 0.0), tp);
 }
 
+torch::Tensor gather_vocab_logits(const torch::Tensor& logits, const std::shared_ptr<Group>& tp) {
+  if (!tp || tp->size() == 1) return logits;
+  return tp_whole(logits.contiguous(), TpSplit{logits.dim() - 1, 1}, *channel(tp), "the vocabulary-split logits");
+}
+
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                            const std::shared_ptr<Group>& tp) {
   if (logits.dim() != 2 || targets.dim() != 1 || targets.size(0) != logits.size(0))

@@ -73,6 +73,9 @@ torch::Tensor tp_block(const torch::Tensor& whole, int64_t dim, const Group& tp,
 //     writes this rank's columns of softmax - one-hot.
 torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& table,
                                        const std::shared_ptr<Group>& tp);
+// Logits whose last dimension is this rank's vocabulary columns (a split head's), whole on every
+// rank: an all-gather over the open channel (generation samples from the whole row).
+torch::Tensor gather_vocab_logits(const torch::Tensor& logits, const std::shared_ptr<Group>& tp);
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets,
                                            const std::shared_ptr<Group>& tp);
 

@@ -1027,6 +1027,40 @@ sft)
   [ "$(wc -l < "$tmp/l1")" = 4 ] || fail "sft: expected 4 logged losses"
   same_numbers "$tmp/l1" "$tmp/l2" 1e-5 || fail "sft: dp 2's losses differ from one process's"
   ;;
+generate)
+  # The generate node under tensor parallel (issue 71): the Llama and GPT-2 models transformers made
+  # for the generation test, split over tp 2 (their heads, their vocabulary: the logits gathered
+  # whole on each rank), complete the same prompts greedily into the same text as one process.
+  # A byte-level tokenizer.json of 256 ids (the models' vocabulary), written here.
+  python3 - "$tmp/bytes.json" <<'PY'
+import json, sys
+printable = lambda b: 33 <= b <= 126 or 161 <= b <= 172 or 174 <= b <= 255
+m, n = {}, 0
+for b in range(256):
+    m[b] = b if printable(b) else 256 + n
+    n += 0 if printable(b) else 1
+vocab = {chr(m[b]): b for b in range(256)}
+json.dump({"version": "1.0", "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+           "post_processor": None, "decoder": {"type": "ByteLevel"},
+           "model": {"type": "BPE", "vocab": vocab, "merges": []}}, open(sys.argv[1], "w"))
+PY
+  for m in llama:llama gpt2:gpt; do
+    cat > "$tmp/gen.yaml" <<GRAPH
+flowrun: 1
+run: { steps: 1, threads: 1 }
+nodes:
+  model: { type: ${m#*:}, with: { pretrained: $src/tests/fixtures/hf/generate/${m%%:*} } }
+  gen:   { type: generate, in: { model: model.params },
+           with: { tokenizer: $tmp/bytes.json, chat: false, max_new_tokens: 48, prompts: ["Hello", "a longer prompt, to pad the other"] } }
+GRAPH
+    run_code 0 "$flowrun" "$tmp/gen.yaml" run.out_dir="$tmp/g1_${m%%:*}"
+    run_code 0 "${mpi[@]}" "$flowrun" "$tmp/gen.yaml" run.parallel.tp=2 run.out_dir="$tmp/g2_${m%%:*}"
+    [ "$(wc -l < "$tmp/g1_${m%%:*}/generations.jsonl")" = 2 ] || fail "generate ${m%%:*}: expected 2 completions"
+    cmp -s "$tmp/g1_${m%%:*}/generations.jsonl" "$tmp/g2_${m%%:*}/generations.jsonl" ||
+      fail "generate ${m%%:*}: tp 2's completions differ from one process's"
+  done
+  ;;
 pipeline_cappa)
   # run.parallel.pp for graphs/cappa.yaml (issue 49): the ViT's 2 blocks then the decoder's 2 cut
   # into stages, the encoded image travelling on through the decoder's stages to every

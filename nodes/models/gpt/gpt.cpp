@@ -153,14 +153,16 @@ void BlockImpl::reset() {
 
 torch::Tensor AttentionImpl::decode(const torch::Tensor& x, int64_t B, int64_t t, const torch::Tensor& mask,
                                     std::pair<torch::Tensor, torch::Tensor>& cache) {
-  const int64_t H = heads_, D = dim_ / heads_;
-  const std::vector<torch::Tensor> qkv = c_attn(x).view({B, t, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, t, D] each
+  // With tp this rank's heads only, as forward.
+  const int64_t H = heads_ / (tp_ ? tp_->size() : 1), D = dim_ / heads_;
+  const std::vector<torch::Tensor> qkv =
+      c_attn(parallel::copy_to_tp(x, tp_)).view({B, t, 3, H, D}).permute({2, 0, 3, 1, 4}).unbind(0);  // [B, H, t, D] each
   torch::Tensor k = qkv[1], v = qkv[2];
   if (cache.first.defined()) k = torch::cat({cache.first, k}, 2), v = torch::cat({cache.second, v}, 2);
   cache = {k, v};
   AttentionOptions o;
   o.bias = mask;
-  return c_proj(attention(qkv[0], k, v, o).reshape({B * t, H * D}));
+  return layers::row_parallel(*c_proj, attention(qkv[0], k, v, o).reshape({B * t, H * D}), tp_);
 }
 
 torch::Tensor BlockImpl::decode(const torch::Tensor& x, int64_t B, int64_t t, const torch::Tensor& mask,
@@ -230,15 +232,15 @@ torch::Tensor GptImpl::forward(const torch::Tensor& idx) {
 
 torch::Tensor GptImpl::decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                               KvCache& cache) {
-  if (cfg_.staged() || cfg_.tp) throw std::runtime_error("gpt: generation runs on a whole model (no tp, no pp)");
+  if (cfg_.staged()) throw std::runtime_error("gpt: generation runs on the whole model, not on pipeline stages");
   check_token_ids(ids, cfg_.context, cfg_.vocab, "gpt");
   const int64_t B = ids.size(0), t = ids.size(1);
-  torch::Tensor x = (wte->weight.index_select(0, ids.reshape({B * t})) +
-                     wpe->weight.index_select(0, positions.to(wpe->weight.device()).reshape({B * t})));
+  torch::Tensor x = parallel::vocab_parallel_embedding(ids.reshape({B * t}), wte->weight, cfg_.tp) +
+                    wpe->weight.index_select(0, positions.to(wpe->weight.device()).reshape({B * t}));
   cache.layers.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t i = 0; i < cfg_.layers; ++i)
     x = (*h)[static_cast<size_t>(i)]->as<BlockImpl>()->decode(x, B, t, mask, cache.layers[static_cast<size_t>(i)]);
-  return head(x, B, t);
+  return parallel::gather_vocab_logits(head(x, B, t), cfg_.tp);  // under tp: every rank the whole row
 }
 
 TensorMap GptImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in) {

@@ -242,7 +242,7 @@ torch::Tensor LlamaImpl::forward(const torch::Tensor& idx, const LmPacking& pack
 
 torch::Tensor LlamaImpl::decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                                 KvCache& cache) {
-  if (cfg_.staged() || cfg_.tp_size() > 1) throw std::runtime_error("llama: generation runs on a whole model (no tp, no pp)");
+  if (cfg_.staged()) throw std::runtime_error("llama: generation runs on the whole model, not on pipeline stages");
   const int64_t B = ids.size(0), t = ids.size(1);
   torch::Tensor x = embed(ids);
   const int64_t reach = positions.max().item<int64_t>() + 1;
@@ -252,7 +252,7 @@ torch::Tensor LlamaImpl::decode(const torch::Tensor& ids, const torch::Tensor& p
   cache.layers.resize(static_cast<size_t>(cfg_.layers));
   for (int64_t i = 0; i < cfg_.layers; ++i)
     x = (*model->layers)[static_cast<size_t>(i)]->as<BlockImpl>()->forward(x, B, t, cos, sin, mask, &cache.layers[static_cast<size_t>(i)]);
-  return head(x, B, t);
+  return parallel::gather_vocab_logits(head(x, B, t), cfg_.tp);  // under tp: every rank the whole row
 }
 
 TensorMap LlamaImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in, const LmPacking& packing) {
