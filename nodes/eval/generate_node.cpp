@@ -13,6 +13,7 @@
 #include "common/html.hpp"
 #include "formats/chat_template.hpp"
 #include "formats/files.hpp"
+#include "formats/tfevents.hpp"
 #include "formats/tokenizer.hpp"
 #include "models/generate.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -48,6 +49,7 @@ class GenerateNode : public Node {
     opts_.top_p = p.get<double>("top_p");
     opts_.seed = node_seed(ctx);
     stops_ = p.get<std::vector<std::string>>("stop");
+    if (p.get<bool>("tensorboard") && ctx.run().rank == 0) tb_ = tfevents::EventFile::open(ctx.run().out_dir + "/tb");
     // The end of a turn or of a text: the chat templates' and the tokenizers' own.
     for (const char* t : {"<|eot_id|>", "<|end_of_text|>", "<|im_end|>", "<|endoftext|>"})
       if (auto id = tok_->added_token_id(t)) opts_.stop_ids.push_back(*id);
@@ -122,6 +124,17 @@ class GenerateNode : public Node {
     }
     h += "</table>\n</body></html>\n";
     write_file_atomic(dir + "/" + name, h);
+    if (tb_) {  // a Markdown table, tagged by the node's name
+      auto cell = [](std::string s) {
+        std::string out;
+        for (char c : s) out += c == '|' ? std::string("\\|") : c == '\n' ? std::string("<br>") : std::string(1, c);
+        return out;
+      };
+      std::string md = "| prompt | completion |\n|---|---|\n";
+      for (size_t i = 0; i < completions.size(); ++i) md += "| " + cell(prompts_[i]) + " | " + cell(completions[i]) + " |\n";
+      tb_->text(ctx.step(), ctx.name(), md);
+      tb_->flush();
+    }
   }
 
   std::unique_ptr<BpeTokenizer> tok_;
@@ -131,7 +144,8 @@ class GenerateNode : public Node {
   ChatOptions chat_opts_;
   GenerateOptions opts_;
   std::vector<std::vector<int64_t>> prompt_ids_;
-  std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives (TpChannel)
+  std::shared_ptr<parallel::Group> tp_group_;
+  std::shared_ptr<tfevents::EventFile> tb_;  // rank 0 with tensorboard: true  // run.parallel.tp > 1: the split model's collectives (TpChannel)
 };
 
 }  // namespace

@@ -146,6 +146,22 @@ std::string image_event(double wall_time, int64_t step, const std::string& tag, 
   return event(wall_time, step, summary_field(summary));
 }
 
+std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text) {
+  std::string plugin, metadata, dim, shape, tensor, value, summary;
+  field_bytes(plugin, 1, "text");     // PluginData.plugin_name
+  field_bytes(metadata, 1, plugin);   // SummaryMetadata.plugin_data
+  field_varint(dim, 1, 1);            // TensorShapeProto.Dim.size
+  field_bytes(shape, 2, dim);         // TensorShapeProto.dim
+  field_varint(tensor, 1, 7);         // TensorProto.dtype = DT_STRING
+  field_bytes(tensor, 2, shape);      // TensorProto.tensor_shape: [1]
+  field_bytes(tensor, 8, text);       // TensorProto.string_val
+  field_bytes(value, 1, tag);
+  field_bytes(value, 8, tensor);
+  field_bytes(value, 9, metadata);
+  field_bytes(summary, 1, value);
+  return event(wall_time, step, summary_field(summary));
+}
+
 double wall_time_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -200,6 +216,11 @@ void EventFile::image(int64_t step, const std::string& tag, const std::string& p
                       int channels) {
   std::lock_guard<std::mutex> lock(mu_);
   write(image_event(wall_time_now(), step, tag, png, height, width, channels));
+}
+
+void EventFile::text(int64_t step, const std::string& tag, const std::string& markdown) {
+  std::lock_guard<std::mutex> lock(mu_);
+  write(text_event(wall_time_now(), step, tag, markdown));
 }
 
 void EventFile::flush() {

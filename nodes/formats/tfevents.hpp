@@ -1,4 +1,5 @@
-// TensorBoard event files, torch-free: what `metrics` (scalars) and `sampler` (PNG grids) write
+// TensorBoard event files, torch-free: what `metrics` (scalars), `sampler` (PNG grids) and
+// `generate` (its completions as text) write
 // to OUT_DIR/tb/ with `tensorboard: true`. Test: tests/formats/tfevents_test.cpp; read back by
 // an independent reader in tests/tools/read_tfevents.py (cli.tensorboard_events).
 //
@@ -15,8 +16,12 @@
 //
 //   Event   { double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5; }
 //   Summary { repeated Value value = 1; }
-//   Value   { string tag = 1; float simple_value = 2; Image image = 4; }
+//   Value   { string tag = 1; float simple_value = 2; Image image = 4; TensorProto tensor = 8;
+//             SummaryMetadata metadata = 9; }
 //   Image   { int32 height = 1; int32 width = 2; int32 colorspace = 3; bytes encoded_image_string = 4; }
+//   SummaryMetadata { PluginData plugin_data = 1 { string plugin_name = 1; } }   ("text" for text)
+//   TensorProto { DataType dtype = 1 (DT_STRING: 7); TensorShapeProto tensor_shape = 2
+//                 { Dim dim = 2 { int64 size = 1; } }; bytes string_val = 8; }
 //
 // encoded by hand below (varints, fixed64/fixed32 little endian, length-delimited fields).
 // TensorBoard reads every file whose name contains "tfevents" in a run folder.
@@ -42,6 +47,9 @@ std::string scalars_event(double wall_time, int64_t step, const std::vector<std:
 std::string image_event(double wall_time, int64_t step, const std::string& tag, const std::string& png, int height,
                         int width, int channels);
 
+// text: Markdown, which TensorBoard's text plugin renders (a table of prompts and completions).
+std::string text_event(double wall_time, int64_t step, const std::string& tag, const std::string& text);
+
 double wall_time_now();  // seconds since the Unix epoch
 
 // One event file of this process in a folder: events.out.tfevents.<unix seconds>.<host>.<pid>,
@@ -58,6 +66,7 @@ class EventFile {
 
   void scalars(int64_t step, const std::vector<std::pair<std::string, double>>& values);
   void image(int64_t step, const std::string& tag, const std::string& png, int height, int width, int channels);
+  void text(int64_t step, const std::string& tag, const std::string& markdown);
   void flush();
   const std::string& path() const { return path_; }
 

@@ -89,7 +89,7 @@ nodes:
   model: { type: llama, with: { layers: 1, dim: 16, heads: 2, kv_heads: 1, mlp_dim: 32, vocab: 151669, context: 128 } }
   gen:   { type: generate, every: 2, in: { model: model.params },
            with: { tokenizer: )" + qwen3 + R"(, prompts: ["What is a fortune?", "Say <b>hi</b>."], max_new_tokens: 6,
-                   system: "Be brief." } }
+                   system: "Be brief.", tensorboard: true } }
   log:   { type: metrics, every: 2, in: { tokens_per_s: gen.tokens_per_s } }
 )");
   const auto lines = test::read_jsonl(r.out_dir + "/generations.jsonl");
@@ -101,6 +101,18 @@ nodes:
   EXPECT_NE(page.find("Say &lt;b&gt;hi&lt;/b&gt;."), std::string::npos);
   ASSERT_FALSE(r.metrics.empty());
   EXPECT_GT(r.metrics.back()["tokens_per_s"].get<double>(), 0.0);
+  // TensorBoard text, read back by the independent reader: a Markdown table of both
+  const std::string events = r.dir + "/events.jsonl";
+  ASSERT_EQ(std::system(("python3 " + std::string(FLOWRUN_SOURCE_DIR) + "/tests/tools/read_tfevents.py " + r.out_dir + "/tb > " +
+                         events).c_str()),
+            0);
+  bool found = false;
+  for (const auto& e : test::read_jsonl(events))
+    if (e["texts"].contains("gen")) {
+      const std::string md = e["texts"]["gen"].get<std::string>();
+      found = e["step"] == 2 && md.rfind("| prompt | completion |", 0) == 0 && md.find("| Say <b>hi</b>. |") != std::string::npos;
+    }
+  EXPECT_TRUE(found) << test::read_text(events);
 }
 
 }  // namespace generate_test

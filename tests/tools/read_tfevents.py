@@ -9,7 +9,9 @@ data, masked CRC32C of the data), decodes the tensorflow.Event protos with a gen
 buffer wire-format parser, checks each PNG image (signature, every chunk's CRC32, IHDR size
 against the summary's height/width, the inflated IDAT size), and prints one JSON object per
 event: {"file", "wall_time", "step", "file_version"?, "scalars": {tag: value},
-"images": {tag: {"height", "width", "colorspace", "png_width", "png_height", "png_bytes"}}}.
+"images": {tag: {"height", "width", "colorspace", "png_width", "png_height", "png_bytes"}},
+"texts": {tag: text} (a text plugin's summary: metadata plugin "text", a DT_STRING tensor of
+shape [1])}.
 Exits 1 with a message naming the file and offset at the first problem.
 
 Written from the format's description (TFRecord framing; event.proto and summary.proto field
@@ -102,7 +104,7 @@ def check_png(png, height, width):
 
 
 def event(data, path):
-    e = {"file": path, "wall_time": None, "step": 0, "scalars": {}, "images": {}}
+    e = {"file": path, "wall_time": None, "step": 0, "scalars": {}, "images": {}, "texts": {}}
     for num, wire, v in fields(data):
         if num == 1 and wire == 1:
             e["wall_time"] = struct.unpack("<d", v)[0]
@@ -114,7 +116,7 @@ def event(data, path):
             for snum, _, value in fields(v):
                 if snum != 1:
                     continue
-                tag, simple, image = None, None, None
+                tag, simple, image, plugin, strings = None, None, None, None, None
                 for vnum, vwire, x in fields(value):
                     if vnum == 1:
                         tag = x.decode()
@@ -124,8 +126,25 @@ def event(data, path):
                         image = {1: 0, 2: 0, 3: 0, 4: b""}
                         for inum, _, y in fields(x):
                             image[inum] = y
+                    elif vnum == 9:  # SummaryMetadata { plugin_data = 1 { plugin_name = 1 } }
+                        for mnum, _, y in fields(x):
+                            if mnum == 1:
+                                plugin = next((z.decode() for pnum, _, z in fields(y) if pnum == 1), None)
+                    elif vnum == 8:  # TensorProto { dtype = 1; tensor_shape = 2; string_val = 8 }
+                        strings, dtype = [], None
+                        for tnum, _, y in fields(x):
+                            if tnum == 1:
+                                dtype = y
+                            elif tnum == 8:
+                                strings.append(y.decode())
+                        if dtype != 7:
+                            raise Bad("a tensor summary of dtype %s, not DT_STRING" % dtype)
                 if simple is not None:
                     e["scalars"][tag] = simple
+                if strings is not None:
+                    if plugin != "text" or len(strings) != 1:
+                        raise Bad("tag %s: a string tensor of %d values for plugin %s" % (tag, len(strings), plugin))
+                    e["texts"][tag] = strings[0]
                 if image is not None:
                     pw, ph = check_png(image[4], image[1], image[2])
                     e["images"][tag] = {"height": image[1], "width": image[2], "colorspace": image[3],
