@@ -35,6 +35,14 @@ struct DataCursor {
 
   std::map<std::string, torch::Tensor> tensors() const;
   void load(const std::map<std::string, torch::Tensor>& t);
+  // A data node's check before it draws step `step`'s batch: a cursor restored from a checkpoint
+  // of step k is followed by step k + 1, else an error naming both.
+  void expect_step(int64_t step) const {
+    if (batches != step - 1)
+      throw std::runtime_error("data cursor says " + std::to_string(batches) + " batches were drawn, but this is step " +
+                               std::to_string(step) + " (expected " + std::to_string(step - 1) +
+                               "): the cursor was restored from another step than the run resumes at");
+  }
 };
 
 }  // namespace flowrun

@@ -555,10 +555,7 @@ class ImageTextShardsNode : public Node {
 
   void run(StepContext& ctx) override {
     DataCursor& cursor = ctx.state_as<DataCursor>("cursor");
-    if (cursor.batches != ctx.step() - 1)
-      throw std::runtime_error("data cursor says " + std::to_string(cursor.batches) + " batches were drawn, but this is step " +
-                               std::to_string(ctx.step()) + " (expected " + std::to_string(ctx.step() - 1) +
-                               "): the cursor was restored from another step than the run resumes at");
+    cursor.expect_step(ctx.step());
     const auto [bucket, ids] = sampler_->for_step(ctx.step(), rank_, world_);
     std::vector<char> flips(ids.size(), 0);
     if (flip_)

@@ -236,10 +236,7 @@ class PackedShardsNode : public Node {
 
   void run(StepContext& ctx) override {
     DataCursor& cursor = ctx.state_as<DataCursor>("cursor");
-    if (cursor.batches != ctx.step() - 1)
-      throw std::runtime_error("data cursor says " + std::to_string(cursor.batches) + " batches were drawn, but this is step " +
-                               std::to_string(ctx.step()) + " (expected " + std::to_string(ctx.step() - 1) +
-                               "): the cursor was restored from another step than the run resumes at");
+    cursor.expect_step(ctx.step());
     // The whole step's targets (every rank's rows: the order is a pure function of the step).
     int64_t targets = 0;
     for (int64_t r : order_->for_step(ctx.step(), -1, world_)) targets += rows_->targets(r);

@@ -147,10 +147,7 @@ class TokenShardsNode : public Node {
     // The batch is a pure function of the step; the cursor only records how far we got. It
     // must agree: a cursor restored from a checkpoint of step k is followed by step k + 1.
     DataCursor& cursor = ctx.state_as<DataCursor>("cursor");
-    if (cursor.batches != ctx.step() - 1)
-      throw std::runtime_error("data cursor says " + std::to_string(cursor.batches) + " batches were drawn, but this is step " +
-                               std::to_string(ctx.step()) + " (expected " + std::to_string(ctx.step() - 1) +
-                               "): the cursor was restored from another step than the run resumes at");
+    cursor.expect_step(ctx.step());
     ctx.out("batch", to_device(sampler_->batch(ctx.step(), rank_, world_), run_device(ctx.run())));
     cursor.batches = ctx.step();
   }

@@ -13,6 +13,7 @@
 #include "formats/chat_template.hpp"
 #include "formats/tokenizer.hpp"
 #include "nodes/data_test_helpers.hpp"
+#include "support/id_hash.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun {
@@ -45,15 +46,6 @@ std::vector<ChatMessage> messages_of(const nlohmann::json& conv) {
   return out;
 }
 
-std::string fnv32(const std::vector<int32_t>& ids) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int32_t id : ids)
-    for (int k = 0; k < 4; ++k) h = (h ^ ((static_cast<uint32_t>(id) >> (8 * k)) & 0xFF)) * 0x100000001b3ull;
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", static_cast<uint32_t>(h));
-  return buf;
-}
-
 std::vector<std::array<int64_t, 2>> runs(const std::vector<uint8_t>& mask) {
   std::vector<std::array<int64_t, 2>> out;
   for (size_t i = 0; i < mask.size(); ++i)
@@ -84,7 +76,7 @@ TEST(ChatTemplate, RendersAndMasksAsTransformersApplyChatTemplate) {
       const ChatTokens got = tokenize_chat(*tmpl, tok, messages_of(conv), opt);
       const auto& want = t["results"][i];
       ++compared;
-      if ((static_cast<int64_t>(got.ids.size()) != want["n"].get<int64_t>() || fnv32(got.ids) != want["hash"].get<std::string>()) &&
+      if ((static_cast<int64_t>(got.ids.size()) != want["n"].get<int64_t>() || test::ids_fnv32(got.ids) != want["hash"].get<std::string>()) &&
           wrong++ < 5) {
         ADD_FAILURE() << name << " (" << tmpl->name() << "), conversation " << i << ": " << got.ids.size() << " ids, transformers "
                       << want["n"] << "\n" << nlohmann::json(got.text).dump()

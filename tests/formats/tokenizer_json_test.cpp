@@ -15,6 +15,7 @@
 #include "formats/tokenizer.hpp"
 #include "formats/utf8.hpp"
 #include "nodes/data_test_helpers.hpp"
+#include "support/id_hash.hpp"
 #include "support/run_graph.hpp"
 
 namespace flowrun {
@@ -76,15 +77,6 @@ std::vector<std::string> fortunes() {
   return out;
 }
 
-std::string fnv32(const std::vector<int32_t>& ids) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (int32_t id : ids)
-    for (int k = 0; k < 4; ++k) h = (h ^ ((static_cast<uint32_t>(id) >> (8 * k)) & 0xFF)) * 0x100000001b3ull;
-  char buf[9];
-  std::snprintf(buf, sizeof buf, "%08x", static_cast<uint32_t>(h));
-  return buf;
-}
-
 std::string unhex(const std::string& hex) {
   std::string out;
   for (size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
@@ -134,7 +126,7 @@ TEST_P(TokenizerJson, GivesTheIdsOfTheTokenizersLibrary) {
     const auto& ref = want["fortunes"][i];
     tokens += static_cast<int64_t>(ids.size());
     ++compared;
-    if ((static_cast<int64_t>(ids.size()) != ref[0].get<int64_t>() || fnv32(ids) != ref[1].get<std::string>()) && wrong++ < 5)
+    if ((static_cast<int64_t>(ids.size()) != ref[0].get<int64_t>() || test::ids_fnv32(ids) != ref[1].get<std::string>()) && wrong++ < 5)
       ADD_FAILURE() << GetParam() << ": fortune " << i << " " << nlohmann::json(repair_utf8(texts[i])).dump() << ": "
                     << ids.size() << " ids, tokenizers " << ref[0];
   }
