@@ -28,11 +28,10 @@ class GenerateNode : public Node {
     const Params& p = ctx.params();
     const std::string path = p.get<std::string>("tokenizer");
     try {
-      const std::string file = std::filesystem::is_directory(path) ? path + "/tokenizer.json" : path;
-      tok_ = BpeTokenizer::load_hf(file);
-      if (p.get<bool>("chat")) {
-        tmpl_ = p.has("template") ? ChatTemplate::named(p.get<std::string>("template"))
-                                  : ChatTemplate::from_folder(std::filesystem::path(file).parent_path().string());
+      tok_ = BpeTokenizer::load_hf(path);
+      if (p.get<bool>("chat")) {  // the folder's template: the tokenizer's folder, or the one holding the file
+        const std::string folder = std::filesystem::is_directory(path) ? path : std::filesystem::path(path).parent_path().string();
+        tmpl_ = p.has("template") ? ChatTemplate::named(p.get<std::string>("template")) : ChatTemplate::from_folder(folder);
       }
     } catch (const std::exception& e) {
       throw std::runtime_error(ctx.who() + ": " + e.what());

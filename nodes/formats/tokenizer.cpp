@@ -341,13 +341,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec, const std::st
     return BpeTokenizer::load_gpt2(vocab_json, merges_txt);
   }
   std::error_code ec;
-  if (std::filesystem::is_directory(spec, ec)) {
-    const std::string file = (std::filesystem::path(spec) / "tokenizer.json").string();
-    if (!std::filesystem::is_regular_file(file, ec))
-      throw std::invalid_argument("tokenizer folder " + spec + " has no tokenizer.json (a Hugging Face model folder has one)");
-    return BpeTokenizer::load_hf(file);
-  }
-  if (std::filesystem::is_regular_file(spec, ec)) return BpeTokenizer::load_hf(spec);
+  if (std::filesystem::is_directory(spec, ec) || std::filesystem::is_regular_file(spec, ec)) return BpeTokenizer::load_hf(spec);
   throw std::invalid_argument("unknown tokenizer '" + spec +
                               "' (known: byte, gpt2, or the path of a tokenizer.json or of a folder holding one)");
 }

@@ -98,7 +98,8 @@ class BpeTokenizer : public Tokenizer {
  public:
   // Errors name the file and what is wrong (a component not implemented: by its type).
   static std::unique_ptr<BpeTokenizer> load_gpt2(const std::string& vocab_json, const std::string& merges_txt);
-  static std::unique_ptr<BpeTokenizer> load_hf(const std::string& tokenizer_json);
+  // `path`: a tokenizer.json, or a folder holding one (a model folder).
+  static std::unique_ptr<BpeTokenizer> load_hf(const std::string& path);
 
   std::string name() const override { return name_; }
   int64_t vocab_size() const override { return static_cast<int64_t>(id_to_bytes_.size()); }

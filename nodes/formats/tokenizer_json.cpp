@@ -14,6 +14,7 @@
 // Anything else is refused naming the key and its type: SentencePiece-style BPE (Llama 2,
 // Mistral: a Metaspace pre-tokenizer or Prepend/Replace normalizer, byte_fallback) is one. A
 // refusal is the place to add a component: docs/data.md says how.
+#include <filesystem>
 #include <string>
 
 #include "formats/json_file.hpp"
@@ -52,7 +53,11 @@ void check_byte_level(const nlohmann::json& j, const std::string& where, bool us
 
 }  // namespace
 
-std::unique_ptr<BpeTokenizer> BpeTokenizer::load_hf(const std::string& file) {
+std::unique_ptr<BpeTokenizer> BpeTokenizer::load_hf(const std::string& path) {
+  std::error_code ec;
+  const std::string file = std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "tokenizer.json").string() : path;
+  if (file != path && !std::filesystem::is_regular_file(file, ec))
+    throw std::invalid_argument("tokenizer folder " + path + " has no tokenizer.json (a Hugging Face model folder has one)");
   const nlohmann::json j = read_json_file(file, uint64_t{256} << 20);
   if (!j.is_object()) refuse(file, "(top)", "not a JSON object");
   std::unique_ptr<BpeTokenizer> t(new BpeTokenizer());

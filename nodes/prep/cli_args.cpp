@@ -1,5 +1,7 @@
 #include "prep/cli_args.hpp"
 
+#include "formats/indexed_dataset.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -72,6 +74,14 @@ std::vector<std::string> expand_input_files(const std::vector<std::string>& inpu
   }
   if (files.empty()) throw std::invalid_argument("no input files (the folders given hold none)");
   return files;
+}
+
+std::unique_ptr<MappedFile> map_input_file(const std::string& path) {
+  try {
+    return std::make_unique<MappedFile>(path);
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument(e.what());
+  }
 }
 
 int run_cli_command(const std::string& name, const char* usage, const std::vector<std::string>& args,

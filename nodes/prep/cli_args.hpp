@@ -4,11 +4,14 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace flowrun {
+
+class MappedFile;  // formats/indexed_dataset.hpp
 
 struct CliArgs {
   bool help = false;
@@ -25,6 +28,10 @@ double cli_number(const std::string& name, const std::string& value);
 // skipped) -> files, in that order. std::invalid_argument naming a path that is missing or not a
 // file or folder, or when there are no files.
 std::vector<std::string> expand_input_files(const std::vector<std::string>& inputs);
+
+// An input file memory-mapped (never read whole); one that cannot be read is a bad input
+// (std::invalid_argument, exit 2), naming it.
+std::unique_ptr<MappedFile> map_input_file(const std::string& path);
 
 // One `flowrun NAME` command ("prep images"): parses `args`, prints `usage` to stdout for
 // -h/--help (exit 0), else runs `body` with the parsed arguments and returns its exit code. A

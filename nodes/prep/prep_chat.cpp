@@ -139,23 +139,16 @@ PrepChatSummary prep_chat(const PrepChatOptions& opt) {
   std::unique_ptr<ChatTemplate> tmpl;
   try {
     const std::string tok_path = opt.tokenizer.empty() ? opt.model : opt.tokenizer;
-    tok = BpeTokenizer::load_hf(fs::is_directory(tok_path) ? (fs::path(tok_path) / "tokenizer.json").string() : tok_path);
+    tok = BpeTokenizer::load_hf(tok_path);
     tmpl = opt.chat_template.empty() ? ChatTemplate::from_folder(opt.model) : ChatTemplate::named(opt.chat_template);
   } catch (const std::runtime_error& e) {
     throw std::invalid_argument(e.what());
   }
   const std::vector<std::string> files = expand_input_files(opt.inputs);
-  auto map_input = [](const std::string& f) {
-    try {
-      return std::make_unique<MappedFile>(f);
-    } catch (const std::runtime_error& e) {
-      throw std::invalid_argument(e.what());
-    }
-  };
   // Calls fn(file, line number, text) for each non-blank line.
   auto for_each_line = [&](const std::function<void(const std::string&, int64_t, std::string_view)>& fn) {
     for (const std::string& f : files) {
-      const auto mapped = map_input(f);
+      const auto mapped = map_input_file(f);
       const std::string_view text(reinterpret_cast<const char*>(mapped->data()), mapped->size());
       int64_t line_no = 0;
       for (size_t pos = 0; pos < text.size();) {

@@ -103,13 +103,6 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   // The inputs are memory-mapped, never read whole (issue 47: a 5 GB file ended in a bare
   // std::bad_alloc). A document is tokenized in memory, so one without --split-on is bounded.
   auto text_of = [](const MappedFile& m) { return std::string_view(reinterpret_cast<const char*>(m.data()), m.size()); };
-  auto map_input = [](const std::string& f) {  // an input that cannot be read is a bad input (exit 2)
-    try {
-      return std::make_unique<MappedFile>(f);
-    } catch (const std::runtime_error& e) {
-      throw std::invalid_argument(e.what());
-    }
-  };
   for (const std::string& f : files) {
     std::error_code ec;
     const uint64_t size = fs::file_size(f, ec);
@@ -122,7 +115,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   // Pass 1: count documents, then choose the val ones.
   int64_t n_docs = 0;
   for (const std::string& f : files) {
-    const std::unique_ptr<MappedFile> mapped = map_input(f);
+    const std::unique_ptr<MappedFile> mapped = map_input_file(f);
     for_each_document(text_of(*mapped), opt.split_on, [&](std::string_view d) {
       if (d.size() > kMaxDocumentBytes)
         throw std::invalid_argument(f + ": a document of " + std::to_string(d.size() >> 20) + " MiB (document " +
@@ -158,7 +151,7 @@ PrepTextSummary prep_text(const PrepTextOptions& opt) {
   std::vector<int32_t> ids;
   int64_t doc = 0;
   for (const std::string& f : files) {
-    const std::unique_ptr<MappedFile> mapped = map_input(f);
+    const std::unique_ptr<MappedFile> mapped = map_input_file(f);
     const std::string_view text = text_of(*mapped);
     s.bytes += static_cast<int64_t>(text.size());
     for_each_document(text, opt.split_on, [&](std::string_view d) {

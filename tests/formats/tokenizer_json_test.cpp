@@ -31,11 +31,6 @@ const nlohmann::json& fixture() {
   return j;
 }
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // The fixture's tokenizers: the two files as released, and Llama 3.2's with ignore_merges (as
 // Llama 3 and 3.1 ship it), written where the test can load it.
 const BpeTokenizer& tokenizer(const std::string& name) {
@@ -44,7 +39,7 @@ const BpeTokenizer& tokenizer(const std::string& name) {
   if (!t) {
     std::string file = tokenizer_file(name == "llama3.2-im" ? "llama3.2" : name);
     if (name == "llama3.2-im") {
-      nlohmann::json j = nlohmann::json::parse(read_all(file));
+      nlohmann::json j = nlohmann::json::parse(test::read_text(file));
       j["model"]["ignore_merges"] = true;
       file = test::temp_dir("tokjson") + "/ignore_merges.json";
       test::write_text(file, j.dump());
@@ -54,18 +49,13 @@ const BpeTokenizer& tokenizer(const std::string& name) {
   return *t;
 }
 
-// Every fortune, as the fixture script reads them: files sorted, split at "\n%\n", blank ones
-// dropped, invalid UTF-8 repaired (encode() does that itself).
+// Every fortune, as the fixture script reads them: the files scripts/data.sh reads, split at
+// "\n%\n" (not all_fortunes()' rule: the fixture keeps Python's split), blank ones dropped,
+// invalid UTF-8 repaired (encode() does that itself).
 std::vector<std::string> fortunes() {
-  std::vector<std::string> files;
-  for (const auto& e : std::filesystem::directory_iterator("/usr/share/games/fortunes")) {
-    const auto ext = e.path().extension();
-    if (e.is_regular_file() && ext != ".dat" && ext != ".u8") files.push_back(e.path().string());
-  }
-  std::sort(files.begin(), files.end());
   std::vector<std::string> out;
-  for (const std::string& f : files) {
-    const std::string text = read_all(f);
+  for (const std::string& f : test::fortune_files()) {
+    const std::string text = test::read_text(f);
     for (size_t start = 0;;) {
       const size_t end = text.find("\n%\n", start);
       std::string t = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
@@ -165,7 +155,7 @@ TEST(TokenizerJson, AddedTokensSplitTheTextAndTheTemplateAddsBos) {
 // component, rather than tokenizing otherwise than the model was trained.
 TEST(TokenizerJson, ComponentsNotImplementedAreRefusedByName) {
   FLOWRUN_NEEDS_DATA(tokenizer_file("qwen3"));
-  const nlohmann::json base = nlohmann::json::parse(read_all(tokenizer_file("qwen3")));
+  const nlohmann::json base = nlohmann::json::parse(test::read_text(tokenizer_file("qwen3")));
   const std::string dir = test::temp_dir("tokjson_refused");
   auto error_of = [&](const std::function<void(nlohmann::json&)>& edit) -> std::string {
     nlohmann::json j = base;
