@@ -2,6 +2,8 @@
 // shared file per folder and process. The format is described in tfevents.hpp.
 #include "formats/tfevents.hpp"
 
+#include "formats/crc32c.hpp"
+
 #include <unistd.h>
 
 #include <array>
@@ -17,16 +19,6 @@ namespace flowrun::tfevents {
 namespace {
 
 // ---- CRC32C (Castagnoli), table-driven, reflected polynomial 0x82f63b78 ----------------------
-
-std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
-  for (uint32_t i = 0; i < 256; ++i) {
-    uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-    t[i] = c;
-  }
-  return t;
-}
 
 // ---- protocol buffer encoding: the three wire types used ------------------------------------
 // A field key is (field number << 3) | wire type: 0 varint, 1 fixed64, 2 length-delimited,
@@ -92,16 +84,8 @@ std::string io_error(const std::string& what, const std::string& path) {
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = make_crc_table();
-  const auto* p = static_cast<const uint8_t*>(data);
-  crc = ~crc;
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
-  return ~crc;
-}
-
 uint32_t masked_crc32c(const void* data, size_t n) {
-  const uint32_t c = crc32c(data, n);
+  const uint32_t c = flowrun::crc32c(data, n);  // formats/crc32c.hpp
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 

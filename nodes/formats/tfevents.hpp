@@ -36,7 +36,6 @@
 
 namespace flowrun::tfevents {
 
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);  // crc: a previous result to extend
 uint32_t masked_crc32c(const void* data, size_t n);
 std::string record(const std::string& data);  // the framing above around one serialized Event
 

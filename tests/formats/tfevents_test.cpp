@@ -28,17 +28,9 @@ uint64_t le(const std::string& s, size_t at, int n) {
   return v;
 }
 
-// RFC 3720 (iSCSI) appendix B.4 and the common "123456789" check value.
-TEST(TfEvents, Crc32cMatchesPublishedCheckValues) {
-  EXPECT_EQ(crc32c("123456789", 9), 0xe3069283u);
-  const std::string zeros(32, '\0'), ones(32, '\xff');
-  EXPECT_EQ(crc32c(zeros.data(), 32), 0x8a9136aau);
-  EXPECT_EQ(crc32c(ones.data(), 32), 0x62a8ab43u);
-  std::string inc(32, '\0');
-  for (int i = 0; i < 32; ++i) inc[i] = static_cast<char>(i);
-  EXPECT_EQ(crc32c(inc.data(), 32), 0x46dd794eu);
-  EXPECT_EQ(crc32c("6789", 4, crc32c("12345", 5)), 0xe3069283u);  // extends
-  const uint32_t c = 0xe3069283u;
+// The masking over the CRC32C (formats/crc32c.hpp, whose test checks the CRC's published values).
+TEST(TfEvents, MaskedCrcRotatesAndOffsetsTheCrc32c) {
+  const uint32_t c = 0xe3069283u;  // CRC32C("123456789")
   EXPECT_EQ(masked_crc32c("123456789", 9), ((c >> 15) | (c << 17)) + 0xa282ead8u);
 }
 
