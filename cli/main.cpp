@@ -24,6 +24,7 @@ static const char* kUsage =
     "       flowrun plan FILE [KEY=VALUE...] --devices N        the fastest layout of N devices that fits, from a profile\n"
     "       flowrun nodes [TYPE] [--plugin LIB.so]              list node types, or one type's ports and parameters\n"
     "       flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text files\n"
+    "       flowrun ckpt list|verify|consolidate ...            checkpoints: list, check their checksums, make one file\n"
     "       flowrun COMMAND --help                              help for one command\n"
     "\n"
     "where the time goes: run.profile=true (a table per node at the end), run.trace=FILE (Chrome trace),\n"
@@ -91,7 +92,7 @@ static int dispatch(const std::vector<std::string>& args) {
   if (cmd == "explain") return flowrun::cli::cmd_explain(rest);
   if (cmd == "nodes") return flowrun::cli::cmd_nodes(rest);
   // These two need libtorch: torch_side.hpp opens the library that has them.
-  if (cmd == "plan" || cmd == "prep") return flowrun::cli::torch_command(cmd, rest);
+  if (cmd == "plan" || cmd == "prep" || cmd == "ckpt") return flowrun::cli::torch_command(cmd, rest);
   if (cmd.size() > 5 && (cmd.rfind(".yaml") == cmd.size() - 5 || cmd.rfind(".yml") == cmd.size() - 4))
     return flowrun::cli::cmd_run(args);
   if (cmd.find('/') != std::string::npos || cmd.find('.') != std::string::npos) return flowrun::cli::cmd_run(args);

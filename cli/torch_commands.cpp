@@ -1,11 +1,12 @@
 // libflowrun_cli_torch.so: the commands of the flowrun binary that need libtorch (torch_side.hpp
-// says why they live apart): running a checked graph, `flowrun plan`, `flowrun prep`.
+// says why they live apart): running a checked graph, `flowrun plan`, `flowrun prep`, `flowrun ckpt`.
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "commands.hpp"
 #include "prep/prep.hpp"
+#include "state/ckpt_command.hpp"
 #include "run_session.hpp"
 #include "torch_side.hpp"
 
@@ -19,6 +20,7 @@ extern "C" int flowrun_cli_torch_command(const char* name, const std::vector<std
   const std::string cmd = name;
   if (cmd == "plan") return flowrun::cli::cmd_plan(*args);
   if (cmd == "prep") return flowrun::prep_command(*args);
+  if (cmd == "ckpt") return flowrun::ckpt_command(*args);
   std::fprintf(stderr, "flowrun: no command '%s' in libflowrun_cli_torch.so\n", name);
   return 2;
 }

@@ -12,6 +12,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #ifdef FLOWRUN_MPI
@@ -754,6 +755,33 @@ void allreduce(Channel& ch, double* data, size_t count, Op op, const std::string
 
 void broadcast(Channel& ch, void* data, size_t bytes, int root, const std::string& what) {
   ch.broadcast(data, bytes, root, what).wait();
+}
+
+std::vector<std::string> allgather_text(Channel& ch, const std::string& mine, const std::string& what) {
+  const auto n = static_cast<size_t>(ch.size());
+  std::vector<uint64_t> lengths(n, 0);
+  const uint64_t own = mine.size();
+  ch.allgather(&own, lengths.data(), sizeof own, what + " (lengths)").wait();
+  std::vector<size_t> counts(lengths.begin(), lengths.end());
+  size_t total = 0, at = 0;
+  for (size_t c : counts) total += c;
+  std::string all(total, '\0');
+  for (size_t r = 0; r < static_cast<size_t>(ch.rank()); ++r) at += counts[r];
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(at));
+  if (total > 0) ch.allgather_blocks(all.data(), counts, 1, what).wait();
+  std::vector<std::string> out;
+  at = 0;
+  for (size_t c : counts) {
+    out.push_back(all.substr(at, c));
+    at += c;
+  }
+  return out;
+}
+
+std::string host_name() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) return "?";
+  return host;
 }
 
 // ---- failure --------------------------------------------------------------------------------

@@ -154,5 +154,10 @@ void abort_job(const std::string& message, int code = 1);
 // Blocking helpers over a channel (submit + wait).
 void allreduce(Channel& ch, double* data, size_t count, Op op, const std::string& what);
 void broadcast(Channel& ch, void* data, size_t bytes, int root, const std::string& what);
+// Every rank's `mine` (of any length), in the channel's rank order: the lengths, then the bytes.
+std::vector<std::string> allgather_text(Channel& ch, const std::string& mine, const std::string& what);
+
+// This machine's name (gethostname), for messages that name where a rank runs.
+std::string host_name();
 
 }  // namespace flowrun::comm

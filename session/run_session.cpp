@@ -384,8 +384,25 @@ std::optional<int> RunSession::start() {
     fs::remove(probe, ec);
   }
 
+  // The chosen checkpoint's files verified against their checksums (the ranks share the reading);
+  // run.resume=auto passes a damaged one over for the next older complete one, with a warning
+  // naming the file; a damaged PATH is refused.
   try {
-    m.resume = find_resume_point(g, info_.out_dir);
+    std::map<std::string, std::string> damaged;
+    std::shared_ptr<comm::Channel> verify;
+    if (comm::distributed()) verify = comm::Channel::create("resume: verifying the checkpoint");
+    for (;;) {
+      m.resume = find_resume_point(g, info_.out_dir, damaged);
+      if (!m.resume) break;
+      const std::string bad = verify_checkpoint(m.resume->folder, verify.get());
+      if (bad.empty()) break;
+      if (g.settings.resume != "auto")
+        throw std::runtime_error("run.resume=" + g.settings.resume + ": the checkpoint is damaged: " + bad +
+                                 "; name another checkpoint folder, or use run.resume=auto (the newest complete one "
+                                 "that verifies)");
+      spdlog::warn("run.resume=auto: {} is damaged: {}; looking for an older complete checkpoint", m.resume->folder, bad);
+      damaged[m.resume->folder] = bad;
+    }
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return 2;

@@ -1,5 +1,7 @@
 #include "common/safetensors.hpp"
 
+#include "formats/crc32c.hpp"
+
 #include "formats/files.hpp"
 #include "formats/safetensors_header.hpp"
 
@@ -168,7 +170,7 @@ void release_pages(const torch::Tensor& t) {
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
-void save(const std::string& path, const Tensors& tensors, const Metadata& metadata) {
+void save(const std::string& path, const Tensors& tensors, const Metadata& metadata, Written* written) {
   nlohmann::json h = nlohmann::json::object();
   if (!metadata.empty()) h["__metadata__"] = metadata;
   // The data in the reference writer's order: by element size, largest first, then by name, so
@@ -195,9 +197,24 @@ void save(const std::string& path, const Tensors& tensors, const Metadata& metad
     uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) n8[i] = static_cast<unsigned char>(n >> (8 * i));
     bool ok = std::fwrite(n8, 1, 8, fp) == 8 && std::fwrite(header.data(), 1, header.size(), fp) == header.size();
-    for (const auto& t : data) {
+    uint32_t crc = 0;
+    if (written) {
+      crc = crc32c(header.data(), header.size(), crc32c(n8, 8));
+      written->tensor_crc32c.clear();
+    }
+    for (size_t i = 0; i < data.size(); ++i) {
+      const torch::Tensor& t = data[i];
       const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
       ok = ok && std::fwrite(t.data_ptr(), 1, bytes, fp) == bytes;
+      if (written) {
+        const uint32_t own = crc32c(t.data_ptr(), bytes);
+        written->tensor_crc32c[order[i].first] = own;
+        crc = crc32c(t.data_ptr(), bytes, crc);
+      }
+    }
+    if (written) {
+      written->bytes = 8 + header.size() + off;
+      written->crc32c = crc;
     }
     ok = ok && std::fflush(fp) == 0 && fsync(fileno(fp)) == 0;
     ok = (std::fclose(fp) == 0) && ok;

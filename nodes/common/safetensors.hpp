@@ -41,7 +41,14 @@ void release_pages(const torch::Tensor& t);
 // Writes CPU copies of `tensors` (contiguous) to PATH.tmp, fsyncs, then renames to PATH, so a
 // crash never leaves a half-written PATH. The data lies as the reference writer lays it: larger
 // elements first, so each tensor starts aligned to its element size.
-void save(const std::string& path, const Tensors& tensors, const Metadata& metadata = {});
+// `written`, when given, gets what a checkpoint's manifest records, computed from the bytes as
+// they are written (never read back): the file's size and CRC32C, and each tensor's bytes' CRC32C.
+struct Written {
+  uint64_t bytes = 0;
+  uint32_t crc32c = 0;
+  std::map<std::string, uint32_t> tensor_crc32c;
+};
+void save(const std::string& path, const Tensors& tensors, const Metadata& metadata = {}, Written* written = nullptr);
 
 // "F32", "BF16", ... for a torch dtype, and back; throws for dtypes safetensors lacks.
 std::string dtype_name(torch::ScalarType t);

@@ -24,7 +24,7 @@
 // delta: with the outputs B's rows (A whole on every rank, its gradient summed over the group),
 // with the inputs A's columns (B whole, its gradient summed). A is drawn whole and cut, the
 // dropout mask of a split input cut from the whole input's, so adapters train alike at any tp;
-// exports and checkpoints hold whole tensors (adapter_tp_split).
+// exports hold whole tensors, checkpoints each rank's parts placed in them (adapter_tp_split).
 //
 // PEFT files (export_peft / load_peft): DIR/adapter_model.safetensors holds
 // "base_model.model.<path>.lora_A.weight" / ".lora_B.weight" for every adapted layer;

@@ -1,12 +1,13 @@
 // ModelLayout: how a model's tensors lie over the ranks of a parallel run, one part of its
 // ModelState (models/model_state.hpp): the tensor-parallel parts, the pipeline stages, the ZeRO-3
-// shards, and what a checkpoint gathers whole from them. A model of one process leaves every
+// shards, and what an export gathers whole from them. A model of one process leaves every
 // field null: its module holds every tensor whole.
 //
 // Who sets what: the family's model node sets `tp`, `splits_over_tp`, `vocab_split_logits`,
 // `tied` and `stages` at setup from its declaration (models/family.hpp hold_declared); the optimizer sets `shards` at its setup under the zero
 // node's stage params (train/fully_sharded.hpp); the checkpoint's collect (model_state.cpp,
-// collective over the checkpoint's own channels) fills `gathered`, which it saves and exports.
+// collective over the checkpoint's own channels) fills `gathered` under exports: true, which the
+// exporters write (a checkpoint's own files are each rank's pieces, never gathered).
 #pragma once
 #include <torch/torch.h>
 
@@ -30,11 +31,11 @@ class Group;      // parallel/collectives.hpp
 
 struct ModelLayout {
   // Tensor parallel (run.parallel.tp > 1): the module holds this rank's parts of the split
-  // tensors, laid out as `tp` says (its group: this rank's place among the tp ranks). Checkpoints
-  // hold whole tensors: the checkpoint's collect gathers them into `gathered` on the writing
-  // rank, which is what it saves and exports (lora::peft_files); a load (resume) takes whole
-  // tensors and keeps this rank's parts; the start-up broadcast leaves the parts alone. Null: the
-  // module is whole.
+  // tensors, laid out as `tp` says (its group: this rank's place among the tp ranks). A
+  // checkpoint writes this rank's parts as boxes of the whole tensors and a load (resume) reads
+  // them back at any layout (model_state.cpp); exports are whole: under exports: true the
+  // checkpoint's collect gathers them into `gathered` on rank 0, which the exporters write
+  // (lora::peft_files); the start-up broadcast leaves the parts alone. Null: the module is whole.
   std::shared_ptr<const parallel::TpLayout> tp;
   std::map<std::string, torch::Tensor> gathered;
   // Whether tensor parallel splits a parameter (by name), set by a family that splits at any tp:
@@ -52,8 +53,9 @@ struct ModelLayout {
   std::vector<std::string> tied;
 
   // Pipeline parallel (run.parallel.pp > 1; models/stages.hpp): the module holds this rank's
-  // chunks of the model only, named as in the whole model; checkpoints gather the stages' tensors
-  // on the writer, and a load takes the names this rank holds. Null: the module is every stage.
+  // chunks of the model only, named as in the whole model; a checkpoint writes each stage's
+  // tensors from that stage's ranks, and a load reads the names this rank holds. Null: the module
+  // is every stage.
   std::shared_ptr<const Stages> stages;
 
   // ZeRO stage 3 (the zero node's stage: params; train/fully_sharded.hpp, set up by the
@@ -64,7 +66,8 @@ struct ModelLayout {
     virtual ~Shards() = default;
     // A use over `group` (this node's channel over the data-parallel ranks; null with one).
     virtual std::unique_ptr<ParamUse> open(parallel::Group* group, const std::string& what) = 0;
-    // Every trainable parameter whole, by name: collective over `group` (a checkpoint's).
+    // Every trainable parameter whole, by name: collective over `group` (an exports: true
+    // checkpoint's).
     virtual std::map<std::string, torch::Tensor> wholes(parallel::Group& group) = 0;
     // Whole values in by name, this rank keeping its slice; returns the ones not its own (buffers).
     virtual std::map<std::string, torch::Tensor> load(const std::map<std::string, torch::Tensor>& whole) = 0;
@@ -75,6 +78,16 @@ struct ModelLayout {
     virtual std::shared_ptr<Shards> copy_for(ModelState& copy) const = 0;
     // This rank's slice of each flat buffer (what an average combines, slice by slice).
     virtual std::vector<torch::Tensor>& slices() = 0;
+    // The same as ranges of the parameters (what a per-rank checkpoint writes and reads, in
+    // place): parameter `name`, of `shape` (this rank's tp part under tp), holds its row-major
+    // elements [offset, offset + data.numel()) in `data`, a 1-D view of a slice.
+    struct Range {
+      std::string name;
+      std::vector<int64_t> shape;
+      int64_t offset = 0;
+      torch::Tensor data;
+    };
+    virtual std::vector<Range> ranges() = 0;
   };
   std::shared_ptr<Shards> shards;
 };

@@ -47,6 +47,12 @@ std::string apply_lora_param(SetupContext& ctx, torch::nn::Module& module, uint6
 // checkpoint"); a missing one is refused saying what it should be.
 std::string weights_path(SetupContext& ctx, const std::string& weights_are) {
   const std::string path = resolve_latest(ctx.params().get<std::string>("weights"));
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (!std::filesystem::is_regular_file(path) && std::filesystem::is_regular_file(folder / "manifest.json"))
+    throw std::runtime_error(ctx.who() + ": weights: " + path + " does not exist: " + folder.string() +
+                             " is a checkpoint that several ranks wrote, each its own pieces of every state; make the "
+                             "file with `flowrun ckpt consolidate " + folder.string() + " FILE.safetensors --state " +
+                             std::filesystem::path(path).stem().string() + "` and set " + ctx.name() + ".weights=FILE");
   if (!std::filesystem::is_regular_file(path))
     throw std::runtime_error(ctx.who() + ": weights: " + path + " does not exist (it should be " + weights_are +
                              "); set " + ctx.name() + ".weights=PATH, or null to start from the seeded init");

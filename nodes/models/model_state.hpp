@@ -12,8 +12,8 @@
 // (requires_grad(false)) and leave only the adapters trainable.
 //
 // Its parts, each in a file of its own: how its tensors lie over the ranks of a parallel run
-// (models/model_layout.hpp: tensor-parallel parts, pipeline stages, ZeRO-3 shards, what a
-// checkpoint gathers) and what its training holds in memory (models/model_memory.hpp); here,
+// (models/model_layout.hpp: tensor-parallel parts, pipeline stages, ZeRO-3 shards, what an
+// export gathers) and what its training holds in memory (models/model_memory.hpp); here,
 // the module, its forward, and what the model can do beyond forward (export its adapters,
 // condition a batch, encode/decode images, caption).
 //

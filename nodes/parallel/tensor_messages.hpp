@@ -1,8 +1,9 @@
 // Named tensors from one rank to another over a group's point-to-point messages
-// (collectives.hpp): a pipeline stage's activations and their gradients, a stage's state to the
-// checkpoint's writer. The receiver need not know the shapes: each message is a header (its label,
-// and each tensor's name, dtype and shape, on the host) followed by the tensors themselves (CPU
-// tensors over MPI, CUDA ones over NCCL, on the device the receiver asks for).
+// (collectives.hpp): a pipeline stage's activations and their gradients, a stage's state to
+// rank 0 for a checkpoint's exports. The receiver need not know the shapes: each message is a
+// header (its label, and each tensor's name, dtype and shape, on the host) followed by the
+// tensors themselves (CPU tensors over MPI, CUDA ones over NCCL, on the device the receiver asks
+// for).
 //
 //   Outbox out;                                   // keeps what is in flight alive
 //   send_tensors(group, peer, "act F3.1", {{"x", x}}, out);   // returns at once

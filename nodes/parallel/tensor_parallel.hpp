@@ -97,9 +97,11 @@ torch::Tensor tp_whole(const torch::Tensor& part, const TpSplit& s, Group& tp, c
 // A split model's layout, for the states that hold its tensors by name (its parameters, their
 // optimizer moments, an EMA's copy): the tp group (the model node's: this rank's place among
 // the tp ranks), and each parameter's split by its name.
-// Checkpoints keep whole tensors under today's names, whatever the layout: wholes() before a
-// save (collective over `over`, the gathering node's own channel over the same tp ranks),
-// parts() after a load. A tensor is split only when it has the split's
+// Checkpoints name the whole tensors by today's names, whatever the layout: each rank writes and
+// reads its parts as boxes of them (parallel/placement.hpp, by `split`). wholes() gathers the
+// parts (collective over `over`, the gathering node's own channel over the same tp ranks) for
+// what must be whole: a checkpoint's exports (exports: true); parts() cuts whole tensors (a
+// weights file, a whole state) into this rank's. A tensor is split only when it has the split's
 // dimension (a moment's 0-d step counter is not). `param_of` maps a state's tensor name to its
 // parameter's ("h.0.mlp.c_fc.weight.exp_avg" -> "h.0.mlp.c_fc.weight"); identity by default.
 struct TpLayout {

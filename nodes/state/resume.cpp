@@ -16,10 +16,12 @@
 #include "formats/files.hpp"
 #include "common/safetensors.hpp"
 #include "common/state_io.hpp"
+#include "comm.hpp"
 #include "executor.hpp"
 #include "parallel/layout.hpp"
 #include "spec.hpp"
 #include "formats/checkpoint_io.hpp"
+#include "state/checkpoint_read.hpp"
 
 namespace flowrun {
 
@@ -58,17 +60,46 @@ std::string missing_states(const ckpt::Manifest& m, const std::set<std::string>&
 
 }  // namespace
 
-std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir) {
+std::string verify_checkpoint(const std::string& folder, comm::Channel* channel) {
+  std::string mine;
+  try {
+    const ckpt::Manifest m = ckpt::read_manifest(folder);
+    const int rank = channel ? channel->rank() : 0, ranks = channel ? channel->size() : 1;
+    int i = 0;
+    for (const auto& [name, entry] : m.files)
+      if (i++ % ranks == rank)
+        if (const std::string p = ckpt::verify_file(folder, name, entry); !p.empty()) mine += (mine.empty() ? "" : "; ") + p;
+  } catch (const std::exception& e) {
+    mine = e.what();
+  }
+  if (!channel) return mine;
+  std::string all;
+  for (const std::string& p : comm::allgather_text(*channel, mine, "verifying " + folder))
+    if (!p.empty() && all.find(p) == std::string::npos) all += (all.empty() ? "" : "; ") + p;
+  return all;
+}
+
+std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir,
+                                             const std::map<std::string, std::string>& damaged) {
   const std::string& resume = g.settings.resume;
   const auto nodes = checkpoint_nodes(g);
   auto dir_of = [&](const NodeSpec* n) { return (fs::path(out_dir) / n->params["dir"].as<std::string>()).string(); };
   // Complete checkpoints in this graph's folders after `step`: resuming at `step` would write
   // those steps again, over them.
+  // Damaged ones (a file whose bytes changed) are only named: resuming before them is the repair.
   auto later_than = [&](int64_t step) {
     std::string later;
     for (const NodeSpec* n : nodes)
-      for (const auto& f : ckpt::checkpoints(dir_of(n)))
-        if (f.problem.empty() && f.step > step) later += (later.empty() ? "" : ", ") + f.folder;
+      for (const auto& f : ckpt::checkpoints(dir_of(n))) {
+        if (f.step <= step) continue;
+        const std::string bad = f.problem.empty() ? verify_checkpoint(f.folder, nullptr) : f.problem;
+        if (bad.empty())
+          later += (later.empty() ? "" : ", ") + f.folder;
+        else if (f.step > 0)
+          spdlog::warn("run.resume={}: the later checkpoint {} is damaged ({}); resuming before it, this run writes "
+                       "its step again (the damaged folder is moved aside to replaced.*)",
+                       resume, f.folder, bad);
+      }
     return later;
   };
 
@@ -130,6 +161,13 @@ std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::stri
     } else {
       try {
         latest_step = ckpt::read_manifest(dir + "/" + name).step;
+        // Its manifest reads, but a file is missing or of another size (the folders with a
+        // problem come last in `found`: the loop below stops before them).
+        for (const auto& f : found)
+          if (fs::path(f.folder).filename().string() == name && !f.problem.empty()) {
+            notes.push_back(dir + "/latest names " + name + ", which cannot be used: " + f.problem);
+            latest_step = -1;
+          }
       } catch (const std::exception& e) {
         notes.push_back(dir + "/latest names " + name + ", which cannot be used: " + e.what());
       }
@@ -138,6 +176,11 @@ std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::stri
       // The folder `latest` names, passed over: the warning says why (issue 47: it said only
       // what it resumed from instead).
       const bool named = !name.empty() && fs::path(f.folder).filename().string() == name;
+      if (const auto d = damaged.find(f.folder); d != damaged.end() && f.problem.empty()) {
+        problems += "\n  " + f.folder + ": damaged: " + d->second;
+        notes.push_back(f.folder + (named ? ", which latest names," : "") + " is damaged: " + d->second);
+        continue;
+      }
       if (!f.problem.empty()) {
         problems += "\n  " + f.problem;
         if (named && latest_step >= 0)  // (an unreadable manifest was noted above)
@@ -293,7 +336,8 @@ std::vector<std::string> changed_settings(const RunRecord& saved, const RunRecor
 }
 
 void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {
-  ckpt::Manifest m = ckpt::read_manifest(p.folder);
+  const CheckpointReader reader(p.folder);
+  const ckpt::Manifest& m = reader.manifest();
   // Settings that differ from the run that wrote the checkpoint: allowed (a new lr for the rest
   // of a run is a common recipe), never silent.
   if (!m.config.empty()) {
@@ -314,7 +358,9 @@ void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {
         if (!m.states.count(r.str()))
           throw std::runtime_error("checkpoint " + p.folder + " has no state '" + r.str() +
                                    "', which node '" + n->name + "' saves; it was written by another graph?");
-  for (const auto& [ref, file] : m.states) {
+  // Each state reads what this rank holds of it (StateIO::load_from: only its boxes of the saved
+  // chunks, whatever layout wrote them), or its tensors whole.
+  for (const auto& [ref, _] : m.states) {
     const size_t dot = ref.find('.');
     Value* v = nullptr;
     try {
@@ -324,11 +370,19 @@ void restore(Executor& ex, const GraphSpec& g, const ResumePoint& p) {
     }
     const StateIO* io = find_state_io(*v);
     if (!io) throw std::runtime_error("state '" + ref + "' (" + v->type_name() + ") cannot be restored: no StateIO");
-    safetensors::File f = safetensors::load(p.folder + "/" + file);
+    const std::unique_ptr<StateSource> src = reader.state(ref);
     try {
-      io->load(*v, f.tensors);
+      if (io->load_from) {
+        io->load_from(*v, *src);
+      } else {
+        NamedTensors whole;
+        for (const auto& name : src->names()) whole[name] = src->whole(name);
+        io->load(*v, whole);
+      }
+    } catch (const DamagedCheckpoint&) {
+      throw;
     } catch (const std::exception& e) {
-      throw std::runtime_error("restoring '" + ref + "' from " + p.folder + "/" + file + ": " + e.what());
+      throw std::runtime_error("restoring '" + ref + "' from " + src->where() + ": " + e.what());
     }
   }
   if (!m.rng_file.empty()) {

@@ -2,6 +2,7 @@
 // executor's state objects. Torch-free interface: the run session (session/) includes it.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -10,6 +11,9 @@ namespace flowrun {
 
 class Executor;
 struct GraphSpec;
+namespace comm {
+class Channel;
+}
 
 struct ResumePoint {
   std::string folder;  // the checkpoint folder (with manifest.json)
@@ -21,14 +25,24 @@ struct ResumePoint {
 //          (they would be replaced);
 //   never  start at step 1 anyway (the checkpoint node moves the old folders aside once the new
 //          run's first checkpoint is complete: a run that fails before has lost nothing);
-//   auto   the newest complete checkpoint (by its manifest) of any of the graph's checkpoint
-//          nodes that holds every state the graph saves: normally what `latest` names; when
-//          `latest` is missing, empty, unusable or names an older one, a warning says so; no
-//          step folders at all: start at step 1; step folders but none usable: refused;
+//   auto   the newest complete checkpoint (by its manifest, its files all there at their sizes)
+//          of any of the graph's checkpoint nodes that holds every state the graph saves and is
+//          not in `damaged` (folder -> why: what verify_checkpoint found): normally what
+//          `latest` names; when `latest` is missing, empty, unusable, damaged or names an older
+//          one, a warning says so; no step folders at all: start at step 1; step folders but none
+//          usable: refused;
 //   PATH   that checkpoint folder; refused when this run's folders hold later complete
-//          checkpoints (resuming would write those steps again, over them).
+//          checkpoints whose files verify (resuming would write those steps again, over them);
+//          later ones that are damaged are named in a warning.
 // Throws with a message that says what to do.
-std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir);
+std::optional<ResumePoint> find_resume_point(const GraphSpec& g, const std::string& out_dir,
+                                             const std::map<std::string, std::string>& damaged = {});
+
+// A checkpoint's files read whole and their CRC32C compared with its manifest's, shared out over
+// the ranks of `channel` (rank r reads files r, r + world, ...; null: this process reads them all).
+// Collective: every rank gets the same answer, "" or what is damaged, naming the files. A
+// manifest of version 1 (no checksums) checks nothing.
+std::string verify_checkpoint(const std::string& folder, comm::Channel* channel);
 
 // Load every saved state into the executor's state objects (by ref, e.g. "model.params") and
 // restore the global RNG. Every state a checkpoint node of this graph saves must be in it.

@@ -1,5 +1,6 @@
 // ZeRO stage 3's sharded parameters (fully_sharded.hpp): the units, gathering and letting go,
-// the use forward_backward and the readers open, checkpoints' whole tensors and loads.
+// the use forward_backward and the readers open, the whole tensors an export gathers, the ranges a
+// checkpoint writes and reads, and loads.
 // Tests: tests/mpi/mpi_test.sh (zero_params), tests/nodes/graph_gpt_test.cpp (ZeRO.Params*).
 #include "train/fully_sharded.hpp"
 
@@ -345,7 +346,7 @@ std::map<std::string, torch::Tensor> ShardedParams::wholes(parallel::Group& grou
   for (const Part& part : parts_) {
     if (part.plan.groups.empty()) continue;
     const ShardPlan::Group& g = part.plan.groups[0];
-    // On the host, as the optimizer's moments are gathered for a checkpoint.
+    // On the host, as the optimizer's moments are gathered (for an exports: true checkpoint).
     torch::Tensor whole = torch::zeros({g.numel}, part.slices[0].options().device(torch::kCPU));
     whole.narrow(0, g.begin, g.end - g.begin).copy_(part.slices[0]);
     if (part.plan.world > 1) group.all_gather(whole, g.counts(), "ZeRO-3: the parameters whole for a checkpoint").wait();
@@ -373,6 +374,16 @@ std::map<std::string, torch::Tensor> ShardedParams::load(const std::map<std::str
     for (const std::string& name : part.plan.names) rest.erase(name);
   }
   return rest;
+}
+
+std::vector<ModelState::Shards::Range> ShardedParams::ranges() {
+  std::vector<Range> out;
+  for (Part& part : parts_)
+    for (const ShardPlan::Piece& piece : part.plan.pieces) {
+      const auto i = static_cast<size_t>(piece.param);
+      out.push_back({part.plan.names[i], part.plan.shapes[i], piece.offset, part.slices[0].narrow(0, piece.at, piece.numel)});
+    }
+  return out;
 }
 
 ShardedReader::ShardedReader(ModelState& model, parallel::Group* group, const std::string& what)

@@ -72,6 +72,7 @@ class ShardedParams : public ModelState::Shards {
   std::unique_ptr<ParamUse> open(parallel::Group* group, const std::string& what) override;
   std::map<std::string, torch::Tensor> wholes(parallel::Group& group) override;
   std::map<std::string, torch::Tensor> load(const std::map<std::string, torch::Tensor>& whole) override;
+  std::vector<Range> ranges() override;
   std::shared_ptr<Shards> copy_for(ModelState& copy) const override;
   std::shared_ptr<torch::nn::Module> fresh_module() const override;
   std::vector<torch::Tensor>& slices() override { return parts_[0].slices; }

@@ -15,6 +15,7 @@
 #include "common/device.hpp"
 #include "common/state_io.hpp"
 #include "parallel/collectives.hpp"
+#include "parallel/placement.hpp"
 #include "parallel/tensor_messages.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "parallel/zero_plan.hpp"
@@ -65,7 +66,7 @@ int64_t nonfinite_count(const OptimizerState& st) {
 torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& params, const Grads& grads,
                                const OptimConfig& cfg, double lr, const torch::Tensor& norm_of_all) {
   torch::NoGradGuard no_grad;
-  st.gathered.clear();  // a checkpoint's copy of the whole moments: stale from here on
+  st.gathered.clear();  // what an exports: true checkpoint's collect gathered: stale from here on
   if (grads.size() != params.size())
     throw std::runtime_error("got " + std::to_string(grads.size()) + " grads for " + std::to_string(params.size()) +
                              " trainable parameters");
@@ -184,8 +185,9 @@ class OptimizerNode : public Node {
     note_memory(ctx);
     auto state = std::make_shared<OptimizerState>();
     const ModelState& model = ctx.state_as<ModelState>("model");
-    // A model split over tp: its moments are split alike (checkpoints gather them whole; a rule's
-    // own statistics as the rule says, summed over the tp group: Adafactor's rows and columns),
+    // A model split over tp: its moments are split alike (a checkpoint writes each rank's parts,
+    // placed in the whole tensors; a rule's own statistics as the rule says, summed over the tp
+    // group: Adafactor's rows and columns),
     // and the gradient norm adds the split parameters' squares over the tp group.
     state->tp = model.tp;
     state->rule = cfg_.rule;
@@ -493,7 +495,80 @@ class OptimizerNode : public Node {
 }  // namespace flowrun
 
 FLOWRUN_NODE(optimizer, flowrun::OptimizerNode)
-// Saved and restored by checkpoint/resume; a sharded state is gathered first (collect).
+// Per-rank checkpoints (common/state_io.hpp's pieces): what this rank holds of each tensor of
+// tensors(), placed in the whole: its ZeRO pieces of the parameters' moments (ranges of their
+// row-major elements; the rule's own moments whole with their parameter's owner), under tp its
+// parts, each parameter's step and the update count (the same wherever held: the checkpoint
+// writes them once).
+namespace {
+
+flowrun::parallel::Placement optimizer_placement(const flowrun::OptimizerState& st, const std::string& name) {
+  if (!st.tp || !st.tp->group) return {};
+  return {st.split_of(name), st.tp->group->rank(), st.tp->group->size()};
+}
+
+std::vector<flowrun::TensorPiece> optimizer_pieces(const flowrun::OptimizerState& st) {
+  using flowrun::parallel::add_pieces;
+  std::vector<flowrun::TensorPiece> out;
+  if (!st.shard.sharded() || st.slots.empty()) {
+    for (const auto& [name, t] : st.tensors()) add_pieces(out, name, t, optimizer_placement(st, name));
+    return out;
+  }
+  const flowrun::ShardPlan& plan = st.shard;
+  const size_t flat = st.rule->moments().size();
+  const int64_t fused = st.fused_step.defined() ? static_cast<int64_t>(st.fused_step.item<double>()) : -1;
+  for (size_t k = 0; k < plan.pieces.size(); ++k) {
+    const flowrun::ShardPlan::Piece& piece = plan.pieces[k];
+    const flowrun::OptimizerState::Slot& slot = st.slots[k];
+    const std::vector<int64_t>& shape = plan.shapes[static_cast<size_t>(piece.param)];
+    for (size_t j = 0; j < slot.m.size(); ++j) {
+      if (!slot.m[j].defined()) continue;
+      const std::string name = slot.name + "." + slot.names[j];
+      if (j < flat)
+        flowrun::parallel::add_range_pieces(out, name, slot.m[j].reshape({-1}), shape, piece.offset,
+                                            optimizer_placement(st, name));
+      else
+        add_pieces(out, name, slot.m[j], optimizer_placement(st, name));
+    }
+    add_pieces(out, slot.name + ".step", torch::tensor(fused >= 0 ? fused : slot.step, torch::kInt64), {});
+  }
+  add_pieces(out, "updates", torch::tensor(st.updates, torch::kInt64), {});
+  return out;
+}
+
+// This rank's tensors of the state (its stage's, its tp parts: what expect() lists), each read from
+// its boxes of the saved ones, then load() as a whole state (its checks; ZeRO slices them at the next
+// update). Without expect()'s list: every tensor whole, cut into this rank's parts.
+void optimizer_load_from(flowrun::OptimizerState& st, const flowrun::StateSource& src) {
+  flowrun::NamedTensors t;
+  if (st.expected.empty()) {
+    for (const auto& name : src.names()) t[name] = src.whole(name);
+    st.load(st.tp ? st.tp->parts_by(t, [&](const std::string& n) { return st.split_of(n); }, src.where()) : t);
+    return;
+  }
+  for (const auto& [name, shape] : st.expected) {
+    if (!src.has(name)) continue;  // load() names it missing
+    torch::Tensor local = torch::empty(shape, torch::TensorOptions().dtype(src.dtype(name)));
+    std::vector<flowrun::TensorPiece> pieces;
+    flowrun::parallel::add_pieces(pieces, name, local, optimizer_placement(st, name));
+    if (!pieces.empty() && pieces.front().whole != src.shape(name)) {  // load() refuses it, naming both shapes
+      t[name] = src.whole(name);
+      continue;
+    }
+    for (auto& p : pieces) src.read(name, p.offsets, p.data);
+    t[name] = local;
+  }
+  if (!st.staged)  // a tensor this state does not list: load() refuses it by name
+    for (const auto& name : src.names())
+      if (!st.expected.count(name)) t[name] = src.whole(name);
+  st.load(t);
+}
+
+}  // namespace
+
+// Saved and restored by checkpoint/resume through pieces and load_from (above): each rank its
+// own, nothing gathered. collect (gathering the state whole on rank 0) runs only for a checkpoint
+// with exports: true, which calls it on every state it saves.
 static const bool kOptimizerStateIO = [] {
   using flowrun::OptimizerState;
   flowrun::register_state_io(
@@ -535,6 +610,10 @@ static const bool kOptimizerStateIO = [] {
           [](const flowrun::Value& v) {
             const auto& st = v.as<std::shared_ptr<OptimizerState>>();
             return st->tp != nullptr || st->staged;
+          },
+          [](const flowrun::Value& v) { return optimizer_pieces(*v.as<std::shared_ptr<OptimizerState>>()); },
+          [](flowrun::Value& v, const flowrun::StateSource& src) {
+            optimizer_load_from(*v.as_mut<std::shared_ptr<OptimizerState>>(), src);
           }});
   return true;
 }();

@@ -84,18 +84,20 @@ struct OptimizerState {
   // slot's step.
   torch::Tensor fused_step;
   // Sharded over the ranks (train/optimizer_shard.hpp; world 1: not): the slots are this rank's
-  // pieces of the parameters, and tensors() lists what collect_sharded_state() gathered.
+  // pieces of the parameters (what a checkpoint writes), and tensors() lists what
+  // collect_sharded_state() gathered (an exports: true checkpoint's collect).
   ShardPlan shard;
   std::map<std::string, torch::Tensor> gathered;
   // The model's tensor-parallel layout (ModelState::tp): the moments are split as their
-  // parameters, a rule's own ones as it says (split_of); checkpoints gather them whole into
-  // `gathered` and load whole ones into the parts.
+  // parameters, a rule's own ones as it says (split_of); a checkpoint writes each rank's parts,
+  // placed in the whole tensors, and a load reads them back (an exports: true checkpoint's collect
+  // gathers them whole into `gathered`).
   std::shared_ptr<const parallel::TpLayout> tp;
   // Under tp, each split trainable parameter as a part of its whole (set by expect()): what a
   // rule that is not element-wise shapes its own moments by and sums over (UpdateRule::Part).
   std::map<std::string, UpdateRule::Part> parts;
-  // Pipeline parallel: the moments of this stage's parameters only; checkpoints gather the stages'
-  // on the writer, and a load takes this stage's names (expected) out of the whole state.
+  // Pipeline parallel: the moments of this stage's parameters only; a checkpoint writes them from
+  // this stage's ranks, and a load reads this stage's names (expected) out of the whole state.
   bool staged = false;
   std::map<std::string, torch::Tensor> pending;  // load()ed before the first update
 
@@ -142,7 +144,8 @@ torch::Tensor optimizer_update(OptimizerState& state, const ModelState::Named& p
 // pieces of `params` (the model's trainable parameters, named, module order), moments for its
 // slices only, and what a resume left pending, sliced; optimizer_update then runs on the pieces
 // (shard_pieces). collect_sharded_state: collective; the whole moments and steps gathered from
-// every rank into `gathered`, which tensors() then lists (a checkpoint); nothing when unsharded.
+// every rank into `gathered`, which tensors() then lists (StateIO::collect, which only a checkpoint
+// with exports: true calls; a checkpoint writes the slices themselves); nothing when unsharded.
 void make_shard_slots(OptimizerState& state, const ShardPlan& plan, const ModelState::Named& params,
                       const OptimConfig& cfg);
 void collect_sharded_state(OptimizerState& state, parallel::Group& group);

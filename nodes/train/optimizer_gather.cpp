@@ -1,5 +1,6 @@
-// Gathering a sharded optimizer state for a checkpoint (train/optimizer.hpp:
-// collect_sharded_state): collective, every rank's pieces all-gathered into whole moments.
+// Gathering a sharded optimizer state (train/optimizer.hpp: collect_sharded_state): collective,
+// every rank's pieces all-gathered into whole moments. StateIO::collect: only a checkpoint with
+// exports: true calls it; a checkpoint writes each rank's slices themselves (optimizer.cpp).
 #include <stdexcept>
 
 #include "parallel/collectives.hpp"

@@ -23,10 +23,11 @@
 // for bit on the CPU (stage 2 with clipping: within rounding, the norm being summed in another
 // order).
 //
-// Checkpoints do not depend on the world size: before the checkpoint node snapshots the state,
-// every rank takes part in gathering the moments (collect_sharded_state, its StateIO::collect),
-// and rank 0 writes whole tensors by the parameters' names, as an unsharded optimizer does. A
-// resume, at this world size or another, slices them again.
+// Checkpoints do not depend on the world size: each rank writes its slices of the moments as
+// pieces of the whole tensors, by the parameters' names as an unsharded optimizer's
+// (StateIO::pieces in optimizer.cpp; parallel/placement.hpp), nothing gathered. A resume, at this
+// world size or another, reads this rank's tensors whole (its tp parts of its stage's) and slices
+// them at its first update, holding its replica's moments whole until then.
 #pragma once
 #include <torch/torch.h>
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 
 #include "nodes/data_test_helpers.hpp"
@@ -15,6 +16,7 @@ namespace {
 TEST(CheckpointManifest, RoundTrip) {
   const std::string dir = test::temp_dir("manifest");
   Manifest m;
+  m.version = 1;
   m.step = 42;
   m.graph = "graphs/gpt.yaml";
   m.name = "gpt";
@@ -41,7 +43,7 @@ TEST(CheckpointManifest, EveryBadFieldIsAnErrorNamingFileAndField) {
       {"[1]", "expected a JSON object, got array"},
       {"[1, 8e88889]", "not valid JSON"},  // a number out of range (found by fuzz_manifest)
       {R"({"version": 1, "step": 3, "states": {}})", "field 'format'"},
-      {R"({"format": "flowrun-checkpoint", "version": 2, "step": 3, "states": {}})", "manifest version 2"},
+      {R"({"format": "flowrun-checkpoint", "version": 3, "step": 3, "states": {}})", "manifest version 3"},
       {"{" + ok + R"(, "step": -5, "states": {}})", "field 'step': expected the step number (an integer >= 1), got -5"},
       {"{" + ok + R"(, "step": 18446744073709551615, "states": {}})", "field 'step'"},
       {"{" + ok + R"(, "step": "7", "states": {}})", "field 'step'"},
@@ -72,6 +74,98 @@ TEST(CheckpointManifest, EveryBadFieldIsAnErrorNamingFileAndField) {
   }
   std::filesystem::remove(dir + "/manifest.json");
   EXPECT_THROW(read_manifest(dir), std::runtime_error);  // no manifest: incomplete
+}
+
+// Version 2 (written by every rank, issue 72): files with sizes and checksums, tensors by their
+// whole names with the boxes each file holds.
+Manifest two_ranks() {
+  Manifest m;
+  m.step = 6;
+  m.world = 2;
+  m.mesh = {{"dp", 2}, {"tp", 1}, {"pp", 1}};
+  m.files = {{"model.params.rank00000.safetensors", {100, "0000abcd", 0, "a"}},
+             {"model.params.rank00001.safetensors", {90, "1234abcd", 1, "b"}}};
+  m.states = {{"model.params", ""}};
+  TensorEntry w{"F32", {4, 3}, {}};
+  w.chunks = {{"model.params.rank00000.safetensors", "w[0:2,0:3]", {0, 0}, {2, 3}, "deadbeef"},
+              {"model.params.rank00001.safetensors", "w[2:4,0:3]", {2, 0}, {2, 3}, "feedf00d"}};
+  m.tensors["model.params"]["w"] = w;
+  m.tensors["model.params"]["step"] = {"I64", {}, {{"model.params.rank00001.safetensors", "step", {}, {}, "00000001"}}};
+  return m;
+}
+
+TEST(CheckpointManifest, VersionTwoRoundTripsEveryChunkAndFile) {
+  const std::string dir = test::temp_dir("manifest2");
+  const Manifest m = two_ranks();
+  write_manifest(dir, m);
+  const Manifest r = read_manifest(dir);
+  EXPECT_EQ(r.version, 2);
+  EXPECT_EQ(r.world, 2);
+  EXPECT_EQ(r.mesh, m.mesh);
+  ASSERT_EQ(r.files.size(), 2u);
+  EXPECT_EQ(r.files.at("model.params.rank00001.safetensors").bytes, 90);
+  EXPECT_EQ(r.files.at("model.params.rank00001.safetensors").host, "b");
+  EXPECT_EQ(r.states.count("model.params"), 1u);
+  const TensorEntry& w = r.tensors.at("model.params").at("w");
+  EXPECT_EQ(w.shape, (std::vector<int64_t>{4, 3}));
+  ASSERT_EQ(w.chunks.size(), 2u);
+  EXPECT_EQ(w.chunks[1].offsets, (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(w.chunks[1].crc32c, "feedf00d");
+  EXPECT_TRUE(r.tensors.at("model.params").at("step").shape.empty());
+}
+
+// A manifest whose chunks would leave an element unread, or read it twice, or from a file it does
+// not list, is refused as it is read, naming the field.
+TEST(CheckpointManifest, VersionTwoChunksMustCoverEachTensorExactlyOnce) {
+  const std::string dir = test::temp_dir("manifest2bad");
+  struct Case {
+    std::function<void(Manifest&)> damage;
+    std::string expect;
+  } cases[] = {
+      {[](Manifest& m) { m.tensors["model.params"]["w"].chunks.pop_back(); }, "the chunks hold 6 of the tensor's 12 elements"},
+      {[](Manifest& m) { m.tensors["model.params"]["w"].chunks[1].offsets = {1, 0}; }, "chunks 0 and 1 overlap"},
+      {[](Manifest& m) { m.tensors["model.params"]["w"].chunks[1].offsets = {3, 0}; }, "reaches past the tensor's shape"},
+      {[](Manifest& m) { m.tensors["model.params"]["w"].chunks[0].sizes = {2}; }, "offsets and sizes need 2 entries"},
+      {[](Manifest& m) { m.tensors["model.params"]["w"].chunks[0].file = "other.safetensors"; }, "a file that 'files' lists"},
+      {[](Manifest& m) { m.tensors["model.params"]["w"].chunks[0].crc32c = "xyz"; }, "8 hex digits"},
+      {[](Manifest& m) { m.files["model.params.rank00000.safetensors"].crc32c = "12"; }, "files.model.params.rank00000.safetensors.crc32c"},
+      {[](Manifest& m) { m.files["../x"] = {1, "00000000", 0, ""}; }, "'../x' is not a file name in the checkpoint folder"},
+  };
+  for (const Case& c : cases) {
+    Manifest m = two_ranks();
+    c.damage(m);
+    write_manifest(dir, m);
+    try {
+      read_manifest(dir);
+      ADD_FAILURE() << c.expect << ": no error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.expect), std::string::npos) << e.what();
+    }
+  }
+}
+
+// check_files reads no data: a file missing, shorter or longer than the manifest says is named.
+TEST(CheckpointManifest, CheckFilesNamesAMissingOrTruncatedFile) {
+  const std::string dir = test::temp_dir("manifest2files");
+  const Manifest m = two_ranks();
+  test::write_text(dir + "/model.params.rank00000.safetensors", std::string(100, 'x'));
+  test::write_text(dir + "/model.params.rank00001.safetensors", std::string(90, 'x'));
+  EXPECT_EQ(check_files(dir, m), "");
+  test::write_text(dir + "/model.params.rank00001.safetensors", std::string(50, 'x'));
+  EXPECT_NE(check_files(dir, m).find("model.params.rank00001.safetensors is 50 bytes, the manifest says 90 (truncated)"),
+            std::string::npos);
+  std::filesystem::remove(dir + "/model.params.rank00000.safetensors");
+  EXPECT_NE(check_files(dir, m).find("model.params.rank00000.safetensors is missing"), std::string::npos);
+}
+
+// verify_file reads the whole file: the same size with one byte changed is caught by its CRC32C.
+TEST(CheckpointManifest, VerifyFileCatchesAChangedByteOfTheSameSize) {
+  const std::string dir = test::temp_dir("manifest2verify");
+  test::write_text(dir + "/f", "123456789");
+  const FileEntry ok{9, "e3069283", 0, ""};
+  EXPECT_EQ(verify_file(dir, "f", ok), "");
+  test::write_text(dir + "/f", "123456780");
+  EXPECT_NE(verify_file(dir, "f", ok).find("its CRC32C is"), std::string::npos);
 }
 
 }  // namespace

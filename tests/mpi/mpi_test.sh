@@ -3,7 +3,7 @@
 # Usage: mpi_test.sh CASE FLOWRUN SRC BUILD TESTTOOL
 set -u
 case_name=$1 flowrun=$2 src=$3 build=$4 tool=$5
-tensordiff=$(dirname "$tool")/tensordiff  # tests/tools/tensordiff.cpp: two checkpoints' largest difference
+tensordiff_bin=$(dirname "$tool")/tensordiff  # tests/tools/tensordiff.cpp: two checkpoints' largest difference
 tmp=$(mktemp -d /tmp/flowrun-mpi.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 export FLOWRUN_BUILD=$build
@@ -19,6 +19,22 @@ mpi4=("${mpi[@]}")
 mpi4[3]=4  # -np 4: the mesh's layouts of 2 x 2
 
 fail() { echo "FAIL [$case_name]: $*" >&2; exit 1; }
+# whole_file DIR/REF.safetensors: that file, or, in a checkpoint that several ranks wrote (each its
+# own pieces, formats/checkpoint_io.hpp), the state consolidated whole by `flowrun ckpt
+# consolidate` (once per folder, under $tmp/whole).
+whole_file() {
+  local f=$1 dir out
+  dir=$(dirname "$f")
+  if [ -e "$f" ] || [ ! -f "$dir/manifest.json" ]; then echo "$f"; return; fi
+  out=$tmp/whole/$(echo "$dir" | md5sum | cut -c1-16)
+  if [ ! -d "$out" ]; then
+    mkdir -p "$tmp/whole"
+    "$flowrun" ckpt consolidate "$dir" "$out" >/dev/null || { echo "FAIL [$case_name]: consolidating $dir" >&2; exit 1; }
+  fi
+  echo "$out/$(basename "$f")"
+}
+tensordiff_whole() { "$tensordiff_bin" "$(whole_file "$1")" "$(whole_file "$2")" "${@:3}"; }
+tensordiff=tensordiff_whole
 # needs_data FILE...: what scripts/data.sh makes; without it the case is skipped (exit 77).
 needs_data() {
   for f in "$@"; do
@@ -710,7 +726,7 @@ zero_params)
     done
   done
   dlora=(model.lora.rank=4 model.lora.targets=[to_q,to_k,to_v,to_out.0,net.0.proj,net.2] ckpt.exports=true
-         model.weights="$tmp/dit_none/checkpoints/step_00000006/model.params.safetensors")
+         model.weights="$(whole_file "$tmp/dit_none/checkpoints/step_00000006/model.params.safetensors")")
   for s in none params; do
     run_code 0 "${mpi[@]}" "$flowrun" "${d[@]}" "${dlora[@]}" run.out_dir="$tmp/dlora_$s" zero.stage=$s model.checkpoint=blocks
     for k in loss val_loss fidelity; do grep -o "\"$k\":[0-9.eE+-]*" "$tmp/dlora_$s/metrics.jsonl"; done > "$tmp/dlora_$s.figures"
@@ -1203,6 +1219,102 @@ PY
   expect_out "not both"
   run_code 2 "$flowrun" plan "${g[@]}" --devices 2 --profile "$tmp/profile.json" --profile-rounds 2
   expect_out "--profile-rounds belongs to a profile run here"
+  ;;
+ckpt_reshard)
+  # Per-rank checkpoints (issue 72): every rank writes its own files, nothing gathered; a checkpoint
+  # written at dp 2 x tp 2 with ZeRO-3 loads at pp 2, at tp 4, at one process and, consolidated by
+  # `flowrun ckpt consolidate`, as one process's checkpoint: each continues from step 3 to where an
+  # uninterrupted run of one process ends (SGD with momentum: every tensor within 1e-5).
+  needs_data data/text/fortunes_byte.train.bin
+  g=("${tiny_gpt[@]}" model.layers=4)
+  sgd=(opt.kind=sgd opt.adamw=null)
+  run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/one"
+  run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=4 run.out_dir="$tmp/w" run.parallel.tp=2 zero.stage=params
+  expect_out "4 ranks, this one"
+  step3=$tmp/w/checkpoints/step_00000003
+  # Each rank's files are its own: one per state it holds pieces of, named by its rank, as the
+  # manifest records (the rank and host that wrote each).
+  for r in 0 1 2 3; do
+    for s in model.params opt.state ema.params; do
+      f=$(printf "%s.rank%05d.safetensors" $s $r)
+      [ -f "$step3/$f" ] || fail "rank $r wrote no $f"
+      python3 -c "import json,sys; m=json.load(open('$step3/manifest.json')); assert m['files']['$f']['rank']==$r" ||
+        fail "the manifest does not say rank $r wrote $f"
+    done
+  done
+  [ -f "$step3/model.params.safetensors" ] && fail "a whole-model file was written (gathered) at 4 ranks"
+  run_code 0 "$flowrun" ckpt verify "$step3"
+  expect_out "every file matches its size and CRC32C"
+  # The same tensors as one process's checkpoint of step 3, whichever layout wrote them.
+  run_code 0 "$flowrun" ckpt consolidate "$step3" "$tmp/cons/checkpoints/step_00000003"
+  echo step_00000003 > "$tmp/cons/checkpoints/latest"
+  for f in model.params opt.state ema.params; do
+    "$tensordiff" "$tmp/one/checkpoints/step_00000003/$f.safetensors" "$tmp/cons/checkpoints/step_00000003/$f.safetensors" 1e-5 ||
+      fail "$f of step 3 written at dp 2 x tp 2 (ZeRO-3) differs from one process's"
+  done
+  run_code 0 "$flowrun" ckpt consolidate "$step3" "$tmp/params3.safetensors" --state model.params
+  "$tensordiff" "$tmp/one/checkpoints/step_00000003/model.params.safetensors" "$tmp/params3.safetensors" 1e-5 ||
+    fail "consolidate --state: the parameters differ"
+  from "$tmp/w" "$tmp/pp2"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/pp2" run.parallel.pp=2 \
+    run.parallel.microbatches=2 run.resume=auto
+  expect_out "resumed from $tmp/pp2/checkpoints/step_00000003"
+  from "$tmp/w" "$tmp/tp4"
+  run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/tp4" run.parallel.tp=4 run.resume=auto
+  from "$tmp/w" "$tmp/np1"
+  run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/np1" run.resume=auto
+  run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/cons" run.resume=auto
+  for r in pp2 tp4 np1 cons; do same_states one $r 1e-5 "resumed at $r from dp 2 x tp 2 (ZeRO-3)"; done
+  ;;
+ckpt_damage)
+  # The red team's damages of a checkpoint (issue 72): bytes overwritten (same size), a file
+  # truncated, a file missing, a manifest that does not read. Each is found (the sizes when the
+  # folders are listed, the CRC32C of every file before a resume, each chunk's as it is read);
+  # run.resume=auto falls back to the newest complete checkpoint that verifies, with a warning
+  # naming the file, and continues bit for bit as the uninterrupted run; run.resume=PATH to an
+  # older one is accepted with a warning; to the damaged one, refused naming the file.
+  needs_data data/text/fortunes_byte.train.bin
+  g=("${tiny_gpt[@]}" data.batch=4 opt.kind=sgd opt.adamw=null ckpt.every=2 eval.every=2 evlog.every=2)
+  # (The learning rate's schedule runs to run.steps: every run here has 8; `base` is the full run
+  # stopped after its checkpoint of step 6.)
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=8 run.out_dir="$tmp/full"
+  cp -r "$tmp/full" "$tmp/base"
+  rm -r "$tmp/base/checkpoints/step_00000008"
+  echo step_00000006 > "$tmp/base/checkpoints/latest"
+  f=model.params.rank00001.safetensors
+  for d in overwrite truncate missing manifest; do
+    cp -r "$tmp/base" "$tmp/$d"
+    s6=$tmp/$d/checkpoints/step_00000006
+    case $d in
+      overwrite) size=$(stat -c %s "$s6/$f"); printf 'XXXXXXXX' | dd of="$s6/$f" bs=1 seek=$((size - 64)) conv=notrunc 2>/dev/null
+                 [ "$(stat -c %s "$s6/$f")" = "$size" ] || fail "the overwrite changed the size" ;;
+      truncate) truncate -s -16 "$s6/$f" ;;
+      missing) rm "$s6/$f" ;;
+      manifest) echo '{"format": "flowrun-checkpoint", "version": 2, "step": 6, "states": {}, "files": {"x": 1}}' > "$s6/manifest.json" ;;
+    esac
+    run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=8 run.out_dir="$tmp/$d" run.resume=auto
+    [ $d = manifest ] && expect_out "manifest.json" || expect_out "$s6/$f"
+    expect_out "resumed from $tmp/$d/checkpoints/step_00000004"
+    for s in model.params opt.state ema.params data.cursor; do
+      "$tensordiff" "$tmp/full/checkpoints/step_00000008/$s.safetensors" "$tmp/$d/checkpoints/step_00000008/$s.safetensors" 0 ||
+        fail "$d: after falling back to step 4, $s of step 8 differs from the uninterrupted run's"
+    done
+  done
+  # flowrun ckpt verify names the damaged file (exit 1).
+  cp -r "$tmp/base" "$tmp/v"
+  size=$(stat -c %s "$tmp/v/checkpoints/step_00000006/$f")
+  printf 'X' | dd of="$tmp/v/checkpoints/step_00000006/$f" bs=1 seek=$((size - 8)) conv=notrunc 2>/dev/null
+  run_code 1 "$flowrun" ckpt verify "$tmp/v/checkpoints"
+  expect_out "step_00000006: DAMAGED: $tmp/v/checkpoints/step_00000006/$f: its CRC32C is"
+  expect_out "step_00000004: every file matches"
+  # Named by path: the damaged one refused, naming the file; an older one accepted, with a warning.
+  run_code 2 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=8 run.out_dir="$tmp/v" run.resume="$tmp/v/checkpoints/step_00000006"
+  expect_out "the checkpoint is damaged: $tmp/v/checkpoints/step_00000006/$f"
+  run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" run.steps=8 run.out_dir="$tmp/v" run.resume="$tmp/v/checkpoints/step_00000004"
+  expect_out "the later checkpoint $tmp/v/checkpoints/step_00000006 is damaged"
+  "$tensordiff" "$tmp/full/checkpoints/step_00000008/model.params.safetensors" "$tmp/v/checkpoints/step_00000008/model.params.safetensors" 0 ||
+    fail "resumed from the older checkpoint by path: the parameters of step 8 differ"
+  ls "$tmp/v/checkpoints" | grep -q "^replaced.step_00000006" || fail "the damaged step_00000006 was not moved aside"
   ;;
 *) fail "unknown case" ;;
 esac
