@@ -344,6 +344,7 @@ RunSettings run_settings(const YAML::Node& run) {
   get("stop_grace_s", s.stop_grace_s);
   get("resume", s.resume);
   get("comm_timeout_s", s.comm_timeout_s);
+  get("heartbeat_timeout_s", s.heartbeat_timeout_s);
   {
     const YAML::Node par = run["parallel"];
     if (!par || !par["tp"] || !par["pp"]) throw std::logic_error("run_settings: run.parallel.tp/pp missing (a checked section has every key)");

@@ -101,11 +101,20 @@ struct World {
   bool abort_requested = false;        // under mu, once abort_message is set
   std::string abort_message;
   int abort_code = 1;
+  // Heartbeats (the loop's heartbeat()): every rank's host name, and how long its left neighbour
+  // may be silent.
+  std::vector<std::string> hosts;
+  std::atomic<double> silent_s{10.0};
 #ifdef FLOWRUN_MPI
   MPI_Comm control = MPI_COMM_NULL;  // failure notices between ranks
   MPI_Request control_req = MPI_REQUEST_NULL;
   char control_buf[4096] = {};
   MPI_Op bf16_sum = MPI_OP_NULL;
+  MPI_Comm beat = MPI_COMM_NULL;  // heartbeats around the ring of ranks
+  MPI_Request beat_recv = MPI_REQUEST_NULL, beat_send = MPI_REQUEST_NULL;
+  char beat_in = 0, beat_out = 'b';
+  bool watching = false;  // the left neighbour has not said goodbye
+  Clock::time_point heard, sent, last_turn;
 #endif
 };
 
@@ -115,6 +124,7 @@ World& world() {
 }
 
 constexpr int kTagFailure = 7;
+constexpr int kTagBeat = 10;  // on the heartbeat communicator
 constexpr int kTagBlocks = 8;  // on a channel's communicator: reduce_scatter's and allgather_blocks' messages
 constexpr int kTagPoint = 9;   // on a channel's communicator: send's and recv's
 
@@ -270,10 +280,10 @@ void start(Pending& p) {
       post(MPI_Comm_idup(MPI_COMM_WORLD, p.out_comm, &q), q);
       break;
     case Kind::split:
-      // Blocking (MPI has no non-blocking split): at setup, where every rank makes its channels
-      // in the same order; the new communicator returns errors as the world does.
-      rc = MPI_Comm_split(MPI_COMM_WORLD, p.color, p.key, p.out_comm);
-      if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(*p.out_comm, MPI_ERRORS_RETURN);
+      // MPI has no non-blocking split: first a non-blocking barrier (on the heartbeats'
+      // communicator, whose only collective this is), so the thread goes on beating while the
+      // slowest rank gets here; the split itself, blocking but brief, when it completes (test()).
+      post(MPI_Ibarrier(world().beat, &q), q);
       break;
   }
   if (rc != MPI_SUCCESS) {
@@ -310,6 +320,10 @@ bool test(Pending& p) {
   int flag = 0;
   int rc = MPI_Testall(static_cast<int>(p.reqs.size()), p.reqs.data(), &flag, MPI_STATUSES_IGNORE);
   if (rc == MPI_SUCCESS && flag && p.kind == Kind::reduce_scatter) rc = finish_reduce_scatter(p);
+  if (rc == MPI_SUCCESS && flag && p.kind == Kind::split) {  // every rank is here: the split (start())
+    rc = MPI_Comm_split(MPI_COMM_WORLD, p.color, p.key, p.out_comm);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_set_errhandler(*p.out_comm, MPI_ERRORS_RETURN);
+  }
   if (rc != MPI_SUCCESS) {
     complete(p, p.what + ": " + mpi_error(rc));
     return true;
@@ -361,6 +375,58 @@ bool test(Pending& p) {
   mpi_abort(code);
 }
 
+// Heartbeats, on the communication thread (which never blocks inside MPI, whatever the nodes are
+// doing): each rank sends its right neighbour in the ring (rank + 1) a byte every second (five
+// per timeout, if that is shorter) and watches its left one. A neighbour silent for silent_s (run.heartbeat_timeout_s) has lost its
+// process, its host or its link: this rank ends the job naming it and its host, within seconds
+// instead of waiting out a collective's run.comm_timeout_s (or TCP's minutes). A rank that ends
+// normally says goodbye ('q') first, so its watcher stops watching. A turn of the loop that came
+// late (the thread was inside a blocking MPI call, a communicator split at setup, where every
+// rank waits for the slowest) restarts the clock: the neighbour may have been in the same call.
+void heartbeat(World& w, bool goodbye = false) {
+  const auto now = Clock::now();
+  const int right = (w.rank + 1) % w.size, left = (w.rank + w.size - 1) % w.size;
+  if (now - w.last_turn > std::chrono::seconds(1)) w.heard = now;
+  w.last_turn = now;
+  // A beat every second, or five per timeout when that is shorter (a beat late by scheduling
+  // never looks like silence).
+  const double every = std::min(1.0, w.silent_s.load() / 5);
+  if (goodbye || std::chrono::duration<double>(now - w.sent).count() >= every) {
+    int done = 1;
+    if (w.beat_send != MPI_REQUEST_NULL) MPI_Test(&w.beat_send, &done, MPI_STATUS_IGNORE);
+    if (done) {
+      w.beat_out = goodbye ? 'q' : 'b';
+      MPI_Isend(&w.beat_out, 1, MPI_CHAR, right, kTagBeat, w.beat, &w.beat_send);
+      w.sent = now;
+    }
+  }
+  if (!w.watching) return;
+  int flag = 0;
+  const int rc = MPI_Test(&w.beat_recv, &flag, MPI_STATUS_IGNORE);
+  std::string lost;
+  if (rc != MPI_SUCCESS) {
+    lost = "its connection failed (" + mpi_error(rc) + ")";
+  } else if (flag) {
+    w.heard = now;
+    if (w.beat_in == 'q')
+      w.watching = false;
+    else
+      MPI_Irecv(&w.beat_in, 1, MPI_CHAR, left, kTagBeat, w.beat, &w.beat_recv);
+    return;
+  } else if (std::chrono::duration<double>(now - w.heard).count() > w.silent_s.load()) {
+    lost = fmt::format("no heartbeat for {:g} s (run.heartbeat_timeout_s)", w.silent_s.load());
+  }
+  if (lost.empty()) return;
+  const std::string host = static_cast<size_t>(left) < w.hosts.size() ? w.hosts[static_cast<size_t>(left)] : "?";
+  if (w.aborting.exchange(true)) sleep_forever();
+  w.abort_message = "rank " + std::to_string(left) + " on host " + host + " went silent: " + lost +
+                    "; its process died or hangs, or its host or the network link to it is down (rank " +
+                    std::to_string(w.rank) + " on host " + w.hosts[static_cast<size_t>(w.rank)] + " noticed)";
+  w.abort_code = 1;
+  spdlog::error("{}; ending the job on all {} ranks", w.abort_message, w.size);
+  do_abort();
+}
+
 void loop() {
   World& w = world();
   std::vector<std::shared_ptr<Pending>> active;
@@ -398,7 +464,11 @@ void loop() {
       MPI_Get_count(&st, MPI_CHAR, &n);
       peer_failed(st.MPI_SOURCE, n);
     }
-    if (stopping && active.empty()) return;
+    if (stopping && active.empty()) {
+      heartbeat(w, /*goodbye=*/true);
+      return;
+    }
+    heartbeat(w);
     // Non-blocking collectives progress only inside MPI calls, so poll while any is active;
     // back off when nothing completed, so the thread does not take a core from the compute,
     // unless a node is blocked waiting for one: then nothing computes in its place, and a large
@@ -455,6 +525,19 @@ void init(int* argc, char*** argv) {
   MPI_Comm_set_errhandler(w.control, MPI_ERRORS_RETURN);
   MPI_Irecv(w.control_buf, sizeof w.control_buf, MPI_CHAR, MPI_ANY_SOURCE, kTagFailure, w.control, &w.control_req);
   MPI_Op_create(&bf16_sum_fn, /*commute=*/1, &w.bf16_sum);
+  // Every rank's host name (for messages), and the heartbeats' ring.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::vector<char> hosts(sizeof host * static_cast<size_t>(w.size));
+  MPI_Allgather(host, sizeof host, MPI_CHAR, hosts.data(), sizeof host, MPI_CHAR, MPI_COMM_WORLD);
+  for (int r = 0; r < w.size; ++r) w.hosts.emplace_back(hosts.data() + sizeof host * static_cast<size_t>(r));
+  MPI_Comm_dup(MPI_COMM_WORLD, &w.beat);
+  MPI_Comm_set_errhandler(w.beat, MPI_ERRORS_RETURN);
+  w.heard = w.sent = w.last_turn = Clock::now();
+  if (w.size > 1) {
+    MPI_Irecv(&w.beat_in, 1, MPI_CHAR, (w.rank + w.size - 1) % w.size, kTagBeat, w.beat, &w.beat_recv);
+    w.watching = true;
+  }
   w.thread = std::thread(loop);
   w.thread_id = w.thread.get_id();
 #else
@@ -478,6 +561,11 @@ void finalize() {
   if (w.thread.joinable()) w.thread.join();
   MPI_Cancel(&w.control_req);
   MPI_Wait(&w.control_req, MPI_STATUS_IGNORE);
+  if (w.watching) {
+    MPI_Cancel(&w.beat_recv);
+    MPI_Wait(&w.beat_recv, MPI_STATUS_IGNORE);
+  }
+  if (w.beat_send != MPI_REQUEST_NULL) MPI_Request_free(&w.beat_send);  // a byte; its neighbour may be gone
   MPI_Finalize();
   w.mpi = false;
 #endif
@@ -500,6 +588,11 @@ std::string where() {
 }
 
 void set_timeout(double seconds) { world().timeout_s.store(seconds > 0 ? seconds : 60.0); }
+void set_heartbeat_timeout(double seconds) { world().silent_s.store(seconds > 0 ? seconds : 10.0); }
+std::string host_of(int rank) {
+  const World& w = world();
+  return rank >= 0 && static_cast<size_t>(rank) < w.hosts.size() ? w.hosts[static_cast<size_t>(rank)] : host_name();
+}
 double timeout() { return world().timeout_s.load(); }
 
 // ---- requests -------------------------------------------------------------------------------

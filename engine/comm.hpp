@@ -16,8 +16,12 @@
 // same order (a node runs its steps one at a time, in step order).
 //
 // Faults: a wait longer than timeout() throws CommError (the job is hung: a rank died or is
-// stuck). abort_job() tells every other rank why (they log it, naming this rank) and ends the
-// whole job with MPI_Abort, so one failing rank never leaves the others waiting forever.
+// stuck). Sooner, heartbeats: each rank's communication thread beats to its right neighbour in
+// the ring every second and watches its left one; a neighbour silent for set_heartbeat_timeout()
+// ends the job, naming the rank and host that went silent (a killed process, a dead host, a link
+// down: what a collective would otherwise wait out). abort_job() tells every other rank why
+// (they log it, naming this rank) and ends the whole job with MPI_Abort, so one failing rank
+// never leaves the others waiting forever.
 #pragma once
 #include <chrono>
 #include <cstddef>
@@ -53,6 +57,12 @@ std::string where();
 // How long a collective may wait for the other ranks (run.comm_timeout_s; default 60 s).
 void set_timeout(double seconds);
 double timeout();
+// How long a rank's neighbour in the ring may send no heartbeat before this rank ends the job
+// naming it and its host (run.heartbeat_timeout_s; default 10 s). The communication thread beats
+// every second whatever the nodes are doing, so only a dead process, host or link goes silent.
+void set_heartbeat_timeout(double seconds);
+// The host rank `rank` runs on (learned at init; this machine's name for a single process).
+std::string host_of(int rank);
 
 class CommError : public std::runtime_error {
  public:

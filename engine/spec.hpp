@@ -78,6 +78,7 @@ struct RunSettings {
   int stop_grace_s = 0;   // 0 = no limit
   std::string resume;     // "", auto, never or a checkpoint folder
   double comm_timeout_s = 0;
+  double heartbeat_timeout_s = 0;
   // run.parallel: the mesh's tensor- and pipeline-parallel sizes (nodes/parallel/mesh.hpp); the
   // data-parallel size is what the world leaves.
   struct Parallel {

@@ -286,6 +286,7 @@ std::optional<int> RunSession::start() {
     m.startup = comm::Channel::create("startup");
     if (comm::distributed()) m.agree = std::make_unique<StopAgreement>(comm::Channel::create("stop"));
     if (g_) comm::set_timeout(g_->settings.comm_timeout_s);
+    if (g_) comm::set_heartbeat_timeout(g_->settings.heartbeat_timeout_s);
     if (!same_graph_everywhere(*m.startup, g_)) return 2;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());

@@ -306,7 +306,7 @@ std::vector<std::string> changed_settings(const RunRecord& saved, const RunRecor
   // Every other setting, where it was in effect.
   static const std::set<std::string> kHow = {"run.steps",   "run.resume",  "run.progress", "run.trace",
                                              "run.profile", "run.out_dir", "run.workers",  "run.threads",
-                                             "run.comm_timeout_s", "run.stop_grace_s", "run.log_every", "run.prefetch", "run.compute_thread", "run.cuda_graph", "run.cpu_gemm",
+                                             "run.comm_timeout_s", "run.heartbeat_timeout_s", "run.stop_grace_s", "run.log_every", "run.prefetch", "run.compute_thread", "run.cuda_graph", "run.cpu_gemm",
                                              "run.parallel.tp", "run.parallel.pp"};  // the mesh line above
   const bool pipelined = was.pp > 1 || is.pp > 1;  // run.parallel's other settings are the pipeline's
   // 1.0e-2 and 0.01 are one setting.

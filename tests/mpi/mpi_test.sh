@@ -1316,6 +1316,40 @@ ckpt_damage)
     fail "resumed from the older checkpoint by path: the parameters of step 8 differ"
   ls "$tmp/v/checkpoints" | grep -q "^replaced.step_00000006" || fail "the damaged step_00000006 was not moved aside"
   ;;
+silent_rank)
+  # Rank 1 stops (SIGSTOP: every thread of it silent, as a dead host or a cut link would be)
+  # while rank 0 waits in the step's all-reduce: rank 0, its watcher in the heartbeats' ring, ends
+  # the job within run.heartbeat_timeout_s, naming the rank and its host, long before the
+  # collective's run.comm_timeout_s (30 s in this graph).
+  start=$(date +%s)
+  run_code nonzero timeout 120 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/s" run.steps=50 run.heartbeat_timeout_s=2 \
+    fault.rank=1 fault.step=5 fault.mode=stop
+  expect_out "rank 1 on host $(hostname) went silent: no heartbeat for 2 s (run.heartbeat_timeout_s)"
+  [ $(( $(date +%s) - start )) -lt 20 ] || fail "the job took longer than the heartbeat timeout to end"
+  # Ranks alive but busy (1.5 s in each batch, longer than the heartbeat timeout; their
+  # communication threads beating) are not silent.
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/busy" run.steps=3 run.heartbeat_timeout_s=1 data.delay_ms=1500
+  ;;
+restart_loop)
+  # scripts/restart.sh around mpirun: rank 1 is killed at step 5 (once: a marker file), the loop
+  # restarts the job, which resumes from the newest complete checkpoint (step 4's, or step 2's
+  # when the kill came while step 4's was being written) and ends where an uninterrupted run
+  # ends: every loss and the parameters bit for bit.
+  run_code 0 "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/straight" ckpt.every=2
+  run_code 0 bash scripts/restart.sh --max 2 --wait 1 -- "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/r" ckpt.every=2 \
+    run.resume=auto fault.rank=1 fault.step=5 fault.mode=kill fault.marker="$tmp/killed-once"
+  expect_out "the job ended with exit code"
+  expect_out "restart 1 of 2"
+  expect_out "resumed from $tmp/r/checkpoints/step_0000000"
+  [ -f "$tmp/killed-once" ] || fail "the fault never fired"
+  losses "$tmp/straight/metrics.jsonl" > "$tmp/a"; losses "$tmp/r/metrics.jsonl" > "$tmp/b"
+  cmp -s "$tmp/a" "$tmp/b" || { diff "$tmp/a" "$tmp/b" >&2; fail "the losses after the restart differ"; }
+  "$tensordiff" "$(params "$tmp/straight" 10)" "$(params "$tmp/r" 10)" 0 || fail "the parameters after the restart differ"
+  # Not restarted: a bad setting (exit 2) ends the loop at once.
+  run_code 2 bash scripts/restart.sh --max 2 --wait 1 -- "${mpi[@]}" "$flowrun" $graph run.out_dir="$tmp/bad" run.resume=auto \
+    run.nonsense=1
+  grep -q "restart 1" "$tmp/out" && fail "a bad setting was restarted"
+  ;;
 *) fail "unknown case" ;;
 esac
 echo "PASS [$case_name]"
