@@ -394,6 +394,18 @@ std::optional<int> RunSession::start() {
     if (comm::distributed()) verify = comm::Channel::create("resume: verifying the checkpoint");
     for (;;) {
       m.resume = find_resume_point(g, info_.out_dir, damaged);
+      if (verify) {  // every rank must find the same one (a host that does not see out_dir would not)
+        const std::string mine = m.resume ? m.resume->folder : "no checkpoint";
+        const auto all = comm::allgather_text(*verify, mine, "resume: the checkpoint each rank found");
+        std::string differ;
+        for (size_t r = 0; r < all.size(); ++r)
+          if (all[r] != all[0])
+            differ += "; rank " + std::to_string(r) + " on host " + comm::host_of(static_cast<int>(r)) + " finds " + all[r];
+        if (!differ.empty())
+          throw std::runtime_error("resume: the ranks do not see the same checkpoints in " + info_.out_dir + ": rank 0 on host " +
+                                   comm::host_of(0) + " finds " + all[0] + differ +
+                                   "; every host must see run.out_dir (a shared file system)");
+      }
       if (!m.resume) break;
       const std::string bad = verify_checkpoint(m.resume->folder, verify.get());
       if (bad.empty()) break;

@@ -95,7 +95,7 @@ std::string chunk_key(const std::string& name, const std::vector<int64_t>& whole
 }
 
 // A piece held by several ranks is cut along its first dimension among them when it is at least
-// this many elements (a smaller one is written whole by one of them, chosen by its name).
+// this many elements (a smaller one is written whole by one of them, chosen by its key's hash).
 constexpr int64_t kSplitElements = 1 << 16;
 
 // Step 2 of the top: which rows [first, end) of each of this rank's pieces it writes (end <= first:
@@ -122,7 +122,7 @@ std::vector<std::pair<int64_t, int64_t>> assign(const std::vector<std::vector<Pi
     } else if (k.numel >= kSplitElements && k.rows >= 2) {
       const int64_t parts = std::min(n, k.rows);
       out.emplace_back(q < parts ? q * k.rows / parts : 0, q < parts ? (q + 1) * k.rows / parts : 0);
-    } else {
+    } else {  // small: one of them, by its key's hash (the small ones spread over the holders)
       const bool mine = static_cast<int64_t>(fnv1a(k.key) % static_cast<uint64_t>(n)) == q;
       out.emplace_back(0, mine ? std::max<int64_t>(k.rows, 1) : 0);
     }
@@ -286,7 +286,7 @@ class Checkpoint : public Node {
         }
         OwnChunk own{p.name, chunk_key(p.name, p.whole, offsets, box.sizes().vec()), p.whole, offsets, {}};
         if (box.is_cpu()) {
-          own.data = box.contiguous().clone(at::MemoryFormat::Contiguous);
+          own.data = box.clone(at::MemoryFormat::Contiguous);
         } else {
           // Device state: copied into pinned host memory, queued on this node's stream (a side
           // stream in the graphs); the background writer waits for the copies, the step never.
