@@ -50,6 +50,7 @@ TEST(RunSettings, AreTheCheckedRunSectionTyped) {
   EXPECT_EQ(s.resume, "auto");
   EXPECT_EQ(s.precision, "bf16");
   EXPECT_DOUBLE_EQ(s.comm_timeout_s, 2.5);
+  EXPECT_DOUBLE_EQ(s.heartbeat_timeout_s, 10.0);
   EXPECT_EQ(s.prefetch, 2);  // schemas/graph.yaml's defaults
   EXPECT_EQ(s.device, "auto");
   EXPECT_EQ(s.progress, "auto");
@@ -231,7 +232,7 @@ TEST(Check, DiagnosticFormat) {
   test::CheckedGraph l = test::check_graph_text("flowrun: 1\nrun: { stesp: 5 }\nnodes:\n  s: { type: t_source }\n");
   ASSERT_EQ(l.diags.size(), 1u);
   EXPECT_EQ(l.diags[0].str(), l.file + ":2:8: run.stesp: unknown parameter 'stesp' (did you mean 'steps'?); known: " +
-                                  "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, compute_thread, cpu_gemm, cuda_graph, trace, profile, progress, stop_grace_s, resume, comm_timeout_s, parallel");
+                                  "steps, seed, device, precision, prefetch, out_dir, log_every, threads, workers, compute_thread, cpu_gemm, cuda_graph, trace, profile, progress, stop_grace_s, resume, comm_timeout_s, heartbeat_timeout_s, parallel");
 }
 
 TEST(Check, StreamNamesAreFreeNamesAndDefaultIsTheDefaultStream) {

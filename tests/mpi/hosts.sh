@@ -17,6 +17,12 @@
 #   hosts.sh exec PREFIX HOST CMD...    CMD run as on HOST (its network, its host name)
 #   hosts.sh down PREFIX                removes what up made: namespaces, links, state folder
 #
+# FLOWRUN_HOSTS_PRIVATE="HOST:DIR ..." (in the environment of mpirun or exec; read at each start by
+# the agent): HOST's processes run in a mount namespace of their own with an empty tmpfs mounted
+# on DIR (absolute, existing, no spaces), so that host does not see what the others see there (a
+# folder on a host's local disk, not the shared file system). The mount lives only in those
+# processes' namespace: it goes when they end (nothing for down to undo).
+#
 # Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) and iproute2; what it makes: namespaces
 # PREFIX1..N, a bridge frbrX with address 10.231.X.254, veth pairs frXvI <-> eth0 (10.231.X.I in
 # host I), and /tmp/flowrun-hosts-PREFIX/ (hostfile, agent, subnet, names, hosts: each one's
@@ -108,7 +114,8 @@ up() {
   # The rsh agent Open MPI calls as `agent HOST CMD...` (plm_rsh_agent): CMD run by sh, as a remote
   # shell would, in HOST's namespace under a UTS namespace of its own named HOST, so the daemon and
   # its ranks see gethostname() == HOST and their own network only. The environment is the
-  # caller's (unlike ssh; the ranks get mpirun's -x variables either way).
+  # caller's (unlike ssh; the ranks get mpirun's -x variables either way). FLOWRUN_HOSTS_PRIVATE
+  # (the top) adds a mount namespace and the tmpfs mounts, made before CMD starts.
   cat > "$st/agent" <<AGENT
 #!/bin/sh
 # rsh agent for emulated hosts $prefix (made by tests/mpi/hosts.sh up; removed by its down).
@@ -117,7 +124,23 @@ case " ${hosts[*]} " in
   *" \$host "*) ;;
   *) echo "hosts.sh agent: '\$host' is none of the emulated hosts: ${hosts[*]}" >&2; exit 255 ;;
 esac
-exec ip netns exec "\$host" unshare --uts sh -c 'hostname "\$0" && exec sh -c "\$1"' "\$host" "\$*"
+private=""
+for e in \${FLOWRUN_HOSTS_PRIVATE:-}; do
+  case \$e in
+    "\$host":/*) private="\$private \${e#*:}" ;;
+    *:/*) ;;
+    *) echo "hosts.sh agent: FLOWRUN_HOSTS_PRIVATE: '\$e' is not HOST:/ABSOLUTE/DIR" >&2; exit 255 ;;
+  esac
+done
+if [ -z "\$private" ]; then
+  exec ip netns exec "\$host" unshare --uts sh -c 'hostname "\$0" && exec sh -c "\$1"' "\$host" "\$*"
+fi
+exec ip netns exec "\$host" unshare --uts --mount --propagation private sh -c '
+  hostname "\$0" || exit 255
+  for d in \$2; do
+    mount -t tmpfs -o size=64m tmpfs "\$d" || { echo "hosts.sh agent: cannot mount a private tmpfs on \$d on \$0" >&2; exit 255; }
+  done
+  exec sh -c "\$1"' "\$host" "\$*" "\$private"
 AGENT
   chmod +x "$st/agent"
   trap - EXIT
