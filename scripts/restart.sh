@@ -45,7 +45,7 @@ while :; do
     if [ -n "$since" ] && [ $((SECONDS - since)) -ge "$grace" ]; then
       echo "$0: the job's ranks have ended (a rank failed or went silent) but the launcher has not, ${grace} s on; ending it" >&2
       kill -TERM "$pid" 2>/dev/null
-      sleep 5
+      for _ in $(seq 25); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
       kill -KILL "$pid" 2>/dev/null
       break
     fi
