@@ -148,7 +148,9 @@ void read_version2(const nlohmann::json& j, const std::string& path, Manifest& m
       if (!t.contains("shape")) throw bad(where + ".shape", "a list of integers", nullptr);
       e.shape = int_list(t["shape"], path, where + ".shape");
       int64_t numel = 1;
-      for (int64_t d : e.shape) numel *= d;
+      for (int64_t d : e.shape)
+        if (__builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 56))
+          throw std::runtime_error(path + ": field '" + where + ".shape': more elements than a tensor can have");
       if (!t.contains("chunks") || !t["chunks"].is_array()) throw bad(where + ".chunks", "a list of chunks", t.contains("chunks") ? &t["chunks"] : nullptr);
       int64_t covered = 0;
       for (const auto& c : t["chunks"]) {
@@ -172,11 +174,16 @@ void read_version2(const nlohmann::json& j, const std::string& path, Manifest& m
                                      std::to_string(d));
         if (!c.contains("crc32c") || !is_crc(c["crc32c"])) throw bad(cw + ".crc32c", "8 hex digits", c.contains("crc32c") ? &c["crc32c"] : nullptr);
         k.crc32c = c["crc32c"].get<std::string>();
-        covered += k.numel();
+        covered += k.numel();  // (each at most numel: inside the shape)
+        if (covered > numel)
+          throw std::runtime_error(path + ": field '" + where + ".chunks': the chunks hold more than the tensor's " +
+                                   std::to_string(numel) + " elements");
         e.chunks.push_back(std::move(k));
       }
-      // Exactly once: no two chunks share an element, and together they hold every one.
-      for (size_t a = 0; a < e.chunks.size(); ++a)
+      // Exactly once: no two chunks share an element, and together they hold every one. (The pairs
+      // are compared for up to 4096 chunks a tensor, 8 M pairs: a few per rank of a run of a
+      // thousand ranks; past that only the volumes, a reader still counting what it copies.)
+      for (size_t a = 0; e.chunks.size() <= 4096 && a < e.chunks.size(); ++a)
         for (size_t b = a + 1; b < e.chunks.size(); ++b) {
           bool overlap = e.chunks[a].numel() > 0 && e.chunks[b].numel() > 0;
           for (size_t d = 0; d < e.shape.size() && overlap; ++d)

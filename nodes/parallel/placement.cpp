@@ -6,12 +6,6 @@ namespace flowrun::parallel {
 
 namespace {
 
-int64_t volume(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (int64_t d : sizes) n *= d;
-  return n;
-}
-
 // The split as it applies to a tensor of `dims` dimensions over `ranks` ranks.
 TpSplit usable(const TpSplit& s, size_t dims, int ranks) {
   return ranks > 1 && s.split() && static_cast<size_t>(s.dim) < dims ? s : TpSplit{};
@@ -52,9 +46,9 @@ void add_range_pieces(std::vector<TensorPiece>& out, const std::string& name, co
                       const std::vector<int64_t>& local, int64_t offset, const Placement& p) {
   const int64_t n = data.numel();
   if (n == 0) return;
-  if (offset < 0 || offset + n > volume(local))
+  if (offset < 0 || offset + n > c10::multiply_integers(local))
     throw std::logic_error("placement: elements [" + std::to_string(offset) + ", " + std::to_string(offset + n) + ") of '" +
-                           name + "', which has " + std::to_string(volume(local)));
+                           name + "', which has " + std::to_string(c10::multiply_integers(local)));
   if (local.empty()) {  // a 0-d tensor
     place(out, name, local, {}, data.view({}), p);
     return;
@@ -65,13 +59,13 @@ void add_range_pieces(std::vector<TensorPiece>& out, const std::string& name, co
   std::function<void(size_t, std::vector<int64_t>, int64_t, int64_t)> cut = [&](size_t dim, std::vector<int64_t> at,
                                                                                int64_t b, int64_t e) {
     std::vector<int64_t> rest(local.begin() + static_cast<std::ptrdiff_t>(dim), local.end());
-    const int64_t stride = volume(rest) / local[dim];  // elements of one index along dim
+    const int64_t stride = c10::multiply_integers(rest) / local[dim];  // elements of one index along dim
     auto emit = [&](int64_t first, int64_t count) {  // indices [first, first + count) along dim, the rest whole
       std::vector<int64_t> sizes(local.size(), 1), offs = at;
       for (size_t k = dim; k < local.size(); ++k) sizes[k] = local[k];
       sizes[dim] = count;
       offs[dim] = first;
-      const int64_t m = volume(sizes);
+      const int64_t m = c10::multiply_integers(sizes);
       place(out, name, local, offs, flat.narrow(0, used, m).view(sizes), p);
       used += m;
     };

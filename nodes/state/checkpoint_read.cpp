@@ -6,16 +6,6 @@
 
 namespace flowrun {
 
-namespace {
-
-int64_t volume(const std::vector<int64_t>& sizes) {
-  int64_t n = 1;
-  for (int64_t d : sizes) n *= d;
-  return n;
-}
-
-}  // namespace
-
 CheckpointReader::CheckpointReader(const std::string& folder) : folder_(folder), m_(ckpt::read_manifest(folder)) {
   if (m_.version >= 2) {
     if (const std::string p = ckpt::check_files(folder, m_); !p.empty()) throw DamagedCheckpoint("checkpoint " + folder + ": " + p);
@@ -111,7 +101,7 @@ class CheckpointStateSource : public StateSource {
         len[d] = std::min(offsets[d] + sizes[d], c.offsets[d] + c.sizes[d]) - lo[d];
         meets = len[d] > 0;
       }
-      if (!meets || volume(len) == 0) continue;
+      if (!meets || c10::multiply_integers(len) == 0) continue;
       torch::Tensor from = r_.chunk(e, c, name), to = into;
       for (size_t d = 0; d < sizes.size(); ++d) {
         const auto dim = static_cast<int64_t>(d);
@@ -120,7 +110,7 @@ class CheckpointStateSource : public StateSource {
       }
       to.copy_(from);
       safetensors::release_pages(r_.chunk(e, c, name));
-      covered += volume(len);
+      covered += c10::multiply_integers(len);
     }
     if (covered != into.numel())
       throw DamagedCheckpoint(where() + ": the chunks of '" + name + "' hold " + std::to_string(covered) + " of the " +

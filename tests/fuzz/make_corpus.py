@@ -127,6 +127,22 @@ put("manifest", "seed-negative-step.json", json.dumps(dict(ok, step=-5)))
 put("manifest", "seed-escape.json", json.dumps(dict(ok, states={"m.p": "../x"})))
 put("manifest", "seed-wrong-shape.json", "[1, 2, 3]")
 put("manifest", "seed-duplicate-key.json", json.dumps(ok)[:-1] + ', "step": 7}')
+# version 2 (per-rank files, issue 72): chunks of whole tensors, files with sizes and checksums
+v2 = {"format": "flowrun-checkpoint", "version": 2, "step": 6, "world": 2, "mesh": {"dp": 2, "tp": 1, "pp": 1},
+      "rng": "rng.safetensors",
+      "files": {"m.rank00000.safetensors": {"bytes": 100, "crc32c": "0000abcd", "rank": 0, "host": "a"},
+                "m.rank00001.safetensors": {"bytes": 90, "crc32c": "1234abcd", "rank": 1, "host": "b"},
+                "rng.safetensors": {"bytes": 80, "crc32c": "deadbeef", "rank": 0, "host": "a"}},
+      "states": {"model.params": {"tensors": {
+          "w": {"dtype": "F32", "shape": [4, 3], "chunks": [
+              {"file": "m.rank00000.safetensors", "key": "w[0:2,0:3]", "offsets": [0, 0], "sizes": [2, 3], "crc32c": "deadbeef"},
+              {"file": "m.rank00001.safetensors", "key": "w[2:4,0:3]", "offsets": [2, 0], "sizes": [2, 3], "crc32c": "feedf00d"}]},
+          "step": {"dtype": "I64", "shape": [], "chunks": [
+              {"file": "m.rank00001.safetensors", "key": "step", "offsets": [], "sizes": [], "crc32c": "00000001"}]}}}}}
+put("manifest", "seed-v2.json", json.dumps(v2, indent=1))
+v2_overlap = json.loads(json.dumps(v2))
+v2_overlap["states"]["model.params"]["tensors"]["w"]["chunks"][1]["offsets"] = [1, 0]
+put("manifest", "seed-v2-overlap.json", json.dumps(v2_overlap))
 
 # wordpiece: vocab lines, NUL, text; or text alone (the fuzzer's fixed vocab)
 vocab = "[PAD]\n[UNK]\n[CLS]\n[SEP]\nthe\nun\n##aff\n##able\ncat\n##s\n"
