@@ -377,12 +377,12 @@ bool test(Pending& p) {
 
 // Heartbeats, on the communication thread (which never blocks inside MPI, whatever the nodes are
 // doing): each rank sends its right neighbour in the ring (rank + 1) a byte every second (five
-// per timeout, if that is shorter) and watches its left one. A neighbour silent for silent_s (run.heartbeat_timeout_s) has lost its
-// process, its host or its link: this rank ends the job naming it and its host, within seconds
-// instead of waiting out a collective's run.comm_timeout_s (or TCP's minutes). A rank that ends
-// normally says goodbye ('q') first, so its watcher stops watching. A turn of the loop that came
-// late (the thread was inside a blocking MPI call, a communicator split at setup, where every
-// rank waits for the slowest) restarts the clock: the neighbour may have been in the same call.
+// per timeout, if that is shorter) and watches its left one. A neighbour silent for silent_s
+// (run.heartbeat_timeout_s) has lost its process, its host or its link: this rank ends the job
+// naming it and its host, within seconds instead of waiting out a collective's
+// run.comm_timeout_s (or TCP's minutes). A rank that ends normally says goodbye ('q') first, so
+// its watcher stops watching. A turn of the loop that came late (the thread was inside a blocking
+// MPI call) restarts the clock: the neighbour may have been in the same call.
 void heartbeat(World& w, bool goodbye = false) {
   const auto now = Clock::now();
   const int right = (w.rank + 1) % w.size, left = (w.rank + w.size - 1) % w.size;
