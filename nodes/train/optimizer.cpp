@@ -14,6 +14,7 @@
 
 #include "common/device.hpp"
 #include "common/state_io.hpp"
+#include "common/tensor_map.hpp"
 #include "parallel/collectives.hpp"
 #include "parallel/placement.hpp"
 #include "parallel/tensor_messages.hpp"
@@ -211,7 +212,24 @@ class OptimizerNode : public Node {
             if (named[i].first == tied) tied_copies_.push_back(i);
     }
     if (plan.shards_params()) shard_model(ctx, ctx.state_as<ModelState>("model"));
+    // ZeRO: this rank's slots now, before a resume, so that it reads only its slices of the
+    // moments (optimizer_load_from), never a replica's whole state.
+    if (shard_) {
+      const ModelState::Named named = shard_named(model);
+      make_shard_slots(*state, shard_plan(model, named), named, cfg_);
+    }
     ctx.own_state("state", state);
+  }
+
+  // ZeRO: the parameters the slots are made for, and the plan that cuts them (ZeRO-3's is the
+  // model's own; stages 1 and 2 cut the flat layout the parameters are kept in, FlatParams').
+  static ModelState::Named shard_named(const ModelState& model) {
+    const auto* sharded = dynamic_cast<const ShardedParams*>(model.shards.get());
+    return sharded ? sharded->shapes() : model.named_parameters(/*trainable_only=*/true);
+  }
+  ShardPlan shard_plan(const ModelState& model, const ModelState::Named& named) const {
+    if (const auto* sharded = dynamic_cast<const ShardedParams*>(model.shards.get())) return sharded->plan();
+    return ShardPlan::make(FlatLayout::of(model.trainable_parameters()), named, dp_.index, dp_.count, whole_tensors_);
   }
 
   // ZeRO stage params (train/fully_sharded.hpp): the model's parameters sharded over the
@@ -407,15 +425,15 @@ class OptimizerNode : public Node {
   // of its slice, and nothing is gathered after the update (the next use gathers what it runs).
   torch::Tensor sharded_update(StepContext& ctx, ModelState& model, OptimizerState& st, const Grads& grads, double lr) {
     auto* sharded = dynamic_cast<ShardedParams*>(model.shards.get());
-    const ModelState::Named named = sharded ? sharded->shapes() : model.named_parameters(/*trainable_only=*/true);
+    const ModelState::Named named = shard_named(model);
     const std::vector<torch::Tensor>* buffers = sharded ? &sharded->slices() : model.flat.buffers_of(model.trainable_parameters());
     if (!buffers) throw std::logic_error(ctx.who() + ": the parameters are not in flat buffers");
     const FlatLayout& layout = sharded ? sharded->plan().layout : model.flat.layout();
-    if (st.slots.empty() || !(st.shard.layout == layout))
-      make_shard_slots(st,
-                       sharded ? sharded->plan()
-                               : ShardPlan::make(layout, named, dp_.index, dp_.count, /*whole_tensors=*/whole_tensors_),
-                       named, cfg_);
+    if (st.slots.empty())  // made at setup; again after a load of whole tensors (a version 1 checkpoint)
+      make_shard_slots(st, shard_plan(model, named), named, cfg_);
+    else if (!(st.shard.layout == layout))  // the moments would start again from zero
+      throw std::logic_error(ctx.who() + ": the model's trainable parameters changed (dtype, device or count) after "
+                                         "this node cut its ZeRO slices at setup");
     const ShardPieces pieces = sharded ? slice_pieces(st.shard, *buffers, grads) : shard_pieces(st.shard, named, grads);
     const std::string step = " of step " + std::to_string(ctx.step());
     // The last step's all-gather ended (long since, normally): a host check bounded by
@@ -536,10 +554,45 @@ std::vector<flowrun::TensorPiece> optimizer_pieces(const flowrun::OptimizerState
   return out;
 }
 
+// ZeRO (the slots made at setup): this rank's slices of the moments read into its slots, the
+// boxes optimizer_pieces writes, and nothing else; each parameter's step and the update count.
+// Checked as load() checks: every tensor expect() lists there, at the whole shape of this rank's,
+// nothing else (but another stage's), finite.
+void load_sharded(flowrun::OptimizerState& st, const flowrun::StateSource& src) {
+  const std::string hint = " in " + src.where() + "; the checkpoint was written for another model or optimizer, or is "
+                           "damaged: resume from another checkpoint";
+  for (const auto& [name, shape] : st.expected) {
+    if (!src.has(name)) throw std::runtime_error("optimizer state: tensor '" + name + "' is missing" + hint);
+    std::vector<flowrun::TensorPiece> whole;  // this rank's tensor placed in the whole (no data: meta)
+    flowrun::parallel::add_pieces(whole, name, torch::empty(shape, torch::TensorOptions().device(torch::kMeta)),
+                                  optimizer_placement(st, name));
+    const std::vector<int64_t> saved = src.shape(name);
+    if (!whole.empty() && whole.front().whole != saved)
+      throw std::runtime_error("optimizer state: tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(saved)) +
+                               ", expected " + c10::str(c10::IntArrayRef(whole.front().whole)) + hint);
+  }
+  if (!st.staged)
+    for (const auto& name : src.names())
+      if (!st.expected.count(name)) throw std::runtime_error("optimizer state: unexpected tensor '" + name + "'" + hint);
+  torch::NoGradGuard no_grad;
+  for (flowrun::TensorPiece& p : optimizer_pieces(st))
+    if (p.name != "updates" && flowrun::moment_parameter(p.name) + ".step" != p.name) src.read(p.name, p.offsets, p.data);
+  for (flowrun::OptimizerState::Slot& s : st.slots) {
+    for (size_t j = 0; j < s.m.size(); ++j)
+      if (s.m[j].defined() && !flowrun::all_finite(s.m[j]))
+        throw std::runtime_error("optimizer state: tensor '" + s.name + "." + s.names[j] + "' holds NaN or infinite values" + hint);
+    s.step = src.whole(s.name + ".step").item<int64_t>();
+  }
+  st.updates = src.whole("updates").item<int64_t>();
+  st.fused_step = torch::Tensor();  // the loaded steps rule
+  st.pending.clear();
+}
+
 // This rank's tensors of the state (its stage's, its tp parts: what expect() lists), each read from
-// its boxes of the saved ones, then load() as a whole state (its checks; ZeRO slices them at the next
-// update). Without expect()'s list: every tensor whole, cut into this rank's parts.
+// its boxes of the saved ones, then load() as a whole state (its checks). ZeRO: its slices only
+// (load_sharded). Without expect()'s list: every tensor whole, cut into this rank's parts.
 void optimizer_load_from(flowrun::OptimizerState& st, const flowrun::StateSource& src) {
+  if (st.shard.sharded() && !st.slots.empty() && !st.expected.empty()) return load_sharded(st, src);
   flowrun::NamedTensors t;
   if (st.expected.empty()) {
     for (const auto& name : src.names()) t[name] = src.whole(name);
@@ -576,6 +629,15 @@ static const bool kOptimizerStateIO = [] {
       flowrun::StateIO{
           [](const flowrun::Value& v) {
             const auto& st = v.as<std::shared_ptr<OptimizerState>>();
+            if (st->shard.sharded() && !st->slots.empty() && st->gathered.empty()) {
+              // ZeRO, for the start-up check: the names and shapes every rank expects (meta tensors;
+              // the dtype is not part of what the ranks compare here), each rank holding its slices
+              // (partitioned, below: nothing broadcast).
+              flowrun::NamedTensors out;
+              for (const auto& [name, shape] : st->expected)
+                out[name] = torch::empty(shape, torch::TensorOptions().device(torch::kMeta));
+              return out;
+            }
             return (st->tp || st->staged) && !st->gathered.empty() ? st->gathered : flowrun::NamedTensors(st->tensors());
           },
           [](flowrun::Value& v, const flowrun::NamedTensors& given) {
@@ -609,7 +671,7 @@ static const bool kOptimizerStateIO = [] {
           [](flowrun::Value& v) { v.as_mut<std::shared_ptr<OptimizerState>>()->gathered.clear(); },
           [](const flowrun::Value& v) {
             const auto& st = v.as<std::shared_ptr<OptimizerState>>();
-            return st->tp != nullptr || st->staged;
+            return st->tp != nullptr || st->staged || st->shard.sharded();
           },
           [](const flowrun::Value& v) { return optimizer_pieces(*v.as<std::shared_ptr<OptimizerState>>()); },
           [](flowrun::Value& v, const flowrun::StateSource& src) {

@@ -7,6 +7,7 @@
 
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
+#include "common/state_io.hpp"
 #include "train/optimizer.hpp"
 
 namespace flowrun {
@@ -249,6 +250,98 @@ TEST(ShardPlan, ShardedUpdatesAreTheUnshardedOnesBitForBit) {
       }
     }
   }
+}
+
+// A checkpoint's state as a StateSource (common/state_io.hpp), counting the elements read.
+class CountingSource : public StateSource {
+ public:
+  explicit CountingSource(NamedTensors t) : t_(std::move(t)) {}
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const auto& [k, _] : t_) out.push_back(k);
+    return out;
+  }
+  bool has(const std::string& name) const override { return t_.count(name) > 0; }
+  std::vector<int64_t> shape(const std::string& name) const override { return t_.at(name).sizes().vec(); }
+  torch::ScalarType dtype(const std::string& name) const override { return t_.at(name).scalar_type(); }
+  void read(const std::string& name, const std::vector<int64_t>& offsets, torch::Tensor into) const override {
+    torch::Tensor from = t_.at(name);
+    for (size_t d = 0; d < offsets.size(); ++d) from = from.narrow(static_cast<int64_t>(d), offsets[d], into.size(static_cast<int64_t>(d)));
+    into.copy_(from);
+    read_[name] += into.numel();
+  }
+  std::string where() const override { return "the test's checkpoint"; }
+  NamedTensors t_;
+  mutable std::map<std::string, int64_t> read_;
+};
+
+// Issue 72: a ZeRO resume never holds a replica's whole state. The optimizer node makes its slots
+// at setup; a resume then reads each rank's slices of the saved moments into them, and nothing
+// else: the two ranks read every element once between them, each its pieces, and continue where
+// the state of one process left off. A tensor missing, of another shape or not finite is refused,
+// naming it.
+TEST(ShardPlan, AResumeReadsOnlyThisRanksSlices) {
+  OptimConfig cfg;
+  Toy whole = toy(1, 9, 6);
+  OptimizerState saved;
+  for (int64_t s = 1; s <= 3; ++s)
+    optimizer_update(saved, whole.model->named_parameters(true), random_grads(*whole.model, s), cfg, 0.01);
+  const NamedTensors t = saved.tensors();
+  int64_t moments_read = 0;
+  for (int r = 0; r < 2; ++r) {
+    Toy m = toy(1, 9, 6);
+    m.model->flat.ensure(m.model->trainable_parameters());
+    const ModelState::Named named = m.model->named_parameters(true);
+    auto st = std::make_shared<OptimizerState>();
+    st->expect(named, *cfg.rule);
+    make_shard_slots(*st, ShardPlan::make(m.model->flat.layout(), named, r, 2), named, cfg);
+    Value v(st);
+    CountingSource src(t);
+    find_state_io(v)->load_from(v, src);
+    int64_t mine = 0;
+    for (const auto& piece : st->shard.pieces) mine += piece.numel;
+    EXPECT_EQ(src.read_["weight.exp_avg"] + src.read_["bias.exp_avg"], mine) << "rank " << r;
+    EXPECT_EQ(src.read_["weight.exp_avg_sq"] + src.read_["bias.exp_avg_sq"], mine) << "rank " << r;
+    moments_read += 2 * mine;
+    for (size_t k = 0; k < st->slots.size(); ++k) {
+      const ShardPlan::Piece& piece = st->shard.pieces[k];
+      for (const char* moment : {"exp_avg", "exp_avg_sq"})
+        EXPECT_TRUE(torch::equal(st->slots[k].moment(moment).reshape({-1}),
+                                 t.at(st->slots[k].name + "." + moment).reshape({-1}).narrow(0, piece.offset, piece.numel)))
+            << st->slots[k].name << "." << moment << " on rank " << r;
+      EXPECT_EQ(st->slots[k].step, 3);
+    }
+    EXPECT_EQ(st->updates, 3);
+    EXPECT_TRUE(st->pending.empty());
+  }
+  EXPECT_EQ(moments_read, 2 * (6 * 9 + 6));  // every element of both moments, once
+  // Refused, naming the tensor: missing, another shape, not finite.
+  auto refusal = [&](NamedTensors damaged) {
+    Toy m = toy(1, 9, 6);
+    m.model->flat.ensure(m.model->trainable_parameters());
+    const ModelState::Named named = m.model->named_parameters(true);
+    auto st = std::make_shared<OptimizerState>();
+    st->expect(named, *cfg.rule);
+    make_shard_slots(*st, ShardPlan::make(m.model->flat.layout(), named, 0, 2), named, cfg);
+    Value v(st);
+    CountingSource src(std::move(damaged));
+    try {
+      find_state_io(v)->load_from(v, src);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("loaded");
+  };
+  NamedTensors missing = t;
+  missing.erase("bias.exp_avg_sq");
+  EXPECT_NE(refusal(missing).find("tensor 'bias.exp_avg_sq' is missing"), std::string::npos);
+  NamedTensors transposed = t;
+  transposed["weight.exp_avg"] = t.at("weight.exp_avg").t().contiguous();
+  EXPECT_NE(refusal(transposed).find("tensor 'weight.exp_avg' has shape [9, 6], expected [6, 9]"), std::string::npos);
+  NamedTensors nan = t;
+  nan["weight.exp_avg_sq"] = t.at("weight.exp_avg_sq").clone();
+  nan["weight.exp_avg_sq"].view({-1})[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_NE(refusal(nan).find("tensor 'weight.exp_avg_sq' holds NaN or infinite values"), std::string::npos);
 }
 
 // ZeRO-2's reduce-scatter, three ranks simulated in one process: each packs a bucket's gradients
