@@ -12,5 +12,6 @@ int cmd_dot(const std::vector<std::string>& args);
 int cmd_explain(const std::vector<std::string>& args);
 int cmd_nodes(const std::vector<std::string>& args);
 int cmd_plan(const std::vector<std::string>& args);  // plan.cpp
+int cmd_ckpt_export(const std::vector<std::string>& args);  // ckpt_export.cpp: `flowrun ckpt export ...`
 
 }  // namespace flowrun::cli

@@ -24,7 +24,7 @@ static const char* kUsage =
     "       flowrun plan FILE [KEY=VALUE...] --devices N        the fastest layout of N devices that fits, from a profile\n"
     "       flowrun nodes [TYPE] [--plugin LIB.so]              list node types, or one type's ports and parameters\n"
     "       flowrun prep text --tokenizer byte|gpt2 --out PREFIX FILE_OR_DIR...   token shards from text files\n"
-    "       flowrun ckpt list|verify|consolidate ...            checkpoints: list, check their checksums, make one file\n"
+    "       flowrun ckpt list|verify|consolidate|export ...     checkpoints: list, check, make one file or HF/PEFT folders\n"
     "       flowrun COMMAND --help                              help for one command\n"
     "\n"
     "where the time goes: run.profile=true (a table per node at the end), run.trace=FILE (Chrome trace),\n"

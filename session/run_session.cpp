@@ -422,7 +422,7 @@ std::optional<int> RunSession::start() {
   }
   if (m.resume) {
     info_.first_step = m.resume->step + 1;
-    if (info_.first_step > info_.last_step) {
+    if (info_.first_step > info_.last_step && !setup_only) {
       spdlog::info("{} is at step {}, run.steps is {}: nothing to do (raise run.steps to train on)", m.resume->folder,
                    m.resume->step, info_.last_step);
       return 0;
@@ -459,6 +459,10 @@ int RunSession::run() {
     if (m.resume) restore(ex, g, *m.resume);
     sync_start_state(ex, g, *m.startup);
     if (on_setup) on_setup(ex);
+    if (setup_only) {
+      handle_stop_signals(false);
+      return 0;
+    }
     Progress progress(info_.first_step, info_.last_step, info_.log_every,
                       info_.rank == 0 ? g.settings.progress : "off", m.tracer.get());
     RunOptions opt = run_options(g);

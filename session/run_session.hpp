@@ -54,6 +54,9 @@ class RunSession {
   // A run for a command that trains nothing to keep (flowrun plan's profile): the first stop
   // signal exits at once with 128 + the signal, instead of stopping after the steps in flight.
   bool exit_on_signal = false;
+  // A run of no step (flowrun ckpt export): the nodes set up, the checkpoint restored, on_setup
+  // called, then run() returns 0; a checkpoint at or past run.steps is not "nothing to do".
+  bool setup_only = false;
 
  private:
   struct Impl;

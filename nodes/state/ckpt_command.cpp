@@ -22,21 +22,13 @@ const char* kCkptUsage =
     "       flowrun ckpt verify FOLDER|DIR        every file read whole against its size and CRC32C\n"
     "       flowrun ckpt consolidate FOLDER OUT   one process's checkpoint in OUT: a file per state, tensors whole\n"
     "       flowrun ckpt consolidate FOLDER OUT.safetensors --state REF   one state whole in one file\n"
+    "       flowrun ckpt export GRAPH.yaml FOLDER OUT [KEY=VALUE ...]   the models as Hugging Face / PEFT folders\n"
     "FOLDER: a step_* folder, or a folder holding `latest` (its newest). Exit: 0 ok, 1 damaged or failed, 2 usage.\n";
 
 // DIR itself when it holds step folders, else DIR/checkpoints.
 std::string checkpoints_dir(const std::string& dir) {
   if (!ckpt::checkpoints(dir).empty() || !fs::exists(dir + "/checkpoints")) return dir;
   return dir + "/checkpoints";
-}
-
-// A step folder, or the one `latest` names in DIR (or DIR/checkpoints).
-std::string step_folder_of(const std::string& path) {
-  if (fs::exists(path + "/manifest.json") || fs::path(path).filename().string().rfind("step_", 0) == 0) return path;
-  const std::string dir = checkpoints_dir(path);
-  const std::string latest = ckpt::latest(dir);
-  if (latest.empty()) throw std::invalid_argument(path + " is not a checkpoint folder (no manifest.json) and holds no `latest`");
-  return dir + "/" + latest;
 }
 
 int list(const std::string& arg) {
@@ -111,7 +103,7 @@ safetensors::Tensors whole_state(const CheckpointReader& r, const std::string& r
 }
 
 int consolidate(const std::string& from, const std::string& out, const std::string& state) {
-  const std::string folder = step_folder_of(from);
+  const std::string folder = ckpt_step_folder(from);
   const CheckpointReader r(folder);
   const ckpt::Manifest& m = r.manifest();
   if (!state.empty()) {
@@ -171,6 +163,14 @@ int consolidate(const std::string& from, const std::string& out, const std::stri
 }
 
 }  // namespace
+
+std::string ckpt_step_folder(const std::string& path) {
+  if (fs::exists(path + "/manifest.json") || fs::path(path).filename().string().rfind("step_", 0) == 0) return path;
+  const std::string dir = checkpoints_dir(path);
+  const std::string latest = ckpt::latest(dir);
+  if (latest.empty()) throw std::invalid_argument(path + " is not a checkpoint folder (no manifest.json) and holds no `latest`");
+  return dir + "/" + latest;
+}
 
 int ckpt_command(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {

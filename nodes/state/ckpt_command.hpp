@@ -6,6 +6,8 @@
 //                                         tensors whole), which a run of one process resumes from
 //   flowrun ckpt consolidate FOLDER OUT.safetensors --state REF
 //                                         one state's tensors whole in one safetensors file
+//   flowrun ckpt export GRAPH FOLDER OUT  the models as Hugging Face / PEFT folders (cli/ckpt_export.cpp:
+//                                         it builds the graph, so it lives above the nodes)
 // As PyTorch's dcp_to_torch_save. Torch-free interface: cli/ includes it.
 #pragma once
 #include <string>
@@ -16,5 +18,9 @@ namespace flowrun {
 // args: what follows "ckpt". Exit code: 0 done (verify: every file matches), 1 damaged or a failure
 // while writing, 2 bad usage or no such checkpoint.
 int ckpt_command(const std::vector<std::string>& args);
+
+// The step folder PATH names: PATH itself when it is one (a manifest.json, or named step_*), else
+// the folder `latest` names in PATH or PATH/checkpoints. Throws std::invalid_argument otherwise.
+std::string ckpt_step_folder(const std::string& path);
 
 }  // namespace flowrun

@@ -1222,6 +1222,44 @@ ckpt_reshard)
   run_code 0 "$flowrun" "${g[@]}" "${sgd[@]}" data.batch=8 run.out_dir="$tmp/cons" run.resume=auto
   for r in pp2 tp4 np1 cons; do same_states one $r 1e-5 "resumed at $r from dp 2 x tp 2 (ZeRO-3)"; done
   ;;
+ckpt_export)
+  # `flowrun ckpt export` (issue 72): a checkpoint written at dp 2 x tp 2 with ZeRO-3 and without
+  # exports, as the Hugging Face or PEFT folders its models export: byte for byte what the
+  # checkpoint node's exports: true wrote during the run (which other cases hold against
+  # transformers and peft). GPT with LoRA: PEFT's adapters of the model and of its EMA (OUT/REF
+  # each); Llama: a Hugging Face folder (OUT itself). Then what is refused: an OUT that is there, a
+  # graph that does not match, a checkpoint whose models export nothing (DiT without adapters).
+  needs_data data/text/fortunes_byte.train.bin
+  g=("${tiny_gpt[@]}" opt.kind=sgd opt.adamw=null data.batch=4 model.lora.rank=4 "model.lora.targets=[c_attn,c_proj,c_fc]")
+  run_code 0 "${mpi4[@]}" "$flowrun" "${g[@]}" ckpt.exports=true run.out_dir="$tmp/lora" run.parallel.tp=2 zero.stage=params
+  # The layout need not be given (the export is one process); the model's settings must.
+  run_code 0 "$flowrun" ckpt export graphs/gpt.yaml "$tmp/lora" "$tmp/peft" "${g[@]:1}"
+  expect_out "$tmp/peft/model.params: step 6 of $tmp/lora/checkpoints/step_00000006"
+  for m in model.params ema.params; do
+    for f in adapter_model.safetensors adapter_config.json; do
+      cmp "$tmp/lora/checkpoints/step_00000006/$m/$f" "$tmp/peft/$m/$f" || fail "export: $m/$f differs from the run's exports"
+    done
+  done
+  [ -e "$tmp/peft.tmp" ] || [ -e "$tmp/peft.run.tmp" ] && fail "export left its scratch folders"
+  run_code 2 "$flowrun" ckpt export graphs/gpt.yaml "$tmp/lora" "$tmp/peft" "${g[@]:1}"
+  expect_out "$tmp/peft is already there; give a new folder"
+  run_code 1 "$flowrun" ckpt export graphs/gpt.yaml "$tmp/lora" "$tmp/peft8" "${g[@]:1}" model.lora.rank=8
+  expect_out "model.lora.rank: 8 (the checkpoint's run had 4)"
+  expect_out "the graph and overrides must be those of the run that wrote it"
+  [ -e "$tmp/peft8" ] && fail "a failed export left $tmp/peft8"
+  l=(graphs/llama.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=2 model.dim=32 model.heads=4
+     model.kv_heads=2 model.mlp_dim=48 model.vocab=256 model.context=32 run.steps=3 run.threads=1 opt.warmup=2 eval.every=3
+     eval.batches=1 eval.batch=4 evlog.every=3 ckpt.every=3 data.batch=4)
+  run_code 0 "${mpi4[@]}" "$flowrun" "${l[@]}" ckpt.exports=true run.out_dir="$tmp/llama" run.parallel.tp=2 zero.stage=params
+  run_code 0 "$flowrun" ckpt export graphs/llama.yaml "$tmp/llama/checkpoints/step_00000003" "$tmp/hf" "${l[@]:1}"
+  for f in config.json model.safetensors; do
+    cmp "$tmp/llama/checkpoints/step_00000003/$f" "$tmp/hf/$f" || fail "export: llama's $f differs from the run's exports"
+  done
+  needs_data data/shapes/base.json
+  run_code 0 "$flowrun" "${tiny_dit[@]}" run.steps=3 data.batch=4 eval.batch=4 run.out_dir="$tmp/dit"
+  run_code 2 "$flowrun" ckpt export graphs/dit_base.yaml "$tmp/dit" "$tmp/ditout" "${tiny_dit[@]:1}" run.steps=3 data.batch=4 eval.batch=4
+  expect_out "is a model that exports a folder"
+  ;;
 ckpt_damage)
   # The red team's damages of a checkpoint (issue 72): bytes overwritten (same size), a file
   # truncated, a file missing, a manifest that does not read. Each is found (the sizes when the
