@@ -142,11 +142,17 @@ TEST(EmaNode, OverlapsTheNextForwardButNeverTheOptimizer) {
   // big enough (~1M parameters) that the EMA's update takes about as long as a forward.
   // Every node on the workers (run.compute_thread: false): with the compute thread, the
   // default, tensor-math nodes run one after the other on that thread, so nothing overlaps.
-  Tracer tracer;
-  tracer.enable(true);
-  RunOptions opt;
-  opt.tracer = &tracer;
-  auto r = test::run_graph_text(R"(
+  // Whether the two readers overlap depends on how the OS runs the two workers: on a loaded
+  // machine (ctest -j2 beside another test) one run can happen to serialize every step, so up to
+  // three runs are made until one shows the overlap; the ordering against the optimizer is checked
+  // in every run.
+  int with_next_forward = 0;
+  for (int attempt = 0; attempt < 3 && with_next_forward == 0; ++attempt) {
+    Tracer tracer;
+    tracer.enable(true);
+    RunOptions opt;
+    opt.tracer = &tracer;
+    auto r = test::run_graph_text(R"(
 flowrun: 1
 run: { steps: 30, seed: 1, prefetch: 2, workers: 2, compute_thread: false }
 nodes:
@@ -157,25 +163,25 @@ nodes:
   opt:   { type: optimizer, in: { grads: fb.grads, model: model.params }, with: { lr: 1.0e-3 } }
   ema:   { type: ema, in: { model: model.params }, with: { decay: 0.99, warmup: true } }
 )",
-                                {}, opt);
-  tracer.write(r.dir + "/trace.json");
-  nlohmann::json j = nlohmann::json::parse(std::ifstream(r.dir + "/trace.json"));
-  struct Span {
-    double t0, t1;
-  };
-  std::map<std::string, std::map<int64_t, Span>> spans;  // node -> step -> span
-  for (const auto& e : j["traceEvents"])
-    if (e["ph"] == "X") {
-      const double ts = e["ts"].get<double>();
-      spans[e["name"].get<std::string>()][e["args"]["step"].get<int64_t>()] = {ts, ts + e["dur"].get<double>()};
+                                  {}, opt);
+    tracer.write(r.dir + "/trace.json");
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(r.dir + "/trace.json"));
+    struct Span {
+      double t0, t1;
+    };
+    std::map<std::string, std::map<int64_t, Span>> spans;  // node -> step -> span
+    for (const auto& e : j["traceEvents"])
+      if (e["ph"] == "X") {
+        const double ts = e["ts"].get<double>();
+        spans[e["name"].get<std::string>()][e["args"]["step"].get<int64_t>()] = {ts, ts + e["dur"].get<double>()};
+      }
+    ASSERT_EQ(spans["ema"].size(), 30u);
+    auto overlap = [](const Span& a, const Span& b) { return a.t0 < b.t1 && b.t0 < a.t1; };
+    for (const auto& [s, e] : spans["ema"]) {
+      EXPECT_GE(e.t0, spans["opt"].at(s).t1) << "ema of step " << s << " started before its step's optimizer ended";
+      for (const auto& [s2, o] : spans["opt"]) EXPECT_FALSE(overlap(e, o)) << "ema step " << s << " / opt step " << s2;
+      if (spans["fb"].count(s + 1) && overlap(e, spans["fb"].at(s + 1))) ++with_next_forward;
     }
-  ASSERT_EQ(spans["ema"].size(), 30u);
-  auto overlap = [](const Span& a, const Span& b) { return a.t0 < b.t1 && b.t0 < a.t1; };
-  int with_next_forward = 0;
-  for (const auto& [s, e] : spans["ema"]) {
-    EXPECT_GE(e.t0, spans["opt"].at(s).t1) << "ema of step " << s << " started before its step's optimizer ended";
-    for (const auto& [s2, o] : spans["opt"]) EXPECT_FALSE(overlap(e, o)) << "ema step " << s << " / opt step " << s2;
-    if (spans["fb"].count(s + 1) && overlap(e, spans["fb"].at(s + 1))) ++with_next_forward;
   }
   // Two workers and a free reader slot: most steps overlap; one is enough to show it happens.
   EXPECT_GT(with_next_forward, 0);
