@@ -161,14 +161,16 @@ std::shared_ptr<ModelState> ModelNode::declared_state(std::shared_ptr<ModelState
 void ModelNode::finish(SetupContext&, ModelState&, const std::vector<std::string>&) {}
 
 void ModelNode::offer_hf_export(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted,
-                                nlohmann::json config, const std::string& prefix, const std::string& copy_from) {
+                                nlohmann::json config, const std::string& prefix, const std::string& copy_from,
+                                Rename rename) {
   if (!adapted.empty()) return;
   const auto max_shard = static_cast<int64_t>(ctx.params().get<double>("export_shard_mb") * 1e6);
-  state.exporter = [config = std::move(config), prefix, max_shard, copy_from](const ModelState& s) {
+  state.exporter = [config = std::move(config), prefix, max_shard, copy_from, rename](const ModelState& s) {
     // Copies of the whole tensors, taken at the checkpoint's snapshot; written on its writer thread.
     safetensors::Tensors tensors;
     for (const auto& [name, t] : s.gathered.empty() ? s.tensors() : s.gathered)
       tensors[prefix + name] = t.detach().to(torch::kCPU, false, /*copy=*/true);
+    if (rename) tensors = rename(tensors);
     return ModelState::ExportWriter([config, tensors = std::move(tensors), max_shard, copy_from](const std::string& dir) {
       write_pretrained(dir, config, tensors, max_shard, copy_from);
     });

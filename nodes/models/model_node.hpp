@@ -102,8 +102,12 @@ class ModelNode : public Node {
   // files of at most the node's `export_shard_mb`, and the tokenizer files of `copy_from` (the
   // pretrained folder it came from; "" for none). With adapters nothing here: ModelNode's PEFT
   // export of the adapters stands.
+  // `rename`, when given, turns the tensors (the module's names, prefixed) into the file's (a
+  // mixture of experts' fused experts written one by one, as the Hub's files are).
+  using Rename = std::function<std::map<std::string, torch::Tensor>(const std::map<std::string, torch::Tensor>&)>;
   static void offer_hf_export(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted,
-                              nlohmann::json config, const std::string& prefix, const std::string& copy_from);
+                              nlohmann::json config, const std::string& prefix, const std::string& copy_from,
+                              Rename rename = nullptr);
   // The family's last word on its state: its activations estimate, a captioner, warnings.
   // `adapted`: the layers `lora` put adapters on.
   virtual void finish(SetupContext& ctx, ModelState& state, const std::vector<std::string>& adapted);

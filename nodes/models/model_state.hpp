@@ -103,6 +103,15 @@ struct ModelState : ModelLayout, ModelMemory {
   };
   std::shared_ptr<const CausalLm> causal_lm;
 
+  // A term the model adds to any objective's loss, from its last forward with grad (a mixture of
+  // experts' router load-balancing loss, weighted; models/moe.hpp), given the module (copies keep
+  // a working hook); an undefined tensor when there is none. Unset: none.
+  std::function<torch::Tensor(torch::nn::Module&)> extra_loss;
+  // A mixture of experts: the named figures of how its routers spread the tokens over the
+  // forwards with grad since the last call (models/moe.hpp load_metrics; forward_backward's
+  // `experts` output), and they start again. Unset: the model routes nothing.
+  std::function<std::vector<std::pair<std::string, double>>(torch::nn::Module&)> take_routing_metrics;
+
   ModelState() = default;
   ModelState(std::shared_ptr<torch::nn::Module> m, ForwardFn f, std::string k)
       : module(std::move(m)), forward_fn(std::move(f)), kind(std::move(k)) {}

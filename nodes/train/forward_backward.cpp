@@ -13,6 +13,7 @@
 #include "common/cuda_graph.hpp"
 #include "common/device.hpp"
 #include "common/memory.hpp"
+#include "common/named_scalars.hpp"
 #include "common/seed.hpp"
 #include "models/activation_checkpoint.hpp"
 #include "models/dropout.hpp"
@@ -142,6 +143,10 @@ FwdBwdResult forward_backward(ModelState& model, const TensorMap& given, const O
       }
       AutocastScope autocast(options.precision, device);
       loss = objective.loss(model, part);
+      // The model's own term (a mixture of experts' router load-balancing loss), as transformers
+      // adds it to its loss.
+      if (model.extra_loss)
+        if (const torch::Tensor extra = model.extra_loss(*model.module); extra.defined()) loss = loss + extra.to(loss.dtype());
     }
     if (loss.dim() != 0) throw std::runtime_error("objective " + objective.type + " returned a non-scalar loss");
     if (!loss.requires_grad()) throw std::runtime_error("the loss does not depend on any trainable parameter");
@@ -341,6 +346,8 @@ class ForwardBackwardNode : public Node {
     ctx.out("loss", r.loss);
     ctx.out("grads", std::move(r.grads));
     ctx.out("tokens", objective_->targets(batch));
+    // A mixture of experts: how its routers spread this step's tokens (none for other models).
+    ctx.out("experts", model.take_routing_metrics ? model.take_routing_metrics(*model.module) : NamedScalars{});
   }
 
  private:

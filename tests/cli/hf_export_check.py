@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """What flowrun saves back, loaded by transformers itself: graphs/llama.yaml reads each llama-family
-fixture folder (tests/fixtures/hf: Llama 3.1, Llama 3.2 tied, Qwen 2.5, Qwen 3) by `model.pretrained`,
+fixture folder (tests/fixtures/hf: Llama 3.1, Llama 3.2 tied, Qwen 2.5, Qwen 3, and the mixtures of
+experts Qwen 3 MoE and Mixtral, written back one expert at a time) by `model.pretrained`,
 trains one step at learning rate 0 (the weights stay the fixture's) and checkpoints with
 `ckpt.exports=true`, the llama31 one in shards of 40 KB; then transformers' AutoModelForCausalLM
 loads each checkpoint folder (no missing or unexpected tensor) and its logits for the fixture's
@@ -131,9 +132,11 @@ def main():
         sys.exit(77)
     flowrun = os.path.join(build, "engine", "flowrun")
     ref = load_file(os.path.join(SRC, "tests/fixtures/hf/reference_llama.safetensors"))
+    ref.update(load_file(os.path.join(SRC, "tests/fixtures/hf/reference_moe.safetensors")))
     failed = []
     with tempfile.TemporaryDirectory(prefix="flowrun-hf-export-") as tmp:
-        for name, more in [("llama31", ["model.export_shard_mb=0.04"]), ("llama32", []), ("qwen25", []), ("qwen3", [])]:
+        for name, more in [("llama31", ["model.export_shard_mb=0.04"]), ("llama32", []), ("qwen25", []), ("qwen3", []),
+                           ("qwen3moe", []), ("mixtral", [])]:
             out = os.path.join(tmp, name)
             cmd = [flowrun, "graphs/llama.yaml", "data.path=data/text/fortunes_byte", "data.seq_len=16", "data.batch=2",
                    "model.pretrained=tests/fixtures/hf/" + name, "opt.lr=0", "opt.min_lr=0", "run.steps=1",
@@ -156,6 +159,16 @@ def main():
             want = ref[name + ".logits"]
             r = ((logits - want).norm() / want.norm()).item()
             shards = sorted(f for f in os.listdir(folder) if f.startswith("model-"))
+            if name in ("qwen3moe", "mixtral"):  # the experts one by one, as the Hub's files (and save_pretrained)
+                from safetensors import safe_open
+                names = set()
+                for f in os.listdir(folder):
+                    if f.endswith(".safetensors"):
+                        with safe_open(os.path.join(folder, f), "pt") as st:
+                            names.update(st.keys())
+                one = "model.layers.0.%s.experts.1.%s.weight" % (("mlp", "up_proj") if name == "qwen3moe" else ("block_sparse_moe", "w3"))
+                if one not in names:
+                    failed.append("%s: the export has no %s (experts not written one by one)" % (name, one))
             print("%s: %s from %s (%s), logits differ from the reference by %.2e relative"
                   % (name, type(model).__name__, folder, "%d shards" % len(shards) if shards else "one file", r))
             if r > 1e-6:

@@ -2,6 +2,8 @@
 
 #include <spdlog/fmt/fmt.h>
 
+#include <algorithm>
+#include <map>
 #include <regex>
 #include <stdexcept>
 
@@ -15,6 +17,11 @@
 #include "models/load_by_name.hpp"
 
 namespace flowrun::llama {
+
+bool MoeConfig::sparse(int64_t layer) const {
+  if (!on() || std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
+  return (layer + 1) % sparse_step == 0;
+}
 
 void Config::check() const {
   auto positive = [](const char* name, int64_t v) {
@@ -42,6 +49,22 @@ void Config::check() const {
   divides("mlp_dim", mlp_dim, "choose run.parallel.tp dividing it");
   divides("vocab", vocab, "pad the vocabulary to a multiple of tp or choose run.parallel.tp dividing it");
   if (stages) stages->check(layers, "llama");
+  if (moe.on()) {
+    if (moe.top_k < 1 || moe.top_k > moe.experts || moe.expert_dim <= 0 || moe.sparse_step < 1)
+      throw std::runtime_error(fmt::format("llama: a mixture of {} experts needs 1 <= top_k ({}) <= experts, expert_dim "
+                                           "({}) > 0 and sparse_step ({}) >= 1", moe.experts, moe.top_k, moe.expert_dim,
+                                           moe.sparse_step));
+    if (t > 1)
+      throw std::runtime_error("llama: a mixture of experts under tensor parallel (run.parallel.tp) is not built yet; "
+                               "use dp, ZeRO or pp (issue 73: expert parallel)");
+    if (moe.aux_loss && stages)
+      throw std::runtime_error("llama: the router's load-balancing loss (aux_loss, output_router_logits) with pipeline "
+                               "parallel (run.parallel.pp) is not built yet; set aux_loss: false or pp 1");
+    if (moe.aux_loss && checkpoint.every > 0)
+      throw std::runtime_error("llama: the router's load-balancing loss (aux_loss, output_router_logits) with activation "
+                               "checkpointing is not built yet (the recompute would route twice); set checkpoint: none "
+                               "or aux_loss: false");
+  }
 }
 
 parallel::TpSplit tp_split(const Config& c, const std::string& name) {
@@ -70,6 +93,10 @@ Family family(const Config& c) {
   const double d = static_cast<double>(c.dim), hd = static_cast<double>(c.head_size());
   const double attention = 2 * d * static_cast<double>(c.heads) * hd + 2 * d * static_cast<double>(c.kv_heads) * hd;
   f.block_costs.assign(static_cast<size_t>(c.layers), attention + 3 * d * static_cast<double>(c.mlp_dim));
+  for (int64_t i = 0; i < c.layers; ++i)  // a sparse layer: the router, and each token's top_k experts
+    if (c.moe.sparse(i))
+      f.block_costs[static_cast<size_t>(i)] =
+          attention + d * static_cast<double>(c.moe.experts) + 3 * d * static_cast<double>(c.moe.top_k * c.moe.expert_dim);
   f.head_cost = static_cast<double>(c.vocab) * d;
   if (c.tie_embeddings) f.tied = {"model.embed_tokens.weight"};
   f.vocab_split_logits = true;  // the head by vocabulary rows
@@ -83,15 +110,21 @@ double Config::parameter_count() const {
   const double q = static_cast<double>(heads) * hd, kv = static_cast<double>(kv_heads) * hd;
   const double attention = d * q + 2 * d * kv + q * d + (qkv_bias ? q + 2 * kv : 0) + (o_bias ? d : 0);
   const double mlp = 3 * d * static_cast<double>(mlp_dim) + (mlp_bias ? 2 * static_cast<double>(mlp_dim) + d : 0);
+  const double experts = static_cast<double>(moe.experts) * d * (1 + 3 * static_cast<double>(moe.expert_dim));
   const double table = static_cast<double>(vocab) * d;
-  return table * (tie_embeddings ? 1 : 2) + static_cast<double>(layers) * (attention + mlp + 2 * d) + d;
+  double blocks = 0;
+  for (int64_t i = 0; i < layers; ++i) blocks += attention + (moe.sparse(i) ? experts : mlp) + 2 * d;
+  return table * (tie_embeddings ? 1 : 2) + blocks + d;
 }
 
 std::string describe(const Config& c) {
   return fmt::format("layers={} dim={} heads={} kv_heads={} head_dim={} mlp_dim={} vocab={} context={} rope_theta={} "
                      "rope_scaling {}{}",
                      c.layers, c.dim, c.heads, c.kv_heads, c.head_size(), c.mlp_dim, c.vocab, c.context, c.rope_theta,
-                     c.rope_scaling.describe(), c.tie_embeddings ? " tied" : "");
+                     c.rope_scaling.describe(), c.tie_embeddings ? " tied" : "") +
+         (c.moe.on() ? fmt::format(" moe: {} experts top {} of {} each{}", c.moe.experts, c.moe.top_k, c.moe.expert_dim,
+                                   c.moe.aux_loss ? fmt::format(", aux loss {}", c.moe.aux_loss_coef) : "")
+                     : "");
 }
 
 // ---- blocks ----
@@ -159,14 +192,20 @@ void BlockImpl::reset() {
   input_layernorm = register_module("input_layernorm", layers::RmsNorm(c_.dim, c_.norm_eps));
   self_attn = register_module("self_attn", Attention(c_));
   post_attention_layernorm = register_module("post_attention_layernorm", layers::RmsNorm(c_.dim, c_.norm_eps));
+  if (c_.moe.sparse(index_)) {
+    experts = register_module("mlp", moe::Moe(moe::Options{c_.dim, c_.moe.expert_dim, c_.moe.experts, c_.moe.top_k,
+                                                           c_.moe.norm_topk_prob}));
+    return;
+  }
   layers::MlpOptions mo{"gate_proj", "down_proj", layers::Act::silu, "up_proj", c_.mlp_bias, false, 0, c_.tp};
   mlp = register_module("mlp", layers::Mlp(c_.dim, c_.mlp_dim, mo));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
-                                 const torch::Tensor& mask, std::pair<torch::Tensor, torch::Tensor>* cache) {
+                                 const torch::Tensor& mask, std::pair<torch::Tensor, torch::Tensor>* cache,
+                                 moe::Routing* routing) {
   const torch::Tensor h = x + self_attn(input_layernorm(x), B, T, cos, sin, mask, cache);
-  return h + mlp(post_attention_layernorm(h));
+  return h + (experts ? experts->forward(post_attention_layernorm(h), routing) : mlp(post_attention_layernorm(h)));
 }
 
 void BodyImpl::reset() {
@@ -176,7 +215,7 @@ void BodyImpl::reset() {
     embed_tokens = register_module("embed_tokens", layers::Embedding(c_.vocab / c_.tp_size(), c_.dim));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c_.layers; ++i) {
-    if (c_.holds_block(i)) layers->push_back(Block(c_));
+    if (c_.holds_block(i)) layers->push_back(Block(c_, i));
     else layers->push_back(torch::nn::Identity());
   }
   if (c_.holds_head()) norm = register_module("norm", layers::RmsNorm(c_.dim, c_.norm_eps));
@@ -214,13 +253,31 @@ torch::Tensor LlamaImpl::blocks(torch::Tensor x, int64_t first, int64_t last, in
                .masked_fill_((seg.unsqueeze(2) != seg.unsqueeze(1)).unsqueeze(1), -std::numeric_limits<float>::infinity());
   }
   // The ModuleList itself, never a cached vector of blocks: clone() replaces its items.
+  // A mixture of experts: each sparse layer's routing, for the load-balancing loss and the counts.
+  // (Shared with the body: a recomputed block runs it again in backward, after this returned.)
+  std::vector<std::pair<int64_t, std::shared_ptr<moe::Routing>>> routed;  // sparse layer -> its routing
   for (int64_t i = first; i < last; ++i) {
     BlockImpl* block = (*model->layers)[static_cast<size_t>(i)]->as<BlockImpl>();
     if (!block) throw std::logic_error("llama: block " + std::to_string(i) + " is another pipeline stage's");
+    std::shared_ptr<moe::Routing> routing =
+        block->experts ? routed.emplace_back(i, std::make_shared<moe::Routing>()).second : nullptr;
     x = run_block(cfg_.checkpoint, i, *block, {x},
-                  [block, B, T, cos = cos, sin = sin, mask](const std::vector<torch::Tensor>& in) {
-                    return block->forward(in[0], B, T, cos, sin, mask);
+                  [block, B, T, cos = cos, sin = sin, mask, routing](const std::vector<torch::Tensor>& in) {
+                    return block->forward(in[0], B, T, cos, sin, mask, nullptr, routing.get());
                   });
+  }
+  // Kept for the training forward only (grad mode): an evaluator or a sampler reading the same
+  // model at the same time (a no-grad forward) leaves them alone.
+  if (!routed.empty() && torch::GradMode::is_enabled()) {
+    std::vector<torch::Tensor> logits, counts;
+    for (const auto& [layer, r] : routed) {
+      logits.push_back(r->logits), counts.push_back(r->counts.to(torch::kCPU));
+      torch::Tensor& since = counts_since_[layer];  // a step's forwards (micro-batches, pipeline chunks), by layer
+      since = since.defined() ? since + counts.back() : counts.back().clone();
+    }
+    counts_ = torch::stack(counts);
+    aux_loss_ = cfg_.moe.aux_loss ? cfg_.moe.aux_loss_coef * moe::load_balancing_loss(logits, cfg_.moe.experts, cfg_.moe.top_k)
+                                  : torch::Tensor();
   }
   return x;
 }
@@ -264,15 +321,34 @@ TensorMap LlamaImpl::chunk(int k, const torch::Tensor& idx, const TensorMap& in,
   return {{"x", x}};
 }
 
+std::vector<std::pair<std::string, double>> LlamaImpl::take_routing_metrics() {
+  std::vector<int64_t> sparse;
+  std::vector<torch::Tensor> counts;
+  for (int64_t i = 0; i < cfg_.layers; ++i)
+    if (cfg_.moe.sparse(i) && cfg_.holds_block(i)) {
+      sparse.push_back(i);
+      const auto it = counts_since_.find(i);
+      counts.push_back(it != counts_since_.end() ? it->second : torch::zeros({cfg_.moe.experts}, torch::kLong));
+    }
+  counts_since_.clear();
+  // Pipeline stages hold different layers, and the metrics node wants the same names on every
+  // rank: not reported there yet.
+  if (sparse.empty() || cfg_.stages) return {};
+  return moe::load_metrics(torch::stack(counts), sparse);
+}
+
 ParamOrder whole_order(const Config& c) {
   Config one = c;
   one.stages = nullptr;
-  const Block block(one);
   const int64_t rows = c.vocab / c.tp_size();
   ParamOrder order{{"model.embed_tokens.weight", {rows, c.dim}}};
-  for (int64_t i = 0; i < c.layers; ++i)
-    for (const auto& p : block->named_parameters(true))
+  std::map<bool, Block> kinds;  // a dense block's names and shapes, a sparse one's
+  for (int64_t i = 0; i < c.layers; ++i) {
+    auto kind = kinds.find(c.moe.sparse(i));
+    if (kind == kinds.end()) kind = kinds.emplace(c.moe.sparse(i), Block(one, i)).first;
+    for (const auto& p : kind->second->named_parameters(true))
       order.emplace_back("model.layers." + std::to_string(i) + "." + p.key(), p.value().sizes().vec());
+  }
   order.emplace_back("model.norm.weight", std::vector<int64_t>{c.dim});
   if (!c.tie_embeddings) order.emplace_back("lm_head.weight", std::vector<int64_t>{rows, c.dim});
   return order;
@@ -280,7 +356,9 @@ ParamOrder whole_order(const Config& c) {
 
 BlockUnits block_units(const Config& c) {
   const double d = static_cast<double>(c.dim);
-  const double q_width = static_cast<double>(c.heads * c.head_size()), mlp = static_cast<double>(c.mlp_dim);
+  const double q_width = static_cast<double>(c.heads * c.head_size());
+  // A sparse layer keeps each token's top_k experts' SwiGLU (the larger of the two kinds counted).
+  const double mlp = static_cast<double>(std::max(c.mlp_dim, c.moe.on() ? c.moe.top_k * c.moe.expert_dim : 0));
   return {8.0, 8.0 * q_width / d + 8.0 * mlp / d};
 }
 
@@ -328,25 +406,46 @@ void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Ten
       s += " (q_proj " + shape_str(q->second) + ", k_proj " + shape_str(k->second) + ")";
     return s + (file.count("lm_head.weight") ? ", untied head" : ", tied head");
   };
+  // A mixture of experts saved per expert (the Hub's files; save_pretrained's original format):
+  // fused into the module's tensors as transformers 5 does (Mixtral's under its own names).
+  const MoeConfig& moe = model.config().moe;
+  if (moe.on()) {
+    load_declared(model, family(model.config()), moe::fuse_experts(tensors, expert_file_names(model.config())), source, o);
+    return;
+  }
   load_declared(model, family(model.config()), tensors, source, o);  // a stage's tensors, a tp rank's parts
+}
+
+moe::PerExpertNames expert_file_names(const Config& c) {
+  return c.model_type == "mixtral" ? moe::PerExpertNames{"block_sparse_moe", "w1", "w3", "w2"}
+                                   : moe::PerExpertNames{"mlp", "gate_proj", "up_proj", "down_proj"};
 }
 
 nlohmann::json hf_config(const Config& c) {
   std::string type = c.model_type;
+  const MoeConfig& moe = c.moe;
+  if (type.empty() && moe.on()) type = c.qk_norm ? "qwen3_moe" : "mixtral";
   if (type.empty()) type = c.qk_norm ? "qwen3" : c.qkv_bias && !c.o_bias && !c.mlp_bias ? "qwen2" : "llama";
-  const bool fits = (type == "qwen3") == c.qk_norm &&
-                    (type == "qwen2"     ? c.qkv_bias && !c.o_bias && !c.mlp_bias
-                     : type == "mistral" ? !c.qkv_bias && !c.o_bias && !c.mlp_bias
-                     : type == "qwen3"   ? c.qkv_bias == c.o_bias && !c.mlp_bias
-                                         : c.qkv_bias == c.o_bias);
+  const bool qwen3 = type == "qwen3" || type == "qwen3_moe";
+  // Mixtral: every layer sparse, always renormalised, its experts the only MLP.
+  const bool mixtral_moe = moe.sparse_step == 1 && moe.mlp_only_layers.empty() && moe.norm_topk_prob;
+  const bool fits = qwen3 == c.qk_norm && (type == "qwen3_moe" || type == "mixtral") == moe.on() &&
+                    (type == "qwen2"                        ? c.qkv_bias && !c.o_bias && !c.mlp_bias
+                     : type == "mistral" || type == "mixtral" ? !c.qkv_bias && !c.o_bias && !c.mlp_bias
+                     : qwen3                                ? c.qkv_bias == c.o_bias && !c.mlp_bias
+                                                            : c.qkv_bias == c.o_bias) &&
+                    (type != "mixtral" || mixtral_moe);
   if (!fits)
-    throw std::runtime_error(fmt::format("llama: no transformers class has q/k/v biases {}, an o bias {}, MLP biases {} "
-                                         "and q/k norms {} ({} puts them otherwise); this model cannot be saved as a "
-                                         "Hugging Face folder", c.qkv_bias, c.o_bias, c.mlp_bias, c.qk_norm, type));
+    throw std::runtime_error(fmt::format("llama: no transformers class has q/k/v biases {}, an o bias {}, MLP biases {}, "
+                                         "q/k norms {} and {} ({} puts them otherwise); this model cannot be saved as a "
+                                         "Hugging Face folder", c.qkv_bias, c.o_bias, c.mlp_bias, c.qk_norm,
+                                         moe.on() ? "these experts" : "no experts", type));
   static const std::map<std::string, std::string> kClass = {{"llama", "LlamaForCausalLM"},
                                                             {"qwen2", "Qwen2ForCausalLM"},
                                                             {"qwen3", "Qwen3ForCausalLM"},
-                                                            {"mistral", "MistralForCausalLM"}};
+                                                            {"mistral", "MistralForCausalLM"},
+                                                            {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                                            {"mixtral", "MixtralForCausalLM"}};
   nlohmann::json j = {{"architectures", {kClass.at(type)}},
                       {"model_type", type},
                       {"vocab_size", c.vocab},
@@ -363,9 +462,26 @@ nlohmann::json hf_config(const Config& c) {
                       {"rope_theta", c.rope_theta},
                       {"torch_dtype", "float32"}};
   if (type == "llama") j["attention_bias"] = c.qkv_bias, j["mlp_bias"] = c.mlp_bias;
-  if (type == "qwen3") j["attention_bias"] = c.qkv_bias;
-  if (type == "qwen2" || type == "qwen3") j["use_sliding_window"] = false;
-  if (type == "mistral") j["sliding_window"] = nullptr;
+  if (qwen3) j["attention_bias"] = c.qkv_bias;
+  if (type == "qwen2" || qwen3) j["use_sliding_window"] = false;
+  if (type == "mistral" || type == "mixtral") j["sliding_window"] = nullptr;
+  if (moe.on()) {
+    j["num_experts_per_tok"] = moe.top_k;
+    j["output_router_logits"] = moe.aux_loss;
+    j["router_aux_loss_coef"] = moe.aux_loss_coef;
+  }
+  if (type == "qwen3_moe") {
+    j["num_experts"] = moe.experts;
+    j["moe_intermediate_size"] = moe.expert_dim;
+    j["norm_topk_prob"] = moe.norm_topk_prob;
+    j["decoder_sparse_step"] = moe.sparse_step;
+    j["mlp_only_layers"] = moe.mlp_only_layers;
+  }
+  if (type == "mixtral") {
+    j["num_local_experts"] = moe.experts;
+    j["intermediate_size"] = moe.expert_dim;  // Mixtral's experts are its MLP
+    j["router_jitter_noise"] = 0.0;
+  }
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "default") {
     j["rope_scaling"] = nullptr;
@@ -397,6 +513,10 @@ std::shared_ptr<ModelState> make_state(Llama model) {
   lm->decode = [](ModelState& self, const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                   KvCache& cache) { return self.module->as<LlamaImpl>()->decode(ids, positions, mask, cache); };
   state->causal_lm = lm;
+  if (model->config().moe.aux_loss)
+    state->extra_loss = [](torch::nn::Module& m) { return m.as<LlamaImpl>()->aux_loss(); };
+  if (model->config().moe.on())
+    state->take_routing_metrics = [](torch::nn::Module& m) { return m.as<LlamaImpl>()->take_routing_metrics(); };
   return state;
 }
 

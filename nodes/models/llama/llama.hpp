@@ -18,6 +18,12 @@
 //   model.norm.weight [dim]
 //   lm_head.weight [vocab, dim]                                    absent when tied to embed_tokens
 //
+// Mixtures of experts (Qwen 3 MoE, Mixtral; Config::moe, models/moe.hpp): a sparse layer's MLP is
+// routed experts, under transformers 5's names (files saved per expert are fused as they load):
+//   model.layers.N.mlp.gate.weight [experts, dim]                  the router
+//   model.layers.N.mlp.experts.gate_up_proj [experts, 2*expert_dim, dim]
+//   model.layers.N.mlp.experts.down_proj [experts, dim, expert_dim]
+//
 // Attention is causal and grouped-query: heads/kv_heads query heads share each key/value head
 // (head h reads kv head h / (heads/kv_heads), transformers' repeat_kv), with rotary positions
 // (models/rotary.hpp: rope_theta and rope_scaling). Linear layers are lora::Linear (torch's
@@ -51,9 +57,25 @@
 #include "models/lm_batch.hpp"
 #include "models/lora.hpp"
 #include "models/model_state.hpp"
+#include "models/moe.hpp"
 #include "models/rotary.hpp"
 
 namespace flowrun::llama {
+
+// A mixture of experts in place of the MLP in the sparse layers (experts > 0), as transformers'
+// Qwen3MoeConfig and MixtralConfig say it.
+struct MoeConfig {
+  int64_t experts = 0;      // num_experts (Mixtral: num_local_experts); 0: every layer dense
+  int64_t top_k = 2;        // num_experts_per_tok
+  int64_t expert_dim = 0;   // moe_intermediate_size (Mixtral: intermediate_size)
+  bool norm_topk_prob = true;  // the top_k probabilities renormalised to sum to 1 (Mixtral: always)
+  int64_t sparse_step = 1;  // decoder_sparse_step: layer i sparse when (i + 1) % sparse_step == 0
+  std::vector<int64_t> mlp_only_layers;  // dense (mlp_dim) whatever sparse_step says
+  bool aux_loss = false;       // output_router_logits: the load-balancing loss joins the objective's
+  double aux_loss_coef = 0.001;  // router_aux_loss_coef, its weight
+  bool on() const { return experts > 0; }
+  bool sparse(int64_t layer) const;
+};
 
 struct Config {
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, head_dim = 0, mlp_dim = 8192, vocab = 128256,
@@ -66,6 +88,7 @@ struct Config {
   bool o_bias = false;    // the output projection with one (Llama's attention_bias)
   bool mlp_bias = false;  // the MLP's projections with one (Llama's mlp_bias)
   bool qk_norm = false;   // RMSNorm over each query and key head before the rotary positions (Qwen 3)
+  MoeConfig moe;          // routed experts in the sparse layers (Qwen 3 MoE, Mixtral)
   CheckpointPolicy checkpoint;  // blocks recomputed in backward (models/activation_checkpoint.hpp)
   // transformers' model_type a saved folder names (llama, qwen2, mistral): the folder's it was
   // read from; "" for a model from its sizes (hf_config picks the class the biases allow).
@@ -130,16 +153,21 @@ TORCH_MODULE(Attention);
 
 class BlockImpl : public torch::nn::Cloneable<BlockImpl> {
  public:
-  explicit BlockImpl(const Config& c) : c_(c) { reset(); }
+  // Block `index` of the model (a mixture of experts' sparse layers are some of them).
+  BlockImpl(const Config& c, int64_t index) : c_(c), index_(index) { reset(); }
   void reset() override;
+  // `routing`, in a sparse layer, gets what its router decided.
   torch::Tensor forward(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& cos, const torch::Tensor& sin,
-                        const torch::Tensor& mask = {}, std::pair<torch::Tensor, torch::Tensor>* cache = nullptr);
+                        const torch::Tensor& mask = {}, std::pair<torch::Tensor, torch::Tensor>* cache = nullptr,
+                        moe::Routing* routing = nullptr);
   layers::RmsNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   Attention self_attn{nullptr};
-  layers::Mlp mlp{nullptr};  // gate_proj, up_proj, down_proj (layers::Mlp's fc1, gate, fc2)
+  layers::Mlp mlp{nullptr};  // gate_proj, up_proj, down_proj (layers::Mlp's fc1, gate, fc2); null in a sparse layer
+  moe::Moe experts{nullptr};  // a sparse layer's, registered as "mlp"
 
  private:
   Config c_;
+  int64_t index_;
 };
 TORCH_MODULE(Block);
 
@@ -174,6 +202,15 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   // (`mask` [B, 1, t, L]), the cache grown by t -> logits [B, t, vocab]. The whole model only.
   torch::Tensor decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask, KvCache& cache);
   const Config& config() const { return cfg_; }
+  // A mixture of experts with aux_loss: aux_loss_coef x the load-balancing loss of the last
+  // forward with grad (transformers' over every sparse layer's router), for forward_backward to
+  // add (ModelState::extra_loss); undefined otherwise. The experts' token counts of that forward,
+  // [sparse layers, experts]. (No-grad forwards, an evaluator's, change neither.)
+  torch::Tensor aux_loss() const { return aux_loss_; }
+  torch::Tensor expert_counts() const { return counts_; }
+  // The counts of every forward with grad since the last call, summed, as moe::load_metrics
+  // names them (ModelState::take_routing_metrics); they start again.
+  std::vector<std::pair<std::string, double>> take_routing_metrics();
 
   Body model{nullptr};
   lora::Linear lm_head{nullptr};  // null when tied (the logits use model.embed_tokens.weight) and on a stage before the last
@@ -184,6 +221,8 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   torch::Tensor head(const torch::Tensor& x, int64_t B, int64_t T, const torch::Tensor& rows = {});  // -> logits
   Config cfg_;
   Rope rope_;
+  torch::Tensor aux_loss_, counts_;
+  std::map<int64_t, torch::Tensor> counts_since_;  // sparse layer -> its tokens per expert since the last take
 };
 TORCH_MODULE(Llama);
 
@@ -207,6 +246,9 @@ void load_hf_state_dict(LlamaImpl& model, const std::map<std::string, torch::Ten
 // mistral; q/k/v biases without an o bias are Qwen2ForCausalLM's, q/k norms Qwen3ForCausalLM's. Biases no class has (o without
 // q/k/v, or q/k/v and the MLP's without o) are refused.
 nlohmann::json hf_config(const Config& c);
+// How the model type's files name the experts one by one (Mixtral's block_sparse_moe.experts.E.w1,
+// Qwen 3 MoE's mlp.experts.E.gate_proj): what loading fuses and saving writes.
+moe::PerExpertNames expert_file_names(const Config& c);
 // The ModelState of the llama node: forward(batch) reads batch["tokens"], integer [B, T+1], and
 // returns the logits [B, T, vocab] of the inputs tokens[:, :-1] (the lm objective scores them
 // against tokens[:, 1:]), as the gpt node's.

@@ -22,7 +22,33 @@ namespace {
 const std::map<std::string, std::string> kModelTypes = {{"llama", "LlamaForCausalLM"},
                                                         {"qwen2", "Qwen2ForCausalLM"},
                                                         {"qwen3", "Qwen3ForCausalLM"},
-                                                        {"mistral", "MistralForCausalLM"}};
+                                                        {"mistral", "MistralForCausalLM"},
+                                                        {"qwen3_moe", "Qwen3MoeForCausalLM"},
+                                                        {"mixtral", "MixtralForCausalLM"}};
+
+// A mixture of experts' keys (Qwen 3 MoE's, Mixtral's) into c.moe. transformers 5 writes
+// num_local_experts where 4 wrote num_experts; Mixtral's experts are intermediate_size wide and
+// every layer is sparse.
+void apply_moe(const PretrainedFolder& f, const std::string& type, Config& c, std::vector<std::string>& problems) {
+  MoeConfig& m = c.moe;
+  m.experts = config_value<int64_t>(f, "num_experts", config_value<int64_t>(f, "num_local_experts", 0));
+  m.top_k = config_value<int64_t>(f, "num_experts_per_tok", 2);
+  m.aux_loss = config_value<bool>(f, "output_router_logits", false);
+  m.aux_loss_coef = config_value<double>(f, "router_aux_loss_coef", 0.001);
+  if (type == "mixtral") {
+    m.expert_dim = c.mlp_dim;  // Mixtral has no dense MLP: intermediate_size is each expert's
+    m.norm_topk_prob = true;
+    if (config_value<double>(f, "router_jitter_noise", 0.0) != 0.0)
+      problems.push_back("router_jitter_noise = " + f.config["router_jitter_noise"].dump() + " is not built (set it to 0)");
+  } else {
+    m.expert_dim = config_value<int64_t>(f, "moe_intermediate_size", 0);
+    m.norm_topk_prob = config_value<bool>(f, "norm_topk_prob", false);
+    m.sparse_step = config_value<int64_t>(f, "decoder_sparse_step", 1);
+    if (f.config.contains("mlp_only_layers") && f.config["mlp_only_layers"].is_array())
+      m.mlp_only_layers = f.config["mlp_only_layers"].get<std::vector<int64_t>>();
+  }
+  if (m.experts <= 0) problems.push_back(type + ": num_experts (or num_local_experts) is missing or not positive");
+}
 
 // A folder's config.json into the config (transformers 4's rope_theta + rope_scaling, or 5's
 // rope_parameters); `given`: the node's `with:` as written, which must agree with the file. Every
@@ -33,8 +59,9 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
   auto known_type = kModelTypes.find(type);
   if (known_type == kModelTypes.end())
     throw std::runtime_error(f.config_path + ": model_type is '" + type +
-                             "'; the llama node reads llama, qwen2, qwen3 and mistral (LlamaForCausalLM, "
-                             "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM)");
+                             "'; the llama node reads llama, qwen2, qwen3, mistral, qwen3_moe and mixtral "
+                             "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, "
+                             "Qwen3MoeForCausalLM, MixtralForCausalLM)");
   auto agreed = [&](auto* to, const char* param, const char* key, auto fallback) {
     try {
       *to = config_agreed<std::decay_t<decltype(*to)>>(f, given, param, key, fallback);
@@ -45,11 +72,11 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
   // Settings the folder's config.json gives in its own terms: written in the graph too, one of
   // them would be silently replaced.
   for (const char* key : {"rope_theta", "rope_scaling", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor",
-                          "rope_original_context", "qkv_bias", "o_bias", "mlp_bias", "qk_norm"})
+                          "rope_original_context", "qkv_bias", "o_bias", "mlp_bias", "qk_norm", "moe"})
     if (given && given[key])
       problems.push_back(std::string(key) + " is written in the graph, but the folder's config.json sets it (" +
                          "rope_theta, rope_scaling or rope_parameters; attention_bias, mlp_bias and model_type for " +
-                         "the biases); drop it from the graph");
+                         "the biases; num_experts and the other router keys for moe); drop it from the graph");
   agreed(&c.layers, "layers", "num_hidden_layers", int64_t{32});
   agreed(&c.dim, "dim", "hidden_size", int64_t{4096});
   agreed(&c.heads, "heads", "num_attention_heads", int64_t{32});
@@ -69,7 +96,9 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
   c.model_type = type;
   // The biases: Llama's (and Qwen 3's) attention_bias puts one on q, k, v and o, mlp_bias on the
   // MLP's three; Qwen 2's q, k and v always have one. Qwen 3 norms each query and key head.
-  c.qk_norm = type == "qwen3";
+  c.qk_norm = type == "qwen3" || type == "qwen3_moe";
+  c.moe = MoeConfig{};
+  if (type == "qwen3_moe" || type == "mixtral") apply_moe(f, type, c, problems);
   if (type == "qwen2") {
     c.qkv_bias = true, c.o_bias = false, c.mlp_bias = false;
   } else {
@@ -101,9 +130,9 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
         key != "high_freq_factor" && key != "original_max_position_embeddings")
       problems.push_back("rope scaling key " + key + " = " + value.dump() + " is not built");
   // Attention over every earlier position: a sliding window is refused where it would act.
-  if ((type == "qwen2" || type == "qwen3") && config_value<bool>(f, "use_sliding_window", false))
+  if ((type == "qwen2" || type == "qwen3" || type == "qwen3_moe") && config_value<bool>(f, "use_sliding_window", false))
     problems.push_back("use_sliding_window = true is not built (this model attends to every earlier position)");
-  if (type == "mistral" && !f.config.value("sliding_window", nlohmann::json()).is_null() &&
+  if ((type == "mistral" || type == "mixtral") && !f.config.value("sliding_window", nlohmann::json()).is_null() &&
       f.config["sliding_window"].get<int64_t>() < c.context)
     problems.push_back("sliding_window = " + f.config["sliding_window"].dump() +
                        " is not built (this model attends to every earlier position; the window is below context " +
@@ -116,7 +145,7 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
       }
   // Keys this node reads above, keys that change nothing it computes, and keys that change the
   // math with the one value it computes with.
-  const std::set<std::string> known = {
+  std::set<std::string> known = {
       "model_type", "architectures", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
       "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps", "tie_word_embeddings", "head_dim",
       "attention_bias", "mlp_bias", "rope_theta", "rope_scaling", "rope_parameters", "use_sliding_window",
@@ -124,6 +153,12 @@ void apply_pretrained(const PretrainedFolder& f, const YAML::Node& given, Config
       // not the math: token ids, saving, init and generation settings
       "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype", "dtype", "transformers_version", "use_cache",
       "initializer_range", "tokenizer_class", "output_attentions", "output_hidden_states", "return_dict"};
+  // A mixture of experts' (apply_moe), for those types only: elsewhere they are refused.
+  if (type == "qwen3_moe" || type == "mixtral")
+    for (const char* key : {"num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size",
+                            "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "output_router_logits",
+                            "router_aux_loss_coef", "router_jitter_noise"})
+      known.insert(key);
   const std::map<std::string, nlohmann::json> fixed = {
       {"hidden_act", "silu"}, {"attention_dropout", 0.0}, {"pretraining_tp", 1}, {"use_mrope", false}};
   for (const std::string& p : config_key_problems(f, known, fixed, known_type->second, "this llama node"))
@@ -155,6 +190,17 @@ class LlamaNode : public ModelNode {
     c.mlp_bias = p.get<bool>("mlp_bias");
     c.qk_norm = p.get<bool>("qk_norm");
     c.checkpoint = CheckpointPolicy::parse(p.get<std::string>("checkpoint"));
+    if (p.has("moe")) {
+      const Params m = p.sub("moe");
+      c.moe.experts = m.get<int64_t>("experts");
+      c.moe.top_k = m.get<int64_t>("top_k");
+      c.moe.expert_dim = m.get<int64_t>("expert_dim");
+      c.moe.norm_topk_prob = m.get<bool>("norm_topk_prob");
+      c.moe.sparse_step = m.get<int64_t>("sparse_step");
+      c.moe.mlp_only_layers = m.get<std::vector<int64_t>>("mlp_only_layers");
+      c.moe.aux_loss = m.get<bool>("aux_loss");
+      c.moe.aux_loss_coef = m.get<double>("aux_loss_coef");
+    }
     try {
       if (p.has("pretrained")) {
         pretrained_ = open_pretrained(p.get<std::string>("pretrained"), {"", "", "model"});
@@ -241,7 +287,10 @@ class LlamaNode : public ModelNode {
       if (adapted.empty()) spdlog::warn("{}: {}", ctx.who(), e.what());
       return;
     }
-    offer_hf_export(ctx, state, adapted, std::move(config), "", pretrained_ ? pretrained_->dir : std::string());
+    // A mixture of experts written one by one, as the Hub's files (and save_pretrained) have them.
+    Rename rename;
+    if (cfg_.moe.on()) rename = [names = expert_file_names(cfg_)](const auto& t) { return moe::split_experts(t, names); };
+    offer_hf_export(ctx, state, adapted, std::move(config), "", pretrained_ ? pretrained_->dir : std::string(), rename);
   }
 };
 
