@@ -135,6 +135,48 @@ def peft_round(folder, cfg, steps, warmup, window, threads):
 
 SFT = dict(CFG, vocab=151669)
 
+# issue 73: a mixture of experts (Qwen 3 MoE's layout). `moe`: a small model whose step is mostly its
+# experts (64 experts, top 8, 2048 tokens a step, a small vocabulary); `moe_lm`: the same blocks
+# under a 32000 vocabulary, as a small language model is.
+MOE = dict(CFG, layers=2, heads=8, kv_heads=2, mlp_dim=688, vocab=512, experts=64, top_k=8, expert_dim=128)
+MOE_LM = dict(MOE, layers=4, vocab=32000)
+
+
+def save_moe_folder(cfg, path):
+    """A Qwen3MoeForCausalLM of that size as save_pretrained writes it (its experts one by one):
+    what both sides load."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    c = Qwen3MoeConfig(vocab_size=cfg["vocab"], hidden_size=cfg["dim"], intermediate_size=cfg["mlp_dim"],
+                       num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                       num_key_value_heads=cfg["kv_heads"], head_dim=cfg["dim"] // cfg["heads"],
+                       max_position_embeddings=cfg["context"], tie_word_embeddings=True, num_experts=cfg["experts"],
+                       num_experts_per_tok=cfg["top_k"], moe_intermediate_size=cfg["expert_dim"], norm_topk_prob=True,
+                       use_sliding_window=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})
+    Qwen3MoeForCausalLM(c).save_pretrained(path)
+
+
+def moe_overrides(folder, cfg, steps, window, threads):
+    return ["graphs/llama.yaml", "model.pretrained=" + folder, "data.path=data/text/fortunes_byte",
+            "data.batch=%d" % cfg["batch"], "data.seq_len=%d" % cfg["context"], "model.layers=%d" % cfg["layers"],
+            "model.dim=%d" % cfg["dim"], "model.heads=%d" % cfg["heads"], "model.kv_heads=%d" % cfg["kv_heads"],
+            "model.mlp_dim=%d" % cfg["mlp_dim"], "model.vocab=%d" % cfg["vocab"], "model.context=%d" % cfg["context"],
+            "model.tie_embeddings=true", "run.steps=%d" % steps,
+            "run.log_every=%d" % window, "eval.every=1000000", "evlog.every=1000000", "ckpt.every=1000000",
+            "ckpt.at=[]", "run.threads=%d" % threads]
+
+
+def moe_round(folder, cfg, steps, warmup, window, threads):
+    import torch
+    from transformers import Qwen3MoeForCausalLM
+
+    torch.set_num_threads(threads)
+    model = Qwen3MoeForCausalLM.from_pretrained(folder).train()
+    return statistics.median(timed_steps(HfLoss(model), model, make_optimizer(model, "cpu"), cfg, "cpu", steps,
+                                         warmup, window))
+
 
 def sft_overrides(folder, cfg, steps, window, threads):
     return ["graphs/llama_sft.yaml", "model.pretrained=" + folder, "data.batch=%d" % cfg["batch"],
@@ -230,7 +272,7 @@ def _tp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
 def main():
     same_malloc()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["eager", "lora", "ddp", "tp", "sft"], default="eager")
+    ap.add_argument("--mode", choices=["eager", "lora", "ddp", "tp", "sft", "moe", "moe_lm"], default="eager")
     ap.add_argument("--malloc", choices=["same", "default"], default="same")
     ap.add_argument("--flowrun", default="build/engine/flowrun")
     ap.add_argument("--rounds", type=int, default=5)
@@ -249,6 +291,9 @@ def main():
         save_folder(CFG, os.path.join(tmp, "base"))
     if args.mode == "sft":
         save_folder(SFT, os.path.join(tmp, "base"))
+    moe_cfg = MOE if args.mode == "moe" else MOE_LM
+    if args.mode in ("moe", "moe_lm"):
+        save_moe_folder(moe_cfg, os.path.join(tmp, "base"))
     fl, hf = [], []
     for r in range(args.rounds):
         if args.mode == "eager":
@@ -263,6 +308,11 @@ def main():
             folder = os.path.join(tmp, "base")
             sec, cmd = flowrun_round(args.flowrun, sft_overrides(folder, SFT, args.steps, args.window, args.threads), args.warmup)
             peer = lambda: sft_round(folder, SFT, args.steps, args.warmup, args.window, args.threads)  # noqa: E731
+        elif args.mode in ("moe", "moe_lm"):
+            folder = os.path.join(tmp, "base")
+            sec, cmd = flowrun_round(args.flowrun, moe_overrides(folder, moe_cfg, args.steps, args.window, args.threads),
+                                     args.warmup)
+            peer = lambda: moe_round(folder, moe_cfg, args.steps, args.warmup, args.window, args.threads)  # noqa: E731
         else:  # ddp, tp: 2 processes of 1 thread
             more = ["data.batch=%d" % (CFG["batch"] // 2)] if args.mode == "ddp" else ["run.parallel.tp=2"]
             sec, cmd = flowrun_round(args.flowrun, llama_overrides(CFG, args.steps, args.window, 1) + more, args.warmup,
@@ -277,10 +327,12 @@ def main():
     shutil.rmtree(tmp, ignore_errors=True)
     peers = {"eager": "transformers LlamaForCausalLM", "lora": "transformers + peft LoRA",
              "sft": "transformers + peft, packed (TRL's padding_free)",
-             "ddp": "LlamaForCausalLM under DDP, 2 ranks", "tp": "LlamaForCausalLM under DTensor tp 2"}
+             "ddp": "LlamaForCausalLM under DDP, 2 ranks", "tp": "LlamaForCausalLM under DTensor tp 2",
+             "moe": "transformers Qwen3MoeForCausalLM", "moe_lm": "transformers Qwen3MoeForCausalLM"}
     print("| mode | config | %s | flowrun llama | speed ratio (min–max) |" % peers[args.mode])
     print("|---|---|---|---|---|")
-    print("| %s | %s | %.1f ms | %.1f ms | %s |" % (args.mode, ", ".join("%s=%s" % kv for kv in (SFT if args.mode == "sft" else CFG).items()),
+    shown = SFT if args.mode == "sft" else moe_cfg if args.mode in ("moe", "moe_lm") else CFG
+    print("| %s | %s | %.1f ms | %.1f ms | %s |" % (args.mode, ", ".join("%s=%s" % kv for kv in shown.items()),
                                                1e3 * statistics.median(hf), 1e3 * statistics.median(fl),
                                                rounds_ratio(hf, fl)))
 
