@@ -3,7 +3,6 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <regex>
-#include <set>
 #include <stdexcept>
 
 #include "common/tensor_map.hpp"
@@ -70,7 +69,9 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const torch::Tensor& w, con
       (ends.empty() ? 0 : ends.back()) != x.size(0))
     throw std::logic_error(fmt::format("grouped_linear: x {} by w {} in {} runs ending at {}", shape_str(x), shape_str(w),
                                        ends.size(), ends.empty() ? 0 : ends.back()));
-  return GroupedLinear::apply(x.contiguous(), w, ends);
+  // Under autocast (run.precision bf16) the weights in the input's precision, as a linear layer's
+  // are; their gradient flows back through the cast to the float32 parameters.
+  return GroupedLinear::apply(x.contiguous(), w.scalar_type() == x.scalar_type() ? w : w.to(x.scalar_type()), ends);
 }
 
 // ---- the module ----
