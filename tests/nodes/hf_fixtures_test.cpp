@@ -18,6 +18,7 @@
 #include "models/gpt/gpt.hpp"
 #include "models/model_state.hpp"
 #include "models/vae/vae.hpp"
+#include "hf_fixture_helpers.hpp"
 #include "node_test_helpers.hpp"
 
 namespace flowrun {
@@ -31,10 +32,7 @@ const safetensors::Tensors& reference() {
 }
 const torch::Tensor& ref(const std::string& name) { return reference().at(name); }
 
-// ||a - b|| / ||b||, the measure the parity bar (1e-5) is stated in.
-double rel(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / b.to(torch::kDouble).norm()).item<double>();
-}
+double rel(const torch::Tensor& a, const torch::Tensor& b) { return test::rel_norm_diff(a, b); }  // the parity bars' measure
 
 // The fixture's DiT through the dit node (`more`: extra parameters), on the stored inputs.
 torch::Tensor dit_output(const std::string& more = "") {

@@ -16,6 +16,7 @@
 #include "models/llama/llama.hpp"
 #include "models/model_state.hpp"
 #include "data_test_helpers.hpp"
+#include "hf_fixture_helpers.hpp"
 #include "node_test_helpers.hpp"
 #include "support/memory.hpp"
 #include "support/run_graph.hpp"
@@ -28,17 +29,9 @@ namespace llama_parity {  // named: the unity build puts this file beside hf_fix
 namespace fs = std::filesystem;
 const std::string kFixtures = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf";
 
-const torch::Tensor& reference(const std::string& name) {
-  static const safetensors::Tensors r = safetensors::load(kFixtures + "/reference_llama.safetensors").tensors;
-  auto it = r.find(name);
-  if (it == r.end()) throw std::runtime_error("reference_llama.safetensors has no " + name);
-  return it->second;
-}
-
-// ||a - b|| / ||b||, the measure the parity bar (1e-5) is stated in.
-double rel(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / b.to(torch::kDouble).norm()).item<double>();
-}
+const torch::Tensor& reference(const std::string& name) { return test::hf_reference("reference_llama.safetensors", name); }
+using test::rel_norm_diff;
+double rel(const torch::Tensor& a, const torch::Tensor& b) { return rel_norm_diff(a, b); }
 
 std::string graph_of(const std::string& folder, const std::string& more = "") {
   return "flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: llama, with: { pretrained: '" + folder + "'" + more +
@@ -60,15 +53,8 @@ Loaded load_and_run(const std::string& folder, const std::string& name) {
   return l;
 }
 
-// A copy of a fixture folder with its config.json edited.
 std::string edited_copy(const std::string& folder, const std::function<void(nlohmann::json&)>& edit) {
-  const std::string dir = test::temp_dir("llama") + "/" + folder;
-  fs::copy(kFixtures + "/" + folder, dir, fs::copy_options::recursive);
-  nlohmann::json c;
-  std::ifstream(dir + "/config.json") >> c;
-  edit(c);
-  std::ofstream(dir + "/config.json") << c.dump(2);
-  return dir;
+  return test::edited_fixture(folder, edit, "llama");
 }
 
 TEST(Llama, Llama31FromItsShardedFolderMatchesTransformersLogitsLossAndGradients) {

@@ -16,6 +16,7 @@
 #include "models/model_state.hpp"
 #include "models/moe.hpp"
 #include "data_test_helpers.hpp"
+#include "hf_fixture_helpers.hpp"
 #include "node_test_helpers.hpp"
 #include "support/run_graph.hpp"
 
@@ -25,26 +26,10 @@ namespace moe_parity {  // named: the unity build puts this file beside the othe
 namespace fs = std::filesystem;
 const std::string kFixtures = std::string(FLOWRUN_SOURCE_DIR) + "/tests/fixtures/hf";
 
-const torch::Tensor& reference(const std::string& name) {
-  static const safetensors::Tensors r = safetensors::load(kFixtures + "/reference_moe.safetensors").tensors;
-  auto it = r.find(name);
-  if (it == r.end()) throw std::runtime_error("reference_moe.safetensors has no " + name);
-  return it->second;
-}
-
-double rel(const torch::Tensor& a, const torch::Tensor& b) {
-  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() / b.to(torch::kDouble).norm()).item<double>();
-}
-
-// A copy of a fixture folder with its config.json edited.
+const torch::Tensor& reference(const std::string& name) { return test::hf_reference("reference_moe.safetensors", name); }
+double rel(const torch::Tensor& a, const torch::Tensor& b) { return test::rel_norm_diff(a, b); }
 std::string edited_copy(const std::string& folder, const std::function<void(nlohmann::json&)>& edit) {
-  const std::string dir = test::temp_dir("moe") + "/" + folder;
-  fs::copy(kFixtures + "/" + folder, dir, fs::copy_options::recursive);
-  nlohmann::json c;
-  std::ifstream(dir + "/config.json") >> c;
-  edit(c);
-  std::ofstream(dir + "/config.json") << c.dump(2);
-  return dir;
+  return test::edited_fixture(folder, edit, "moe");
 }
 
 std::unique_ptr<test::GraphRun> load(const std::string& folder) {
