@@ -379,7 +379,10 @@ class Checkpoint : public Node {
         mine = "rank " + std::to_string(rank_) + " on host " + host_ + ": " + e.what();
       }
     const std::vector<std::string> seen = comm::allgather_text(*plan_, mine, "checkpoint: the folder check");
+    // Rank 0 removes its file before any rank goes on: a rank that then fails (here, on a folder
+    // not shared) ends the job, which would otherwise kill rank 0 before it removed it.
     if (writer_rank_) fs::remove(probe, ec);
+    comm::allgather_text(*plan_, "", "checkpoint: the folder check's file removed");
     std::string problems;
     for (const std::string& p : seen)
       if (!p.empty()) problems += (problems.empty() ? "" : "; ") + p;
