@@ -350,6 +350,7 @@ RunSettings run_settings(const YAML::Node& run) {
     if (!par || !par["tp"] || !par["pp"]) throw std::logic_error("run_settings: run.parallel.tp/pp missing (a checked section has every key)");
     s.parallel.tp = par["tp"].as<int>();
     s.parallel.pp = par["pp"].as<int>();
+    s.parallel.ep = par["ep"].as<int>();
     s.parallel.microbatches = par["microbatches"].as<int>();
     s.parallel.schedule = par["schedule"].as<std::string>();
     s.parallel.virtual_stages = par["virtual_stages"].as<int>();

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #ifdef FLOWRUN_MPI
@@ -50,7 +51,7 @@ size_t dtype_size(DType t) {
   return 1;
 }
 
-enum class Kind { allreduce, broadcast, allgather, allgather_blocks, reduce_scatter, send, recv, barrier, dup, split };
+enum class Kind { allreduce, broadcast, allgather, allgather_blocks, reduce_scatter, all_to_all, send, recv, barrier, dup, split };
 
 struct Pending {
   Kind kind = Kind::barrier;
@@ -61,8 +62,9 @@ struct Pending {
   DType type = DType::f32;
   Op op = Op::sum;
   int root = 0;  // broadcast: the sender; send, recv: the other rank
-  std::vector<int> counts, displs;  // reduce_scatter, allgather_blocks: elements per rank, where
-  size_t element_size = 0;          // allgather_blocks
+  std::vector<int> counts, displs;  // reduce_scatter, allgather_blocks, all_to_all (sent): elements per rank, where
+  std::vector<int> recv_counts, recv_displs;  // all_to_all: the blocks received
+  size_t element_size = 0;          // allgather_blocks, all_to_all
   int me = 0;                       // reduce_scatter, allgather_blocks: this rank's place in the channel
   std::vector<char> scratch;        // reduce_scatter: the other ranks' blocks of this rank's part
 #ifdef FLOWRUN_MPI
@@ -258,6 +260,25 @@ void start(Pending& p) {
         if (p.counts[static_cast<size_t>(r)] > 0)
           post(MPI_Isend(static_cast<const char*>(p.in) + static_cast<size_t>(p.displs[static_cast<size_t>(r)]) * es,
                          p.counts[static_cast<size_t>(r)], mpi_type(p.type), r, kTagBlocks, p.comm, &q), q);
+      }
+      break;
+    }
+    case Kind::all_to_all: {
+      // Point to point, as allgather_blocks: block r of `in` to rank r, rank r's block for this
+      // one into its place in `data` (this rank's own block was copied when submitted). A block
+      // of no elements is no message on either end (the counts agree: each rank's receive count
+      // from r is r's send count to it).
+      const MPI_Datatype t = p.element_size == 1 ? MPI_UINT8_T : p.element_size == 2 ? MPI_UINT16_T
+                           : p.element_size == 4 ? MPI_UINT32_T : MPI_UINT64_T;
+      for (int r = 0; r < static_cast<int>(p.counts.size()); ++r) {
+        if (r == p.me) continue;
+        const size_t k = static_cast<size_t>(r);
+        if (p.recv_counts[k] > 0)
+          post(MPI_Irecv(static_cast<char*>(p.data) + static_cast<size_t>(p.recv_displs[k]) * p.element_size,
+                         p.recv_counts[k], t, r, kTagBlocks, p.comm, &q), q);
+        if (p.counts[k] > 0)
+          post(MPI_Isend(static_cast<const char*>(p.in) + static_cast<size_t>(p.displs[k]) * p.element_size, p.counts[k],
+                         t, r, kTagBlocks, p.comm, &q), q);
       }
       break;
     }
@@ -798,6 +819,39 @@ Request Channel::reduce_scatter(const void* send, void* recv, const std::vector<
   set_blocks(*p, counts);
   p->me = rank_;
   p->in = send, p->data = recv, p->type = type, p->op = op, p->comm = impl_->comm;
+  return Request(submit(p));
+#else
+  return Request();
+#endif
+}
+
+Request Channel::all_to_all(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                            const std::vector<size_t>& recv_counts, size_t element_size, const std::string& what) {
+  if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8)
+    throw CommError("'" + name_ + "': " + what + ": elements of " + std::to_string(element_size) + " bytes");
+  check_counts(send_counts, size_, "'" + name_ + "': " + what + " (sent)");
+  check_counts(recv_counts, size_, "'" + name_ + "': " + what + " (received)");
+  auto at = [](const std::vector<size_t>& counts, int r) {
+    size_t a = 0;
+    for (int q = 0; q < r; ++q) a += counts[static_cast<size_t>(q)];
+    return a;
+  };
+  const size_t mine = send_counts[static_cast<size_t>(rank_)];
+  if (mine != recv_counts[static_cast<size_t>(rank_)])
+    throw CommError("'" + name_ + "': " + what + ": this rank sends itself " + std::to_string(mine) + " elements and expects " +
+                    std::to_string(recv_counts[static_cast<size_t>(rank_)]));
+  if (mine > 0)
+    std::memcpy(static_cast<char*>(recv) + at(recv_counts, rank_) * element_size,
+                static_cast<const char*>(send) + at(send_counts, rank_) * element_size, mine * element_size);
+  if (size_ == 1) return Request();
+#ifdef FLOWRUN_MPI
+  auto p = make(Kind::all_to_all, name_, what);
+  set_blocks(*p, recv_counts);  // set_blocks fills counts and displs: the received blocks' first
+  p->recv_counts = std::exchange(p->counts, {});
+  p->recv_displs = std::exchange(p->displs, {});
+  set_blocks(*p, send_counts);
+  p->me = rank_;
+  p->in = send, p->data = recv, p->element_size = element_size, p->comm = impl_->comm;
   return Request(submit(p));
 #else
   return Request();

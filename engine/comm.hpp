@@ -134,6 +134,13 @@ class Channel {
   // same counts on every rank); recv holds counts[rank()]. bf16 supports only sum.
   Request reduce_scatter(const void* send, void* recv, const std::vector<size_t>& counts, DType type, Op op,
                          const std::string& what);
+  // An all-to-all of uneven blocks (MPI_Alltoallv's): block q of `send` (send_counts[q] elements
+  // of element_size bytes, the blocks one after the other) to rank q, rank q's block for this rank
+  // into place q of `recv` (recv_counts[q] elements, one after the other), sent point to point.
+  // The counts are each rank's own (rank q's send count to this rank must be this rank's
+  // recv_counts[q]: exchange them first); this rank's own block is copied before it returns.
+  Request all_to_all(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                     const std::vector<size_t>& recv_counts, size_t element_size, const std::string& what);
   // Point to point: `bytes` of data to rank `peer` (its rank in the channel), or from it into
   // data. Between two ranks the messages of a channel are matched in the order each side issues
   // them (issue sends and receives in the same order on both ends: pipeline stages); the sizes

@@ -353,9 +353,9 @@ NodeSchema parse_node_schema(const std::string& text, const std::string& origin)
         const YAML::Node group = c.IsMap() ? c["group"] : YAML::Node();
         const std::string g = group && group.IsScalar() ? group.as<std::string>() : "";
         if (c.IsMap()) r.unknown_keys(c, {"group", "doc"}, "collectives");
-        if (g != "world" && g != "dp" && g != "tp" && g != "pp") {
+        if (g != "world" && g != "dp" && g != "tp" && g != "pp" && g != "ep" && g != "edp") {
           diags.error(mark_of(c, origin), "collectives",
-                      "collectives is { group: world | dp | tp | pp, doc: what the node exchanges }, or a list of them");
+                      "collectives is { group: world | dp | tp | pp | ep | edp, doc: what the node exchanges }, or a list of them");
           continue;
         }
         s.collectives.push_back({g, c["doc"] ? c["doc"].as<std::string>() : ""});

@@ -80,9 +80,9 @@ struct RunSettings {
   double comm_timeout_s = 0;
   double heartbeat_timeout_s = 0;
   // run.parallel: the mesh's tensor- and pipeline-parallel sizes (nodes/parallel/mesh.hpp); the
-  // data-parallel size is what the world leaves.
+  // data-parallel size is what the world leaves, and ep (expert parallel) is cut out of it.
   struct Parallel {
-    int tp = 1, pp = 1;
+    int tp = 1, pp = 1, ep = 1;
     // Pipeline parallel (pp > 1; nodes/parallel/pipeline_schedule.hpp).
     int microbatches = 1;
     std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved, zero_bubble

@@ -298,7 +298,7 @@ std::optional<int> RunSession::start() {
   // run.parallel: the mesh of the job's processes; a layout the world does not divide, or one
   // with a strategy not built yet, stops every rank before any node is made.
   try {
-    const parallel::Mesh mesh(info_.world, run.parallel.tp, run.parallel.pp);
+    const parallel::Mesh mesh(info_.world, run.parallel.tp, run.parallel.pp, run.parallel.ep);
     parallel::pipeline_config(run.parallel);
     if (info_.world > 1 && info_.rank == 0) spdlog::info("processes: {}", mesh.describe());
   } catch (const std::exception& e) {

@@ -7,19 +7,24 @@
 
 namespace flowrun {
 
-FlatLayout FlatLayout::of(const std::vector<torch::Tensor>& tensors, bool reverse) {
+FlatLayout FlatLayout::of(const std::vector<torch::Tensor>& tensors, bool reverse, const std::vector<int>& kinds) {
   FlatLayout l;
   const int n = static_cast<int>(tensors.size());
+  if (!kinds.empty() && kinds.size() != tensors.size())
+    throw std::logic_error("flat buffers: " + std::to_string(kinds.size()) + " kinds for " + std::to_string(n) + " tensors");
   l.slots.resize(static_cast<size_t>(n));
   l.position.assign(static_cast<size_t>(n), -1);
   std::vector<std::vector<int>> members;  // per group, in the given order
   for (int i = 0; i < n; ++i) {
     const torch::Tensor& t = tensors[static_cast<size_t>(i)];
     if (!t.defined()) throw std::runtime_error("flat buffers: tensor " + std::to_string(i) + " is undefined");
+    const int kind = kinds.empty() ? 0 : kinds[static_cast<size_t>(i)];
     size_t g = 0;
-    while (g < l.groups.size() && !(l.groups[g].dtype == t.scalar_type() && l.groups[g].device == t.device())) ++g;
+    while (g < l.groups.size() && !(l.groups[g].dtype == t.scalar_type() && l.groups[g].device == t.device() &&
+                                    l.groups[g].kind == kind))
+      ++g;
     if (g == l.groups.size()) {
-      l.groups.push_back({t.scalar_type(), t.device(), 0});
+      l.groups.push_back({t.scalar_type(), t.device(), 0, kind});
       members.emplace_back();
     }
     members[g].push_back(i);
@@ -46,7 +51,7 @@ bool FlatLayout::operator==(const FlatLayout& o) const {
       return false;
   for (size_t g = 0; g < groups.size(); ++g)
     if (groups[g].dtype != o.groups[g].dtype || groups[g].device != o.groups[g].device ||
-        groups[g].numel != o.groups[g].numel)
+        groups[g].numel != o.groups[g].numel || groups[g].kind != o.groups[g].kind)
       return false;
   return true;
 }

@@ -26,6 +26,7 @@ struct FlatLayout {
     torch::Dtype dtype;
     c10::Device device;
     int64_t numel;
+    int kind = 0;  // the tensors' kind (of()'s `kinds`: a gradient buffer's experts, reduced over other ranks)
   };
   std::vector<Slot> slots;    // per tensor, in the order given
   std::vector<Group> groups;  // per buffer, numbered in the order their first tensor appears
@@ -35,7 +36,9 @@ struct FlatLayout {
 
   // Within a group the tensors follow the given order, or the reverse (`reverse`: gradient
   // buffers, which backward fills from the last layer to the first).
-  static FlatLayout of(const std::vector<torch::Tensor>& tensors, bool reverse = false);
+  // `kinds` (one per tensor, or empty: all 0) separates groups further: tensors of two kinds never
+  // share a buffer (a gradient buffer's experts under expert parallel, averaged over other ranks).
+  static FlatLayout of(const std::vector<torch::Tensor>& tensors, bool reverse = false, const std::vector<int>& kinds = {});
   bool operator==(const FlatLayout& o) const;
   // One zeroed buffer per group.
   std::vector<torch::Tensor> zeros() const;

@@ -63,6 +63,7 @@ struct StateIO {
     parallel::Group& dp;     // this rank's data-parallel ranks (what ZeRO shards over; all of them when tp is 1)
     parallel::Group* tp = nullptr;  // this rank's tensor-parallel ranks (run.parallel.tp > 1), else null
     parallel::Group* pp = nullptr;  // this rank's pipeline stages (run.parallel.pp > 1), else null
+    parallel::Group* ep = nullptr;  // this rank's expert-parallel ranks (run.parallel.ep > 1), else null
   };
   std::function<void(Value&, const Groups&)> collect;
   // Optional, with collect: let go of what it gathered, once the exporters copied it (whole
@@ -82,14 +83,6 @@ struct StateIO {
   // load() of every tensor whole.
   std::function<void(Value&, const StateSource&)> load_from;
 };
-
-// A collect's channel over the tp ranks, for a state split over them (`what`, for the message).
-inline parallel::Group& tp_channel(const StateIO::Groups& groups, const std::string& what) {
-  if (!groups.tp)
-    throw std::logic_error(what + " is split over tensor parallel, but the node gathering it opened no channel over "
-                                  "the tp ranks (StateIO::Groups::tp)");
-  return *groups.tp;
-}
 
 void register_state_io(std::type_index type, StateIO io);
 // The StateIO for the object a Value holds, or nullptr.

@@ -15,6 +15,7 @@
 #include <limits>
 
 #include "parallel/mesh.hpp"
+#include "parallel/expert_parallel.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "comm.hpp"
 #include "encode/text_encode.hpp"
@@ -109,6 +110,7 @@ class EvaluatorNode : public Node {
     opts_.precision = run_precision(ctx.run());
     ch_ = comm::Channel::create(ctx.name());  // collective: setup runs in file order on every rank
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // a split model's collectives (TpChannel)
+    ep_group_ = parallel::own_ep_group(ctx.name(), ctx.run());  // a mixture of experts' all-to-alls (EpChannel)
     dp_group_ = parallel::own_dp_group(ctx.name() + " gathers", ctx.run());  // a ZeRO-3 model's gathers
     check_precision(opts_.precision, model_device(ctx.state_as<ModelState>("model")), ctx.who());
     const Dataset& data = ctx.state_as<Dataset>("data");
@@ -129,11 +131,18 @@ class EvaluatorNode : public Node {
 
   void run(StepContext& ctx) override {
     const parallel::TpChannel tp_channel(tp_group_.get());
+    const parallel::EpChannel ep_channel(ep_group_.get());
     const StageChannel stage_channel(pp_group_.get());
     ShardedReader reader(ctx.state_as<ModelState>("model"), dp_group_.get(), ctx.who() + " of step " + std::to_string(ctx.step()));
     const Dataset& data = ctx.state_as<Dataset>("data");
     EvalOptions o = opts_;
     if (reader.sharded()) o.batches = reader.agreed(std::min(o.batches, data.num_batches(o.split, o.batch, o.rank, o.world)));
+    if (ep_group_) {  // expert parallel: every ep rank runs as many forwards (their all-to-alls pair up)
+      torch::Tensor n = torch::tensor({static_cast<double>(std::min(o.batches, data.num_batches(o.split, o.batch, o.rank, o.world)))},
+                                      torch::kDouble);
+      ep_group_->all_reduce(n, comm::Op::min, "expert parallel: the batches every ep rank evaluates").wait();
+      o.batches = static_cast<int64_t>(n.item<double>());
+    }
     if (with_text_ || vae_) {
       const TextConditioner text = text_conditioner(ctx);
       o.cond = [&, text, vae = vae_](int64_t i, const TensorMap& batch) {
@@ -180,6 +189,7 @@ class EvaluatorNode : public Node {
   ModelState* vae_ = nullptr;  // the vae input's state (frozen: never written; its `condition`), when connected
   EvalOptions opts_;
   std::shared_ptr<comm::Channel> ch_;
+  std::shared_ptr<parallel::Group> ep_group_;  // run.parallel.ep > 1: the experts' all-to-alls (EpChannel)
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives
   std::shared_ptr<parallel::Group> dp_group_;  // dp > 1: a ZeRO-3 model's gathers (train/fully_sharded.hpp)
   std::shared_ptr<parallel::Group> pp_group_;  // pipeline stages: the batches' activations between them

@@ -37,6 +37,11 @@ class GenerateNode : public Node {
       throw std::runtime_error(ctx.who() + ": " + e.what());
     }
     tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // collective: setup runs in file order on every rank
+    if (parallel::mesh_of(ctx.run()).size(parallel::Dim::ep) > 1)
+      throw std::runtime_error(ctx.who() + ": generation under expert parallel (run.parallel.ep) is not built (each ep rank "
+                               "would decode its own lengths while their all-to-alls must pair up); generate from the "
+                               "checkpoint at ep 1 (flowrun GRAPH run.parallel.ep=1 run.resume=auto: a checkpoint written at "
+                               "any layout loads at any other)");
     prompts_ = p.get<std::vector<std::string>>("prompts");
     if (prompts_.empty()) throw std::runtime_error(ctx.who() + ": prompts is empty (give at least one)");
     if (p.has("system")) system_ = p.get<std::string>("system");

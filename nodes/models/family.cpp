@@ -15,16 +15,17 @@ void init_in_order(torch::nn::Module& module, const ParamOrder& order, const par
   for (const auto& [name, shape] : order) {
     if (lora::is_adapter(name)) continue;
     const parallel::TpSplit s = layout.split ? layout.split(name) : parallel::TpSplit{};
+    const parallel::Group* over = layout.group_of(s);  // tp's or ep's ranks, or none
     torch::Tensor* mine = held.find(name);
-    if (mine && !(s.split() && layout.group)) {  // held whole: drawn where it lies, no copy
+    if (mine && !over) {  // held whole: drawn where it lies, no copy
       init_one(name, *mine, g);
       continue;
     }
     std::vector<int64_t> whole_shape = shape;
-    if (s.split() && layout.group) whole_shape[static_cast<size_t>(s.dim)] *= layout.group->size();
+    if (over) whole_shape[static_cast<size_t>(s.dim)] *= over->size();
     torch::Tensor whole = torch::empty(whole_shape);
     init_one(name, whole, g);  // drawn whether kept or not: the generator moves on as in the whole model
-    if (mine) mine->copy_(parallel::tp_part(whole, s, *layout.group, name));
+    if (mine) mine->copy_(over ? parallel::tp_part(whole, s, *over, name) : whole);
   }
 }
 
@@ -49,7 +50,7 @@ void load_declared(torch::nn::Module& module, const Family& family, const std::m
       return (ignore && ignore(n)) || (!held.contains(n) && whole.count(n) > 0);
     };
   }
-  if (!family.split()) return load_by_name(module, tensors, source, o);  // converts fp16/bf16 files
+  if (!family.splits()) return load_by_name(module, tensors, source, o);  // converts fp16/bf16 files
   load_by_name(module, family.layout().parts(tensors, nullptr, source), source, o);  // this rank's parts
 }
 
@@ -57,10 +58,12 @@ void hold_declared(ModelState& state, const Family& family, std::string& how) {
   state.splits_over_tp = [split = family.tp_split](const std::string& name) { return split(name).split(); };
   state.stages = family.stages;
   state.tied = family.tied;
-  if (!family.split()) return;  // tp 1
+  if (!family.splits()) return;  // tp 1, ep 1
   state.tp = std::make_shared<const parallel::TpLayout>(family.layout());
-  state.vocab_split_logits = family.vocab_split_logits;
-  if (!how.empty()) how += ", split over tp " + std::to_string(family.tp->size()) + ": the count is this rank's part";
+  state.vocab_split_logits = family.split() && family.vocab_split_logits;
+  if (!how.empty() && family.split()) how += ", split over tp " + std::to_string(family.tp->size()) + ": the count is this rank's part";
+  if (!how.empty() && family.splits_experts())
+    how += ", experts split over ep " + std::to_string(family.ep->size()) + ": the count is this rank's part";
 }
 
 }  // namespace flowrun

@@ -50,6 +50,9 @@ struct Family {
   // at tp 1; ModelNode::tp_group) and its pipeline chunks (null at pp 1; cut_into_stages).
   std::shared_ptr<parallel::Group> tp;
   std::shared_ptr<const Stages> stages;
+  // Expert parallel (a mixture of experts): this rank's place among the ep ranks (null at ep 1),
+  // over which the tensors tp_split marks `experts` are split.
+  std::shared_ptr<parallel::Group> ep;
 
   // Tensor parallel: each parameter's layout over the tp ranks by its whole model's name —
   // column-split (its outputs, dim 0 in torch's layout), row-split (its inputs), by vocabulary
@@ -76,7 +79,9 @@ struct Family {
   std::function<void(const std::string& name, torch::Tensor& whole, at::Generator& g)> init_one;
 
   bool split() const { return tp && tp->size() > 1; }
-  parallel::TpLayout layout() const { return {split() ? tp : nullptr, tp_split}; }
+  bool splits_experts() const { return ep && ep->size() > 1; }
+  bool splits() const { return split() || splits_experts(); }
+  parallel::TpLayout layout() const { return {split() ? tp : nullptr, tp_split, splits_experts() ? ep : nullptr}; }
 };
 
 // The module's seeded init as one process's: for each parameter in init order (the module's own,

@@ -112,6 +112,12 @@ std::shared_ptr<parallel::Group> ModelNode::tp_group(SetupContext& ctx) {
   return parallel::Group::place(ctx.name(), mesh, parallel::Dim::tp, ctx.run().rank);
 }
 
+std::shared_ptr<parallel::Group> ModelNode::ep_group(SetupContext& ctx) {
+  const parallel::Mesh mesh = parallel::mesh_of(ctx.run());
+  if (mesh.size(parallel::Dim::ep) == 1) return nullptr;
+  return parallel::Group::place(ctx.name(), mesh, parallel::Dim::ep, ctx.run().rank);
+}
+
 std::map<std::string, torch::Tensor> ModelNode::named_tensors(torch::nn::Module& whole) {
   std::map<std::string, torch::Tensor> out;
   for (const auto& t : whole.named_parameters()) out[t.key()] = t.value().detach();

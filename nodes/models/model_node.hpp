@@ -80,6 +80,9 @@ class ModelNode : public Node {
   // among the model's tp ranks (run.parallel.tp; Group::place, no channel: the nodes running the
   // model open their own), null at tp 1.
   static std::shared_ptr<parallel::Group> tp_group(SetupContext& ctx);
+  // Expert parallel, for a family with experts (llama's moe): this rank's place among the ep ranks
+  // (run.parallel.ep), null at ep 1.
+  static std::shared_ptr<parallel::Group> ep_group(SetupContext& ctx);
   // The tensors of `whole` by name: a family whose init is not tensor by tensor (cappa's) inits a
   // whole model and loads them, each rank keeping its parts and its stage's.
   static std::map<std::string, torch::Tensor> named_tensors(torch::nn::Module& whole);

@@ -24,30 +24,33 @@ std::shared_ptr<ModelState>& state_of(Value& v) { return v.as_mut<std::shared_pt
 // rank's part belongs to before it is cut, so a mismatch reads the same at any layout (the
 // whole shapes), this rank's part after it.
 void check_whole_shapes(const ModelState& m, const NamedTensors& given) {
-  if (!m.tp || !m.tp->group) return;  // tp 1: ModelState::load compares the shapes themselves
+  if (!m.tp) return;  // whole: ModelState::load compares the shapes themselves
   std::map<std::string, std::vector<int64_t>> mine;  // this rank's shapes (ZeRO-3: its placeholders' sizes, not its slices)
   for (const auto& [name, t] : m.tensors()) mine[name] = t.sizes().vec();
-  const int64_t ranks = m.tp->group->size();
   for (const auto& [name, v] : given) {
     auto it = mine.find(name);
     if (it == mine.end() || !v.defined()) continue;  // load() names unknown tensors
     const flowrun::parallel::TpSplit s = m.tp->split(name);
+    const flowrun::parallel::Group* g = m.tp->group_of(s);
     std::vector<int64_t> whole = it->second;
-    const bool split = s.split() && static_cast<size_t>(s.dim) < whole.size();
-    if (split) whole[static_cast<size_t>(s.dim)] *= ranks;
+    const bool split = g && static_cast<size_t>(s.dim) < whole.size();
+    if (split) whole[static_cast<size_t>(s.dim)] *= g->size();
     if (v.sizes().vec() != whole)
       throw std::runtime_error("model '" + m.kind + "': tensor '" + name + "' has shape " + c10::str(c10::IntArrayRef(whole)) +
                                ", the one given has " + c10::str(v.sizes()) +
-                               (split ? " [this rank holds " + c10::str(c10::IntArrayRef(it->second)) +
-                                            " of it, its part of tp " + std::to_string(ranks) + "]"
+                               (split ? " [this rank holds " + c10::str(c10::IntArrayRef(it->second)) + " of it, its part of " +
+                                            (s.experts ? "ep " : "tp ") + std::to_string(g->size()) + "]"
                                       : ""));
   }
 }
 
-// How the tensor `name` of this rank lies in the whole (its tp split, or whole).
+// How the tensor `name` of this rank lies in the whole (its tp or ep split, or whole).
 flowrun::parallel::Placement placement(const ModelState& m, const std::string& name) {
-  if (!m.tp || !m.tp->group) return {};
-  return {m.tp->split(name), m.tp->group->rank(), m.tp->group->size()};
+  if (!m.tp) return {};
+  const flowrun::parallel::TpSplit s = m.tp->split(name);
+  const flowrun::parallel::Group* g = m.tp->group_of(s);
+  if (!g) return {};
+  return {s, g->rank(), g->size()};
 }
 
 // What this rank holds, as pieces of the whole tensors: its tp parts, its stage's tensors, its
@@ -145,9 +148,9 @@ const bool kModelStateIO = [] {
     } else {
       whole = m->tensors();
     }
-    if (m->tp) whole = m->tp->wholes(whole, flowrun::tp_channel(groups, "model '" + m->kind + "'"));
+    if (m->tp) whole = m->tp->wholes(whole, groups.tp, nullptr, groups.ep);
     if (m->stages && groups.pp) {
-      if (groups.dp.rank() != 0 || (m->tp && m->tp->group->rank() != 0)) return;
+      if (groups.dp.rank() != 0 || (m->tp && m->tp->group && m->tp->group->rank() != 0)) return;
       whole = flowrun::parallel::gather_on_first(*groups.pp, whole, "model '" + m->kind + "' for a checkpoint");
     }
     if (groups.writer) m->gathered = std::move(whole);

@@ -7,6 +7,7 @@
 
 #include "common/tensor_map.hpp"
 #include "models/linear.hpp"
+#include "parallel/expert_parallel.hpp"
 
 namespace flowrun::moe {
 
@@ -90,14 +91,18 @@ void MoeImpl::reset() {
   if (o_.dim <= 0 || o_.hidden <= 0 || o_.experts <= 0 || o_.top_k <= 0 || o_.top_k > o_.experts)
     throw std::runtime_error(fmt::format("moe: experts {} (top {}), each {} x {}: every size positive and top_k at most "
                                          "the experts", o_.experts, o_.top_k, o_.dim, o_.hidden));
+  if (o_.experts % o_.ep_size() != 0)
+    throw std::runtime_error(fmt::format("moe: {} experts do not split over ep {} (run.parallel.ep); choose an ep dividing "
+                                         "the experts", o_.experts, o_.ep_size()));
+  const int64_t local = o_.local_experts();
   gate = register_module("gate", Holder(std::vector<std::pair<std::string, std::vector<int64_t>>>{{"weight", {o_.experts, o_.dim}}}));
   experts = register_module("experts", Holder(std::vector<std::pair<std::string, std::vector<int64_t>>>{
-                                           {"gate_up_proj", {o_.experts, 2 * o_.hidden, o_.dim}},
-                                           {"down_proj", {o_.experts, o_.dim, o_.hidden}}}));
+                                           {"gate_up_proj", {local, 2 * o_.hidden, o_.dim}},
+                                           {"down_proj", {local, o_.dim, o_.hidden}}}));
 }
 
 torch::Tensor MoeImpl::forward(const torch::Tensor& x, Routing* routing) {
-  const int64_t N = x.size(0), K = o_.top_k, H = o_.hidden;
+  const int64_t N = x.size(0), K = o_.top_k;
   // The router: float32 probabilities, each token's top K (as transformers' TopKRouter).
   const torch::Tensor logits = flowrun::linear(x, (*gate)["weight"]);
   auto [weights, chosen] = torch::softmax(logits, -1, torch::kFloat).topk(K, -1);
@@ -108,15 +113,56 @@ torch::Tensor MoeImpl::forward(const torch::Tensor& x, Routing* routing) {
   const torch::Tensor order = std::get<1>(pairs.sort(/*stable=*/true, 0, /*descending=*/false));
   const torch::Tensor token = order.div(K, "floor");
   const torch::Tensor counts = torch::bincount(pairs, {}, o_.experts);
-  const torch::Tensor ends_t = counts.cumsum(0).to(torch::kCPU);
-  const std::vector<int64_t> ends(ends_t.data_ptr<int64_t>(), ends_t.data_ptr<int64_t>() + o_.experts);
-  // Each expert's SwiGLU over its rows, weighted, summed back into each token's row in expert order.
-  const torch::Tensor gu = grouped_linear(x.index_select(0, token), (*experts)["gate_up_proj"], ends);
-  const torch::Tensor h = torch::silu(gu.narrow(1, 0, H)) * gu.narrow(1, H, H);
-  torch::Tensor y = grouped_linear(h, (*experts)["down_proj"], ends);
+  const torch::Tensor rows = x.index_select(0, token);
+  torch::Tensor y;
+  if (o_.ep_size() > 1) {
+    y = run_experts_parallel(rows, counts);
+  } else {
+    const torch::Tensor ends_t = counts.cumsum(0).to(torch::kCPU);
+    y = run_experts(rows, std::vector<int64_t>(ends_t.data_ptr<int64_t>(), ends_t.data_ptr<int64_t>() + o_.experts));
+  }
+  // Each pair's output weighted, summed back into its token's row.
   y = y * weights.reshape({N * K}).index_select(0, order).unsqueeze(1);
   if (routing) *routing = {logits, counts};
   return torch::zeros({N, x.size(1)}, y.options()).index_add(0, token, y).to(x.scalar_type());
+}
+
+torch::Tensor MoeImpl::run_experts(const torch::Tensor& rows, const std::vector<int64_t>& ends) {
+  const int64_t H = o_.hidden;
+  const torch::Tensor gu = grouped_linear(rows, (*experts)["gate_up_proj"], ends);
+  const torch::Tensor h = torch::silu(gu.narrow(1, 0, H)) * gu.narrow(1, H, H);
+  return grouped_linear(h, (*experts)["down_proj"], ends);
+}
+
+torch::Tensor MoeImpl::run_experts_parallel(const torch::Tensor& rows, const torch::Tensor& counts) {
+  parallel::Group& g = parallel::ep_channel(o_.ep);
+  const int64_t R = o_.ep_size(), L = o_.local_experts();
+  // What this rank sends each rank (its pairs for that rank's experts: consecutive, sorted by
+  // expert) and what each sends it, per local expert: [R, L], row q from rank q.
+  const torch::Tensor mine = counts.to(torch::kCPU).view({R, L});
+  const torch::Tensor theirs = parallel::exchange_counts(mine, g);
+  auto as_vector = [](const torch::Tensor& t) {
+    const torch::Tensor c = t.contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  };
+  const std::vector<int64_t> send = as_vector(mine.sum(1)), recv = as_vector(theirs.sum(1));
+  const torch::Tensor arrived = parallel::all_to_all_rows(rows, send, recv, g);
+  // Arrived by source rank, then by expert within each: block (q, e) starts at start[q][e].
+  // Regrouped by expert, then by source (each expert's rows one run): position p of the new
+  // order takes arrived row by_expert[p].
+  const torch::Tensor sizes = theirs.reshape({R * L});
+  const torch::Tensor start = (sizes.cumsum(0) - sizes).view({R, L});
+  const torch::Tensor lens = theirs.t().reshape({R * L}), firsts = start.t().reshape({R * L});
+  const torch::Tensor total = lens.sum();
+  const torch::Tensor block_start = lens.cumsum(0) - lens;  // where each (e, q) block begins in the new order
+  const torch::Tensor p = torch::arange(total.item<int64_t>(), torch::kLong);
+  const torch::Tensor by_expert = (torch::repeat_interleave(firsts, lens) + p - torch::repeat_interleave(block_start, lens))
+                                      .to(rows.device());
+  const torch::Tensor ends_t = theirs.sum(0).cumsum(0);
+  const torch::Tensor out = run_experts(arrived.index_select(0, by_expert), as_vector(ends_t));
+  // Back in arrival order, then to the ranks the rows came from.
+  const torch::Tensor back = torch::zeros_like(out).index_copy(0, by_expert, out);
+  return parallel::all_to_all_rows(back, recv, send, g);
 }
 
 torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& logits, int64_t experts, int64_t top_k) {

@@ -12,6 +12,10 @@
 // (grouped_linear: a matrix product per run, into one output, and in backward each expert's weight
 // gradient written in place), never a product over masks.
 //
+// Expert parallel (Options::ep, parallel/expert_parallel.hpp): the module holds experts
+// [r E/R, (r + 1) E/R) of the R ep ranks (its tensors' dim 0), routes its own tokens over all E
+// and sends each (token, expert) pair's row to the expert's rank and the output back.
+//
 // Files saved per expert (save_pretrained's "original format", the Hub's files:
 // mlp.experts.E.gate_proj.weight, Mixtral's block_sparse_moe.experts.E.w1.weight) are fused into
 // these tensors as they are read (fuse_experts).
@@ -23,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/collectives.hpp"
+
 namespace flowrun::moe {
 
 // y [M, out]: rows [ends[g - 1], ends[g]) of x [M, in] times w[g]ᵀ (w [G, out, in], torch's
@@ -33,6 +39,10 @@ torch::Tensor grouped_linear(const torch::Tensor& x, const torch::Tensor& w, con
 struct Options {
   int64_t dim = 0, hidden = 0, experts = 0, top_k = 0;
   bool norm_topk_prob = true;
+  // This rank's place among the ep ranks (null or of one: every expert here); ep divides experts.
+  std::shared_ptr<parallel::Group> ep;
+  int64_t ep_size() const { return ep ? ep->size() : 1; }
+  int64_t local_experts() const { return experts / ep_size(); }
 };
 
 // What one forward routed, for the load-balancing loss and the metrics.
@@ -61,9 +71,14 @@ class MoeImpl : public torch::nn::Cloneable<MoeImpl> {
   // x [tokens, dim] -> [tokens, dim]; `routing`, when given, gets what the router decided.
   torch::Tensor forward(const torch::Tensor& x, Routing* routing = nullptr);
   const Options& options() const { return o_; }
-  Holder gate{nullptr}, experts{nullptr};  // gate.weight; experts.gate_up_proj, experts.down_proj
+  Holder gate{nullptr}, experts{nullptr};  // gate.weight; experts.gate_up_proj, experts.down_proj (this rank's)
 
  private:
+  // The experts' SwiGLU over rows sorted by expert (ends: each local expert's last row + 1).
+  torch::Tensor run_experts(const torch::Tensor& rows, const std::vector<int64_t>& ends);
+  // Under ep: the rows (sorted by expert, counts [experts] of them each) to their experts' ranks,
+  // through them, and back in the same order.
+  torch::Tensor run_experts_parallel(const torch::Tensor& rows, const torch::Tensor& counts);
   Options o_;
 };
 TORCH_MODULE(Moe);

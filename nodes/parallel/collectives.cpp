@@ -128,12 +128,12 @@ std::shared_ptr<Group> Group::along(const std::string& name, const Mesh& mesh, D
     return std::shared_ptr<Group>(new Group(comm::Channel::create(name, parallel::name(dim))));
   return std::shared_ptr<Group>(
       new Group(comm::Channel::create_split(name + " (" + parallel::name(dim) + ")", mesh.color(dim, rank),
-                                            mesh.coord(rank).at(dim), parallel::name(dim))));
+                                            mesh.at(mesh.coord(rank), dim), parallel::name(dim))));
 }
 
 std::shared_ptr<Group> Group::place(const std::string& name, const Mesh& mesh, Dim dim, int rank) {
   return std::shared_ptr<Group>(
-      new Group(Place{name + " (" + parallel::name(dim) + ")", mesh.coord(rank).at(dim), mesh.size(dim)}));
+      new Group(Place{name + " (" + parallel::name(dim) + ")", mesh.at(mesh.coord(rank), dim), mesh.size(dim)}));
 }
 
 void Group::require_channel(const std::string& what) const {
@@ -194,6 +194,40 @@ Work Group::all_gather(const torch::Tensor& data, const std::vector<size_t>& cou
       data, what,
       [&](auto& c, auto ready, auto done, const std::string& w) { c.allgather_blocks(data.data_ptr(), counts, type, ready, done, w); },
       [&](const std::string& w) { return channel_->allgather_blocks(data.data_ptr(), counts, comm::dtype_size(type), w); });
+}
+
+Work Group::all_to_all(const torch::Tensor& send, const std::vector<int64_t>& send_rows, const torch::Tensor& recv,
+                       const std::vector<int64_t>& recv_rows, const std::string& what) {
+  check_tensor(send, what);
+  check_tensor(recv, what);
+  if (send.scalar_type() != recv.scalar_type() || send.device() != recv.device() || send.dim() < 1 ||
+      send.dim() != recv.dim() || send.sizes().slice(1) != recv.sizes().slice(1))
+    throw std::logic_error(what + ": all-to-all from " + c10::str(send.sizes()) + " into " + c10::str(recv.sizes()) +
+                           " (one dtype, device and row shape)");
+  int64_t row = 1;
+  for (int64_t d = 1; d < send.dim(); ++d) row *= send.size(d);
+  auto elements = [&](const std::vector<int64_t>& rows, const torch::Tensor& t, const char* side) {
+    std::vector<size_t> out;
+    int64_t total = 0;
+    for (int64_t r : rows) {
+      out.push_back(static_cast<size_t>(r * row));
+      total += r;
+    }
+    if (total != t.size(0))
+      throw std::logic_error(what + ": the " + side + " counts add up to " + std::to_string(total) + " rows, the tensor has " +
+                             std::to_string(t.size(0)));
+    return out;
+  };
+  const std::vector<size_t> sc = elements(send_rows, send, "sent"), rc = elements(recv_rows, recv, "received");
+  const comm::DType type = comm_dtype(send.scalar_type(), what);
+  return run(
+      send, what,
+      [&](auto& c, auto ready, auto done, const std::string& w) {
+        c.all_to_all(send.data_ptr(), sc, recv.data_ptr(), rc, type, ready, done, w);
+      },
+      [&](const std::string& w) {
+        return channel_->all_to_all(send.data_ptr(), sc, recv.data_ptr(), rc, comm::dtype_size(type), w);
+      });
 }
 
 Work Group::broadcast(const torch::Tensor& t, int root, const std::string& what) {

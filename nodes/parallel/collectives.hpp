@@ -99,6 +99,13 @@ class Group {
   // In place: rank q's block of `data` (counts[q] elements, the blocks one after the other) from
   // rank q to every rank.
   Work all_gather(const torch::Tensor& data, const std::vector<size_t>& counts, const std::string& what);
+  // An all-to-all of uneven blocks along dim 0 (MPI_Alltoallv's; expert parallel's tokens): rows
+  // [sum of send_rows[<q]], send_rows[q] of them) of `send` to rank q; rank q's rows for this rank
+  // into `recv` in rank order (recv_rows[q] of them). The counts are this rank's: what each rank
+  // sends must be what its peer expects (exchange them first, e.g. by an all-to-all of counts).
+  // send and recv of one dtype and device, contiguous, of the same row size.
+  Work all_to_all(const torch::Tensor& send, const std::vector<int64_t>& send_rows, const torch::Tensor& recv,
+                  const std::vector<int64_t>& recv_rows, const std::string& what);
   // `t` of rank `root` (its rank in the group) to every rank.
   Work broadcast(const torch::Tensor& t, int root, const std::string& what);
   // Point to point (pipeline stages): `t` to the group's rank `peer`, or `t` filled from it (the

@@ -80,8 +80,8 @@ std::string describe_layout(const GraphSpec& g, int world) {
   const RunSettings::Parallel& p = g.settings.parallel;
   std::string out = "processes: ";
   try {
-    const Mesh mesh(world, p.tp, p.pp);
-    out += mesh.describe() + " (run.parallel, tp fastest)\n";
+    const Mesh mesh(world, p.tp, p.pp, p.ep);
+    out += mesh.describe() + " (run.parallel, tp fastest" + (p.ep > 1 ? std::string("; ep cut out of dp") : "") + ")\n";
     for (const auto& line : mesh.table()) out += "  " + line + "\n";
     const pipeline::Config c = pipeline_config(p);
     if (p.pp > 1) {

@@ -8,9 +8,18 @@
 
 namespace flowrun::parallel {
 
-const char* name(Dim d) { return d == Dim::dp ? "dp" : d == Dim::pp ? "pp" : "tp"; }
+const char* name(Dim d) {
+  switch (d) {
+    case Dim::dp: return "dp";
+    case Dim::pp: return "pp";
+    case Dim::tp: return "tp";
+    case Dim::ep: return "ep";
+    case Dim::edp: return "edp";
+  }
+  return "?";
+}
 
-Mesh::Mesh(int world, int tp, int pp) : world_(world), pp_(pp), tp_(tp) {
+Mesh::Mesh(int world, int tp, int pp, int ep) : world_(world), pp_(pp), tp_(tp), ep_(ep) {
   if (world < 1 || tp < 1 || pp < 1)
     throw std::invalid_argument("parallel mesh: world " + std::to_string(world) + ", tp " + std::to_string(tp) +
                                 ", pp " + std::to_string(pp) + ": each must be at least 1");
@@ -25,6 +34,34 @@ Mesh::Mesh(int world, int tp, int pp) : world_(world), pp_(pp), tp_(tp) {
                                 " processes; the data-parallel size is processes / (tp x pp), so launch a multiple of " +
                                 std::to_string(tp * pp) + " processes (mpirun -np) or change run.parallel");
   dp_ = world / (tp * pp);
+  if (ep < 1 || dp_ % ep != 0)
+    throw std::invalid_argument("run.parallel: ep " + std::to_string(ep) + " does not divide the data-parallel size " +
+                                std::to_string(dp_) + " (" + std::to_string(world) + " processes / (tp " +
+                                std::to_string(tp) + " x pp " + std::to_string(pp) + ")); expert parallel is cut out of "
+                                "the data-parallel ranks, so launch a multiple of tp x pp x ep processes or choose an ep "
+                                "dividing " + std::to_string(dp_));
+}
+
+int Mesh::size(Dim d) const {
+  switch (d) {
+    case Dim::dp: return dp_;
+    case Dim::pp: return pp_;
+    case Dim::tp: return tp_;
+    case Dim::ep: return ep_;
+    case Dim::edp: return dp_ / ep_;
+  }
+  return 1;
+}
+
+int Mesh::at(const Coord& c, Dim d) const {
+  switch (d) {
+    case Dim::dp: return c.dp;
+    case Dim::pp: return c.pp;
+    case Dim::tp: return c.tp;
+    case Dim::ep: return c.dp % ep_;
+    case Dim::edp: return c.dp / ep_;
+  }
+  return 0;
 }
 
 Mesh::Coord Mesh::coord(int rank) const {
@@ -43,7 +80,13 @@ std::vector<int> Mesh::group(Dim d, int rank) const {
   Coord c = coord(rank);
   std::vector<int> ranks;
   for (int i = 0; i < size(d); ++i) {
-    (d == Dim::dp ? c.dp : d == Dim::pp ? c.pp : c.tp) = i;
+    switch (d) {
+      case Dim::dp: c.dp = i; break;
+      case Dim::pp: c.pp = i; break;
+      case Dim::tp: c.tp = i; break;
+      case Dim::ep: c.dp = c.dp / ep_ * ep_ + i; break;
+      case Dim::edp: c.dp = i * ep_ + c.dp % ep_; break;
+    }
     ranks.push_back(rank_of(c));
   }
   return ranks;
@@ -56,12 +99,14 @@ int Mesh::color(Dim d, int rank) const {
     case Dim::tp: return c.dp * pp_ + c.pp;
     case Dim::pp: return c.dp * tp_ + c.tp;
     case Dim::dp: return c.pp * tp_ + c.tp;
+    case Dim::ep: return ((c.dp / ep_) * pp_ + c.pp) * tp_ + c.tp;
+    case Dim::edp: return ((c.dp % ep_) * pp_ + c.pp) * tp_ + c.tp;
   }
   return 0;
 }
 
 std::string Mesh::describe() const {
-  return "dp " + std::to_string(dp_) + " x pp " + std::to_string(pp_) + " x tp " + std::to_string(tp_) + " (" +
+  return "dp " + std::to_string(dp_) + (ep_ > 1 ? " (ep " + std::to_string(ep_) + ")" : "") + " x pp " + std::to_string(pp_) + " x tp " + std::to_string(tp_) + " (" +
          std::to_string(world_) + (world_ == 1 ? " process)" : " processes)");
 }
 
@@ -78,11 +123,12 @@ std::vector<std::string> Mesh::table(int max_rows) const {
   };
   auto row = [&](int r) {
     const Coord c = coord(r);
-    std::string line = "rank " + std::to_string(r) + ": dp " + std::to_string(c.dp) + ", pp " + std::to_string(c.pp) +
+    std::string line = "rank " + std::to_string(r) + ": dp " + std::to_string(c.dp) +
+                       (ep_ > 1 ? " (ep " + std::to_string(at(c, Dim::ep)) + ")" : "") + ", pp " + std::to_string(c.pp) +
                        ", tp " + std::to_string(c.tp) + ";";
     bool first = true;
-    for (Dim d : {Dim::tp, Dim::pp, Dim::dp}) {
-      if (size(d) == 1) continue;
+    for (Dim d : {Dim::tp, Dim::pp, Dim::dp, Dim::ep, Dim::edp}) {
+      if (size(d) == 1 || (d == Dim::edp && ep_ == 1)) continue;
       line += std::string(first ? " " : ", ") + name(d) + " group " + ranks(group(d, r));
       first = false;
     }
@@ -104,7 +150,8 @@ std::vector<std::string> Mesh::table(int max_rows) const {
 
 Mesh mesh_of(const RunInfo& run) {
   if (!run.graph) return Mesh(run.world, 1, 1);
-  return Mesh(run.world, run.graph->settings.parallel.tp, run.graph->settings.parallel.pp);
+  const RunSettings::Parallel& p = run.graph->settings.parallel;
+  return Mesh(run.world, p.tp, p.pp, p.ep);
 }
 
 Replica replica_of(const RunInfo& run) {

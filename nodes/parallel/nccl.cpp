@@ -153,6 +153,29 @@ void Communicator::allgather_blocks(void* data, const std::vector<size_t>& count
   });
 }
 
+void Communicator::all_to_all(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                              const std::vector<size_t>& recv_counts, comm::DType type, Event ready, Event done,
+                              const std::string& what) {
+  check_counts(send_counts, size_, what);
+  check_counts(recv_counts, size_, what);
+  const size_t bytes = comm::dtype_size(type);
+  on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {
+    check_queued(ncclGroupStart(), what);
+    size_t sent = 0, received = 0;
+    for (size_t q = 0; q < send_counts.size(); ++q) {
+      if (send_counts[q] > 0)
+        check_queued(ncclSend(static_cast<const char*>(send) + sent * bytes, send_counts[q], nccl_type(type),
+                              static_cast<int>(q), c, s), what);
+      if (recv_counts[q] > 0)
+        check_queued(ncclRecv(static_cast<char*>(recv) + received * bytes, recv_counts[q], nccl_type(type),
+                              static_cast<int>(q), c, s), what);
+      sent += send_counts[q];
+      received += recv_counts[q];
+    }
+    check_queued(ncclGroupEnd(), what);
+  });
+}
+
 void Communicator::send(const void* data, size_t count, comm::DType type, int peer, Event ready, Event done,
                         const std::string& what) {
   on_stream(ready, done, what, [&](ncclComm_t c, cudaStream_t s) {

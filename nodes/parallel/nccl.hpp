@@ -45,6 +45,12 @@ class Communicator {
   // rank q to every rank.
   void allgather_blocks(void* data, const std::vector<size_t>& counts, comm::DType type, Event ready, Event done,
                         const std::string& what);
+  // The same for an all-to-all of uneven blocks, as comm::Channel's: block q of `send`
+  // (send_counts[q] elements) to rank q, rank q's block for this rank into place q of `recv`
+  // (recv_counts[q]); one NCCL group of sends and receives.
+  void all_to_all(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                  const std::vector<size_t>& recv_counts, comm::DType type, Event ready, Event done,
+                  const std::string& what);
   // The same for point to point: `count` elements of `data` to the group's rank `peer`, or from
   // it into `data`. NCCL pairs a send with the peer's receive in issue order, and a send waits
   // on the device until its receive runs: two ranks that both send to each other first wait on

@@ -183,9 +183,9 @@ namespace {
 TpSplit usable(const TpSplit& s, const torch::Tensor& t) { return t.dim() > s.dim ? s : TpSplit{}; }
 }  // namespace
 
-std::map<std::string, torch::Tensor> TpLayout::wholes(const std::map<std::string, torch::Tensor>& parts, Group& over,
-                                                      const Names& param_of) const {
-  return wholes_by(parts, over, [&](const std::string& name) { return split(param_of ? param_of(name) : name); });
+std::map<std::string, torch::Tensor> TpLayout::wholes(const std::map<std::string, torch::Tensor>& parts, Group* over,
+                                                      const Names& param_of, Group* over_ep) const {
+  return wholes_by(parts, over, [&](const std::string& name) { return split(param_of ? param_of(name) : name); }, over_ep);
 }
 
 std::map<std::string, torch::Tensor> TpLayout::parts(const std::map<std::string, torch::Tensor>& wholes,
@@ -193,25 +193,44 @@ std::map<std::string, torch::Tensor> TpLayout::parts(const std::map<std::string,
   return parts_by(wholes, [&](const std::string& name) { return split(param_of ? param_of(name) : name); }, source);
 }
 
-std::map<std::string, torch::Tensor> TpLayout::wholes_by(const std::map<std::string, torch::Tensor>& parts, Group& over,
-                                                         const SplitOf& split_of) const {
-  if (over.size() != group->size() || over.rank() != group->rank())
-    throw std::logic_error("tensor parallel: gathering over '" + over.name() + "' (rank " + std::to_string(over.rank()) +
-                           " of " + std::to_string(over.size()) + "), not the model's tp ranks (" + group->name() + ")");
+std::map<std::string, torch::Tensor> TpLayout::wholes_by(const std::map<std::string, torch::Tensor>& parts, Group* over,
+                                                         const SplitOf& split_of, Group* over_ep) const {
+  // The channel that gathers a split's parts: over the same ranks as the model's place.
+  auto channel_for = [&](const TpSplit& s) -> Group* {
+    const Group* place = group_of(s);
+    if (!place) return nullptr;
+    Group* ch = s.experts ? over_ep : over;
+    if (!ch || ch->size() != place->size() || ch->rank() != place->rank())
+      throw std::logic_error(std::string(s.experts ? "expert" : "tensor") + " parallel: gathering over '" +
+                             (ch ? ch->name() : std::string("no channel")) + "', not the model's ranks (" + place->name() + ")");
+    return ch;
+  };
   torch::NoGradGuard no_grad;
   std::map<std::string, torch::Tensor> out;
-  for (const auto& [name, t] : parts)  // a std::map: every rank gathers in the same (name) order
-    out[name] = t.defined() ? tp_whole(t.detach(), usable(split_of(name), t), over, "tensor parallel: gathering " + name)
-                            : t;
+  for (const auto& [name, t] : parts) {  // a std::map: every rank gathers in the same (name) order
+    if (!t.defined()) {
+      out[name] = t;
+      continue;
+    }
+    const TpSplit s = usable(split_of(name), t);
+    Group* ch = channel_for(s);
+    out[name] = ch ? tp_whole(t.detach(), s, *ch, "gathering " + name) : t.detach();
+  }
   return out;
 }
 
 std::map<std::string, torch::Tensor> TpLayout::parts_by(const std::map<std::string, torch::Tensor>& wholes,
                                                         const SplitOf& split_of, const std::string& source) const {
   std::map<std::string, torch::Tensor> out;
-  for (const auto& [name, t] : wholes)
-    out[name] = t.defined() ? tp_part(t, usable(split_of(name), t), *group, source.empty() ? name : source + ": " + name)
-                            : t;
+  for (const auto& [name, t] : wholes) {
+    if (!t.defined()) {
+      out[name] = t;
+      continue;
+    }
+    const TpSplit s = usable(split_of(name), t);
+    const Group* g = group_of(s);
+    out[name] = g ? tp_part(t, s, *g, source.empty() ? name : source + ": " + name) : t;
+  }
   return out;
 }
 

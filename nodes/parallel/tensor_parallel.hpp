@@ -83,9 +83,12 @@ torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits, const to
 // `dim`; a tensor that fuses `runs` equal runs along dim (GPT's q|k|v projection: 3) is split
 // run by run, a rank's part being its block of each run, in order (so q, k and v keep their
 // heads together on each rank).
+// `experts`: split over the expert-parallel ranks (run.parallel.ep, expert_parallel.hpp) instead
+// of the tp ranks: a mixture of experts' expert tensors, by their dim 0 (whole over tp).
 struct TpSplit {
   int64_t dim = -1;
   int64_t runs = 1;
+  bool experts = false;
   bool split() const { return dim >= 0; }
 };
 // This rank's part of `whole` (whole itself when replicated or the group is of one).
@@ -104,21 +107,31 @@ torch::Tensor tp_whole(const torch::Tensor& part, const TpSplit& s, Group& tp, c
 // weights file, a whole state) into this rank's. A tensor is split only when it has the split's
 // dimension (a moment's 0-d step counter is not). `param_of` maps a state's tensor name to its
 // parameter's ("h.0.mlp.c_fc.weight.exp_avg" -> "h.0.mlp.c_fc.weight"); identity by default.
+// Expert parallel's split (TpSplit::experts) is the same over `ep`, this rank's place among the ep
+// ranks: a layout with only that one has no tp group. group_of says which a split is over.
 struct TpLayout {
   std::shared_ptr<Group> group;
   std::function<TpSplit(const std::string& param)> split;
+  std::shared_ptr<Group> ep;  // null at ep 1
+  // The ranks a split is over (tp's or ep's place; null: none, the tensor whole).
+  Group* group_of(const TpSplit& s) const {
+    Group* g = (s.experts ? ep : group).get();
+    return s.split() && g && g->size() > 1 ? g : nullptr;
+  }
 
+  // `over`: the gathering node's channel over the tp ranks (null at tp 1); `over_ep` the same over
+  // the ep ranks (null at ep 1).
   using Names = std::function<std::string(const std::string&)>;
-  std::map<std::string, torch::Tensor> wholes(const std::map<std::string, torch::Tensor>& parts, Group& over,
-                                              const Names& param_of = nullptr) const;
+  std::map<std::string, torch::Tensor> wholes(const std::map<std::string, torch::Tensor>& parts, Group* over,
+                                              const Names& param_of = nullptr, Group* over_ep = nullptr) const;
   // `source` (a file) prefixes the tensor's name in errors.
   std::map<std::string, torch::Tensor> parts(const std::map<std::string, torch::Tensor>& wholes,
                                              const Names& param_of = nullptr, const std::string& source = "") const;
   // The same for a state whose tensors are split otherwise than their parameters (an optimizer's
   // factored statistics): `split_of` gives each tensor's own split by its name.
   using SplitOf = std::function<TpSplit(const std::string& name)>;
-  std::map<std::string, torch::Tensor> wholes_by(const std::map<std::string, torch::Tensor>& parts, Group& over,
-                                                 const SplitOf& split_of) const;
+  std::map<std::string, torch::Tensor> wholes_by(const std::map<std::string, torch::Tensor>& parts, Group* over,
+                                                 const SplitOf& split_of, Group* over_ep = nullptr) const;
   std::map<std::string, torch::Tensor> parts_by(const std::map<std::string, torch::Tensor>& wholes,
                                                 const SplitOf& split_of, const std::string& source = "") const;
 };

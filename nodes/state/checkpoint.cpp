@@ -49,6 +49,7 @@
 #include "comm.hpp"
 #include "hash.hpp"
 #include "parallel/collectives.hpp"
+#include "parallel/expert_parallel.hpp"
 #include "parallel/tensor_parallel.hpp"
 #include "common/device.hpp"
 #include "formats/files.hpp"
@@ -154,7 +155,7 @@ class Checkpoint : public Node {
   // thread: the folder made, what each rank wrote, the outcome), each used by one thread in order.
   std::shared_ptr<comm::Channel> plan_, commit_;
   // exports: true: the channels to gather what models export (StateIO::collect).
-  std::shared_ptr<parallel::Group> dp_group_, tp_group_, pp_group_;  // tp, pp: with tp, pp > 1
+  std::shared_ptr<parallel::Group> dp_group_, tp_group_, pp_group_, ep_group_;  // tp, pp, ep: with tp, pp, ep > 1
 
  public:
   void setup(SetupContext& c) override {
@@ -168,6 +169,7 @@ class Checkpoint : public Node {
     host_ = comm::host_name();
     const parallel::Mesh mesh = parallel::mesh_of(c.run());
     mesh_ = {{"dp", mesh.size(parallel::Dim::dp)}, {"tp", mesh.size(parallel::Dim::tp)}, {"pp", mesh.size(parallel::Dim::pp)}};
+    if (mesh.size(parallel::Dim::ep) > 1) mesh_["ep"] = mesh.size(parallel::Dim::ep);
     if (world_ > 1) {  // collective: setup runs in file order
       plan_ = comm::Channel::create(c.name() + " (plan)");
       commit_ = comm::Channel::create(c.name() + " (commit)");
@@ -179,6 +181,7 @@ class Checkpoint : public Node {
         dp_group_ = parallel::Group::along(c.name(), mesh, parallel::Dim::dp, rank_);
         tp_group_ = parallel::own_tp_group(c.name(), c.run());
         pp_group_ = parallel::own_pp_group(c.name(), c.run());
+        ep_group_ = parallel::own_ep_group(c.name(), c.run());
       }
     }
     if (const GraphSpec* g = c.run().graph) {
@@ -232,7 +235,7 @@ class Checkpoint : public Node {
     if (exports_ && dp_group_)
       for (Value* v : values)
         if (const StateIO* io = find_state_io(*v); io && io->collect && exporting(v))
-          io->collect(*v, {writer_rank_, *dp_group_, tp_group_.get(), pp_group_.get()});
+          io->collect(*v, {writer_rank_, *dp_group_, tp_group_.get(), pp_group_.get(), ep_group_.get()});
     // 1. What this rank holds of each state.
     std::vector<std::vector<TensorPiece>> held;
     for (size_t i = 0; i < values.size(); ++i) {

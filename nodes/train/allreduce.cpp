@@ -30,6 +30,7 @@
 
 #include "common/grads.hpp"
 #include "parallel/collectives.hpp"
+#include "parallel/expert_parallel.hpp"
 #include "registry.hpp"
 #include "train/optimizer_shard.hpp"
 
@@ -40,7 +41,8 @@ FlatLayout layout_of(const GradBuffer& b) {
   l.slots = b.slots;
   l.order = b.order;
   l.position = b.position;
-  for (const auto& f : b.flats) l.groups.push_back({f.scalar_type(), f.device(), f.numel()});
+  for (size_t g = 0; g < b.flats.size(); ++g)
+    l.groups.push_back({b.flats[g].scalar_type(), b.flats[g].device(), b.flats[g].numel(), g < b.kinds.size() ? b.kinds[g] : 0});
   return l;
 }
 
@@ -116,6 +118,10 @@ class AllreduceNode : public Node {
     // the ranks holding the same part, its replicas.
     group_ = parallel::Group::along(ctx.name(), parallel::mesh_of(ctx.run()), parallel::Dim::dp, ctx.run().rank);
     world_ = group_->size();
+    // Expert parallel: an expert's gradient (its own buffers, GradBuffer::kExperts) holds what
+    // every ep rank's tokens gave it; summed over the ranks that hold the same experts (edp, dp / ep
+    // of them; none when ep is dp) and divided by dp, it is the data-parallel average.
+    edp_group_ = parallel::own_edp_group(ctx.name(), ctx.run());
   }
 
   void on_item(StepContext& ctx, const std::string& /*port*/, const Value& v, int /*index*/, int count) override {
@@ -318,9 +324,16 @@ class AllreduceNode : public Node {
     // DDP's default communication hook does.
     s.div_(world_);
     torch::Tensor data = s;
+    const bool experts = buffer_->kinds.size() > static_cast<size_t>(plan_.buckets[k].group) &&
+                         buffer_->kinds[static_cast<size_t>(plan_.buckets[k].group)] == GradBuffer::kExperts;
+    parallel::Group* over = experts ? edp_group_.get() : group_.get();
+    if (!over) {  // experts held by this rank only (ep = dp): the division is the average
+      works_.emplace_back();
+      return;
+    }
     if (compress_bf16_ && s.scalar_type() != torch::kBFloat16) data = compressed_.back() = s.to(torch::kBFloat16);
-    works_.push_back(group_->all_reduce(data, comm::Op::sum,
-                                        "all-reduce of bucket " + std::to_string(k) + " (step " + std::to_string(step_) + ")"));
+    works_.push_back(over->all_reduce(data, comm::Op::sum,
+                                      "all-reduce of bucket " + std::to_string(k) + " (step " + std::to_string(step_) + ")"));
   }
 
   // ZeRO stage 2: bucket k's gradients packed by owner (divided by the world first, as above),
@@ -344,6 +357,7 @@ class AllreduceNode : public Node {
   bool compress_bf16_ = false, overlap_ = false;
   std::shared_ptr<parallel::Group> group_;  // the data-parallel ranks
   int world_ = 1;                           // their number
+  std::shared_ptr<parallel::Group> edp_group_;  // the ranks holding this rank's experts (null: it alone)
   BucketPlan plan_;
   bool on_gpu_ = false;                     // the gradients are CUDA tensors (NCCL)
   std::vector<parallel::Work> previous_;    // the last step's reductions, checked at the next

@@ -19,6 +19,7 @@
 #include "models/dropout.hpp"
 #include "parallel/zero_plan.hpp"
 #include "parallel/cost_model.hpp"
+#include "parallel/expert_parallel.hpp"
 #include "parallel/layout.hpp"
 #include "parallel/mesh.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -213,6 +214,21 @@ class ForwardBackwardNode : public Node {
                                ctx.state_as<ModelState>("model").kind +
                                ") does not split over tensor parallel (built for " + families() + "): every tp rank would "
                                "train the whole model; set run.parallel.tp=1");
+    // Expert parallel: this node's channel for the all-to-alls of a mixture of experts split over
+    // the ep ranks, and the experts' gradients kept in buffers of their own (the allreduce averages
+    // them over the ranks holding the same experts).
+    ep_group_ = parallel::own_ep_group(ctx.name(), ctx.run());
+    if (ep_group_) {
+      const ModelState& model = ctx.state_as<ModelState>("model");
+      for (const auto& [name, t] : model.named_parameters(/*trainable_only=*/true)) {
+        const bool expert = model.tp && model.tp->split(name).experts && model.tp->group_of(model.tp->split(name));
+        grad_kinds_.push_back(expert ? GradBuffer::kExperts : 0);
+      }
+      if (std::find(grad_kinds_.begin(), grad_kinds_.end(), GradBuffer::kExperts) == grad_kinds_.end())
+        throw std::runtime_error(ctx.who() + ": run.parallel.ep is " + std::to_string(ep_group_->size()) + ", but its model (" +
+                                 model.kind + ") has no trainable experts to split (expert parallel is for a mixture of "
+                                 "experts: llama's moe); set run.parallel.ep=1");
+    }
     fresh_ = ctx.params().get<std::string>("grad_layout") == "fresh";
     refuse_ = ctx.params().get<std::string>("memory_check") == "refuse";
     time_blocks_ = ctx.params().get<bool>("time_blocks");
@@ -234,6 +250,7 @@ class ForwardBackwardNode : public Node {
 
   void run(StepContext& ctx) override {
     const parallel::TpChannel tp_channel(tp_group_.get());
+    const parallel::EpChannel ep_channel(ep_group_.get());
     const TensorMap& in_batch = ctx.in<TensorMap>("batch");
     TensorMap batch = in_batch;
     if (has_cond_)
@@ -523,7 +540,10 @@ class ForwardBackwardNode : public Node {
         pool_.push_back(b);  // most recently used last
         return b;
       }
-    std::shared_ptr<GradBuffer> b = GradBuffer::make(params);
+    if (!grad_kinds_.empty() && grad_kinds_.size() != params.size())
+      throw std::logic_error("forward_backward: " + std::to_string(params.size()) + " trainable parameters, " +
+                             std::to_string(grad_kinds_.size()) + " at setup");
+    std::shared_ptr<GradBuffer> b = GradBuffer::make(params, grad_kinds_);
     if (pool_.size() >= kPool) pool_.erase(pool_.begin());
     pool_.push_back(b);
     return b;
@@ -543,6 +563,8 @@ class ForwardBackwardNode : public Node {
   uint64_t seed_ = 0;
   parallel::Replica dp_;  // this rank's data-parallel replica and their count
   std::shared_ptr<parallel::Group> tp_group_;  // run.parallel.tp > 1: the split model's collectives (TpChannel)
+  std::shared_ptr<parallel::Group> ep_group_;  // run.parallel.ep > 1: the experts' all-to-alls (EpChannel)
+  std::vector<int> grad_kinds_;                // run.parallel.ep > 1: per trainable parameter, expert or not
   std::shared_ptr<GradHooks> hooks_;
   std::vector<std::shared_ptr<GradBuffer>> pool_;  // least recently used first
   std::shared_ptr<const GradShard> grad_shard_;     // ZeRO stage 2: the plan each item carries

@@ -7,15 +7,16 @@
 
 namespace flowrun {
 
-std::shared_ptr<GradBuffer> GradBuffer::make(const std::vector<torch::Tensor>& params) {
+std::shared_ptr<GradBuffer> GradBuffer::make(const std::vector<torch::Tensor>& params, const std::vector<int>& kinds) {
   // Within a group, reverse module order: backward finishes the last layers first, so the
   // gradients that become ready together are neighbours and a bucket is one contiguous slice.
-  const FlatLayout layout = FlatLayout::of(params, /*reverse=*/true);
+  const FlatLayout layout = FlatLayout::of(params, /*reverse=*/true, kinds);
   auto b = std::make_shared<GradBuffer>();
   b->slots = layout.slots;
   b->order = layout.order;
   b->position = layout.position;
   b->flats = layout.zeros();
+  for (const auto& g : layout.groups) b->kinds.push_back(g.kind);
   const int n = static_cast<int>(params.size());
   b->views.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i)

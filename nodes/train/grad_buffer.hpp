@@ -37,6 +37,7 @@ struct GradBuffer {
   using Slot = FlatLayout::Slot;
   // One flat 1-D buffer per (dtype, device) group of parameters.
   std::vector<torch::Tensor> flats;
+  std::vector<int> kinds;  // per flat: its parameters' kind (make's)
   // Per trainable parameter (module order, as in common/grads.hpp): where its gradient lives,
   // and the view itself (shaped like the parameter).
   std::vector<Slot> slots;
@@ -45,8 +46,10 @@ struct GradBuffer {
   // parameter at the k-th position; position[i] is parameter i's place in that order.
   std::vector<int> order, position;
 
-  // Lay out (and zero) a buffer for these parameters.
-  static std::shared_ptr<GradBuffer> make(const std::vector<torch::Tensor>& params);
+  // Lay out (and zero) a buffer for these parameters; `kinds` (one per parameter, or empty) keeps
+  // kinds apart in their own flats (kExperts: averaged over the ranks holding the same experts).
+  static constexpr int kExperts = 1;
+  static std::shared_ptr<GradBuffer> make(const std::vector<torch::Tensor>& params, const std::vector<int>& kinds = {});
   // True when nobody but this buffer and the parameters' .grad() holds its views, so it can be
   // zeroed and reused for the next step (a consumer may still hold the last step's grads).
   bool reusable() const;

@@ -16,6 +16,7 @@
 #include "common/state_io.hpp"
 #include "common/tensor_map.hpp"
 #include "parallel/collectives.hpp"
+#include "parallel/expert_parallel.hpp"
 #include "parallel/placement.hpp"
 #include "parallel/tensor_messages.hpp"
 #include "parallel/tensor_parallel.hpp"
@@ -137,6 +138,9 @@ torch::Tensor optimizer_update(OptimizerState& st, const ModelState::Named& para
 namespace {
 
 class OptimizerNode : public Node {
+ private:
+  enum class Split { none, tp, ep };  // how a parameter lies over the ranks, for the gradient norm's sums
+
  public:
   void setup(SetupContext& ctx) override {
     const Params& p = ctx.params();
@@ -165,6 +169,10 @@ class OptimizerNode : public Node {
     if (shard_) {
       const std::string stage = ZeroPlan::name(plan.stage);
       const std::string plan_ref = ctx.refs("zero").front();
+      if (parallel::mesh_of(ctx.run()).size(parallel::Dim::ep) > 1)
+        throw std::runtime_error(ctx.who() + ": ZeRO stage " + stage + " (" + plan_ref + ") under expert parallel "
+                                 "(run.parallel.ep) is not built yet (the experts would be sharded over the ranks holding "
+                                 "the same experts); set the zero node's stage: none, or run.parallel.ep: 1");
       // Over the data-parallel ranks (the world while tp is 1): each tp rank shards its parts of
       // the split tensors over the replicas (the same parts), as Megatron's distributed optimizer.
       dp_ = parallel::replica_of(ctx.run());
@@ -195,9 +203,12 @@ class OptimizerNode : public Node {
     state->expect(model.named_parameters(/*trainable_only=*/true), *cfg_.rule);
     if (model.tp) {
       tp_group_ = parallel::own_tp_group(ctx.name(), ctx.run());  // the norm's sum over the tp ranks
+      ep_group_ = parallel::own_ep_group(ctx.name(), ctx.run());  // and the experts' over the ep ranks
       for (auto& [name, part] : state->parts) part.group = tp_group_.get();
-      for (const auto& [name, t] : model.named_parameters(/*trainable_only=*/true))  // the norm's two sums, per gradient
-        tp_split_.push_back(model.tp->split(name).split());
+      for (const auto& [name, t] : model.named_parameters(/*trainable_only=*/true)) {  // the norm's sums, per gradient
+        const parallel::TpSplit s = model.tp->split(name);
+        tp_split_.push_back(!model.tp->group_of(s) ? Split::none : s.experts ? Split::ep : Split::tp);
+      }
     }
     if (model.stages) {
       // Pipeline parallel: this stage's parameters only; the norm sums the stages' squares over
@@ -376,25 +387,23 @@ class OptimizerNode : public Node {
                  fresh, when, count);
   }
 
-  // Under tp: the norm of the whole model's gradients from this rank's `grads` (`split[i]`: the
-  // part of a split parameter, the squares summed over the tp group; else a replicated one's
-  // (norms, the row-split layers' biases), the same on every tp rank and counted once). `dp`:
-  // the gradients are ZeRO's pieces over the data-parallel ranks, both sums first summed over it.
-  torch::Tensor tp_norm(StepContext& ctx, const ModelState& model, const Grads& grads, const std::vector<bool>& split,
+  // Under tp or ep: the norm of the whole model's gradients from this rank's `grads` (`split[i]`:
+  // tp, the part of a parameter split over tp, the squares summed over the tp group; ep, an
+  // expert's, summed over the ep group; none, a replicated one's (norms, the row-split layers'
+  // biases, the router), the same on every rank and counted once). `dp`: the gradients are ZeRO's
+  // pieces over the data-parallel ranks, the sums first summed over it.
+  torch::Tensor tp_norm(StepContext& ctx, const ModelState& model, const Grads& grads, const std::vector<Split>& split,
                         parallel::Group* dp) const {
-    Grads parts, replicated;
-    for (size_t i = 0; i < split.size() && i < grads.size(); ++i) (split[i] ? parts : replicated).push_back(grads[i]);
+    Grads by[3];
+    for (size_t i = 0; i < split.size() && i < grads.size(); ++i) by[static_cast<int>(split[i])].push_back(grads[i]);
     const c10::Device device = model_device(model);
     const std::string step = " of step " + std::to_string(ctx.step());
-    torch::Tensor sq = squares(parts, device), rest = squares(replicated, device);
-    if (dp) {
-      torch::Tensor both = torch::cat({sq, rest});
-      dp->all_reduce(both, comm::Op::sum, "gradient norm" + step).wait();
-      sq = both.narrow(0, 0, 1).contiguous();
-      rest = both.narrow(0, 1, 1);
-    }
-    tp_group_->all_reduce(sq, comm::Op::sum, "tensor-parallel gradient norm" + step).wait();
-    return (sq + rest).sqrt().reshape({}).to(torch::kFloat);
+    torch::Tensor all = torch::cat({squares(by[0], device), squares(by[1], device), squares(by[2], device)});
+    if (dp) dp->all_reduce(all, comm::Op::sum, "gradient norm" + step).wait();
+    torch::Tensor rest = all.narrow(0, 0, 1), tp = all.narrow(0, 1, 1).contiguous(), ep = all.narrow(0, 2, 1).contiguous();
+    if (tp_group_) tp_group_->all_reduce(tp, comm::Op::sum, "tensor-parallel gradient norm" + step).wait();
+    if (ep_group_) ep_group_->all_reduce(ep, comm::Op::sum, "expert-parallel gradient norm" + step).wait();
+    return (rest + tp + ep).sqrt().reshape({}).to(torch::kFloat);
   }
 
   // Pipeline parallel: the whole model's gradient norm from this stage's gradients: its squares
@@ -448,7 +457,7 @@ class OptimizerNode : public Node {
       for (size_t t : tied_copies_)
         if (static_cast<size_t>(st.shard.pieces[i].param) == t) counted[i] = torch::Tensor();
     if (shard_grads_ && model.tp) {  // this rank's pieces of its tp parts
-      std::vector<bool> split;
+      std::vector<Split> split;
       for (const ShardPlan::Piece& piece : st.shard.pieces) split.push_back(tp_split_[static_cast<size_t>(piece.param)]);
       norm = tp_norm(ctx, model, counted, split, group_.get());
     } else if (shard_grads_) {
@@ -501,7 +510,8 @@ class OptimizerNode : public Node {
   std::shared_ptr<parallel::Group> group_;  // sharded: the data-parallel ranks the slices are exchanged with
   std::vector<parallel::Work> gathering_;   // the last step's all-gather (checked the next step)
   std::shared_ptr<parallel::Group> tp_group_;  // a tp model: this node's group over its tp ranks
-  std::vector<bool> tp_split_;                 // a tp model: per trainable parameter, split over tp (else replicated)
+  std::shared_ptr<parallel::Group> ep_group_;  // a model with experts over ep: this node's group over its ep ranks
+  std::vector<Split> tp_split_;                // a split model: per trainable parameter, over what (none: replicated)
   std::shared_ptr<parallel::Group> pp_group_;  // pipeline parallel: this node's group over its pp ranks (the norm)
   std::vector<size_t> tied_copies_;            // pipeline parallel: the trainable parameters held as another stage's copy
   bool logged_memory_ = false;
@@ -521,8 +531,11 @@ FLOWRUN_NODE(optimizer, flowrun::OptimizerNode)
 namespace {
 
 flowrun::parallel::Placement optimizer_placement(const flowrun::OptimizerState& st, const std::string& name) {
-  if (!st.tp || !st.tp->group) return {};
-  return {st.split_of(name), st.tp->group->rank(), st.tp->group->size()};
+  if (!st.tp) return {};
+  const flowrun::parallel::TpSplit s = st.split_of(name);
+  const flowrun::parallel::Group* g = st.tp->group_of(s);
+  if (!g) return {};
+  return {s, g->rank(), g->size()};
 }
 
 std::vector<flowrun::TensorPiece> optimizer_pieces(const flowrun::OptimizerState& st) {
@@ -658,12 +671,12 @@ static const bool kOptimizerStateIO = [] {
             // then a tp model's moments whole: every rank gathers, the writer (rank 0) keeps them;
             // under pipeline parallel the stages' gathered on the writer's (its replica's, tp rank 0's).
             flowrun::NamedTensors whole =
-                st->tp ? st->tp->wholes_by(st->tensors(), flowrun::tp_channel(groups, "optimizer state"),
-                                           [&](const std::string& n) { return st->split_of(n); })
+                st->tp ? st->tp->wholes_by(st->tensors(), groups.tp, [&](const std::string& n) { return st->split_of(n); },
+                                           groups.ep)
                        : flowrun::NamedTensors(st->tensors());
             st->gathered.clear();
             if (st->staged && groups.pp) {
-              if (groups.dp.rank() != 0 || (st->tp && st->tp->group->rank() != 0)) return;
+              if (groups.dp.rank() != 0 || (st->tp && st->tp->group && st->tp->group->rank() != 0)) return;
               whole = flowrun::parallel::gather_on_first(*groups.pp, whole, "optimizer state for a checkpoint");
             }
             if (groups.writer) st->gathered = std::move(whole);

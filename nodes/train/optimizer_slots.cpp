@@ -133,7 +133,9 @@ void OptimizerState::expect(const std::vector<std::pair<std::string, torch::Tens
   parts.clear();
   for (const auto& [name, p] : params) {
     if (tp && !r.elementwise())
-      if (const parallel::TpSplit s = tp->split(name); s.split() && p.dim() > s.dim) {
+      // A rule's statistics over a split dimension are summed over the tp ranks; an expert's
+      // (split by experts, dim 0) are its own, as in one process.
+      if (const parallel::TpSplit s = tp->split(name); tp->group_of(s) && !s.experts && p.dim() > s.dim) {
         UpdateRule::Part& part = parts[name];
         part.whole = p.sizes().vec();
         part.whole[static_cast<size_t>(s.dim)] *= tp->group->size();

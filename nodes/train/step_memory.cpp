@@ -60,7 +60,7 @@ void layout_options(const StepMemorySetup& setup, const ModelState& model, const
       return;
     }
   };
-  const int tp = model.tp ? model.tp->group->size() : 1;
+  const int tp = model.tp && model.tp->group ? model.tp->group->size() : 1;
   // Only a tp the model can take (its heads, MLP widths and vocabulary divide): flowrun plan's rule.
   const int at = setup.graph ? setup.graph->index_of(setup.model_node) : -1;
   const std::vector<int64_t> sizes =

@@ -182,11 +182,11 @@ inputs: { x: { kind: value, type: tensor } })",
   EXPECT_EQ(two.collectives[1].group, "tp");
   EXPECT_NE(describe(two).find("collectives: over the tp group: b"), std::string::npos) << describe(two);
   try {
-    parse_node_schema("type: x\ncollectives: { group: ep, dco: y }\n", "x.yaml");
-    FAIL() << "group ep was accepted";
+    parse_node_schema("type: x\ncollectives: { group: sp, dco: y }\n", "x.yaml");
+    FAIL() << "group sp was accepted";
   } catch (const GraphError& e) {
     const std::string d = e.diagnostics().str();
-    EXPECT_NE(d.find("collectives is { group: world | dp | tp | pp"), std::string::npos) << d;
+    EXPECT_NE(d.find("collectives is { group: world | dp | tp | pp | ep | edp"), std::string::npos) << d;
     EXPECT_NE(d.find("unknown schema key 'dco' (did you mean 'doc'?)"), std::string::npos) << d;
   }
   // The built-in nodes that exchange anything say so.

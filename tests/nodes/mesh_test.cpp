@@ -65,7 +65,7 @@ TEST(Mesh, GroupsAlongADimensionPartitionTheWorld) {
     for (int r = 0; r < 24; ++r) {
       const std::vector<int> g = big.group(d, r);
       ASSERT_EQ(static_cast<int>(g.size()), big.size(d));
-      EXPECT_EQ(g[static_cast<size_t>(big.coord(r).at(d))], r) << "rank " << r << " sits at its coordinate";
+      EXPECT_EQ(g[static_cast<size_t>(big.at(big.coord(r), d))], r) << "rank " << r << " sits at its coordinate";
       for (int other : g) EXPECT_EQ(big.color(d, other), big.color(d, r));
       colors.insert(big.color(d, r));
     }
@@ -112,5 +112,38 @@ TEST(Mesh, ALayoutOfSeveralProcessesInASingleOneSaysHowToLaunchIt) {
     EXPECT_NE(std::string(e.what()).find("this is a single process; launch a multiple of 2 (mpirun -np 2 flowrun ...)"),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Expert parallel is cut out of dp (ep fastest within it): the ep group shares one set of experts
+// between its ranks, the edp group holds the same experts; both partition every dp group.
+TEST(Mesh, ExpertParallelIsCutOutOfDataParallel) {
+  const Mesh m(8, /*tp=*/2, /*pp=*/1, /*ep=*/2);  // dp 4 = edp 2 x ep 2
+  EXPECT_EQ(m.size(Dim::ep), 2);
+  EXPECT_EQ(m.size(Dim::edp), 2);
+  EXPECT_EQ(m.describe(), "dp 4 (ep 2) x pp 1 x tp 2 (8 processes)");
+  // Rank 5 = (dp 2, tp 1): ep coordinate 0, edp 1.
+  EXPECT_EQ(m.group(Dim::dp, 5), (std::vector<int>{1, 3, 5, 7}));
+  EXPECT_EQ(m.group(Dim::ep, 5), (std::vector<int>{5, 7}));
+  EXPECT_EQ(m.group(Dim::edp, 5), (std::vector<int>{1, 5}));
+  EXPECT_EQ(m.table()[5], "rank 5: dp 2 (ep 0), pp 0, tp 1; tp group {4, 5}, dp group {1, 3, 5, 7}, ep group {5, 7}, edp group {1, 5}");
+  const Mesh big(48, 2, 3, 4);  // dp 8 = edp 2 x ep 4
+  for (Dim d : {Dim::ep, Dim::edp}) {
+    std::set<int> colors;
+    for (int r = 0; r < 48; ++r) {
+      const std::vector<int> g = big.group(d, r);
+      ASSERT_EQ(static_cast<int>(g.size()), big.size(d));
+      EXPECT_EQ(g[static_cast<size_t>(big.at(big.coord(r), d))], r) << "rank " << r << " sits at its coordinate";
+      for (int other : g) EXPECT_EQ(big.color(d, other), big.color(d, r));
+      colors.insert(big.color(d, r));
+    }
+    EXPECT_EQ(static_cast<int>(colors.size()), 48 / big.size(d)) << flowrun::parallel::name(d);
+    EXPECT_EQ(*colors.rbegin(), 48 / big.size(d) - 1);
+  }
+  try {
+    Mesh(6, 1, 1, 4);
+    FAIL() << "ep 4 does not divide dp 6";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ep 4 does not divide the data-parallel size 6"), std::string::npos) << e.what();
   }
 }

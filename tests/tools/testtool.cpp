@@ -235,11 +235,11 @@ int mesh_groups(int tp, int pp) {
   for (Dim d : {Dim::tp, Dim::pp, Dim::dp}) {
     const std::vector<int> group = mesh.group(d, me);
     const int n = static_cast<int>(group.size());
-    auto ch = comm::Channel::create_split(flowrun::parallel::name(d), mesh.color(d, me), mesh.coord(me).at(d),
+    auto ch = comm::Channel::create_split(flowrun::parallel::name(d), mesh.color(d, me), mesh.at(mesh.coord(me), d),
                                            flowrun::parallel::name(d));
-    if (ch->rank() != mesh.coord(me).at(d) || ch->size() != n)
+    if (ch->rank() != mesh.at(mesh.coord(me), d) || ch->size() != n)
       return fail(d, "channel rank " + std::to_string(ch->rank()) + " of " + std::to_string(ch->size()) +
-                         ", expected " + std::to_string(mesh.coord(me).at(d)) + " of " + std::to_string(n));
+                         ", expected " + std::to_string(mesh.at(mesh.coord(me), d)) + " of " + std::to_string(n));
     // All-reduce: the sum of the members' world ranks.
     double sum = me, want = 0;
     for (int r : group) want += r;

@@ -49,6 +49,9 @@ void Config::check() const {
   divides("mlp_dim", mlp_dim, "choose run.parallel.tp dividing it");
   divides("vocab", vocab, "pad the vocabulary to a multiple of tp or choose run.parallel.tp dividing it");
   if (stages) stages->check(layers, "llama");
+  if (ep && ep->size() > 1 && !moe.on())
+    throw std::runtime_error(fmt::format("llama: run.parallel.ep is {}, and this model has no experts to split (moe.experts "
+                                         "is 0); set run.parallel.ep: 1", ep->size()));
   if (moe.on()) {
     if (moe.top_k < 1 || moe.top_k > moe.experts || moe.expert_dim <= 0 || moe.sparse_step < 1)
       throw std::runtime_error(fmt::format("llama: a mixture of {} experts needs 1 <= top_k ({}) <= experts, expert_dim "
@@ -56,7 +59,10 @@ void Config::check() const {
                                            moe.sparse_step));
     if (t > 1)
       throw std::runtime_error("llama: a mixture of experts under tensor parallel (run.parallel.tp) is not built yet; "
-                               "use dp, ZeRO or pp (issue 73: expert parallel)");
+                               "use expert parallel (run.parallel.ep), dp, ZeRO or pp");
+    if (ep && moe.experts % ep->size() != 0)
+      throw std::runtime_error(fmt::format("llama: {} experts do not split over run.parallel.ep {}; choose an ep dividing "
+                                           "the experts", moe.experts, ep->size()));
     if (moe.aux_loss && stages)
       throw std::runtime_error("llama: the router's load-balancing loss (aux_loss, output_router_logits) with pipeline "
                                "parallel (run.parallel.pp) is not built yet; set aux_loss: false or pp 1");
@@ -75,6 +81,8 @@ parallel::TpSplit tp_split(const Config& c, const std::string& name) {
   };
   // torch's layout, weight [out, in]: column-split layers by their output rows (dim 0, bias too),
   // row-split ones by their input columns (dim 1; the bias, added once after the sum, whole).
+  // A mixture of experts' experts by their dim 0 over the ep ranks (whole over tp).
+  if (ends_with("mlp.experts.gate_up_proj") || ends_with("mlp.experts.down_proj")) return {0, 1, /*experts=*/true};
   for (const char* column : {"self_attn.q_proj.", "mlp.gate_proj.", "mlp.up_proj."})
     if (name.find(column) != std::string::npos) return {0, 1};
   if (name.find("self_attn.k_proj.") != std::string::npos || name.find("self_attn.v_proj.") != std::string::npos)
@@ -86,7 +94,7 @@ parallel::TpSplit tp_split(const Config& c, const std::string& name) {
 
 Family family(const Config& c) {
   Family f;
-  f.tp = c.tp, f.stages = c.stages;
+  f.tp = c.tp, f.stages = c.stages, f.ep = c.ep;
   f.tp_split = [c](const std::string& n) { return tp_split(c, n); };
   f.order = [c] { return whole_order(c); };
   // A block's products a token: q and o over the query heads, k and v over the kv heads, the MLP's three.
@@ -194,7 +202,7 @@ void BlockImpl::reset() {
   post_attention_layernorm = register_module("post_attention_layernorm", layers::RmsNorm(c_.dim, c_.norm_eps));
   if (c_.moe.sparse(index_)) {
     experts = register_module("mlp", moe::Moe(moe::Options{c_.dim, c_.moe.expert_dim, c_.moe.experts, c_.moe.top_k,
-                                                           c_.moe.norm_topk_prob}));
+                                                           c_.moe.norm_topk_prob, c_.ep}));
     return;
   }
   layers::MlpOptions mo{"gate_proj", "down_proj", layers::Act::silu, "up_proj", c_.mlp_bias, false, 0, c_.tp};

@@ -36,7 +36,8 @@
 // vocabulary-parallel cross-entropy). The key/value heads split with the query heads when tp
 // divides kv_heads; otherwise (tp > kv_heads, as Megatron and vLLM do) k_proj and v_proj are whole
 // on every rank, each rank reads the kv heads its query heads use, and their gradients are summed
-// over the group. Norms whole. Pipeline parallel (Config::stages): a rank holds its chunks' blocks,
+// over the group. Norms whole. Experts (a mixture of experts' expert tensors) split over the ep
+// ranks by their dim 0 (Config::ep; parallel/expert_parallel.hpp). Pipeline parallel (Config::stages): a rank holds its chunks' blocks,
 // the embedding with chunk 0, the final norm and the head with the last (and the tied table there
 // as a copy). The family's declaration for the machinery that does the rest: family().
 //
@@ -97,6 +98,9 @@ struct Config {
   // ranks, and its pipeline chunks (models/stages.hpp).
   std::shared_ptr<parallel::Group> tp;
   std::shared_ptr<const Stages> stages;
+  // Expert parallel (run.parallel.ep > 1, a mixture of experts only): this rank's place among the ep
+  // ranks, which split each sparse layer's experts (models/moe.hpp).
+  std::shared_ptr<parallel::Group> ep;
   // Each head's width: head_dim, or dim / heads when 0 (transformers' default).
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / heads; }
   int64_t tp_size() const { return tp ? tp->size() : 1; }

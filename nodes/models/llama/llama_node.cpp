@@ -212,6 +212,7 @@ class LlamaNode : public ModelNode {
       throw std::runtime_error(what.rfind(ctx.who(), 0) == 0 ? what : ctx.who() + ": " + what);
     }
     c.tp = tp_group(ctx);                              // run.parallel.tp > 1: this rank's heads, units, vocabulary rows
+    c.ep = ep_group(ctx);                              // run.parallel.ep > 1: this rank's experts
     c.stages = cut_into_stages(ctx, family(c));        // run.parallel.pp > 1: this rank's chunks of the blocks
     try {
       c.check();  // what tp must divide, named

@@ -1,0 +1,83 @@
+// Expert parallel's exchanges (expert_parallel.hpp).
+#include "parallel/expert_parallel.hpp"
+
+#include <stdexcept>
+
+#include "node.hpp"  // RunInfo
+
+namespace flowrun::parallel {
+
+namespace {
+
+thread_local Group* t_ep_channel = nullptr;  // EpChannel's group on this thread
+
+struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows, Group* g) {
+    ctx->saved_data["send"] = c10::List<int64_t>(send_rows);
+    ctx->saved_data["recv"] = c10::List<int64_t>(recv_rows);
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(g);  // lives as long as its node (tensor_parallel.cpp)
+    return exchange(x, send_rows, recv_rows, *g, "expert parallel: tokens to their experts' ranks");
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grad) {
+    Group& g = *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt());
+    return {exchange(grad[0], ctx->saved_data["recv"].toIntVector(), ctx->saved_data["send"].toIntVector(), g,
+                     "expert parallel: the gradients back to their tokens' ranks"),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+  static torch::Tensor exchange(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                                const std::vector<int64_t>& recv_rows, Group& g, const char* what) {
+    int64_t rows = 0;
+    for (int64_t r : recv_rows) rows += r;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape[0] = rows;
+    const torch::Tensor in = x.contiguous();
+    torch::Tensor out = torch::empty(shape, in.options());
+    g.all_to_all(in, send_rows, out, recv_rows, what).wait();
+    return out;
+  }
+};
+
+}  // namespace
+
+EpChannel::EpChannel(Group* g) : previous_(t_ep_channel) {
+  if (g) t_ep_channel = g;
+}
+EpChannel::~EpChannel() { t_ep_channel = previous_; }
+
+std::shared_ptr<Group> own_ep_group(const std::string& node, const RunInfo& run) {
+  const Mesh mesh = mesh_of(run);
+  return mesh.size(Dim::ep) == 1 ? nullptr : Group::along(node, mesh, Dim::ep, run.rank);
+}
+
+std::shared_ptr<Group> own_edp_group(const std::string& node, const RunInfo& run) {
+  const Mesh mesh = mesh_of(run);
+  return mesh.size(Dim::edp) == 1 ? nullptr : Group::along(node, mesh, Dim::edp, run.rank);
+}
+
+Group& ep_channel(const std::shared_ptr<Group>& ep) {
+  if (!t_ep_channel) return *ep;
+  if (t_ep_channel->size() != ep->size() || t_ep_channel->rank() != ep->rank())
+    throw std::logic_error("expert parallel: the open EpChannel (" + t_ep_channel->name() + ", rank " +
+                           std::to_string(t_ep_channel->rank()) + " of " + std::to_string(t_ep_channel->size()) +
+                           ") is not over the model's ep ranks (" + ep->name() + ")");
+  return *t_ep_channel;
+}
+
+torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                              const std::vector<int64_t>& recv_rows, Group& g) {
+  return AllToAllRows::apply(x, send_rows, recv_rows, &g);
+}
+
+torch::Tensor exchange_counts(const torch::Tensor& mine, Group& g) {
+  if (mine.dim() != 2 || mine.size(0) != g.size())
+    throw std::logic_error("expert parallel: counts " + c10::str(mine.sizes()) + " for " + std::to_string(g.size()) + " ranks");
+  // As doubles (the collectives' types; exact up to 2^53 pairs).
+  const torch::Tensor send = mine.to(torch::kCPU, torch::kDouble).contiguous();
+  torch::Tensor recv = torch::empty_like(send);
+  const std::vector<int64_t> one(static_cast<size_t>(g.size()), 1);
+  g.all_to_all(send, one, recv, one, "expert parallel: each rank's token counts for this rank's experts").wait();
+  return recv.to(torch::kLong);
+}
+
+}  // namespace flowrun::parallel
