@@ -175,6 +175,7 @@ std::pair<double, double> parse_pair(const std::string& s, double intra, double 
 // model's, from the profiled times), so that the run is the layout predicted.
 std::vector<std::string> overrides_of(const cost::Layout& l, const cost::Prediction& pr, const Roles& r, double global_rows) {
   std::vector<std::string> o{"run.parallel.tp=" + std::to_string(l.tp), "run.parallel.pp=" + std::to_string(l.pp)};
+  if (l.ep > 1) o.push_back("run.parallel.ep=" + std::to_string(l.ep));
   if (l.pp > 1) {
     o.push_back("run.parallel.microbatches=" + std::to_string(l.microbatches));
     o.push_back(std::string("run.parallel.schedule=") + parallel::pipeline::name(l.schedule));
@@ -344,7 +345,7 @@ int cmd_plan(const std::vector<std::string>& args) {
     // Fastest first; within 1 % the simpler (fewer ranks to a model copy, no ZeRO, no
     // recomputation, fewer micro-batches): what a user would pick between equals.
     auto simpler = [](const cost::Layout& l) {
-      return std::make_tuple(l.tp * l.pp, static_cast<int>(l.zero), l.checkpoint_every, l.microbatches, l.virtual_stages);
+      return std::make_tuple(l.tp * l.pp, l.ep, static_cast<int>(l.zero), l.checkpoint_every, l.microbatches, l.virtual_stages);
     };
     std::stable_sort(ranked.begin(), ranked.end(), [&](const auto& a, const auto& b) {
       if (a.second.fits != b.second.fits) return a.second.fits;
@@ -381,7 +382,7 @@ int cmd_plan(const std::vector<std::string>& args) {
       json rows = json::array();
       for (const auto& [l, pr] : ranked) {
         const cost::Memory& mem = pr.memory;
-        rows.push_back({{"layout", l.str()}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"zero", cost::name(l.zero)},
+        rows.push_back({{"layout", l.str()}, {"dp", l.dp}, {"tp", l.tp}, {"pp", l.pp}, {"ep", l.ep}, {"zero", cost::name(l.zero)},
                         {"checkpoint_every", l.checkpoint_every}, {"microbatches", l.microbatches},
                         {"schedule", parallel::pipeline::name(l.schedule)}, {"virtual_stages", l.virtual_stages},
                         {"overrides", overrides_of(l, pr, r, global_rows)}, {"step_s", pr.step_s}, {"compute_s", pr.compute_s},

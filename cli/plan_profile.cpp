@@ -75,7 +75,8 @@ void remove_stale_profile_dirs() {
 
 json block_json(const cost::Block& b) {
   return {{"fwd_s", b.fwd_s}, {"bwd_s", b.bwd_s}, {"fwd0_s", b.fwd0_s}, {"bwd0_s", b.bwd0_s}, {"fwd_at", b.fwd_at},
-          {"bwd_at", b.bwd_at}, {"rec_s", b.rec_s}, {"rec0_s", b.rec0_s}, {"rec_at", b.rec_at}, {"params", b.params}, {"frozen", b.frozen}, {"split", b.split}, {"activation_bytes", b.activation_bytes}, {"output_bytes", b.output_bytes}};
+          {"bwd_at", b.bwd_at}, {"rec_s", b.rec_s}, {"rec0_s", b.rec0_s}, {"rec_at", b.rec_at}, {"params", b.params}, {"frozen", b.frozen}, {"split", b.split}, {"activation_bytes", b.activation_bytes}, {"output_bytes", b.output_bytes},
+          {"experts", b.experts}, {"routed_bytes", b.routed_bytes}};
 }
 cost::Block block_of(const json& j) {
   cost::Block b;
@@ -84,6 +85,7 @@ cost::Block block_of(const json& j) {
   b.fwd_at = j.value("fwd_at", std::vector<double>{}), b.bwd_at = j.value("bwd_at", std::vector<double>{});
   b.rec_s = j.value("rec_s", -1.0), b.rec0_s = j.value("rec0_s", 0.0), b.rec_at = j.value("rec_at", std::vector<double>{});
   b.activation_bytes = j.at("activation_bytes"), b.output_bytes = j.at("output_bytes");
+  b.experts = j.value("experts", 0.0), b.routed_bytes = j.value("routed_bytes", 0.0);
   return b;
 }
 
@@ -98,7 +100,7 @@ json profile_json(const Profile& p) {
           {"optimizer_bytes", m.optimizer_bytes}, {"ema_bytes", m.ema_bytes},
           {"update_s_per_param", m.update_s_per_param}, {"other_s", m.other_s},
           {"sizes", m.sizes}, {"other_at", m.other_at},
-          {"flops_per_row", m.flops_per_row}, {"tokens_per_row", p.tokens_per_row}, {"threads", p.threads},
+          {"flops_per_row", m.flops_per_row}, {"tokens_per_row", p.tokens_per_row}, {"threads", p.threads}, {"experts", m.experts},
           {"nodes", p.nodes}, {"splits", p.splits}, {"frozen", p.frozen}, {"profiled_blocks", p.profiled_blocks}};
 }
 Profile profile_of(const json& j) {
@@ -112,6 +114,7 @@ Profile profile_of(const json& j) {
   m.update_s_per_param = j.at("update_s_per_param"), m.other_s = j.at("other_s");
   m.sizes = j.value("sizes", std::vector<double>{}), m.other_at = j.value("other_at", std::vector<double>{});
   m.flops_per_row = j.value("flops_per_row", 0.0);
+  m.experts = j.value("experts", 0);
   p.tokens_per_row = j.value("tokens_per_row", 0.0), p.threads = j.value("threads", 0);
   p.nodes = j.value("nodes", std::map<std::string, double>{});
   p.splits = j.at("splits"), p.frozen = j.at("frozen");
@@ -260,7 +263,7 @@ void count_parameters(const ModelState& m, cost::Model& out) {
   for (size_t i = 0; i < blocks.size(); ++i)
     for (const auto& t : blocks[i]->parameters(true)) owner[t.unsafeGetTensorImpl()] = i;
   out.blocks.assign(blocks.size(), cost::Block{});
-  std::vector<double> split(blocks.size(), 0.0);
+  std::vector<double> split(blocks.size(), 0.0), experts(blocks.size(), 0.0);
   bool seen_block = false;
   for (const auto& [name, t] : m.named_parameters()) {
     const double n = static_cast<double>(t.numel()), frozen = t.requires_grad() ? 0.0 : n;
@@ -274,8 +277,14 @@ void count_parameters(const ModelState& m, cost::Model& out) {
     out.blocks[it->second].params += n;
     out.blocks[it->second].frozen += frozen;
     if (m.splits_over_tp && m.splits_over_tp(name)) split[it->second] += n;
+    if (m.is_expert && m.is_expert(name)) experts[it->second] += n;
   }
-  for (size_t i = 0; i < blocks.size(); ++i) out.blocks[i].split = out.blocks[i].params > 0 ? split[i] / out.blocks[i].params : 0.0;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const double all = out.blocks[i].params;
+    out.blocks[i].split = all > 0 ? split[i] / all : 0.0;
+    out.blocks[i].experts = all > 0 ? experts[i] / all : 0.0;
+  }
+  out.experts = static_cast<int>(m.experts);
 }
 
 // On a CPU a node's other devices are processes computing on its other cores (or on the same ones,
@@ -376,8 +385,11 @@ Profile run_profile(const GraphSpec& user, const std::vector<std::string>& user_
     m.blocks[i].activation_bytes = a.blocks.recompute_live;
   }
   m.last.activation_bytes = std::max(0.0, a.plain.plain - nb * a.blocks.recompute_live);
-  for (auto& b : m.blocks)
+  for (auto& b : m.blocks) {
     b.output_bytes = std::max(0.0, (a.blocks.checkpointed - a.blocks.recompute_live - m.last.activation_bytes) / nb);
+    // A sparse layer sends each token's row to its top_k experts (expert parallel's all-to-alls).
+    if (b.experts > 0) b.routed_bytes = b.output_bytes * static_cast<double>(state->top_k);
+  }
   m.first.fwd_s = t.first_fwd_s, m.first.bwd_s = t.first_bwd_s;
   m.last.fwd_s = t.last_s / 3, m.last.bwd_s = 2 * t.last_s / 3;  // backward: two products for the forward's one
   m.tied = !state->tied.empty();  // the head is the token table (the family's declaration: GPT's, a tied Llama's)

@@ -55,7 +55,14 @@ void load_declared(torch::nn::Module& module, const Family& family, const std::m
 }
 
 void hold_declared(ModelState& state, const Family& family, std::string& how) {
-  state.splits_over_tp = [split = family.tp_split](const std::string& name) { return split(name).split(); };
+  state.splits_over_tp = [split = family.tp_split](const std::string& name) {
+    const parallel::TpSplit s = split(name);
+    return s.split() && !s.experts;
+  };
+  if (family.experts > 0) {
+    state.is_expert = [split = family.tp_split](const std::string& name) { return split(name).experts; };
+    state.experts = family.experts, state.top_k = family.top_k;
+  }
   state.stages = family.stages;
   state.tied = family.tied;
   if (!family.splits()) return;  // tp 1, ep 1

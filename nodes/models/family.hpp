@@ -66,6 +66,9 @@ struct Family {
   // head's, which the stage cut balances (parallel/pipeline_schedule.hpp balance).
   std::vector<double> block_costs;
   double embedding_cost = 0, head_cost = 0;
+  // A mixture of experts: the experts a sparse layer has and each token's top_k (0: none); the
+  // tensors tp_split marks `experts` are theirs (ModelLayout::is_expert).
+  int64_t experts = 0, top_k = 0;
   // Parameters the model uses twice (a head tied to its token table): the last stage holds a copy
   // (Stages::tied), the planner counts them once (ModelLayout::tied).
   std::vector<std::string> tied;

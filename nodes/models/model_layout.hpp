@@ -47,6 +47,12 @@ struct ModelLayout {
   // (GPT's head tied to its split token table), which the lm objective scores with the
   // vocabulary-parallel cross-entropy; false: whole on every rank, scored whole.
   bool vocab_split_logits = false;
+  // A mixture of experts (its family's Family::experts): whether a parameter is an expert's (split
+  // over run.parallel.ep, whole over tp), how many experts a sparse layer has and how many each
+  // token goes to: what the planner counts (the experts' memory / ep, the all-to-alls' bytes).
+  // Null, 0: no experts.
+  std::function<bool(const std::string& param)> is_expert;
+  int64_t experts = 0, top_k = 0;
   // Parameters the model uses twice, by name (a head tied to its token table: GPT's wte, a tied
   // Llama's embed_tokens), from its family's declaration (models/family.hpp): the planner counts
   // the head's products on them.

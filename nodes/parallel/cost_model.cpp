@@ -42,6 +42,8 @@ double all_gather_time(double S, int g, const Link& l) {
   return g <= 1 ? 0.0 : (g - 1) * (l.latency_s + S / (g * l.bytes_per_s));
 }
 
+double all_to_all_time(double S, int g, const Link& l) { return all_gather_time(S, g, l); }
+
 const char* name(Zero z) {
   switch (z) {
     case Zero::none: return "none";
@@ -83,6 +85,7 @@ double Cluster::all_gather(double S, int g, int span) const {
   const double ring = all_gather_time(S, g, link(span));
   return span <= per_node ? measured_or(measured.all_gather, g, S, ring) : ring;
 }
+double Cluster::all_to_all(double S, int g, int span) const { return g <= 1 ? 0.0 : all_to_all_time(S, g, link(span)); }
 double Cluster::send(double S, int span) const {
   return span <= per_node ? measured_or(measured.send, 2, S, link(span).time(S)) : link(span).time(S);
 }
@@ -100,7 +103,7 @@ double Model::trained() const {
 
 std::string Layout::str() const {
   std::ostringstream s;
-  s << "dp " << dp << " x tp " << tp << " x pp " << pp << ", zero " << name(zero) << ", checkpoint "
+  s << "dp " << dp << (ep > 1 ? " (ep " + std::to_string(ep) + ")" : std::string()) << " x tp " << tp << " x pp " << pp << ", zero " << name(zero) << ", checkpoint "
     << (checkpoint_every == 0 ? "none" : checkpoint_every == 1 ? "blocks" : "every_" + std::to_string(checkpoint_every))
     << ", " << microbatches << " micro-batch" << (microbatches == 1 ? "" : "es");
   if (pp > 1) s << " " << pipeline::name(schedule) << (virtual_stages > 1 ? " x" + std::to_string(virtual_stages) : "");
@@ -120,6 +123,8 @@ namespace {
 
 // The share of a split layer's tensors one tp rank holds.
 double held(double split, int t) { return 1.0 - split + split / t; }
+// The share of a block's parameters a rank holds: tp's split / t, the experts / e, the rest whole.
+double held(const Block& b, int t, int e) { return 1.0 - b.split - b.experts + b.split / t + b.experts / e; }
 
 // A time measured at m.rows rows (t; t0 at none) or along m.sizes (curve), at `rows` (Block's rule).
 double time_at(const Model& m, double rows, double t, double t0, const std::vector<double>& curve) {
@@ -138,6 +143,7 @@ struct Stage {
   double params = 0;   // parameters a device of the stage holds (its tp share)
   double trained = 0;  // of them, not frozen
   double largest_block = 0;
+  double experts = 0;      // of `trained`: experts (split over ep)
   double kept_blocks = 0;  // the parameters of its blocks not recomputed (autograd keeps them: ZeRO-3 gathered)
 };
 
@@ -149,6 +155,14 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
   if (d * t * p != c.devices) {
     out.fits = false;
     out.why = "dp x tp x pp is not the " + std::to_string(c.devices) + " devices";
+    return out;
+  }
+  const int e = l.ep;
+  if (e < 1 || d % e || (e > 1 && (m.experts == 0 || m.experts % e))) {
+    out.fits = false;
+    out.why = m.experts == 0 && e > 1 ? "no experts to split over ep"
+                                      : "ep " + std::to_string(e) + " does not divide dp " + std::to_string(d) +
+                                            " and the " + std::to_string(m.experts) + " experts";
     return out;
   }
   const double rows = global_rows / (static_cast<double>(d) * M);
@@ -197,11 +211,14 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
       const Block& b = m.blocks[i];
       const double f = fwd(b, held(b.split, t));
       const double tp_ar = c.all_reduce(b.output_bytes * scale, t, t);
-      F[k] += f + 2 * tp_ar;
+      // Expert parallel: dispatch and combine, forward and again backward (the ep ranks: dp
+      // neighbours, t x p apart).
+      const double a2a = e > 1 ? c.all_to_all(b.routed_bytes * scale, e, (e - 1) * t * p + 1) : 0.0;
+      F[k] += f + 2 * tp_ar + 2 * a2a;
       // Backward is the input's gradient and the weights' (about half each: two products for one
       // forward product); a recomputed block runs its forward (and its all-reduces) first.
       const double bw = bwd(b, held(b.split, t));
-      B[k] += bw / 2 + 2 * tp_ar + (recomputed(i) ? recompute(b, held(b.split, t)) + 2 * tp_ar : 0.0);
+      B[k] += bw / 2 + 2 * tp_ar + 2 * a2a + (recomputed(i) ? recompute(b, held(b.split, t)) + 2 * tp_ar + 2 * a2a : 0.0);
       W[k] += bw / 2;
     }
     if (k == 0) F[k] += fwd(m.first), B[k] += bwd(m.first);
@@ -243,9 +260,11 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
     Stage& st = stages[k % p];
     st.chunks.push_back(k);
     for (int i = cut[k].first; i < cut[k].second; ++i) {
-      const double share = held(m.blocks[i].split, t), n = m.blocks[i].params * share;
+      const Block& b = m.blocks[i];
+      const double share = held(b, t, e), n = b.params * share;
       st.params += n;
-      st.trained += (m.blocks[i].params - m.blocks[i].frozen) * share;
+      st.trained += (b.params - b.frozen) * share;
+      if (e > 1) st.experts += b.params * b.experts / e;  // trained (no LoRA on experts); at ep 1 reduced with the rest
       st.largest_block = std::max(st.largest_block, n);
       if (!recomputed(i)) st.kept_blocks += n;
     }
@@ -263,11 +282,14 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
   // parameters after the update; ZeRO params gathers each block for its forward and backward
   // (prefetched: hidden behind the compute they precede, as far as it lasts), once a step for a
   // pipeline stage (held for its micro-batches), once a micro-batch otherwise.
-  double busiest = 0;  // the most trained parameters a stage's device holds
-  for (const Stage& st : stages) busiest = std::max(busiest, st.trained);
+  double busiest = 0, experts = 0;  // the most trained parameters a stage's device holds; of them, experts
+  for (const Stage& st : stages)
+    if (st.trained > busiest) busiest = st.trained, experts = st.experts;
   const int dp_span = (d - 1) * t * p + 1;
   const double grads = busiest * m.grad_bytes, weights = busiest * m.weight_bytes;
-  const double reduce = c.all_reduce(grads, d, dp_span);
+  // Expert parallel: the experts' gradients over the d / e ranks holding the same ones (e t p apart).
+  const double reduce = c.all_reduce(grads - experts * m.grad_bytes, d, dp_span) +
+                        (e > 1 ? c.all_reduce(experts * m.grad_bytes, d / e, (d / e - 1) * e * t * p + 1) : 0.0);
   double backward_last = 0;
   for (int k = 0; k < C; ++k) backward_last += B[k] + W[k];
   double comm = std::max(0.0, reduce - (p == 1 ? backward_last : 0.0));
@@ -310,7 +332,7 @@ Prediction predict(const Model& m, const Layout& l, const Cluster& c, double glo
     if (l.zero == Zero::params && d > 1) {
       double blocks = 0;
       for (int k : st.chunks)
-        for (int i = cut[k].first; i < cut[k].second; ++i) blocks += m.blocks[i].params * held(m.blocks[i].split, t);
+        for (int i = cut[k].first; i < cut[k].second; ++i) blocks += m.blocks[i].params * held(m.blocks[i], t, e);
       const double gathered =
           p > 1 ? st.params : zero3_gathered(st.params - blocks, st.kept_blocks, st.largest_block, st.params);
       mem.weights = st.params * m.weight_bytes / zero_d;
@@ -369,7 +391,12 @@ std::vector<Layout> layouts(const Model& m, const Cluster& c, double global_rows
         schedules = {{pipeline::Kind::gpipe, 1}, {pipeline::Kind::one_f_one_b, 1}, {pipeline::Kind::zero_bubble, 1}};
         if (blocks >= 2 * p) schedules.push_back({pipeline::Kind::interleaved, 2});
       }
+      std::vector<int> eps{1};
+      for (int ep = 2; ep <= d && m.experts > 0; ep *= 2)
+        if (d % ep == 0 && m.experts % ep == 0) eps.push_back(ep);
+      for (int ep : eps)
       for (Zero z : zeros)
+        if (ep == 1 || z == Zero::none)
         for (int ckpt : {0, 1, 2})  // none, every block, every other block (checkpoint: every_2)
           if (ckpt < 2 || blocks / p >= 2)
           for (int M = p > 1 ? p : 1; M <= std::min(replica_rows, 64.0); M *= 2) {
@@ -377,7 +404,7 @@ std::vector<Layout> layouts(const Model& m, const Cluster& c, double global_rows
             for (const auto& [kind, V] : schedules) {
               if (kind == pipeline::Kind::interleaved && M % p) continue;
               Layout l;
-              l.dp = d, l.tp = t, l.pp = p, l.zero = z, l.checkpoint_every = ckpt, l.microbatches = M;
+              l.dp = d, l.tp = t, l.pp = p, l.ep = ep, l.zero = z, l.checkpoint_every = ckpt, l.microbatches = M;
               l.schedule = kind, l.virtual_stages = V;
               out.push_back(l);
             }

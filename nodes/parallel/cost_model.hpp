@@ -27,6 +27,11 @@
 //                      and each activation's send: 1F1B's bubble (p - 1) / (M + p - 1) at equal costs
 //   checkpointing      a recomputed block keeps its input only and runs its forward again in
 //                      backward (Korthikanti et al. 2022)
+//   expert parallel    a mixture of experts' experts over e ranks cut out of dp (GShard, Lepikhin
+//                      et al. 2020): a block's experts / e on each, per micro-batch four all-to-
+//                      alls of its routed rows (top_k a token; dispatch and combine, forward and
+//                      backward: (e - 1) / e of them each) on the critical path, the experts'
+//                      gradients all-reduced over the d / e ranks holding the same ones
 //
 // Every rank of a layout runs the same code on its share, so the prediction is the slowest stage's
 // step and the fullest stage's memory. Pure arithmetic: no torch, no MPI.
@@ -57,6 +62,8 @@ double all_reduce_bytes(double S, int g);                  // 2 (g - 1) / g S
 double all_gather_bytes(double S, int g);                  // (g - 1) / g S; a reduce-scatter's alike
 double all_reduce_time(double S, int g, const Link& l);    // 2 (g - 1) (alpha + S / (g beta))
 double all_gather_time(double S, int g, const Link& l);    // (g - 1) (alpha + S / (g beta)); reduce-scatter alike
+// An all-to-all of S bytes a rank (S / g to each), pairwise: (g - 1) (alpha + S / (g beta)).
+double all_to_all_time(double S, int g, const Link& l);
 
 enum class Zero { none, states, gradients, params };
 const char* name(Zero z);  // the zero node's stage: "none", "states", "gradients", "params"
@@ -102,6 +109,9 @@ struct Block {
   double frozen = 0;            // of params: frozen (LoRA's base weights): held, never updated (no
                                 // gradients, optimizer state, EMA or all-reduce)
   double split = 1;             // the share of its parameters and products tensor parallel splits
+  double experts = 0;           // the share of its parameters that are experts (split over ep, whole over tp)
+  double routed_bytes = 0;      // a mixture of experts: the rows it sends to its experts a micro-batch
+                                // (top_k a token, each dim values), what each all-to-all moves
   double activation_bytes = 0;  // what backward keeps of it without checkpointing
   double output_bytes = 0;      // its output: what a recomputed block keeps (its next one's input), a
                                 // pipeline stage sends on, and tensor parallel all-reduces
@@ -123,6 +133,7 @@ struct Model {
   double other_s = 0;
   std::vector<double> other_at;  // at `sizes` rows a replica
   double flops_per_row = 0;  // a training step's model FLOPs a row (MFU; 0: not known)
+  int experts = 0;           // a mixture of experts: the experts a sparse layer has (what ep must divide; 0: none)
   double params() const;
   double trained() const;  // the parameters not frozen
 };
@@ -157,11 +168,13 @@ struct Cluster {
   // A collective of g ranks spanning `span` consecutive ranks over a buffer of S bytes.
   double all_reduce(double S, int g, int span) const;
   double all_gather(double S, int g, int span) const;
+  double all_to_all(double S, int g, int span) const;  // over the ring formulas' links (not measured)
   double send(double S, int span) const;
 };
 
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
+  int ep = 1;  // expert parallel, cut out of dp (divides it)
   Zero zero = Zero::none;
   int checkpoint_every = 0;  // 0: none; 1: every block (checkpoint: blocks); k: every k-th
   int microbatches = 1;      // pp > 1: run.parallel.microbatches; else forward_backward's accumulate
@@ -195,7 +208,8 @@ struct Prediction {
 Prediction predict(const Model& m, const Layout& l, const Cluster& c, double global_rows);
 
 // The layouts of the cluster's devices worth predicting: dp x tp x pp = devices with tp up to
-// `max_tp` (a power of two), pp up to the blocks; each ZeRO stage (none with one replica);
+// `max_tp` (a power of two), pp up to the blocks; with experts (Model::experts) each ep dividing
+// dp and the experts (a power of two; ZeRO none: not built under ep); each ZeRO stage (none with one replica);
 // checkpointing none, every block or every other one; micro-batch counts whose rows divide evenly; under pp each
 // schedule (interleaved with 2 chunks a stage where the blocks allow).
 std::vector<Layout> layouts(const Model& m, const Cluster& c, double global_rows, int max_tp);

@@ -309,4 +309,51 @@ TEST(CostModel, DevicesSharingCoresTakeTurnsSoABubbleCostsNothing) {
 }
 
 }  // namespace
+// Expert parallel: a rank holds its experts / ep (the attention split by tp, the rest whole), each
+// micro-batch pays four all-to-alls of the routed rows on the critical path (dispatch and combine,
+// forward and backward, (e - 1) / e of them sent), the experts' gradients are all-reduced over the
+// dp / ep ranks holding the same experts only; a model without experts is never offered an ep.
+TEST(CostModel, ExpertParallelHoldsTheExpertsOverEpAndAllToAllsTheRoutedRows) {
+  const double psi = 1e6;
+  Model m = uniform(1, psi);
+  Block& b = m.blocks[0];
+  b.split = 0.25, b.experts = 0.75, b.routed_bytes = 4e6, b.activation_bytes = b.output_bytes = 0;
+  m.experts = 8;
+  Layout l;
+  l.dp = 2;
+  const Prediction dp2 = predict(m, l, free_links(2), 16);
+  l.ep = 2;
+  Cluster c = free_links(2);
+  c.intra = Link{0, 1e9};
+  const Prediction ep2 = predict(m, l, c, 16);
+  EXPECT_DOUBLE_EQ(dp2.memory.weights, 4 * psi);
+  EXPECT_DOUBLE_EQ(ep2.memory.weights, 4 * psi * (0.25 + 0.75 / 2));
+  EXPECT_DOUBLE_EQ(ep2.memory.optimizer, 8 * psi * (0.25 + 0.75 / 2));
+  // 4 all-to-alls of 4 MB over 2 ranks at 1 GB/s: each (2 - 1) x 2 MB / 1 GB/s = 2 ms.
+  EXPECT_NEAR(ep2.compute_s - dp2.compute_s, 4 * 2e-3, 1e-12);
+  // The gradients: only the non-experts' 0.25 psi all-reduced over dp 2 (the experts' over dp / ep = 1).
+  Layout plain = l;
+  plain.ep = 1;
+  b.routed_bytes = 0;      // (the all-to-alls aside)
+  c.intra = Link{0, 1e3};  // slow enough that the reduce outlasts backward (2 s)
+  const double with_ep = predict(m, l, c, 16).comm_s, without = predict(m, plain, c, 16).comm_s;
+  EXPECT_NEAR(with_ep, all_reduce_time(0.25 * psi * 4, 2, c.intra) - 2.0, 1e-6);
+  EXPECT_NEAR(without, all_reduce_time(psi * 4, 2, c.intra) - 2.0, 1e-6);
+  EXPECT_NE(l.str().find("dp 2 (ep 2)"), std::string::npos) << l.str();
+  // Offered only with experts that ep divides, ZeRO none (not built under ep).
+  bool offered = false;
+  for (const Layout& x : layouts(m, free_links(4), 16, 1)) {
+    if (x.ep == 1) continue;
+    offered = true;
+    EXPECT_EQ(x.zero, Zero::none) << x.str();
+    EXPECT_EQ(x.dp % x.ep, 0) << x.str();
+  }
+  EXPECT_TRUE(offered);
+  m.experts = 0;
+  for (const Layout& x : layouts(m, free_links(4), 16, 1)) EXPECT_EQ(x.ep, 1) << x.str();
+  const Prediction refused = predict(m, l, free_links(2), 16);
+  EXPECT_FALSE(refused.fits);
+  EXPECT_EQ(refused.why, "no experts to split over ep");
+}
+
 }  // namespace flowrun::parallel::cost

@@ -95,6 +95,7 @@ parallel::TpSplit tp_split(const Config& c, const std::string& name) {
 Family family(const Config& c) {
   Family f;
   f.tp = c.tp, f.stages = c.stages, f.ep = c.ep;
+  if (c.moe.on()) f.experts = c.moe.experts, f.top_k = c.moe.top_k;
   f.tp_split = [c](const std::string& n) { return tp_split(c, n); };
   f.order = [c] { return whole_order(c); };
   // A block's products a token: q and o over the query heads, k and v over the kv heads, the MLP's three.
