@@ -1,7 +1,11 @@
 // Expert parallel's exchanges (expert_parallel.hpp).
 #include "parallel/expert_parallel.hpp"
 
+#include <chrono>
+#include <map>
+#include <mutex>
 #include <stdexcept>
+#include <utility>
 
 #include "node.hpp"  // RunInfo
 
@@ -10,6 +14,21 @@ namespace flowrun::parallel {
 namespace {
 
 thread_local Group* t_ep_channel = nullptr;  // EpChannel's group on this thread
+
+// Time in the exchanges, per group (forward and backward may run on different threads).
+std::mutex g_spent_mu;
+std::map<const Group*, double> g_spent;
+
+// Runs `exchange` and adds its wall time to the group's.
+template <class Fn>
+auto timed(const Group& g, Fn exchange) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto out = exchange();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::lock_guard<std::mutex> lock(g_spent_mu);
+  g_spent[&g] += s;
+  return out;
+}
 
 struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
@@ -32,9 +51,11 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
     std::vector<int64_t> shape = x.sizes().vec();
     shape[0] = rows;
     const torch::Tensor in = x.contiguous();
-    torch::Tensor out = torch::empty(shape, in.options());
-    g.all_to_all(in, send_rows, out, recv_rows, what).wait();
-    return out;
+    return timed(g, [&] {
+      torch::Tensor out = torch::empty(shape, in.options());
+      g.all_to_all(in, send_rows, out, recv_rows, what).wait();
+      return out;
+    });
   }
 };
 
@@ -74,10 +95,17 @@ torch::Tensor exchange_counts(const torch::Tensor& mine, Group& g) {
     throw std::logic_error("expert parallel: counts " + c10::str(mine.sizes()) + " for " + std::to_string(g.size()) + " ranks");
   // As doubles (the collectives' types; exact up to 2^53 pairs).
   const torch::Tensor send = mine.to(torch::kCPU, torch::kDouble).contiguous();
-  torch::Tensor recv = torch::empty_like(send);
   const std::vector<int64_t> one(static_cast<size_t>(g.size()), 1);
-  g.all_to_all(send, one, recv, one, "expert parallel: each rank's token counts for this rank's experts").wait();
-  return recv.to(torch::kLong);
+  return timed(g, [&] {
+    torch::Tensor recv = torch::empty_like(send);
+    g.all_to_all(send, one, recv, one, "expert parallel: each rank's token counts for this rank's experts").wait();
+    return recv.to(torch::kLong);
+  });
+}
+
+double take_exchange_seconds(const Group& g) {
+  const std::lock_guard<std::mutex> lock(g_spent_mu);
+  return std::exchange(g_spent[&g], 0.0);
 }
 
 }  // namespace flowrun::parallel

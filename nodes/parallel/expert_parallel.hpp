@@ -60,6 +60,10 @@ Group& ep_channel(const std::shared_ptr<Group>& ep);
 torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
                               const std::vector<int64_t>& recv_rows, Group& g);
 
+// The seconds this rank spent in the all-to-alls of rows and counts over `g` (waiting for them
+// included) since the last call: what forward_backward reports as a step's experts/a2a_ms.
+double take_exchange_seconds(const Group& g);
+
 // What each rank sends this one: `mine` [ep, L] (this rank's pair counts for rank q's L experts in
 // row q) exchanged: row q of the result is rank q's counts for this rank's L experts. Not
 // differentiable (counts).

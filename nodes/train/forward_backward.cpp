@@ -364,7 +364,11 @@ class ForwardBackwardNode : public Node {
     ctx.out("grads", std::move(r.grads));
     ctx.out("tokens", objective_->targets(batch));
     // A mixture of experts: how its routers spread this step's tokens (none for other models).
-    ctx.out("experts", model.take_routing_metrics ? model.take_routing_metrics(*model.module) : NamedScalars{});
+    NamedScalars experts = model.take_routing_metrics ? model.take_routing_metrics(*model.module) : NamedScalars{};
+    // Expert parallel: the step's time in the all-to-alls on this rank (the tokens to their
+    // experts and back, forward and backward; waiting for the slowest rank included).
+    if (ep_group_) experts.emplace_back("a2a_ms", 1e3 * parallel::take_exchange_seconds(*ep_group_));
+    ctx.out("experts", std::move(experts));
   }
 
  private:
