@@ -140,7 +140,8 @@ std::vector<std::string> Mesh::table(int max_rows) const {
     return lines;
   }
   lines.push_back("rank r: tp = r mod " + std::to_string(tp_) + ", pp = (r / " + std::to_string(tp_) + ") mod " + std::to_string(pp_) +
-                  ", dp = r / " + std::to_string(tp_ * pp_) + " (" + std::to_string(world_) + " ranks; the first " +
+                  ", dp = r / " + std::to_string(tp_ * pp_) + (ep_ > 1 ? ", ep = dp mod " + std::to_string(ep_) : "") +
+                  " (" + std::to_string(world_) + " ranks; the first " +
                   std::to_string(max_rows / 2) + " and the last shown)");
   for (int r = 0; r < max_rows / 2; ++r) lines.push_back(row(r));
   lines.push_back("...");

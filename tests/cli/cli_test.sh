@@ -134,7 +134,7 @@ dot_renders)
   expect_out "owns fb.profile (state, written each step)"
   "$flowrun" dot graphs/gpt.yaml | grep -qF 'label="params → model (read; write at setup)"' || fail "dot shows no setup write"
   # and every node's declared edges between ranks (the executor refuses a channel undeclared).
-  "$flowrun" dot graphs/gpt.yaml | grep -qF '"fb" [label="fb : forward_backward\ncollectives: dp, pp, tp"' ||
+  "$flowrun" dot graphs/gpt.yaml | grep -qF '"fb" [label="fb : forward_backward\ncollectives: dp, pp, tp, ep"' ||
     fail "dot shows no collectives on fb"
   # Then the layout of the processes (run.parallel's mesh), for this job or --world N.
   expect_code 0 "$flowrun" explain graphs/regression.yaml
