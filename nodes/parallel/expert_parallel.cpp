@@ -73,7 +73,7 @@ std::shared_ptr<Group> own_ep_group(const std::string& node, const RunInfo& run)
 
 std::shared_ptr<Group> own_edp_group(const std::string& node, const RunInfo& run) {
   const Mesh mesh = mesh_of(run);
-  return mesh.size(Dim::edp) == 1 ? nullptr : Group::along(node, mesh, Dim::edp, run.rank);
+  return mesh.size(Dim::ep) == 1 || mesh.size(Dim::edp) == 1 ? nullptr : Group::along(node, mesh, Dim::edp, run.rank);
 }
 
 Group& ep_channel(const std::shared_ptr<Group>& ep) {

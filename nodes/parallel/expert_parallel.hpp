@@ -48,7 +48,7 @@ class EpChannel {
 // A node's own group over its ep ranks (setup: collective over the world); null at ep 1.
 std::shared_ptr<Group> own_ep_group(const std::string& node, const RunInfo& run);
 // The same over the ranks that hold the same experts (dp / ep of them; an expert's gradient is
-// averaged over them); null when there is one.
+// averaged over them); null without expert parallel (ep 1) or when there is one.
 std::shared_ptr<Group> own_edp_group(const std::string& node, const RunInfo& run);
 
 // The channel the model's place `ep` runs its all-to-alls on: this thread's EpChannel (checked to
