@@ -135,7 +135,7 @@ torch::Tensor MoeImpl::run_experts(const torch::Tensor& rows, const std::vector<
 }
 
 torch::Tensor MoeImpl::run_experts_parallel(const torch::Tensor& rows, const torch::Tensor& counts) {
-  parallel::Group& g = parallel::ep_channel(o_.ep);
+  parallel::Group& g = parallel::thread_channel(parallel::Dim::ep, o_.ep, "expert parallel");
   const int64_t R = o_.ep_size(), L = o_.local_experts();
   // What this rank sends each rank (its pairs for that rank's experts: consecutive, sorted by
   // expert) and what each sends it, per local expert: [R, L], row q from rank q.

@@ -140,7 +140,7 @@ void Group::require_channel(const std::string& what) const {
   if (!channel_)
     throw std::logic_error(what + ": '" + place_.name + "' is a place among the ranks, not a channel; a collective " +
                            "runs on the channel of the node that issues it (a node running a split model opens " +
-                           "parallel::TpChannel over its own group)");
+                           "parallel::ThreadChannel (TpChannel, EpChannel) over its own group)");
 }
 
 // One collective: `nccl(communicator, ready, done, what)` for CUDA tensors (on the group's
@@ -258,6 +258,26 @@ Work Group::point(const torch::Tensor& t, int peer, const std::string& what, boo
         const size_t bytes = n * comm::dtype_size(type);
         return sending ? channel_->send(t.data_ptr(), bytes, peer, w) : channel_->recv(t.data_ptr(), bytes, peer, w);
       });
+}
+
+namespace {
+thread_local Group* t_open[5] = {};  // the ThreadChannel open on this thread, by Dim
+Group*& open_for(Dim d) { return t_open[static_cast<int>(d)]; }
+}  // namespace
+
+ThreadChannel::ThreadChannel(Dim d, Group* g) : dim_(d), previous_(open_for(d)) {
+  if (g) open_for(d) = g;
+}
+ThreadChannel::~ThreadChannel() { open_for(dim_) = previous_; }
+
+Group& thread_channel(Dim d, const std::shared_ptr<Group>& place, const char* what) {
+  Group* open = open_for(d);
+  if (!open) return *place;
+  if (open->size() != place->size() || open->rank() != place->rank())
+    throw std::logic_error(std::string(what) + ": the open channel (" + open->name() + ", rank " + std::to_string(open->rank()) +
+                           " of " + std::to_string(open->size()) + ") is not over the model's " + name(d) + " ranks (" +
+                           place->name() + ")");
+  return *open;
 }
 
 }  // namespace flowrun::parallel

@@ -133,4 +133,31 @@ class Group {
   std::unique_ptr<Cuda> cuda_;
 };
 
+// Whose channel a split model's collectives use. A Group is one MPI channel whose messages pair
+// up by the order each rank issues them, so only one node may issue on it: two nodes running the
+// same model at once (forward_backward of step s+1 and an evaluator of step s) would interleave
+// differently on each rank. So every node that runs a split model makes its own group over the
+// ranks of the dimension it splits over in setup (its schema declares `collectives: { group: ...
+// }`, which the executor checks) and opens it around its work; the model's layers use the one open
+// on the calling thread for that dimension (as autocast's mode is the thread's), for the span of
+// the node's run(). The model itself holds only its place among those ranks (Group::place: a
+// collective on it is refused), so a split layer run outside a node's channel fails naming it;
+// outside a graph (tests, tools) a model may hold a real group instead, which the layers then use.
+// Backward uses the group its forward used. A null group opens nothing. (TpChannel, EpChannel.)
+class ThreadChannel {
+ public:
+  ThreadChannel(Dim d, Group* g);
+  ~ThreadChannel();
+  ThreadChannel(const ThreadChannel&) = delete;
+  ThreadChannel& operator=(const ThreadChannel&) = delete;
+
+ private:
+  Dim dim_;
+  Group* previous_;
+};
+// The group a layer placed by `place` along `d` runs its collectives on: the ThreadChannel open for
+// d on this thread (checked to be over the same ranks; `what` names the strategy in the error), else
+// `place` itself.
+Group& thread_channel(Dim d, const std::shared_ptr<Group>& place, const char* what);
+
 }  // namespace flowrun::parallel

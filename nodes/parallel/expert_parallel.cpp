@@ -13,8 +13,6 @@ namespace flowrun::parallel {
 
 namespace {
 
-thread_local Group* t_ep_channel = nullptr;  // EpChannel's group on this thread
-
 // Time in the exchanges, per group (forward and backward may run on different threads).
 std::mutex g_spent_mu;
 std::map<const Group*, double> g_spent;
@@ -61,11 +59,6 @@ struct AllToAllRows : torch::autograd::Function<AllToAllRows> {
 
 }  // namespace
 
-EpChannel::EpChannel(Group* g) : previous_(t_ep_channel) {
-  if (g) t_ep_channel = g;
-}
-EpChannel::~EpChannel() { t_ep_channel = previous_; }
-
 std::shared_ptr<Group> own_ep_group(const std::string& node, const RunInfo& run) {
   const Mesh mesh = mesh_of(run);
   return mesh.size(Dim::ep) == 1 ? nullptr : Group::along(node, mesh, Dim::ep, run.rank);
@@ -74,15 +67,6 @@ std::shared_ptr<Group> own_ep_group(const std::string& node, const RunInfo& run)
 std::shared_ptr<Group> own_edp_group(const std::string& node, const RunInfo& run) {
   const Mesh mesh = mesh_of(run);
   return mesh.size(Dim::ep) == 1 || mesh.size(Dim::edp) == 1 ? nullptr : Group::along(node, mesh, Dim::edp, run.rank);
-}
-
-Group& ep_channel(const std::shared_ptr<Group>& ep) {
-  if (!t_ep_channel) return *ep;
-  if (t_ep_channel->size() != ep->size() || t_ep_channel->rank() != ep->rank())
-    throw std::logic_error("expert parallel: the open EpChannel (" + t_ep_channel->name() + ", rank " +
-                           std::to_string(t_ep_channel->rank()) + " of " + std::to_string(t_ep_channel->size()) +
-                           ") is not over the model's ep ranks (" + ep->name() + ")");
-  return *t_ep_channel;
 }
 
 torch::Tensor all_to_all_rows(const torch::Tensor& x, const std::vector<int64_t>& send_rows,

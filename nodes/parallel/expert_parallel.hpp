@@ -14,9 +14,10 @@
 // its own tokens. An expert's gradient holds what every ep rank's tokens gave it; averaged over
 // the ranks that hold the same experts (the edp group) it is the data-parallel average.
 //
-// Whose channel: as tensor parallel's (tensor_parallel.hpp TpChannel), a node that runs the model
-// opens its own group over its ep ranks (own_ep_group; its schema declares `collectives: { group:
-// ep }`) around its work; the model holds only its place among them (Group::place).
+// Whose channel: as tensor parallel's (collectives.hpp ThreadChannel), a node that runs the model
+// opens its own group over its ep ranks (own_ep_group, EpChannel; its schema declares
+// `collectives: { group: ep }`) around its work; the model holds only its place among them
+// (Group::place) and finds the channel with thread_channel(Dim::ep, ...).
 #pragma once
 #include <torch/torch.h>
 
@@ -33,16 +34,10 @@ struct RunInfo;
 
 namespace flowrun::parallel {
 
-// This thread's channel over the ep ranks for the span of a node's run (as TpChannel). Null opens nothing.
-class EpChannel {
+// The node's own channel over its ep ranks, open on this thread (collectives.hpp ThreadChannel).
+class EpChannel : public ThreadChannel {
  public:
-  explicit EpChannel(Group* g);
-  ~EpChannel();
-  EpChannel(const EpChannel&) = delete;
-  EpChannel& operator=(const EpChannel&) = delete;
-
- private:
-  Group* previous_;
+  explicit EpChannel(Group* g) : ThreadChannel(Dim::ep, g) {}
 };
 
 // A node's own group over its ep ranks (setup: collective over the world); null at ep 1.
@@ -50,10 +45,6 @@ std::shared_ptr<Group> own_ep_group(const std::string& node, const RunInfo& run)
 // The same over the ranks that hold the same experts (dp / ep of them; an expert's gradient is
 // averaged over them); null without expert parallel (ep 1) or when there is one.
 std::shared_ptr<Group> own_edp_group(const std::string& node, const RunInfo& run);
-
-// The channel the model's place `ep` runs its all-to-alls on: this thread's EpChannel (checked to
-// be over the same ranks), else `ep` itself (tests, tools: a real group).
-Group& ep_channel(const std::shared_ptr<Group>& ep);
 
 // Rows of x [sum send_rows, ...] all-to-all over `g`: send_rows[q] rows to rank q, recv_rows[q]
 // from it, in rank order. Differentiable: backward sends the gradients back (the counts swapped).

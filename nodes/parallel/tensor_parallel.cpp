@@ -71,18 +71,8 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
   }
 };
 
-thread_local Group* t_channel = nullptr;  // TpChannel's group on this thread
-
-// The group a split layer's collective goes over: this thread's TpChannel if one is open (the
-// calling node's own channel over the same ranks), else the model's.
-Group* channel(const std::shared_ptr<Group>& tp) {
-  if (!t_channel) return tp.get();
-  if (t_channel->size() != tp->size() || t_channel->rank() != tp->rank())
-    throw std::logic_error("tensor parallel: the open TpChannel (" + t_channel->name() + ", rank " +
-                           std::to_string(t_channel->rank()) + " of " + std::to_string(t_channel->size()) +
-                           ") is not over the model's tp ranks (" + tp->name() + ")");
-  return t_channel;
-}
+// The group a split layer's collective goes over (collectives.hpp thread_channel).
+Group* channel(const std::shared_ptr<Group>& tp) { return &thread_channel(Dim::tp, tp, "tensor parallel"); }
 
 }  // namespace
 
@@ -100,11 +90,6 @@ std::shared_ptr<Group> own_pp_group(const std::string& node, const RunInfo& run)
   const Mesh mesh = mesh_of(run);
   return mesh.size(Dim::pp) == 1 ? nullptr : Group::along(node, mesh, Dim::pp, run.rank);
 }
-
-TpChannel::TpChannel(Group* g) : previous_(t_channel) {
-  if (g) t_channel = g;
-}
-TpChannel::~TpChannel() { t_channel = previous_; }
 
 torch::Tensor vocab_parallel_embedding(const torch::Tensor& ids, const torch::Tensor& table,
                                        const std::shared_ptr<Group>& tp) {

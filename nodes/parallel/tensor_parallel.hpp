@@ -24,26 +24,10 @@
 
 namespace flowrun::parallel {
 
-// Whose channel a split model's collectives use. A Group is one MPI channel whose messages pair
-// up by the order each rank issues them, so only one node may issue on it: two nodes running the
-// same model at once (forward_backward of step s+1 and an evaluator of step s) would interleave
-// differently on each rank. So every node that runs a split model makes its own group over the
-// tp ranks in setup (own_tp_group; its schema declares `collectives: { group: tp }`, which the
-// executor checks) and opens it around its work; the split layers below use the one open on the
-// calling thread (as autocast's mode is the thread's), for the span of that node's run(). The
-// model itself holds only its place among the tp ranks (Group::place: a collective on it is
-// refused), so a split layer run outside a node's channel fails naming it; outside a graph
-// (tests, tools) a model may hold a real group instead, which the layers then use.
-// Backward uses the group its forward used. A null group opens nothing.
-class TpChannel {
+// The node's own channel over its tp ranks, open on this thread (collectives.hpp ThreadChannel).
+class TpChannel : public ThreadChannel {
  public:
-  explicit TpChannel(Group* g);
-  ~TpChannel();
-  TpChannel(const TpChannel&) = delete;
-  TpChannel& operator=(const TpChannel&) = delete;
-
- private:
-  Group* previous_;
+  explicit TpChannel(Group* g) : ThreadChannel(Dim::tp, g) {}
 };
 
 // A node's own group over its tp ranks, for TpChannel (call in setup: collective over the world,
