@@ -35,6 +35,12 @@ min–max (transformers' seconds over flowrun's: above 1, flowrun is faster). Th
 random tokens, flowrun on the fortunes byte shards of scripts/data.sh: the speed of a step does not
 depend on the tokens. The allocator settings and the libtorch check are cpu_peers.py's.
 
+  moe_ep 2 processes of 1 thread, global batch 8, the `moe` model: `mpirun -np 2 flowrun graphs/llama.yaml
+         model.pretrained=FOLDER run.parallel.ep=EP` (--ep: 2, each rank half the experts, the tokens
+         exchanged by all-to-alls; 1, data parallel) vs Qwen3MoeForCausalLM.from_pretrained(FOLDER)
+         under DistributedDataParallel (gloo): what a user of transformers runs on 2 ranks (it has
+         no expert parallel of its own)
+
   .venv/bin/pip install --target .cache/hf-transformers transformers==5.17.0
   PYTHONPATH=.cache/hf-transformers:.cache/hf-peft .venv/bin/python bench/llama_peers.py [--mode eager|lora|ddp|tp|sft] [--rounds 5]
 """
@@ -245,6 +251,23 @@ def _ddp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
     dist.destroy_process_group()
 
 
+def _moe_ddp_worker(rank, world, port, folder, cfg, steps, warmup, window, threads, out):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from transformers import Qwen3MoeForCausalLM
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
+    local = dict(cfg, batch=cfg["batch"] // world)
+    model = Qwen3MoeForCausalLM.from_pretrained(folder).train()
+    ddp = DDP(model)
+    times = timed_steps(HfLoss(ddp), model, make_optimizer(model, "cpu"), local, "cpu", steps, warmup, window, rank)
+    if rank == 0:
+        out.put(statistics.median(times))
+    dist.destroy_process_group()
+
+
 def _tp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
     import torch
     import torch.distributed as dist
@@ -272,7 +295,8 @@ def _tp_worker(rank, world, port, cfg, steps, warmup, window, threads, out):
 def main():
     same_malloc()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mode", choices=["eager", "lora", "ddp", "tp", "sft", "moe", "moe_lm"], default="eager")
+    ap.add_argument("--mode", choices=["eager", "lora", "ddp", "tp", "sft", "moe", "moe_lm", "moe_ep"], default="eager")
+    ap.add_argument("--ep", type=int, default=2, help="moe_ep: flowrun's run.parallel.ep (1: data parallel)")
     ap.add_argument("--malloc", choices=["same", "default"], default="same")
     ap.add_argument("--flowrun", default="build/engine/flowrun")
     ap.add_argument("--rounds", type=int, default=5)
@@ -291,8 +315,8 @@ def main():
         save_folder(CFG, os.path.join(tmp, "base"))
     if args.mode == "sft":
         save_folder(SFT, os.path.join(tmp, "base"))
-    moe_cfg = MOE if args.mode == "moe" else MOE_LM
-    if args.mode in ("moe", "moe_lm"):
+    moe_cfg = MOE_LM if args.mode == "moe_lm" else MOE
+    if args.mode in ("moe", "moe_lm", "moe_ep"):
         save_moe_folder(moe_cfg, os.path.join(tmp, "base"))
     fl, hf = [], []
     for r in range(args.rounds):
@@ -313,6 +337,13 @@ def main():
             sec, cmd = flowrun_round(args.flowrun, moe_overrides(folder, moe_cfg, args.steps, args.window, args.threads),
                                      args.warmup)
             peer = lambda: moe_round(folder, moe_cfg, args.steps, args.warmup, args.window, args.threads)  # noqa: E731
+        elif args.mode == "moe_ep":  # 2 processes of 1 thread, the global batch split
+            folder = os.path.join(tmp, "base")
+            more = ["data.batch=%d" % (moe_cfg["batch"] // 2), "run.parallel.ep=%d" % args.ep]
+            sec, cmd = flowrun_round(args.flowrun, moe_overrides(folder, moe_cfg, args.steps, args.window, 1) + more,
+                                     args.warmup, launcher=mpi)
+            peer = lambda: _spawn(_moe_ddp_worker, 2, (folder, moe_cfg, args.steps, args.warmup, args.window, 1),  # noqa: E731
+                                  "DDP")
         else:  # ddp, tp: 2 processes of 1 thread
             more = ["data.batch=%d" % (CFG["batch"] // 2)] if args.mode == "ddp" else ["run.parallel.tp=2"]
             sec, cmd = flowrun_round(args.flowrun, llama_overrides(CFG, args.steps, args.window, 1) + more, args.warmup,
@@ -328,11 +359,12 @@ def main():
     peers = {"eager": "transformers LlamaForCausalLM", "lora": "transformers + peft LoRA",
              "sft": "transformers + peft, packed (TRL's padding_free)",
              "ddp": "LlamaForCausalLM under DDP, 2 ranks", "tp": "LlamaForCausalLM under DTensor tp 2",
-             "moe": "transformers Qwen3MoeForCausalLM", "moe_lm": "transformers Qwen3MoeForCausalLM"}
+             "moe": "transformers Qwen3MoeForCausalLM", "moe_lm": "transformers Qwen3MoeForCausalLM",
+             "moe_ep": "Qwen3MoeForCausalLM under DDP, 2 ranks"}
     print("| mode | config | %s | flowrun llama | speed ratio (min–max) |" % peers[args.mode])
     print("|---|---|---|---|---|")
-    shown = SFT if args.mode == "sft" else moe_cfg if args.mode in ("moe", "moe_lm") else CFG
-    print("| %s | %s | %.1f ms | %.1f ms | %s |" % (args.mode, ", ".join("%s=%s" % kv for kv in shown.items()),
+    shown = SFT if args.mode == "sft" else moe_cfg if args.mode in ("moe", "moe_lm", "moe_ep") else CFG
+    print("| %s | %s | %.1f ms | %.1f ms | %s |" % (args.mode + (" (ep %d)" % args.ep if args.mode == "moe_ep" else ""), ", ".join("%s=%s" % kv for kv in shown.items()),
                                                1e3 * statistics.median(hf), 1e3 * statistics.median(fl),
                                                rounds_ratio(hf, fl)))
 

@@ -176,6 +176,11 @@ torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& logits, int6
   return (tokens_per_expert * prob_per_expert.unsqueeze(0)).sum() * static_cast<double>(experts);
 }
 
+torch::Tensor router_z_loss(const std::vector<torch::Tensor>& logits) {
+  if (logits.empty()) throw std::logic_error("router_z_loss: no router logits");
+  return torch::cat(logits, 0).to(torch::kFloat).logsumexp(-1).square().mean();
+}
+
 std::vector<std::pair<std::string, double>> load_metrics(const torch::Tensor& counts, const std::vector<int64_t>& layers) {
   const torch::Tensor c = counts.to(torch::kCPU, torch::kDouble);
   if (c.dim() != 2 || c.size(0) != static_cast<int64_t>(layers.size()))

@@ -88,6 +88,11 @@ TORCH_MODULE(Moe);
 // fraction of the tokens whose k-th choice is e times the mean router probability of e.
 torch::Tensor load_balancing_loss(const std::vector<torch::Tensor>& logits, int64_t experts, int64_t top_k);
 
+// ST-MoE's router z-loss (Zoph et al. 2022) over the router logits of every sparse layer of one
+// forward, concatenated: the mean over their rows of logsumexp(row)², in float32. Small logits keep
+// the router's softmax away from the float limits (bf16 most of all); weighted by router_z_loss.
+torch::Tensor router_z_loss(const std::vector<torch::Tensor>& logits);
+
 // What a step's routing looks like (the first thing an MoE user looks at: a collapsed router sends
 // most tokens to a few experts), from the tokens each expert got, counts [sparse layers, experts]:
 // "balance" the most loaded expert's tokens over the mean, in the worst layer (1: even; experts /

@@ -367,6 +367,16 @@ layouts4)
   layout dp2_tp2 "dp 2 x pp 1 x tp 2" -- run.parallel.tp=2 data.batch=4
   layout pp2_tp2 "dp 1 x pp 2 x tp 2" -- run.parallel.pp=2 run.parallel.tp=2 run.parallel.microbatches=4
   layout zero3_dp4 "dp 4 x pp 1 x tp 1" -- zero.stage=params data.batch=2
+  # Expert parallel across hosts (issue 73): graphs/moe.yaml at the tests' size, its experts split
+  # over 4 hosts (each token's row sent to its expert's host and back) and over 2 ep groups of 2.
+  g=(graphs/moe.yaml data.path=data/text/fortunes_byte data.seq_len=32 model.layers=2 model.dim=32 model.heads=4
+     model.kv_heads=2 model.mlp_dim=48 model.vocab=256 model.context=32 model.moe.experts=8 model.moe.expert_dim=16
+     model.moe.aux_loss=false run.steps=6 run.log_every=1 run.threads=1 opt.warmup=2 eval.every=3 eval.batches=2
+     eval.batch=4 evlog.every=3 ckpt.every=3 data.batch=8)
+  rm -rf "$tmp/one"  # the GPT's one-process run (its checkpoints would be resumed)
+  one_process
+  layout moe_ep4 "dp 4 (ep 4) x pp 1 x tp 1" -- run.parallel.ep=4 data.batch=2
+  layout moe_ep2_dp2 "dp 4 (ep 2) x pp 1 x tp 1" -- run.parallel.ep=2 data.batch=2
   ;;
 ckpt2)
   # Per-rank checkpoints across hosts (issue 72; mpi_test.sh's ckpt_reshard on 2 hosts x 2 ranks).

@@ -144,6 +144,84 @@ TEST(Moe, SettingsNotBuiltAreRefusedNamingThem) {
   EXPECT_THROW(c.check(), std::runtime_error);
 }
 
+// The router's z-loss (router_z_loss; ST-MoE, Zoph et al. 2022) is the mean over tokens of the
+// squared log-sum-exp of the router's logits, weighted and added to the objective's loss as the
+// load-balancing loss is: it reaches the routers (and what feeds them), never the experts, and
+// trained alone it shrinks large logits. On a dense model, or with recompute, it is refused.
+TEST(Moe, TheRouterZLossIsSTMoEsAndShrinksTheRoutersLogits) {
+  torch::manual_seed(0);
+  moe::Moe block(moe::Options{16, 8, 4, 2});
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : block->parameters()) p.normal_(0, 1);  // large logits: lse about 4 a token
+  }
+  const torch::Tensor x = torch::randn({32, 16});
+  moe::Routing r;
+  block->forward(x, &r);
+  const torch::Tensor expected = torch::matmul(x, (*block->gate)["weight"].t()).logsumexp(-1).square().mean();
+  EXPECT_NEAR(moe::router_z_loss({r.logits}).item<double>(), expected.item<double>(), 1e-5 * expected.item<double>());
+  // Trained on it alone, the router's logits shrink.
+  const double before = expected.item<double>();
+  torch::optim::SGD sgd(std::vector<torch::Tensor>{(*block->gate)["weight"]}, 0.05);
+  for (int step = 0; step < 50; ++step) {
+    sgd.zero_grad();
+    moe::Routing q;
+    block->forward(x, &q);
+    moe::router_z_loss({q.logits}).backward();
+    sgd.step();
+  }
+  moe::Routing after;
+  block->forward(x, &after);
+  EXPECT_LT(moe::router_z_loss({after.logits}).item<double>(), 0.5 * before);
+
+  // In the llama family: the folder's model (no load-balancing loss) with router_z_loss set beside
+  // it; the extra loss's gradient reaches the routers, and not the last sparse layer's experts
+  // (nothing after them feeds a router; an earlier layer's do, through the next router's input).
+  auto g = test::load_graph_text("flowrun: 1\nrun: { steps: 1 }\nnodes:\n  model: { type: llama, with: { pretrained: '" +
+                                 kFixtures + "/qwen3moe', router_z_loss: 0.01 } }\n");
+  ModelState& state = g->state<ModelState>("model", "params");
+  ASSERT_TRUE(state.extra_loss);
+  state.forward({{"tokens", reference("qwen3moe.tokens").to(torch::kLong)}});
+  const torch::Tensor z = state.extra_loss(*state.module);
+  EXPECT_GT(z.item<double>(), 0);
+  state.module->zero_grad();
+  z.backward();
+  int routers = 0, last_experts = 0;
+  std::string last_layer;  // "model.layers.N.", the last sparse layer's
+  for (const auto& p : state.module->named_parameters())
+    if (p.key().find("mlp.experts.") != std::string::npos) last_layer = p.key().substr(0, p.key().find("mlp."));
+  for (const auto& p : state.module->named_parameters()) {
+    const double g_norm = p.value().grad().defined() ? p.value().grad().norm().item<double>() : 0.0;
+    if (p.key().find("mlp.gate.weight") != std::string::npos) routers += g_norm > 0;
+    if (p.key().rfind(last_layer + "mlp.experts.", 0) == 0) {
+      EXPECT_EQ(g_norm, 0.0) << p.key();
+      ++last_experts;
+    }
+  }
+  EXPECT_EQ(routers, 2);  // the fixture's two sparse layers
+  EXPECT_EQ(last_experts, 2);
+
+  llama::Config dense;
+  dense.layers = 2, dense.dim = 32, dense.heads = 4, dense.kv_heads = 2, dense.mlp_dim = 48, dense.vocab = 64, dense.context = 16;
+  dense.moe.z_loss_coef = 0.001;
+  try {
+    dense.check();
+    ADD_FAILURE() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("router_z_loss is 0.001, and this model has no router"), std::string::npos) << e.what();
+  }
+  llama::Config recomputed = dense;
+  recomputed.moe.experts = 4, recomputed.moe.top_k = 2, recomputed.moe.expert_dim = 8;
+  recomputed.checkpoint = CheckpointPolicy::parse("blocks");
+  try {
+    recomputed.check();
+    ADD_FAILURE() << "accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("the router's z-loss (router_z_loss) with pipeline parallel or activation"),
+              std::string::npos) << e.what();
+  }
+}
+
 // The load-balancing loss does what it is for: a router that sends nearly every token to the same 2
 // of 8 experts (balance 4, 4 experts unused), trained on that loss alone, spreads them (balance
 // 1.3 measured, no expert unused). (A router so saturated that those 2 hold all the probability

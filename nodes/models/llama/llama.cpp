@@ -49,6 +49,9 @@ void Config::check() const {
   divides("mlp_dim", mlp_dim, "choose run.parallel.tp dividing it");
   divides("vocab", vocab, "pad the vocabulary to a multiple of tp or choose run.parallel.tp dividing it");
   if (stages) stages->check(layers, "llama");
+  if (moe.z_loss_coef > 0 && !moe.on())
+    throw std::runtime_error(fmt::format("llama: router_z_loss is {}, and this model has no router (moe.experts is 0); "
+                                         "set router_z_loss: 0", moe.z_loss_coef));
   if (ep && ep->size() > 1 && !moe.on())
     throw std::runtime_error(fmt::format("llama: run.parallel.ep is {}, and this model has no experts to split (moe.experts "
                                          "is 0); set run.parallel.ep: 1", ep->size()));
@@ -66,6 +69,9 @@ void Config::check() const {
     if (moe.aux_loss && stages)
       throw std::runtime_error("llama: the router's load-balancing loss (aux_loss, output_router_logits) with pipeline "
                                "parallel (run.parallel.pp) is not built yet; set aux_loss: false or pp 1");
+    if (moe.z_loss_coef > 0 && (stages || checkpoint.every > 0))
+      throw std::runtime_error("llama: the router's z-loss (router_z_loss) with pipeline parallel or activation "
+                               "checkpointing is not built yet; set router_z_loss: 0, or pp 1 and checkpoint: none");
     if (moe.aux_loss && checkpoint.every > 0)
       throw std::runtime_error("llama: the router's load-balancing loss (aux_loss, output_router_logits) with activation "
                                "checkpointing is not built yet (the recompute would route twice); set checkpoint: none "
@@ -132,7 +138,8 @@ std::string describe(const Config& c) {
                      c.layers, c.dim, c.heads, c.kv_heads, c.head_size(), c.mlp_dim, c.vocab, c.context, c.rope_theta,
                      c.rope_scaling.describe(), c.tie_embeddings ? " tied" : "") +
          (c.moe.on() ? fmt::format(" moe: {} experts top {} of {} each{}", c.moe.experts, c.moe.top_k, c.moe.expert_dim,
-                                   c.moe.aux_loss ? fmt::format(", aux loss {}", c.moe.aux_loss_coef) : "")
+                                   (c.moe.aux_loss ? fmt::format(", aux loss {}", c.moe.aux_loss_coef) : "") +
+                                       (c.moe.z_loss_coef > 0 ? fmt::format(", z-loss {}", c.moe.z_loss_coef) : ""))
                      : "");
 }
 
@@ -287,6 +294,10 @@ torch::Tensor LlamaImpl::blocks(torch::Tensor x, int64_t first, int64_t last, in
     counts_ = torch::stack(counts);
     aux_loss_ = cfg_.moe.aux_loss ? cfg_.moe.aux_loss_coef * moe::load_balancing_loss(logits, cfg_.moe.experts, cfg_.moe.top_k)
                                   : torch::Tensor();
+    if (cfg_.moe.z_loss_coef > 0) {
+      const torch::Tensor z = cfg_.moe.z_loss_coef * moe::router_z_loss(logits);
+      aux_loss_ = aux_loss_.defined() ? aux_loss_ + z : z;
+    }
   }
   return x;
 }
@@ -522,7 +533,7 @@ std::shared_ptr<ModelState> make_state(Llama model) {
   lm->decode = [](ModelState& self, const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask,
                   KvCache& cache) { return self.module->as<LlamaImpl>()->decode(ids, positions, mask, cache); };
   state->causal_lm = lm;
-  if (model->config().moe.aux_loss)
+  if (model->config().moe.router_loss())
     state->extra_loss = [](torch::nn::Module& m) { return m.as<LlamaImpl>()->aux_loss(); };
   if (model->config().moe.on())
     state->take_routing_metrics = [](torch::nn::Module& m) { return m.as<LlamaImpl>()->take_routing_metrics(); };

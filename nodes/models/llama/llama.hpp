@@ -74,6 +74,9 @@ struct MoeConfig {
   std::vector<int64_t> mlp_only_layers;  // dense (mlp_dim) whatever sparse_step says
   bool aux_loss = false;       // output_router_logits: the load-balancing loss joins the objective's
   double aux_loss_coef = 0.001;  // router_aux_loss_coef, its weight
+  double z_loss_coef = 0;        // the router's z-loss weight (the node's router_z_loss; 0: off)
+  // A loss of the routers joins the objective's (the load-balancing loss, the z-loss).
+  bool router_loss() const { return aux_loss || z_loss_coef > 0; }
   bool on() const { return experts > 0; }
   bool sparse(int64_t layer) const;
 };
@@ -206,9 +209,9 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl> {
   // (`mask` [B, 1, t, L]), the cache grown by t -> logits [B, t, vocab]. The whole model only.
   torch::Tensor decode(const torch::Tensor& ids, const torch::Tensor& positions, const torch::Tensor& mask, KvCache& cache);
   const Config& config() const { return cfg_; }
-  // A mixture of experts with aux_loss: aux_loss_coef x the load-balancing loss of the last
-  // forward with grad (transformers' over every sparse layer's router), for forward_backward to
-  // add (ModelState::extra_loss); undefined otherwise. The experts' token counts of that forward,
+  // A mixture of experts with a router loss: aux_loss_coef x the load-balancing loss of the last
+  // forward with grad (transformers' over every sparse layer's router) plus z_loss_coef x its
+  // router z-loss, for forward_backward to add (ModelState::extra_loss); undefined otherwise. The experts' token counts of that forward,
   // [sparse layers, experts]. (No-grad forwards, an evaluator's, change neither.)
   torch::Tensor aux_loss() const { return aux_loss_; }
   torch::Tensor expert_counts() const { return counts_; }

@@ -206,6 +206,7 @@ class LlamaNode : public ModelNode {
         pretrained_ = open_pretrained(p.get<std::string>("pretrained"), {"", "", "model"});
         apply_pretrained(*pretrained_, written_params(ctx.run(), ctx.name()), c);
       }
+      c.moe.z_loss_coef = p.get<double>("router_z_loss");  // a training setting: beside a folder's config too
       c.check();
     } catch (const std::exception& e) {
       const std::string what = e.what();
