@@ -907,8 +907,12 @@ moe)
   expect_out "experts/balance"
   same one dp2 1e-5 "moe: dp 2"
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" data.batch=4 run.out_dir="$tmp/z3" zero.stage=params
+  # Within 1e-6, not bit for bit: on the AVX2 path (ATEN_CPU_CAPABILITY=avx2, a host without
+  # AVX-512) the attention's gradients of a step differ by ~1e-10 between stage params and none
+  # (ZeRO-3 gathers each block into a buffer of its own, so the weights lie at other alignments,
+  # and the AVX2 kernels' results depend on it); on AVX-512 they are equal.
   for f in model.params opt.state; do
-    tensordiff_whole "$tmp/dp2/checkpoints/step_00000006/$f.safetensors" "$tmp/z3/checkpoints/step_00000006/$f.safetensors" 0 ||
+    tensordiff_whole "$tmp/dp2/checkpoints/step_00000006/$f.safetensors" "$tmp/z3/checkpoints/step_00000006/$f.safetensors" 1e-6 ||
       fail "moe: $f differs between ZeRO stage params and none"
   done
   run_code 0 "${mpi[@]}" "$flowrun" "${g[@]}" data.batch=8 run.out_dir="$tmp/pp2" run.parallel.pp=2 run.parallel.microbatches=2
